@@ -1,0 +1,7 @@
+"""pyfuser: a fusion compiler and multi-GPU runtime for PyTorch."""
+
+from pyfuser.frontend import FusionDefinition
+from pyfuser.ir import DataType, IterType, MemoryType, ParallelType, TensorView
+
+__all__ = ["DataType", "FusionDefinition", "IterType", "MemoryType", "ParallelType", "TensorView"]
+__version__ = "0.1.0"

@@ -1,0 +1,600 @@
+"""``fd.ops``: builds op nodes with shape inference and torch's type promotion.
+
+Output dtypes come from running the torch reference on meta tensors, so promotion matches torch
+exactly; shapes are inferred symbolically so printing and scheduling see real extents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python, python_scalar_type
+from pyfuser.ir.iter_domain import IterDomain, IterType
+from pyfuser.ir.ops import (
+    BinaryOp,
+    BroadcastOp,
+    CatOp,
+    ExpandOp,
+    FullOp,
+    IotaOp,
+    LinearOp,
+    LoadStoreOp,
+    MatmulOp,
+    PadOp,
+    PermuteOp,
+    ReductionOp,
+    ReshapeOp,
+    SliceOp,
+    SqueezeOp,
+    TernaryOp,
+    UnaryOp,
+    VarMeanOp,
+)
+from pyfuser.ir.ops.pointwise import BINARY_FNS, TERNARY_FNS, UNARY_FNS
+from pyfuser.ir.symbolic import SymConst, SymExpr, as_sym, ceil_div, product, sym_max, sym_min
+from pyfuser.ir.tensor_domain import TensorDomain
+from pyfuser.ir.tensor_view import TensorView
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+
+Operand = TensorView | Scalar | int | float | bool | complex
+SizeLike = int | Scalar | SymExpr
+
+
+class Ops:
+    """The op namespace of one FusionDefinition (``fd.ops``)."""
+
+    def __init__(self, fusion: Fusion) -> None:
+        self._fusion = fusion
+
+    # --- operand handling ------------------------------------------------------------------
+    def _val(self, x: Any, what: str) -> Val:
+        if isinstance(x, Val):
+            if x.fusion is not self._fusion:
+                raise ValueError(f"{what}: {x} belongs to another FusionDefinition")
+            return x
+        if isinstance(x, (bool, int, float, complex)):
+            return Scalar(self._fusion, data_type_of_python(x), x)
+        raise TypeError(f"{what}: expected a tensor, scalar or Python number, got {type(x).__name__}")
+
+    def _tv(self, x: Any, what: str) -> TensorView:
+        val = self._val(x, what)
+        if not isinstance(val, TensorView):
+            raise TypeError(f"{what}: expected a tensor, got {val}")
+        return val
+
+    def _new_tv(self, ids: list[IterDomain], dtype: DataType) -> TensorView:
+        return TensorView(self._fusion, TensorDomain(ids), dtype)
+
+    def _id(self, extent: SymExpr | int, iter_type: IterType = IterType.Iteration) -> IterDomain:
+        return IterDomain(self._fusion, extent, iter_type)
+
+    # --- shapes ----------------------------------------------------------------------------
+    def _broadcast_to_rank(self, tv: TensorView, rank: int) -> TensorView:
+        """numpy-style: prepend broadcast axes so ``tv`` has ``rank`` axes."""
+        missing = rank - tv.ndim
+        if missing <= 0:
+            return tv
+        return self.broadcast(tv, [True] * missing + [False] * tv.ndim)
+
+    def _pointwise_ids(self, op: str, tensors: list[TensorView]) -> list[IterDomain]:
+        """Output IDs of a pointwise op over same-rank operands, checking static extents."""
+        rank = tensors[0].ndim
+        domains = [t.get_logical_domain(no_reductions=True) for t in tensors]
+        out: list[IterDomain] = []
+        for d in range(rank):
+            chosen: IterDomain | None = None
+            owner: TensorView | None = None
+            for tv, ids in zip(tensors, domains, strict=True):
+                i = ids[d]
+                if i.is_broadcast:
+                    continue
+                if chosen is None:
+                    chosen, owner = i, tv
+                elif chosen.extent.is_const and i.extent.is_const and chosen.extent != i.extent:
+                    raise ValueError(
+                        f"{op}: incompatible broadcast shapes: {owner.short_name} axis {d} has extent {chosen.extent} "  # type: ignore[union-attr]
+                        f"but {tv.short_name} axis {d} has extent {i.extent}")
+                elif not chosen.extent.is_const and i.extent.is_const:
+                    chosen = i  # prefer the static extent
+            if chosen is None:
+                out.append(self._id(1, IterType.Broadcast))
+            else:
+                out.append(self._id(chosen.extent))
+        return out
+
+    # --- pointwise ---------------------------------------------------------------------------
+    def _pointwise(self, op: str, operands: Sequence[Any], fn: Callable[..., Any]) -> Val:
+        vals = [self._val(x, f"{op} operand {k}") for k, x in enumerate(operands)]
+        tensors = [v for v in vals if isinstance(v, TensorView)]
+        dtype = _result_dtype(fn, vals)
+        if not tensors:
+            return self._scalar_op(op, vals, dtype)
+        rank = max(t.ndim for t in tensors)
+        vals = [self._broadcast_to_rank(v, rank) if isinstance(v, TensorView) else v for v in vals]
+        tensors = [v for v in vals if isinstance(v, TensorView)]
+        out = self._new_tv(self._pointwise_ids(op, tensors), dtype)
+        if len(vals) == 1:
+            UnaryOp(self._fusion, op, out, vals[0])  # type: ignore[arg-type]
+        elif len(vals) == 2:
+            BinaryOp(self._fusion, op, out, vals[0], vals[1])
+        else:
+            TernaryOp(self._fusion, op, out, vals[0], vals[1], vals[2])
+        return out
+
+    def _scalar_op(self, op: str, vals: list[Val], dtype: DataType) -> Scalar:
+        out = Scalar(self._fusion, dtype)
+        if len(vals) == 1:
+            UnaryOp(self._fusion, op, out, vals[0])  # type: ignore[arg-type]
+        elif len(vals) == 2:
+            BinaryOp(self._fusion, op, out, vals[0], vals[1])
+        else:
+            TernaryOp(self._fusion, op, out, *vals)
+        return out
+
+    def cast(self, x: Operand, dtype: DataType | torch.dtype) -> Val:
+        target = as_data_type(dtype)
+        val = self._val(x, "cast")
+        if isinstance(val, TensorView):
+            out = self._new_tv([self._id(i.extent, i.iter_type) for i in val.get_logical_domain(no_reductions=True)],
+                               target)
+        else:
+            out = Scalar(self._fusion, target)
+        UnaryOp(self._fusion, "cast", out, val)  # type: ignore[arg-type]
+        return out
+
+    def where(self, cond: Operand, a: Operand, b: Operand) -> Val:
+        return self._pointwise("where", [cond, a, b], TERNARY_FNS["where"])
+
+    def clamp(self, x: Operand, min: Operand, max: Operand) -> Val:  # noqa: A002 - torch's names
+        return self._pointwise("clamp", [x, min, max], TERNARY_FNS["clamp"])
+
+    def gelu(self, x: Operand, approximate: str = "none") -> Val:
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        op = "gelu" if approximate == "none" else "gelu_tanh"
+        return self._pointwise(op, [x], UNARY_FNS[op])
+
+    # --- data movement -----------------------------------------------------------------------
+    def set(self, x: TensorView) -> TensorView:
+        return self._copy(x, "set")
+
+    def segment_set(self, x: TensorView) -> TensorView:
+        return self._copy(x, "segment_set")
+
+    def _copy(self, x: TensorView, kind: str) -> TensorView:
+        tv = self._tv(x, kind)
+        out = self._new_tv([self._id(i.extent, i.iter_type) for i in tv.get_logical_domain(no_reductions=True)],
+                           tv.dtype)
+        LoadStoreOp(self._fusion, out, tv, kind)
+        return out
+
+    def broadcast(self, x: TensorView, is_broadcast_dim: Sequence[bool]) -> TensorView:
+        tv = self._tv(x, "broadcast")
+        flags = [bool(f) for f in is_broadcast_dim]
+        if sum(not f for f in flags) != tv.ndim:
+            raise ValueError(f"broadcast: {tv.short_name} has rank {tv.ndim} but is_broadcast_dim {list(flags)} "
+                             f"keeps {sum(not f for f in flags)} axes")
+        in_ids = iter(tv.get_logical_domain(no_reductions=True))
+        ids = [self._id(1, IterType.Broadcast) if f else _clone(self, next(in_ids)) for f in flags]
+        out = self._new_tv(ids, tv.dtype)
+        BroadcastOp(self._fusion, out, tv, flags)
+        return out
+
+    def broadcast_in_dim(self, x: TensorView, shape: Sequence[SizeLike], broadcast_dims: Sequence[int]) -> TensorView:
+        tv = self._tv(x, "broadcast_in_dim")
+        rank = len(shape)
+        dims = [_norm_axis(d, rank, tv, "broadcast_dims") for d in broadcast_dims]
+        if len(dims) != tv.ndim:
+            raise ValueError(f"broadcast_in_dim: {tv.short_name} has rank {tv.ndim} but broadcast_dims {list(broadcast_dims)} "
+                             f"has {len(dims)} entries")
+        if dims != sorted(set(dims)):
+            raise ValueError(f"broadcast_in_dim: broadcast_dims {list(broadcast_dims)} must be strictly increasing")
+        flags = [d not in dims for d in range(rank)]
+        out = self.broadcast(tv, flags) if any(flags) else tv
+        return self.expand(out, shape)
+
+    def expand(self, x: TensorView, shape: Sequence[SizeLike]) -> TensorView:
+        tv = self._tv(x, "expand")
+        in_ids = tv.get_logical_domain(no_reductions=True)
+        if len(shape) != len(in_ids):
+            raise ValueError(f"expand: {tv.short_name} has rank {len(in_ids)} but the shape {list(shape)} has {len(shape)} entries")
+        ids = []
+        for d, (i, size) in enumerate(zip(in_ids, shape, strict=True)):
+            target = _size(size, f"expand {tv.short_name} axis {d}", allow_minus_one=True)
+            if target is None or (i.is_broadcast and target.value == 1) or not i.is_broadcast:
+                if target is not None and not i.is_broadcast and target.is_const and i.extent.is_const \
+                        and target != i.extent:
+                    raise ValueError(f"expand: {tv.short_name} axis {d} has extent {i.extent} and is not a broadcast "
+                                     f"axis; cannot expand it to {target}")
+                ids.append(_clone(self, i))
+            else:
+                ids.append(self._id(target))
+        if all(a.extent == b.extent and a.iter_type == b.iter_type for a, b in zip(ids, in_ids, strict=True)):
+            return tv
+        out = self._new_tv(ids, tv.dtype)
+        ExpandOp(self._fusion, out, tv)
+        return out
+
+    def squeeze(self, x: TensorView, dims: Sequence[int] | int) -> TensorView:
+        tv = self._tv(x, "squeeze")
+        rank = tv.ndim
+        dims_list = [dims] if isinstance(dims, int) else list(dims)
+        axes = {_norm_axis(d, rank, tv, "squeeze dims") for d in dims_list}
+        in_ids = tv.get_logical_domain(no_reductions=True)
+        for d in axes:
+            extent = in_ids[d].extent.value
+            if extent is not None and extent != 1:
+                raise ValueError(f"squeeze: {tv.short_name} axis {d} has extent {extent}; only size-1 axes can be squeezed")
+        flags = [d in axes for d in range(rank)]
+        out = self._new_tv([_clone(self, i) for i, f in zip(in_ids, flags, strict=True) if not f], tv.dtype)
+        SqueezeOp(self._fusion, out, tv, flags)
+        return out
+
+    def permute(self, x: TensorView, dims: Sequence[int]) -> TensorView:
+        tv = self._tv(x, "permute")
+        rank = tv.ndim
+        perm = [_norm_axis(d, rank, tv, "permute dims") for d in dims]
+        if sorted(perm) != list(range(rank)):
+            raise ValueError(f"permute: dims {list(dims)} is not a permutation of {tv.short_name}'s {rank} axes")
+        in_ids = tv.get_logical_domain(no_reductions=True)
+        out = self._new_tv([_clone(self, in_ids[d]) for d in perm], tv.dtype)
+        PermuteOp(self._fusion, out, tv, perm)
+        return out
+
+    def reshape(self, x: TensorView, new_shape: Sequence[SizeLike]) -> TensorView:
+        tv = self._tv(x, "reshape")
+        in_extent = product([i.extent for i in tv.get_logical_domain(no_reductions=True)])
+        extents: list[SymExpr | None] = []
+        for d, size in enumerate(new_shape):
+            extents.append(_size(size, f"reshape {tv.short_name} new_shape[{d}]", allow_minus_one=True))
+        unknown = [d for d, e in enumerate(extents) if e is None]
+        if len(unknown) > 1:
+            raise ValueError(f"reshape: new_shape {list(new_shape)} for {tv.short_name} has more than one -1")
+        if unknown:
+            known = product([e for e in extents if e is not None])
+            extents[unknown[0]] = in_extent // known
+        final = [e for e in extents if e is not None]
+        total = product(final)
+        if total.is_const and in_extent.is_const and total != in_extent:
+            raise ValueError(f"reshape: cannot reshape {tv.short_name} of {in_extent} elements into {list(new_shape)} "
+                             f"({total} elements)")
+        ids = [self._id(1, IterType.Broadcast) if e.value == 1 else self._id(e) for e in final]
+        out = self._new_tv(ids, tv.dtype)
+        ReshapeOp(self._fusion, out, tv)
+        return out
+
+    def slice(self, x: TensorView, start_indices: Sequence[SizeLike], end_indices: Sequence[SizeLike],
+              strides: Sequence[int] | None = None) -> TensorView:
+        tv = self._tv(x, "slice")
+        in_ids = tv.get_logical_domain(no_reductions=True)
+        rank = len(in_ids)
+        steps = list(strides) if strides is not None else [1] * rank
+        for name, seq in (("start_indices", start_indices), ("end_indices", end_indices), ("strides", steps)):
+            if len(seq) != rank:
+                raise ValueError(f"slice: {tv.short_name} has rank {rank} but {name} has {len(seq)} entries")
+        ranges: list[tuple[SymExpr, SymExpr, int]] = []
+        ids: list[IterDomain] = []
+        for d, (i, start, stop, step) in enumerate(zip(in_ids, start_indices, end_indices, steps, strict=True)):
+            if not isinstance(step, int) or step <= 0:
+                raise ValueError(f"slice: {tv.short_name} axis {d}: stride must be a positive int, got {step!r}")
+            lo = _normalize_index(_size(start, f"slice {tv.short_name} axis {d} start"), i.extent)
+            hi = _normalize_index(_size(stop, f"slice {tv.short_name} axis {d} end"), i.extent)
+            hi = sym_max(lo, hi)
+            ranges.append((lo, hi, step))
+            extent = ceil_div(hi - lo, step)
+            if extent == i.extent:
+                ids.append(_clone(self, i))
+            else:
+                ids.append(self._id(extent, IterType.Broadcast if extent.value == 1 and i.is_broadcast else IterType.Iteration))
+        out = self._new_tv(ids, tv.dtype)
+        SliceOp(self._fusion, out, tv, ranges)
+        return out
+
+    def cat(self, tensors: Sequence[TensorView], dim: int) -> TensorView:
+        tvs = [self._tv(t, f"cat input {k}") for k, t in enumerate(tensors)]
+        if not tvs:
+            raise ValueError("cat: needs at least one tensor")
+        rank = tvs[0].ndim
+        for tv in tvs:
+            if tv.ndim != rank:
+                raise ValueError(f"cat: {tv.short_name} has rank {tv.ndim} but {tvs[0].short_name} has rank {rank}")
+        axis = _norm_axis(dim, rank, tvs[0], "cat dim")
+        dtype = _result_dtype(lambda *xs: torch.cat(xs), tvs)
+        domains = [tv.get_logical_domain(no_reductions=True) for tv in tvs]
+        ids = []
+        for d in range(rank):
+            if d == axis:
+                ids.append(self._id(_sum([dom[d].extent for dom in domains])))
+                continue
+            ref = domains[0][d]
+            for tv, dom in zip(tvs[1:], domains[1:], strict=True):
+                e = dom[d].extent
+                if e.is_const and ref.extent.is_const and e != ref.extent:
+                    raise ValueError(f"cat: {tv.short_name} axis {d} has extent {e} but {tvs[0].short_name} axis {d} "
+                                     f"has extent {ref.extent}; only the cat axis may differ")
+            ids.append(_clone(self, ref))
+        out = self._new_tv(ids, dtype)
+        CatOp(self._fusion, out, [self.cast(t, dtype) if t.dtype != dtype else t for t in tvs], axis)  # type: ignore[misc]
+        return out
+
+    def pad(self, x: TensorView, pad_widths: Sequence[SizeLike], value: Operand | None = None) -> TensorView:
+        tv = self._tv(x, "pad")
+        rank = tv.ndim
+        widths = [_size(w, f"pad {tv.short_name} pad_widths[{k}]") for k, w in enumerate(pad_widths)]
+        if len(widths) % 2 or len(widths) > 2 * rank:
+            raise ValueError(f"pad: pad_widths {list(pad_widths)} must have an even number of entries, at most "
+                             f"{2 * rank} for {tv.short_name} of rank {rank}")
+        in_ids = tv.get_logical_domain(no_reductions=True)
+        ids = [_clone(self, i) for i in in_ids]
+        for k in range(0, len(widths), 2):
+            d = rank - 1 - k // 2
+            left, right = widths[k], widths[k + 1]  # type: ignore[assignment]
+            if left.value == 0 and right.value == 0:  # type: ignore[union-attr]
+                continue
+            ids[d] = self._id(in_ids[d].extent + left + right)  # type: ignore[operator]
+        fill = self._val(0 if value is None else value, "pad value")
+        out = self._new_tv(ids, tv.dtype)
+        PadOp(self._fusion, out, tv, widths, fill)  # type: ignore[arg-type]
+        return out
+
+    # --- creation ------------------------------------------------------------------------------
+    def full(self, shape: Sequence[SizeLike], fill_value: Operand, dtype: DataType | torch.dtype) -> TensorView:
+        extents = [_size(s, f"full shape[{k}]") for k, s in enumerate(shape)]
+        ids = [self._id(1, IterType.Broadcast) if e.value == 1 else self._id(e) for e in extents]  # type: ignore[union-attr]
+        out = self._new_tv(ids, as_data_type(dtype))
+        FullOp(self._fusion, out, self._val(fill_value, "full fill_value"))
+        return out
+
+    def iota(self, length: SizeLike, start: Operand | None = None, step: Operand | None = None,
+             dtype: DataType | torch.dtype = DataType.Int) -> TensorView:
+        dt = as_data_type(dtype)
+        extent = _size(length, "iota length")
+        default_start, default_step = (0, 1) if dt.is_integral else (0.0, 1.0)
+        length_val = self._val(length if not isinstance(length, SymExpr) else int(extent.value), "iota length")  # type: ignore[union-attr,arg-type]
+        out = self._new_tv([self._id(extent)], dt)  # type: ignore[arg-type]
+        IotaOp(self._fusion, out, length_val, self._val(default_start if start is None else start, "iota start"),
+               self._val(default_step if step is None else step, "iota step"))
+        return out
+
+    # --- reductions ----------------------------------------------------------------------------
+    def _reduce(self, op: str, x: TensorView, dims: Sequence[int] | int | None, keepdim: bool,
+                dtype: DataType | torch.dtype) -> TensorView:
+        tv = self._tv(x, op)
+        axes = _reduction_axes(tv, dims, op)
+        if as_data_type(dtype) is not DataType.Null:
+            out_dtype = as_data_type(dtype)
+        else:
+            probe = {"sum": torch.sum, "prod": torch.prod, "mean": torch.mean,
+                     "max": torch.amax, "min": torch.amin}[op]
+            out_dtype = _result_dtype(lambda t: probe(t, 0) if op != "mean" or t.is_floating_point() or t.is_complex()
+                                      else torch.mean(t.float(), 0), [tv])
+        if op == "mean" and not (out_dtype.is_floating or out_dtype.is_complex):
+            raise TypeError(f"mean: {tv.short_name} has dtype {tv.dtype}; mean needs a floating-point dtype "
+                            "(pass dtype= or cast first)")
+        out = self._new_tv(_reduced_ids(self, tv, axes), out_dtype)
+        ReductionOp(self._fusion, op, out, tv, axes)
+        return self._keepdim(out, axes) if keepdim else out
+
+    def _keepdim(self, tv: TensorView, axes: list[int]) -> TensorView:
+        rank = len(tv.get_logical_domain())
+        return self.broadcast(tv, [d in axes for d in range(rank)])
+
+    def sum(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("sum", x, dims, keepdim, dtype)
+
+    def prod(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("prod", x, dims, keepdim, dtype)
+
+    def max(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("max", x, dims, keepdim, dtype)
+
+    def min(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("min", x, dims, keepdim, dtype)
+
+    def mean(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("mean", x, dims, keepdim, dtype)
+
+    def var_mean(self, x: TensorView, dims: Sequence[int] | int | None = None, correction: int = 1,
+                 keepdim: bool = False) -> tuple[TensorView, TensorView]:
+        tv = self._tv(x, "var_mean")
+        if not (tv.dtype.is_floating or tv.dtype.is_complex):
+            raise TypeError(f"var_mean: {tv.short_name} has dtype {tv.dtype}; expected a floating-point tensor")
+        axes = _reduction_axes(tv, dims, "var_mean")
+        var_dtype = _result_dtype(lambda t: torch.var_mean(t, 0)[0], [tv])
+        var = self._new_tv(_reduced_ids(self, tv, axes), var_dtype)
+        mean = self._new_tv(_reduced_ids(self, tv, axes), tv.dtype)
+        VarMeanOp(self._fusion, var, mean, tv, axes, int(correction))
+        if keepdim:
+            return self._keepdim(var, axes), self._keepdim(mean, axes)
+        return var, mean
+
+    def var(self, x: TensorView, dims: Sequence[int] | int | None = None, correction: int = 1,
+            keepdim: bool = False) -> TensorView:
+        return self.var_mean(x, dims, correction, keepdim)[0]
+
+    # --- matmul ------------------------------------------------------------------------------
+    def matmul(self, a: TensorView, b: TensorView) -> TensorView:
+        ta, tb = self._tv(a, "matmul a"), self._tv(b, "matmul b")
+        if ta.ndim == 0 or tb.ndim == 0:
+            raise ValueError(f"matmul: operands must have rank >= 1, got {ta.short_name} rank {ta.ndim} and "
+                             f"{tb.short_name} rank {tb.ndim}")
+        ia, ib = ta.get_logical_domain(no_reductions=True), tb.get_logical_domain(no_reductions=True)
+        ka = ia[-1]
+        kb = ib[0] if tb.ndim == 1 else ib[-2]
+        _check_same_extent("matmul", ta, ta.ndim - 1, ka, tb, 0 if tb.ndim == 1 else tb.ndim - 2, kb)
+        batch_a, batch_b = ia[:-2], ib[:-2]
+        batch = self._batch_ids(ta, batch_a, tb, batch_b)
+        ids = batch
+        if ta.ndim >= 2:
+            ids.append(_clone(self, ia[-2]))
+        if tb.ndim >= 2:
+            ids.append(_clone(self, ib[-1]))
+        ids.append(self._id(ka.extent, IterType.Reduction))
+        out = self._new_tv(ids, _result_dtype(torch.matmul, [ta, tb]))
+        MatmulOp(self._fusion, out, ta, tb)
+        return out
+
+    def _batch_ids(self, ta: TensorView, ia: list[IterDomain], tb: TensorView, ib: list[IterDomain]) -> list[IterDomain]:
+        rank = max(len(ia), len(ib))
+        ia = [None] * (rank - len(ia)) + ia  # type: ignore[list-item,operator]
+        ib = [None] * (rank - len(ib)) + ib  # type: ignore[list-item,operator]
+        ids = []
+        for x, y in zip(ia, ib, strict=True):
+            live = [i for i in (x, y) if i is not None and not i.is_broadcast]
+            if len(live) == 2 and live[0].extent.is_const and live[1].extent.is_const and live[0].extent != live[1].extent:
+                raise ValueError(f"matmul: batch axes of {ta.short_name} and {tb.short_name} have incompatible extents "
+                                 f"{live[0].extent} and {live[1].extent}")
+            ids.append(self._id(live[0].extent) if live else self._id(1, IterType.Broadcast))
+        return ids
+
+    def linear(self, x: TensorView, weight: TensorView, bias: TensorView | None = None) -> TensorView:
+        tx, tw = self._tv(x, "linear input"), self._tv(weight, "linear weight")
+        tb = self._tv(bias, "linear bias") if bias is not None else None
+        if tx.ndim < 1 or tw.ndim not in (1, 2):
+            raise ValueError(f"linear: expected input of rank >= 1 and weight of rank 1 or 2, got {tx.short_name} "
+                             f"rank {tx.ndim} and {tw.short_name} rank {tw.ndim}")
+        ix, iw = tx.get_logical_domain(no_reductions=True), tw.get_logical_domain(no_reductions=True)
+        _check_same_extent("linear", tx, tx.ndim - 1, ix[-1], tw, tw.ndim - 1, iw[-1])
+        ids = [_clone(self, i) for i in ix[:-1]]
+        if tw.ndim == 2:
+            ids.append(_clone(self, iw[0]))
+        if tb is not None:
+            if tb.ndim > 1:
+                raise ValueError(f"linear: bias {tb.short_name} must have rank 0 or 1, got {tb.ndim}")
+            if tb.ndim == 1 and tw.ndim == 2:
+                _check_same_extent("linear", tb, 0, tb.get_logical_domain()[0], tw, 0, iw[0])
+        ids.append(self._id(ix[-1].extent, IterType.Reduction))
+        args = [tx, tw] + ([tb] if tb is not None else [])
+        out = self._new_tv(ids, _result_dtype(torch.nn.functional.linear, args))
+        LinearOp(self._fusion, out, tx, tw, tb)
+        return out
+
+
+def _add_unary(name: str) -> None:
+    def op(self: Ops, x: Operand) -> Val:
+        return self._pointwise(name, [x], UNARY_FNS[name])
+    op.__name__ = name
+    op.__doc__ = f"Elementwise ``{name}``."
+    setattr(Ops, name, op)
+
+
+def _add_binary(name: str) -> None:
+    def op(self: Ops, a: Operand, b: Operand) -> Val:
+        return self._pointwise(name, [a, b], BINARY_FNS[name])
+    op.__name__ = name
+    op.__doc__ = f"Elementwise ``{name}`` with torch's broadcasting and type promotion."
+    setattr(Ops, name, op)
+
+
+for _name in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
+              "relu", "silu", "erf", "logical_not"):
+    _add_unary(_name)
+for _name in BINARY_FNS:
+    _add_binary(_name)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+def _clone(ops: Ops, i: IterDomain) -> IterDomain:
+    return ops._id(i.extent, IterType.Broadcast if i.is_broadcast else IterType.Iteration)
+
+
+def _sum(extents: list[SymExpr]) -> SymExpr:
+    total: SymExpr = SymConst(0)
+    for e in extents:
+        total = total + e
+    return total
+
+
+def _check_same_extent(op: str, ta: TensorView, da: int, ia: IterDomain, tb: TensorView, db: int, ib: IterDomain) -> None:
+    if ia.extent.is_const and ib.extent.is_const and ia.extent != ib.extent:
+        raise ValueError(f"{op}: {ta.short_name} axis {da} has extent {ia.extent} but {tb.short_name} axis {db} has "
+                         f"extent {ib.extent}; they are contracted (or matched) and must be equal")
+
+
+def _norm_axis(axis: int, rank: int, tv: TensorView, what: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"{tv.short_name}: {what} must be ints, got {axis!r}")
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"{tv.short_name}: {what} entry {axis} is out of range for rank {rank} "
+                         f"(valid: {-rank}..{rank - 1})")
+    return axis % rank if rank else 0
+
+
+def _reduction_axes(tv: TensorView, dims: Sequence[int] | int | None, op: str) -> list[int]:
+    rank = tv.ndim
+    if dims is None:
+        return list(range(rank))
+    dims_list = [dims] if isinstance(dims, int) else list(dims)
+    axes = sorted({_norm_axis(d, rank, tv, f"{op} dims") for d in dims_list})
+    if len(axes) != len(dims_list):
+        raise ValueError(f"{op}: dims {dims_list} of {tv.short_name} name an axis twice")
+    return axes
+
+
+def _reduced_ids(ops: Ops, tv: TensorView, axes: list[int]) -> list[IterDomain]:
+    ids = []
+    for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
+        if d in axes:
+            ids.append(ops._id(i.extent, IterType.Reduction))
+        else:
+            ids.append(_clone(ops, i))
+    return ids
+
+
+def _size(size: Any, what: str, allow_minus_one: bool = False) -> SymExpr | None:
+    if isinstance(size, Scalar):
+        return size.as_extent()
+    if isinstance(size, SymExpr):
+        return size
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(f"{what}: expected an int or an integer scalar, got {type(size).__name__}")
+    if size == -1 and allow_minus_one:
+        return None
+    if size < 0 and not what.startswith("slice"):
+        raise ValueError(f"{what}: expected a non-negative size, got {size}")
+    return as_sym(size)
+
+
+def _normalize_index(index: SymExpr | None, extent: SymExpr) -> SymExpr:
+    """Python slicing rules: negative counts from the end, out-of-range clamps."""
+    if index is None:
+        raise ValueError("slice indices must be ints or integer scalars, not -1 placeholders")
+    value = index.value
+    if value is not None and value < 0:
+        return sym_max(extent + value, 0)
+    return sym_min(index, extent)
+
+
+_PROBE_VALUES = {bool: True, int: 3, float: 1.5, complex: 1.5 + 0.5j}
+
+
+def _probe(val: Val) -> Any:
+    if isinstance(val, TensorView):
+        return torch.empty((1,) * max(val.ndim, 1), dtype=val.dtype.torch_dtype, device="meta")
+    return _PROBE_VALUES[python_scalar_type(val.dtype)]
+
+
+def _result_dtype(fn: Callable[..., Any], vals: Sequence[Val]) -> DataType:
+    """Result dtype of ``fn`` under torch's promotion, found by running it on meta tensors."""
+    probes = [_probe(v) for v in vals]
+    if not any(isinstance(p, torch.Tensor) for p in probes):
+        # Scalars only: promote as 0-dim tensors of the scalars' dtypes would.
+        probes = [torch.empty((), dtype=v.dtype.torch_dtype, device="meta") for v in vals]
+    try:
+        result = fn(*probes)
+    except (RuntimeError, TypeError) as e:
+        names = ", ".join(f"{v} ({v.dtype})" for v in vals)
+        raise TypeError(f"operands {names} are not valid for this op: {e}") from None
+    return DataType.from_torch(result.dtype)
+

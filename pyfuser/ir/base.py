@@ -1,0 +1,153 @@
+"""Val and Expr: the nodes of the fusion graph."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pyfuser.ir.dtypes import DataType, python_scalar_type
+from pyfuser.ir.symbolic import SymExpr, SymVar
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.ir.iter_domain import IterDomain
+    from pyfuser.ir.tensor_view import TensorView
+    from pyfuser.runtime.context import EvalContext
+
+
+class Val:
+    """A value of the fusion: a TensorView or a Scalar."""
+
+    def __init__(self, fusion: Fusion, dtype: DataType) -> None:
+        self.fusion = fusion
+        self.dtype = dtype
+        self.definition: Expr | None = None
+        self.uses: list[Expr] = []
+
+    @property
+    def is_fusion_input(self) -> bool:
+        return any(v is self for v in self.fusion.inputs())
+
+    @property
+    def is_fusion_output(self) -> bool:
+        return any(v is self for v in self.fusion.outputs())
+
+
+class Scalar(Val):
+    """A scalar value: a constant, a fusion input (``value`` None), or an extent."""
+
+    def __init__(self, fusion: Fusion, dtype: DataType, value: Any = None) -> None:
+        super().__init__(fusion, dtype)
+        self.value = None if value is None else python_scalar_type(dtype)(value)
+        self.name = fusion.next_name("scalar")
+
+    @property
+    def is_const(self) -> bool:
+        return self.value is not None
+
+    @property
+    def symbol(self) -> str:
+        """Name under which an input scalar is bound at execution (and usable as an extent)."""
+        return f"{_SCALAR_PREFIX.get(self.dtype, 's')}{self.name}"
+
+    def as_extent(self) -> SymExpr:
+        from pyfuser.ir.symbolic import SymConst
+
+        if not (self.dtype.is_integral):
+            raise TypeError(f"scalar {self} of type {self.dtype} cannot be used as a size; expected an integer")
+        return SymConst(int(self.value)) if self.is_const else SymVar(self.symbol)
+
+    def __str__(self) -> str:
+        if self.is_const:
+            value = self.value
+            if isinstance(value, bool):
+                value = str(value).lower()
+            return f"{self.dtype.value}({value})"
+        return self.symbol
+
+    __repr__ = __str__
+
+
+_SCALAR_PREFIX = {
+    DataType.Double: "d", DataType.Float: "f", DataType.Int: "i", DataType.Int32: "i",
+    DataType.Bool: "b", DataType.ComplexDouble: "c", DataType.ComplexFloat: "c",
+    DataType.Half: "h", DataType.BFloat16: "h",
+}
+
+
+class Expr:
+    """An operation of the fusion: inputs -> outputs, with a torch reference implementation."""
+
+    op_name: ClassVar[str] = "expr"
+    #: False for ops whose attributes depend on the full extent of every axis (reshape, ...);
+    #: such an op cannot run on chunks of a stream-parallel loop.
+    chunkable: ClassVar[bool] = True
+
+    def __init__(self, fusion: Fusion, inputs: list[Val], outputs: list[Val]) -> None:
+        self.fusion = fusion
+        self.inputs: list[Val] = list(inputs)
+        self.outputs: list[Val] = list(outputs)
+        self.name = fusion.next_name("expr")
+        for out in self.outputs:
+            out.definition = self
+        for inp in self.inputs:
+            inp.uses.append(self)
+        fusion.mark_changed()
+
+    # --- graph edits ---------------------------------------------------------------------
+    def replace_input(self, old: Val, new: Val) -> None:
+        for i, v in enumerate(self.inputs):
+            if v is old:
+                self.inputs[i] = new
+                new.uses.append(self)
+        old.uses[:] = [e for e in old.uses if e is not self]
+        self.fusion.mark_changed()
+
+    def replace_output(self, old: Val, new: Val) -> None:
+        for i, v in enumerate(self.outputs):
+            if v is old:
+                self.outputs[i] = new
+                new.definition = self
+        old.definition = None
+        self.fusion.mark_changed()
+
+    @property
+    def tensor_inputs(self) -> list[TensorView]:
+        from pyfuser.ir.tensor_view import TensorView
+
+        return [v for v in self.inputs if isinstance(v, TensorView)]
+
+    @property
+    def tensor_outputs(self) -> list[TensorView]:
+        from pyfuser.ir.tensor_view import TensorView
+
+        return [v for v in self.outputs if isinstance(v, TensorView)]
+
+    @property
+    def output(self) -> TensorView:
+        return self.outputs[0]  # type: ignore[return-value]
+
+    # --- semantics -------------------------------------------------------------------------
+    def evaluate(self, ctx: EvalContext, *args: Any) -> list[Any]:
+        """Run the op with torch on concrete inputs (tensors / Python numbers)."""
+        raise NotImplementedError(f"{type(self).__name__}.evaluate")
+
+    def evaluate_into(self, ctx: EvalContext, out: Any, *args: Any) -> None:
+        """Write the (single) result into a preallocated ``out``; ops with an ``out=`` overload
+        override this to skip the copy."""
+        (result,) = self.evaluate(ctx, *args)
+        out.copy_(result)
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        """Producer logical ID -> consumer (first output) logical ID, for IDs the op preserves."""
+        return {}
+
+    # --- printing --------------------------------------------------------------------------
+    def to_string(self, indent: int = 0) -> str:
+        raise NotImplementedError(type(self).__name__)
+
+    def __str__(self) -> str:
+        return self.to_string()
+
+
+def indent_str(indent: int) -> str:
+    return "  " * indent

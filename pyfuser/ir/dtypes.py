@@ -1,0 +1,97 @@
+"""Data types of fusion values and their torch / printed spellings."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+
+
+class DataType(Enum):
+    Float = "float"
+    Double = "double"
+    Half = "__half"
+    BFloat16 = "__bfloat"
+    Int = "int64_t"
+    Int32 = "int"
+    Bool = "bool"
+    ComplexFloat = "std::complex<float>"
+    ComplexDouble = "std::complex<double>"
+    Null = "null"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self is DataType.Null:
+            raise ValueError("DataType.Null has no torch dtype")
+        return _TO_TORCH[self]
+
+    @staticmethod
+    def from_torch(dtype: torch.dtype) -> DataType:
+        try:
+            return _FROM_TORCH[dtype]
+        except KeyError:
+            raise TypeError(f"torch dtype {dtype} has no pyfuser DataType") from None
+
+    @property
+    def is_floating(self) -> bool:
+        return self in (DataType.Float, DataType.Double, DataType.Half, DataType.BFloat16)
+
+    @property
+    def is_complex(self) -> bool:
+        return self in (DataType.ComplexFloat, DataType.ComplexDouble)
+
+    @property
+    def is_integral(self) -> bool:
+        return self in (DataType.Int, DataType.Int32)
+
+    @property
+    def itemsize(self) -> int:
+        return self.torch_dtype.itemsize
+
+
+_TO_TORCH: dict[DataType, torch.dtype] = {
+    DataType.Float: torch.float32,
+    DataType.Double: torch.float64,
+    DataType.Half: torch.float16,
+    DataType.BFloat16: torch.bfloat16,
+    DataType.Int: torch.int64,
+    DataType.Int32: torch.int32,
+    DataType.Bool: torch.bool,
+    DataType.ComplexFloat: torch.complex64,
+    DataType.ComplexDouble: torch.complex128,
+}
+_FROM_TORCH: dict[torch.dtype, DataType] = {v: k for k, v in _TO_TORCH.items()}
+
+
+def as_data_type(dtype: DataType | torch.dtype) -> DataType:
+    if isinstance(dtype, DataType):
+        return dtype
+    if isinstance(dtype, torch.dtype):
+        return DataType.from_torch(dtype)
+    raise TypeError(f"expected a pyfuser DataType or torch.dtype, got {type(dtype).__name__}")
+
+
+def python_scalar_type(dtype: DataType) -> type:
+    if dtype is DataType.Bool:
+        return bool
+    if dtype.is_integral:
+        return int
+    if dtype.is_complex:
+        return complex
+    return float
+
+
+def data_type_of_python(value: object) -> DataType:
+    """The DataType a Python number is defined with (nvFuser: double / int64 / bool)."""
+    if isinstance(value, bool):
+        return DataType.Bool
+    if isinstance(value, int):
+        return DataType.Int
+    if isinstance(value, float):
+        return DataType.Double
+    if isinstance(value, complex):
+        return DataType.ComplexDouble
+    raise TypeError(f"expected a Python number, got {type(value).__name__}")

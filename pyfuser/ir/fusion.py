@@ -1,0 +1,144 @@
+"""Fusion: a graph of Exprs between input and output Vals, plus layout requirements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pyfuser.ir.base import Expr, Scalar, Val
+
+if TYPE_CHECKING:
+    from pyfuser.ir.tensor_view import TensorView
+
+
+class Fusion:
+    def __init__(self) -> None:
+        self._counters: dict[str, int] = {}
+        self._inputs: list[Val] = []
+        self._outputs: list[Val] = []
+        #: Stride orders the user required of outputs (seed 001): kept apart from allocation
+        #: domains that passes infer, so a requirement can always be told from a hint.
+        self._output_stride_order: dict[int, list[int]] = {}  # keyed by TV name: survives deepcopy
+        #: Bumped by every change to the graph or a schedule, so compiled programs know to go stale.
+        self.version = 0
+
+    def mark_changed(self) -> None:
+        self.version += 1
+
+    # --- naming ------------------------------------------------------------------------------
+    def next_name(self, kind: str) -> int:
+        n = self._counters.get(kind, 0)
+        self._counters[kind] = n + 1
+        return n
+
+    # --- inputs / outputs ------------------------------------------------------------------------
+    def inputs(self) -> list[Val]:
+        return list(self._inputs)
+
+    def outputs(self) -> list[Val]:
+        return list(self._outputs)
+
+    def add_input(self, val: Val) -> None:
+        self._check_owned(val, "fusion input")
+        if val.definition is not None:
+            raise ValueError(f"{val} is produced by an expression and cannot be a fusion input")
+        self._inputs.append(val)
+        self.mark_changed()
+
+    def add_output(self, val: Val) -> None:
+        from pyfuser.ir.tensor_view import MemoryType, TensorView
+
+        self._check_owned(val, "fusion output")
+        if not isinstance(val, TensorView):
+            raise TypeError(f"fusion outputs must be tensors, got {val}")
+        val.memory_type = MemoryType.Global
+        self._outputs.append(val)
+        self.mark_changed()
+
+    def _check_owned(self, val: Val, what: str) -> None:
+        if not isinstance(val, Val):
+            raise TypeError(f"{what} must be a tensor or scalar of this fusion, got {type(val).__name__}")
+        if val.fusion is not self:
+            raise ValueError(f"{val} belongs to another FusionDefinition and cannot be a {what} here")
+
+    def set_output_stride_order(self, tv: TensorView, stride_order: Sequence[int]) -> None:
+        """Require output ``tv`` to be produced with ``stride_order`` (dim i's place from innermost)."""
+        from pyfuser.ir.layout import check_stride_order
+
+        if not tv.is_fusion_output:
+            raise ValueError(f"{tv.short_name} is not a fusion output; only outputs take a required stride order")
+        rank = len(tv.get_logical_domain(no_reductions=True))
+        self._output_stride_order[tv.name] = check_stride_order(stride_order, rank, tv.short_name)
+        self.mark_changed()
+
+    def get_output_stride_order(self, tv: TensorView) -> list[int] | None:
+        order = self._output_stride_order.get(tv.name)
+        return list(order) if order is not None else None
+
+    # --- traversal -------------------------------------------------------------------------------
+    def exprs(self) -> list[Expr]:
+        """Exprs needed to compute the outputs, in topological order (depth-first from outputs)."""
+        input_ids = {id(v) for v in self._inputs}
+        order: list[Expr] = []
+        done: set[int] = set()
+        # Iterative post-order DFS: (expr, expanded?) entries.
+        stack: list[tuple[Expr, bool]] = []
+        for out in reversed(self._outputs):
+            if out.definition is not None and id(out) not in input_ids:
+                stack.append((out.definition, False))
+        while stack:
+            expr, expanded = stack.pop()
+            if id(expr) in done:
+                continue
+            if expanded:
+                done.add(id(expr))
+                order.append(expr)
+                continue
+            stack.append((expr, True))
+            for inp in reversed(expr.inputs):
+                d = inp.definition
+                if d is not None and id(inp) not in input_ids and id(d) not in done:
+                    stack.append((d, False))
+        return order
+
+    def vals(self) -> list[Val]:
+        """Every Val reachable from the outputs (inputs first, then in definition order)."""
+        result: list[Val] = list(self._inputs)
+        seen = {id(v) for v in result}
+        for expr in self.exprs():
+            for v in (*expr.inputs, *expr.outputs):
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    result.append(v)
+        return result
+
+    def tensors(self) -> list[TensorView]:
+        from pyfuser.ir.tensor_view import TensorView
+
+        return [v for v in self.vals() if isinstance(v, TensorView)]
+
+    def input_scalars(self) -> list[Scalar]:
+        return [v for v in self._inputs if isinstance(v, Scalar)]
+
+    # --- printing ---------------------------------------------------------------------------------
+    def math_string(self) -> str:
+        body = "".join(e.to_string() for e in self.exprs())
+        return f"%kernel_math {{\n{body}}} // %kernel_math \n"
+
+    def print_math(self) -> str:
+        text = self.math_string()
+        print(text, end="")
+        return text
+
+    def transforms_string(self) -> str:
+        return "\n".join(tv.transforms_string() for tv in self.tensors())
+
+    def print_transforms(self) -> str:
+        text = self.transforms_string()
+        print(text)
+        return text
+
+    def __str__(self) -> str:
+        ins = "".join(f"  {v}\n" for v in self._inputs)
+        outs = "".join(f"  {v}\n" for v in self._outputs)
+        return f"Inputs:\n{ins}Outputs:\n{outs}\n{self.math_string()}"

@@ -1,0 +1,90 @@
+"""Stride orders, allocation permutations and contiguity of concrete strides."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyfuser.ir.tensor_domain import Contiguity
+
+
+def check_stride_order(stride_order: Sequence[int], rank: int, what: str) -> list[int]:
+    """Validate ``stride_order`` (dim i's place counted from the innermost dim = 0)."""
+    order = list(stride_order)
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in order):
+        raise TypeError(f"{what}: stride_order must be a list of ints, got {stride_order!r}")
+    if len(order) != rank:
+        raise ValueError(f"{what}: stride_order {order} has {len(order)} entries but the tensor has rank {rank}")
+    if sorted(order) != list(range(rank)):
+        raise ValueError(f"{what}: stride_order {order} is not a permutation of 0..{rank - 1}")
+    return order
+
+
+def allocation_permutation(stride_order: Sequence[int]) -> list[int]:
+    """Logical dims listed outermost first (the allocation order) for a stride order."""
+    return sorted(range(len(stride_order)), key=lambda d: -stride_order[d])
+
+
+def stride_order_of_permutation(perm: Sequence[int]) -> list[int]:
+    rank = len(perm)
+    order = [0] * rank
+    for place, dim in enumerate(perm):
+        order[dim] = rank - 1 - place
+    return order
+
+
+def dense_strides(sizes: Sequence[int], perm: Sequence[int]) -> list[int]:
+    """Strides of a dense tensor of ``sizes`` laid out in allocation order ``perm``."""
+    strides = [0] * len(sizes)
+    stride = 1
+    for dim in reversed(perm):
+        strides[dim] = stride
+        stride *= max(sizes[dim], 1)
+    return strides
+
+
+def permutation_of_strides(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
+    """Allocation order of a concrete tensor: dims by decreasing stride, ties by logical order."""
+    return sorted(range(len(sizes)), key=lambda d: (-strides[d], d))
+
+
+def contiguity_of_strides(sizes: Sequence[int], strides: Sequence[int], perm: Sequence[int],
+                          broadcast: Sequence[bool]) -> Contiguity:
+    """nvFuser contiguity, in allocation order: dim is contiguous when its stride is the next
+    non-broadcast dim's stride times that dim's size (the innermost: stride 1)."""
+    result: Contiguity = []
+    expected_next = 1
+    for dim in reversed(perm):
+        if broadcast[dim]:
+            result.append(None)
+            continue
+        result.append(strides[dim] == expected_next or sizes[dim] == 1)
+        if sizes[dim] != 1:
+            expected_next = strides[dim] * sizes[dim]
+    return list(reversed(result))
+
+
+def check_strides(name: str, sizes: Sequence[int], strides: Sequence[int], perm: Sequence[int],
+                  contiguity: Contiguity, broadcast: Sequence[bool], stride_order_declared: bool) -> None:
+    """Raise ValueError naming the tensor and axis when strides violate the declared layout."""
+    if stride_order_declared:
+        previous = None
+        for dim in perm:
+            if broadcast[dim] or sizes[dim] <= 1:
+                continue
+            if previous is not None and strides[dim] > strides[previous]:
+                raise ValueError(
+                    f"{name} axis {dim}: stride {strides[dim]} is larger than axis {previous}'s stride "
+                    f"{strides[previous]}, but the declared stride order puts axis {dim} inside axis {previous} "
+                    f"(allocation order {list(perm)}); got strides {list(strides)}")
+            previous = dim
+    expected_next = 1
+    for place in range(len(perm) - 1, -1, -1):
+        dim = perm[place]
+        if broadcast[dim]:
+            continue
+        if contiguity[place] and sizes[dim] > 1 and strides[dim] != expected_next:
+            raise ValueError(
+                f"{name} axis {dim}: declared contiguous, so its stride must be {expected_next}, but got stride "
+                f"{strides[dim]} (sizes {list(sizes)}, strides {list(strides)})")
+        if sizes[dim] > 1:
+            expected_next = strides[dim] * sizes[dim]

@@ -1,0 +1,50 @@
+"""Ops that create tensors from scalars: full and iota."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.ops.common import call_string
+from pyfuser.ir.tensor_view import TensorView
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.runtime.context import EvalContext
+
+
+class FullOp(Expr):
+    op_name = "full"
+    chunkable = True
+
+    def __init__(self, fusion: Fusion, out: TensorView, fill_value: Val) -> None:
+        super().__init__(fusion, [fill_value], [out])
+        self._extents = [i.extent for i in out.get_logical_domain()]
+
+    def evaluate(self, ctx: EvalContext, value: Any) -> list[Any]:
+        sizes = [e.evaluate(ctx.env) for e in self._extents]
+        return [torch.full(sizes, value, dtype=self.output.dtype.torch_dtype, device=ctx.device)]
+
+    def to_string(self, indent: int = 0) -> str:
+        extents = ", ".join(str(e) for e in self._extents)
+        return call_string(self.output, "full", [f"{{{extents}}}", self.inputs[0]], "", indent)
+
+
+class IotaOp(Expr):
+    """``start + step * arange(length)``."""
+
+    op_name = "iota"
+    chunkable = False
+
+    def __init__(self, fusion: Fusion, out: TensorView, length: Val, start: Val, step: Val) -> None:
+        super().__init__(fusion, [length, start, step], [out])
+
+    def evaluate(self, ctx: EvalContext, length: int, start: Any, step: Any) -> list[Any]:
+        dtype = self.output.dtype.torch_dtype
+        index = torch.arange(int(length), device=ctx.device, dtype=dtype)
+        return [(index * step + start).to(dtype)]
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "iota", self.inputs, f"dtype = {self.output.dtype.value}", indent)

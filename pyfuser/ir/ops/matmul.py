@@ -1,0 +1,108 @@
+"""Matmul and linear, evaluated with ATen (cuBLAS on GPUs).
+
+Outputs keep the contracted K axis as a trailing reduction ID, as nvFuser does:
+``linear(x[m, k], w[n, k]) -> out[m, n, rK]``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from pyfuser.ir.base import Expr, indent_str
+from pyfuser.ir.ops.common import header
+from pyfuser.ir.tensor_view import TensorView
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.ir.iter_domain import IterDomain
+    from pyfuser.runtime.context import EvalContext
+
+
+def _align_right(producer_ids: list[IterDomain], consumer_ids: list[IterDomain]) -> dict[IterDomain, IterDomain]:
+    offset = len(consumer_ids) - len(producer_ids)
+    return {p: consumer_ids[offset + k] for k, p in enumerate(producer_ids) if offset + k >= 0}
+
+
+class MatmulOp(Expr):
+    """``torch.matmul`` semantics for 1-D to N-D operands."""
+
+    op_name = "matmul"
+
+    def __init__(self, fusion: Fusion, out: TensorView, a: TensorView, b: TensorView) -> None:
+        super().__init__(fusion, [a, b], [out])
+
+    def evaluate(self, ctx: EvalContext, a: torch.Tensor, b: torch.Tensor) -> list[Any]:
+        return [torch.matmul(a, b)]
+
+    def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        torch.matmul(a, b, out=out)
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        a, b = self.inputs
+        out_ids = self.output.get_logical_domain()
+        rk, kept = out_ids[-1], out_ids[:-1]
+        ids = producer.get_logical_domain(no_reductions=True)
+        mapping: dict[IterDomain, IterDomain] = {}
+        if producer is a:
+            k = ids[-1]
+            if len(ids) >= 2:
+                n_present = b.ndim >= 2  # type: ignore[attr-defined]
+                m_pos = len(kept) - (2 if n_present else 1)
+                mapping.update(_align_right(ids[:-2], kept[:m_pos]))
+                mapping[ids[-2]] = kept[m_pos]
+            mapping[k] = rk
+        if producer is b:
+            if len(ids) == 1:
+                mapping[ids[0]] = rk
+            else:
+                mapping[ids[-2]] = rk
+                mapping[ids[-1]] = kept[-1]
+                batch_end = len(kept) - 1 - (1 if a.ndim >= 2 else 0)  # type: ignore[attr-defined]
+                mapping.update(_align_right(ids[:-2], kept[:batch_end]))
+        return mapping
+
+    def to_string(self, indent: int = 0) -> str:
+        a, b = self.inputs
+        return f"{header(self.output, indent)}matmul({a},\n{indent_str(indent)}          {b})\n"
+
+
+class LinearOp(Expr):
+    """``F.linear(x, weight, bias)``: x ``[..., k]``, weight ``[n, k]`` (or ``[k]``), bias ``[n]``."""
+
+    op_name = "linear"
+
+    def __init__(self, fusion: Fusion, out: TensorView, x: TensorView, weight: TensorView,
+                 bias: TensorView | None) -> None:
+        super().__init__(fusion, [x, weight] + ([bias] if bias is not None else []), [out])
+
+    @property
+    def has_bias(self) -> bool:
+        return len(self.inputs) == 3
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> list[Any]:
+        return [F.linear(x, w, bias)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        x, w = self.inputs[0], self.inputs[1]
+        out_ids = self.output.get_logical_domain()
+        rk, kept = out_ids[-1], out_ids[:-1]
+        ids = producer.get_logical_domain(no_reductions=True)
+        n_present = w.ndim == 2  # type: ignore[attr-defined]
+        if producer is x:
+            mapping = {p: c for p, c in zip(ids[:-1], kept, strict=False)}
+            mapping[ids[-1]] = rk
+            return mapping
+        if producer is w:
+            return {ids[0]: kept[-1], ids[1]: rk} if n_present else {ids[0]: rk}
+        return {ids[0]: kept[-1]} if n_present and ids else {}
+
+    def to_string(self, indent: int = 0) -> str:
+        pad = indent_str(indent)
+        x, w = self.inputs[0], self.inputs[1]
+        text = f"{header(self.output, indent)}linear({x},\n{pad}            {w}      "
+        if self.has_bias:
+            text += f",\n{pad}      {self.inputs[2]}      "
+        return text + ")\n"

@@ -1,0 +1,234 @@
+"""Data movement and shape ops: set, broadcast, squeeze, expand, permute, reshape, slice, cat, pad."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.ops.common import bool_flags, call_string, header, int_list, positional_map
+from pyfuser.ir.symbolic import SymExpr
+from pyfuser.ir.tensor_domain import TensorDomain
+from pyfuser.ir.tensor_view import TensorView
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.ir.iter_domain import IterDomain
+    from pyfuser.runtime.context import EvalContext
+
+
+def new_like(tv: TensorView) -> TensorView:
+    """A fresh local tensor with ``tv``'s logical shape (reductions dropped) and dtype."""
+    logical = [i.clone() for i in tv.get_logical_domain(no_reductions=True)]
+    return TensorView(tv.fusion, TensorDomain(logical), tv.dtype)
+
+
+class LoadStoreOp(Expr):
+    """``set`` (a copy; schedulers pick where it lives) or ``segment_set`` (a copy that also
+    forces a segment boundary)."""
+
+    op_name = "set"
+
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, kind: str = "set") -> None:
+        super().__init__(fusion, [inp], [out])
+        self.kind = kind
+
+    def evaluate(self, ctx: EvalContext, x: Any) -> list[Any]:
+        return [x]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        return positional_map(producer, self.output)
+
+    def to_string(self, indent: int = 0) -> str:
+        name = "Set" if self.kind == "set" else "SegmenterSet"
+        return f"{header(self.output, indent)}{name}( {self.inputs[0]}, cache_op=Streaming )\n"
+
+
+def set_op(inp: TensorView, out: TensorView, kind: str = "set") -> LoadStoreOp:
+    return LoadStoreOp(inp.fusion, out, inp, kind)
+
+
+class BroadcastOp(Expr):
+    """Insert size-1 broadcast axes where ``flags`` (one per output axis) is True."""
+
+    op_name = "broadcast"
+
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, flags: Sequence[bool]) -> None:
+        super().__init__(fusion, [inp], [out])
+        self.flags = tuple(flags)
+        self._index = tuple(None if f else slice(None) for f in self.flags)
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        return [x[self._index]]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        return positional_map(producer, self.output, [i for i, f in enumerate(self.flags) if f])
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "broadcast", self.inputs, f"flags = {bool_flags(self.flags)}", indent)
+
+
+class SqueezeOp(Expr):
+    """Remove size-1 axes where ``flags`` (one per input axis) is True."""
+
+    op_name = "squeeze"
+
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, flags: Sequence[bool]) -> None:
+        super().__init__(fusion, [inp], [out])
+        self.flags = tuple(flags)
+        self.dims = tuple(i for i, f in enumerate(self.flags) if f)
+        in_ids = inp.get_logical_domain(no_reductions=True)
+        self._runtime_checked = [d for d in self.dims if not in_ids[d].is_broadcast and in_ids[d].extent.value != 1]
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        for d in self._runtime_checked:
+            if x.shape[d] != 1:
+                raise ValueError(f"squeeze: {self.inputs[0].short_name} axis {d} has size {x.shape[d]}; "  # type: ignore[attr-defined]
+                                 "only size-1 axes can be squeezed")
+        return [x.squeeze(self.dims) if self.dims else x]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        kept = [p for p, f in zip(producer.get_logical_domain(no_reductions=True), self.flags, strict=True) if not f]
+        return dict(zip(kept, self.output.get_logical_domain(), strict=True))
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "squeeze", self.inputs, f"flags = {bool_flags(self.flags)}", indent)
+
+
+class ExpandOp(Expr):
+    """Expand broadcast axes to the output's extents (a stride-0 view)."""
+
+    op_name = "expand"
+
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView) -> None:
+        super().__init__(fusion, [inp], [out])
+        in_ids = inp.get_logical_domain(no_reductions=True)
+        out_ids = out.get_logical_domain()
+        self._expanded = [(d, o.extent) for d, (i, o) in enumerate(zip(in_ids, out_ids, strict=True))
+                          if i.is_broadcast and not (o.is_broadcast and o.extent.value == 1)]
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        sizes = [-1] * x.dim()
+        for d, extent in self._expanded:
+            sizes[d] = extent.evaluate(ctx.env)
+        return [x.expand(sizes)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        return positional_map(producer, self.output)
+
+    def to_string(self, indent: int = 0) -> str:
+        extents = [str(i.extent) for i in self.output.get_logical_domain()]
+        return call_string(self.output, "expand", self.inputs, f"{{{', '.join(extents)}}}", indent)
+
+
+class PermuteOp(Expr):
+    """``out`` axis i is ``in`` axis ``dims[i]``."""
+
+    op_name = "permute"
+
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, dims: Sequence[int]) -> None:
+        super().__init__(fusion, [inp], [out])
+        self.dims = tuple(dims)
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        return [x.permute(self.dims)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        p_ids = producer.get_logical_domain(no_reductions=True)
+        return {p_ids[src]: c for src, c in zip(self.dims, self.output.get_logical_domain(), strict=True)}
+
+    def to_string(self, indent: int = 0) -> str:
+        return f"{header(self.output, indent)}Set.Permute( {self.inputs[0]}, cache_op=Streaming )\n"
+
+
+class ReshapeOp(Expr):
+    """Reshape to the output's logical extents (evaluated from bound sizes)."""
+
+    op_name = "reshape"
+    chunkable = False
+
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView) -> None:
+        super().__init__(fusion, [inp], [out])
+        self._extents = [i.extent for i in out.get_logical_domain()]
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        return [x.reshape([e.evaluate(ctx.env) for e in self._extents])]
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "view", self.inputs, "", indent)
+
+
+class SliceOp(Expr):
+    """Slice each axis by ``(start, stop, step)``, already normalized to ``0 <= start <= stop <= extent``."""
+
+    op_name = "slice"
+    chunkable = False
+
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView,
+                 ranges: Sequence[tuple[SymExpr, SymExpr, int]]) -> None:
+        super().__init__(fusion, [inp], [out])
+        self.ranges = list(ranges)
+        in_ids = inp.get_logical_domain(no_reductions=True)
+        self._untouched = [d for d, ((start, stop, step), i) in enumerate(zip(self.ranges, in_ids, strict=True))
+                           if start.value == 0 and stop == i.extent and step == 1]
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        env = ctx.env
+        index = tuple(slice(start.evaluate(env), stop.evaluate(env), step) for start, stop, step in self.ranges)
+        return [x[index]]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        p_ids = producer.get_logical_domain(no_reductions=True)
+        c_ids = self.output.get_logical_domain()
+        return {p_ids[d]: c_ids[d] for d in self._untouched}
+
+    def to_string(self, indent: int = 0) -> str:
+        ranges = ", ".join(f"{a} : {b} : {c}" for a, b, c in self.ranges)
+        return call_string(self.output, "slice", self.inputs, f"{{{ranges}}}", indent)
+
+
+class CatOp(Expr):
+    op_name = "cat"
+    chunkable = False
+
+    def __init__(self, fusion: Fusion, out: TensorView, inputs: Sequence[TensorView], dim: int) -> None:
+        super().__init__(fusion, list(inputs), [out])
+        self.dim = dim
+
+    def evaluate(self, ctx: EvalContext, *xs: torch.Tensor) -> list[Any]:
+        return [torch.cat(xs, self.dim)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        mapping = positional_map(producer, self.output)
+        return {p: c for d, (p, c) in enumerate(mapping.items()) if d != self.dim}
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "cat", self.inputs, str(self.dim), indent)
+
+
+class PadOp(Expr):
+    """Constant padding; ``widths`` in torch's ``F.pad`` order (last axis first)."""
+
+    op_name = "pad"
+    chunkable = False
+
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, widths: Sequence[SymExpr],
+                 value: Val) -> None:
+        super().__init__(fusion, [inp, value], [out])
+        self.widths = list(widths)
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor, value: Any) -> list[Any]:
+        pads = [w.evaluate(ctx.env) for w in self.widths]
+        return [F.pad(x, pads, value=value)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        rank = producer.ndim
+        padded = {rank - 1 - k // 2 for k, w in enumerate(self.widths) if w.value != 0}
+        mapping = positional_map(producer, self.output)
+        return {p: c for d, (p, c) in enumerate(mapping.items()) if d not in padded}
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "pad", self.inputs[:1], f"{int_list(self.widths)}, {self.inputs[1]}", indent)

@@ -1,0 +1,190 @@
+"""Symbolic integer arithmetic for extents.
+
+Extents of IterDomains are small immutable expression trees over named integers (``i0``,
+``i2``, ...) bound when a fusion is executed.  They print the way nvFuser prints them:
+``i0``, ``( i0 * i2 )``, ``( ceilDiv(i4, 3) )``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+SymLike = "SymExpr | int"
+
+
+class SymExpr:
+    """Base of the symbolic integer expression tree (immutable, hashable)."""
+
+    __slots__ = ()
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        raise NotImplementedError(type(self).__name__)
+
+    def free_names(self) -> frozenset[str]:
+        raise NotImplementedError(type(self).__name__)
+
+    @property
+    def is_const(self) -> bool:
+        return isinstance(self, SymConst)
+
+    @property
+    def value(self) -> int | None:
+        """The integer value if constant, else None."""
+        return self.val if isinstance(self, SymConst) else None
+
+    def __add__(self, other: SymExpr | int) -> SymExpr:
+        return binary("+", self, as_sym(other))
+
+    def __radd__(self, other: int) -> SymExpr:
+        return binary("+", as_sym(other), self)
+
+    def __sub__(self, other: SymExpr | int) -> SymExpr:
+        return binary("-", self, as_sym(other))
+
+    def __rsub__(self, other: int) -> SymExpr:
+        return binary("-", as_sym(other), self)
+
+    def __mul__(self, other: SymExpr | int) -> SymExpr:
+        return binary("*", self, as_sym(other))
+
+    def __rmul__(self, other: int) -> SymExpr:
+        return binary("*", as_sym(other), self)
+
+    def __floordiv__(self, other: SymExpr | int) -> SymExpr:
+        return binary("/", self, as_sym(other))
+
+    def __mod__(self, other: SymExpr | int) -> SymExpr:
+        return binary("%", self, as_sym(other))
+
+
+@dataclass(frozen=True, slots=True)
+class SymConst(SymExpr):
+    val: int
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        return self.val
+
+    def free_names(self) -> frozenset[str]:
+        return frozenset()
+
+    def __str__(self) -> str:
+        return str(self.val)
+
+
+@dataclass(frozen=True, slots=True)
+class SymVar(SymExpr):
+    name: str
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        try:
+            return env[self.name]
+        except KeyError:
+            raise ValueError(f"symbolic extent {self.name} is not bound to a size") from None
+
+    def free_names(self) -> frozenset[str]:
+        return frozenset((self.name,))
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+_APPLY = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "ceilDiv": _ceil_div,
+    "max": max,
+    "min": min,
+}
+_FUNCTION_OPS = ("ceilDiv", "max", "min")
+
+
+@dataclass(frozen=True, slots=True)
+class SymBinary(SymExpr):
+    op: str
+    lhs: SymExpr
+    rhs: SymExpr
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        return _APPLY[self.op](self.lhs.evaluate(env), self.rhs.evaluate(env))
+
+    def free_names(self) -> frozenset[str]:
+        return self.lhs.free_names() | self.rhs.free_names()
+
+    def __str__(self) -> str:
+        if self.op in _FUNCTION_OPS:
+            return f"( {self.op}({self.lhs}, {self.rhs}) )"
+        return f"( {self.lhs} {self.op} {self.rhs} )"
+
+
+def as_sym(x: SymExpr | int) -> SymExpr:
+    if isinstance(x, SymExpr):
+        return x
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"expected an int or a symbolic extent, got {type(x).__name__}")
+    return SymConst(x)
+
+
+def binary(op: str, a: SymExpr, b: SymExpr) -> SymExpr:
+    """Build ``a op b`` with constant folding and identity simplification."""
+    av, bv = a.value, b.value
+    if av is not None and bv is not None and not (op in ("/", "%", "ceilDiv") and bv == 0):
+        return SymConst(_APPLY[op](av, bv))
+    if op == "+":
+        if av == 0:
+            return b
+        if bv == 0:
+            return a
+    elif op == "-":
+        if bv == 0:
+            return a
+        if a == b:
+            return SymConst(0)
+    elif op == "*":
+        if av == 1:
+            return b
+        if bv == 1:
+            return a
+        if av == 0 or bv == 0:
+            return SymConst(0)
+    elif op in ("/", "ceilDiv"):
+        if bv == 1:
+            return a
+        if a == b:
+            return SymConst(1)
+        # (x * c) / c -> x, for merges that are split back by the same factor.
+        if isinstance(a, SymBinary) and a.op == "*" and bv is not None:
+            if a.rhs.value == bv:
+                return a.lhs
+            if a.lhs.value == bv:
+                return a.rhs
+    elif op in ("max", "min") and a == b:
+        return a
+    return SymBinary(op, a, b)
+
+
+def ceil_div(a: SymExpr | int, b: SymExpr | int) -> SymExpr:
+    return binary("ceilDiv", as_sym(a), as_sym(b))
+
+
+def sym_max(a: SymExpr | int, b: SymExpr | int) -> SymExpr:
+    return binary("max", as_sym(a), as_sym(b))
+
+
+def sym_min(a: SymExpr | int, b: SymExpr | int) -> SymExpr:
+    return binary("min", as_sym(a), as_sym(b))
+
+
+def product(items: list[SymExpr]) -> SymExpr:
+    """Left-nested product, printed like nvFuser: ``( ( i0 * i2 ) * i3 )``."""
+    result: SymExpr = SymConst(1)
+    for item in items:
+        result = result * item
+    return result

@@ -1,0 +1,323 @@
+"""TensorView: a tensor of the fusion and its scheduling API (acts on the loop domain)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from pyfuser.ir.base import Val
+from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.iter_domain import IterDomain, Merge, Split
+from pyfuser.ir.symbolic import SymExpr
+from pyfuser.ir.tensor_domain import (
+    Contiguity,
+    DomainCoverageError,
+    TensorDomain,
+    check_covers,
+    default_contiguity,
+    format_contiguity,
+    no_reductions,
+    transforms_between,
+)
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.multidevice.device_mesh import DeviceMesh
+
+
+class MemoryType(Enum):
+    Global = "g"
+    Local = "l"
+    Shared = "s"
+
+
+class TensorView(Val):
+    def __init__(self, fusion: Fusion, domain: TensorDomain, dtype: DataType,
+                 memory_type: MemoryType = MemoryType.Local) -> None:
+        super().__init__(fusion, dtype)
+        self.name = fusion.next_name("tv")
+        self._domain = domain
+        self.memory_type = memory_type
+        self.compute_at_pos = 0
+        self.device_mesh: DeviceMesh | None = None
+        #: A CPU scalar tensor input of a fusion that otherwise runs on a GPU.
+        self.is_cpu = False
+        for i in (*domain.logical, *(domain.root or ())):
+            i.tensor = self
+
+    # --- naming / printing ---------------------------------------------------------------
+    @property
+    def short_name(self) -> str:
+        return f"T{self.name}"
+
+    def __str__(self) -> str:
+        ids = ", ".join(map(str, self._domain.loop))
+        text = f"T{self.name}_{self.memory_type.value}_{self.dtype.value}[{ids}]"
+        if self.compute_at_pos > 0:
+            text += f" ca_pos( {self.compute_at_pos} )"
+        if self.device_mesh is not None:
+            text += f" ({self.device_mesh})"
+        return text
+
+    __repr__ = __str__
+
+    def transforms_string(self) -> str:
+        d = self._domain
+        lines = [str(self)]
+        if d.root is not None:
+            lines.append(f" root domain : ({_ids(d.root)})")
+        lines.append(f" logical domain : ({_ids(d.logical)})")
+        if d.allocation is not None:
+            hint = " (hint)" if d.allocation_is_hint else ""
+            lines.append(f" allocation domain : ({_ids(d.allocation)}){hint}")
+        lines.append(f" contiguity: {format_contiguity(d.contiguity)}")
+        targets = [*d.loop, *(d.allocation or ())]
+        lines.extend(f"  {t}" for t in transforms_between(d.logical, targets))
+        lines.append(f" loop domain : ({_ids(d.loop)})")
+        return "\n".join(lines)
+
+    def print_transforms(self) -> str:
+        text = self.transforms_string()
+        print(text)
+        return text
+
+    # --- domains -----------------------------------------------------------------------------
+    def domain(self) -> TensorDomain:
+        return self._domain
+
+    def get_logical_domain(self, no_reductions: bool = False) -> list[IterDomain]:
+        ids = self._domain.logical
+        return [i for i in ids if not i.is_reduction] if no_reductions else list(ids)
+
+    def get_root_domain(self) -> list[IterDomain]:
+        return list(self._domain.root if self._domain.root is not None else self._domain.logical)
+
+    def get_loop_domain(self) -> list[IterDomain]:
+        return list(self._domain.loop)
+
+    def get_allocation_domain(self) -> list[IterDomain]:
+        """The allocation domain, or the logical domain when none is set (as nvFuser's
+        ``getMaybeAllocationDomain``)."""
+        return list(self._domain.maybe_allocation)
+
+    def has_allocation_domain(self) -> bool:
+        return self._domain.has_allocation
+
+    @property
+    def contiguity(self) -> Contiguity:
+        return list(self._domain.contiguity)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.get_logical_domain(no_reductions=True))
+
+    @property
+    def allocation_is_required(self) -> bool:
+        return self._domain.has_allocation and not self._domain.allocation_is_hint
+
+    # --- axis helpers ----------------------------------------------------------------------
+    def _loop_index(self, axis: int, what: str = "axis") -> int:
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise TypeError(f"{self.short_name}: {what} must be an int, got {type(axis).__name__}")
+        n = len(self._domain.loop)
+        if not -n <= axis < n:
+            raise ValueError(f"{self.short_name}: {what} {axis} is out of range for a loop domain of {n} IDs "
+                             f"(valid: {-n}..{n - 1})")
+        return axis % n
+
+    def axis(self, i: int) -> IterDomain:
+        return self._domain.loop[self._loop_index(i)]
+
+    def loop_position(self, iter_domain: IterDomain) -> int:
+        for pos, i in enumerate(self._domain.loop):
+            if i is iter_domain:
+                return pos
+        return -1
+
+    def _adopt(self, ids: Sequence[IterDomain]) -> None:
+        for i in ids:
+            i.tensor = self
+        self.fusion.mark_changed()
+
+    # --- loop transforms ---------------------------------------------------------------------
+    def split(self, axis: int, factor: int | SymExpr | Any, inner_split: bool = True) -> TensorView:
+        pos = self._loop_index(axis)
+        factor = _as_factor(factor, f"{self.short_name} axis {pos}")
+        split = Split(self._domain.loop[pos], factor, inner_split)
+        self._adopt(split.outputs)
+        self._domain.loop[pos:pos + 1] = [split.outer, split.inner]
+        return self
+
+    def inner_split(self, axis: int, factor: int | SymExpr | Any) -> TensorView:
+        return self.split(axis, factor, inner_split=True)
+
+    def outer_split(self, axis: int, factor: int | SymExpr | Any) -> TensorView:
+        return self.split(axis, factor, inner_split=False)
+
+    def merge(self, axis: int, axis2: int | None = None) -> TensorView:
+        outer_pos = self._loop_index(axis)
+        inner_pos = outer_pos + 1 if axis2 is None else self._loop_index(axis2, "axis2")
+        if inner_pos >= len(self._domain.loop):
+            raise ValueError(f"{self.short_name}: cannot merge axis {outer_pos} with the next axis: it is the last loop ID")
+        if inner_pos == outer_pos:
+            raise ValueError(f"{self.short_name}: cannot merge axis {outer_pos} with itself")
+        loop = self._domain.loop
+        merge = Merge(loop[outer_pos], loop[inner_pos])
+        self._adopt(merge.outputs)
+        at = min(outer_pos, inner_pos)
+        for pos in sorted((outer_pos, inner_pos), reverse=True):
+            del loop[pos]
+        loop.insert(at, merge.out)
+        return self
+
+    def reorder(self, old2new: Mapping[int, int]) -> TensorView:
+        loop = self._domain.loop
+        n = len(loop)
+        moves = {self._loop_index(o, "reorder source"): self._loop_index(nw, "reorder target")
+                 for o, nw in dict(old2new).items()}
+        if len(set(moves.values())) != len(moves):
+            raise ValueError(f"{self.short_name}: reorder {dict(old2new)} sends two axes to the same position")
+        result: list[IterDomain | None] = [None] * n
+        for old, new in moves.items():
+            result[new] = loop[old]
+        rest = iter(loop[i] for i in range(n) if i not in moves)
+        self._domain.loop = [r if r is not None else next(rest) for r in result]
+        self.fusion.mark_changed()
+        return self
+
+    def set_loop_domain(self, ids: Sequence[IterDomain]) -> TensorView:
+        ids = list(ids)
+        try:
+            check_covers(ids, self._domain.logical, f"{self.short_name} loop domain")
+        except DomainCoverageError as e:
+            raise ValueError(str(e)) from None
+        self._adopt(ids)
+        self._domain.loop = ids
+        return self
+
+    # --- allocation --------------------------------------------------------------------------
+    def set_allocation_domain(self, ids: Sequence[IterDomain], contiguity: bool | Sequence[bool | None] = True,
+                              *, hint: bool = False) -> TensorView:
+        """Set how the tensor is laid out. A user's call is a requirement; passes pass ``hint=True``."""
+        d = self._domain
+        if d.allocation_frozen:
+            raise ValueError(f"{self.short_name}: allocation domain is final after pre-segmentation passes "
+                             "(this tensor can be a segment boundary); it cannot be changed")
+        if hint and d.has_allocation and not d.allocation_is_hint:
+            raise ValueError(f"{self.short_name}: allocation domain ({_ids(d.allocation or [])}) is a user "
+                             "requirement and cannot be replaced by an inferred layout")
+        ids = list(ids)
+        for i in ids:
+            if not isinstance(i, IterDomain):
+                raise TypeError(f"{self.short_name}: allocation domain entries must be IterDomains, got {type(i).__name__}")
+        try:
+            check_covers(ids, d.logical, f"{self.short_name} allocation domain")
+        except DomainCoverageError as e:
+            raise ValueError(str(e)) from None
+        d.contiguity = _normalize_contiguity(self.short_name, ids, contiguity)
+        d.allocation = ids
+        d.allocation_is_hint = hint
+        self.fusion.mark_changed()
+        return self
+
+    def clear_allocation_domain(self) -> TensorView:
+        d = self._domain
+        if d.allocation_frozen:
+            raise ValueError(f"{self.short_name}: allocation domain is final and cannot be cleared")
+        d.allocation = None
+        d.allocation_is_hint = False
+        d.contiguity = default_contiguity(d.logical)
+        self.fusion.mark_changed()
+        return self
+
+    def freeze_allocation(self) -> None:
+        self._domain.allocation_frozen = True
+
+    def set_memory_type(self, memory_type: MemoryType) -> TensorView:
+        if not isinstance(memory_type, MemoryType):
+            raise TypeError(f"{self.short_name}: expected a MemoryType, got {type(memory_type).__name__}")
+        self.memory_type = memory_type
+        self.fusion.mark_changed()
+        return self
+
+    def set_device_mesh(self, mesh: DeviceMesh) -> TensorView:
+        self.device_mesh = mesh
+        self.fusion.mark_changed()
+        return self
+
+    # --- caches ------------------------------------------------------------------------------
+    def cache_after(self) -> TensorView:
+        """Insert ``cache = set(self)`` and make every consumer read ``cache``."""
+        from pyfuser.ir.ops import new_like, set_op
+
+        uses = list(self.uses)
+        cache = new_like(self)
+        set_op(self, cache)
+        for use in uses:
+            use.replace_input(self, cache)
+        return cache
+
+    def cache_before(self) -> TensorView:
+        """Make ``self``'s definition write a new tensor ``cache``, then ``self = set(cache)``."""
+        from pyfuser.ir.ops import set_op
+
+        definition = self.definition
+        if definition is None:
+            raise ValueError(f"{self.short_name} has no definition (it is a fusion input); use cache_after")
+        d = self._domain
+        cache_logical = [i.clone() for i in d.logical]
+        cache = TensorView(self.fusion, TensorDomain(cache_logical), self.dtype)
+        definition.replace_output(self, cache)
+        for old, new in zip(d.logical, cache_logical, strict=True):
+            new.is_rfactor = old.is_rfactor
+        if any(i.is_reduction for i in d.logical):
+            # The reduction now happens in the cache; self only copies its result.
+            kept = no_reductions(d.logical)
+            d.logical = [i.clone() for i in kept]
+            self._adopt(d.logical)
+            d.loop = list(d.logical)
+            d.allocation = None
+            d.contiguity = default_contiguity(d.logical)
+        set_op(cache, self)
+        return cache
+
+
+def _ids(ids: Sequence[IterDomain]) -> str:
+    return ", ".join(map(str, ids))
+
+
+def _as_factor(factor: Any, where: str) -> int | SymExpr:
+    from pyfuser.ir.base import Scalar
+
+    if isinstance(factor, Scalar):
+        factor = factor.as_extent()
+    if isinstance(factor, SymExpr):
+        value = factor.value
+        if value is not None and value <= 0:
+            raise ValueError(f"{where}: split factor must be positive, got {value}")
+        return factor
+    if isinstance(factor, bool) or not isinstance(factor, int):
+        raise TypeError(f"{where}: split factor must be a positive int, got {type(factor).__name__}")
+    if factor <= 0:
+        raise ValueError(f"{where}: split factor must be positive, got {factor}")
+    return factor
+
+
+def _normalize_contiguity(name: str, ids: Sequence[IterDomain], contiguity: bool | Sequence[bool | None]) -> Contiguity:
+    kept = no_reductions(ids)
+    if isinstance(contiguity, bool):
+        return default_contiguity(kept, contiguity)
+    values = list(contiguity)
+    if len(values) != len(kept):
+        raise ValueError(f"{name}: contiguity {values} has {len(values)} entries but the allocation domain has "
+                         f"{len(kept)} non-reduction IDs ({_ids(kept)})")
+    result: Contiguity = []
+    for i, c in zip(kept, values, strict=True):
+        if i.is_broadcast:
+            result.append(None)
+        elif c is None:
+            raise ValueError(f"{name}: contiguity of non-broadcast ID {i} must be True or False, got None")
+        else:
+            result.append(bool(c))
+    return result

@@ -1,0 +1,1 @@
+"""Pre-segmentation passes: rewrite the fusion before it is split into segments."""

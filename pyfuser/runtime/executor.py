@@ -1,0 +1,109 @@
+"""FusionExecutorCache: compiles a fusion once per input layout and runs it.
+
+The hot path of a cached execution is: build the input signature, look it up, bind symbolic
+sizes, run the compiled program. Validation and compilation happen on a signature miss only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from pyfuser.ir.fusion import Fusion
+from pyfuser.runtime.context import EvalContext
+from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
+from pyfuser.runtime.options import check_options
+
+
+class Program(Protocol):
+    """A compiled fusion: runs on concrete inputs with bound sizes, returns the outputs."""
+
+    def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOptions:
+    enabled: frozenset[str] = frozenset()
+    disabled: frozenset[str] = frozenset()
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+def compile_program(fusion: Fusion, options: CompileOptions) -> Program:
+    from pyfuser.runtime.compile import compile_fusion
+
+    return compile_fusion(fusion, options)
+
+
+class FusionExecutorCache:
+    def __init__(self, fusion: Fusion) -> None:
+        self.fusion = fusion
+        self._version = -1
+        self._binder: InputBinder | None = None
+        self._by_signature: dict[tuple[Any, ...], Program] = {}
+        self._by_layout: dict[tuple[Any, ...], Program] = {}
+        self.compile_count = 0
+
+    def _reset(self) -> None:
+        self._version = self.fusion.version
+        self._binder = InputBinder(self.fusion.inputs())
+        self._by_signature.clear()
+        self._by_layout.clear()
+
+    def run(self, args: Sequence[Any], *, device: torch.device | str | int | None = None,
+            enable_options: Sequence[str] = (), disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
+        if self._version != self.fusion.version:
+            self._reset()
+        binder = self._binder
+        assert binder is not None  # set by _reset
+        target = _resolve_device(device, args)
+        key = (signature(args), target, tuple(enable_options), tuple(disable_options))
+        program = self._by_signature.get(key)
+        if program is None:
+            program = self._compile_for(args, binder, target, enable_options, disable_options)
+            self._by_signature[key] = program
+        ctx = EvalContext(binder.bind(args), target)
+        return program.run(args, ctx)
+
+    def _compile_for(self, args: Sequence[Any], binder: InputBinder, target: torch.device,
+                     enable_options: Sequence[str], disable_options: Sequence[str]) -> Program:
+        enabled, disabled = check_options(enable_options, disable_options)
+        binder.check(args)
+        for pos, (spec, arg) in enumerate(zip(binder.specs, args, strict=True)):
+            if isinstance(spec, TensorSpec) and not spec.is_cpu and arg.device != target:
+                raise ValueError(f"input {pos} ({spec.name}) is on {arg.device} but the fusion runs on {target}")
+        layout = (_layout_key(args), target, enabled, disabled)
+        program = self._by_layout.get(layout)
+        if program is None:
+            program = compile_program(self.fusion, CompileOptions(enabled, disabled, target))
+            self.compile_count += 1
+            self._by_layout[layout] = program
+        return program
+
+
+def _layout_key(args: Sequence[Any]) -> tuple[Any, ...]:
+    """What a compiled program may depend on: dtypes, ranks, size-1 axes and stride orders."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            order = tuple(sorted(range(a.dim()), key=lambda d: (-a.stride(d), d)))
+            key.append((a.dtype, tuple(s == 1 for s in a.shape), order, a.device.type))
+        else:
+            key.append(type(a))
+    return tuple(key)
+
+
+def _resolve_device(device: torch.device | str | int | None, args: Sequence[Any]) -> torch.device:
+    if device is not None:
+        if isinstance(device, int):
+            return torch.device("cuda", device)
+        resolved = torch.device(device)
+        if resolved.type == "cuda" and resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+        return resolved
+    for a in args:
+        if isinstance(a, torch.Tensor) and not (a.device.type == "cpu" and a.dim() == 0):
+            return a.device
+    return torch.device("cpu")

@@ -1,0 +1,121 @@
+"""Checking concrete inputs against the fusion's declared inputs and binding symbolic sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.dtypes import DataType, python_scalar_type
+from pyfuser.ir.layout import check_strides
+from pyfuser.ir.symbolic import SymVar
+from pyfuser.ir.tensor_view import TensorView
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    dtype: DataType
+    static_sizes: tuple[int | None, ...]  # None: symbolic
+    broadcast: tuple[bool, ...]
+    perm: tuple[int, ...]  # allocation order, outermost first
+    contiguity: tuple[bool | None, ...]  # in allocation order
+    has_stride_order: bool
+    is_cpu: bool
+
+    @staticmethod
+    def of(tv: TensorView) -> TensorSpec:
+        logical = tv.get_logical_domain(no_reductions=True)
+        alloc = [i for i in tv.get_allocation_domain() if not i.is_reduction]
+        position = {id(i): d for d, i in enumerate(logical)}
+        if all(id(i) in position for i in alloc):
+            perm = tuple(position[id(i)] for i in alloc)
+            contiguity = tuple(tv.contiguity)
+        else:  # split allocation (device sharding) is checked per shard by the multidevice layer
+            perm = tuple(range(len(logical)))
+            contiguity = tuple(False if not i.is_broadcast else None for i in logical)
+        return TensorSpec(
+            name=tv.short_name, dtype=tv.dtype,
+            static_sizes=tuple(i.extent.value for i in logical),
+            broadcast=tuple(i.is_broadcast for i in logical),
+            perm=perm, contiguity=contiguity,
+            has_stride_order=tv.has_allocation_domain() and perm != tuple(range(len(logical))),
+            is_cpu=tv.is_cpu,
+        )
+
+    def check(self, t: Any, position: int) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"input {position} ({self.name}) must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != self.dtype.torch_dtype:
+            raise ValueError(f"input {position} ({self.name}): expected dtype {self.dtype.torch_dtype}, got {t.dtype}")
+        if t.dim() != len(self.static_sizes):
+            raise ValueError(f"input {position} ({self.name}): expected rank {len(self.static_sizes)}, got rank "
+                             f"{t.dim()} (shape {tuple(t.shape)})")
+        for d, (want, size) in enumerate(zip(self.static_sizes, t.shape, strict=True)):
+            if want is not None and want != size:
+                kind = "a broadcast axis of size 1" if self.broadcast[d] else f"static size {want}"
+                raise ValueError(f"input {position} ({self.name}) axis {d}: expected {kind}, got size {size}")
+        if self.is_cpu and t.device.type != "cpu":
+            raise ValueError(f"input {position} ({self.name}) was defined is_cpu=True but is on {t.device}")
+        check_strides(f"input {position} ({self.name})", t.shape, t.stride(), self.perm, list(self.contiguity),
+                      self.broadcast, self.has_stride_order)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalarSpec:
+    name: str
+    dtype: DataType
+
+    def check(self, value: Any, position: int) -> None:
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            value = value.item()
+        kind = python_scalar_type(self.dtype)
+        ok = isinstance(value, (bool, int, float, complex)) and not (kind is int and isinstance(value, float)) \
+            and not (kind is bool and not isinstance(value, bool))
+        if not ok:
+            raise TypeError(f"input {position} ({self.name}): expected a {self.dtype} scalar, got {value!r}")
+
+
+class InputBinder:
+    """Validates a fusion's concrete inputs and turns them into bound sizes (``env``)."""
+
+    def __init__(self, inputs: Sequence[Val]) -> None:
+        self.inputs = list(inputs)
+        self.specs: list[TensorSpec | ScalarSpec] = []
+        #: (input position, axis, symbol) for each symbolic extent of an input tensor
+        self._tensor_symbols: list[tuple[int, int, str]] = []
+        #: (input position, symbol) for each input scalar
+        self._scalar_symbols: list[tuple[int, str]] = []
+        for pos, val in enumerate(self.inputs):
+            if isinstance(val, TensorView):
+                self.specs.append(TensorSpec.of(val))
+                for d, i in enumerate(val.get_logical_domain(no_reductions=True)):
+                    if isinstance(i.extent, SymVar):
+                        self._tensor_symbols.append((pos, d, i.extent.name))
+            elif isinstance(val, Scalar):
+                self.specs.append(ScalarSpec(str(val), val.dtype))
+                self._scalar_symbols.append((pos, val.symbol))
+
+    def check(self, args: Sequence[Any]) -> None:
+        if len(args) != len(self.specs):
+            names = ", ".join(s.name for s in self.specs)
+            raise ValueError(f"expected {len(self.specs)} inputs ({names}), got {len(args)}")
+        for pos, (spec, arg) in enumerate(zip(self.specs, args, strict=True)):
+            spec.check(arg, pos)
+
+    def bind(self, args: Sequence[Any]) -> dict[str, int]:
+        env: dict[str, int] = {}
+        for pos, d, name in self._tensor_symbols:
+            env[name] = args[pos].shape[d]
+        for pos, name in self._scalar_symbols:
+            value = args[pos]
+            env[name] = value.item() if isinstance(value, torch.Tensor) else value
+        return env
+
+
+def signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    """A hashable key of everything input validation looks at."""
+    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else type(a) for a in args)
