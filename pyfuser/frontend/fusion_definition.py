@@ -69,6 +69,12 @@ class FusionDefinition:
             if len(per_axis) != rank:
                 raise ValueError(f"define_tensor {name}: contiguity {per_axis} has {len(per_axis)} entries but shape "
                                  f"{dims} has rank {rank}")
+        for d, (size, c) in enumerate(zip(dims, per_axis, strict=True)):
+            if c is None and size != 1:
+                raise ValueError(f"define_tensor {name}: contiguity of axis {d} is None, but only broadcast axes "
+                                 "(size 1) may have None contiguity")
+        dtype = as_data_type(dtype)
+        # Everything is checked: only now create IDs, so a rejected call leaves no trace.
         ids = []
         for size in dims:
             if size == -1:
@@ -77,11 +83,7 @@ class FusionDefinition:
                 ids.append(IterDomain(self.fusion, 1, IterType.Broadcast))
             else:
                 ids.append(IterDomain(self.fusion, size))
-        for d, (i, c) in enumerate(zip(ids, per_axis, strict=True)):
-            if c is None and not i.is_broadcast:
-                raise ValueError(f"define_tensor {name}: contiguity of axis {d} is None, but only broadcast axes "
-                                 "(size 1) may have None contiguity")
-        tv = TensorView(self.fusion, TensorDomain(ids), as_data_type(dtype), MemoryType.Global)
+        tv = TensorView(self.fusion, TensorDomain(ids), dtype, MemoryType.Global)
         alloc_contiguity = [None if ids[d].is_broadcast else bool(per_axis[d]) for d in perm]
         if stride_order is not None and perm != list(range(rank)):
             tv.set_allocation_domain([ids[d] for d in perm], alloc_contiguity)

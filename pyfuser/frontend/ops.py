@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pyfuser.frontend.promotion import result_dtype
 from pyfuser.ir.base import Scalar, Val
-from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python, python_scalar_type
+from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python
 from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.ops import (
     BinaryOp,
@@ -51,16 +52,21 @@ class Ops:
 
     def __init__(self, fusion: Fusion) -> None:
         self._fusion = fusion
+        #: (tensor name, rank) -> the broadcast inserted to bring that tensor to that rank, reused so
+        #: ``x + b`` and ``x - b`` do not broadcast ``b`` twice.
+        self._rank_broadcasts: dict[tuple[int, int], TensorView] = {}
 
     # --- operand handling ------------------------------------------------------------------
-    def _val(self, x: Any, what: str) -> Val:
+    def _check_operand(self, x: Any, what: str) -> None:
         if isinstance(x, Val):
             if x.fusion is not self._fusion:
                 raise ValueError(f"{what}: {x} belongs to another FusionDefinition")
-            return x
-        if isinstance(x, (bool, int, float, complex)):
-            return Scalar(self._fusion, data_type_of_python(x), x)
-        raise TypeError(f"{what}: expected a tensor, scalar or Python number, got {type(x).__name__}")
+        elif not isinstance(x, (bool, int, float, complex)):
+            raise TypeError(f"{what}: expected a tensor, scalar or Python number, got {type(x).__name__}")
+
+    def _val(self, x: Any, what: str) -> Val:
+        self._check_operand(x, what)
+        return x if isinstance(x, Val) else Scalar(self._fusion, data_type_of_python(x), x)
 
     def _tv(self, x: Any, what: str) -> TensorView:
         val = self._val(x, what)
@@ -74,51 +80,78 @@ class Ops:
     def _id(self, extent: SymExpr | int, iter_type: IterType = IterType.Iteration) -> IterDomain:
         return IterDomain(self._fusion, extent, iter_type)
 
+    def _size(self, size: Any, what: str, allow_minus_one: bool = False) -> SymExpr | None:
+        """A size argument as an extent (None for a -1 placeholder when allowed)."""
+        if isinstance(size, Scalar):
+            if size.fusion is not self._fusion:
+                raise ValueError(f"{what}: {size} belongs to another FusionDefinition")
+            if not (size.is_const or size.is_fusion_input):
+                raise ValueError(f"{what}: {size} must be a constant or an input scalar of the fusion (sizes are "
+                                 "known before any op runs)")
+            return size.as_extent()
+        if isinstance(size, SymExpr):
+            return size
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"{what}: expected an int or an integer scalar, got {type(size).__name__}")
+        if size == -1 and allow_minus_one:
+            return None
+        if size < 0 and not what.startswith("slice"):
+            raise ValueError(f"{what}: expected a non-negative size, got {size}")
+        return as_sym(size)
+
     # --- shapes ----------------------------------------------------------------------------
     def _broadcast_to_rank(self, tv: TensorView, rank: int) -> TensorView:
         """numpy-style: prepend broadcast axes so ``tv`` has ``rank`` axes."""
         missing = rank - tv.ndim
         if missing <= 0:
             return tv
-        return self.broadcast(tv, [True] * missing + [False] * tv.ndim)
+        key = (tv.name, rank)
+        if key not in self._rank_broadcasts:
+            self._rank_broadcasts[key] = self.broadcast(tv, [True] * missing + [False] * tv.ndim)
+        return self._rank_broadcasts[key]
 
-    def _pointwise_ids(self, op: str, tensors: list[TensorView]) -> list[IterDomain]:
-        """Output IDs of a pointwise op over same-rank operands, checking static extents."""
-        rank = tensors[0].ndim
+    @staticmethod
+    def _pointwise_extents(op: str, tensors: list[TensorView]) -> list[SymExpr | None]:
+        """Output extents of a pointwise op (None: broadcast), numpy-style (operands aligned right).
+
+        Checks static extents on the operands as the user wrote them, before anything is created,
+        so a rejected op leaves the fusion untouched and the error names the user's axes.
+        """
+        rank = max(t.ndim for t in tensors)
         domains = [t.get_logical_domain(no_reductions=True) for t in tensors]
-        out: list[IterDomain] = []
+        out: list[SymExpr | None] = []
         for d in range(rank):
             chosen: IterDomain | None = None
-            owner: TensorView | None = None
+            owner = ""
             for tv, ids in zip(tensors, domains, strict=True):
-                i = ids[d]
-                if i.is_broadcast:
+                pos = d - (rank - len(ids))
+                if pos < 0 or ids[pos].is_broadcast:
                     continue
+                i = ids[pos]
+                where = f"{tv.short_name} axis {pos}" + (f" (output axis {d})" if pos != d else "")
                 if chosen is None:
-                    chosen, owner = i, tv
+                    chosen, owner = i, where
                 elif chosen.extent.is_const and i.extent.is_const and chosen.extent != i.extent:
-                    raise ValueError(
-                        f"{op}: incompatible broadcast shapes: {owner.short_name} axis {d} has extent {chosen.extent} "  # type: ignore[union-attr]
-                        f"but {tv.short_name} axis {d} has extent {i.extent}")
+                    raise ValueError(f"{op}: incompatible broadcast shapes: {owner} has extent {chosen.extent} but "
+                                     f"{where} has extent {i.extent}; declare an axis with size 1 to broadcast it")
                 elif not chosen.extent.is_const and i.extent.is_const:
                     chosen = i  # prefer the static extent
-            if chosen is None:
-                out.append(self._id(1, IterType.Broadcast))
-            else:
-                out.append(self._id(chosen.extent))
+            out.append(None if chosen is None else chosen.extent)
         return out
 
     # --- pointwise ---------------------------------------------------------------------------
     def _pointwise(self, op: str, operands: Sequence[Any], fn: Callable[..., Any]) -> Val:
-        vals = [self._val(x, f"{op} operand {k}") for k, x in enumerate(operands)]
-        tensors = [v for v in vals if isinstance(v, TensorView)]
-        dtype = _result_dtype(fn, vals)
+        for k, x in enumerate(operands):
+            self._check_operand(x, f"{op} operand {k}")
+        tensors = [x for x in operands if isinstance(x, TensorView)]
+        dtype = result_dtype(fn, operands)
+        extents = self._pointwise_extents(op, tensors) if tensors else []
+        vals = [self._val(x, op) for x in operands]
         if not tensors:
             return self._scalar_op(op, vals, dtype)
-        rank = max(t.ndim for t in tensors)
-        vals = [self._broadcast_to_rank(v, rank) if isinstance(v, TensorView) else v for v in vals]
-        tensors = [v for v in vals if isinstance(v, TensorView)]
-        out = self._new_tv(self._pointwise_ids(op, tensors), dtype)
+        vals = [self._broadcast_to_rank(v, len(extents)) if isinstance(v, TensorView) else v for v in vals]
+        out_ids = [self._id(1, IterType.Broadcast) if e is None else self._id(e) for e in extents]
+        out = self._new_tv(out_ids, dtype)
         if len(vals) == 1:
             UnaryOp(self._fusion, op, out, vals[0])  # type: ignore[arg-type]
         elif len(vals) == 2:
@@ -151,7 +184,7 @@ class Ops:
     def where(self, cond: Operand, a: Operand, b: Operand) -> Val:
         return self._pointwise("where", [cond, a, b], TERNARY_FNS["where"])
 
-    def clamp(self, x: Operand, min: Operand, max: Operand) -> Val:  # noqa: A002 - torch's names
+    def clamp(self, x: Operand, min: Operand, max: Operand) -> Val:  # torch's argument names
         return self._pointwise("clamp", [x, min, max], TERNARY_FNS["clamp"])
 
     def gelu(self, x: Operand, approximate: str = "none") -> Val:
@@ -203,10 +236,11 @@ class Ops:
         tv = self._tv(x, "expand")
         in_ids = tv.get_logical_domain(no_reductions=True)
         if len(shape) != len(in_ids):
-            raise ValueError(f"expand: {tv.short_name} has rank {len(in_ids)} but the shape {list(shape)} has {len(shape)} entries")
+            raise ValueError(f"expand: {tv.short_name} has rank {len(in_ids)} but the shape {list(shape)} has "
+                             f"{len(shape)} entries")
         ids = []
         for d, (i, size) in enumerate(zip(in_ids, shape, strict=True)):
-            target = _size(size, f"expand {tv.short_name} axis {d}", allow_minus_one=True)
+            target = self._size(size, f"expand {tv.short_name} axis {d}", allow_minus_one=True)
             if target is None or (i.is_broadcast and target.value == 1) or not i.is_broadcast:
                 if target is not None and not i.is_broadcast and target.is_const and i.extent.is_const \
                         and target != i.extent:
@@ -252,7 +286,7 @@ class Ops:
         in_extent = product([i.extent for i in tv.get_logical_domain(no_reductions=True)])
         extents: list[SymExpr | None] = []
         for d, size in enumerate(new_shape):
-            extents.append(_size(size, f"reshape {tv.short_name} new_shape[{d}]", allow_minus_one=True))
+            extents.append(self._size(size, f"reshape {tv.short_name} new_shape[{d}]", allow_minus_one=True))
         unknown = [d for d, e in enumerate(extents) if e is None]
         if len(unknown) > 1:
             raise ValueError(f"reshape: new_shape {list(new_shape)} for {tv.short_name} has more than one -1")
@@ -279,14 +313,14 @@ class Ops:
             if len(seq) != rank:
                 raise ValueError(f"slice: {tv.short_name} has rank {rank} but {name} has {len(seq)} entries")
         ranges: list[tuple[SymExpr, SymExpr, int]] = []
-        ids: list[IterDomain] = []
         for d, (i, start, stop, step) in enumerate(zip(in_ids, start_indices, end_indices, steps, strict=True)):
-            if not isinstance(step, int) or step <= 0:
+            if isinstance(step, bool) or not isinstance(step, int) or step <= 0:
                 raise ValueError(f"slice: {tv.short_name} axis {d}: stride must be a positive int, got {step!r}")
-            lo = _normalize_index(_size(start, f"slice {tv.short_name} axis {d} start"), i.extent)
-            hi = _normalize_index(_size(stop, f"slice {tv.short_name} axis {d} end"), i.extent)
-            hi = sym_max(lo, hi)
-            ranges.append((lo, hi, step))
+            lo = _normalize_index(self._size(start, f"slice {tv.short_name} axis {d} start"), i.extent)
+            hi = _normalize_index(self._size(stop, f"slice {tv.short_name} axis {d} end"), i.extent)
+            ranges.append((lo, hi if lo.value == 0 else sym_max(lo, hi), step))
+        ids: list[IterDomain] = []
+        for i, (lo, hi, step) in zip(in_ids, ranges, strict=True):
             extent = ceil_div(hi - lo, step)
             if extent == i.extent:
                 ids.append(_clone(self, i))
@@ -305,7 +339,7 @@ class Ops:
             if tv.ndim != rank:
                 raise ValueError(f"cat: {tv.short_name} has rank {tv.ndim} but {tvs[0].short_name} has rank {rank}")
         axis = _norm_axis(dim, rank, tvs[0], "cat dim")
-        dtype = _result_dtype(lambda *xs: torch.cat(xs), tvs)
+        dtype = result_dtype(lambda *xs: torch.cat(xs), tvs)
         domains = [tv.get_logical_domain(no_reductions=True) for tv in tvs]
         ids = []
         for d in range(rank):
@@ -326,7 +360,7 @@ class Ops:
     def pad(self, x: TensorView, pad_widths: Sequence[SizeLike], value: Operand | None = None) -> TensorView:
         tv = self._tv(x, "pad")
         rank = tv.ndim
-        widths = [_size(w, f"pad {tv.short_name} pad_widths[{k}]") for k, w in enumerate(pad_widths)]
+        widths = [self._size(w, f"pad {tv.short_name} pad_widths[{k}]") for k, w in enumerate(pad_widths)]
         if len(widths) % 2 or len(widths) > 2 * rank:
             raise ValueError(f"pad: pad_widths {list(pad_widths)} must have an even number of entries, at most "
                              f"{2 * rank} for {tv.short_name} of rank {rank}")
@@ -345,7 +379,7 @@ class Ops:
 
     # --- creation ------------------------------------------------------------------------------
     def full(self, shape: Sequence[SizeLike], fill_value: Operand, dtype: DataType | torch.dtype) -> TensorView:
-        extents = [_size(s, f"full shape[{k}]") for k, s in enumerate(shape)]
+        extents = [self._size(s, f"full shape[{k}]") for k, s in enumerate(shape)]
         ids = [self._id(1, IterType.Broadcast) if e.value == 1 else self._id(e) for e in extents]  # type: ignore[union-attr]
         out = self._new_tv(ids, as_data_type(dtype))
         FullOp(self._fusion, out, self._val(fill_value, "full fill_value"))
@@ -354,7 +388,7 @@ class Ops:
     def iota(self, length: SizeLike, start: Operand | None = None, step: Operand | None = None,
              dtype: DataType | torch.dtype = DataType.Int) -> TensorView:
         dt = as_data_type(dtype)
-        extent = _size(length, "iota length")
+        extent = self._size(length, "iota length")
         default_start, default_step = (0, 1) if dt.is_integral else (0.0, 1.0)
         length_val = self._val(length if not isinstance(length, SymExpr) else int(extent.value), "iota length")  # type: ignore[union-attr,arg-type]
         out = self._new_tv([self._id(extent)], dt)  # type: ignore[arg-type]
@@ -372,8 +406,7 @@ class Ops:
         else:
             probe = {"sum": torch.sum, "prod": torch.prod, "mean": torch.mean,
                      "max": torch.amax, "min": torch.amin}[op]
-            out_dtype = _result_dtype(lambda t: probe(t, 0) if op != "mean" or t.is_floating_point() or t.is_complex()
-                                      else torch.mean(t.float(), 0), [tv])
+            out_dtype = tv.dtype if op == "mean" else result_dtype(lambda t: probe(t, 0), [tv])
         if op == "mean" and not (out_dtype.is_floating or out_dtype.is_complex):
             raise TypeError(f"mean: {tv.short_name} has dtype {tv.dtype}; mean needs a floating-point dtype "
                             "(pass dtype= or cast first)")
@@ -411,7 +444,7 @@ class Ops:
         if not (tv.dtype.is_floating or tv.dtype.is_complex):
             raise TypeError(f"var_mean: {tv.short_name} has dtype {tv.dtype}; expected a floating-point tensor")
         axes = _reduction_axes(tv, dims, "var_mean")
-        var_dtype = _result_dtype(lambda t: torch.var_mean(t, 0)[0], [tv])
+        var_dtype = result_dtype(lambda t: torch.var_mean(t, 0)[0], [tv])
         var = self._new_tv(_reduced_ids(self, tv, axes), var_dtype)
         mean = self._new_tv(_reduced_ids(self, tv, axes), tv.dtype)
         VarMeanOp(self._fusion, var, mean, tv, axes, int(correction))
@@ -441,7 +474,7 @@ class Ops:
         if tb.ndim >= 2:
             ids.append(_clone(self, ib[-1]))
         ids.append(self._id(ka.extent, IterType.Reduction))
-        out = self._new_tv(ids, _result_dtype(torch.matmul, [ta, tb]))
+        out = self._new_tv(ids, result_dtype(torch.matmul, [ta, tb]))
         MatmulOp(self._fusion, out, ta, tb)
         return out
 
@@ -476,7 +509,7 @@ class Ops:
                 _check_same_extent("linear", tb, 0, tb.get_logical_domain()[0], tw, 0, iw[0])
         ids.append(self._id(ix[-1].extent, IterType.Reduction))
         args = [tx, tw] + ([tb] if tb is not None else [])
-        out = self._new_tv(ids, _result_dtype(torch.nn.functional.linear, args))
+        out = self._new_tv(ids, result_dtype(torch.nn.functional.linear, args))
         LinearOp(self._fusion, out, tx, tw, tb)
         return out
 
@@ -552,49 +585,17 @@ def _reduced_ids(ops: Ops, tv: TensorView, axes: list[int]) -> list[IterDomain]:
     return ids
 
 
-def _size(size: Any, what: str, allow_minus_one: bool = False) -> SymExpr | None:
-    if isinstance(size, Scalar):
-        return size.as_extent()
-    if isinstance(size, SymExpr):
-        return size
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise TypeError(f"{what}: expected an int or an integer scalar, got {type(size).__name__}")
-    if size == -1 and allow_minus_one:
-        return None
-    if size < 0 and not what.startswith("slice"):
-        raise ValueError(f"{what}: expected a non-negative size, got {size}")
-    return as_sym(size)
-
-
 def _normalize_index(index: SymExpr | None, extent: SymExpr) -> SymExpr:
-    """Python slicing rules: negative counts from the end, out-of-range clamps."""
+    """Python slicing rules for constant indices: negative counts from the end, out-of-range clamps.
+
+    The result is never negative (extents are not), which lets a slice from 0 skip a ``max``.
+    A symbolic index (an integer scalar input) must be non-negative at run time.
+    """
     if index is None:
         raise ValueError("slice indices must be ints or integer scalars, not -1 placeholders")
     value = index.value
+    if value == 0:
+        return index
     if value is not None and value < 0:
         return sym_max(extent + value, 0)
     return sym_min(index, extent)
-
-
-_PROBE_VALUES = {bool: True, int: 3, float: 1.5, complex: 1.5 + 0.5j}
-
-
-def _probe(val: Val) -> Any:
-    if isinstance(val, TensorView):
-        return torch.empty((1,) * max(val.ndim, 1), dtype=val.dtype.torch_dtype, device="meta")
-    return _PROBE_VALUES[python_scalar_type(val.dtype)]
-
-
-def _result_dtype(fn: Callable[..., Any], vals: Sequence[Val]) -> DataType:
-    """Result dtype of ``fn`` under torch's promotion, found by running it on meta tensors."""
-    probes = [_probe(v) for v in vals]
-    if not any(isinstance(p, torch.Tensor) for p in probes):
-        # Scalars only: promote as 0-dim tensors of the scalars' dtypes would.
-        probes = [torch.empty((), dtype=v.dtype.torch_dtype, device="meta") for v in vals]
-    try:
-        result = fn(*probes)
-    except (RuntimeError, TypeError) as e:
-        names = ", ".join(f"{v} ({v.dtype})" for v in vals)
-        raise TypeError(f"operands {names} are not valid for this op: {e}") from None
-    return DataType.from_torch(result.dtype)
-

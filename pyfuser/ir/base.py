@@ -85,6 +85,9 @@ class Expr:
     def __init__(self, fusion: Fusion, inputs: list[Val], outputs: list[Val]) -> None:
         self.fusion = fusion
         self.inputs: list[Val] = list(inputs)
+        #: Inputs as defined: positional attributes (runtime size checks) refer to these, and stay valid
+        #: when a pass replaces an input or a host loop runs the expr on per-chunk copies.
+        self.defined_inputs: tuple[Val, ...] = tuple(inputs)
         self.outputs: list[Val] = list(outputs)
         self.name = fusion.next_name("expr")
         for out in self.outputs:

@@ -88,3 +88,18 @@ def check_strides(name: str, sizes: Sequence[int], strides: Sequence[int], perm:
                 f"{strides[dim]} (sizes {list(sizes)}, strides {list(strides)})")
         if sizes[dim] > 1:
             expected_next = strides[dim] * sizes[dim]
+
+
+def memory_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
+    """Allocation order (outermost first) of a concrete tensor, ignoring axes without a memory footprint.
+
+    Axes of size <= 1 or stride 0 (broadcast / expanded) say nothing about the layout: they keep
+    their logical place relative to the other axes, so a plain tensor always gives ``0..n-1`` and
+    ``[1, C, H, W]`` channels-last the same order as ``[N, C, H, W]`` channels-last.
+    """
+    trivial = [n <= 1 or s == 0 for n, s in zip(sizes, strides, strict=True)]
+    order = sorted((d for d in range(len(sizes)) if not trivial[d]), key=lambda d: (-strides[d], d))
+    for d in (d for d in range(len(sizes)) if trivial[d]):
+        at = next((k for k, e in enumerate(order) if e > d), len(order))
+        order.insert(at, d)
+    return order

@@ -132,21 +132,42 @@ def as_sym(x: SymExpr | int) -> SymExpr:
     return SymConst(x)
 
 
+def _const_rhs(e: SymExpr, *ops: str) -> tuple[SymExpr, int] | None:
+    """``(x, c)`` when ``e`` is ``x op c`` with a constant ``c`` and ``op`` in ``ops``."""
+    if isinstance(e, SymBinary) and e.op in ops and e.rhs.value is not None:
+        return e.lhs, e.rhs.value
+    return None
+
+
 def binary(op: str, a: SymExpr, b: SymExpr) -> SymExpr:
-    """Build ``a op b`` with constant folding and identity simplification."""
+    """Build ``a op b``, simplified: constants folded, identities dropped, constant offsets and
+    factors combined (``( i0 + 1 ) + 2`` -> ``( i0 + 3 )``). Every rule holds for all integers
+    except division by zero, which stays unsimplified so evaluation still reports it."""
     av, bv = a.value, b.value
     if av is not None and bv is not None and not (op in ("/", "%", "ceilDiv") and bv == 0):
         return SymConst(_APPLY[op](av, bv))
     if op == "+":
         if av == 0:
             return b
-        if bv == 0:
-            return a
+        if bv is not None:
+            if bv == 0:
+                return a
+            if bv < 0:
+                return binary("-", a, SymConst(-bv))
+            if (inner := _const_rhs(a, "+", "-")) is not None:
+                x, c = inner
+                return binary("+", x, SymConst((c if a.op == "+" else -c) + bv))  # type: ignore[attr-defined]
     elif op == "-":
-        if bv == 0:
-            return a
         if a == b:
             return SymConst(0)
+        if bv is not None:
+            if bv == 0:
+                return a
+            if bv < 0:
+                return binary("+", a, SymConst(-bv))
+            if (inner := _const_rhs(a, "+", "-")) is not None:
+                x, c = inner
+                return binary("+", x, SymConst((c if a.op == "+" else -c) - bv))  # type: ignore[attr-defined]
     elif op == "*":
         if av == 1:
             return b
@@ -154,13 +175,13 @@ def binary(op: str, a: SymExpr, b: SymExpr) -> SymExpr:
             return a
         if av == 0 or bv == 0:
             return SymConst(0)
+        if bv is not None and (inner := _const_rhs(a, "*")) is not None:
+            return binary("*", inner[0], SymConst(inner[1] * bv))
     elif op in ("/", "ceilDiv"):
         if bv == 1:
             return a
-        if a == b:
-            return SymConst(1)
         # (x * c) / c -> x, for merges that are split back by the same factor.
-        if isinstance(a, SymBinary) and a.op == "*" and bv is not None:
+        if isinstance(a, SymBinary) and a.op == "*" and bv is not None and bv != 0:
             if a.rhs.value == bv:
                 return a.lhs
             if a.lhs.value == bv:

@@ -143,7 +143,7 @@ class TensorView(Val):
     # --- loop transforms ---------------------------------------------------------------------
     def split(self, axis: int, factor: int | SymExpr | Any, inner_split: bool = True) -> TensorView:
         pos = self._loop_index(axis)
-        factor = _as_factor(factor, f"{self.short_name} axis {pos}")
+        factor = _as_factor(factor, f"{self.short_name} axis {pos}", self.fusion)
         split = Split(self._domain.loop[pos], factor, inner_split)
         self._adopt(split.outputs)
         self._domain.loop[pos:pos + 1] = [split.outer, split.inner]
@@ -207,6 +207,9 @@ class TensorView(Val):
         if hint and d.has_allocation and not d.allocation_is_hint:
             raise ValueError(f"{self.short_name}: allocation domain ({_ids(d.allocation or [])}) is a user "
                              "requirement and cannot be replaced by an inferred layout")
+        if hint and self.is_fusion_output and self.fusion.get_output_stride_order(self) is not None:
+            raise ValueError(f"{self.short_name}: output stride order {self.fusion.get_output_stride_order(self)} "
+                             "is a user requirement and cannot be replaced by an inferred layout")
         ids = list(ids)
         for i in ids:
             if not isinstance(i, IterDomain):
@@ -247,38 +250,66 @@ class TensorView(Val):
         return self
 
     # --- caches ------------------------------------------------------------------------------
-    def cache_after(self) -> TensorView:
-        """Insert ``cache = set(self)`` and make every consumer read ``cache``."""
+    def cache_after(self, memory_type: MemoryType = MemoryType.Local,
+                    propagate_allocation_domain: bool = True) -> TensorView:
+        """Insert ``cache = set(self)`` and make every consumer read ``cache``.
+
+        With ``propagate_allocation_domain`` the cache starts with ``self``'s allocation replayed
+        onto its own IDs, as a hint. A global-memory cache (transpose, matmul staging) keeps that
+        layout. An on-chip (local / shared) cache's layout is only valid until its loop domain is
+        transformed: the scheduler must then re-derive it from the loop domain
+        (``pyfuser.scheduler.cache.derive_allocation_from_loop``) rather than keep a copy of the
+        global input's allocation (seed 003).
+        """
+        from pyfuser.ir.domain_replay import replay_allocation
         from pyfuser.ir.ops import new_like, set_op
 
+        if not isinstance(memory_type, MemoryType):
+            raise TypeError(f"{self.short_name}: cache_after expects a MemoryType, got {type(memory_type).__name__}")
         uses = list(self.uses)
         cache = new_like(self)
-        set_op(self, cache)
+        cache.memory_type = memory_type
+        op = set_op(self, cache)
         for use in uses:
             use.replace_input(self, cache)
+        if propagate_allocation_domain and self.has_allocation_domain():
+            alloc = replay_allocation(self, cache, op.logical_map(self))
+            cache.set_allocation_domain(alloc, True, hint=True)
         return cache
 
-    def cache_before(self) -> TensorView:
-        """Make ``self``'s definition write a new tensor ``cache``, then ``self = set(cache)``."""
+    def cache_before(self, memory_type: MemoryType = MemoryType.Local) -> TensorView:
+        """Make ``self``'s definition write a new tensor ``cache``, then ``self = set(cache)``.
+
+        ``self`` keeps its layout (requirement, hint or finalized allocation): only its IDs are
+        renewed when the reduction moves into the cache. The cache gets no allocation domain;
+        an on-chip cache's layout is derived from its loop domain by the scheduler.
+        """
         from pyfuser.ir.ops import set_op
 
+        if not isinstance(memory_type, MemoryType):
+            raise TypeError(f"{self.short_name}: cache_before expects a MemoryType, got {type(memory_type).__name__}")
         definition = self.definition
         if definition is None:
             raise ValueError(f"{self.short_name} has no definition (it is a fusion input); use cache_after")
         d = self._domain
+        reduces = any(i.is_reduction for i in d.logical)
+        if reduces and d.allocation is not None and any(i.definition is not None for i in d.allocation):
+            raise ValueError(f"{self.short_name}: cache_before cannot move a reduction out of a tensor whose "
+                             f"allocation domain ({_ids(d.allocation)}) is transformed; call cache_before first")
         cache_logical = [i.clone() for i in d.logical]
-        cache = TensorView(self.fusion, TensorDomain(cache_logical), self.dtype)
+        cache = TensorView(self.fusion, TensorDomain(cache_logical), self.dtype, memory_type)
         definition.replace_output(self, cache)
         for old, new in zip(d.logical, cache_logical, strict=True):
             new.is_rfactor = old.is_rfactor
-        if any(i.is_reduction for i in d.logical):
-            # The reduction now happens in the cache; self only copies its result.
+        if reduces:
+            # The reduction now happens in the cache; self only copies its result, in its own layout.
             kept = no_reductions(d.logical)
-            d.logical = [i.clone() for i in kept]
+            renewed = {id(old): old.clone() for old in kept}
+            d.logical = [renewed[id(i)] for i in kept]
             self._adopt(d.logical)
             d.loop = list(d.logical)
-            d.allocation = None
-            d.contiguity = default_contiguity(d.logical)
+            if d.allocation is not None:
+                d.allocation = [renewed[id(i)] for i in d.allocation if not i.is_reduction]
         set_op(cache, self)
         return cache
 
@@ -287,10 +318,15 @@ def _ids(ids: Sequence[IterDomain]) -> str:
     return ", ".join(map(str, ids))
 
 
-def _as_factor(factor: Any, where: str) -> int | SymExpr:
+def _as_factor(factor: Any, where: str, fusion: Fusion) -> int | SymExpr:
     from pyfuser.ir.base import Scalar
 
     if isinstance(factor, Scalar):
+        if factor.fusion is not fusion:
+            raise ValueError(f"{where}: split factor {factor} belongs to another FusionDefinition")
+        if not (factor.is_const or factor.is_fusion_input):
+            raise ValueError(f"{where}: split factor {factor} must be a constant or an input scalar of the fusion "
+                             "(its value is needed before any op runs)")
         factor = factor.as_extent()
     if isinstance(factor, SymExpr):
         value = factor.value

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.layout import memory_order
 from pyfuser.runtime.context import EvalContext
 from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
 from pyfuser.runtime.options import check_options
@@ -29,6 +30,10 @@ class CompileOptions:
     enabled: frozenset[str] = frozenset()
     disabled: frozenset[str] = frozenset()
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    #: Memory order (logical dims, outermost first; ``ir.layout.memory_order``) of each input this
+    #: program is compiled for, None for scalars. Part of the layout key, so a program never runs
+    #: on inputs of another order; ``preseg/input_layouts.py`` writes it into the fusion copy.
+    input_orders: tuple[tuple[int, ...] | None, ...] = ()
 
 
 def compile_program(fusion: Fusion, options: CompileOptions) -> Program:
@@ -45,6 +50,8 @@ class FusionExecutorCache:
         self._by_signature: dict[tuple[Any, ...], Program] = {}
         self._by_layout: dict[tuple[Any, ...], Program] = {}
         self.compile_count = 0
+        #: The program the latest ``run`` executed (for dumps and tests: ``str(program)`` is its Host IR).
+        self.last_program: Program | None = None
 
     def _reset(self) -> None:
         self._version = self.fusion.version
@@ -64,6 +71,7 @@ class FusionExecutorCache:
         if program is None:
             program = self._compile_for(args, binder, target, enable_options, disable_options)
             self._by_signature[key] = program
+        self.last_program = program
         ctx = EvalContext(binder.bind(args), target)
         return program.run(args, ctx)
 
@@ -77,18 +85,21 @@ class FusionExecutorCache:
         layout = (_layout_key(args), target, enabled, disabled)
         program = self._by_layout.get(layout)
         if program is None:
-            program = compile_program(self.fusion, CompileOptions(enabled, disabled, target))
+            orders = tuple(tuple(memory_order(a.shape, a.stride())) if isinstance(a, torch.Tensor) else None
+                           for a in args)
+            options = CompileOptions(enabled, disabled, target, input_orders=orders)
+            program = compile_program(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program
         return program
 
 
 def _layout_key(args: Sequence[Any]) -> tuple[Any, ...]:
-    """What a compiled program may depend on: dtypes, ranks, size-1 axes and stride orders."""
+    """What a compiled program may depend on: dtypes, ranks, size-1 axes and memory orders."""
     key = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            order = tuple(sorted(range(a.dim()), key=lambda d: (-a.stride(d), d)))
+            order = tuple(memory_order(a.shape, a.stride()))
             key.append((a.dtype, tuple(s == 1 for s in a.shape), order, a.device.type))
         else:
             key.append(type(a))

@@ -10,6 +10,7 @@ import torch
 
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType, python_scalar_type
+from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.layout import check_strides
 from pyfuser.ir.symbolic import SymVar
 from pyfuser.ir.tensor_view import TensorView
@@ -25,6 +26,8 @@ class TensorSpec:
     contiguity: tuple[bool | None, ...]  # in allocation order
     has_stride_order: bool
     is_cpu: bool
+    #: Per axis, how many ranks split it (device sharding): the tensor passed in is this rank's shard.
+    shard_factors: tuple[int, ...] = ()
 
     @staticmethod
     def of(tv: TensorView) -> TensorSpec:
@@ -37,13 +40,16 @@ class TensorSpec:
         else:  # split allocation (device sharding) is checked per shard by the multidevice layer
             perm = tuple(range(len(logical)))
             contiguity = tuple(False if not i.is_broadcast else None for i in logical)
+        factors = _shard_factors(tv)
         return TensorSpec(
             name=tv.short_name, dtype=tv.dtype,
-            static_sizes=tuple(i.extent.value for i in logical),
+            static_sizes=tuple(_local_static_size(tv, d, i, f) for d, (i, f) in enumerate(zip(logical, factors,
+                                                                                              strict=True))),
             broadcast=tuple(i.is_broadcast for i in logical),
             perm=perm, contiguity=contiguity,
             has_stride_order=tv.has_allocation_domain() and perm != tuple(range(len(logical))),
             is_cpu=tv.is_cpu,
+            shard_factors=tuple(factors),
         )
 
     def check(self, t: Any, position: int) -> None:
@@ -57,6 +63,8 @@ class TensorSpec:
         for d, (want, size) in enumerate(zip(self.static_sizes, t.shape, strict=True)):
             if want is not None and want != size:
                 kind = "a broadcast axis of size 1" if self.broadcast[d] else f"static size {want}"
+                if self.shard_factors and self.shard_factors[d] > 1:
+                    kind += f" (this rank's shard of an axis sharded over {self.shard_factors[d]} ranks)"
                 raise ValueError(f"input {position} ({self.name}) axis {d}: expected {kind}, got size {size}")
         if self.is_cpu and t.device.type != "cpu":
             raise ValueError(f"input {position} ({self.name}) was defined is_cpu=True but is on {t.device}")
@@ -85,16 +93,17 @@ class InputBinder:
     def __init__(self, inputs: Sequence[Val]) -> None:
         self.inputs = list(inputs)
         self.specs: list[TensorSpec | ScalarSpec] = []
-        #: (input position, axis, symbol) for each symbolic extent of an input tensor
-        self._tensor_symbols: list[tuple[int, int, str]] = []
+        #: (input position, axis, symbol, shard factor) for each symbolic extent of an input tensor
+        self._tensor_symbols: list[tuple[int, int, str, int]] = []
         #: (input position, symbol) for each input scalar
         self._scalar_symbols: list[tuple[int, str]] = []
         for pos, val in enumerate(self.inputs):
             if isinstance(val, TensorView):
-                self.specs.append(TensorSpec.of(val))
+                spec = TensorSpec.of(val)
+                self.specs.append(spec)
                 for d, i in enumerate(val.get_logical_domain(no_reductions=True)):
                     if isinstance(i.extent, SymVar):
-                        self._tensor_symbols.append((pos, d, i.extent.name))
+                        self._tensor_symbols.append((pos, d, i.extent.name, spec.shard_factors[d]))
             elif isinstance(val, Scalar):
                 self.specs.append(ScalarSpec(str(val), val.dtype))
                 self._scalar_symbols.append((pos, val.symbol))
@@ -108,12 +117,33 @@ class InputBinder:
 
     def bind(self, args: Sequence[Any]) -> dict[str, int]:
         env: dict[str, int] = {}
-        for pos, d, name in self._tensor_symbols:
-            env[name] = args[pos].shape[d]
+        for pos, d, name, factor in self._tensor_symbols:
+            env[name] = args[pos].shape[d] * factor  # symbols are global extents
         for pos, name in self._scalar_symbols:
             value = args[pos]
             env[name] = value.item() if isinstance(value, torch.Tensor) else value
         return env
+
+
+def _shard_factors(tv: TensorView) -> list[int]:
+    if tv.device_mesh is None:
+        return [1] * tv.ndim
+    from pyfuser.multidevice.sharding import shard_factors
+
+    return shard_factors(tv)
+
+
+def _local_static_size(tv: TensorView, axis: int, i: IterDomain, factor: int) -> int | None:
+    """The size this rank's shard must have along ``axis``, when known before execution."""
+    if factor == 1:
+        return i.extent.value
+    if i.is_device_dim:
+        return 1  # the logical ID itself is parallelized: one element per rank
+    extent = i.extent.value
+    if extent is not None and extent % factor:
+        raise ValueError(f"{tv.short_name} axis {axis} has extent {extent}, which is not divisible by the {factor} "
+                         f"ranks of {tv.device_mesh} it is sharded over")
+    return None if extent is None else extent // factor
 
 
 def signature(args: Sequence[Any]) -> tuple[Any, ...]:

@@ -14,9 +14,12 @@ DUMP_OPTIONS: dict[str, str] = {
 }
 
 #: Options ``execute(_enable_options=..., _disable_options=...)`` understands.
-ENABLE_OPTIONS: dict[str, str] = {}
+ENABLE_OPTIONS: dict[str, str] = {
+    "stream_overlap": "iterations of a stream loop run concurrently (join the user's stream after the loop)",
+}
 DISABLE_OPTIONS: dict[str, str] = {
     "infer_contiguity": "allocation-order inference (outputs without a requirement stay row-major)",
+    "stream_ring_buffers": "ring buffers for stream-loop intermediates (allocate them whole instead)",
 }
 
 

@@ -27,6 +27,10 @@ class FullOp(Expr):
         sizes = [e.evaluate(ctx.env) for e in self._extents]
         return [torch.full(sizes, value, dtype=self.output.dtype.torch_dtype, device=ctx.device)]
 
+    def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, value: Any) -> None:
+        """``out`` may be one chunk of the output (stream loop), so fill it rather than build a full tensor."""
+        out.fill_(value)
+
     def to_string(self, indent: int = 0) -> str:
         extents = ", ".join(str(e) for e in self._extents)
         return call_string(self.output, "full", [f"{{{extents}}}", self.inputs[0]], "", indent)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser.ir.base import Expr, indent_str
-from pyfuser.ir.ops.common import header
+from pyfuser.ir.ops.common import check_same_sizes, header, unproven_equal
 from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
@@ -33,11 +33,20 @@ class MatmulOp(Expr):
 
     def __init__(self, fusion: Fusion, out: TensorView, a: TensorView, b: TensorView) -> None:
         super().__init__(fusion, [a, b], [out])
+        ra, rb = a.ndim, b.ndim
+        self._checks = unproven_equal((a, b), 0, ra - 1, 1, 0 if rb == 1 else rb - 2)
+        batch_a, batch_b = max(ra - 2, 0), max(rb - 2, 0)
+        for k in range(1, min(batch_a, batch_b) + 1):  # batch axes, aligned on the right
+            self._checks += unproven_equal((a, b), 0, batch_a - k, 1, batch_b - k)
 
     def evaluate(self, ctx: EvalContext, a: torch.Tensor, b: torch.Tensor) -> list[Any]:
+        if self._checks:
+            check_same_sizes("matmul", self._checks, self.defined_inputs, (a, b))
         return [torch.matmul(a, b)]
 
     def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        if self._checks:
+            check_same_sizes("matmul", self._checks, self.defined_inputs, (a, b))
         torch.matmul(a, b, out=out)
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
@@ -77,12 +86,17 @@ class LinearOp(Expr):
     def __init__(self, fusion: Fusion, out: TensorView, x: TensorView, weight: TensorView,
                  bias: TensorView | None) -> None:
         super().__init__(fusion, [x, weight] + ([bias] if bias is not None else []), [out])
+        self._checks = unproven_equal((x, weight, bias), 0, x.ndim - 1, 1, weight.ndim - 1)
+        if bias is not None and bias.ndim == 1 and weight.ndim == 2:
+            self._checks += unproven_equal((x, weight, bias), 2, 0, 1, 0)
 
     @property
     def has_bias(self) -> bool:
         return len(self.inputs) == 3
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> list[Any]:
+        if self._checks:
+            check_same_sizes("linear", self._checks, self.defined_inputs, (x, w, bias))
         return [F.linear(x, w, bias)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:

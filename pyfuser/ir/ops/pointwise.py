@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,7 +12,8 @@ import torch.nn.functional as F
 
 from pyfuser.ir.base import Expr, Val, indent_str
 from pyfuser.ir.dtypes import python_scalar_type
-from pyfuser.ir.ops.common import header, positional_map
+from pyfuser.ir.ops.common import SizeCheck, check_same_sizes, header, positional_map
+from pyfuser.ir.ops.names import binary_function, cast_function, unary_function
 from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
@@ -40,6 +42,9 @@ UNARY_FNS: dict[str, Callable[[Any], Any]] = {
     "logical_not": torch.logical_not,
 }
 _UNARY_INLINE = {"neg": "-", "logical_not": "!"}
+#: Unary ops with an ``out=`` overload, used by ``evaluate_into`` to skip a copy.
+_UNARY_OUT = {name: getattr(torch, name) for name in
+              ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf")}
 
 
 class UnaryOp(Expr):
@@ -48,15 +53,25 @@ class UnaryOp(Expr):
     def __init__(self, fusion: Fusion, op: str, out: TensorView, inp: TensorView) -> None:
         super().__init__(fusion, [inp], [out])
         self.op = op
+        self._fn = UNARY_FNS.get(op)  # looked up once: evaluate is on the hot path
+        self._out_fn = _UNARY_OUT.get(op)
 
     def evaluate(self, ctx: EvalContext, x: Any) -> list[Any]:
+        fn = self._fn
+        if fn is not None and isinstance(x, torch.Tensor):
+            return [fn(x)]
         if not isinstance(x, torch.Tensor):  # scalar arithmetic
             if self.op == "cast":
                 return [python_scalar_type(self.output.dtype)(x)]
             return [UNARY_FNS[self.op](torch.tensor(x)).item()]
-        if self.op == "cast":
-            return [x.to(self.output.dtype.torch_dtype)]
-        return [UNARY_FNS[self.op](x)]
+        return [x.to(self.output.dtype.torch_dtype)]  # cast
+
+    def evaluate_into(self, ctx: EvalContext, out: Any, x: Any) -> None:
+        """Write straight into ``out`` (e.g. a stream-loop chunk) when torch has an ``out=`` overload."""
+        if self._out_fn is not None and isinstance(x, torch.Tensor):
+            self._out_fn(x, out=out)
+        else:
+            super().evaluate_into(ctx, out, x)
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output)
@@ -64,11 +79,11 @@ class UnaryOp(Expr):
     def to_string(self, indent: int = 0) -> str:
         inp = self.inputs[0]
         if self.op == "cast":
-            body = f"({self.output.dtype.value})({inp})"
+            body = f"{cast_function(inp.dtype, self.output.dtype)}({inp})"
         elif self.op in _UNARY_INLINE:
             body = f"{_UNARY_INLINE[self.op]}{inp}"
         else:
-            body = f"{self.op}({inp})"
+            body = f"{unary_function(self.op, self.output.dtype)}({inp})"
         return f"{header(self.output, indent)}{body};\n"
 
 
@@ -80,9 +95,13 @@ def _div(a: Any, b: Any) -> Any:
     """nvFuser's ``div``: true division for floating point, truncation for integers."""
     integral = all(not (x.is_floating_point() or x.is_complex()) if isinstance(x, torch.Tensor)
                    else isinstance(x, int) for x in (a, b))
-    if not (isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)):
-        return int(a / b) if integral else a / b
-    return torch.div(a, b, rounding_mode="trunc") if integral else torch.div(a, b)
+    return _trunc_div(a, b) if integral else _true_div(a, b)
+
+
+def _trunc_div(a: Any, b: Any) -> Any:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.div(a, b, rounding_mode="trunc")
+    return int(a / b)
 
 
 def _tensor_or_scalar(fn: Callable[[Any, Any], Any], scalar_fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -113,25 +132,25 @@ BINARY_FNS: dict[str, Callable[[Any, Any], Any]] = {
     "logical_and": _tensor_or_scalar(torch.logical_and, lambda a, b: bool(a) and bool(b)),
     "logical_or": _tensor_or_scalar(torch.logical_or, lambda a, b: bool(a) or bool(b)),
 }
+_BINARY_OUT = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "truediv": torch.true_divide}
 _BINARY_INLINE = {"add": "+", "sub": "-", "mul": "*", "div": "/", "truediv": "/", "eq": "==", "ne": "!=",
                   "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "logical_and": "&&", "logical_or": "||"}
 
 
 def broadcast_checks(a: Val, b: Val) -> list[int]:
-    """Dims where both tensor operands iterate, so their runtime sizes must agree."""
+    """Dims where both tensor operands iterate with extents not provably equal at definition, so
+    their runtime sizes must be compared."""
     if not (isinstance(a, TensorView) and isinstance(b, TensorView)):
         return []
     da, db = a.get_logical_domain(no_reductions=True), b.get_logical_domain(no_reductions=True)
     return [d for d, (x, y) in enumerate(zip(da, db, strict=True))
-            if not x.is_broadcast and not y.is_broadcast and (x.extent != y.extent or not x.extent.is_const)]
+            if not x.is_broadcast and not y.is_broadcast and x.extent != y.extent]
 
 
-def check_sizes(op: str, a_val: Val, b_val: Val, a: torch.Tensor, b: torch.Tensor, dims: list[int]) -> None:
-    for d in dims:
-        if a.shape[d] != b.shape[d]:
-            raise ValueError(
-                f"{op}: {a_val.short_name} axis {d} has size {a.shape[d]} but {b_val.short_name} axis {d} "  # type: ignore[attr-defined]
-                f"has size {b.shape[d]}; incompatible broadcast shapes (define the axis with size 1 to broadcast it)")
+def size_checks(operands: Sequence[Val], ka: int, kb: int) -> list[SizeCheck]:
+    """Axis pairs of two tensor operands whose runtime sizes must agree (both iterate, extents
+    not provably equal at definition)."""
+    return [(ka, d, kb, d) for d in broadcast_checks(operands[ka], operands[kb])]
 
 
 class BinaryOp(Expr):
@@ -140,13 +159,27 @@ class BinaryOp(Expr):
     def __init__(self, fusion: Fusion, op: str, out: Val, lhs: Val, rhs: Val) -> None:
         super().__init__(fusion, [lhs, rhs], [out])
         self.op = op
-        self._check_dims = broadcast_checks(lhs, rhs)
+        self._checks = size_checks((lhs, rhs), 0, 1)
         self._fn = BINARY_FNS[op]
+        if op == "div":  # integer or true division is decided by the operand dtypes, once
+            integral = not any(v.dtype.is_floating or v.dtype.is_complex for v in (lhs, rhs))
+            self._fn = _trunc_div if integral else _true_div
+        # torch functions with an ``out=`` overload taking a tensor first and a tensor or scalar second
+        self._out_fn = _BINARY_OUT.get("truediv" if op == "div" and self._fn is _true_div else op)
 
     def evaluate(self, ctx: EvalContext, a: Any, b: Any) -> list[Any]:
-        if self._check_dims:
-            check_sizes(self.op, self.inputs[0], self.inputs[1], a, b, self._check_dims)
+        if self._checks:
+            check_same_sizes(self.op, self._checks, self.defined_inputs, (a, b))
         return [self._fn(a, b)]
+
+    def evaluate_into(self, ctx: EvalContext, out: Any, a: Any, b: Any) -> None:
+        """Write straight into ``out`` (e.g. a stream-loop chunk) when torch has an ``out=`` overload."""
+        if self._out_fn is None or not isinstance(a, torch.Tensor):
+            super().evaluate_into(ctx, out, a, b)
+            return
+        if self._checks:
+            check_same_sizes(self.op, self._checks, self.defined_inputs, (a, b))
+        self._out_fn(a, b, out=out)
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output) if isinstance(self.output, TensorView) else {}
@@ -156,7 +189,7 @@ class BinaryOp(Expr):
         pad = indent_str(indent)
         if self.op in _BINARY_INLINE:
             return f"{header(self.output, indent)}{lhs}\n{pad}   {_BINARY_INLINE[self.op]} {rhs};\n"
-        return f"{header(self.output, indent)}{self.op}({lhs},\n{pad}     {rhs});\n"
+        return f"{header(self.output, indent)}{binary_function(self.op, self.output.dtype)}({lhs},\n{pad}     {rhs});\n"
 
 
 def _where(c: Any, a: Any, b: Any) -> Any:
@@ -166,6 +199,11 @@ def _where(c: Any, a: Any, b: Any) -> Any:
 
 
 def _clamp(x: Any, lo: Any, hi: Any) -> Any:
+    if not isinstance(x, torch.Tensor):
+        return min(max(x, lo), hi)
+    if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+        # torch.clamp takes bounds that are all tensors or all numbers; 0-dim tensors promote like numbers.
+        lo, hi = (b if isinstance(b, torch.Tensor) else torch.as_tensor(b, device=x.device) for b in (lo, hi))
     return torch.clamp(x, lo, hi)
 
 
@@ -178,16 +216,14 @@ class TernaryOp(Expr):
     def __init__(self, fusion: Fusion, op: str, out: Val, a: Val, b: Val, c: Val) -> None:
         super().__init__(fusion, [a, b, c], [out])
         self.op = op
-        tensors = [v for v in (a, b, c) if isinstance(v, TensorView)]
-        self._checks = [(x, y, broadcast_checks(x, y)) for x, y in zip(tensors, tensors[1:], strict=False)]
+        operands = (a, b, c)
+        tensors = [k for k, v in enumerate(operands) if isinstance(v, TensorView)]
+        self._checks = [s for ka, kb in itertools.combinations(tensors, 2) for s in size_checks(operands, ka, kb)]
         self._fn = TERNARY_FNS[op]
 
     def evaluate(self, ctx: EvalContext, a: Any, b: Any, c: Any) -> list[Any]:
         if self._checks:
-            values = {id(v): t for v, t in zip(self.inputs, (a, b, c), strict=True)}
-            for x, y, dims in self._checks:
-                if dims:
-                    check_sizes(self.op, x, y, values[id(x)], values[id(y)], dims)
+            check_same_sizes(self.op, self._checks, self.defined_inputs, (a, b, c))
         result = self._fn(a, b, c)
         if isinstance(result, torch.Tensor) and isinstance(self.output, TensorView):
             result = result.to(self.output.dtype.torch_dtype)

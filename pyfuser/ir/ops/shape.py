@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -9,7 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser.ir.base import Expr, Val
-from pyfuser.ir.ops.common import bool_flags, call_string, header, int_list, positional_map
+from pyfuser.ir.ops.common import (
+    bool_flags,
+    call_string,
+    check_same_sizes,
+    header,
+    int_list,
+    positional_map,
+    unproven_equal,
+)
 from pyfuser.ir.symbolic import SymExpr
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView
@@ -116,6 +125,10 @@ class ExpandOp(Expr):
             sizes[d] = extent.evaluate(ctx.env)
         return [x.expand(sizes)]
 
+    def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, x: torch.Tensor) -> None:
+        """``out`` may be a chunk of the expanded axis (stream loop): broadcasting fills it."""
+        out.copy_(x)
+
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output)
 
@@ -155,7 +168,11 @@ class ReshapeOp(Expr):
         self._extents = [i.extent for i in out.get_logical_domain()]
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
-        return [x.reshape([e.evaluate(ctx.env) for e in self._extents])]
+        sizes = [e.evaluate(ctx.env) for e in self._extents]
+        if math.prod(sizes) != x.numel():  # symbolic sizes: only known now
+            raise ValueError(f"reshape: {self.defined_inputs[0].short_name} has {x.numel()} elements "  # type: ignore[attr-defined]
+                             f"(shape {list(x.shape)}) and cannot be reshaped to {sizes}")
+        return [x.reshape(sizes)]
 
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "view", self.inputs, "", indent)
@@ -197,8 +214,13 @@ class CatOp(Expr):
     def __init__(self, fusion: Fusion, out: TensorView, inputs: Sequence[TensorView], dim: int) -> None:
         super().__init__(fusion, list(inputs), [out])
         self.dim = dim
+        first = inputs[0]
+        self._checks = [c for k in range(1, len(inputs)) for d in range(first.ndim) if d != dim
+                        for c in unproven_equal(inputs, k, d, 0, d)]
 
     def evaluate(self, ctx: EvalContext, *xs: torch.Tensor) -> list[Any]:
+        if self._checks:
+            check_same_sizes("cat", self._checks, self.defined_inputs, xs)
         return [torch.cat(xs, self.dim)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:

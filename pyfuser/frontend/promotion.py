@@ -1,0 +1,44 @@
+"""torch's type promotion for fd.ops: an op's result dtype is found by running its torch reference
+on meta tensors, so definition-time dtypes match what execution produces, exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from pyfuser.ir.base import Val
+from pyfuser.ir.dtypes import DataType, data_type_of_python, python_scalar_type
+from pyfuser.ir.tensor_view import TensorView
+
+_PROBE_VALUES = {bool: True, int: 3, float: 1.5, complex: 1.5 + 0.5j}
+
+
+def _dtype_of(x: Val | complex) -> DataType:
+    return x.dtype if isinstance(x, Val) else data_type_of_python(x)
+
+
+def _probe(val: Val | complex) -> Any:
+    if not isinstance(val, Val):
+        return val
+    if isinstance(val, TensorView):
+        # Real rank: a 0-dim tensor promotes like a number in torch, at definition as at execution.
+        return torch.empty((1,) * val.ndim, dtype=val.dtype.torch_dtype, device="meta")
+    return _PROBE_VALUES[python_scalar_type(val.dtype)]
+
+
+def result_dtype(fn: Callable[..., Any], vals: Sequence[Val | complex]) -> DataType:
+    """Result dtype of ``fn`` under torch's promotion, found by running it on meta tensors
+    (Python numbers stand for themselves)."""
+    probes = [_probe(v) for v in vals]
+    if not any(isinstance(p, torch.Tensor) for p in probes):
+        # Scalars only: promote as 0-dim tensors of the scalars' dtypes would.
+        probes = [torch.empty((), dtype=_dtype_of(v).torch_dtype, device="meta") for v in vals]
+    try:
+        result = fn(*probes)
+    except (RuntimeError, TypeError) as e:
+        names = ", ".join(f"{v} ({_dtype_of(v)})" for v in vals)
+        raise TypeError(f"operands {names} are not valid for this op: {e}") from None
+    return DataType.from_torch(result.dtype)
+

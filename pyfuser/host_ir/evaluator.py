@@ -1,0 +1,146 @@
+"""HostIrEvaluator: runs a Host IR program with torch.
+
+Compilation turns every node into a closure over integer value slots, so an execution is a walk
+over a flat list of closures doing little more than the torch calls. On CUDA, stream nodes drive
+a pool of worker streams shared by all programs on a device (``numberOfStreams`` of them); on
+CPU they compile to nothing and the same program runs sequentially.
+
+Memory safety across streams: buffers (outputs, ring buffers) are allocated on the user's stream
+before a loop, views of them are written on worker streams, and every iteration ends with the
+user's stream waiting for its worker (``Synchronize Stream ( StreamIdx % numberOfStreams )``).
+Tensors created inside an iteration are allocated on, used on and freed to the worker stream
+that runs it. So every free the caching allocator sees is stream-ordered after the last use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import torch
+
+from pyfuser.host_ir.nodes import (
+    NUMBER_OF_STREAMS,
+    NUMBER_OF_STREAMS_SLOT,
+    Frame,
+    HostIrContainer,
+    HostNode,
+    HostVal,
+    Step,
+)
+from pyfuser.ir.base import Scalar
+from pyfuser.runtime.context import EvalContext
+from pyfuser.runtime.outputs import OutputLayout
+
+DEFAULT_NUM_STREAMS = 4
+
+_POOLS: dict[tuple[int, int], list[torch.cuda.Stream]] = {}
+
+
+def stream_pool(device: torch.device, count: int) -> list[torch.cuda.Stream]:
+    """``count`` worker streams of ``device``, created once and reused by every execution."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pool = _POOLS.get((index, count))
+    if pool is None:
+        pool = [torch.cuda.Stream(device=index) for _ in range(count)]
+        _POOLS[(index, count)] = pool
+    return pool
+
+
+class CudaStreams:
+    """Current stream tracking and ring-buffer slot events for one execution."""
+
+    __slots__ = ("current", "pool", "slot_events", "slot_streams")
+
+    def __init__(self, pool: list[torch.cuda.Stream], current: torch.cuda.Stream,
+                 slot_events: dict[tuple[int, int], torch.cuda.Event]) -> None:
+        self.pool = pool
+        self.current = current
+        self.slot_events = slot_events
+        self.slot_streams: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+    def set(self, stream: torch.cuda.Stream) -> None:
+        if stream != self.current:
+            torch.cuda.set_stream(stream)
+            self.current = stream
+
+    def worker(self, index: int) -> torch.cuda.Stream:
+        return self.pool[index % len(self.pool)]
+
+    def wait_slot(self, key: object, index: int) -> None:
+        slot = (id(key), index % len(self.pool))
+        last = self.slot_streams.get(slot)
+        if last is not None and last != self.current:
+            self.current.wait_event(self.slot_events[slot])
+
+    def release_slot(self, key: object, index: int) -> None:
+        slot = (id(key), index % len(self.pool))
+        event = self.slot_events.get(slot)
+        if event is None:
+            event = self.slot_events[slot] = torch.cuda.Event()
+        event.record(self.current)
+        self.slot_streams[slot] = self.current
+
+
+class HostIrEvaluator:
+    """A compiled Host IR program; ``run(args, ctx)`` returns the fusion outputs."""
+
+    def __init__(self, container: HostIrContainer, layouts: Sequence[OutputLayout], device: torch.device,
+                 num_streams: int = DEFAULT_NUM_STREAMS) -> None:
+        if isinstance(num_streams, bool) or not isinstance(num_streams, int) or num_streams < 1:
+            raise ValueError(f"numberOfStreams must be a positive int, got {num_streams!r}")
+        self.container = container
+        self.device = device
+        self.num_streams = num_streams
+        self.layouts = list(layouts)
+        self._slots: dict[object, int] = {}
+        self._initial: list[Any] = []
+        self._initial[self.slot(NUMBER_OF_STREAMS_SLOT)] = num_streams
+        self._input_slots = [self.slot(v) for v in container.inputs]
+        self._steps = self.compile_body(container.nodes)
+        self._output_slots = [self.slot(v) for v in container.outputs]
+        self._slot_events: dict[tuple[int, int], torch.cuda.Event] = {}
+
+    # --- CompileContext ------------------------------------------------------------------------
+    def slot(self, val: HostVal | Hashable) -> int:
+        slot = self._slots.get(val)
+        if slot is None:
+            slot = self._slots[val] = len(self._initial)
+            self._initial.append(val.value if isinstance(val, Scalar) and val.is_const else None)
+        return slot
+
+    def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]:
+        steps = [node.compile(self) for node in nodes]
+        return [s for s in steps if s is not None]
+
+    # --- execution -------------------------------------------------------------------------------
+    def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]:
+        values = list(self._initial)
+        for slot, arg in zip(self._input_slots, args, strict=True):
+            values[slot] = arg
+        ctx.env[NUMBER_OF_STREAMS.name] = self.num_streams
+        if self.device.type == "cuda":
+            user = torch.cuda.current_stream(self.device)
+            streams = CudaStreams(stream_pool(self.device, self.num_streams), user, self._slot_events)
+            try:
+                self._execute(Frame(values, ctx, streams))
+            except BaseException:
+                # An iteration failed: order the frees of its buffers after whatever workers still run.
+                for worker in streams.pool:
+                    user.wait_stream(worker)
+                raise
+            finally:
+                if streams.current != user:
+                    torch.cuda.set_stream(user)
+        else:
+            self._execute(Frame(values, ctx, None))
+        storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        return [layout.conform(values[s], storages) for s, layout in zip(self._output_slots, self.layouts,
+                                                                         strict=True)]
+
+    def _execute(self, frame: Frame) -> None:
+        for step in self._steps:
+            step(frame)
+
+    def __str__(self) -> str:
+        return str(self.container)

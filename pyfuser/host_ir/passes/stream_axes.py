@@ -1,0 +1,166 @@
+"""Which logical axis of a tensor a stream loop iterates over, and in which chunks.
+
+A stream-parallel loop ID must be a logical ID or reached from one through outer outputs of
+splits only, so every iteration covers one contiguous chunk of a logical axis (a view, no copy).
+Exprs relate the axes of their operands through ``Expr.logical_map`` (producer logical ID ->
+consumer logical ID); two tensors' stream axes *map* when that map takes one to the other and
+they are chunked by the same chain of splits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pyfuser.ir.base import Expr
+from pyfuser.ir.iter_domain import IterDomain, Split
+from pyfuser.ir.symbolic import SymConst, SymExpr
+from pyfuser.ir.tensor_view import TensorView
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+
+#: (factor, inner_split) of each split from the logical ID out to the stream ID.
+SplitChain = tuple[tuple[SymExpr, bool], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class StreamAxis:
+    """``tv`` is produced (or read) in ``count`` chunks of ``chunk`` elements of ``logical``."""
+
+    tv: TensorView
+    logical: IterDomain
+    loop_id: IterDomain  # the stream ID that names the loop
+    chunk: SymExpr
+    count: SymExpr
+    splits: SplitChain
+
+    @property
+    def dim(self) -> int:
+        """Position of the chunked axis in the runtime tensor (logical order, reductions dropped)."""
+        return _dim_of(self.tv, self.logical)
+
+    def maps_to(self, other: StreamAxis) -> bool:
+        return self.splits == other.splits
+
+    def on(self, tv: TensorView, logical: IterDomain) -> StreamAxis:
+        """The same chunking applied to ``logical`` of another tensor."""
+        return StreamAxis(tv, logical, self.loop_id, self.chunk, self.count, self.splits)
+
+    def describe(self) -> str:
+        """The scheduled stream ID, named on the tensor the user parallelized."""
+        owner = self.loop_id.tensor or self.tv
+        return f"{owner.short_name} axis {owner.loop_position(self.loop_id)} ({self.loop_id})"
+
+
+def _dim_of(tv: TensorView, logical: IterDomain) -> int:
+    for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
+        if i is logical:
+            return d
+    raise ValueError(f"{tv.short_name}: {logical} is not a non-reduction logical ID of the tensor")
+
+
+def stream_axis_of(tv: TensorView) -> StreamAxis | None:
+    """The stream chunking ``tv``'s loop domain asks for, or None; ValueError when it cannot be one."""
+    loop = tv.get_loop_domain()
+    streams = [i for i in loop if i.is_stream]
+    if not streams:
+        return None
+    if len(streams) > 1:
+        axes = ", ".join(f"axis {tv.loop_position(i)} ({i})" for i in streams)
+        raise ValueError(f"{tv.short_name} has {len(streams)} stream-parallel loop IDs ({axes}); a tensor is "
+                         "produced by one stream loop, so at most one loop ID may be parallelized on stream")
+    sid = streams[0]
+    where = f"{tv.short_name} axis {tv.loop_position(sid)} ({sid})"
+    if sid.is_reduction:
+        raise ValueError(f"{where} is a reduction ID parallelized on stream; a host loop cannot split a "
+                         "reduction: parallelize an iteration axis instead")
+    if sid.is_broadcast:
+        raise ValueError(f"{where} is a broadcast ID parallelized on stream; parallelize an iteration axis")
+    logical_ids = {id(i) for i in tv.get_logical_domain()}
+    node, splits, chunk = sid, [], SymConst(1)
+    while id(node) not in logical_ids:
+        definition = node.definition
+        if not (isinstance(definition, Split) and definition.outer is node):
+            how = "the inner output of a split" if isinstance(definition, Split) else "produced by a merge"
+            raise ValueError(f"{where} is {how}; a stream loop iterates over contiguous chunks of one logical "
+                             "axis: parallelize a logical ID or the outer output of a split")
+        splits.append((definition.factor, definition.inner_split))
+        chunk = definition.inner.extent * chunk
+        node = definition.in_id
+    return StreamAxis(tv, node, sid, chunk, sid.extent, tuple(reversed(splits)))
+
+
+def producer_id(expr: Expr, producer: TensorView, consumer_id: IterDomain) -> IterDomain | None:
+    """The non-broadcast logical ID of ``producer`` that ``expr`` maps to ``consumer_id``, if any."""
+    for p, c in expr.logical_map(producer).items():
+        if c is consumer_id and not p.is_broadcast and not p.is_reduction:
+            return p
+    return None
+
+
+def expr_stream_axis(expr: Expr) -> StreamAxis | None:
+    """The stream chunking of ``expr``'s first output: its own schedule, or propagated from a fusion
+    input scheduled on stream (scheduling an input's axis puts its consumers in the loop)."""
+    outputs = expr.tensor_outputs
+    if not outputs:
+        return None
+    out = outputs[0]
+    candidates: list[StreamAxis] = []
+    for o in outputs:
+        axis = stream_axis_of(o)
+        if axis is not None:
+            candidates.append(axis if o is out else _on_first_output(expr, axis))
+    for p in expr.tensor_inputs:
+        if not p.is_fusion_input:
+            continue
+        axis = stream_axis_of(p)
+        if axis is None:
+            continue
+        target = expr.logical_map(p).get(axis.logical)
+        if target is None or target.is_reduction:
+            what = f"the reduction ID {target}" if target is not None else "no axis"
+            raise ValueError(f"{axis.describe()} is parallelized on stream, but its consumer {out.short_name} "
+                             f"({type(expr).__name__}) maps it to {what}; only an axis the consumer keeps can "
+                             "be iterated by a stream loop")
+        candidates.append(axis.on(out, target))
+    if not candidates:
+        return None
+    first = candidates[0]
+    for other in candidates[1:]:
+        if other.logical is not first.logical or not other.maps_to(first):
+            raise ValueError(
+                f"stream IDs of one expr neither map nor nest: {first.describe()} iterates "
+                f"{first.count} chunks of {first.logical} but {other.describe()} iterates {other.count} chunks "
+                f"of {other.logical} (computing {out.short_name} with {type(expr).__name__}); parallelize "
+                "axes that the expr maps onto each other, split the same way")
+    if not type(expr).chunkable:
+        raise ValueError(f"{first.describe()} is parallelized on stream, but {out.short_name} is computed by "
+                         f"{type(expr).__name__}, which cannot run chunk-wise (its attributes depend on the "
+                         "full extent of each axis); move the stream axis to a tensor after it")
+    return first
+
+
+def _on_first_output(expr: Expr, axis: StreamAxis) -> StreamAxis:
+    """A stream axis scheduled on a secondary output, moved to the same position of the first."""
+    out = expr.tensor_outputs[0]
+    ids = out.get_logical_domain(no_reductions=True)
+    dim = axis.dim
+    if dim >= len(ids) or ids[dim].extent != axis.logical.extent:
+        raise ValueError(f"{axis.describe()} is parallelized on stream, but {out.short_name} (the first output "
+                         f"of the same {type(expr).__name__}) has no matching axis {dim}")
+    return axis.on(out, ids[dim])
+
+
+def output_dims(expr: Expr, axis: StreamAxis) -> list[int]:
+    """Chunked dim of every tensor output: outputs of one expr share the first output's position."""
+    return [axis.dim for _ in expr.tensor_outputs]
+
+
+def check_stream_schedules(fusion: Fusion) -> None:
+    """Validate every stream schedule of the fusion as the user wrote it (before passes reorder
+    loop domains), so errors name the axes the user parallelized."""
+    for tv in fusion.tensors():
+        stream_axis_of(tv)
+    for expr in fusion.exprs():
+        expr_stream_axis(expr)

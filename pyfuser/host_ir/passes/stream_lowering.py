@@ -1,0 +1,178 @@
+"""Stream lowering (seed 002): put stream-parallel exprs into host ``FOR`` loops over CUDA streams.
+
+Walking the top-level program in order, an expr whose output has a stream axis opens a loop (or
+joins the open one when its stream axis maps exactly onto a tensor already chunked there); any
+other node closes the open loop. A loop is emitted as::
+
+    ALLOCATE of each output produced in the loop (whole, once)
+    FOR StreamIdx in <stream ID>:
+      GetCurrentStream into Stream k
+      SetCurrentStream to Stream ( StreamIdx % numberOfStreams )
+      Synchronize Stream k
+      HirAliasSelect of each input / output chunk, then the expr on the chunks, per expr
+      SetCurrentStream to Stream k
+      Synchronize Stream ( StreamIdx % numberOfStreams )
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyfuser.host_ir.nodes import (
+    Allocate,
+    ForLoop,
+    GetCurrentStream,
+    HirAliasSelect,
+    HostIrContainer,
+    HostNode,
+    LoopIndex,
+    SetCurrentStream,
+    Synchronize,
+)
+from pyfuser.host_ir.passes.stream_axes import (
+    StreamAxis,
+    expr_stream_axis,
+    output_dims,
+    producer_id,
+    stream_axis_of,
+)
+from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.iter_domain import IterDomain
+from pyfuser.ir.symbolic import SymConst
+from pyfuser.ir.tensor_domain import TensorDomain
+from pyfuser.ir.tensor_view import MemoryType, TensorView
+from pyfuser.runtime.outputs import allocation_perm
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.runtime.executor import CompileOptions
+
+
+class _OpenLoop:
+    """A stream loop being built: its chunking and every tensor chunked in it so far."""
+
+    def __init__(self, axis: StreamAxis) -> None:
+        self.axis = axis
+        self.index = LoopIndex(axis.logical.extent, axis.chunk)
+        self.preamble: list[HostNode] = []
+        self.body: list[HostNode] = []
+        #: full tensor -> (chunked logical ID, chunk tensor)
+        self.chunks: dict[TensorView, tuple[IterDomain, TensorView]] = {}
+        self.produced: set[TensorView] = set()
+
+    def accepts(self, expr: Expr, axis: StreamAxis) -> bool:
+        """True when ``axis`` maps exactly onto a tensor chunked here and nothing needs a whole
+        tensor (or another axis) of one produced here."""
+        if not axis.maps_to(self.axis):
+            return False
+        linked = False
+        for p in expr.tensor_inputs:
+            entry = self.chunks.get(p)
+            if entry is None:
+                continue
+            mapped = producer_id(expr, p, axis.logical)
+            if mapped is entry[0]:
+                linked = True
+            elif mapped is not None or p in self.produced:
+                return False
+        return linked
+
+
+class _StreamLowering:
+    def __init__(self, container: HostIrContainer, fusion: Fusion) -> None:
+        self.container = container
+        self.fusion = fusion
+        self.allocated: set[Val] = {n.tv for n in container.nodes if isinstance(n, Allocate)}
+        self.result: list[HostNode] = []
+        self.loop: _OpenLoop | None = None
+
+    def run(self) -> None:
+        joined_last = False
+        for node in self.container.nodes:
+            if node.binds_to_previous and joined_last and self.loop is not None:
+                self.loop.body.append(node.substitute(self._loop_mapping(self.loop, node)))
+                continue
+            expr = node.source_expr
+            axis = expr_stream_axis(expr) if expr is not None else None
+            joined_last = expr is not None and axis is not None
+            if expr is None or axis is None:
+                if self.loop is not None and _loop_invariant(node):
+                    self.loop.preamble.append(node)
+                else:
+                    self._close()
+                    self.result.append(node)
+                continue
+            if self.loop is None or not self.loop.accepts(expr, axis):
+                self._close()
+                self.loop = _OpenLoop(axis)
+            self._add(self.loop, node, expr, axis)
+        self._close()
+        self.container.nodes = self.result
+
+    @staticmethod
+    def _loop_mapping(loop: _OpenLoop, node: HostNode) -> dict[Val, Val]:
+        return {v: loop.chunks[v][1] for v in (*node.inputs, *node.outputs)
+                if isinstance(v, TensorView) and v in loop.chunks}
+
+    def _add(self, loop: _OpenLoop, node: HostNode, expr: Expr, axis: StreamAxis) -> None:
+        mapping: dict[Val, Val] = {}
+        for p in expr.tensor_inputs:
+            mapped = producer_id(expr, p, axis.logical)
+            if mapped is None:
+                continue  # read whole: e.g. the weight of a row-chunked matmul
+            if p not in loop.chunks:
+                self._select(loop, p, mapped)
+            mapping[p] = loop.chunks[p][1]
+        for out, dim in zip(expr.tensor_outputs, output_dims(expr, axis), strict=True):
+            logical = out.get_logical_domain(no_reductions=True)[dim]
+            if out not in self.allocated:
+                loop.preamble.append(Allocate(out, allocation_perm(self.fusion, out)))
+                self.allocated.add(out)
+            self._select(loop, out, logical)
+            loop.produced.add(out)
+            mapping[out] = loop.chunks[out][1]
+        loop.body.append(node.substitute(mapping))
+
+    @staticmethod
+    def _select(loop: _OpenLoop, tv: TensorView, logical: IterDomain) -> None:
+        axis = loop.axis.on(tv, logical)
+        chunk = _chunk_tensor(tv, logical, axis)
+        own = stream_axis_of(tv)
+        shown = own.loop_id if own is not None and own.logical is logical else logical
+        loop.body.append(HirAliasSelect(chunk, tv, shown, loop.index, axis.dim))
+        loop.chunks[tv] = (logical, chunk)
+
+    def _close(self) -> None:
+        loop, self.loop = self.loop, None
+        if loop is None:
+            return
+        main = self.container.new_stream()
+        worker = self.container.new_worker_stream(loop.index)
+        body = [GetCurrentStream(main), SetCurrentStream(worker), Synchronize(main), *loop.body,
+                SetCurrentStream(main), Synchronize(worker)]
+        self.result.extend(loop.preamble)
+        self.result.append(ForLoop(loop.index, loop.axis.loop_id, SymConst(0), loop.axis.count, body))
+
+
+def _loop_invariant(node: HostNode) -> bool:
+    """Nodes an open loop can hoist instead of closing: allocations and scalar-only work."""
+    if isinstance(node, Allocate):
+        return True
+    return not node.binds_to_previous and not any(isinstance(v, TensorView) for v in (*node.inputs, *node.outputs))
+
+
+def _chunk_tensor(tv: TensorView, logical: IterDomain, axis: StreamAxis) -> TensorView:
+    """The per-iteration view's tensor: the chunked ID dropped (one index) or shrunk to the chunk."""
+    ids = []
+    for i in tv.get_logical_domain(no_reductions=True):
+        if i is not logical:
+            ids.append(i.clone(keep_parallel=i.is_device_dim))
+        elif axis.splits:
+            ids.append(IterDomain(tv.fusion, axis.chunk, i.iter_type))
+    chunk = TensorView(tv.fusion, TensorDomain(ids), tv.dtype, MemoryType.Local)
+    chunk.device_mesh = tv.device_mesh  # a chunk lives where its tensor does (printed as in seed 004)
+    return chunk
+
+
+def lower_stream_parallel(container: HostIrContainer, fusion: Fusion, options: CompileOptions | None) -> None:
+    _StreamLowering(container, fusion).run()

@@ -1,0 +1,149 @@
+"""Communicator: this process' place in the world and lazily created torch.distributed groups.
+
+The launcher (torchrun or mpirun) tells each process its rank through the environment. The default
+process group is created on first use, once, with NCCL for CUDA and gloo for CPU, and every group gets
+a timeout so a rank that dies makes the others fail with an error instead of hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+#: Default collective timeout in seconds; override with ``PYFUSER_DIST_TIMEOUT``.
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchInfo:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    master_addr: str
+    master_port: int
+
+    @staticmethod
+    def from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> LaunchInfo:
+        """Read torchrun's ``RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE`` or mpirun's ``OMPI_COMM_WORLD_*``;
+        a process started by neither is rank 0 of a world of 1."""
+        def get(*names: str, default: str) -> str:
+            for name in names:
+                if name in env:
+                    return env[name]
+            return default
+
+        values = {
+            "rank": get("RANK", "OMPI_COMM_WORLD_RANK", default="0"),
+            "size": get("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", default="1"),
+            "local_rank": get("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default="0"),
+            "local_size": get("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default="1"),
+            "master_port": get("MASTER_PORT", default="29500"),
+        }
+        parsed: dict[str, int] = {}
+        for key, raw in values.items():
+            try:
+                parsed[key] = int(raw)
+            except ValueError:
+                raise ValueError(f"launcher environment: {key} must be an integer, got {raw!r}") from None
+        if not 0 <= parsed["rank"] < parsed["size"]:
+            raise ValueError(f"launcher environment: rank {parsed['rank']} is outside a world of size {parsed['size']}")
+        return LaunchInfo(master_addr=get("MASTER_ADDR", default="127.0.0.1"), **parsed)
+
+
+class Communicator:
+    """The process-wide communicator (``Communicator.instance()``)."""
+
+    _instance: Communicator | None = None
+
+    def __init__(self, info: LaunchInfo | None = None, backend: str | None = None,
+                 timeout_s: float | None = None) -> None:
+        self.info = info or LaunchInfo.from_env()
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"Communicator backend must be 'nccl' or 'gloo', got {backend!r}")
+        self.backend = backend
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("PYFUSER_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+    @classmethod
+    def instance(cls) -> Communicator:
+        if cls._instance is None:
+            cls._instance = Communicator()
+        return cls._instance
+
+    # --- who am I -------------------------------------------------------------------------------
+    def rank(self) -> int:
+        return self.info.rank
+
+    def size(self) -> int:
+        return self.info.size
+
+    def local_rank(self) -> int:
+        return self.info.local_rank
+
+    def local_size(self) -> int:
+        return self.info.local_size
+
+    @property
+    def is_available(self) -> bool:
+        """True when more than one process takes part (or a group was already initialized)."""
+        return self.info.size > 1 or dist.is_initialized()
+
+    def device(self) -> torch.device:
+        """This rank's device: ``cuda:local_rank`` under NCCL, else the CPU."""
+        if self.backend == "nccl":
+            return torch.device("cuda", self.info.local_rank % max(torch.cuda.device_count(), 1))
+        return torch.device("cpu")
+
+    # --- groups -------------------------------------------------------------------------------
+    def _ensure_initialized(self) -> None:
+        if dist.is_initialized():
+            return
+        os.environ.setdefault("MASTER_ADDR", self.info.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(self.info.master_port))
+        kwargs: dict[str, object] = {}
+        if self.backend == "nccl":
+            device = self.device()
+            torch.cuda.set_device(device)
+            kwargs["device_id"] = device
+        dist.init_process_group(self.backend, rank=self.info.rank, world_size=self.info.size,
+                                timeout=self.timeout, **kwargs)
+
+    def group(self, team: Sequence[int]) -> dist.ProcessGroup:
+        """The process group of ``team`` (whole world: the default group). Only members call this:
+        sub-groups synchronize locally, so ranks outside a team never block on its creation."""
+        key = tuple(sorted(team))
+        if any(not 0 <= r < self.info.size for r in key):
+            raise ValueError(f"team {list(team)} names ranks outside the world of {self.info.size} processes")
+        if self.info.rank not in key:
+            raise ValueError(f"rank {self.info.rank} asked for the group of team {list(key)} it is not in")
+        self._ensure_initialized()
+        if key == tuple(range(self.info.size)):
+            return dist.group.WORLD  # type: ignore[return-value]
+        if key not in self._groups:
+            self._groups[key] = dist.new_group(list(key), timeout=self.timeout, use_local_synchronization=True)
+        return self._groups[key]
+
+    def barrier(self) -> None:
+        self._ensure_initialized()
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device().index])
+        else:
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        """Destroy the groups this communicator created (call once at the end of a program)."""
+        if dist.is_initialized():
+            self.barrier()  # no rank tears down its groups while a peer still talks to it
+            dist.destroy_process_group()
+        self._groups.clear()
+        Communicator._instance = None

@@ -1,0 +1,99 @@
+"""DTensor interop: run a single-device definition on ``torch.distributed.tensor.DTensor`` inputs.
+
+``DTensorFusion(define)`` takes a function that defines a fusion with global shapes (``define(fd)``
+declares inputs, ops and outputs). Called with DTensors, it places every input on the DTensor's mesh and
+shards it as its placements say -- ``Shard(d)`` is ``outer_split(d, mesh size)`` parallelized on the mesh
+axis (``mesh_x`` for the last one), ``Replicate()`` is nothing -- propagates shardings to the outputs, runs
+on the local shards and wraps the local outputs back into DTensors. One definition is built per
+combination of input placements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
+
+from pyfuser.frontend import FusionDefinition
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.multidevice.device_mesh import DeviceMesh
+from pyfuser.multidevice.sharding import shard, sharding_of, tensor_dim
+from pyfuser.preseg.propagate_shardings import propagate_shardings
+
+PlacementKey = tuple[tuple[str, ...], ...]
+
+
+class DTensorFusion:
+    def __init__(self, define: Callable[[FusionDefinition], None]) -> None:
+        self.define = define
+        self._built: dict[tuple[Any, ...], FusionDefinition] = {}
+
+    def __call__(self, *inputs: DTensor) -> list[DTensor]:
+        for k, t in enumerate(inputs):
+            if not isinstance(t, DTensor):
+                raise TypeError(f"DTensorFusion input {k} must be a DTensor, got {type(t).__name__}")
+        torch_mesh = inputs[0].device_mesh
+        for k, t in enumerate(inputs):
+            if t.device_mesh != torch_mesh:
+                raise ValueError(f"DTensorFusion input {k} is on {t.device_mesh} but input 0 is on {torch_mesh}; "
+                                 "all inputs must share one device mesh")
+        key = (tuple(tuple(repr(p) for p in t.placements) for t in inputs),
+               tuple((t.dtype, t.dim()) for t in inputs))
+        fd = self._built.get(key)
+        if fd is None:
+            fd = self._build(inputs)
+            self._built[key] = fd
+        outputs = fd.execute([t.to_local() for t in inputs])
+        return [_wrap(local, tv, torch_mesh) for local, tv in zip(outputs, fd.fusion.outputs(), strict=True)]
+
+    def _build(self, inputs: tuple[DTensor, ...]) -> FusionDefinition:
+        fd = FusionDefinition()
+        self.define(fd)
+        tvs = [v for v in fd.fusion.inputs() if isinstance(v, TensorView)]
+        if len(tvs) != len(inputs):
+            raise ValueError(f"the definition declares {len(tvs)} tensor inputs but {len(inputs)} DTensors were "
+                             "passed")
+        mesh = DeviceMesh(inputs[0].device_mesh.mesh)
+        for tv, t in zip(tvs, inputs, strict=True):
+            tv.set_device_mesh(mesh)
+            shard(tv, _axes_of(tv, t.placements, mesh))
+        for out in fd.fusion.outputs():
+            if out.device_mesh is None:
+                out.set_device_mesh(mesh)  # type: ignore[attr-defined]
+        propagate_shardings(fd.fusion)  # outputs' shardings decide the returned placements
+        return fd
+
+
+def _axes_of(tv: TensorView, placements: tuple[Placement, ...], mesh: DeviceMesh) -> dict[int, Any]:
+    ptypes = mesh.parallel_types()  # outermost mesh axis first
+    axes: dict[int, Any] = {}
+    logical = [p for p, i in enumerate(tv.get_logical_domain()) if not i.is_reduction]
+    for mesh_axis, placement in enumerate(placements):
+        if isinstance(placement, Shard):
+            axis = logical[placement.dim % tv.ndim]
+            if axis in axes:
+                raise ValueError(f"{tv.short_name} axis {axis} is sharded over two mesh axes; one is supported")
+            axes[axis] = ptypes[mesh_axis]
+        elif not isinstance(placement, Replicate):
+            raise ValueError(f"{tv.short_name}: placement {placement} on mesh axis {mesh_axis} is not supported "
+                             "(only Shard(d) and Replicate())")
+    return axes
+
+
+def _wrap(local: torch.Tensor, tv: TensorView, torch_mesh: Any) -> DTensor:
+    sharding = sharding_of(tv)
+    mesh = sharding.mesh
+    placements: list[Placement] = [Replicate() for _ in range(torch_mesh.ndim)]
+    shape = list(local.shape)
+    if mesh is not None:
+        for axis, ptype in sharding.axes.items():
+            if tv.get_logical_domain()[axis].is_reduction:
+                continue
+            dim = tensor_dim(tv, axis)
+            placements[mesh.axis_of(ptype)] = Shard(dim)
+            shape[dim] *= mesh.size_of(ptype)
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, torch_mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride)

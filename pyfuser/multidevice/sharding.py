@@ -1,0 +1,209 @@
+"""How a TensorView is sharded over its DeviceMesh, and moving between global and local shapes.
+
+Semantics (global SPMD): shapes in a definition are global. A logical axis is *sharded* on a device
+parallel type ``P`` when the tensor's allocation domain (or, when the allocation domain has no device
+IDs, its loop domain) holds either
+
+* the logical ID itself parallelized on ``P`` -- its extent must equal the mesh size along ``P``, and each
+  rank holds one element of it (seed 004's ``x[S, D, M/(S*D), K]``), or
+* the outer output of ``outer_split(axis, d)`` parallelized on ``P``, with ``d`` the mesh size along
+  ``P`` -- each rank holds ``extent / d`` contiguous elements.
+
+A sharded *reduction* ID marks partial results: every rank holds the reduction over its slice only,
+and a communication must combine them (Allreduce / ReduceScatter / Reduce).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from pyfuser.ir.iter_domain import IterDomain, ParallelType, Split
+from pyfuser.ir.symbolic import SymExpr
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.multidevice.device_mesh import DeviceMesh
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """Mesh plus ``{logical position (reductions included): device parallel type}``."""
+
+    mesh: DeviceMesh | None
+    axes: Mapping[int, ParallelType] = field(default_factory=dict)
+
+    @property
+    def is_sharded(self) -> bool:
+        return bool(self.axes)
+
+    def axis_of(self, ptype: ParallelType) -> int | None:
+        return next((a for a, p in self.axes.items() if p is ptype), None)
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"axis {a} on {p}" for a, p in sorted(self.axes.items()))
+        return f"{self.mesh} [{parts or 'replicated'}]"
+
+
+def device_ids(tv: TensorView) -> list[IterDomain]:
+    """Device-parallel IDs that define ``tv``'s sharding (allocation first, else loop)."""
+    if tv.has_allocation_domain():
+        in_allocation = [i for i in tv.get_allocation_domain() if i.is_device_dim]
+        if in_allocation:
+            return in_allocation
+    return [i for i in tv.get_loop_domain() if i.is_device_dim]
+
+
+def sharding_of(tv: TensorView) -> Sharding:
+    """Read ``tv``'s sharding from its domains; ValueError when a device ID is not a shard of one axis."""
+    logical = tv.get_logical_domain()
+    position = {id(i): pos for pos, i in enumerate(logical)}
+    axes: dict[int, ParallelType] = {}
+    for i in device_ids(tv):
+        ptype = i.parallel_type
+        where = f"{tv.short_name} ({i})"
+        if tv.device_mesh is None:
+            raise ValueError(f"{where} is parallelized on {ptype} but {tv.short_name} has no device mesh; "
+                             "call set_device_mesh first")
+        size = tv.device_mesh.size_of(ptype)
+        if id(i) in position:
+            axis = position[id(i)]
+            if i.extent.is_const and i.extent.value != size:
+                raise ValueError(f"{tv.short_name} axis {axis} ({i}) is parallelized on {ptype} directly, so its "
+                                 f"extent must equal the mesh size {size} along {ptype}; got {i.extent} (use "
+                                 f"outer_split({axis}, {size}) and parallelize the outer ID instead)")
+        else:
+            split = i.definition
+            if not (isinstance(split, Split) and not split.inner_split and split.outer is i
+                    and id(split.in_id) in position):
+                raise ValueError(f"{where} is parallelized on {ptype} but is not a logical ID nor the outer ID of "
+                                 "an outer split of one; shard an axis with outer_split(axis, mesh size) and "
+                                 "parallelize the outer ID")
+            axis = position[id(split.in_id)]
+            if split.factor.value != size:
+                raise ValueError(f"{tv.short_name} axis {axis}: device split factor {split.factor} must equal the "
+                                 f"mesh size {size} along {ptype} of {tv.device_mesh}")
+        if axis in axes:
+            raise ValueError(f"{tv.short_name} axis {axis} is sharded on both {axes[axis]} and {ptype}")
+        axes[axis] = ptype
+    return Sharding(tv.device_mesh, axes)
+
+
+def shard(tv: TensorView, axes: Mapping[int, ParallelType]) -> None:
+    """Make ``tv`` sharded on ``axes`` (logical positions) by outer-splitting its loop IDs by the mesh size.
+
+    ``tv`` must have a mesh and an unparallelized loop domain equal to its logical domain on those axes.
+    """
+    mesh = tv.device_mesh
+    if mesh is None:
+        raise ValueError(f"{tv.short_name} has no device mesh to shard over")
+    logical = tv.get_logical_domain()
+    for axis, ptype in sorted(axes.items(), reverse=True):
+        target = logical[axis]
+        pos = tv.loop_position(target)
+        if pos < 0:
+            raise ValueError(f"{tv.short_name} axis {axis} ({target}) is not in the loop domain; cannot shard it")
+        size = mesh.size_of(ptype)
+        if target.extent.value == size and not target.is_reduction:
+            target.parallelize(ptype)
+        else:
+            tv.outer_split(pos, size)
+            tv.axis(pos).parallelize(ptype)
+
+
+def clear_device_parallelization(tv: TensorView) -> None:
+    for i in tv.get_loop_domain():
+        if i.is_device_dim:
+            i.parallel_type = ParallelType.serial
+
+
+# --- local shapes ------------------------------------------------------------------------------------
+def local_extent(global_extent: int, tv: TensorView, axis: int, ptype: ParallelType) -> int:
+    mesh = tv.device_mesh
+    if mesh is None:
+        raise ValueError(f"{tv.short_name} axis {axis} is parallelized on {ptype} but {tv.short_name} has no device mesh")
+    size = mesh.size_of(ptype)
+    if global_extent % size:
+        raise ValueError(f"{tv.short_name} axis {axis} has extent {global_extent}, which is not divisible by the "
+                         f"{size} ranks of {mesh} along {ptype}")
+    return global_extent // size
+
+
+def local_sizes(tv: TensorView, env: Mapping[str, int]) -> list[int]:
+    """Sizes of this rank's piece of ``tv`` (reductions dropped), from bound global extents."""
+    sharding = sharding_of(tv)
+    sizes = []
+    for axis, i in enumerate(tv.get_logical_domain()):
+        if i.is_reduction:
+            continue
+        extent = i.extent.evaluate(env)
+        ptype = sharding.axes.get(axis)
+        sizes.append(local_extent(extent, tv, axis, ptype) if ptype is not None else extent)
+    return sizes
+
+
+def shard_tensor(tensor: torch.Tensor, tv: TensorView, rank: int | None = None) -> torch.Tensor:
+    """A full (global) tensor -> ``rank``'s (default: this process') shard, by ``tv``'s mesh and sharding."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"shard_tensor expects a torch.Tensor, got {type(tensor).__name__}")
+    sharding = sharding_of(tv)
+    if tensor.dim() != tv.ndim:
+        raise ValueError(f"shard_tensor: {tv.short_name} has rank {tv.ndim} but the tensor has rank {tensor.dim()}")
+    if not sharding.is_sharded:
+        return tensor
+    if rank is None:
+        from pyfuser.multidevice.communicator import Communicator
+
+        rank = Communicator.instance().rank()
+    mesh = sharding.mesh
+    if mesh is None or rank not in mesh:
+        raise ValueError(f"shard_tensor: rank {rank} is not in {tv.short_name}'s {mesh}; it holds no shard")
+    dims = _non_reduction_dims(tv)
+    for axis, ptype in sharding.axes.items():
+        dim = dims[axis]
+        if dim is None:
+            continue
+        parts = mesh.size_of(ptype)
+        local_extent(tensor.shape[dim], tv, axis, ptype)  # divisibility check with a clear message
+        tensor = tensor.chunk(parts, dim)[mesh.index(rank, ptype)]
+    return tensor.contiguous()
+
+
+def _non_reduction_dims(tv: TensorView) -> dict[int, int | None]:
+    """Logical position -> dim of the materialized tensor (None for reduction IDs)."""
+    result: dict[int, int | None] = {}
+    dim = 0
+    for pos, i in enumerate(tv.get_logical_domain()):
+        if i.is_reduction:
+            result[pos] = None
+        else:
+            result[pos] = dim
+            dim += 1
+    return result
+
+
+def tensor_dim(tv: TensorView, axis: int) -> int:
+    """Dim of the materialized tensor for logical position ``axis`` (a non-reduction ID)."""
+    dim = _non_reduction_dims(tv)[axis]
+    if dim is None:
+        raise ValueError(f"{tv.short_name} axis {axis} is a reduction ID and has no tensor dim")
+    return dim
+
+
+def shard_factors(tv: TensorView) -> list[int]:
+    """Per non-reduction logical axis: how many ranks split it (1 when not sharded)."""
+    if tv.device_mesh is None:
+        return [1] * tv.ndim
+    sharding = sharding_of(tv)
+    factors = []
+    for axis, i in enumerate(tv.get_logical_domain()):
+        if not i.is_reduction:
+            ptype = sharding.axes.get(axis)
+            factors.append(tv.device_mesh.size_of(ptype) if ptype is not None else 1)
+    return factors
+
+
+def local_extents(tv: TensorView) -> list[SymExpr]:
+    """Symbolic extents of this rank's piece of ``tv`` (reductions dropped)."""
+    ids = tv.get_logical_domain(no_reductions=True)
+    return [i.extent if f == 1 else i.extent // f for i, f in zip(ids, shard_factors(tv), strict=True)]

@@ -1,0 +1,184 @@
+"""Pre-segmentation pass: split every expr that both communicates and computes.
+
+After this pass each expr is either *local* -- all its tensors on one mesh, each output axis sharded
+exactly like the input axes that map to it -- or a *communication*: a ``set`` whose input and output
+differ in mesh or sharding. The plan for one expr ``out = op(ins)``:
+
+1. Partial reductions. When every operand axis contracted into one reduction ID of ``out`` is sharded on
+   the same ``P`` (or unsharded, and then sliced locally), the op runs on the shards and produces partial
+   results: a copy of ``out`` whose reduction ID is sharded on ``P``. A following ``set`` combines them
+   (Allreduce, or ReduceScatter when ``out`` is sharded on ``P`` along another axis). This is the
+   row-parallel linear.
+2. Every input whose mesh or sharding differs from what the op needs to run locally gets a resharding
+   ``set`` in front (Allgather for sequence parallelism, a local slice when only the consumer is sharded,
+   Broadcast / SendRecv / Scatter between meshes).
+
+When a consumer loops over a stream-parallel ID, the inserted ``set`` is stream-parallelized on the mapped
+axis too, so stream lowering puts the communication of chunk ``i`` in the same host loop as the compute
+of chunk ``i``: the all-gather + GEMM pipeline of seed 004, or, when the loop runs over the sharded axis
+itself ("shard outermost"), a broadcast of rank ``i``'s shard in iteration ``i``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyfuser.ir.base import Expr
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import IterDomain, IterType, ParallelType
+from pyfuser.ir.ops import BinaryOp, BroadcastOp, LinearOp, LoadStoreOp, MatmulOp, ReductionOp, new_like, set_op
+from pyfuser.ir.tensor_domain import TensorDomain
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.multidevice.device_mesh import DeviceMesh
+from pyfuser.multidevice.sharding import shard, sharding_of
+from pyfuser.preseg.propagate_shardings import is_multidevice
+
+if TYPE_CHECKING:
+    from pyfuser.runtime.executor import CompileOptions
+
+#: Reductions whose partial results a collective can combine.
+PARTIAL_REDUCTIONS = frozenset({"sum", "max", "min", "prod", "mean"})
+
+
+def decompose_resharding(fusion: Fusion, options: CompileOptions | None = None) -> None:
+    if not is_multidevice(fusion):
+        return
+    for expr in fusion.exprs():
+        if isinstance(expr, LoadStoreOp) or not expr.tensor_outputs:
+            continue
+        _decompose(expr)
+
+
+def _decompose(expr: Expr) -> None:
+    out = expr.tensor_outputs[0]
+    out_axes = dict(sharding_of(out).axes)
+    partial, mesh = _partial_axes(expr, out)
+    if partial and isinstance(expr, LinearOp) and expr.has_bias:
+        expr, bias_add = _detach_bias(expr)
+        _decompose(expr)
+        _decompose(bias_add)
+        return
+    if mesh == out.device_mesh:
+        compute_axes = {a: p for a, p in out_axes.items() if p not in partial.values()} | partial
+    else:  # partial results stay on the operands' mesh; the communication moves them to out's
+        compute_axes = dict(partial)
+    for inp in _distinct(expr.tensor_inputs):
+        required = _required_input_axes(expr, inp, out, compute_axes)
+        if inp.device_mesh == mesh and dict(sharding_of(inp).axes) == required:
+            continue
+        expr.replace_input(inp, _resharded_copy(expr, inp, out, mesh, required))
+    if compute_axes != out_axes or mesh != out.device_mesh:
+        for old in expr.tensor_outputs:
+            new = _partial_copy(old, mesh, compute_axes)
+            expr.replace_output(old, new)
+            set_op(new, old)
+
+
+def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
+    """``out = linear(x, w, b)`` -> ``y = linear(x, w)``, ``out = y + broadcast(b)``: with partial sums
+    every rank would add the bias, so it is added once, after the reduction."""
+    fusion = linear.fusion
+    x, w, bias = linear.inputs
+    out = linear.output
+    for inp in (x, w, bias):
+        inp.uses[:] = [e for e in inp.uses if e is not linear]
+    reduced = _partial_copy(out, out.device_mesh, dict(sharding_of(out).axes))
+    bare = LinearOp(fusion, reduced, x, w, None)  # type: ignore[arg-type]
+    rank = len(reduced.get_logical_domain(no_reductions=True))
+    flags = [True] * (rank - 1) + [False]
+    bias_ids = [IterDomain(fusion, 1, IterType.Broadcast) for _ in range(rank - 1)]
+    bias_ids += [i.clone() for i in bias.get_logical_domain(no_reductions=True)]  # type: ignore[attr-defined]
+    broadcast_bias = TensorView(fusion, TensorDomain(bias_ids), bias.dtype)
+    broadcast_bias.set_device_mesh(out.device_mesh)  # type: ignore[arg-type]
+    BroadcastOp(fusion, broadcast_bias, bias, flags)  # type: ignore[arg-type]
+    out.definition = None
+    return bare, BinaryOp(fusion, "add", out, reduced, broadcast_bias)
+
+
+def _supports_partial(expr: Expr) -> bool:
+    if isinstance(expr, (LinearOp, MatmulOp)):
+        return True
+    return isinstance(expr, ReductionOp) and expr.op in PARTIAL_REDUCTIONS
+
+
+def _partial_axes(expr: Expr, out: TensorView) -> tuple[dict[int, ParallelType], DeviceMesh | None]:
+    """Reduction positions of ``out`` whose contracted operand axes are sharded on one device type (the
+    others unsharded), and the mesh the partial results are computed on: the sharded operands' mesh,
+    else ``out``'s."""
+    if not _supports_partial(expr):
+        return {}, out.device_mesh
+    partial: dict[int, ParallelType] = {}
+    meshes: set[DeviceMesh | None] = set()
+    for pos, rid in enumerate(out.get_logical_domain()):
+        if not rid.is_reduction:
+            continue
+        sources = [(inp, sharding_of(inp).axes.get(axis)) for inp in expr.tensor_inputs
+                   for axis, pid in enumerate(inp.get_logical_domain()) if expr.logical_map(inp).get(pid) is rid]
+        sharded = {(inp.device_mesh, ptype) for inp, ptype in sources if ptype is not None}
+        if len(sharded) == 1:
+            ((source_mesh, ptype),) = sharded
+            if ptype not in partial.values():
+                partial[pos] = ptype
+                meshes.add(source_mesh)
+    if len(meshes) != 1:
+        return {}, out.device_mesh
+    return partial, meshes.pop()
+
+
+def _required_input_axes(expr: Expr, inp: TensorView, out: TensorView,
+                         compute_axes: dict[int, ParallelType]) -> dict[int, ParallelType]:
+    """Sharding ``inp`` needs so that ``expr`` runs on local shards and produces ``compute_axes``."""
+    out_pos = {id(i): p for p, i in enumerate(out.get_logical_domain())}
+    mapping = expr.logical_map(inp)
+    required: dict[int, ParallelType] = {}
+    for axis, pid in enumerate(inp.get_logical_domain()):
+        target = mapping.get(pid)
+        if target is None or pid.is_broadcast:
+            continue
+        ptype = compute_axes.get(out_pos[id(target)])
+        if ptype is not None:
+            required[axis] = ptype
+    return required
+
+
+def _resharded_copy(expr: Expr, inp: TensorView, out: TensorView, mesh: DeviceMesh | None,
+                    axes: dict[int, ParallelType]) -> TensorView:
+    """``copy = set(inp)`` on ``mesh``, sharded on ``axes`` and stream-parallel where ``out`` is."""
+    copy = new_like(inp)
+    copy.set_device_mesh(mesh)  # type: ignore[arg-type]
+    shard(copy, axes)
+    stream_axis = _mapped_stream_axis(expr, inp, out)
+    if stream_axis is not None and stream_axis not in axes and _chunkable(inp, stream_axis):
+        copy.get_logical_domain()[stream_axis].parallelize(ParallelType.stream)
+    set_op(inp, copy)
+    return copy
+
+
+def _chunkable(inp: TensorView, axis: int) -> bool:
+    """A stream loop can take ``inp``'s ``axis`` chunk by chunk: it is not sharded, or it is sharded one
+    element per rank (iteration ``i`` then broadcasts rank ``i``'s shard)."""
+    return axis not in sharding_of(inp).axes or inp.get_logical_domain()[axis].is_device_dim
+
+
+def _mapped_stream_axis(expr: Expr, inp: TensorView, out: TensorView) -> int | None:
+    stream = next((i for i in out.get_loop_domain() if i.is_stream), None)
+    if stream is None or stream not in out.get_logical_domain():
+        return None
+    for axis, pid in enumerate(inp.get_logical_domain(no_reductions=True)):
+        if expr.logical_map(inp).get(pid) is stream:
+            return axis
+    return None
+
+
+def _partial_copy(tv: TensorView, mesh: DeviceMesh | None, axes: dict[int, ParallelType]) -> TensorView:
+    """A fresh tensor with ``tv``'s full logical domain (reductions kept), on ``mesh``, sharded on ``axes``."""
+    logical: list[IterDomain] = [i.clone() for i in tv.get_logical_domain()]
+    copy = TensorView(tv.fusion, TensorDomain(logical), tv.dtype)
+    copy.set_device_mesh(mesh)  # type: ignore[arg-type]
+    shard(copy, axes)
+    return copy
+
+
+def _distinct(tvs: list[TensorView]) -> list[TensorView]:
+    seen: set[int] = set()
+    return [t for t in tvs if not (id(t) in seen or seen.add(id(t)))]  # type: ignore[func-returns-value]

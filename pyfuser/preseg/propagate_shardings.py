@@ -1,0 +1,100 @@
+"""Pre-segmentation pass: give every tensor of a multi-device fusion a mesh and a sharding.
+
+Meshes flow forward from producers to consumers, then backward to unplaced inputs. Shardings flow
+forward through each expr's logical ID map: an output axis is sharded on ``P`` when the input axis that
+maps to it is. For linear and matmul the weight (``b``) goes first, as nvFuser does, so a column-parallel
+weight decides the output's sharding and the activation is gathered to match; other operands then fill
+the device parallel types still unused (data parallelism over a batch axis, say). A reduced axis does not
+propagate: the result of reducing a sharded axis is replicated, and ``decompose_resharding`` inserts the
+communication that makes it so.
+
+User annotations win: a tensor whose loop domain the user transformed or parallelized keeps it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyfuser.ir.base import Expr
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.ops import LinearOp, MatmulOp
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.multidevice.sharding import shard, sharding_of
+
+if TYPE_CHECKING:
+    from pyfuser.runtime.executor import CompileOptions
+
+
+def is_multidevice(fusion: Fusion) -> bool:
+    return any(tv.device_mesh is not None for tv in fusion.tensors())
+
+
+def propagate_shardings(fusion: Fusion, options: CompileOptions | None = None) -> None:
+    if not is_multidevice(fusion):
+        return
+    from pyfuser.multidevice.communicator import Communicator
+    from pyfuser.multidevice.executor import check_meshes_fit
+
+    check_meshes_fit(fusion, Communicator.instance().size())
+    exprs = fusion.exprs()
+    _propagate_meshes(exprs)
+    for tv in fusion.tensors():
+        if tv.device_mesh is None:
+            raise ValueError(f"{tv.short_name} is not connected to any tensor with a device mesh; give it one with "
+                             "set_device_mesh")
+        sharding_of(tv)  # validate every annotation once, with a clear message
+    for expr in exprs:
+        for out in expr.tensor_outputs:
+            if not user_scheduled(out):
+                shard(out, _propagated_axes(expr, out))
+
+
+def user_scheduled(tv: TensorView) -> bool:
+    """True when the loop domain differs from the logical domain or has a parallelized ID."""
+    loop, logical = tv.get_loop_domain(), tv.get_logical_domain()
+    if len(loop) != len(logical) or any(a is not b for a, b in zip(loop, logical, strict=True)):
+        return True
+    return any(i.parallel_type is not ParallelType.serial for i in loop)
+
+
+def _propagate_meshes(exprs: list[Expr]) -> None:
+    for expr in exprs:
+        placed = [t for t in _reference_order(expr) if t.device_mesh is not None]
+        for out in expr.tensor_outputs:
+            if out.device_mesh is None and placed:
+                out.set_device_mesh(placed[0].device_mesh)  # type: ignore[arg-type]
+    for expr in reversed(exprs):
+        placed = [t for t in expr.tensor_outputs if t.device_mesh is not None]
+        for inp in expr.tensor_inputs:
+            if inp.device_mesh is None and placed:
+                inp.set_device_mesh(placed[0].device_mesh)  # type: ignore[arg-type]
+
+
+def _reference_order(expr: Expr) -> list[TensorView]:
+    """Inputs in the order their shardings are followed: the weight first for linear / matmul."""
+    inputs = expr.tensor_inputs
+    if isinstance(expr, (LinearOp, MatmulOp)):
+        return [inputs[1], inputs[0], *inputs[2:]]
+    return inputs
+
+
+def _propagated_axes(expr: Expr, out: TensorView) -> dict[int, ParallelType]:
+    first = expr.tensor_outputs[0]
+    first_pos = {id(i): p for p, i in enumerate(first.get_logical_domain())}
+    out_ids = out.get_logical_domain()
+    axes: dict[int, ParallelType] = {}
+    for inp in _reference_order(expr):
+        if inp.device_mesh != out.device_mesh:
+            continue
+        mapping = expr.logical_map(inp)
+        in_ids = inp.get_logical_domain()
+        for axis, ptype in sharding_of(inp).axes.items():
+            target = mapping.get(in_ids[axis])
+            if target is None or ptype in axes.values():
+                continue
+            pos = first_pos[id(target)]  # multi-output ops (var_mean) share one shape
+            if pos >= len(out_ids) or pos in axes or out_ids[pos].is_reduction or out_ids[pos].is_broadcast:
+                continue
+            axes[pos] = ptype
+    return axes

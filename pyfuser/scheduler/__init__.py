@@ -1,0 +1,1 @@
+"""Schedulers and the utilities they share (input caches, reduction classification)."""

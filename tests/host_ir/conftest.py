@@ -1,0 +1,56 @@
+"""Fixtures for Host IR tests: run a fusion and capture the Host IR it compiled to."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from pyfuser import FusionDefinition
+
+RunDumped = Callable[..., tuple[list[torch.Tensor], str]]
+
+_NUMBERS = [
+    (re.compile(r"\bT\d+_"), "T?_"),
+    (re.compile(r"\b([irb])(S|StreamIdx|deviceIdx\.[xyz])\d+\{"), r"\1\2?{"),
+    (re.compile(r"\bi\d+\b"), "i?"),
+    (re.compile(r"\bStream \d+"), "Stream ?"),
+]
+
+
+def normalize_dump(text: str) -> list[str]:
+    """Dump lines without indentation and with T / ID / extent / stream numbers replaced by ``?``."""
+    lines = []
+    for line in text.strip().splitlines():
+        line = line.strip()
+        for pattern, repl in _NUMBERS:
+            line = pattern.sub(repl, line)
+        if line:
+            lines.append(line)
+    return lines
+
+
+@pytest.fixture
+def run_dumped(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> RunDumped:
+    """``run(fd, inputs, **execute_kwargs) -> (outputs, host IR dump)``; the fusion must compile anew."""
+
+    def run(fd: FusionDefinition, inputs: Sequence[Any], **kwargs: Any) -> tuple[list[torch.Tensor], str]:
+        capsys.readouterr()
+        monkeypatch.setenv("PYFUSER_DUMP", "host_ir")
+        try:
+            outputs = fd.execute(inputs, **kwargs)
+        finally:
+            monkeypatch.delenv("PYFUSER_DUMP")
+        text = capsys.readouterr().out
+        assert "%HostIrContainer" in text, "the fusion was not compiled by this call"
+        return outputs, text
+
+    return run
+
+
+@pytest.fixture
+def normalize() -> Callable[[str], list[str]]:
+    return normalize_dump

@@ -1,0 +1,111 @@
+"""Schedules stream lowering cannot honour: a ValueError naming the tensor, the axis and what was expected."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyfuser import FusionDefinition
+from pyfuser.ir.iter_domain import ParallelType
+
+STREAM = ParallelType.stream
+
+
+def _pointwise() -> tuple[FusionDefinition, object, object]:
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    t1 = fd.ops.relu(t0)
+    fd.add_output(t1)
+    return fd, t0, t1
+
+
+def test_two_stream_ids_in_one_loop_domain():
+    fd, _, t1 = _pointwise()
+    t1.axis(0).parallelize(STREAM)
+    with pytest.raises(ValueError, match=r"T1 axis 1 cannot be parallelized on stream: axis 0"):
+        t1.axis(1).parallelize(STREAM)
+    # Bypassing the schedule API (e.g. a loop domain built elsewhere) is caught at lowering.
+    t1.axis(1).parallel_type = STREAM
+    with pytest.raises(ValueError, match=r"T1 has 2 stream-parallel loop IDs \(axis 0 .*, axis 1 .*\)"):
+        fd.execute([torch.randn(2, 3)])
+
+
+def test_stream_on_reduction_id():
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    t1 = fd.ops.sum(t0, [1])
+    fd.add_output(t1)
+    with pytest.raises(ValueError, match=r"T1 axis 1 \(rS\d+\{i1\}\) is a reduction ID"):
+        t1.axis(1).parallelize(STREAM)
+    t1.axis(1).parallel_type = STREAM
+    with pytest.raises(ValueError, match=r"T1 axis 1 \(rStreamIdx\d+\{i1\}\) is a reduction ID parallelized on stream"):
+        fd.execute([torch.randn(2, 3)])
+
+
+def test_stream_ids_that_neither_map_nor_nest():
+    fd, t0, t1 = _pointwise()
+    t0.axis(0).parallelize(STREAM)  # the input asks for row chunks of relu's loop ...
+    t1.axis(1).parallelize(STREAM)  # ... its output for column chunks
+    with pytest.raises(ValueError, match=r"neither map nor nest: T1 axis 1 .* but T0 axis 0"):
+        fd.execute([torch.randn(2, 3)])
+
+
+def test_stream_split_differently_on_input_and_output():
+    fd, t0, t1 = _pointwise()
+    t0.outer_split(0, 2)
+    t0.axis(0).parallelize(STREAM)
+    t1.outer_split(0, 3)
+    t1.axis(0).parallelize(STREAM)
+    with pytest.raises(ValueError, match=r"neither map nor nest: T1 axis 0 \(iStreamIdx\d+\{3\}\) iterates 3 chunks"):
+        fd.execute([torch.randn(6, 3)])
+
+
+def test_stream_input_axis_reduced_by_consumer():
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    t1 = fd.ops.sum(t0, [0])
+    fd.add_output(t1)
+    t0.axis(0).parallelize(STREAM)
+    with pytest.raises(ValueError, match=r"T0 axis 0 .* its consumer T1 \(ReductionOp\) maps it to the reduction ID"):
+        fd.execute([torch.randn(4, 3)])
+
+
+def test_stream_on_merged_or_inner_split_id():
+    fd, _, t1 = _pointwise()
+    t1.merge(0)
+    t1.axis(0).parallelize(STREAM)
+    with pytest.raises(ValueError, match=r"T1 axis 0 \(iStreamIdx\d+\{\( i0 \* i1 \)\}\) is produced by a merge"):
+        fd.execute([torch.randn(2, 3)])
+    fd, _, t1 = _pointwise()
+    t1.split(0, 2)
+    t1.axis(1).parallelize(STREAM)
+    with pytest.raises(ValueError, match=r"T1 axis 1 \(iStreamIdx\d+\{2\}\) is the inner output of a split"):
+        fd.execute([torch.randn(4, 3)])
+
+
+@pytest.mark.parametrize("op", ["reshape", "cat", "pad", "slice"])
+def test_op_that_cannot_run_chunk_wise(op):
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([4, 6])
+    if op == "reshape":
+        out = fd.ops.reshape(t0, [6, 4])
+    elif op == "cat":
+        out = fd.ops.cat([t0, t0], 0)
+    elif op == "pad":
+        out = fd.ops.pad(t0, [1, 1])
+    else:
+        out = fd.ops.slice(t0, [0, 0], [2, 6])
+    fd.add_output(out)
+    out.axis(0).parallelize(STREAM)
+    with pytest.raises(ValueError, match=r"T1 axis 0 .* is computed by \w+Op, which cannot run chunk-wise"):
+        fd.execute([torch.randn(4, 6)])
+
+
+def test_bad_number_of_streams(monkeypatch):
+    fd, _, _t1 = _pointwise()
+    monkeypatch.setenv("PYFUSER_NUM_STREAMS", "zero")
+    with pytest.raises(ValueError, match="PYFUSER_NUM_STREAMS must be a positive integer, got 'zero'"):
+        fd.execute([torch.randn(2, 3)])
+    monkeypatch.setenv("PYFUSER_NUM_STREAMS", "0")
+    with pytest.raises(ValueError, match="numberOfStreams must be a positive int, got 0"):
+        fd.execute([torch.randn(2, 3)])

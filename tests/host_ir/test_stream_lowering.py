@@ -1,0 +1,194 @@
+"""Stream loops past the seed: outer / inner splits (non-divisible too), propagation from inputs,
+pointwise chains with broadcasts, reductions, layouts; results always compared with torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyfuser import FusionDefinition
+from pyfuser.ir.iter_domain import ParallelType
+
+STREAM = ParallelType.stream
+
+
+def _fors(dump: str) -> list[str]:
+    return [x.strip() for x in dump.splitlines() if x.strip().startswith("FOR ")]
+
+
+@pytest.mark.parametrize(("rows", "chunks"), [(7, 3), (6, 3), (5, 4), (2, 3), (0, 2)])
+def test_outer_split_stream_chunks(rows, chunks, device, run_dumped):
+    """c iterations over ceilDiv(n, c) rows; the last chunk is smaller or empty (then skipped)."""
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    t1 = fd.ops.exp(t0)
+    t2 = fd.ops.mul(t1, 2.0)
+    fd.add_output(t2)
+    for t in (t1, t2):
+        t.outer_split(0, chunks)
+        t.axis(0).parallelize(STREAM)
+    x = torch.randn(rows, 3, device=device)
+    (out,), dump = run_dumped(fd, [x])
+    torch.testing.assert_close(out, torch.exp(x) * 2.0)
+    assert len(_fors(dump)) == 1
+    assert "iStreamIdx" in _fors(dump)[0] and f"{{{chunks}}}" in _fors(dump)[0]
+    assert f"( ceilDiv(i0, {chunks}) )" in dump
+
+
+def test_inner_split_stream_chunks(device, run_dumped):
+    """The outer ID of an inner split: ceilDiv(n, f) iterations of f rows each."""
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    t1 = fd.ops.neg(t0)
+    fd.add_output(t1)
+    t1.split(1, 4)
+    t1.axis(1).parallelize(STREAM)
+    x = torch.randn(3, 10, device=device)
+    (out,), dump = run_dumped(fd, [x])
+    torch.testing.assert_close(out, -x)
+    assert "FOR StreamIdx in iStreamIdx" in dump and "{( ceilDiv(i1, 4) )}:" in dump
+
+
+def test_stream_on_input_puts_consumers_in_the_loop(device, run_dumped):
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    t1 = fd.define_tensor([1, -1])  # broadcast row: read whole in every iteration
+    t2 = fd.ops.add(t0, t1)
+    t3 = fd.ops.sum(t0, [1])
+    fd.add_output(t2)
+    fd.add_output(t3)
+    t0.outer_split(0, 2)
+    t0.axis(0).parallelize(STREAM)
+    x, row = torch.randn(5, 4, device=device), torch.randn(1, 4, device=device)
+    (out, total), dump = run_dumped(fd, [x, row])
+    torch.testing.assert_close(out, x + row)
+    torch.testing.assert_close(total, x.sum(1))
+    assert len(_fors(dump)) == 1  # both consumers map T0's stream axis: one loop
+    assert dump.count("HirAliasSelect( T0_") == 1
+    assert "HirAliasSelect( T1_" not in dump
+
+
+def test_non_stream_consumer_closes_loop_and_reads_whole(device, run_dumped):
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    t1 = fd.ops.relu(t0)
+    t2 = fd.ops.sum(t1, [0])  # reduces over the stream axis: needs all of t1
+    t3 = fd.ops.add(t1, t2)
+    fd.add_output(t3)
+    t1.axis(0).parallelize(STREAM)
+    t3.axis(0).parallelize(STREAM)
+    x = torch.randn(6, 3, device=device)
+    (out,), dump = run_dumped(fd, [x])
+    torch.testing.assert_close(out, torch.relu(x) + torch.relu(x).sum(0))
+    assert len(_fors(dump)) == 2
+    allocs = [line for line in dump.splitlines() if "ALLOCATE" in line]
+    assert len(allocs) == 2 and not any("numberOfStreams" in line for line in allocs)  # t1 read outside: whole
+
+
+def test_reduction_in_loop_keeps_positions(device, run_dumped):
+    """Chunks keep the selected dim at run time, so reduction axes stay valid."""
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1, -1])
+    t1 = fd.ops.sum(t0, [2])
+    t2 = fd.ops.mul(t1, t1)
+    fd.add_output(t2)
+    for t in (t1, t2):
+        t.axis(1).parallelize(STREAM)
+    x = torch.randn(2, 5, 3, device=device)
+    (out,), dump = run_dumped(fd, [x])
+    torch.testing.assert_close(out, x.sum(2) ** 2)
+    assert len(_fors(dump)) == 1
+
+
+def test_permuted_input_and_required_output_layout(device, run_dumped):
+    x = torch.randn(4, 6, device=device).t()  # [6, 4], column-major
+    fd = FusionDefinition()
+    t0 = fd.from_pytorch(x)
+    t1 = fd.ops.sigmoid(t0)
+    fd.add_output(t1, stride_order=[0, 1])  # column-major output required
+    t1.outer_split(1, 3)
+    t1.axis(1).parallelize(STREAM)
+    (out,), _ = run_dumped(fd, [x])
+    torch.testing.assert_close(out, torch.sigmoid(x))
+    assert out.stride() == (1, 6)
+
+
+def test_set_of_input_never_aliases_it(device):
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1])
+    fd.add_output(fd.ops.set(t0))
+    x = torch.randn(5, device=device)
+    (out,) = fd.execute([x])
+    assert out.data_ptr() != x.data_ptr()
+    torch.testing.assert_close(out, x, rtol=0, atol=0)
+
+
+def test_full_and_expand_run_chunk_wise(device, run_dumped):
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([1, -1])
+    n = fd.define_scalar(dtype=torch.int64)
+    t1 = fd.ops.expand(t0, [n, -1])
+    t2 = fd.ops.full([n, 3], 1.5, dtype=torch.float32)
+    t3 = fd.ops.add(t1, 1.0)
+    fd.add_output(t3)
+    fd.add_output(t2)
+    for t in (t1, t3):
+        t.outer_split(0, 2)
+        t.axis(0).parallelize(STREAM)
+    t2.axis(0).parallelize(STREAM)
+    row = torch.randn(1, 3, device=device)
+    (out, filled), dump = run_dumped(fd, [row, 5])
+    torch.testing.assert_close(out, row.expand(5, 3) + 1.0)
+    torch.testing.assert_close(filled, torch.full((5, 3), 1.5, device=device))
+    assert len(_fors(dump)) == 2
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=st.integers(0, 9), cols=st.integers(1, 5), chunks=st.integers(1, 5), transpose=st.booleans(),
+       inner=st.booleans())
+def test_stream_pointwise_chain_matches_torch(rows, cols, chunks, transpose, inner):
+    base = torch.randn(cols, rows).t() if transpose else torch.randn(rows, cols)
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1], contiguity=True, stride_order=[0, 1] if transpose else [1, 0])
+    t1 = fd.ops.tanh(t0)
+    t2 = fd.ops.sub(t1, t0)
+    fd.add_output(t2)
+    for t in (t1, t2):
+        t.split(0, chunks, inner_split=inner)
+        t.axis(0).parallelize(STREAM)
+    (out,) = fd.execute([base])
+    torch.testing.assert_close(out, torch.tanh(base) - base)
+
+
+def test_scalar_work_between_loop_exprs_is_hoisted(device, run_dumped):
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    s = fd.define_scalar(dtype=torch.float64)
+    t1 = fd.ops.exp(t0)
+    t2 = fd.ops.add(t1, fd.ops.mul(s, 2.0))
+    fd.add_output(t2)
+    for t in (t1, t2):
+        t.axis(0).parallelize(STREAM)
+    x = torch.randn(5, 2, device=device)
+    (out,), dump = run_dumped(fd, [x, 0.25])
+    torch.testing.assert_close(out, torch.exp(x) + 0.5)
+    assert len(_fors(dump)) == 1
+    assert dump.index("* double(2.0)") < dump.index("FOR ")
+
+
+def test_var_mean_outputs_chunked_together(device, run_dumped):
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    var, mean = fd.ops.var_mean(t0, [1], correction=1)
+    fd.add_output(var)
+    fd.add_output(mean)
+    mean.outer_split(0, 2)
+    mean.axis(0).parallelize(STREAM)  # scheduled on the second output: both are produced chunk-wise
+    x = torch.randn(7, 4, device=device)
+    (v, m), dump = run_dumped(fd, [x])
+    ev, em = torch.var_mean(x, 1, correction=1)
+    torch.testing.assert_close(v, ev)
+    torch.testing.assert_close(m, em)
+    assert len(_fors(dump)) == 1 and dump.count("ALLOCATE") == 2

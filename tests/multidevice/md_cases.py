@@ -1,0 +1,361 @@
+"""Multi-device cases, run under ``torchrun --nproc-per-node N`` (N = 2 or 4) by test_multidevice.py.
+
+Every case builds a fusion with global shapes, feeds each rank its shard and compares the local
+outputs with single-process torch on the full tensors.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from harness import assert_close, case, comm, device, expect_error, main, randn
+
+from pyfuser import FusionDefinition, ParallelType
+from pyfuser.multidevice import DeviceMesh, MultiDeviceExecutor, MultiDeviceExecutorParams, shard_tensor
+from pyfuser.multidevice.dtensor import DTensorFusion
+
+X = ParallelType.mesh_x
+
+
+def world() -> tuple[int, int, DeviceMesh]:
+    c = comm()
+    return c.size(), c.rank(), DeviceMesh(range(c.size()))
+
+
+def place(mesh: DeviceMesh, *tvs: object) -> None:
+    for tv in tvs:
+        tv.set_device_mesh(mesh)  # type: ignore[attr-defined]
+
+
+def shard_axis(tv: object, axis: int, parts: int, ptype: ParallelType = X) -> None:
+    tv.outer_split(axis, parts)  # type: ignore[attr-defined]
+    tv.axis(axis).parallelize(ptype)  # type: ignore[attr-defined]
+
+
+def host_ir(fd: FusionDefinition) -> str:
+    return str(fd._executor.last_program)
+
+
+@case()
+def pointwise_sharded_input() -> None:
+    d, _, mesh = world()
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        y = fd.ops.relu(fd.ops.add(fd.ops.mul(x, 2.0), 1.0))
+        fd.add_output(y)
+        place(mesh, x)
+        shard_axis(x, 0, d)
+    full = randn(4 * d, 3)
+    (out,) = fd.execute([shard_tensor(full, x)])
+    assert_close(out, shard_tensor(torch.relu(full * 2 + 1), x), "pointwise")
+    if "Communication" in host_ir(fd):
+        raise AssertionError(f"a pointwise op on a sharded input needs no communication:\n{host_ir(fd)}")
+
+
+@case()
+def column_parallel_linear() -> None:
+    d, rank, mesh = world()
+    with FusionDefinition() as fd:
+        x, w, b = fd.define_tensor([-1, -1, -1]), fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+        fd.add_output(fd.ops.linear(x, w, b))
+        place(mesh, x, w, b)
+        shard_axis(w, 0, d)
+        shard_axis(b, 0, d)
+    xf, wf, bf = randn(2, 3, 8), randn(4 * d, 8), randn(4 * d)
+    (out,) = MultiDeviceExecutor(fd.fusion, MultiDeviceExecutorParams()).run(
+        [xf, shard_tensor(wf, w), shard_tensor(bf, b)])
+    assert_close(out, F.linear(xf, wf, bf).chunk(d, -1)[rank], "column-parallel linear")
+
+
+@case()
+def column_parallel_linear_stream_pipelined() -> None:
+    d, rank, mesh = world()
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        out = fd.ops.linear(x, w)
+        fd.add_output(out)
+        place(mesh, x, w, out)
+        shard_axis(w, 0, d)
+        shard_axis(out, 1, d)  # [M, N, rK]: N sharded like the weight
+        out.outer_split(0, 2)
+        out.axis(0).parallelize(ParallelType.stream)
+    xf, wf = randn(6, 8), randn(3 * d, 8)
+    (got,) = fd.execute([xf, shard_tensor(wf, w)])
+    assert_close(got, F.linear(xf, wf).chunk(d, -1)[rank], "stream-pipelined column-parallel linear")
+    _check_structure(host_ir(fd), [r"ALLOCATE\(", r"FOR StreamIdx", r"= linear\("])
+
+
+def _row_parallel(scatter_output: bool) -> tuple[FusionDefinition, str]:
+    d, rank, mesh = world()
+    with FusionDefinition() as fd:
+        x, w, b = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+        out = fd.ops.linear(x, w, b)
+        fd.add_output(out)
+        place(mesh, x, w, b, out)
+        shard_axis(x, 1, d)
+        shard_axis(w, 1, d)
+        if scatter_output:
+            shard_axis(out, 0, d)
+    xf, wf, bf = randn(2 * d, 4 * d), randn(5, 4 * d), randn(5)
+    (got,) = fd.execute([shard_tensor(xf, x), shard_tensor(wf, w), bf])
+    ref = F.linear(xf, wf, bf)
+    assert_close(got, ref.chunk(d, 0)[rank] if scatter_output else ref, "row-parallel linear")
+    return fd, host_ir(fd)
+
+
+@case()
+def row_parallel_linear_allreduce() -> None:
+    _, text = _row_parallel(scatter_output=False)
+    if "type=Allreduce" not in text:
+        raise AssertionError(f"expected an Allreduce:\n{text}")
+
+
+@case()
+def row_parallel_linear_reduce_scatter() -> None:
+    _, text = _row_parallel(scatter_output=True)
+    if "type=ReduceScatter" not in text:
+        raise AssertionError(f"expected a ReduceScatter:\n{text}")
+
+
+@case()
+def sum_over_sharded_axis() -> None:
+    d, _, mesh = world()
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.sum(x, [0]))
+        fd.add_output(fd.ops.max(x, [0]))
+        place(mesh, x)
+        shard_axis(x, 0, d)
+    full = randn(3 * d, 5)
+    total, largest = fd.execute([shard_tensor(full, x)])
+    assert_close(total, full.sum(0), "sum over a sharded axis")
+    assert_close(largest, full.amax(0), "max over a sharded axis")
+
+
+@case()
+def sequence_parallel_allgather_linear() -> None:
+    d, rank, mesh = world()
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.linear(x, w))
+        place(mesh, x, w)
+        shard_axis(x, 0, d)  # sequence-sharded activations
+        shard_axis(w, 0, d)  # column-parallel weight
+    xf, wf = randn(3 * d, 8), randn(2 * d, 8)
+    (out,) = fd.execute([shard_tensor(xf, x), shard_tensor(wf, w)])
+    assert_close(out, F.linear(xf, wf).chunk(d, -1)[rank], "all-gather + linear")
+    if "type=Allgather" not in host_ir(fd):
+        raise AssertionError(f"expected an Allgather:\n{host_ir(fd)}")
+
+
+#: Seed 004's loop body, in order (stream switch, selects, Allgather, Wait, output select, linear, sync).
+SEED_004_BODY = [r"FOR StreamIdx in iStreamIdx\d+\{i0\}:", r"SetCurrentStream to Stream \( StreamIdx",
+                 r"HirAliasSelect\( T0_", r"HirAliasSelect\( T4_", r"Communication \d+ \(type=Allgather, team=\(",
+                 r"Wait Communication", r"HirAliasSelect\( T3_", r"= linear\(T\d+_l", r"SetCurrentStream to Stream 0",
+                 r"Synchronize Stream \( StreamIdx"]
+
+
+def _check_structure(text: str, patterns: list[str]) -> None:
+    lines = text.splitlines()
+    at = 0
+    for pattern in patterns:
+        while at < len(lines) and not re.search(pattern, lines[at]):
+            at += 1
+        if at == len(lines):
+            raise AssertionError(f"host IR lacks /{pattern}/ in the expected order:\n{text}")
+        at += 1
+
+
+@case()
+def seed_004_allgather_linear_pipeline() -> None:
+    d, _, mesh = world()
+    for streams in (1, 2, 4):
+        with FusionDefinition() as fd:
+            x, w, b = fd.define_tensor([-1, -1, -1, -1]), fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+            out = fd.ops.linear(x, w, b)
+            fd.add_output(out)
+            place(mesh, x, w, b, out)
+            x.axis(1).parallelize(X)
+            out.axis(0).parallelize(ParallelType.stream)
+        xf, wf, bf = randn(streams, d, 3, 8), randn(5, 8), randn(5)
+        (got,) = fd.execute([shard_tensor(xf, x), wf, bf])
+        assert_close(got, F.linear(xf, wf, bf), f"seed 004 pipeline with S={streams}")
+        text = host_ir(fd)
+        _check_structure(text, [r"T4_g_float\[.*= ALLOCATE\(", r"T3_g_float\[.*= ALLOCATE\(", *SEED_004_BODY])
+        if text.count("Communication") != 2 or "DeviceMesh{" not in text:
+            raise AssertionError(f"expected one Allgather (and its Wait) inside the loop:\n{text}")
+
+
+@case()
+def seed_004_shard_outermost() -> None:
+    d, _, mesh = world()
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1, -1]), fd.define_tensor([-1, -1])
+        out = fd.ops.linear(x, w)
+        fd.add_output(out)
+        place(mesh, x, w, out)
+        x.axis(0).parallelize(X)
+        out.axis(0).parallelize(ParallelType.stream)
+    xf, wf = randn(d, 3, 8), randn(5, 8)
+    (got,) = fd.execute([shard_tensor(xf, x), wf])
+    assert_close(got, F.linear(xf, wf), "shard-outermost pipeline")
+    # Iteration i broadcasts rank i's shard and multiplies it while the next one is in flight.
+    _check_structure(host_ir(fd), [r"ALLOCATE\(", r"FOR StreamIdx", r"HirAliasSelect\( T3_",
+                                   r"Communication \d+ \(type=Broadcast, team=\(.*\), root=team\[StreamIdx\], "
+                                   r"input=T0_", r"Wait Communication", r"= linear\("])
+    if "HirAliasSelect( T0_" in host_ir(fd):
+        raise AssertionError(f"the sharded input must be read whole, not chunked:\n{host_ir(fd)}")
+
+
+def mlp_reference(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+                  b2: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+
+
+@case()
+def mlp_tensor_and_sequence_parallel() -> None:
+    d, rank, mesh = world()
+    seq, hidden = 4 * d, 8
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        w1, b1 = fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+        w2, b2 = fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+        h = fd.ops.gelu(fd.ops.linear(x, w1, b1), approximate="tanh")
+        out = fd.ops.linear(h, w2, b2)
+        fd.add_output(out)
+        place(mesh, x, w1, b1, w2, b2, out)
+        shard_axis(x, 0, d)    # sequence parallel in
+        shard_axis(w1, 0, d)   # column parallel
+        shard_axis(b1, 0, d)
+        shard_axis(w2, 1, d)   # row parallel
+        shard_axis(out, 0, d)  # sequence parallel out
+    full = [randn(seq, hidden), randn(4 * hidden, hidden), randn(4 * hidden), randn(hidden, 4 * hidden),
+            randn(hidden)]
+    (got,) = fd.execute([shard_tensor(t, tv) for t, tv in zip(full, (x, w1, b1, w2, b2), strict=True)])
+    assert_close(got, mlp_reference(*full).chunk(d, 0)[rank], "MLP under TP + SP", atol=1e-4)
+    _check_structure(host_ir(fd), [r"type=Allgather", r"= linear\(", r"gelu", r"= linear\(",
+                                   r"type=ReduceScatter", r"\+"])
+
+
+@case(min_world=4)
+def mesh_2d_data_and_tensor_parallel() -> None:
+    _, rank, _ = world()
+    mesh = DeviceMesh([[0, 1], [2, 3]])  # mesh_y: data parallel, mesh_x: tensor parallel
+    batch, seq, hidden = 4, 3, 8
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1])
+        w1, b1 = fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+        w2, b2 = fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+        out = fd.ops.linear(fd.ops.gelu(fd.ops.linear(x, w1, b1), approximate="tanh"), w2, b2)
+        fd.add_output(out)
+        place(mesh, x, w1, b1, w2, b2)
+        shard_axis(x, 0, 2, ParallelType.mesh_y)
+        shard_axis(w1, 0, 2)
+        shard_axis(b1, 0, 2)
+        shard_axis(w2, 1, 2)
+    full = [randn(batch, seq, hidden), randn(4 * hidden, hidden), randn(4 * hidden), randn(hidden, 4 * hidden),
+            randn(hidden)]
+    (got,) = fd.execute([shard_tensor(t, tv) for t, tv in zip(full, (x, w1, b1, w2, b2), strict=True)])
+    assert_close(got, mlp_reference(*full).chunk(2, 0)[rank // 2], "2-D mesh MLP", atol=1e-4)
+    text = host_ir(fd)
+    team = f"team=({rank - rank % 2} {rank - rank % 2 + 1})"
+    if "type=Allreduce" not in text or team not in text or "type=Allgather" in text:
+        raise AssertionError(f"expected one Allreduce over the tensor-parallel {team}, no Allgather:\n{text}")
+
+
+@case()
+def pipeline_across_meshes() -> None:
+    d, rank, _ = world()
+    first, last = DeviceMesh([0]), DeviceMesh([d - 1])
+    everyone = DeviceMesh(range(d))
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        y = fd.ops.relu(x)          # stage 0 on rank 0
+        z = fd.ops.set(y)
+        u = fd.ops.mul(z, 3.0)      # stage 1 on the last rank
+        v = fd.ops.set(u)
+        fd.add_output(u)
+        fd.add_output(v)            # broadcast back to every rank
+        place(first, x, y)
+        place(last, z, u)
+        place(everyone, v)
+    full = randn(4, 6)
+    got_u, got_v = fd.execute([full])
+    ref = torch.relu(full) * 3
+    if rank == d - 1:
+        assert_close(got_u, ref, "stage 1 output")
+    elif got_u.numel() != 0:
+        raise AssertionError(f"rank {rank} holds no part of the stage-1 output but got {tuple(got_u.shape)}")
+    assert_close(got_v, ref, "broadcast output")
+    text = host_ir(fd)
+    if rank not in (0, d - 1) and ("relu" in text or "*" in text):
+        raise AssertionError(f"rank {rank} is on no stage's mesh but computes:\n{text}")
+
+
+@case()
+def dtensor_wrapper() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    d, _, _ = world()
+    torch_mesh = init_device_mesh(device().type, (d,))
+
+    def define(fd: FusionDefinition) -> None:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.relu(fd.ops.linear(x, w)))
+
+    xf, wf = randn(3, 8), randn(2 * d, 8)
+    fn = DTensorFusion(define)
+    (out,) = fn(distribute_tensor(xf, torch_mesh, [Replicate()]), distribute_tensor(wf, torch_mesh, [Shard(0)]))
+    if out.placements != (Shard(1),):
+        raise AssertionError(f"expected the output sharded on its last dim, got {out.placements}")
+    assert_close(out.full_tensor(), torch.relu(F.linear(xf, wf)), "DTensor wrapper")
+
+
+@case()
+def bad_inputs_raise_clear_errors() -> None:
+    d, _, mesh = world()
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.neg(x))
+        place(DeviceMesh(range(d + 2)), x)
+    expect_error(lambda: MultiDeviceExecutor(fd.fusion), ValueError, "T0", f"needs rank {d + 1}", f"only {d}")
+    expect_error(lambda: fd.execute([randn(4, 4)]), ValueError, "T0", f"only {d}")
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2 * d + 1, 4])
+        fd.add_output(fd.ops.neg(x))
+        place(mesh, x)
+        shard_axis(x, 0, d)
+    expect_error(lambda: fd.execute([randn(2, 4)]), ValueError, "T0 axis 0", f"extent {2 * d + 1}", "not divisible")
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4 * d, 4])
+        fd.add_output(fd.ops.neg(x))
+        place(mesh, x)
+        shard_axis(x, 0, d)
+    expect_error(lambda: fd.execute([randn(4 * d, 4)]), ValueError, "T0", "axis 0", "static size 4", "shard")
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        y = fd.ops.set(x)
+        fd.add_output(y)
+        place(mesh, x, y)
+        shard_axis(x, 0, d)
+        shard_axis(y, 1, d)
+    expect_error(lambda: fd.execute([randn(2, 2 * d)]), ValueError, "no resharding path", "T0", "T1", "all-to-all")
+
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.add(x, w))
+        place(mesh, x)
+        place(DeviceMesh(list(reversed(range(d)))), w)
+        shard_axis(x, 0, d)
+        shard_axis(w, 0, d)
+    expect_error(lambda: fd.execute([randn(2, 3), randn(2, 3)]), ValueError, "no resharding path", "DeviceMesh{")
+
+
+if __name__ == "__main__":
+    main()

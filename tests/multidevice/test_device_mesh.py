@@ -1,0 +1,106 @@
+"""DeviceMesh, launcher environment parsing and sharding helpers (single process, no communication)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyfuser import FusionDefinition, ParallelType
+from pyfuser.multidevice import DeviceMesh, shard_tensor, sharding_of
+from pyfuser.multidevice.communicator import LaunchInfo
+from pyfuser.multidevice.sharding import local_sizes
+
+X, Y = ParallelType.mesh_x, ParallelType.mesh_y
+
+
+@pytest.mark.parametrize("ranks", [[0, 1, 2, 3], range(4), torch.arange(4), (0, 1, 2, 3)])
+def test_mesh_from_list_range_or_tensor(ranks: object) -> None:
+    mesh = DeviceMesh(ranks)  # type: ignore[arg-type]
+    assert (mesh.size, mesh.shape, str(mesh)) == (4, (4,), "DeviceMesh{0 1 2 3}")
+    assert 3 in mesh and 4 not in mesh
+    assert mesh == DeviceMesh([0, 1, 2, 3]) and hash(mesh) == hash(DeviceMesh(range(4)))
+
+
+def test_2d_mesh_axes_teams_and_indices() -> None:
+    mesh = DeviceMesh(torch.arange(6).view(2, 3))
+    assert (mesh.size, mesh.shape, str(mesh)) == (6, (2, 3), "DeviceMesh{{0 1 2} {3 4 5}}")
+    assert mesh.size_of(X) == 3 and mesh.size_of(Y) == 2  # mesh_x binds the innermost axis
+    assert mesh.team(4, X) == (3, 4, 5) and mesh.team(4, Y) == (1, 4)
+    assert mesh.index(4, X) == 1 and mesh.index(4, Y) == 1
+    assert mesh.parallel_types() == [Y, X]
+    with pytest.raises(ValueError, match=r"deviceIdx\.z.*at least 3 dimensions"):
+        mesh.size_of(ParallelType.mesh_z)
+
+
+@pytest.mark.parametrize("ranks, message", [([0, 0], "twice"), ([-1, 0], "non-negative"), ([], "at least one"),
+                                             (torch.zeros(1, 1, 1, 1, dtype=torch.int64), "at most 3")])
+def test_bad_meshes(ranks: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DeviceMesh(ranks)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="integers"):
+        DeviceMesh(torch.tensor([0.0, 1.0]))
+
+
+def test_mesh_shard_tensor() -> None:
+    full = torch.arange(12.0).view(4, 3)
+    mesh = DeviceMesh([2, 0])
+    torch.testing.assert_close(mesh.shard_tensor(full, 0, rank=0), full[2:])  # rank 0 holds the second shard
+    with pytest.raises(ValueError, match="axis 1 has size 3, which is not divisible by the 2 ranks"):
+        mesh.shard_tensor(full, 1, rank=0)
+    with pytest.raises(ValueError, match="rank 1 is not in DeviceMesh"):
+        mesh.shard_tensor(full, 0, rank=1)
+
+
+def test_launch_info_from_torchrun_and_mpirun() -> None:
+    torchrun = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "node0",
+                "MASTER_PORT": "1234"}
+    assert LaunchInfo.from_env(torchrun) == LaunchInfo(3, 8, 1, 2, "node0", 1234)
+    mpirun = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+              "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}
+    assert LaunchInfo.from_env(mpirun) == LaunchInfo(1, 4, 1, 4, "127.0.0.1", 29500)
+    assert LaunchInfo.from_env({}) == LaunchInfo(0, 1, 0, 1, "127.0.0.1", 29500)
+    with pytest.raises(ValueError, match="rank 4 is outside a world of size 4"):
+        LaunchInfo.from_env({"RANK": "4", "WORLD_SIZE": "4"})
+    with pytest.raises(ValueError, match="must be an integer"):
+        LaunchInfo.from_env({"RANK": "x"})
+
+
+def test_sharding_of_split_and_direct_axes() -> None:
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, 8, -1])
+        b = fd.define_tensor([-1, 4])
+    mesh = DeviceMesh(range(4))
+    a.set_device_mesh(mesh)
+    b.set_device_mesh(mesh)
+    a.outer_split(1, 4)
+    a.axis(1).parallelize(X)
+    b.axis(1).parallelize(X)  # extent 4 == mesh size: one element per rank
+    assert dict(sharding_of(a).axes) == {1: X} and dict(sharding_of(b).axes) == {1: X}
+    assert local_sizes(a, {"i0": 2, "i1": 5}) == [2, 2, 5]
+    full = torch.arange(2 * 8 * 5.0).view(2, 8, 5)
+    torch.testing.assert_close(shard_tensor(full, a, rank=3), full[:, 6:])
+    torch.testing.assert_close(shard_tensor(torch.arange(12.0).view(3, 4), b, rank=2), torch.tensor([[2.0], [6.0],
+                                                                                                   [10.0]]))
+
+
+@pytest.mark.parametrize("schedule, message", [
+    (lambda t: (t.split(0, 4), t.axis(1).parallelize(X)), "not a logical ID nor the outer ID"),
+    (lambda t: (t.outer_split(0, 2), t.axis(0).parallelize(X)), "split factor 2 must equal the mesh size 4"),
+    (lambda t: t.axis(1).parallelize(X), "extent must equal the mesh size 4 along deviceIdx.x; got 6"),
+])
+def test_bad_shardings_name_the_tensor_and_axis(schedule: object, message: str) -> None:
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([8, 6])
+    t.set_device_mesh(DeviceMesh(range(4)))
+    schedule(t)  # type: ignore[operator]
+    with pytest.raises(ValueError, match=message) as info:
+        sharding_of(t)
+    assert "T0" in str(info.value)
+
+
+def test_parallelized_without_mesh() -> None:
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([8, 6])
+    t.axis(0).parallelize(X)
+    with pytest.raises(ValueError, match=r"T0 .* has no device mesh"):
+        sharding_of(t)

@@ -1,0 +1,80 @@
+"""Launch the multi-device scripts under torchrun (gloo on CPU, NCCL when GPUs are visible).
+
+Each launch runs many cases (process start-up dominates), and a timeout turns any hang into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+LAUNCH_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(script: str, nproc: int, env: dict[str, str] | None = None,
+             timeout: float = LAUNCH_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-port", str(_free_port()), str(HERE / script)]
+    full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}", "OMP_NUM_THREADS": "1",
+                "PYFUSER_DIST_TIMEOUT": "60", **(env or {})}
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _enough_devices(nproc: int) -> bool:
+    return not torch.cuda.is_available() or torch.cuda.device_count() >= nproc
+
+
+CASES_2 = ["pointwise_sharded_input", "column_parallel_linear", "column_parallel_linear_stream_pipelined",
+           "row_parallel_linear_allreduce",
+           "row_parallel_linear_reduce_scatter", "sum_over_sharded_axis", "sequence_parallel_allgather_linear",
+           "seed_004_allgather_linear_pipeline", "seed_004_shard_outermost", "mlp_tensor_and_sequence_parallel",
+           "pipeline_across_meshes", "dtensor_wrapper", "bad_inputs_raise_clear_errors"]
+CASES_4 = [*CASES_2, "mesh_2d_data_and_tensor_parallel"]
+
+
+@pytest.mark.parametrize("nproc, expected", [(2, CASES_2), (4, CASES_4)], ids=["2-ranks", "4-ranks"])
+def test_multidevice_cases(nproc: int, expected: list[str]) -> None:
+    if not _enough_devices(nproc):
+        pytest.fail(f"{nproc} ranks need {nproc} GPUs, found {torch.cuda.device_count()}")
+    result = torchrun("md_cases.py", nproc)
+    output = result.stdout + result.stderr
+    # Ranks share one stdout, so lines of different ranks may interleave: match without anchors.
+    failed = sorted(set(re.findall(r"FAIL (\w+) rank", result.stdout)))
+    assert not failed and result.returncode == 0, f"failed cases {failed}:\n{output[-12000:]}"
+    for name in expected:
+        passed = len(re.findall(rf"PASS {name} rank \d", result.stdout))
+        assert passed == nproc, f"{name} passed on {passed} of {nproc} ranks:\n{output[-6000:]}"
+
+
+def test_failing_rank_does_not_block_the_others() -> None:
+    timeout_s = 8
+    start = time.monotonic()
+    result = torchrun("md_fault.py", 2, env={"PYFUSER_DIST_TIMEOUT": str(timeout_s)}, timeout=120)
+    elapsed = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-6000:]
+    assert re.search(r"RANK 1 FAILED after \d+\.\ds: ValueError: input 0 \(T0\)", result.stdout), output[-6000:]
+    assert "RANK 0 finished" not in result.stdout, output[-6000:]
+    assert elapsed < timeout_s * 3 + 60, f"the launch took {elapsed:.0f}s"
+    if torch.cuda.is_available():
+        return  # NCCL's watchdog aborts the waiting rank's process: no Python error to read
+    survivor = re.search(r"RANK 0 FAILED after (\d+\.\d)s: RuntimeError: Communication \d+ \(Allgather",
+                         result.stdout)
+    assert survivor, output[-6000:]
+    assert float(survivor.group(1)) < timeout_s * 3, f"rank 0 waited {survivor.group(1)}s for a dead peer"

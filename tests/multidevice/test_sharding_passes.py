@@ -1,0 +1,200 @@
+"""Sharding propagation, resharding decomposition and communication selection, in one process.
+
+A fake 4-process world stands in for torchrun: these passes only read the world size and this rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from pyfuser import FusionDefinition, ParallelType
+from pyfuser.ir.ops import BinaryOp, LinearOp, LoadStoreOp
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.multidevice import CommunicationType, Communicator, DeviceMesh, sharding_of
+from pyfuser.multidevice.comm_plan import plan_communication
+from pyfuser.multidevice.communicator import LaunchInfo
+from pyfuser.preseg.decompose_resharding import decompose_resharding
+from pyfuser.preseg.propagate_shardings import propagate_shardings
+
+X, Y = ParallelType.mesh_x, ParallelType.mesh_y
+MESH = DeviceMesh(range(4))
+
+
+@pytest.fixture(autouse=True)
+def world_of_four() -> Iterator[None]:
+    saved = Communicator._instance
+    Communicator._instance = Communicator(LaunchInfo(0, 4, 0, 4, "127.0.0.1", 29500), backend="gloo")
+    yield
+    Communicator._instance = saved
+
+
+def shard(tv: TensorView, axis: int, ptype: ParallelType = X, parts: int = 4) -> None:
+    tv.outer_split(axis, parts)
+    tv.axis(axis).parallelize(ptype)
+
+
+def axes(tv: TensorView) -> dict[int, ParallelType]:
+    return dict(sharding_of(tv).axes)
+
+
+def sets(fd: FusionDefinition) -> list[LoadStoreOp]:
+    return [e for e in fd.fusion.exprs() if isinstance(e, LoadStoreOp)]
+
+
+def test_linear_follows_the_weight_then_fills_from_the_input() -> None:
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1, -1]), fd.define_tensor([-1, -1])
+        h = fd.ops.linear(x, w)
+        y = fd.ops.relu(h)
+        fd.add_output(y)
+    mesh = DeviceMesh([[0, 1], [2, 3]])
+    for tv in (x, w):
+        tv.set_device_mesh(mesh)
+    shard(w, 0, X, 2)        # column-parallel weight: output features on mesh_x
+    shard(x, 0, Y, 2)        # data parallel batch on mesh_y
+    propagate_shardings(fd.fusion)
+    assert axes(h) == {0: Y, 2: X} and axes(y) == {0: Y, 2: X}
+    assert h.device_mesh == mesh == y.device_mesh
+
+
+def test_reduced_axis_does_not_propagate_and_user_annotations_win() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        s = fd.ops.sum(x, [1])
+        t = fd.ops.neg(x)
+        fd.add_output(s)
+        fd.add_output(t)
+    x.set_device_mesh(MESH)
+    shard(x, 1)
+    t.set_device_mesh(MESH)
+    shard(t, 0)              # the user wants t sharded by rows instead
+    propagate_shardings(fd.fusion)
+    assert axes(s) == {} and axes(t) == {0: X}
+
+
+def test_sequence_parallel_linear_inserts_an_allgather() -> None:
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        out = fd.ops.linear(x, w)
+        fd.add_output(out)
+    for tv in (x, w):
+        tv.set_device_mesh(MESH)
+        shard(tv, 0)
+    propagate_shardings(fd.fusion)
+    decompose_resharding(fd.fusion)
+    (gather,) = sets(fd)
+    assert gather.inputs[0] is x and axes(gather.output) == {}
+    assert isinstance(out.definition, LinearOp) and out.definition.inputs[0] is gather.output
+    plan = plan_communication(gather, rank=2)
+    assert plan is not None and (plan.type, plan.team, plan.dim) == (CommunicationType.Allgather, (0, 1, 2, 3), 0)
+
+
+@pytest.mark.parametrize("scatter", [False, True])
+def test_row_parallel_linear_makes_partial_sums_and_adds_the_bias_once(scatter: bool) -> None:
+    with FusionDefinition() as fd:
+        x, w, b = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+        out = fd.ops.linear(x, w, b)
+        fd.add_output(out)
+    for tv in (x, w, b, out):
+        tv.set_device_mesh(MESH)
+    shard(x, 1)
+    shard(w, 1)
+    if scatter:
+        shard(out, 0)
+    propagate_shardings(fd.fusion)
+    decompose_resharding(fd.fusion)
+    assert isinstance(out.definition, BinaryOp) and out.definition.op == "add"
+    (reduce,) = sets(fd)
+    partial = reduce.inputs[0]
+    assert isinstance(partial.definition, LinearOp) and not partial.definition.has_bias
+    assert axes(partial) == {2: X}  # [M, N, rK]: the reduction ID is sharded -> partial sums
+    plan = plan_communication(reduce, rank=1)
+    expected = CommunicationType.ReduceScatter if scatter else CommunicationType.Allreduce
+    assert plan is not None and plan.type is expected and plan.reduce_op == "sum"
+    if scatter:
+        assert plan.dim == 0
+
+
+def test_replicated_to_sharded_on_one_mesh_is_a_local_slice() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        y = fd.ops.set(x)
+        fd.add_output(y)
+    for tv in (x, y):
+        tv.set_device_mesh(MESH)
+    shard(y, 1)
+    plan = plan_communication(y.definition, rank=3)  # type: ignore[arg-type]
+    assert plan is not None and plan.is_local and plan.dim == 1
+
+
+@pytest.mark.parametrize("src_ranks, dst_ranks, shard_src, shard_dst, rank, expected", [
+    ([0], [1], False, False, 0, (CommunicationType.SendRecv, (0, 1), 0)),
+    ([0], [0, 1, 2, 3], False, False, 2, (CommunicationType.Broadcast, (0, 1, 2, 3), 0)),
+    ([0, 1, 2, 3], [2], True, False, 1, (CommunicationType.Gather, (0, 1, 2, 3), 2)),
+    ([3], [0, 1, 2, 3], False, True, 0, (CommunicationType.Scatter, (0, 1, 2, 3), 3)),
+])
+def test_moves_between_meshes(src_ranks: list[int], dst_ranks: list[int], shard_src: bool, shard_dst: bool,
+                              rank: int, expected: tuple[CommunicationType, tuple[int, ...], int]) -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        y = fd.ops.set(x)
+        fd.add_output(y)
+    x.set_device_mesh(DeviceMesh(src_ranks))
+    y.set_device_mesh(DeviceMesh(dst_ranks))
+    if shard_src:
+        shard(x, 0, parts=len(src_ranks))
+    if shard_dst:
+        shard(y, 0, parts=len(dst_ranks))
+    plan = plan_communication(y.definition, rank)  # type: ignore[arg-type]
+    assert plan is not None and (plan.type, plan.team, plan.root) == expected
+
+
+def test_rank_outside_the_team_takes_no_part() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        y = fd.ops.set(x)
+        fd.add_output(y)
+    x.set_device_mesh(DeviceMesh([0]))
+    y.set_device_mesh(DeviceMesh([1]))
+    assert plan_communication(y.definition, rank=3) is None  # type: ignore[arg-type]
+
+
+def test_reduce_of_partial_sums_onto_one_rank() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        s = fd.ops.sum(x, [0])
+        fd.add_output(s)
+    x.set_device_mesh(MESH)
+    shard(x, 0)
+    s.set_device_mesh(DeviceMesh([1]))
+    propagate_shardings(fd.fusion)
+    decompose_resharding(fd.fusion)
+    (reduce,) = sets(fd)
+    plan = plan_communication(reduce, rank=0)
+    assert plan is not None and (plan.type, plan.root) == (CommunicationType.Reduce, 1)
+
+
+def test_no_resharding_path_names_both_tensors() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        y = fd.ops.set(x)
+        fd.add_output(y)
+    mesh = DeviceMesh([[0, 1], [2, 3]])
+    x.set_device_mesh(mesh)
+    y.set_device_mesh(mesh)
+    shard(x, 0, X, 2)
+    shard(x, 2, Y, 2)  # loop [X, M/2, N]: N is loop axis 2
+    with pytest.raises(ValueError, match=r"no resharding path from T0 .* to T1 .*2 device parallel types"):
+        plan_communication(y.definition, rank=0)  # type: ignore[arg-type]
+
+
+def test_mesh_larger_than_the_world() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1])
+        fd.add_output(fd.ops.neg(x))
+    x.set_device_mesh(DeviceMesh(range(6)))
+    with pytest.raises(ValueError, match=r"T0 is on DeviceMesh\{0 1 2 3 4 5\}, which needs rank 5, but the world "
+                                         r"has only 4 processes"):
+        propagate_shardings(fd.fusion)

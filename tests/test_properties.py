@@ -1,0 +1,138 @@
+"""Property tests: random split / merge / reorder sequences keep loop domains consistent with logical
+domains, and never change what a fusion computes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyfuser import FusionDefinition, ParallelType, TensorView
+from pyfuser.ir.iter_domain import Merge, Split
+from pyfuser.ir.tensor_domain import check_covers, transforms_between
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # "split" | "merge" | "reorder"
+    axis: int  # taken modulo the loop rank when applied
+    factor: int = 1
+    inner: bool = True
+    perm_seed: int = 0
+
+
+steps = st.lists(st.one_of(
+    st.builds(Step, st.just("split"), st.integers(0, 7), st.integers(1, 5), st.booleans()),
+    st.builds(Step, st.just("merge"), st.integers(0, 7)),
+    st.builds(Step, st.just("reorder"), st.integers(0, 7), perm_seed=st.integers(0, 10_000)),
+), max_size=6)
+
+
+def apply(tv: TensorView, schedule: list[Step]) -> None:
+    """Apply ``schedule`` to ``tv``'s loop domain; merges of a reduction with an iteration ID must be
+    rejected (and change nothing)."""
+    for step in schedule:
+        loop = tv.get_loop_domain()
+        n = len(loop)
+        if n == 0:  # a 0-dim tensor has nothing to schedule
+            return
+        axis = step.axis % n
+        if step.kind == "split":
+            tv.split(axis, step.factor, inner_split=step.inner)
+        elif step.kind == "merge" and n > 1:
+            axis = min(axis, n - 2)
+            outer, inner = loop[axis], loop[axis + 1]
+            mixed = outer.is_reduction != inner.is_reduction and not (outer.is_broadcast or inner.is_broadcast)
+            try:
+                tv.merge(axis)
+            except ValueError as e:
+                assert mixed, e
+                assert tv.get_loop_domain() == loop
+            else:
+                assert not mixed
+        elif step.kind == "reorder":
+            perm = sorted(range(n), key=lambda k: hash((k, step.perm_seed)) % 1009)
+            tv.reorder(dict(enumerate(perm)))
+
+
+def check_extents(tv: TensorView, env: dict[str, int]) -> None:
+    logical = tv.get_logical_domain()
+    loop = tv.get_loop_domain()
+    check_covers(loop, logical, f"{tv.short_name} loop domain")
+    logical_product = math.prod(i.extent.evaluate(env) for i in logical)
+    loop_product = math.prod(i.extent.evaluate(env) for i in loop)
+    all_divisible = True
+    for t in transforms_between(logical, loop):
+        if isinstance(t, Split):
+            size, outer, inner = (i.extent.evaluate(env) for i in (t.in_id, t.outer, t.inner))
+            factor = t.factor.evaluate(env)
+            assert (inner if t.inner_split else outer) == factor
+            divisible = t.is_divisible(env)
+            assert divisible == (size % factor == 0)
+            assert outer * inner >= size and (outer * inner == size) == divisible
+            assert outer * inner - size < factor, "ceilDiv pads by less than one chunk"
+            all_divisible &= divisible
+        else:
+            assert isinstance(t, Merge)
+            assert t.out.extent.evaluate(env) == t.outer.extent.evaluate(env) * t.inner.extent.evaluate(env)
+    assert loop_product >= logical_product
+    if all_divisible:
+        assert loop_product == logical_product
+
+
+sizes_strategy = st.lists(st.integers(1, 7), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=sizes_strategy, schedule=steps, static=st.booleans())
+def test_loop_extents_multiply_back_to_logical(sizes: list[int], schedule: list[Step], static: bool) -> None:
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor(sizes if static else [-1] * len(sizes))
+        t1 = fd.ops.sum(t0, [0]) if len(sizes) > 1 else fd.ops.neg(t0)
+        fd.add_output(t1)
+    apply(t1, schedule)
+    env = {str(i.extent): s for i, s in zip(t0.get_logical_domain(), sizes, strict=True) if not i.extent.is_const}
+    check_extents(t1, env)
+    # Bind other sizes: the same symbolic loop domain stays consistent.
+    check_extents(t1, {name: size + 3 for name, size in env.items()})
+
+
+KERNEL_TYPES = [ParallelType.grid_x, ParallelType.block_x, ParallelType.unroll, ParallelType.vectorize]
+
+
+def parallelize_some(tv: TensorView, picks: list[int]) -> None:
+    loop = tv.get_loop_domain()
+    for parallel_type, pick in zip(KERNEL_TYPES, picks, strict=False):
+        target = loop[pick % len(loop)]
+        if target.parallel_type is ParallelType.serial:  # each ID, and each type, used at most once
+            target.parallelize(parallel_type)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=4), s1=steps, s2=steps, s3=steps,
+       picks=st.lists(st.integers(0, 7), max_size=3), data=st.data())
+def test_results_do_not_depend_on_the_loop_schedule(sizes: list[int], s1: list[Step], s2: list[Step],
+                                                   s3: list[Step], picks: list[int], data: st.DataObject) -> None:
+    rank = len(sizes)
+    bias_shape = [sizes[-1]]
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1] * rank)
+        t1 = fd.define_tensor([-1])
+        t2 = fd.ops.mul(fd.ops.exp(t0), t1)
+        t3 = fd.ops.sum(t2, [rank - 1])
+        t4 = fd.ops.add(t3, 1.0)
+        fd.add_output(t2)
+        fd.add_output(t4)
+    for tv, schedule in ((t2, s1), (t3, s2), (t4, s3)):
+        apply(tv, schedule)
+    parallelize_some(t2, picks)
+    if data.draw(st.booleans(), "cache"):
+        t0.cache_after().split(0, data.draw(st.integers(1, 4), "cache factor"))
+    x, y = torch.randn(sizes), torch.randn(bias_shape)
+    out2, out4 = fd.execute([x, y])
+    ref2 = x.exp() * y
+    torch.testing.assert_close(out2, ref2)
+    torch.testing.assert_close(out4, ref2.sum(rank - 1) + 1)
