@@ -10,6 +10,7 @@ shard). Compared, with the same buffers:
 * ``ag_then_gemm``: all-gather, then GEMM (anchor a); ``ideal``: max(gemm, allgather) (anchor b);
 * ``pyfuser_S{S}``: the fusion of seed 004 (``x [S, D, M/(S*D), K]``, axis 1 on mesh_x, output axis 0 on
   stream) run through ``fd.execute``: S chunks, each all-gathered and multiplied on its own stream;
+  ``pyfuser_overlap_S{S}``: the same with the ``stream_overlap`` host pass enabled;
 * ``symm_mem_fused``: ``torch.ops.symm_mem.fused_all_gather_matmul`` when this torch build has it.
 
 Times are medians over iterations (CUDA events on GPUs, wall clock on CPUs), then the max over ranks.
@@ -54,6 +55,11 @@ def seed_004_fusion(d: int) -> FusionDefinition:
 
 
 _DTYPE = torch.bfloat16
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+
+#: pyfuser variants: seed 004's loop as lowered (iterations joined one by one, as in seed 002), and with
+#: the opt-in ``stream_overlap`` host pass (iterations run concurrently, joined once after the loop).
+VARIANTS: dict[str, tuple[str, ...]] = {"pyfuser": (), "pyfuser_overlap": ("stream_overlap",)}
 
 
 class Timer:
@@ -95,11 +101,13 @@ def symm_mem_fused(x: torch.Tensor, w: torch.Tensor) -> Callable[[], object] | s
     """The fused all-gather matmul of torch's symmetric memory, or why it is not available."""
     if x.device.type != "cuda":
         return "needs CUDA"
+    try:
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group  # registers symm_mem ops
+    except ImportError as e:
+        return f"no symmetric memory in this torch build: {e}"
     if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, "fused_all_gather_matmul"):
         return "torch.ops.symm_mem.fused_all_gather_matmul is not in this torch build"
     try:
-        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-
         group_name = dist.group.WORLD.group_name  # type: ignore[union-attr]
         enable_symm_mem_for_group(group_name)
         wt = w.t()
@@ -145,15 +153,15 @@ def main() -> int:
 
     results: dict[str, Any] = {}
     results["gemm_ms"] = timer(lambda: torch.matmul(full, w.t(), out=out))
-    results["allgather_ms"] = timer(lambda: dist.all_gather_into_tensor(full, x))
+    results["allgather_ms"] = timer(lambda: _all_gather(full, x))
 
     def ag_then_gemm() -> None:
-        dist.all_gather_into_tensor(full, x)
+        _all_gather(full, x)
         torch.matmul(full, w.t(), out=out)
 
     results["ag_then_gemm_ms"] = timer(ag_then_gemm)
     results["ideal_ms"] = max(results["gemm_ms"], results["allgather_ms"])
-    dist.all_gather_into_tensor(full, x)
+    _all_gather(full, x)
     reference = torch.matmul(full.float(), w.float().t())
 
     for s in args.streams:
@@ -163,12 +171,15 @@ def main() -> int:
             continue
         fd = seed_004_fusion(d)
         local = x.view(s, 1, rows // s, k)  # rank r's rows of chunk i: global rows of x[i, r]
-        (got,) = fd.execute([local, w])
         # Global row order of the pipeline is [S, D, rows/S]; the reference is [D, S, rows/S].
         expected = reference.view(d, s, rows // s, n).transpose(0, 1)
         tol = 1e-3 if _DTYPE == torch.float32 else 5e-2
-        results[f"pyfuser_S{s}_correct"] = bool(torch.allclose(got.float(), expected, rtol=tol, atol=tol * 10))
-        results[f"pyfuser_S{s}_ms"] = timer(lambda fd=fd, local=local: fd.execute([local, w]))
+        for name, options in VARIANTS.items():
+            (got,) = fd.execute([local, w], _enable_options=options)
+            key = f"{name}_S{s}"
+            results[f"{key}_correct"] = bool(torch.allclose(got.float(), expected, rtol=tol, atol=tol * 10))
+            results[f"{key}_ms"] = timer(lambda fd=fd, local=local, options=options: fd.execute(
+                [local, w], _enable_options=options))
 
     fused = symm_mem_fused(x, w)
     if callable(fused):

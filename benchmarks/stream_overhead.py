@@ -153,19 +153,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_ms(fn: Callable[[], object], reps: int, device: torch.device) -> float:
-    """Median over 5 rounds of the mean wall time of ``reps`` back-to-back calls."""
-    for _ in range(max(3, reps // 10)):
-        fn()
-    _sync(device)
-    rounds = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(reps):
+def _time_ms(fns: list[Callable[[], object]], reps: int, device: torch.device) -> list[float]:
+    """Per function, the median over 5 rounds of the mean wall time of ``reps`` back-to-back calls;
+    rounds interleave the functions so clock and thermal drift hit them alike."""
+    for fn in fns:
+        for _ in range(max(3, reps // 10)):
             fn()
-        _sync(device)
-        rounds.append((time.perf_counter() - start) / reps * 1e3)
-    return sorted(rounds)[len(rounds) // 2]
+    _sync(device)
+    rounds: list[list[float]] = [[] for _ in fns]
+    for _ in range(5):
+        for fn, times in zip(fns, rounds, strict=True):
+            start = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            _sync(device)
+            times.append((time.perf_counter() - start) / reps * 1e3)
+    return [sorted(times)[len(times) // 2] for times in rounds]
 
 
 def _cases(smoke: bool) -> list[Case]:
@@ -208,7 +211,7 @@ def _stream_trace(device: torch.device, directory: Path) -> dict[str, object]:
 
 def _markdown(rows: list[Row], meta: dict[str, str], trace: dict[str, object]) -> str:
     lines = [f"# Stream-loop host overhead ({meta['device']}, torch {meta['torch']}, {meta['date']})", "",
-             "Wall time per execution (median of 5 rounds); per-iteration = time / chunks. "
+             "Wall time per execution (median of 5 interleaved rounds); per-iteration = time / chunks. "
              "Hand-written: the same loop in torch with `torch.cuda.stream` and events. "
              "Overlap: pyfuser with `_enable_options=[\"stream_overlap\"]` (iterations may run concurrently).", "",
              "| case | shape | dtype | chunks | streams | pyfuser ms | torch ms | ratio | pyfuser µs/iter | torch µs/iter "
@@ -236,9 +239,8 @@ def main() -> None:
     for case in _cases(args.smoke):
         ours, theirs, check = _make(case, device, hand)
         check()
-        ours_ms = _time_ms(ours, case.reps, device)
-        theirs_ms = _time_ms(theirs, case.reps, device)
-        overlap_ms = _time_ms(functools.partial(ours, _enable_options=["stream_overlap"]), case.reps, device)
+        overlap = functools.partial(ours, _enable_options=["stream_overlap"])
+        ours_ms, theirs_ms, overlap_ms = _time_ms([ours, theirs, overlap], case.reps, device)
         row = Row(case.name, "x".join(map(str, case.shape)), str(case.dtype).removeprefix("torch."), case.chunks,
                   DEFAULT_NUM_STREAMS, ours_ms, theirs_ms, ours_ms / theirs_ms,
                   ours_ms * 1e3 / case.chunks, theirs_ms * 1e3 / case.chunks, overlap_ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -121,9 +122,9 @@ def test_python_number_operand_promotion(dtype: torch.dtype, scalar: Any, name: 
         fd.add_output(getattr(fd.ops, name)(scalar, t))
 
     lhs, rhs = run(build, [x])
-    assert_close(lhs, BINARY[name](x, scalar))
-    assert_close(rhs, BINARY[name](torch.tensor(scalar), x).to(BINARY[name](x, scalar).dtype)
-                 if name == "pow" else BINARY[name](scalar, x))
+    python_op = getattr(operator, name)  # Python's operators take a number on either side, as fd.ops do
+    assert_close(lhs, python_op(x, scalar))
+    assert_close(rhs, python_op(scalar, x))
 
 
 @pytest.mark.parametrize(("dtype", "scalar_dtype", "value"), [
@@ -319,3 +320,17 @@ def test_scalars_wherever_a_tensor_operand_goes(device: str) -> None:
     assert_close(picked, torch.where(x > 0, 0.5, x))
     assert_close(scaled, x * torch.exp(torch.tensor(2.0)).item())
     assert_close(halves, x + 1.0)
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_where_with_a_number_condition_broadcasts_the_branches(cond: bool) -> None:
+    a, b = torch.randn(3), torch.randn(2, 3)
+
+    def build(fd: FusionDefinition) -> None:
+        ta, tb = fd.define_tensor([-1]), fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.where(cond, ta, tb))
+        fd.add_output(fd.ops.where(fd.define_scalar(cond), tb, 0.5))
+
+    picked, with_number = run(build, [a, b])
+    assert_close(picked, torch.where(torch.tensor(cond), a, b))
+    assert_close(with_number, torch.where(torch.tensor(cond), b, 0.5))

@@ -202,3 +202,19 @@ def test_iota_with_scalar_length_input() -> None:
         fd.add_output(fd.ops.mul(fd.ops.iota(n, dtype=DataType.Float), x))
     (out,) = fd.execute([4, torch.ones(4)])
     assert_close(out, torch.arange(4.0))
+
+
+def test_reshape_slice_and_pad_with_scalar_input_sizes() -> None:
+    """Sizes, indices and pad widths given as integer input scalars are bound at execution."""
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1])
+        rows, start, width = (fd.define_scalar(dtype=DataType.Int) for _ in range(3))
+        fd.add_output(fd.ops.reshape(t, [rows, -1]))
+        fd.add_output(fd.ops.slice(t, [start, 0], [-1, 100]))
+        fd.add_output(fd.ops.pad(t, [width, 0]))
+    for shape, args in [((4, 6), (3, 1, 2)), ((6, 2), (4, 2, 0))]:
+        x = torch.randn(shape)
+        reshaped, sliced, padded = fd.execute([x, *args])
+        assert_close(reshaped, x.reshape(args[0], -1))
+        assert_close(sliced, x[args[1]:-1, 0:100])
+        assert_close(padded, F.pad(x, [args[2], 0]))

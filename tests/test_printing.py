@@ -170,10 +170,10 @@ def test_op_lines_print_in_kernel_math_style() -> None:
     text = fd.fusion.math_string()
     assert "T1_l_float[iS2{i0}, iS3{i1}]\n   = T0_g_float[iS0{i0}, iS1{i1}]\n   * d2;\n" in text
     assert "   = -T1_l_float[iS2{i0}, iS3{i1}];\n" in text
-    assert "   = exp(T2_l_float[iS4{i0}, iS5{i1}]);\n" in text
+    assert "   = expf(T2_l_float[iS4{i0}, iS5{i1}]);\n" in text, "float math functions take the f suffix"
     assert "   > double(1.0);\n" in text
     assert "   = where(T4_l_bool[iS8{i0}, iS9{i1}]\n     , T3_l_float[iS6{i0}, iS7{i1}]\n     , double(0.0));\n" in text
-    assert "   = (__half)(T5_l_float[iS10{i0}, iS11{i1}]);\n" in text
+    assert "   = __float2half(T5_l_float[iS10{i0}, iS11{i1}]);\n" in text
     assert "   = Set.Permute( T6_l___half[iS12{i0}, iS13{i1}], cache_op=Streaming )\n" in text
 
 
@@ -192,3 +192,26 @@ def test_unknown_dump_name_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYFUSER_DUMP", "fusion_irr")
     with pytest.raises(ValueError, match="fusion_irr"):
         fd.execute([torch.randn(2, 3)])
+
+
+@pytest.mark.parametrize(("build", "spelling"), [
+    (lambda fd, t: fd.ops.exp(t), "expf(T0"),
+    (lambda fd, t: fd.ops.rsqrt(t), "rsqrtf(T0"),
+    (lambda fd, t: fd.ops.abs(t), "abs(T0"),
+    (lambda fd, t: fd.ops.reciprocal(t), "reciprocal(T0"),
+    (lambda fd, t: fd.ops.sigmoid(t), "sigmoid(T0"),
+    (lambda fd, t: fd.ops.exp(fd.ops.cast(t, DataType.Double)), "exp(T1"),
+    (lambda fd, t: fd.ops.maximum(t, 0.0), "fmax(T0"),
+    (lambda fd, t: fd.ops.minimum(fd.ops.cast(t, DataType.Int), 3), "min(T1"),
+    (lambda fd, t: fd.ops.cast(t, DataType.BFloat16), "__float2bfloat(T0"),
+    (lambda fd, t: fd.ops.cast(fd.ops.cast(t, DataType.Half), DataType.Float), "__half2float(T1"),
+    (lambda fd, t: fd.ops.cast(t, DataType.Double), "__to_double(T0"),
+    (lambda fd, t: fd.ops.cast(fd.ops.cast(t, DataType.BFloat16), DataType.Int), "__bfloat2int(T1"),
+    (lambda fd, t: fd.ops.cast(fd.ops.cast(t, DataType.Int32), DataType.Half), "__int2half(T1"),
+])
+def test_pointwise_function_spellings(build: object, spelling: str) -> None:
+    """Kernel math spells functions as nvFuser's CUDA runtime does (expf for float exp, fmax, casts)."""
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1])
+        fd.add_output(build(fd, t))  # type: ignore[operator]
+    assert f"   = {spelling}" in fd.fusion.math_string()

@@ -4,8 +4,10 @@ domains, and never change what a fusion computes."""
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -136,3 +138,105 @@ def test_results_do_not_depend_on_the_loop_schedule(sizes: list[int], s1: list[S
     ref2 = x.exp() * y
     torch.testing.assert_close(out2, ref2)
     torch.testing.assert_close(out4, ref2.sum(rank - 1) + 1)
+
+
+# --- property: fd.ops follow torch's broadcasting and type promotion --------------------------------------
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool]
+BINARY_NAMES = ["add", "sub", "mul", "truediv", "maximum", "minimum", "eq", "lt", "ge", "logical_and"]
+
+
+def operand_values(dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    if dtype is torch.bool:
+        return torch.rand(shape) > 0.5
+    return (torch.rand(shape) * 8 + 1).to(dtype)  # positive: no division by zero, no NaN
+
+
+@st.composite
+def broadcast_shapes(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    full = draw(st.lists(st.integers(2, 4), min_size=1, max_size=3))
+    rank_b = draw(st.integers(1, len(full)))
+    a = [1 if draw(st.booleans()) and draw(st.booleans()) else s for s in full]
+    b = [1 if draw(st.booleans()) and draw(st.booleans()) else s for s in full[len(full) - rank_b:]]
+    return a, b
+
+
+@settings(max_examples=80, deadline=None)
+@given(name=st.sampled_from(BINARY_NAMES), dtype_a=st.sampled_from(DTYPES), dtype_b=st.sampled_from(DTYPES),
+       shapes=broadcast_shapes(), scalar=st.sampled_from([None, 2, 2.5, True]), swap=st.booleans())
+def test_binary_ops_promote_and_broadcast_like_torch(name: str, dtype_a: torch.dtype, dtype_b: torch.dtype,
+                                                     shapes: tuple[list[int], list[int]], scalar: object,
+                                                     swap: bool) -> None:
+    shape_a, shape_b = shapes
+    a = operand_values(dtype_a, shape_a)
+    b: object = operand_values(dtype_b, shape_b) if scalar is None else scalar
+    torch_fn = getattr(operator, name, None) or getattr(torch, name)  # operators take a number on either side
+    lhs, rhs = (b, a) if swap else (a, b)
+    if name in ("maximum", "minimum", "logical_and"):  # no number overloads: a 0-dim tensor promotes alike
+        lhs, rhs = (x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in (lhs, rhs))
+    try:
+        want = torch_fn(lhs, rhs)
+    except RuntimeError:
+        want = None  # torch rejects the combination (e.g. bool - bool): so must fd.ops, at definition
+    with FusionDefinition() as fd:
+        ta = fd.define_tensor([1 if s == 1 else -1 for s in shape_a], dtype=dtype_a)
+        other = fd.define_tensor([1 if s == 1 else -1 for s in shape_b], dtype=dtype_b) if scalar is None else scalar
+        op = getattr(fd.ops, name)
+        if want is None:
+            with pytest.raises(TypeError, match="not valid for this op"):
+                op(*((other, ta) if swap else (ta, other)))
+            return
+        fd.add_output(op(*((other, ta) if swap else (ta, other))))
+    (out,) = fd.execute([a] + ([b] if scalar is None else []))
+    assert out.dtype == want.dtype, (name, dtype_a, dtype_b, scalar, out.dtype, want.dtype)
+    torch.testing.assert_close(out, want, equal_nan=True)  # bool operands may divide 0 by 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(op=st.sampled_from(["where", "clamp"]), dtypes=st.lists(st.sampled_from(DTYPES), min_size=3, max_size=3),
+       numbers=st.lists(st.sampled_from([None, 2, 0.5, True]), min_size=3, max_size=3))
+def test_ternary_ops_promote_like_torch(op: str, dtypes: list[torch.dtype], numbers: list[object]) -> None:
+    """``where`` / ``clamp`` with any mix of tensor dtypes and Python numbers (at least one tensor)."""
+    if all(n is not None for n in numbers):
+        numbers[1] = None
+    if op == "where":
+        dtypes[0] = torch.bool
+    values = [operand_values(d, [3]) if n is None else n for d, n in zip(dtypes, numbers, strict=True)]
+    args = [v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for v in values]
+    try:
+        want = torch.where(*args) if op == "where" else torch.clamp(*args)
+    except RuntimeError:
+        want = None
+    with FusionDefinition() as fd:
+        operands = [fd.define_tensor([-1], dtype=d) if n is None else n for d, n in zip(dtypes, numbers, strict=True)]
+        if want is None:
+            with pytest.raises(TypeError, match="not valid for this op"):
+                getattr(fd.ops, op)(*operands)
+            return
+        fd.add_output(getattr(fd.ops, op)(*operands))
+    (out,) = fd.execute([v for v in values if isinstance(v, torch.Tensor)])
+    assert out.dtype == want.dtype, (op, dtypes, numbers, out.dtype, want.dtype)
+    torch.testing.assert_close(out, want)
+
+
+UNARY_NAMES = ["neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "relu",
+               "erf", "logical_not"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(UNARY_NAMES), dtype=st.sampled_from(DTYPES))
+def test_unary_ops_promote_like_torch(name: str, dtype: torch.dtype) -> None:
+    x = operand_values(dtype, [2, 3])
+    try:
+        want = getattr(torch, name)(x)
+    except RuntimeError:
+        want = None
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1], dtype=dtype)
+        if want is None:
+            with pytest.raises(TypeError, match="not valid for this op"):
+                getattr(fd.ops, name)(t)
+            return
+        fd.add_output(getattr(fd.ops, name)(t))
+    (out,) = fd.execute([x])
+    assert out.dtype == want.dtype
+    torch.testing.assert_close(out, want, equal_nan=True)

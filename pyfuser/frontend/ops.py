@@ -1,6 +1,6 @@
 """``fd.ops``: builds op nodes with shape inference and torch's type promotion.
 
-Output dtypes come from running the torch reference on meta tensors, so promotion matches torch
+Output dtypes come from running the torch reference on tiny tensors, so promotion matches torch
 exactly; shapes are inferred symbolically so printing and scheduling see real extents.
 """
 
@@ -444,7 +444,7 @@ class Ops:
         if not (tv.dtype.is_floating or tv.dtype.is_complex):
             raise TypeError(f"var_mean: {tv.short_name} has dtype {tv.dtype}; expected a floating-point tensor")
         axes = _reduction_axes(tv, dims, "var_mean")
-        var_dtype = result_dtype(lambda t: torch.var_mean(t, 0)[0], [tv])
+        var_dtype = result_dtype(lambda t: torch.var_mean(t, 0, correction=0)[0], [tv])
         var = self._new_tv(_reduced_ids(self, tv, axes), var_dtype)
         mean = self._new_tv(_reduced_ids(self, tv, axes), tv.dtype)
         VarMeanOp(self._fusion, var, mean, tv, axes, int(correction))

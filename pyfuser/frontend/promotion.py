@@ -1,5 +1,6 @@
 """torch's type promotion for fd.ops: an op's result dtype is found by running its torch reference
-on meta tensors, so definition-time dtypes match what execution produces, exactly."""
+on one-element CPU tensors, so definition-time dtypes (and rejections) match execution exactly.
+Meta tensors would be cheaper but skip some of torch's checks (``tensor - True`` passes on meta)."""
 
 from __future__ import annotations
 
@@ -24,17 +25,17 @@ def _probe(val: Val | complex) -> Any:
         return val
     if isinstance(val, TensorView):
         # Real rank: a 0-dim tensor promotes like a number in torch, at definition as at execution.
-        return torch.empty((1,) * val.ndim, dtype=val.dtype.torch_dtype, device="meta")
+        return torch.ones((1,) * val.ndim, dtype=val.dtype.torch_dtype)
     return _PROBE_VALUES[python_scalar_type(val.dtype)]
 
 
 def result_dtype(fn: Callable[..., Any], vals: Sequence[Val | complex]) -> DataType:
-    """Result dtype of ``fn`` under torch's promotion, found by running it on meta tensors
+    """Result dtype of ``fn`` under torch's promotion, found by running it on tiny tensors
     (Python numbers stand for themselves)."""
     probes = [_probe(v) for v in vals]
     if not any(isinstance(p, torch.Tensor) for p in probes):
         # Scalars only: promote as 0-dim tensors of the scalars' dtypes would.
-        probes = [torch.empty((), dtype=_dtype_of(v).torch_dtype, device="meta") for v in vals]
+        probes = [torch.ones((), dtype=_dtype_of(v).torch_dtype) for v in vals]
     try:
         result = fn(*probes)
     except (RuntimeError, TypeError) as e:

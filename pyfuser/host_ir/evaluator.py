@@ -6,10 +6,12 @@ a pool of worker streams shared by all programs on a device (``numberOfStreams``
 CPU they compile to nothing and the same program runs sequentially.
 
 Memory safety across streams: buffers (outputs, ring buffers) are allocated on the user's stream
-before a loop, views of them are written on worker streams, and every iteration ends with the
-user's stream waiting for its worker (``Synchronize Stream ( StreamIdx % numberOfStreams )``).
-Tensors created inside an iteration are allocated on, used on and freed to the worker stream
-that runs it. So every free the caching allocator sees is stream-ordered after the last use.
+before a loop, views of them are written on worker streams, and the user's stream waits for each
+worker before anything after the loop runs (``Synchronize Stream ( StreamIdx % numberOfStreams )``
+in every iteration, or once per worker after the loop with ``stream_overlap``; after a failed
+execution, for every worker). Tensors created inside an iteration are allocated on, used on and
+freed to the worker stream that runs it. So every free the caching allocator sees is
+stream-ordered after the last use, without ``record_stream``.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import torch
 from pyfuser.host_ir.nodes import (
     NUMBER_OF_STREAMS,
     NUMBER_OF_STREAMS_SLOT,
+    Allocate,
     Frame,
     HostIrContainer,
     HostNode,
     HostVal,
     Step,
 )
-from pyfuser.ir.base import Scalar
+from pyfuser.ir.base import Scalar, Val
 from pyfuser.runtime.context import EvalContext
 from pyfuser.runtime.outputs import OutputLayout
 
@@ -82,6 +85,14 @@ class CudaStreams:
         self.slot_streams[slot] = self.current
 
 
+def _fresh_buffers(container: HostIrContainer) -> dict[Val, tuple[int, ...]]:
+    """Tensors the program allocates itself and no other top-level node rebinds, with their layout:
+    as outputs they need no check for aliasing or layout."""
+    allocated = {n.tv: n.perm for n in container.nodes if isinstance(n, Allocate)}
+    rebound = {v for n in container.nodes if not isinstance(n, Allocate) for v in n.outputs}
+    return {tv: perm for tv, perm in allocated.items() if tv not in rebound}
+
+
 class HostIrEvaluator:
     """A compiled Host IR program; ``run(args, ctx)`` returns the fusion outputs."""
 
@@ -99,6 +110,10 @@ class HostIrEvaluator:
         self._input_slots = [self.slot(v) for v in container.inputs]
         self._steps = self.compile_body(container.nodes)
         self._output_slots = [self.slot(v) for v in container.outputs]
+        fresh = _fresh_buffers(container)
+        #: (slot, layout) of outputs that may alias an input or have another layout (conformed per run)
+        self._conform = [(slot, layout) for v, slot, layout in zip(container.outputs, self._output_slots, self.layouts,
+                                                                   strict=True) if fresh.get(v) != layout.perm]
         self._slot_events: dict[tuple[int, int], torch.cuda.Event] = {}
 
     # --- CompileContext ------------------------------------------------------------------------
@@ -134,9 +149,11 @@ class HostIrEvaluator:
                     torch.cuda.set_stream(user)
         else:
             self._execute(Frame(values, ctx, None))
-        storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-        return [layout.conform(values[s], storages) for s, layout in zip(self._output_slots, self.layouts,
-                                                                         strict=True)]
+        if self._conform:
+            storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            for slot, layout in self._conform:
+                values[slot] = layout.conform(values[slot], storages)
+        return [values[s] for s in self._output_slots]
 
     def _execute(self, frame: Frame) -> None:
         for step in self._steps:

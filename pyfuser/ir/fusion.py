@@ -25,6 +25,15 @@ class Fusion:
     def mark_changed(self) -> None:
         self.version += 1
 
+    def clone(self) -> Fusion:
+        """A deep copy of the whole graph (flat, so fusions of any length copy)."""
+        from pyfuser.ir.cloning import clone_graph
+
+        return clone_graph(self)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Fusion:
+        return self.clone()
+
     # --- naming ------------------------------------------------------------------------------
     def next_name(self, kind: str) -> int:
         n = self._counters.get(kind, 0)

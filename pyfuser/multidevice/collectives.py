@@ -19,6 +19,10 @@ import torch.distributed as dist
 
 from pyfuser.multidevice.comm_plan import CommPlan, CommunicationType
 
+# torch >= 2.13 names the flat-tensor collectives ``*_single`` (the old names warn); older builds lack them.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
                "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -118,10 +122,10 @@ def _allgather(plan: CommPlan, group: Any, src: torch.Tensor, dst: torch.Tensor)
     order = _team_order(plan.team)
     src = src.contiguous()
     if order is None and _outer_contiguous(dst, dim):
-        work = dist.all_gather_into_tensor(dst.view(-1), src.view(-1), group=group, async_op=True)
+        work = _all_gather_flat(dst.view(-1), src.view(-1), group=group, async_op=True)
         return Pending([work])
     stacked = torch.empty((parts, *src.shape), dtype=src.dtype, device=src.device)
-    work = dist.all_gather_into_tensor(stacked.view(-1), src.view(-1), group=group, async_op=True)
+    work = _all_gather_flat(stacked.view(-1), src.view(-1), group=group, async_op=True)
 
     def finish() -> None:
         pieces = stacked if order is None else stacked[order]
@@ -137,8 +141,8 @@ def _reduce_scatter(plan: CommPlan, group: Any, src: torch.Tensor, dst: torch.Te
     if order is not None:
         stacked = stacked[order]
     buf = _staging(dst)
-    work = dist.reduce_scatter_tensor(buf.view(-1), stacked.contiguous().view(-1), op=_REDUCE_OPS[plan.reduce_op],
-                                      group=group, async_op=True)
+    work = _reduce_scatter_flat(buf.view(-1), stacked.contiguous().view(-1), op=_REDUCE_OPS[plan.reduce_op],
+                                group=group, async_op=True)
     return Pending([work], _finish_reduce(buf, dst, plan.reduce_op, parts))
 
 

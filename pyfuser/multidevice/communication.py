@@ -19,7 +19,7 @@ from pyfuser.ir.ops import LoadStoreOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.multidevice.collectives import Pending, post
 from pyfuser.multidevice.comm_plan import CommPlan, CommunicationType
-from pyfuser.multidevice.sharding import local_sizes
+from pyfuser.multidevice.sharding import local_extents
 
 if TYPE_CHECKING:
     from pyfuser.multidevice.communicator import Communicator
@@ -87,7 +87,7 @@ class Communication(HostNode):
         src_slot = cc.slot(self.input_tv) if self._sends else None
         dst_slot = cc.slot(self.output_tv) if self._receives else None
         work_slot = cc.slot(self.handle)  # type: ignore[arg-type]
-        out_tv, dtype, device = self.expr.output, self.output_tv.dtype.torch_dtype, cc.device
+        extents, dtype, device = local_extents(self.expr.output), self.output_tv.dtype.torch_dtype, cc.device
         if plan.root_from_loop and self.loop_index is None:
             raise ValueError(f"Communication {self.handle.number}: its root is the stream loop's index, but it is "
                              f"not in a stream loop ({self.output_tv.short_name} must be stream-parallel)")
@@ -103,7 +103,8 @@ class Communication(HostNode):
                 if into:
                     dst = values[dst_slot]
                 else:
-                    dst = torch.empty(local_sizes(out_tv, frame.ctx.env), dtype=dtype, device=device)
+                    env = frame.ctx.env
+                    dst = torch.empty([e.evaluate(env) for e in extents], dtype=dtype, device=device)
                     values[dst_slot] = dst
             values[work_slot] = post(current, rank, group, src, dst)
 

@@ -93,11 +93,6 @@ class Communicator:
     def local_size(self) -> int:
         return self.info.local_size
 
-    @property
-    def is_available(self) -> bool:
-        """True when more than one process takes part (or a group was already initialized)."""
-        return self.info.size > 1 or dist.is_initialized()
-
     def device(self) -> torch.device:
         """This rank's device: ``cuda:local_rank`` under NCCL, else the CPU."""
         if self.backend == "nccl":

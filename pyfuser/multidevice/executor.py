@@ -23,8 +23,11 @@ class MultiDeviceExecutorParams:
 class MultiDeviceExecutor:
     """Compiles ``fusion`` (global shapes) into this rank's Host IR program and runs it on local inputs.
 
-    Equivalent to ``fd.execute(local_inputs)`` and sharing its cache; it also checks up front that every
-    mesh of the fusion fits in the world.
+    Every rank calls ``run`` with one tensor per fusion input: its shard of a sharded input, the whole
+    tensor of a replicated one. A rank outside an input's mesh still passes a tensor of that input's
+    per-rank shape (it binds the sizes; its values are not read). Outputs are this rank's pieces; an
+    output on a mesh without this rank comes back empty (every dim 0). Equivalent to
+    ``fd.execute(local_inputs)``; the executor also checks up front that every mesh fits in the world.
     """
 
     def __init__(self, fusion: Fusion, params: MultiDeviceExecutorParams | None = None) -> None:

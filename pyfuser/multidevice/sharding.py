@@ -37,9 +37,6 @@ class Sharding:
     def is_sharded(self) -> bool:
         return bool(self.axes)
 
-    def axis_of(self, ptype: ParallelType) -> int | None:
-        return next((a for a, p in self.axes.items() if p is ptype), None)
-
     def __str__(self) -> str:
         parts = ", ".join(f"axis {a} on {p}" for a, p in sorted(self.axes.items()))
         return f"{self.mesh} [{parts or 'replicated'}]"
@@ -109,12 +106,6 @@ def shard(tv: TensorView, axes: Mapping[int, ParallelType]) -> None:
         else:
             tv.outer_split(pos, size)
             tv.axis(pos).parallelize(ptype)
-
-
-def clear_device_parallelization(tv: TensorView) -> None:
-    for i in tv.get_loop_domain():
-        if i.is_device_dim:
-            i.parallel_type = ParallelType.serial
 
 
 # --- local shapes ------------------------------------------------------------------------------------

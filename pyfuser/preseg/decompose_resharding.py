@@ -12,6 +12,9 @@ differ in mesh or sharding. The plan for one expr ``out = op(ins)``:
 2. Every input whose mesh or sharding differs from what the op needs to run locally gets a resharding
    ``set`` in front (Allgather for sequence parallelism, a local slice when only the consumer is sharded,
    Broadcast / SendRecv / Scatter between meshes).
+3. Ops that read an axis' global extent (full, iota, expand of a broadcast axis, and ops that are not
+   chunkable: reshape, slice, cat, pad) cannot produce a shard of that axis: they compute it whole and a
+   local slice follows.
 
 When a consumer loops over a stream-parallel ID, the inserted ``set`` is stream-parallelized on the mapped
 axis too, so stream lowering puts the communication of chunk ``i`` in the same host loop as the compute
@@ -26,7 +29,19 @@ from typing import TYPE_CHECKING
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, IterType, ParallelType
-from pyfuser.ir.ops import BinaryOp, BroadcastOp, LinearOp, LoadStoreOp, MatmulOp, ReductionOp, new_like, set_op
+from pyfuser.ir.ops import (
+    BinaryOp,
+    BroadcastOp,
+    ExpandOp,
+    FullOp,
+    IotaOp,
+    LinearOp,
+    LoadStoreOp,
+    MatmulOp,
+    ReductionOp,
+    new_like,
+    set_op,
+)
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.multidevice.device_mesh import DeviceMesh
@@ -59,7 +74,9 @@ def _decompose(expr: Expr) -> None:
         _decompose(bias_add)
         return
     if mesh == out.device_mesh:
-        compute_axes = {a: p for a, p in out_axes.items() if p not in partial.values()} | partial
+        global_axes = _global_extent_axes(expr)
+        compute_axes = {a: p for a, p in out_axes.items() if p not in partial.values() and a not in global_axes}
+        compute_axes |= partial
     else:  # partial results stay on the operands' mesh; the communication moves them to out's
         compute_axes = dict(partial)
     for inp in _distinct(expr.tensor_inputs):
@@ -91,8 +108,21 @@ def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
     broadcast_bias = TensorView(fusion, TensorDomain(bias_ids), bias.dtype)
     broadcast_bias.set_device_mesh(out.device_mesh)  # type: ignore[arg-type]
     BroadcastOp(fusion, broadcast_bias, bias, flags)  # type: ignore[arg-type]
-    out.definition = None
     return bare, BinaryOp(fusion, "add", out, reduced, broadcast_bias)
+
+
+def _global_extent_axes(expr: Expr) -> set[int]:
+    """Output axes whose extent the op reads from the bound (global) sizes: it cannot produce a shard of
+    them, so it runs replicated there and a local slice follows."""
+    out = expr.tensor_outputs[0]
+    every = set(range(len(out.get_logical_domain())))
+    if isinstance(expr, (FullOp, IotaOp)) or not type(expr).chunkable:
+        return every
+    if isinstance(expr, ExpandOp):
+        inp = expr.inputs[0].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+        return {d for d, (i, o) in enumerate(zip(inp, out.get_logical_domain(), strict=False))
+                if i.is_broadcast and not o.is_broadcast}
+    return set()
 
 
 def _supports_partial(expr: Expr) -> bool:
@@ -164,10 +194,9 @@ def _mapped_stream_axis(expr: Expr, inp: TensorView, out: TensorView) -> int | N
     stream = next((i for i in out.get_loop_domain() if i.is_stream), None)
     if stream is None or stream not in out.get_logical_domain():
         return None
-    for axis, pid in enumerate(inp.get_logical_domain(no_reductions=True)):
-        if expr.logical_map(inp).get(pid) is stream:
-            return axis
-    return None
+    mapping = expr.logical_map(inp)
+    return next((axis for axis, pid in enumerate(inp.get_logical_domain())
+                 if not pid.is_reduction and mapping.get(pid) is stream), None)
 
 
 def _partial_copy(tv: TensorView, mesh: DeviceMesh | None, axes: dict[int, ParallelType]) -> TensorView:
@@ -180,5 +209,4 @@ def _partial_copy(tv: TensorView, mesh: DeviceMesh | None, axes: dict[int, Paral
 
 
 def _distinct(tvs: list[TensorView]) -> list[TensorView]:
-    seen: set[int] = set()
-    return [t for t in tvs if not (id(t) in seen or seen.add(id(t)))]  # type: ignore[func-returns-value]
+    return list(dict.fromkeys(tvs))  # tensors hash by identity

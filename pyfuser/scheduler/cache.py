@@ -38,19 +38,6 @@ def cache_inputs(fusion: Fusion, propagate_allocation_domain: bool,
     return caches
 
 
-def set_compute_at(tv: TensorView, position: int) -> TensorView:
-    """Record that ``tv``'s loop IDs left of ``position`` are shared with its consumer's loop nest."""
-    if isinstance(position, bool) or not isinstance(position, int):
-        raise TypeError(f"{tv.short_name}: compute-at position must be an int, got {type(position).__name__}")
-    n = len(tv.get_loop_domain())
-    if not 0 <= position <= n:
-        raise ValueError(f"{tv.short_name}: compute-at position {position} is out of range for a loop domain of "
-                         f"{n} IDs (valid: 0..{n})")
-    tv.compute_at_pos = position
-    tv.fusion.mark_changed()
-    return tv
-
-
 def derive_allocation_from_loop(tv: TensorView) -> TensorView:
     """Set an on-chip tensor's allocation to its stride order with each logical ID replaced, in
     place, by the loop IDs it was transformed into (in loop order).

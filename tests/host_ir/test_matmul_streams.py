@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile
 
 from pyfuser import FusionDefinition
@@ -110,3 +112,25 @@ def test_linear_chunked_along_m(device, run_dumped):
     (result,), dump = run_dumped(fd, inputs)
     torch.testing.assert_close(result, F.linear(*inputs), **TOL)
     assert "HirAliasSelect( T0_" in dump and "HirAliasSelect( T1_" not in dump
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 9), k=st.integers(1, 5), n=st.integers(1, 9), chunks=st.integers(1, 5),
+       axis=st.sampled_from([0, 1]), transposed=st.booleans())
+def test_matmul_one_mm_per_nonempty_chunk(m, k, n, chunks, axis, transposed):
+    a = torch.randn(k, m).t() if transposed else torch.randn(m, k)
+    b = torch.randn(k, n)
+    fd = FusionDefinition()
+    ta = fd.define_tensor([-1, -1], contiguity=True, stride_order=[0, 1] if transposed else [1, 0])
+    tb = fd.define_tensor([-1, -1])
+    out = fd.ops.matmul(ta, tb)
+    fd.add_output(out)
+    out.outer_split(axis, chunks)
+    out.axis(axis).parallelize(STREAM)
+    (result,) = fd.execute([a, b])
+    torch.testing.assert_close(result, a @ b, **TOL)
+    extent = (m, n)[axis]
+    size = -(-extent // chunks)
+    lengths = [min(size, extent - i * size) for i in range(chunks) if i * size < extent]
+    calls = _gemm_calls(fd, [a, b])
+    assert [call[2][axis] for call in calls] == lengths

@@ -55,6 +55,24 @@ def pointwise_sharded_input() -> None:
 
 
 @case()
+def extent_reading_ops_on_sharded_tensors() -> None:
+    d, rank, mesh = world()
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        flat = fd.ops.reshape(x, [-1])                            # needs the whole tensor: gathered first
+        ones = fd.ops.full([2 * d, 3], 1.0, dtype=torch.float32)  # made whole, then sliced
+        fd.add_output(flat)
+        fd.add_output(fd.ops.add(ones, x))
+        place(mesh, x, ones)
+        shard_axis(x, 0, d)
+        shard_axis(ones, 0, d)
+    full = randn(2 * d, 3)
+    got_flat, got_sum = fd.execute([shard_tensor(full, x)])
+    assert_close(got_flat, full.reshape(-1), "reshape of a sharded tensor")
+    assert_close(got_sum, (full + 1).chunk(d, 0)[rank], "full on a sharded output")
+
+
+@case()
 def column_parallel_linear() -> None:
     d, rank, mesh = world()
     with FusionDefinition() as fd:
@@ -132,6 +150,30 @@ def sum_over_sharded_axis() -> None:
     total, largest = fd.execute([shard_tensor(full, x)])
     assert_close(total, full.sum(0), "sum over a sharded axis")
     assert_close(largest, full.amax(0), "max over a sharded axis")
+
+
+@case()
+def matmul_batch_and_contraction_sharding() -> None:
+    d, rank, mesh = world()
+    with FusionDefinition() as fd:
+        a, b = fd.define_tensor([-1, -1, -1]), fd.define_tensor([-1, -1, -1])
+        c, e = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        batched = fd.ops.matmul(a, b)      # batch-sharded operands: local matmuls
+        contracted = fd.ops.matmul(c, e)   # K-sharded operands: partial products, then Allreduce
+        fd.add_output(batched)
+        fd.add_output(contracted)
+        place(mesh, a, b, c, e)
+        shard_axis(a, 0, d)
+        shard_axis(b, 0, d)
+        shard_axis(c, 1, d)
+        shard_axis(e, 0, d)
+    af, bf, cf, ef = randn(2 * d, 3, 4), randn(2 * d, 4, 5), randn(3, 2 * d), randn(2 * d, 5)
+    got_batched, got_contracted = fd.execute([shard_tensor(t, tv) for t, tv in zip((af, bf, cf, ef), (a, b, c, e),
+                                                                                     strict=True)])
+    assert_close(got_batched, torch.matmul(af, bf).chunk(d, 0)[rank], "batch-sharded matmul")
+    assert_close(got_contracted, cf @ ef, "contraction-sharded matmul")
+    if host_ir(fd).count("type=Allreduce") != 1 or "type=Allgather" in host_ir(fd):
+        raise AssertionError(f"expected exactly one Allreduce and no Allgather:\n{host_ir(fd)}")
 
 
 @case()
@@ -295,6 +337,40 @@ def pipeline_across_meshes() -> None:
 
 
 @case()
+def gather_scatter_reduce_between_meshes() -> None:
+    d, rank, mesh = world()
+    first, last = DeviceMesh([0]), DeviceMesh([d - 1])
+    with FusionDefinition() as fd:
+        x, r = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        gathered = fd.ops.set(x)            # sharded on every rank -> whole on rank 0: Gather
+        scattered = fd.ops.set(gathered)    # whole on rank 0 -> sharded on every rank: Scatter
+        total = fd.ops.sum(x, [0])          # partial sums on every rank -> reduced on the last: Reduce
+        sliced = fd.ops.neg(r)              # replicated in, sharded out: each rank slices locally
+        for out in (gathered, scattered, total, sliced):
+            fd.add_output(out)
+        place(mesh, x, scattered, r, sliced)
+        place(first, gathered)
+        place(last, total)
+        shard_axis(x, 0, d)
+        shard_axis(scattered, 1, d)
+        shard_axis(sliced, 1, d)
+    full, rep = randn(2 * d, 3 * d), randn(4, 2 * d)
+    got_gathered, got_scattered, got_total, got_sliced = fd.execute([shard_tensor(full, x), rep])
+    if rank == 0:
+        assert_close(got_gathered, full, "Gather onto rank 0")
+    if rank == d - 1:
+        assert_close(got_total, full.sum(0), "Reduce onto the last rank")
+    assert_close(got_scattered, full.chunk(d, 1)[rank], "Scatter from rank 0")
+    assert_close(got_sliced, (-rep).chunk(d, 1)[rank], "local slice of a replicated input")
+    text = host_ir(fd)
+    for kind in ("Gather", "Scatter", "Reduce"):
+        if f"type={kind}," not in text:
+            raise AssertionError(f"expected a {kind}:\n{text}")
+    if "LocalSlice" not in text:
+        raise AssertionError(f"expected a LocalSlice:\n{text}")
+
+
+@case()
 def dtensor_wrapper() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -337,6 +413,13 @@ def bad_inputs_raise_clear_errors() -> None:
         place(mesh, x)
         shard_axis(x, 0, d)
     expect_error(lambda: fd.execute([randn(4 * d, 4)]), ValueError, "T0", "axis 0", "static size 4", "shard")
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1])
+        fd.add_output(fd.ops.neg(x))
+        place(mesh, x)
+        x.axis(1).parallelize(X)  # one element of axis 1 per rank
+    expect_error(lambda: fd.execute([randn(2, d, 3)]), ValueError, "T0", "axis 1", "static size 1", "shard")
 
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1])

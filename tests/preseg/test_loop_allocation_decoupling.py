@@ -15,7 +15,7 @@ from pyfuser.multidevice.device_mesh import DeviceMesh
 from pyfuser.preseg.loop_allocation_decoupling import can_be_segment_boundary, decouple_loop_and_allocation
 from pyfuser.preseg.pipeline import PASSES, run_preseg_passes
 from pyfuser.runtime.executor import CompileOptions
-from pyfuser.scheduler.cache import set_compute_at
+from pyfuser.scheduler.utils import set_compute_at
 
 
 def preseg(fusion: Fusion) -> Fusion:

@@ -14,8 +14,8 @@ from pyfuser.scheduler.cache import (
     cache_inputs,
     check_allocation_matches_loop,
     derive_allocation_from_loop,
-    set_compute_at,
 )
+from pyfuser.scheduler.utils import set_compute_at
 
 
 def seed_003_fusion(shape: list[int], stride_order: list[int]) -> tuple[FusionDefinition, list[TensorView]]:

@@ -12,19 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyfuser.host_ir.nodes import (
-    NUMBER_OF_STREAMS,
-    Allocate,
-    ForLoop,
-    HirAliasSelect,
-    HostIrContainer,
-    HostNode,
-    SlotRelease,
-    SlotWait,
-)
+from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, ForLoop, HirAliasSelect, HostIrContainer, HostNode
+from pyfuser.host_ir.stream_nodes import SlotRelease, SlotWait
 from pyfuser.ir.base import Val
 from pyfuser.ir.symbolic import sym_min
-from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
@@ -74,7 +65,6 @@ def use_ring_buffers(container: HostIrContainer, fusion: Fusion, options: Compil
     for loop in [n for n in container.nodes if isinstance(n, ForLoop)]:
         for select in _ring_candidates(container, loop, allocations):
             tv = select.src
-            assert isinstance(tv, TensorView)
             alloc = allocations[id(tv)]
             shape = list(alloc.shape)
             shape[select.dim] = sym_min(NUMBER_OF_STREAMS * loop.index.chunk, shape[select.dim])

@@ -152,11 +152,6 @@ def _on_first_output(expr: Expr, axis: StreamAxis) -> StreamAxis:
     return axis.on(out, ids[dim])
 
 
-def output_dims(expr: Expr, axis: StreamAxis) -> list[int]:
-    """Chunked dim of every tensor output: outputs of one expr share the first output's position."""
-    return [axis.dim for _ in expr.tensor_outputs]
-
-
 def check_stream_schedules(fusion: Fusion) -> None:
     """Validate every stream schedule of the fusion as the user wrote it (before passes reorder
     loop domains), so errors name the axes the user parallelized."""

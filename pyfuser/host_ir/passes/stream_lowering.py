@@ -18,24 +18,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pyfuser.host_ir.nodes import (
-    Allocate,
-    ForLoop,
-    GetCurrentStream,
-    HirAliasSelect,
-    HostIrContainer,
-    HostNode,
-    LoopIndex,
-    SetCurrentStream,
-    Synchronize,
-)
+from pyfuser.host_ir.nodes import Allocate, ForLoop, HirAliasSelect, HostIrContainer, HostNode, LoopIndex
 from pyfuser.host_ir.passes.stream_axes import (
     StreamAxis,
     expr_stream_axis,
-    output_dims,
     producer_id,
     stream_axis_of,
 )
+from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, Synchronize
 from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.symbolic import SymConst
@@ -123,8 +113,12 @@ class _StreamLowering:
             if p not in loop.chunks:
                 self._select(loop, p, mapped)
             mapping[p] = loop.chunks[p][1]
-        for out, dim in zip(expr.tensor_outputs, output_dims(expr, axis), strict=True):
-            logical = out.get_logical_domain(no_reductions=True)[dim]
+        for out in expr.tensor_outputs:  # outputs of one expr (var_mean) are chunked at the same position
+            ids = out.get_logical_domain(no_reductions=True)
+            if axis.dim >= len(ids) or ids[axis.dim].extent != axis.logical.extent:
+                raise ValueError(f"{axis.describe()} is parallelized on stream, but {out.short_name}, another output "
+                                 f"of the same {type(expr).__name__}, has no matching axis {axis.dim} to chunk")
+            logical = ids[axis.dim]
             if out not in self.allocated:
                 loop.preamble.append(Allocate(out, allocation_perm(self.fusion, out)))
                 self.allocated.add(out)

@@ -23,18 +23,10 @@ worker ``k``, so its reuse is stream-ordered.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
-from pyfuser.host_ir.nodes import (
-    NUMBER_OF_STREAMS,
-    ForLoop,
-    GetCurrentStream,
-    HostIrContainer,
-    HostNode,
-    LoopIndex,
-    SetCurrentStream,
-    Synchronize,
-)
+from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, ForLoop, HostIrContainer, HostNode, LoopIndex
+from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, Synchronize
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.symbolic import SymConst, sym_min
 
@@ -43,7 +35,7 @@ if TYPE_CHECKING:
     from pyfuser.runtime.executor import CompileOptions
 
 
-def _is_stream_loop(node: HostNode) -> bool:
+def _is_stream_loop(node: HostNode) -> TypeGuard[ForLoop]:
     """A loop as stream lowering emits it: Get / Set worker / Synchronize main ... Set main / Synchronize worker."""
     if not isinstance(node, ForLoop) or len(node.body) < 5:
         return False
@@ -61,7 +53,6 @@ def overlap_stream_loops(container: HostIrContainer, fusion: Fusion, options: Co
         if not _is_stream_loop(node):
             result.append(node)
             continue
-        assert isinstance(node, ForLoop)
         get_main, set_worker, wait_main = node.body[:3]
         set_main = node.body[-2]  # the per-iteration join (body[-1]) becomes the join loop below
         node.body = [set_worker, wait_main, *node.body[3:-2]]

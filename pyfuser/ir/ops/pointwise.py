@@ -193,17 +193,23 @@ class BinaryOp(Expr):
 
 
 def _where(c: Any, a: Any, b: Any) -> Any:
-    if not isinstance(c, torch.Tensor):
-        return a if c else b
-    return torch.where(c, a, b)
+    if isinstance(c, torch.Tensor):
+        return torch.where(c, a, b)
+    branches = [x for x in (a, b) if isinstance(x, torch.Tensor)]
+    if branches:  # a number condition still broadcasts both branches against each other
+        return torch.where(torch.as_tensor(c, device=branches[0].device), a, b)
+    return a if c else b
 
 
 def _clamp(x: Any, lo: Any, hi: Any) -> Any:
-    if not isinstance(x, torch.Tensor):
+    tensors = [v for v in (x, lo, hi) if isinstance(v, torch.Tensor)]
+    if not tensors:
         return min(max(x, lo), hi)
-    if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
-        # torch.clamp takes bounds that are all tensors or all numbers; 0-dim tensors promote like numbers.
-        lo, hi = (b if isinstance(b, torch.Tensor) else torch.as_tensor(b, device=x.device) for b in (lo, hi))
+    if len(tensors) == 1 and tensors[0] is x:
+        return torch.clamp(x, lo, hi)
+    # torch.clamp takes bounds that are all tensors or all numbers; 0-dim tensors promote like numbers.
+    device = tensors[0].device
+    x, lo, hi = (v if isinstance(v, torch.Tensor) else torch.as_tensor(v, device=device) for v in (x, lo, hi))
     return torch.clamp(x, lo, hi)
 
 

@@ -1,0 +1,86 @@
+"""Copying a whole fusion graph without recursion.
+
+``copy.deepcopy`` recurses along definition / use chains, so a fusion of a few hundred exprs
+overflows Python's stack. The compiler copies every fusion it compiles (passes rewrite the copy,
+the user's definition stays as written), so the copy is done in two flat phases instead:
+discover every IR node and make an empty instance of each, then fill in their attributes with
+references remapped to the new instances. Anything that is not an IR node (ints, strings,
+enums, symbolic extents, dtypes, functions, device meshes) is immutable and shared.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.iter_domain import IdTransform, IterDomain
+from pyfuser.ir.tensor_domain import TensorDomain
+
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def _is_node(x: object) -> bool:
+    from pyfuser.ir.fusion import Fusion
+
+    return isinstance(x, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion))
+
+
+def _attribute_names(obj: object) -> list[str]:
+    names: list[str] = []
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    names = [n for n in names if n not in ("__dict__", "__weakref__") and hasattr(obj, n)]
+    if hasattr(obj, "__dict__"):
+        names.extend(vars(obj))
+    return names
+
+
+def _children(value: Any, out: list[Any]) -> None:
+    """Append the IR nodes found in ``value`` (looking inside plain containers)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if _is_node(v):
+            out.append(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, _CONTAINERS):
+            stack.extend(v)
+
+
+def _remap(value: Any, memo: dict[int, Any]) -> Any:
+    if _is_node(value):
+        return memo[id(value)]
+    if isinstance(value, list):
+        return [_remap(v, memo) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_remap(v, memo) for v in value)
+    if isinstance(value, dict):
+        return {_remap(k, memo): _remap(v, memo) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return type(value)(_remap(v, memo) for v in value)
+    return value
+
+
+def clone_graph(root: Any) -> Any:
+    """A deep copy of every IR node reachable from ``root``; other values are shared."""
+    memo: dict[int, Any] = {}
+    originals: list[Any] = []
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        if id(node) in memo:
+            continue
+        memo[id(node)] = object.__new__(type(node))
+        originals.append(node)
+        found: list[Any] = []
+        for name in _attribute_names(node):
+            _children(getattr(node, name), found)
+        pending.extend(f for f in found if id(f) not in memo)
+    for node in originals:
+        copy = memo[id(node)]
+        for name in _attribute_names(node):
+            object.__setattr__(copy, name, _remap(getattr(node, name), memo))
+    return memo[id(root)]
