@@ -57,7 +57,10 @@ class LaunchInfo:
 
 
 class Communicator:
-    """The process-wide communicator (``Communicator.instance()``)."""
+    """The process-wide communicator (``Communicator.instance()``).
+
+    Backend: NCCL when GPUs are visible, else gloo; ``PYFUSER_DIST_BACKEND=gloo|nccl`` overrides.
+    """
 
     _instance: Communicator | None = None
 
@@ -65,7 +68,8 @@ class Communicator:
                  timeout_s: float | None = None) -> None:
         self.info = info or LaunchInfo.from_env()
         if backend is None:
-            backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+            backend = os.environ.get("PYFUSER_DIST_BACKEND") or (
+                "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo")
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"Communicator backend must be 'nccl' or 'gloo', got {backend!r}")
         self.backend = backend

@@ -60,9 +60,6 @@ class DTensorFusion:
         for tv, t in zip(tvs, inputs, strict=True):
             tv.set_device_mesh(mesh)
             shard(tv, _axes_of(tv, t.placements, mesh))
-        for out in fd.fusion.outputs():
-            if out.device_mesh is None:
-                out.set_device_mesh(mesh)  # type: ignore[attr-defined]
         propagate_shardings(fd.fusion)  # outputs' shardings decide the returned placements
         return fd
 

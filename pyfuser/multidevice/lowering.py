@@ -50,15 +50,16 @@ def _elsewhere(expr: Expr) -> list[HostNode]:
 
 
 def lower_local_expr(expr: Expr, lctx: LoweringContext) -> list[HostNode]:
+    """Compute on the ranks of the output's mesh (every rank when the fusion has no meshes)."""
     outs = expr.tensor_outputs
-    if not outs or outs[0].device_mesh is None:
-        return [AtenCall(expr)]
-    if not _on_this_rank(outs[0], Communicator.instance().rank()):
+    mesh = outs[0].device_mesh if outs else None
+    if mesh is not None and Communicator.instance().rank() not in mesh:
         return _elsewhere(expr)
     return [AtenCall(expr)]
 
 
 def lower_set(expr: LoadStoreOp, lctx: LoweringContext) -> list[HostNode]:
+    """A resharding set is this rank's part of a communication; any other set is a local copy."""
     src, dst = expr.inputs[0], expr.output
     if not isinstance(src, TensorView) or src.device_mesh is None or dst.device_mesh is None:
         return [AtenCall(expr)]

@@ -8,7 +8,8 @@ the device parallel types still unused (data parallelism over a batch axis, say)
 propagate: the result of reducing a sharded axis is replicated, and ``decompose_resharding`` inserts the
 communication that makes it so.
 
-User annotations win: a tensor whose loop domain the user transformed or parallelized keeps it.
+User annotations win: a tensor the user placed on a mesh (``set_device_mesh``; no device-parallel ID
+then means replicated) or whose loop domain the user transformed or parallelized keeps its sharding.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import LinearOp, MatmulOp
 from pyfuser.ir.tensor_view import TensorView
+from pyfuser.multidevice.communicator import Communicator
+from pyfuser.multidevice.executor import check_meshes_fit
 from pyfuser.multidevice.sharding import shard, sharding_of
 
 if TYPE_CHECKING:
@@ -33,11 +36,9 @@ def is_multidevice(fusion: Fusion) -> bool:
 def propagate_shardings(fusion: Fusion, options: CompileOptions | None = None) -> None:
     if not is_multidevice(fusion):
         return
-    from pyfuser.multidevice.communicator import Communicator
-    from pyfuser.multidevice.executor import check_meshes_fit
-
     check_meshes_fit(fusion, Communicator.instance().size())
     exprs = fusion.exprs()
+    annotated = {tv for tv in fusion.tensors() if tv.device_mesh is not None or user_scheduled(tv)}
     _propagate_meshes(exprs)
     for tv in fusion.tensors():
         if tv.device_mesh is None:
@@ -46,7 +47,7 @@ def propagate_shardings(fusion: Fusion, options: CompileOptions | None = None) -
         sharding_of(tv)  # validate every annotation once, with a clear message
     for expr in exprs:
         for out in expr.tensor_outputs:
-            if not user_scheduled(out):
+            if out not in annotated:
                 shard(out, _propagated_axes(expr, out))
 
 

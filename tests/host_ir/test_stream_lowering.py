@@ -192,3 +192,23 @@ def test_var_mean_outputs_chunked_together(device, run_dumped):
     torch.testing.assert_close(v, ev)
     torch.testing.assert_close(m, em)
     assert len(_fors(dump)) == 1 and dump.count("ALLOCATE") == 2
+
+
+def test_chunk_outputs_written_in_place_keep_torch_promotion(device):
+    """Pointwise ops write chunks with ``out=``; the promoted dtype must match torch's."""
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1], dtype=torch.int32)
+    t1 = fd.ops.exp(t0)                # int -> float
+    t2 = fd.ops.add(t0, 2.5)           # int + python float -> float
+    t3 = fd.ops.truediv(t0, t0)        # int / int -> float
+    t4 = fd.ops.mul(t0, 3)             # stays int
+    outs = (t1, t2, t3, t4)
+    for t in outs:
+        fd.add_output(t)
+        t.outer_split(0, 2)
+        t.axis(0).parallelize(STREAM)
+    x = torch.randint(1, 5, (5, 3), dtype=torch.int32, device=device)
+    got = fd.execute([x])
+    for g, want in zip(got, (torch.exp(x), x + 2.5, x / x, x * 3), strict=True):
+        assert g.dtype == want.dtype
+        torch.testing.assert_close(g, want)

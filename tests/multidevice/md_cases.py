@@ -177,6 +177,26 @@ def matmul_batch_and_contraction_sharding() -> None:
 
 
 @case()
+def mesh_not_in_rank_order() -> None:
+    d, rank, _ = world()
+    mesh = DeviceMesh(list(reversed(range(d))))  # rank r holds shard d - 1 - r
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        gathered = fd.ops.set(x)   # placed on the mesh without device IDs: replicated, so an Allgather
+        out = fd.ops.linear(x, w)  # row-parallel into a row-sharded output: ReduceScatter
+        fd.add_output(gathered)
+        fd.add_output(out)
+        place(mesh, x, w, gathered, out)
+        shard_axis(x, 1, d)
+        shard_axis(w, 1, d)
+        shard_axis(out, 0, d)
+    xf, wf = randn(2 * d, 2 * d), randn(3, 2 * d)
+    got_gathered, got_out = fd.execute([shard_tensor(xf, x), shard_tensor(wf, w)])
+    assert_close(got_gathered, xf, "Allgather over a reversed mesh")
+    assert_close(got_out, F.linear(xf, wf).chunk(d, 0)[d - 1 - rank], "ReduceScatter over a reversed mesh")
+
+
+@case()
 def sequence_parallel_allgather_linear() -> None:
     d, rank, mesh = world()
     with FusionDefinition() as fd:
@@ -192,11 +212,27 @@ def sequence_parallel_allgather_linear() -> None:
         raise AssertionError(f"expected an Allgather:\n{host_ir(fd)}")
 
 
-#: Seed 004's loop body, in order (stream switch, selects, Allgather, Wait, output select, linear, sync).
-SEED_004_BODY = [r"FOR StreamIdx in iStreamIdx\d+\{i0\}:", r"SetCurrentStream to Stream \( StreamIdx",
-                 r"HirAliasSelect\( T0_", r"HirAliasSelect\( T4_", r"Communication \d+ \(type=Allgather, team=\(",
-                 r"Wait Communication", r"HirAliasSelect\( T3_", r"= linear\(T\d+_l", r"SetCurrentStream to Stream 0",
-                 r"Synchronize Stream \( StreamIdx"]
+#: Seed 004's program, in order: the gathered buffer and the output allocated once, then per stream
+#: iteration: stream switch, selects of the input chunk (still device-parallel) and the buffer chunk,
+#: Allgather, Wait, select of the output chunk, linear into it, switch back and synchronize.
+SEED_004 = [
+    r"^  T4_g_float\[.*\] \(DeviceMesh\{0 1.*\}\) = ALLOCATE\(buffer=T4_g_float",
+    r"^  T3_g_float\[iStreamIdx\d+\{i0\}.* = ALLOCATE\(buffer=T3_g_float",
+    r"^  FOR StreamIdx in iStreamIdx\d+\{i0\}:",
+    r"SetCurrentStream to Stream \( StreamIdx % numberOfStreams \)",
+    r"^    T5_l_float\[ideviceIdx\.x\d+\{i1\}, iS\d+\{i2\}, iS\d+\{i3\}\] \(DeviceMesh\{0 1",
+    r"= HirAliasSelect\( T0_g_float\[.*, axis = iS\d+\{i0\}, index = StreamIdx \)",
+    r"= HirAliasSelect\( T4_g_float\[.*, axis = iStreamIdx\d+\{i0\}",
+    r"^    Communication (\d+) \(type=Allgather, team=\(0 1[ 0-9]*\), input=T5_l_float\[ideviceIdx\.x.*, "
+    r"output=T6_l_float\[.*, backend=(GLOO|NCCL)\)$",
+    r"^    Wait Communication \d+$",
+    r"= HirAliasSelect\( T3_g_float\[iStreamIdx\d+\{i0\}.*, index = StreamIdx \)",
+    r"^    T7_l_float\[",
+    r"= linear\(T6_l_float",
+    r"^    SetCurrentStream to Stream 0$",
+    r"^    Synchronize Stream \( StreamIdx % numberOfStreams \)$",
+    r"^\} // %HostIrContainer",
+]
 
 
 def _check_structure(text: str, patterns: list[str]) -> None:
@@ -225,7 +261,7 @@ def seed_004_allgather_linear_pipeline() -> None:
         (got,) = fd.execute([shard_tensor(xf, x), wf, bf])
         assert_close(got, F.linear(xf, wf, bf), f"seed 004 pipeline with S={streams}")
         text = host_ir(fd)
-        _check_structure(text, [r"T4_g_float\[.*= ALLOCATE\(", r"T3_g_float\[.*= ALLOCATE\(", *SEED_004_BODY])
+        _check_structure(text, SEED_004)
         if text.count("Communication") != 2 or "DeviceMesh{" not in text:
             raise AssertionError(f"expected one Allgather (and its Wait) inside the loop:\n{text}")
 
@@ -388,6 +424,11 @@ def dtensor_wrapper() -> None:
     if out.placements != (Shard(1),):
         raise AssertionError(f"expected the output sharded on its last dim, got {out.placements}")
     assert_close(out.full_tensor(), torch.relu(F.linear(xf, wf)), "DTensor wrapper")
+    xf = randn(2 * d, 8)
+    (out,) = fn(distribute_tensor(xf, torch_mesh, [Shard(0)]), distribute_tensor(wf, torch_mesh, [Replicate()]))
+    if out.placements != (Shard(0),) or out.shape != (2 * d, 2 * d):
+        raise AssertionError(f"expected a [{2 * d}, {2 * d}] output sharded on dim 0, got {out.placements} {out.shape}")
+    assert_close(out.to_local(), torch.relu(F.linear(xf, wf)).chunk(d, 0)[comm().rank()], "DTensor, sharded rows")
 
 
 @case()

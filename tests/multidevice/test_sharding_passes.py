@@ -74,6 +74,22 @@ def test_reduced_axis_does_not_propagate_and_user_annotations_win() -> None:
     assert axes(s) == {} and axes(t) == {0: X}
 
 
+def test_placing_a_tensor_on_a_mesh_without_device_ids_means_replicated() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        y, z = fd.ops.neg(x), fd.ops.abs(x)
+        fd.add_output(y)
+        fd.add_output(z)
+    x.set_device_mesh(MESH)
+    shard(x, 0)
+    y.set_device_mesh(MESH)
+    propagate_shardings(fd.fusion)
+    assert axes(y) == {} and axes(z) == {0: X}
+    decompose_resharding(fd.fusion)
+    (gather,) = sets(fd)
+    assert gather.output is not y and y.definition is not None and y.definition.inputs[0] is gather.output
+
+
 def test_sequence_parallel_linear_inserts_an_allgather() -> None:
     with FusionDefinition() as fd:
         x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
