@@ -1,6 +1,7 @@
 """Multi-device execution: meshes, shardings, communications and the per-rank executor.
 
-Importing this package registers the multi-device Host IR lowering (``lowering.py``).
+Importing this package registers the multi-device Host IR lowering (``lowering.py``). DTensor interop
+lives in ``pyfuser.multidevice.dtensor`` (``DTensorFusion``).
 """
 
 from pyfuser.multidevice import lowering as _lowering  # noqa: F401  (registers the lowerings)

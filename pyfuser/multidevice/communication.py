@@ -116,10 +116,15 @@ class Wait(HostNode):
 
     binds_to_previous = True
 
-    def __init__(self, communication: Communication) -> None:
+    def __init__(self, communication: Communication, inputs: list[Any] | None = None) -> None:
         self.communication = communication
-        self.inputs = []
+        # The collective reads its input until it completes: passes that free or reuse buffers (ring
+        # buffers, deallocation) must see this Wait, not the Communication, as the input's last use.
+        self.inputs = list(communication.inputs) if inputs is None else inputs
         self.outputs = []
+
+    def substitute(self, mapping: dict[Val, Val]) -> Wait:
+        return Wait(self.communication, [mapping.get(v, v) for v in self.inputs])
 
     def to_string(self, indent: int = 0) -> str:
         return f"{indent_str(indent)}Wait Communication {self.communication.handle.number}\n"

@@ -59,7 +59,8 @@ class LaunchInfo:
 class Communicator:
     """The process-wide communicator (``Communicator.instance()``).
 
-    Backend: NCCL when GPUs are visible, else gloo; ``PYFUSER_DIST_BACKEND=gloo|nccl`` overrides.
+    Backend: NCCL when every local rank can have its own GPU, else gloo; ``PYFUSER_DIST_BACKEND=gloo|nccl``
+    overrides.
     """
 
     _instance: Communicator | None = None
@@ -68,8 +69,8 @@ class Communicator:
                  timeout_s: float | None = None) -> None:
         self.info = info or LaunchInfo.from_env()
         if backend is None:
-            backend = os.environ.get("PYFUSER_DIST_BACKEND") or (
-                "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo")
+            one_gpu_each = torch.cuda.is_available() and torch.cuda.device_count() >= self.info.local_size
+            backend = os.environ.get("PYFUSER_DIST_BACKEND") or ("nccl" if one_gpu_each else "gloo")
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"Communicator backend must be 'nccl' or 'gloo', got {backend!r}")
         self.backend = backend
@@ -80,8 +81,14 @@ class Communicator:
 
     @classmethod
     def instance(cls) -> Communicator:
+        """The communicator of this process; in a multi-process world the first call joins the default
+        group, so every rank joins when it first compiles a multi-device fusion -- also ranks that will
+        have nothing to communicate, which would otherwise leave their peers waiting in the rendezvous."""
         if cls._instance is None:
-            cls._instance = Communicator()
+            comm = Communicator()
+            if comm.size() > 1:
+                comm._ensure_initialized()
+            cls._instance = comm
         return cls._instance
 
     # --- who am I -------------------------------------------------------------------------------

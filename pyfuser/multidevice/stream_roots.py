@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyfuser.host_ir.nodes import ForLoop, HirAliasSelect, HostIrContainer
-from pyfuser.multidevice.communication import Communication
+from pyfuser.multidevice.communication import Communication, Wait
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
@@ -25,9 +25,13 @@ def bind_loop_roots(container: HostIrContainer, fusion: Fusion, options: Compile
             select = next((n for n in loop.body if isinstance(n, HirAliasSelect) and n.out is comm.input_tv), None)
             if select is None:
                 continue
-            readers = [n for n in loop.body if n is not select and n is not comm and select.out in n.inputs]
+            waits = [n for n in loop.body if isinstance(n, Wait) and n.communication.handle is comm.handle]
+            readers = [n for n in loop.body
+                       if n is not select and n is not comm and n not in waits and select.out in n.inputs]
             if readers:
                 raise ValueError(f"{select.src.short_name} is sharded along the stream loop's axis, so a host loop "
                                  f"cannot take chunks of it, but {len(readers)} other node(s) read its chunk")
             loop.body.remove(select)
             comm.read_whole_input(select.src)
+            for wait in waits:
+                wait.inputs = list(comm.inputs)

@@ -19,7 +19,8 @@ differ in mesh or sharding. The plan for one expr ``out = op(ins)``:
 When a consumer loops over a stream-parallel ID, the inserted ``set`` is stream-parallelized on the mapped
 axis too, so stream lowering puts the communication of chunk ``i`` in the same host loop as the compute
 of chunk ``i``: the all-gather + GEMM pipeline of seed 004, or, when the loop runs over the sharded axis
-itself ("shard outermost"), a broadcast of rank ``i``'s shard in iteration ``i``.
+itself ("shard outermost"), a broadcast of rank ``i``'s shard in iteration ``i``. Likewise partial results
+are chunked like the stream-parallel output they reduce into (GEMM + Allreduce per chunk).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.iter_domain import IterDomain, IterType, ParallelType
+from pyfuser.ir.iter_domain import IterDomain, IterType, ParallelType, Split
 from pyfuser.ir.ops import (
     BinaryOp,
     BroadcastOp,
@@ -42,6 +43,7 @@ from pyfuser.ir.ops import (
     new_like,
     set_op,
 )
+from pyfuser.ir.symbolic import SymExpr
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.multidevice.device_mesh import DeviceMesh
@@ -87,6 +89,8 @@ def _decompose(expr: Expr) -> None:
     if compute_axes != out_axes or mesh != out.device_mesh:
         for old in expr.tensor_outputs:
             new = _partial_copy(old, mesh, compute_axes)
+            if partial:
+                _copy_stream_schedule(old, new)  # chunk i's partial sums are reduced while chunk i+1 computes
             expr.replace_output(old, new)
             set_op(new, old)
 
@@ -100,6 +104,7 @@ def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
     for inp in (x, w, bias):
         inp.uses[:] = [e for e in inp.uses if e is not linear]
     reduced = _partial_copy(out, out.device_mesh, dict(sharding_of(out).axes))
+    _copy_stream_schedule(out, reduced)
     bare = LinearOp(fusion, reduced, x, w, None)  # type: ignore[arg-type]
     rank = len(reduced.get_logical_domain(no_reductions=True))
     flags = [True] * (rank - 1) + [False]
@@ -108,7 +113,9 @@ def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
     broadcast_bias = TensorView(fusion, TensorDomain(bias_ids), bias.dtype)
     broadcast_bias.set_device_mesh(out.device_mesh)  # type: ignore[arg-type]
     BroadcastOp(fusion, broadcast_bias, bias, flags)  # type: ignore[arg-type]
-    return bare, BinaryOp(fusion, "add", out, reduced, broadcast_bias)
+    # The bias operand first: its broadcast is then ordered before the linear, so a stream loop over out
+    # holds the linear, its communication and the add together.
+    return bare, BinaryOp(fusion, "add", out, broadcast_bias, reduced)
 
 
 def _global_extent_axes(expr: Expr) -> set[int]:
@@ -206,6 +213,30 @@ def _partial_copy(tv: TensorView, mesh: DeviceMesh | None, axes: dict[int, Paral
     copy.set_device_mesh(mesh)  # type: ignore[arg-type]
     shard(copy, axes)
     return copy
+
+
+def _copy_stream_schedule(src: TensorView, dst: TensorView) -> None:
+    """Give ``dst`` ``src``'s stream loop ID (same logical position, same chain of outer-split outputs), so
+    the expr producing ``dst`` joins the host loop that consumes it chunk by chunk."""
+    stream = next((i for i in src.get_loop_domain() if i.is_stream), None)
+    if stream is None:
+        return
+    logical = src.get_logical_domain()
+    splits: list[tuple[SymExpr, bool]] = []
+    node = stream
+    while node not in logical:
+        split = node.definition
+        if not (isinstance(split, Split) and split.outer is node):
+            return  # not a chunking a host loop can take; stream lowering reports it on src
+        splits.append((split.factor, split.inner_split))
+        node = split.in_id
+    target = dst.get_logical_domain()[logical.index(node)]
+    pos = dst.loop_position(target)
+    if pos < 0:
+        return
+    for factor, inner in reversed(splits):
+        dst.split(pos, factor, inner_split=inner)
+    dst.axis(pos).parallelize(ParallelType.stream)
 
 
 def _distinct(tvs: list[TensorView]) -> list[TensorView]:

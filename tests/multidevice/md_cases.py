@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from harness import assert_close, case, comm, device, expect_error, main, randn
 
-from pyfuser import FusionDefinition, ParallelType
+from pyfuser import FusionDefinition, ParallelType, TensorView
 from pyfuser.multidevice import DeviceMesh, MultiDeviceExecutor, MultiDeviceExecutorParams, shard_tensor
 from pyfuser.multidevice.dtensor import DTensorFusion
 
@@ -24,14 +24,15 @@ def world() -> tuple[int, int, DeviceMesh]:
     return c.size(), c.rank(), DeviceMesh(range(c.size()))
 
 
-def place(mesh: DeviceMesh, *tvs: object) -> None:
+def place(mesh: DeviceMesh, *tvs: TensorView) -> None:
     for tv in tvs:
-        tv.set_device_mesh(mesh)  # type: ignore[attr-defined]
+        tv.set_device_mesh(mesh)
 
 
-def shard_axis(tv: object, axis: int, parts: int, ptype: ParallelType = X) -> None:
-    tv.outer_split(axis, parts)  # type: ignore[attr-defined]
-    tv.axis(axis).parallelize(ptype)  # type: ignore[attr-defined]
+def shard_axis(tv: TensorView, axis: int, parts: int, ptype: ParallelType = X) -> None:
+    """Shard loop axis ``axis`` of ``tv`` over ``parts`` ranks along ``ptype``."""
+    tv.outer_split(axis, parts)
+    tv.axis(axis).parallelize(ptype)
 
 
 def host_ir(fd: FusionDefinition) -> str:
@@ -135,6 +136,27 @@ def row_parallel_linear_reduce_scatter() -> None:
     _, text = _row_parallel(scatter_output=True)
     if "type=ReduceScatter" not in text:
         raise AssertionError(f"expected a ReduceScatter:\n{text}")
+
+
+@case()
+def row_parallel_linear_stream_pipelined() -> None:
+    d, _, mesh = world()
+    with FusionDefinition() as fd:
+        x, w, b = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+        out = fd.ops.linear(x, w, b)
+        fd.add_output(out)
+        place(mesh, x, w, b, out)
+        shard_axis(x, 1, d)
+        shard_axis(w, 1, d)
+        out.outer_split(0, 2)  # two row chunks: chunk i's partial sums are reduced while chunk i+1 computes
+        out.axis(0).parallelize(ParallelType.stream)
+    xf, wf, bf = randn(4, 4 * d), randn(5, 4 * d), randn(5)
+    (got,) = fd.execute([shard_tensor(xf, x), shard_tensor(wf, w), bf])
+    assert_close(got, F.linear(xf, wf, bf), "stream-pipelined row-parallel linear")
+    text = host_ir(fd)
+    _check_structure(text, [r"FOR StreamIdx", r"= linear\(", r"type=Allreduce", r"Wait Communication", r"\+"])
+    if text.count("FOR StreamIdx") != 1:
+        raise AssertionError(f"expected linear, Allreduce and bias add in one stream loop:\n{text}")
 
 
 @case()

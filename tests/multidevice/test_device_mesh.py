@@ -7,7 +7,7 @@ import torch
 
 from pyfuser import FusionDefinition, ParallelType
 from pyfuser.multidevice import DeviceMesh, shard_tensor, sharding_of
-from pyfuser.multidevice.communicator import LaunchInfo
+from pyfuser.multidevice.communicator import Communicator, LaunchInfo
 from pyfuser.multidevice.sharding import local_sizes
 
 X, Y = ParallelType.mesh_x, ParallelType.mesh_y
@@ -104,3 +104,17 @@ def test_parallelized_without_mesh() -> None:
     t.axis(0).parallelize(X)
     with pytest.raises(ValueError, match=r"T0 .* has no device mesh"):
         sharding_of(t)
+
+
+def test_communicator_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    info = LaunchInfo(0, 2, 0, 2, "127.0.0.1", 29500)
+    monkeypatch.setenv("PYFUSER_DIST_BACKEND", "gloo")
+    monkeypatch.setenv("PYFUSER_DIST_TIMEOUT", "12")
+    comm = Communicator(info)
+    assert comm.backend == "gloo" and comm.device() == torch.device("cpu")
+    assert comm.timeout.total_seconds() == 12
+    assert (comm.rank(), comm.size(), comm.local_rank(), comm.local_size()) == (0, 2, 0, 2)
+    with pytest.raises(ValueError, match="backend must be 'nccl' or 'gloo', got 'mpi'"):
+        Communicator(info, backend="mpi")
+    with pytest.raises(ValueError, match=r"team \[0, 5\] names ranks outside the world of 2 processes"):
+        comm.group([0, 5])

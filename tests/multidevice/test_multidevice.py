@@ -46,11 +46,10 @@ def _backend_env(nproc: int) -> dict[str, str]:
 CASES_2 = [
     "pointwise_sharded_input", "extent_reading_ops_on_sharded_tensors", "column_parallel_linear",
     "column_parallel_linear_stream_pipelined", "row_parallel_linear_allreduce", "row_parallel_linear_reduce_scatter",
-    "sum_over_sharded_axis", "matmul_batch_and_contraction_sharding", "mesh_not_in_rank_order",
-    "sequence_parallel_allgather_linear",
-    "seed_004_allgather_linear_pipeline", "seed_004_shard_outermost", "mlp_tensor_and_sequence_parallel",
-    "pipeline_across_meshes", "gather_scatter_reduce_between_meshes", "dtensor_wrapper",
-    "bad_inputs_raise_clear_errors",
+    "row_parallel_linear_stream_pipelined", "sum_over_sharded_axis", "matmul_batch_and_contraction_sharding",
+    "mesh_not_in_rank_order", "sequence_parallel_allgather_linear", "seed_004_allgather_linear_pipeline",
+    "seed_004_shard_outermost", "mlp_tensor_and_sequence_parallel", "pipeline_across_meshes",
+    "gather_scatter_reduce_between_meshes", "dtensor_wrapper", "bad_inputs_raise_clear_errors",
 ]
 CASES_4 = [*CASES_2, "mesh_2d_data_and_tensor_parallel"]
 
