@@ -62,11 +62,13 @@ def main() -> int:
     ok = torch.allclose(local_out, expected, atol=1e-5, rtol=1e-5)
     if rank == 0:
         print(f"== Host IR of rank 0 ({size} ranks, {comm.backend}) ==")
-        print(executor.host_ir(), end="")
-    comm.barrier()
+        print(executor.host_ir(), end="", flush=True)
     error = (local_out - expected).abs().max().item()
-    print(f"rank {rank}: output shard {tuple(local_out.shape)} of [{seq}, {hidden}], max |error| vs torch "
-          f"{error:.2e} -> {'OK' if ok else 'MISMATCH'}", flush=True)
+    for speaker in range(size):  # one rank at a time, so lines do not interleave
+        comm.barrier()
+        if speaker == rank:
+            print(f"rank {rank}: output shard {tuple(local_out.shape)} of [{seq}, {hidden}], max |error| vs torch "
+                  f"{error:.2e} -> {'OK' if ok else 'MISMATCH'}", flush=True)
     comm.shutdown()
     return 0 if ok else 1
 

@@ -28,6 +28,7 @@ Host passes run afterwards, in the order of ``pyfuser.host_ir.passes.HOST_PASSES
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -108,18 +109,20 @@ class CompileContext(Protocol):
 
 
 # --- nodes ----------------------------------------------------------------------------------------------
-class HostNode:
+class HostNode(ABC):
     inputs: list[HostVal]
     outputs: list[HostVal]
     #: The fusion Expr this node computes, for nodes the stream pass may put in a loop.
     source_expr: Expr | None = None
     binds_to_previous: ClassVar[bool] = False
 
+    @abstractmethod
     def to_string(self, indent: int = 0) -> str:
-        raise NotImplementedError(type(self).__name__)
+        """The node in the seed's Host IR dump format."""
 
+    @abstractmethod
     def compile(self, cc: CompileContext) -> Step | None:
-        raise NotImplementedError(type(self).__name__)
+        """A closure the evaluator calls per execution (None: nothing to do at run time)."""
 
     def substitute(self, mapping: dict[Val, Val]) -> HostNode:
         """This node on per-chunk values; nodes that only read loop-invariant values return self."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyfuser.ir.dtypes import DataType, python_scalar_type
@@ -74,7 +75,7 @@ _SCALAR_PREFIX = {
 }
 
 
-class Expr:
+class Expr(ABC):
     """An operation of the fusion: inputs -> outputs, with a torch reference implementation."""
 
     op_name: ClassVar[str] = "expr"
@@ -130,9 +131,9 @@ class Expr:
         return self.outputs[0]  # type: ignore[return-value]
 
     # --- semantics -------------------------------------------------------------------------
+    @abstractmethod
     def evaluate(self, ctx: EvalContext, *args: Any) -> list[Any]:
         """Run the op with torch on concrete inputs (tensors / Python numbers)."""
-        raise NotImplementedError(f"{type(self).__name__}.evaluate")
 
     def evaluate_into(self, ctx: EvalContext, out: Any, *args: Any) -> None:
         """Write the (single) result into a preallocated ``out``; ops with an ``out=`` overload
@@ -145,8 +146,9 @@ class Expr:
         return {}
 
     # --- printing --------------------------------------------------------------------------
+    @abstractmethod
     def to_string(self, indent: int = 0) -> str:
-        raise NotImplementedError(type(self).__name__)
+        """nvFuser's kernel-math print of this op."""
 
     def __str__(self) -> str:
         return self.to_string()

@@ -7,22 +7,25 @@ Extents of IterDomains are small immutable expression trees over named integers 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 SymLike = "SymExpr | int"
 
 
-class SymExpr:
+class SymExpr(ABC):
     """Base of the symbolic integer expression tree (immutable, hashable)."""
 
     __slots__ = ()
 
+    @abstractmethod
     def evaluate(self, env: Mapping[str, int]) -> int:
-        raise NotImplementedError(type(self).__name__)
+        """The value once every named size in ``env`` is bound."""
 
+    @abstractmethod
     def free_names(self) -> frozenset[str]:
-        raise NotImplementedError(type(self).__name__)
+        """Names of the sizes this extent depends on."""
 
     @property
     def is_const(self) -> bool:
