@@ -246,6 +246,25 @@ class AtenCall(HostNode):
 
             return step_into
         evaluate, into = expr.evaluate, self.into
+        if not into and len(outs) == 1 and len(ins) <= 2:
+            # The common straight-line shapes, without building argument lists or looping over results.
+            (o,) = outs
+            if len(ins) == 1:
+                (a,) = ins
+
+                def step_unary(frame: Frame) -> None:
+                    values = frame.values
+                    values[o] = evaluate(frame.ctx, values[a])[0]
+
+                return step_unary
+            if len(ins) == 2:
+                a, b = ins
+
+                def step_binary(frame: Frame) -> None:
+                    values = frame.values
+                    values[o] = evaluate(frame.ctx, values[a], values[b])[0]
+
+                return step_binary
 
         def step(frame: Frame) -> None:
             values = frame.values
