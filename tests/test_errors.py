@@ -337,3 +337,164 @@ def test_squeeze_of_a_symbolic_axis_checked_at_run_time() -> None:
         fd.execute([torch.randn(3, 4)])
     x = torch.randn(1, 4)
     torch.testing.assert_close(fd.execute([x])[0], x[0])
+
+
+def test_split_factor_from_an_input_scalar_must_be_positive_at_run_time() -> None:
+    """A non-positive factor bound at execution is a clear error (it was a ZeroDivisionError),
+    checked on every run since scalar values are not part of the cached signature."""
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1])
+        n = fd.define_scalar(dtype=DataType.Int)
+        out = fd.ops.exp(t)
+        fd.add_output(out)
+    out.split(0, n)
+    out.axis(0).parallelize(ParallelType.stream)
+    x = torch.randn(4, 5)
+    torch.testing.assert_close(fd.execute([x, 3])[0], x.exp())
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match=rf"input 1 \(i\d+\) is used as T1 axis 0 split factor and must be at "
+                                             rf"least 1, got {bad}"):
+            fd.execute([x, bad])
+
+
+def test_reshape_with_minus_one_next_to_a_zero_size() -> None:
+    """torch rejects ``reshape(0, -1)`` as ambiguous; it was a ZeroDivisionError here."""
+    with FusionDefinition() as fd, pytest.raises(ValueError, match=r"reshape: new_shape \[0, -1\] for T0 .* ambiguous"):
+        fd.ops.reshape(fd.define_tensor([-1, -1]), [0, -1])
+    with FusionDefinition() as fd:
+        n = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.reshape(fd.define_tensor([-1, -1]), [n, -1]))
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(fd.execute([2, x])[0], x.reshape(2, -1))
+    with pytest.raises(ValueError, match=r"reshape: cannot reshape T0 \(shape \[0, 3\]\) .* ambiguous"):
+        fd.execute([0, torch.randn(0, 3)])
+
+
+@pytest.mark.parametrize("call", [
+    lambda fd: fd.define_tensor([-1], dtype=DataType.Null),
+    lambda fd: fd.define_scalar(dtype=DataType.Null),
+    lambda fd: fd.ops.cast(fd.define_tensor([-1]), DataType.Null),
+    lambda fd: fd.ops.full([2], 1.0, DataType.Null),
+])
+def test_null_dtype_is_rejected_where_a_concrete_dtype_is_needed(call: Callable[[FusionDefinition], Any]) -> None:
+    """DataType.Null means "infer" (a reduction's dtype=); it was accepted as a tensor dtype."""
+    with FusionDefinition() as fd, pytest.raises(TypeError, match=r"DataType.Null is not a tensor or scalar type"):
+        call(fd)
+    with FusionDefinition() as fd:  # the reductions' default still means "infer"
+        fd.add_output(fd.ops.sum(fd.define_tensor([-1], dtype=DataType.Int32), dtype=DataType.Null))
+    assert fd.execute([torch.arange(4, dtype=torch.int32)])[0].dtype == torch.int64
+
+
+@pytest.mark.parametrize("dtype", [DataType.Bool, DataType.ComplexFloat])
+def test_iota_of_a_dtype_torch_cannot_count_in(dtype: DataType) -> None:
+    """Was accepted, then a NotImplementedError from torch.arange at execution."""
+    with FusionDefinition() as fd, pytest.raises(TypeError, match=r"iota: dtype must be an integer or floating-point"):
+        fd.ops.iota(3, dtype=dtype)
+
+
+def test_expand_of_a_symbolic_non_broadcast_axis_checked_at_run_time() -> None:
+    """``expand(t[-1, 1], [5, 4])`` returned a [3, 4] tensor for a [3, 1] input; torch raises."""
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, 1])
+        n = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.expand(t, [5, 4]))
+        fd.add_output(fd.ops.expand(t, [n, 2]))
+    x = torch.randn(5, 1)
+    fixed, sized = fd.execute([x, 5])
+    torch.testing.assert_close(fixed, x.expand(5, 4))
+    torch.testing.assert_close(sized, x.expand(5, 2))
+    with pytest.raises(ValueError, match=r"expand: T0 axis 0 has size 3 and is not a broadcast axis; cannot expand "
+                                         r"it to 5"):
+        fd.execute([torch.randn(3, 1), 5])
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_reduction_torch_cannot_do_is_rejected_even_with_dtype(op: str) -> None:
+    """``max(complex, dtype=Float)`` skipped the definition-time check, then torch raised
+    NotImplementedError at execution."""
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1], dtype=DataType.ComplexFloat)
+        with pytest.raises(TypeError, match=r"not valid for this op: .* not implemented for 'ComplexFloat'"):
+            getattr(fd.ops, op)(t, [1], dtype=DataType.Float)
+        with pytest.raises(TypeError, match=r"not valid for this op"):
+            getattr(fd.ops, op)(t, [1])
+
+
+def test_option_names_given_as_a_string() -> None:
+    """A bare string was iterated letter by letter ("unknown option(s) ['_', 'a', ...]")."""
+    fd = pointwise_fd()
+    with pytest.raises(TypeError, match=r"_disable_options must be a list of option names, got the string "
+                                        r"'infer_contiguity'; write \['infer_contiguity'\]"):
+        fd.execute([torch.randn(2, 3), torch.randn(3)], _disable_options="infer_contiguity")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_without_cuda() -> None:
+    """Was an AssertionError from inside torch.cuda."""
+    fd = pointwise_fd()
+    with pytest.raises(ValueError, match=r"execute\(device='cuda'\): CUDA is not available"):
+        fd.execute([torch.randn(2, 3), torch.randn(3)], device="cuda")
+
+
+def test_one_output_listed_twice_with_different_stride_orders() -> None:
+    """The second requirement silently replaced the first, so one listing came back wrong."""
+    with FusionDefinition() as fd:
+        out = fd.ops.exp(fd.define_tensor([-1, -1]))
+        fd.add_output(out, stride_order=[1, 0])
+        fd.add_output(out, stride_order=[1, 0])  # the same requirement twice is fine
+        with pytest.raises(ValueError, match=r"add_output T1: already an output with stride_order \[1, 0\]; one "
+                                             r"tensor cannot also be required in stride_order \[0, 1\]"):
+            fd.add_output(out, stride_order=[0, 1])
+        fd.add_output(fd.ops.set(out), stride_order=[0, 1])
+    x = torch.randn(2, 3)
+    rows, rows_again, cols = fd.execute([x])
+    assert rows.stride() == rows_again.stride() == (3, 1) and cols.stride() == (1, 2)
+    torch.testing.assert_close(cols, x.exp())
+
+
+def test_scalar_inputs_are_converted_to_their_declared_type() -> None:
+    """A Double scalar given ``2`` computed ``int32 * 2`` as int32 (the fusion says float); a
+    complex value given to a Double or Int scalar was accepted and made the result complex."""
+    with FusionDefinition() as fd:
+        s = fd.define_scalar(dtype=DataType.Double)
+        c = fd.define_scalar(dtype=DataType.ComplexDouble)
+        t = fd.define_tensor([-1], dtype=DataType.Int32)
+        fd.add_output(fd.ops.mul(t, s))
+        fd.add_output(fd.ops.mul(fd.ops.cast(t, DataType.Float), c))
+    x = torch.arange(3, dtype=torch.int32)
+    for value in (2, 2.0, True, torch.tensor(2)):
+        scaled, rotated = fd.execute([value, 2, x])
+        torch.testing.assert_close(scaled, x * float(value))
+        torch.testing.assert_close(rotated, x.float() * complex(2))
+    for bad in (1 + 2j, torch.tensor(1 + 2j)):
+        with pytest.raises(TypeError, match=r"input 0 \(d\d+\): expected a double scalar, got"):
+            fd.execute([bad, 2, x])
+
+
+@pytest.mark.parametrize(("value", "dtype", "error", "pattern"), [
+    (2.5, DataType.Int, ValueError, r"define_scalar: 2.5 is not a int64_t value \(it would become 2\)"),
+    (2, DataType.Bool, ValueError, r"define_scalar: 2 is not a bool value"),
+    (1 + 2j, DataType.Double, ValueError, r"define_scalar: \(1\+2j\) is not a double value"),
+    (float("nan"), DataType.Int, ValueError, r"define_scalar: nan is not a int64_t value"),
+    ("a", DataType.Int, TypeError, r"define_scalar: value must be a Python number, got str"),
+])
+def test_constant_scalar_that_its_dtype_cannot_hold(value: Any, dtype: DataType, error: type[Exception],
+                                                    pattern: str) -> None:
+    """``define_scalar(2.5, dtype=Int)`` silently became 2."""
+    with FusionDefinition() as fd, pytest.raises(error, match=pattern):
+        fd.define_scalar(value, dtype=dtype)
+    with FusionDefinition() as fd:  # exact conversions stay accepted
+        assert str(fd.define_scalar(2.0, dtype=DataType.Int)) == "int64_t(2)"
+        assert str(fd.define_scalar(1, dtype=DataType.Bool)) == "bool(true)"
+
+
+def test_full_with_a_fill_value_its_dtype_cannot_hold() -> None:
+    """A complex fill for a float tensor failed only at execution (RuntimeError inside torch.full);
+    a tensor fill_value failed deep inside the op."""
+    with FusionDefinition() as fd:
+        with pytest.raises(ValueError, match=r"full: fill_value \(1\+2j\) cannot be stored as float"):
+            fd.ops.full([2], 1 + 2j, DataType.Float)
+        with pytest.raises(TypeError, match=r"full: fill_value must be a number or a scalar, got tensor T0"):
+            fd.ops.full([2], fd.define_tensor([]), DataType.Float)
+        fd.add_output(fd.ops.full([2], 2.5, DataType.Int))  # torch truncates, and so do we
+    torch.testing.assert_close(fd.execute([torch.tensor(1.0)])[0], torch.full((2,), 2.5).long())

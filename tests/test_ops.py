@@ -334,3 +334,54 @@ def test_where_with_a_number_condition_broadcasts_the_branches(cond: bool) -> No
     picked, with_number = run(build, [a, b])
     assert_close(picked, torch.where(torch.tensor(cond), a, b))
     assert_close(with_number, torch.where(torch.tensor(cond), b, 0.5))
+
+
+@pytest.mark.parametrize("name", ["mul", "truediv", "add", "lt", "gt", "maximum"])
+@pytest.mark.parametrize(("dtype", "scalar_dtype"), [(torch.float32, torch.float64), (torch.float16, torch.float32),
+                                                     (torch.bfloat16, torch.float64), (torch.int32, torch.int64)])
+def test_zero_dim_tensor_operand_promotes_like_a_number(name: str, dtype: torch.dtype,
+                                                         scalar_dtype: torch.dtype) -> None:
+    """``x_float * t_double_0d`` is float in torch, computed as torch computes it (not in double)."""
+    x = (torch.randn(64, 8) * 4).to(dtype)
+    s = torch.tensor(0.1 if scalar_dtype.is_floating_point else 3, dtype=scalar_dtype)
+    fn = torch.true_divide if name == "truediv" else getattr(torch, name)
+    for args in ((x, s), (s, x)):
+        with FusionDefinition() as fd:
+            fd.add_output(getattr(fd.ops, name)(*[fd.from_pytorch(a) for a in args]))
+        (out,) = fd.execute(list(args))
+        expected = fn(*args)
+        assert out.dtype == expected.dtype
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_scalar_outputs_are_zero_dim_tensors() -> None:
+    with FusionDefinition() as fd:
+        s = fd.define_scalar(dtype=DataType.Double)
+        n = fd.define_scalar(dtype=DataType.Int)
+        t = fd.define_tensor([-1])
+        fd.add_output(fd.ops.mul(s, s))
+        fd.add_output(fd.ops.add(t, n))
+        fd.add_output(n)
+    squared, added, same = fd.execute([1.5, 3, torch.ones(2)])
+    assert_close(squared, torch.tensor(2.25, dtype=torch.float64))
+    assert_close(added, torch.ones(2) + 3)
+    assert_close(same, torch.tensor(3))
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.mul(fd.define_scalar(dtype=DataType.Int), 2))
+    (only,) = fd.execute([4])
+    assert_close(only, torch.tensor(8))
+
+
+@pytest.mark.parametrize("example", [
+    torch.randn(1, 5).expand(4, 5),  # stride 0 on the outer axis
+    torch.randn(2, 1, 3).expand(2, 5, 3),  # stride 0 in the middle
+    torch.randn(4, 1).expand(4, 5).t(),  # [5, 4] with strides [0, 1]
+])
+def test_from_pytorch_of_an_expanded_tensor_accepts_its_materialized_copy(example: torch.Tensor) -> None:
+    """An expanded (stride-0) axis has no place in memory: from_pytorch must not declare a stride
+    order that puts it innermost, which would reject the same values laid out densely."""
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.mul(fd.from_pytorch(example), 2))
+    for x in (example, example.contiguous()):
+        (out,) = fd.execute([x])
+        assert_close(out, x * 2)

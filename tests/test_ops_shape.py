@@ -3,6 +3,8 @@ full, iota."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -149,7 +151,8 @@ def test_cat_promotes_dtypes() -> None:
     assert_close(out, torch.cat([a, b], 0))
 
 
-@pytest.mark.parametrize(("widths", "value"), [([1, 2], None), ([0, 0, 2, 1], 1.5), ([3, 0], -2.0), ([1, 1, 0, 0], 7)])
+@pytest.mark.parametrize(("widths", "value"), [([1, 2], None), ([0, 0, 2, 1], 1.5), ([3, 0], -2.0), ([1, 1, 0, 0], 7),
+                                               ([-1, 2], None), ([-1, -1, 1, -2], 3.0), ([0, -4], None)])
 def test_pad(widths: list[int], value: float | None, device: str) -> None:
     x = torch.randn(3, 4)
     with FusionDefinition() as fd:
@@ -218,3 +221,35 @@ def test_reshape_slice_and_pad_with_scalar_input_sizes() -> None:
         assert_close(reshaped, x.reshape(args[0], -1))
         assert_close(sliced, x[args[1]:-1, 0:100])
         assert_close(padded, F.pad(x, [args[2], 0]))
+
+
+def test_pad_with_negative_widths_crops_like_torch() -> None:
+    """Negative widths crop (torch's constant ``F.pad``), also from input scalars; cropping past
+    the extent is rejected at definition."""
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, 5])
+        width = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.pad(t, [width, -2]))
+    x = torch.randn(2, 5)
+    for w in (-1, 0, 2):
+        (out,) = fd.execute([x, w])
+        assert_close(out, F.pad(x, [w, -2]))
+    with FusionDefinition() as fd, pytest.raises(ValueError, match=r"pad: T0 axis 1 has extent 5; .* would leave -1"):
+        fd.ops.pad(fd.define_tensor([-1, 5]), [-3, -3])
+
+
+@pytest.mark.parametrize("build", [
+    lambda fd, t, n: fd.ops.full([n, 2], 1.0, DataType.Float),
+    lambda fd, t, n: fd.ops.iota(n),
+    lambda fd, t, n: fd.ops.reshape(t, [n, -1]),
+    lambda fd, t, n: fd.ops.slice(t, [n], [6]),
+])
+def test_negative_input_scalar_used_as_size_is_a_clear_error(build: Any) -> None:
+    """Scalar values are not part of the cached signature: the check runs on every execute."""
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1])
+        n = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(build(fd, t, n))
+    fd.execute([torch.randn(6), 2])
+    with pytest.raises(ValueError, match=r"input 1 \(i1\) is used as .* must be at least 0, got -2"):
+        fd.execute([torch.randn(6), -2])

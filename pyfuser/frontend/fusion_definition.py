@@ -9,14 +9,14 @@ import torch
 
 from pyfuser.frontend.ops import Ops
 from pyfuser.ir.base import Scalar
-from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python
+from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python, python_scalar_type
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.layout import (
     allocation_permutation,
     check_stride_order,
     contiguity_of_strides,
-    permutation_of_strides,
+    memory_order,
     stride_order_of_permutation,
 )
 from pyfuser.ir.symbolic import SymVar
@@ -99,7 +99,9 @@ class FusionDefinition:
             raise TypeError(f"from_pytorch expects a torch.Tensor, got {type(tensor).__name__}")
         sizes, strides = list(tensor.shape), list(tensor.stride())
         shape = [s if (static_sizes or s == 1) else -1 for s in sizes]
-        perm = permutation_of_strides(sizes, strides)
+        # Axes without a memory footprint (size 1, or expanded with stride 0) keep their logical
+        # place: an expanded example must not declare an order its materialized copy violates.
+        perm = memory_order(sizes, strides)
         broadcast = [s == 1 for s in sizes]
         contig_alloc = contiguity_of_strides(sizes, strides, perm, broadcast)
         per_axis: list[bool | None] = [None] * len(sizes)
@@ -116,17 +118,31 @@ class FusionDefinition:
             dt = data_type_of_python(value) if value is not None else DataType.Double
         else:
             dt = as_data_type(dtype)
+            if value is not None:
+                _check_scalar_value(value, dt)
         scalar = Scalar(self.fusion, dt, value)
         if value is None:
             self.fusion.add_input(scalar)
         return scalar
 
     # --- outputs ---------------------------------------------------------------------------------
-    def add_output(self, tv: TensorView, stride_order: Sequence[int] | None = None) -> None:
+    def add_output(self, tv: TensorView | Scalar, stride_order: Sequence[int] | None = None) -> None:
+        """Mark ``tv`` an output. A scalar output is returned as a 0-dim tensor of its dtype."""
+        if isinstance(tv, Scalar) and tv.fusion is self.fusion:
+            if stride_order not in (None, [], ()):
+                raise ValueError(f"add_output: scalar {tv} is returned as a 0-dim tensor; its stride_order must be "
+                                 f"empty, got {list(stride_order)}")  # type: ignore[arg-type]
+            tv = self.ops.full([], tv, tv.dtype)
+            stride_order = None
         if isinstance(tv, TensorView) and tv.fusion is not self.fusion:
             raise ValueError(f"{tv.short_name} belongs to another FusionDefinition and cannot be an output here")
         if isinstance(tv, TensorView) and stride_order is not None:
             check_stride_order(stride_order, tv.ndim, f"add_output {tv.short_name}")
+            earlier = self.fusion.get_output_stride_order(tv) if tv.is_fusion_output else None
+            if earlier is not None and earlier != list(stride_order):
+                raise ValueError(f"add_output {tv.short_name}: already an output with stride_order {earlier}; one "
+                                 f"tensor cannot also be required in stride_order {list(stride_order)} (add_output "
+                                 f"fd.ops.set({tv.short_name}) for a second layout)")
         self.fusion.add_output(tv)
         if stride_order is not None:
             self.fusion.set_output_stride_order(tv, stride_order)
@@ -144,3 +160,18 @@ class FusionDefinition:
         return str(self.fusion)
 
     __str__ = __repr__
+
+
+def _check_scalar_value(value: Any, dtype: DataType) -> None:
+    """A constant must be a number that ``dtype`` holds exactly (``2.5`` is no int64_t)."""
+    if isinstance(value, str) or not isinstance(value, (bool, int, float, complex)):
+        raise TypeError(f"define_scalar: value must be a Python number, got {type(value).__name__}")
+    kind = python_scalar_type(dtype)
+    try:
+        converted = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        converted = None
+    same = converted is not None and (converted == value or (converted != converted and value != value))  # NaN
+    if not same:
+        raise ValueError(f"define_scalar: {value!r} is not a {dtype} value (it would become {converted!r})"
+                         if converted is not None else f"define_scalar: {value!r} is not a {dtype} value")

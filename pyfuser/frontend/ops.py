@@ -80,22 +80,33 @@ class Ops:
     def _id(self, extent: SymExpr | int, iter_type: IterType = IterType.Iteration) -> IterDomain:
         return IterDomain(self._fusion, extent, iter_type)
 
-    def _size(self, size: Any, what: str, allow_minus_one: bool = False) -> SymExpr | None:
-        """A size argument as an extent (None for a -1 placeholder when allowed)."""
+    def _size(self, size: Any, what: str, allow_minus_one: bool = False, allow_negative: bool = False,
+              negative_input_ok: bool = False) -> SymExpr | None:
+        """A size argument as an extent (None for a -1 placeholder when allowed).
+
+        ``allow_negative``: a negative constant is meaningful (pad widths crop, slice indices count
+        from the end). An input scalar is checked to be non-negative when it is bound, unless
+        ``negative_input_ok`` (pad widths).
+        """
         if isinstance(size, Scalar):
             if size.fusion is not self._fusion:
                 raise ValueError(f"{what}: {size} belongs to another FusionDefinition")
             if not (size.is_const or size.is_fusion_input):
                 raise ValueError(f"{what}: {size} must be a constant or an input scalar of the fusion (sizes are "
                                  "known before any op runs)")
-            return size.as_extent()
+            extent = size.as_extent()
+            if size.is_fusion_input and not negative_input_ok:
+                size.require_at_least(0, what)
+            elif size.is_const and not allow_negative and extent.value < 0:  # type: ignore[operator]
+                raise ValueError(f"{what}: expected a non-negative size, got {size}")
+            return extent
         if isinstance(size, SymExpr):
             return size
         if isinstance(size, bool) or not isinstance(size, int):
             raise TypeError(f"{what}: expected an int or an integer scalar, got {type(size).__name__}")
         if size == -1 and allow_minus_one:
             return None
-        if size < 0 and not what.startswith("slice"):
+        if size < 0 and not allow_negative:
             raise ValueError(f"{what}: expected a non-negative size, got {size}")
         return as_sym(size)
 
@@ -154,10 +165,12 @@ class Ops:
         out = self._new_tv(out_ids, dtype)
         if len(vals) == 1:
             UnaryOp(self._fusion, op, out, vals[0])  # type: ignore[arg-type]
-        elif len(vals) == 2:
-            BinaryOp(self._fusion, op, out, vals[0], vals[1])
-        else:
+            return out
+        expr = BinaryOp(self._fusion, op, out, vals[0], vals[1]) if len(vals) == 2 else \
             TernaryOp(self._fusion, op, out, vals[0], vals[1], vals[2])
+        # torch promotes a 0-dim tensor like a number; the evaluator must see it as one.
+        expr.number_like = tuple(k for k, x in enumerate(operands)
+                                 if isinstance(x, TensorView) and x.ndim == 0 and extents)
         return out
 
     def _scalar_op(self, op: str, vals: list[Val], dtype: DataType) -> Scalar:
@@ -238,21 +251,28 @@ class Ops:
         if len(shape) != len(in_ids):
             raise ValueError(f"expand: {tv.short_name} has rank {len(in_ids)} but the shape {list(shape)} has "
                              f"{len(shape)} entries")
+        targets = [self._size(size, f"expand {tv.short_name} axis {d}", allow_minus_one=True)
+                   for d, size in enumerate(shape)]
         ids = []
-        for d, (i, size) in enumerate(zip(in_ids, shape, strict=True)):
-            target = self._size(size, f"expand {tv.short_name} axis {d}", allow_minus_one=True)
+        #: non-broadcast axes given a size not provably their extent: compared at execution, as torch does
+        size_checks: list[tuple[int, SymExpr]] = []
+        for d, (i, target) in enumerate(zip(in_ids, targets, strict=True)):
             if target is None or (i.is_broadcast and target.value == 1) or not i.is_broadcast:
-                if target is not None and not i.is_broadcast and target.is_const and i.extent.is_const \
-                        and target != i.extent:
-                    raise ValueError(f"expand: {tv.short_name} axis {d} has extent {i.extent} and is not a broadcast "
-                                     f"axis; cannot expand it to {target}")
+                if target is not None and not i.is_broadcast and target != i.extent:
+                    if target.is_const and i.extent.is_const:
+                        raise ValueError(f"expand: {tv.short_name} axis {d} has extent {i.extent} and is not a "
+                                         f"broadcast axis; cannot expand it to {target}")
+                    size_checks.append((d, target))
+                    ids.append(self._id(target if target.is_const else i.extent))
+                    continue
                 ids.append(_clone(self, i))
             else:
                 ids.append(self._id(target))
-        if all(a.extent == b.extent and a.iter_type == b.iter_type for a, b in zip(ids, in_ids, strict=True)):
+        if not size_checks and all(a.extent == b.extent and a.iter_type == b.iter_type
+                                   for a, b in zip(ids, in_ids, strict=True)):
             return tv
         out = self._new_tv(ids, tv.dtype)
-        ExpandOp(self._fusion, out, tv)
+        ExpandOp(self._fusion, out, tv, size_checks)
         return out
 
     def squeeze(self, x: TensorView, dims: Sequence[int] | int) -> TensorView:
@@ -292,6 +312,9 @@ class Ops:
             raise ValueError(f"reshape: new_shape {list(new_shape)} for {tv.short_name} has more than one -1")
         if unknown:
             known = product([e for e in extents if e is not None])
+            if known.value == 0:
+                raise ValueError(f"reshape: new_shape {list(new_shape)} for {tv.short_name} has a -1 next to a size "
+                                 "0: the -1 entry is ambiguous")
             extents[unknown[0]] = in_extent // known
         final = [e for e in extents if e is not None]
         total = product(final)
@@ -316,8 +339,10 @@ class Ops:
         for d, (i, start, stop, step) in enumerate(zip(in_ids, start_indices, end_indices, steps, strict=True)):
             if isinstance(step, bool) or not isinstance(step, int) or step <= 0:
                 raise ValueError(f"slice: {tv.short_name} axis {d}: stride must be a positive int, got {step!r}")
-            lo = _normalize_index(self._size(start, f"slice {tv.short_name} axis {d} start"), i.extent)
-            hi = _normalize_index(self._size(stop, f"slice {tv.short_name} axis {d} end"), i.extent)
+            lo = _normalize_index(self._size(start, f"slice {tv.short_name} axis {d} start", allow_negative=True),
+                                  i.extent)
+            hi = _normalize_index(self._size(stop, f"slice {tv.short_name} axis {d} end", allow_negative=True),
+                                  i.extent)
             ranges.append((lo, hi if lo.value == 0 else sym_max(lo, hi), step))
         ids: list[IterDomain] = []
         for i, (lo, hi, step) in zip(in_ids, ranges, strict=True):
@@ -360,18 +385,26 @@ class Ops:
     def pad(self, x: TensorView, pad_widths: Sequence[SizeLike], value: Operand | None = None) -> TensorView:
         tv = self._tv(x, "pad")
         rank = tv.ndim
-        widths = [self._size(w, f"pad {tv.short_name} pad_widths[{k}]") for k, w in enumerate(pad_widths)]
+        # Negative widths crop, as in torch's constant ``F.pad``.
+        widths = [self._size(w, f"pad {tv.short_name} pad_widths[{k}]", allow_negative=True,
+                             negative_input_ok=True)
+                  for k, w in enumerate(pad_widths)]
         if len(widths) % 2 or len(widths) > 2 * rank:
             raise ValueError(f"pad: pad_widths {list(pad_widths)} must have an even number of entries, at most "
                              f"{2 * rank} for {tv.short_name} of rank {rank}")
         in_ids = tv.get_logical_domain(no_reductions=True)
-        ids = [_clone(self, i) for i in in_ids]
+        padded: dict[int, SymExpr] = {}
         for k in range(0, len(widths), 2):
             d = rank - 1 - k // 2
             left, right = widths[k], widths[k + 1]  # type: ignore[assignment]
             if left.value == 0 and right.value == 0:  # type: ignore[union-attr]
                 continue
-            ids[d] = self._id(in_ids[d].extent + left + right)  # type: ignore[operator]
+            extent = in_ids[d].extent + left + right  # type: ignore[operator]
+            if extent.value is not None and extent.value < 0:
+                raise ValueError(f"pad: {tv.short_name} axis {d} has extent {in_ids[d].extent}; pad widths "
+                                 f"{left}, {right} would leave {extent.value} elements (at least 0 expected)")
+            padded[d] = extent
+        ids = [self._id(padded[d]) if d in padded else _clone(self, i) for d, i in enumerate(in_ids)]
         fill = self._val(0 if value is None else value, "pad value")
         out = self._new_tv(ids, tv.dtype)
         PadOp(self._fusion, out, tv, widths, fill)  # type: ignore[arg-type]
@@ -379,15 +412,26 @@ class Ops:
 
     # --- creation ------------------------------------------------------------------------------
     def full(self, shape: Sequence[SizeLike], fill_value: Operand, dtype: DataType | torch.dtype) -> TensorView:
+        dt = as_data_type(dtype)
         extents = [self._size(s, f"full shape[{k}]") for k, s in enumerate(shape)]
+        fill = self._val(fill_value, "full fill_value")
+        if isinstance(fill, TensorView):
+            raise TypeError(f"full: fill_value must be a number or a scalar, got tensor {fill.short_name}")
+        if isinstance(fill, Scalar) and fill.is_const:
+            try:  # a constant torch cannot store (1e5 as half, a complex as float) fails now, not at execution
+                torch.full((1,), fill.value, dtype=dt.torch_dtype)
+            except RuntimeError as e:
+                raise ValueError(f"full: fill_value {fill_value!r} cannot be stored as {dt}: {e}") from None
         ids = [self._id(1, IterType.Broadcast) if e.value == 1 else self._id(e) for e in extents]  # type: ignore[union-attr]
-        out = self._new_tv(ids, as_data_type(dtype))
-        FullOp(self._fusion, out, self._val(fill_value, "full fill_value"))
+        out = self._new_tv(ids, dt)
+        FullOp(self._fusion, out, fill)
         return out
 
     def iota(self, length: SizeLike, start: Operand | None = None, step: Operand | None = None,
              dtype: DataType | torch.dtype = DataType.Int) -> TensorView:
         dt = as_data_type(dtype)
+        if dt is DataType.Bool or not (dt.is_integral or dt.is_floating):
+            raise TypeError(f"iota: dtype must be an integer or floating-point type, got {dt}")
         extent = self._size(length, "iota length")
         default_start, default_step = (0, 1) if dt.is_integral else (0.0, 1.0)
         length_val = self._val(length if not isinstance(length, SymExpr) else int(extent.value), "iota length")  # type: ignore[union-attr,arg-type]
@@ -401,12 +445,14 @@ class Ops:
                 dtype: DataType | torch.dtype) -> TensorView:
         tv = self._tv(x, op)
         axes = _reduction_axes(tv, dims, op)
-        if as_data_type(dtype) is not DataType.Null:
+        probe = {"sum": torch.sum, "prod": torch.prod, "mean": torch.mean,
+                 "max": torch.amax, "min": torch.amin}[op]
+        # Probed even when dtype= is given: it rejects what torch cannot reduce (max of complex).
+        inferred = result_dtype(lambda t: probe(t, 0) if op != "mean" else t, [tv])
+        if as_data_type(dtype, allow_null=True) is not DataType.Null:
             out_dtype = as_data_type(dtype)
         else:
-            probe = {"sum": torch.sum, "prod": torch.prod, "mean": torch.mean,
-                     "max": torch.amax, "min": torch.amin}[op]
-            out_dtype = tv.dtype if op == "mean" else result_dtype(lambda t: probe(t, 0), [tv])
+            out_dtype = tv.dtype if op == "mean" else inferred
         if op == "mean" and not (out_dtype.is_floating or out_dtype.is_complex):
             raise TypeError(f"mean: {tv.short_name} has dtype {tv.dtype}; mean needs a floating-point dtype "
                             "(pass dtype= or cast first)")

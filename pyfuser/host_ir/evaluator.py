@@ -114,6 +114,9 @@ class HostIrEvaluator:
         #: (slot, layout) of outputs that may alias an input or have another layout (conformed per run)
         self._conform = [(slot, layout) for v, slot, layout in zip(container.outputs, self._output_slots, self.layouts,
                                                                    strict=True) if fresh.get(v) != layout.perm]
+        conformed = {slot for slot, _ in self._conform}
+        #: outputs written into buffers allocated by this program: they own their memory
+        self._fresh_output_slots = [s for s in dict.fromkeys(self._output_slots) if s not in conformed]
         self._slot_events: dict[tuple[int, int], torch.cuda.Event] = {}
 
     # --- CompileContext ------------------------------------------------------------------------
@@ -135,24 +138,30 @@ class HostIrEvaluator:
             values[slot] = arg
         ctx.env[NUMBER_OF_STREAMS.name] = self.num_streams
         if self.device.type == "cuda":
-            user = torch.cuda.current_stream(self.device)
-            streams = CudaStreams(stream_pool(self.device, self.num_streams), user, self._slot_events)
-            try:
-                self._execute(Frame(values, ctx, streams))
-            except BaseException:
-                # An iteration failed: order the frees of its buffers after whatever workers still run.
-                for worker in streams.pool:
-                    user.wait_stream(worker)
-                raise
-            finally:
-                if streams.current != user:
-                    torch.cuda.set_stream(user)
+            # torch.cuda.set_stream also makes the stream's device current: keep the caller's device.
+            with torch.cuda.device(self.device):
+                user = torch.cuda.current_stream(self.device)
+                streams = CudaStreams(stream_pool(self.device, self.num_streams), user, self._slot_events)
+                try:
+                    self._execute(Frame(values, ctx, streams))
+                except BaseException:
+                    # An iteration failed: order the frees of its buffers after whatever workers still run.
+                    for worker in streams.pool:
+                        user.wait_stream(worker)
+                    raise
+                finally:
+                    if streams.current != user:
+                        torch.cuda.set_stream(user)
         else:
             self._execute(Frame(values, ctx, None))
         if self._conform:
-            storages = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            # An output never shares memory with an input or with another output (``b`` and ``set(b)``
+            # both returned): the caller may write to any of them.
+            taken = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            taken.update(values[s].untyped_storage().data_ptr() for s in self._fresh_output_slots)
             for slot, layout in self._conform:
-                values[slot] = layout.conform(values[slot], storages)
+                values[slot] = result = layout.conform(values[slot], taken)
+                taken.add(result.untyped_storage().data_ptr())
         return [values[s] for s in self._output_slots]
 
     def _execute(self, frame: Frame) -> None:

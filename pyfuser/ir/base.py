@@ -40,6 +40,15 @@ class Scalar(Val):
         super().__init__(fusion, dtype)
         self.value = None if value is None else python_scalar_type(dtype)(value)
         self.name = fusion.next_name("scalar")
+        #: For an input scalar used where small values are meaningless (a size, a slice index: >= 0;
+        #: a split factor: >= 1): the smallest valid value and the use to name when a value below
+        #: it is bound.
+        self.lower_bound: tuple[int, str] | None = None
+
+    def require_at_least(self, minimum: int, use: str) -> None:
+        """Record that this input scalar must be at least ``minimum`` at execution (``use`` names why)."""
+        if self.lower_bound is None or minimum > self.lower_bound[0]:
+            self.lower_bound = (minimum, use)
 
     @property
     def is_const(self) -> bool:

@@ -10,6 +10,7 @@ tensor's transforms onto another (a cache, a consumer). They live in ``ir`` beca
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING
 
 from pyfuser.ir.iter_domain import IdTransform, IterDomain, Merge, Split
@@ -49,6 +50,34 @@ def logical_order(tv: TensorView) -> list[IterDomain]:
                 order.append(anc)
     order.extend(i for i in logical if id(i) not in seen)
     return order
+
+
+def strided_layout_violation(tv: TensorView) -> tuple[IterDomain, IterDomain] | None:
+    """Two allocation IDs whose order no strided (torch) tensor can have, or None.
+
+    A dense tensor lays each logical ID out whole: the IDs split from it must be adjacent and in
+    outer-to-inner order (``[i0, i1/2, 2]`` is row-major, ``[i0, 2, i1/2]`` or ``[i1/2, i0, 2]``
+    is no stride pattern). Device-parallel IDs (a shard is one slice of them), broadcasts and
+    reductions take no memory and are skipped; an ID made by a merge is not judged.
+    """
+    place = {id(i): k for k, i in enumerate(logical_order(tv))}
+    keyed: list[tuple[tuple[int, tuple[int, ...]], IterDomain]] = []
+    for alloc_id in tv.get_allocation_domain():
+        if alloc_id.is_device_dim or alloc_id.is_reduction or alloc_id.is_broadcast:
+            continue
+        path: list[int] = []
+        cur = alloc_id
+        while id(cur) not in place:
+            split = cur.definition
+            if not isinstance(split, Split):
+                return None  # a merge (or no path): not judged
+            path.append(0 if cur is split.outer else 1)
+            cur = split.in_id
+        keyed.append(((place[id(cur)], tuple(reversed(path))), alloc_id))
+    for (ka, a), (kb, b) in pairwise(keyed):
+        if ka > kb:
+            return a, b
+    return None
 
 
 def is_permutation_of_logical(tv: TensorView, ids: Iterable[IterDomain]) -> bool:

@@ -66,8 +66,13 @@ _TO_TORCH: dict[DataType, torch.dtype] = {
 _FROM_TORCH: dict[torch.dtype, DataType] = {v: k for k, v in _TO_TORCH.items()}
 
 
-def as_data_type(dtype: DataType | torch.dtype) -> DataType:
+def as_data_type(dtype: DataType | torch.dtype, allow_null: bool = False) -> DataType:
+    """``dtype`` as a DataType. ``DataType.Null`` ("infer it", as in a reduction's ``dtype=``) is a
+    TypeError unless ``allow_null``: no tensor or scalar has that type."""
     if isinstance(dtype, DataType):
+        if dtype is DataType.Null and not allow_null:
+            raise TypeError("DataType.Null is not a tensor or scalar type (it only means \"infer the dtype\" "
+                            "where an op accepts that); pass a concrete DataType")
         return dtype
     if isinstance(dtype, torch.dtype):
         return DataType.from_torch(dtype)

@@ -327,6 +327,8 @@ def _as_factor(factor: Any, where: str, fusion: Fusion) -> int | SymExpr:
         if not (factor.is_const or factor.is_fusion_input):
             raise ValueError(f"{where}: split factor {factor} must be a constant or an input scalar of the fusion "
                              "(its value is needed before any op runs)")
+        if factor.is_fusion_input:
+            factor.require_at_least(1, f"{where} split factor")
         factor = factor.as_extent()
     if isinstance(factor, SymExpr):
         value = factor.value

@@ -79,6 +79,8 @@ def post(plan: CommPlan, rank: int, group: Any, src: torch.Tensor | None, dst: t
     kind = plan.type
     team = plan.team
     parts = len(team)
+    if parts == 1 and kind is not CommunicationType.SendRecv:
+        return _solo(src, dst)
     if kind is CommunicationType.Allgather:
         return _allgather(plan, group, _need(src, plan, "input"), _need(dst, plan, "output"))
     if kind is CommunicationType.ReduceScatter:
@@ -109,6 +111,13 @@ def post(plan: CommPlan, rank: int, group: Any, src: torch.Tensor | None, dst: t
     if kind is CommunicationType.Scatter:
         return _scatter(plan, rank, group, src, _need(dst, plan, "output"))
     raise ValueError(f"{kind} is not a communication that torch.distributed runs")
+
+
+def _solo(src: torch.Tensor | None, dst: torch.Tensor | None) -> Pending:
+    """A collective over a team of one rank: its input is its output (a sum / mean / max of one part)."""
+    if dst is not None and src is not None:
+        dst.copy_(src.reshape(dst.shape))
+    return Pending()
 
 
 def _need(t: torch.Tensor | None, plan: CommPlan, what: str) -> torch.Tensor:

@@ -83,7 +83,10 @@ class Communication(HostNode):
 
     def compile(self, cc: CompileContext) -> Step:
         plan, rank, into = self.plan, self.comm.rank(), self.into
-        group = None if plan.type is CommunicationType.SendRecv else self.comm.group(plan.team)
+        # A team of one moves nothing between processes (post copies locally): no group to create, which
+        # on NCCL would need the ranks outside the team to take part.
+        solo = len(plan.team) == 1
+        group = None if plan.type is CommunicationType.SendRecv or solo else self.comm.group(plan.team)
         src_slot = cc.slot(self.input_tv) if self._sends else None
         dst_slot = cc.slot(self.output_tv) if self._receives else None
         work_slot = cc.slot(self.handle)  # type: ignore[arg-type]

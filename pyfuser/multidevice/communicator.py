@@ -116,13 +116,13 @@ class Communicator:
             return
         os.environ.setdefault("MASTER_ADDR", self.info.master_addr)
         os.environ.setdefault("MASTER_PORT", str(self.info.master_port))
-        kwargs: dict[str, object] = {}
         if self.backend == "nccl":
-            device = self.device()
-            torch.cuda.set_device(device)
-            kwargs["device_id"] = device
+            # No ``device_id``: binding one makes NCCL create every sub-group by splitting the world
+            # communicator, a collective that ranks outside the team (which never call ``group``) would
+            # have to join -- members of a mesh on a subset of the ranks would hang.
+            torch.cuda.set_device(self.device())
         dist.init_process_group(self.backend, rank=self.info.rank, world_size=self.info.size,
-                                timeout=self.timeout, **kwargs)
+                                timeout=self.timeout)
 
     def group(self, team: Sequence[int]) -> dist.ProcessGroup:
         """The process group of ``team`` (whole world: the default group). Only members call this:

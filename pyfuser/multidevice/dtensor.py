@@ -40,6 +40,14 @@ class DTensorFusion:
             if t.device_mesh != torch_mesh:
                 raise ValueError(f"DTensorFusion input {k} is on {t.device_mesh} but input 0 is on {torch_mesh}; "
                                  "all inputs must share one device mesh")
+        for k, t in enumerate(inputs):  # torch shards unevenly; pyfuser's shards are equal (global = local * d)
+            for mesh_axis, placement in enumerate(t.placements):
+                parts = torch_mesh.size(mesh_axis)
+                if isinstance(placement, Shard) and t.shape[placement.dim] % parts:
+                    raise ValueError(f"DTensorFusion input {k}: dim {placement.dim % t.dim()} has extent "
+                                     f"{t.shape[placement.dim]}, which is not divisible by the {parts} ranks of mesh "
+                                     f"axis {mesh_axis} it is sharded over (Shard({placement.dim})); pyfuser needs "
+                                     "equal shards: pad the tensor or replicate that dim")
         key = (tuple(tuple(repr(p) for p in t.placements) for t in inputs),
                tuple((t.dtype, t.dim()) for t in inputs))
         fd = self._built.get(key)

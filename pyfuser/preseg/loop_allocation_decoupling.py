@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pyfuser.ir.base import Expr
-from pyfuser.ir.domain_replay import logical_ancestors
+from pyfuser.ir.domain_replay import logical_ancestors, strided_layout_violation
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Split
 from pyfuser.ir.ops import LinearOp, LoadStoreOp, MatmulOp, ReductionOp, VarMeanOp
@@ -49,6 +49,19 @@ def decouple_loop_and_allocation(fusion: Fusion, options: CompileOptions) -> Non
         if tv.compute_at_pos == 0:
             _order_loop(tv)
         _finalize_allocation(tv, can_be_segment_boundary(tv))
+    for out in fusion.outputs():
+        if isinstance(out, TensorView) and out.allocation_is_required and not out.is_fusion_input:
+            _check_strided(out)
+
+
+def _check_strided(out: TensorView) -> None:
+    """A required output layout must be one a torch tensor can have (it is met stride for stride)."""
+    bad = strided_layout_violation(out)
+    if bad is not None:
+        names = ", ".join(map(str, out.get_allocation_domain()))
+        raise ValueError(f"{out.short_name}: required allocation domain ({names}) puts {bad[0]} outside {bad[1]}, "
+                         "which no strided tensor can do: the IDs split from one logical axis must stay adjacent, "
+                         "outer before inner")
 
 
 # --- segment boundaries ----------------------------------------------------------------------------

@@ -72,6 +72,8 @@ class FusionExecutorCache:
             program = self._compile_for(args, binder, target, enable_options, disable_options)
             self._by_signature[key] = program
         self.last_program = program
+        if binder.has_scalars:
+            args = binder.coerce(list(args))
         ctx = EvalContext(binder.bind(args), target)
         return program.run(args, ctx)
 
@@ -108,9 +110,9 @@ def _layout_key(args: Sequence[Any]) -> tuple[Any, ...]:
 
 def _resolve_device(device: torch.device | str | int | None, args: Sequence[Any]) -> torch.device:
     if device is not None:
-        if isinstance(device, int):
-            return torch.device("cuda", device)
-        resolved = torch.device(device)
+        resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if resolved.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"execute(device={device!r}): CUDA is not available on this machine")
         if resolved.type == "cuda" and resolved.index is None:
             resolved = torch.device("cuda", torch.cuda.current_device())
         return resolved

@@ -81,9 +81,11 @@ class ScalarSpec:
         if isinstance(value, torch.Tensor) and value.dim() == 0:
             value = value.item()
         kind = python_scalar_type(self.dtype)
-        ok = isinstance(value, (bool, int, float, complex)) and not (kind is int and isinstance(value, float)) \
-            and not (kind is bool and not isinstance(value, bool))
-        if not ok:
+        # Python's numeric tower: a number of a narrower kind is accepted (and converted, see
+        # InputBinder.coerce); a wider one would silently change the fusion's dtypes.
+        allowed = {bool: (bool,), int: (bool, int), float: (bool, int, float),
+                   complex: (bool, int, float, complex)}[kind]
+        if not isinstance(value, allowed):
             raise TypeError(f"input {position} ({self.name}): expected a {self.dtype} scalar, got {value!r}")
 
 
@@ -97,6 +99,11 @@ class InputBinder:
         self._tensor_symbols: list[tuple[int, int, str, int]] = []
         #: (input position, symbol) for each input scalar
         self._scalar_symbols: list[tuple[int, str]] = []
+        #: (input position, Python type) of each input scalar: values are converted to it each run
+        self._scalar_types: list[tuple[int, type]] = []
+        #: (input position, scalar name, minimum, use) for each input scalar used as a size, slice
+        #: index or split factor
+        self._bounded: list[tuple[int, str, int, str]] = []
         for pos, val in enumerate(self.inputs):
             if isinstance(val, TensorView):
                 spec = TensorSpec.of(val)
@@ -107,6 +114,9 @@ class InputBinder:
             elif isinstance(val, Scalar):
                 self.specs.append(ScalarSpec(str(val), val.dtype))
                 self._scalar_symbols.append((pos, val.symbol))
+                self._scalar_types.append((pos, python_scalar_type(val.dtype)))
+                if val.lower_bound is not None:
+                    self._bounded.append((pos, str(val), *val.lower_bound))
 
     def check(self, args: Sequence[Any]) -> None:
         if len(args) != len(self.specs):
@@ -115,6 +125,20 @@ class InputBinder:
         for pos, (spec, arg) in enumerate(zip(self.specs, args, strict=True)):
             spec.check(arg, pos)
 
+    @property
+    def has_scalars(self) -> bool:
+        return bool(self._scalar_types)
+
+    def coerce(self, args: list[Any]) -> list[Any]:
+        """``args`` with each scalar input converted to its declared Python type (``2`` for a Double
+        scalar computes as ``2.0``; a 0-dim tensor becomes a number), so ops see the dtypes the
+        fusion was defined with. Validation (``check``) has accepted the values already."""
+        for pos, kind in self._scalar_types:
+            value = args[pos]
+            if type(value) is not kind:
+                args[pos] = kind(value.item() if isinstance(value, torch.Tensor) else value)
+        return args
+
     def bind(self, args: Sequence[Any]) -> dict[str, int]:
         env: dict[str, int] = {}
         for pos, d, name, factor in self._tensor_symbols:
@@ -122,6 +146,10 @@ class InputBinder:
         for pos, name in self._scalar_symbols:
             value = args[pos]
             env[name] = value.item() if isinstance(value, torch.Tensor) else value
+        for pos, name, minimum, use in self._bounded:  # scalar values are not in the signature: check each run
+            value = env[name]  # an input scalar prints as its symbol
+            if value < minimum:
+                raise ValueError(f"input {pos} ({name}) is used as {use} and must be at least {minimum}, got {value}")
         return env
 
 

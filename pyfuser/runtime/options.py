@@ -39,6 +39,9 @@ def dump_enabled(name: str) -> bool:
 
 
 def check_options(enable: Iterable[str], disable: Iterable[str]) -> tuple[frozenset[str], frozenset[str]]:
+    for given, kind in ((enable, "_enable_options"), (disable, "_disable_options")):
+        if isinstance(given, str):  # iterating it would check its letters
+            raise TypeError(f"{kind} must be a list of option names, got the string {given!r}; write [{given!r}]")
     enabled, disabled = frozenset(enable), frozenset(disable)
     for given, known, kind in ((enabled, ENABLE_OPTIONS, "_enable_options"), (disabled, DISABLE_OPTIONS, "_disable_options")):
         unknown = sorted(given - known.keys())

@@ -204,3 +204,37 @@ def test_node_bound_to_previous_stays_in_the_stream_loop(device, run_dumped):
     assert seen == [(3, 2), (3, 2), (1, 2)]  # once per chunk, on the chunk
     body = dump[dump.index("FOR "):]
     assert body.index("= double(") < body.index("Record T") < body.index("SetCurrentStream to Stream 0")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_cuda_program_on_another_device_keeps_the_callers_device_and_streams():
+    """Stream switches on cuda:1 must not leave cuda:1 current (torch.cuda.set_stream sets the device)."""
+    fd = _stream_matmul(3)
+    a, b = torch.randn(9, 4, device="cuda:1"), torch.randn(4, 5, device="cuda:1")
+    torch.cuda.set_device(0)
+    before = (torch.cuda.current_stream(0), torch.cuda.current_stream(1))
+    (out,) = fd.execute([a, b])
+    assert torch.cuda.current_device() == 0
+    assert (torch.cuda.current_stream(0), torch.cuda.current_stream(1)) == before
+    torch.cuda.synchronize(1)
+    torch.testing.assert_close(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_outputs_never_share_memory(device: str) -> None:
+    """``b``, ``set(b)`` and a view of ``b`` all returned: each output owns its memory."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True)
+        b = fd.ops.add(x, 1.0)
+        fd.add_output(b)
+        fd.add_output(fd.ops.set(b))
+        fd.add_output(fd.ops.permute(b, [1, 0]))
+    x_in = torch.randn(4, 3, device=device)
+    outs = fd.execute([x_in])
+    expected = x_in + 1.0
+    for out in outs[:2]:
+        torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(outs[2], expected.t())
+    assert len({o.untyped_storage().data_ptr() for o in outs}) == 3
+    outs[0].zero_()
+    torch.testing.assert_close(outs[1], expected)

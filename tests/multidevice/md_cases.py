@@ -289,6 +289,26 @@ def seed_004_allgather_linear_pipeline() -> None:
 
 
 @case()
+def stream_loop_over_split_sharded_axis_errors() -> None:
+    """A user's set that gathers x[M, K] (rows split over the mesh) inside a loop over row chunks of the
+    global M: a rank's shard is not those chunks, so this is an error at compile time (it used to feed the
+    all-gather slices of the local shard: a size mismatch, or wrong rows)."""
+    d, _, mesh = world()
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        gathered = fd.ops.set(x)
+        out = fd.ops.linear(gathered, w)
+        fd.add_output(out)
+        place(mesh, x, w, gathered, out)
+        shard_axis(x, 0, d)
+        for tv in (gathered, out):
+            tv.outer_split(0, 2)
+            tv.axis(0).parallelize(ParallelType.stream)
+    expect_error(lambda: fd.execute([randn(4, 8), randn(5, 8)]), ValueError, "T0 axis 0", "sharded on deviceIdx.x",
+                 "stream")
+
+
+@case()
 def seed_004_shard_outermost() -> None:
     d, _, mesh = world()
     with FusionDefinition() as fd:
@@ -363,6 +383,48 @@ def mesh_2d_data_and_tensor_parallel() -> None:
     team = f"team=({rank - rank % 2} {rank - rank % 2 + 1})"
     if "type=Allreduce" not in text or team not in text or "type=Allgather" in text:
         raise AssertionError(f"expected one Allreduce over the tensor-parallel {team}, no Allgather:\n{text}")
+
+
+@case()
+def mesh_axis_of_size_one() -> None:
+    """A 2-D mesh whose tensor-parallel axis has one rank (pure data parallel): reducing over that axis is
+    an Allreduce over a team of one, done locally -- creating a one-rank group would need every rank on
+    NCCL (ranks outside the team never call it)."""
+    d, rank, _ = world()
+    mesh = DeviceMesh([[r] for r in range(d)])  # mesh_y: d ranks, mesh_x: 1
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.sum(x, [1]))
+        place(mesh, x)
+        shard_axis(x, 0, d, ParallelType.mesh_y)
+        shard_axis(x, 2, 1)  # loop axis 2 is logical axis 1
+    full = randn(2 * d, 5)
+    (got,) = fd.execute([shard_tensor(full, x)])
+    assert_close(got, full.sum(1).chunk(d, 0)[rank], "sum over a mesh axis of size one")
+    solo = [team for team in comm()._groups if len(team) == 1]
+    if solo:
+        raise AssertionError(f"process groups were created for one-rank teams {solo}:\n{host_ir(fd)}")
+
+
+@case(min_world=4)
+def mesh_on_a_subset_of_ranks() -> None:
+    """Only ranks 0 and 1 hold the tensors: their Allreduce group is created by them alone (on NCCL a group
+    split from the world communicator would need ranks 2 and 3 to take part, and they never do)."""
+    _, rank, _ = world()
+    mesh = DeviceMesh([0, 1])
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.sum(fd.ops.mul(x, 2.0), [0]))
+        place(mesh, x)
+        shard_axis(x, 0, 2)
+    full = randn(4, 3)
+    (got,) = fd.execute([shard_tensor(full, x) if rank in mesh else torch.empty(0, 3, device=device())])
+    if rank in mesh:
+        assert_close(got, (2 * full).sum(0), "sum on a mesh of ranks 0 and 1")
+        if "team=(0 1)" not in host_ir(fd):
+            raise AssertionError(f"expected a communication over team (0 1):\n{host_ir(fd)}")
+    elif got.numel() != 0:
+        raise AssertionError(f"rank {rank} is off the mesh but returned {tuple(got.shape)}")
 
 
 @case()
@@ -451,6 +513,11 @@ def dtensor_wrapper() -> None:
     if out.placements != (Shard(0),) or out.shape != (2 * d, 2 * d):
         raise AssertionError(f"expected a [{2 * d}, {2 * d}] output sharded on dim 0, got {out.placements} {out.shape}")
     assert_close(out.to_local(), torch.relu(F.linear(xf, wf)).chunk(d, 0)[comm().rank()], "DTensor, sharded rows")
+    # torch shards 2d + 1 rows unevenly; pyfuser binds global = local * d, so ranks would disagree on the
+    # global shape (wrong output metadata, mismatched collectives): a clear error instead.
+    uneven = distribute_tensor(randn(2 * d + 1, 8), torch_mesh, [Shard(0)])
+    expect_error(lambda: fn(uneven, distribute_tensor(wf, torch_mesh, [Replicate()])), ValueError,
+                 "DTensorFusion input 0", f"dim 0 has extent {2 * d + 1}", "not divisible")
 
 
 @case()

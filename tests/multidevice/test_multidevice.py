@@ -47,11 +47,12 @@ CASES_2 = [
     "pointwise_sharded_input", "extent_reading_ops_on_sharded_tensors", "column_parallel_linear",
     "column_parallel_linear_stream_pipelined", "row_parallel_linear_allreduce", "row_parallel_linear_reduce_scatter",
     "row_parallel_linear_stream_pipelined", "sum_over_sharded_axis", "matmul_batch_and_contraction_sharding",
-    "mesh_not_in_rank_order", "sequence_parallel_allgather_linear", "seed_004_allgather_linear_pipeline",
-    "seed_004_shard_outermost", "mlp_tensor_and_sequence_parallel", "pipeline_across_meshes",
-    "gather_scatter_reduce_between_meshes", "dtensor_wrapper", "bad_inputs_raise_clear_errors",
+    "mesh_not_in_rank_order", "mesh_axis_of_size_one", "sequence_parallel_allgather_linear",
+    "seed_004_allgather_linear_pipeline", "seed_004_shard_outermost", "stream_loop_over_split_sharded_axis_errors",
+    "mlp_tensor_and_sequence_parallel", "pipeline_across_meshes", "gather_scatter_reduce_between_meshes",
+    "dtensor_wrapper", "bad_inputs_raise_clear_errors",
 ]
-CASES_4 = [*CASES_2, "mesh_2d_data_and_tensor_parallel"]
+CASES_4 = [*CASES_2, "mesh_2d_data_and_tensor_parallel", "mesh_on_a_subset_of_ranks"]
 
 
 @pytest.mark.parametrize("nproc, expected", [(2, CASES_2), (4, CASES_4)], ids=["2-ranks", "4-ranks"])

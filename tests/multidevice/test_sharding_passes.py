@@ -214,3 +214,29 @@ def test_mesh_larger_than_the_world() -> None:
     with pytest.raises(ValueError, match=r"T0 is on DeviceMesh\{0 1 2 3 4 5\}, which needs rank 5, but the world "
                                          r"has only 4 processes"):
         propagate_shardings(fd.fusion)
+
+
+def test_one_rank_mesh_runs_locally_with_a_stream_loop() -> None:
+    """Everything on mesh [0] of a (fake) 4-process world: the Allgather of a tensor split over one rank is
+    a team of one -- a local copy, no process group (creating one would wait for the absent peers) -- and a
+    stream loop may take chunks of an axis "sharded" over a single rank."""
+    import torch
+    import torch.nn.functional as F
+
+    Communicator._instance = Communicator(LaunchInfo(0, 4, 0, 4, "127.0.0.1", 29500), backend="gloo", timeout_s=5)
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        gathered = fd.ops.set(x)
+        out = fd.ops.linear(gathered, w)
+        fd.add_output(out)
+        for tv in (x, w, gathered, out):
+            tv.set_device_mesh(DeviceMesh([0]))
+        shard(x, 0, parts=1)
+        for tv in (gathered, out):
+            tv.outer_split(0, 2)
+            tv.axis(0).parallelize(ParallelType.stream)
+    a, b = torch.randn(5, 8), torch.randn(3, 8)
+    (got,) = fd.execute([a, b])
+    torch.testing.assert_close(got, F.linear(a, b))
+    assert "type=Allgather, team=(0)" in str(fd._executor.last_program)
+    assert not Communicator._instance._groups

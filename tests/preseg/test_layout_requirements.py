@@ -250,3 +250,25 @@ def test_user_allocation_domain_on_an_input_is_a_requirement() -> None:
     assert out.stride() == x.stride(), "the required input layout flows to the output as a hint"
     with pytest.raises(ValueError, match=r"input 0 \(T0\) axis 0: stride 20 is larger than axis 2's stride 1"):
         fd.execute([torch.randn(3, 4, 5)])
+
+
+def test_required_allocation_no_strided_tensor_can_have_is_rejected() -> None:
+    """``[i0, 2, ceilDiv(i1, 2)]`` (a split of i1 with its halves swapped) has no stride pattern: it
+    was accepted and the output silently came back row-major. ``[i0, ceilDiv(i1, 2), 2]`` is plain
+    row-major and stays accepted."""
+    x = torch.randn(4, 6)
+    for swapped in (False, True):
+        with FusionDefinition() as fd:
+            out = fd.ops.exp(fd.define_tensor([-1, -1]))
+            fd.add_output(out)
+        out.split(1, 2)
+        i0, outer, inner = out.get_loop_domain()
+        out.set_allocation_domain([i0, inner, outer] if swapped else [i0, outer, inner], True)
+        if not swapped:
+            (result,) = fd.execute([x])
+            torch.testing.assert_close(result, x.exp())
+            assert result.stride() == (6, 1)
+            continue
+        with pytest.raises(ValueError, match=r"T1: required allocation domain \(iS\d+\{i0\}, iS\d+\{2\}, .*\) puts "
+                                             r"iS\d+\{2\} outside iS\d+\{\( ceilDiv\(i1, 2\) \)\}, which no strided"):
+            fd.execute([x])

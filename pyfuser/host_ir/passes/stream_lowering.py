@@ -129,6 +129,7 @@ class _StreamLowering:
 
     @staticmethod
     def _select(loop: _OpenLoop, tv: TensorView, logical: IterDomain) -> None:
+        _check_not_split_sharded(tv, logical, loop.axis)
         axis = loop.axis.on(tv, logical)
         chunk = _chunk_tensor(tv, logical, axis)
         own = stream_axis_of(tv)
@@ -146,6 +147,23 @@ class _StreamLowering:
                 SetCurrentStream(main), Synchronize(worker)]
         self.result.extend(loop.preamble)
         self.result.append(ForLoop(loop.index, loop.axis.loop_id, SymConst(0), loop.axis.count, body))
+
+
+def _check_not_split_sharded(tv: TensorView, logical: IterDomain, axis: StreamAxis) -> None:
+    """A rank holds one contiguous shard of an axis split over the mesh: a loop over chunks of the
+    global axis cannot take them from the local shard (a logical ID sharded one element per rank is the
+    "shard outermost" form, whose broadcast reads the whole shard)."""
+    if tv.device_mesh is None or logical.is_device_dim:
+        return
+    from pyfuser.multidevice.sharding import sharding_of
+
+    position = next(p for p, i in enumerate(tv.get_logical_domain()) if i is logical)
+    ptype = sharding_of(tv).axes.get(position)
+    if ptype is not None and tv.device_mesh.size_of(ptype) > 1:
+        raise ValueError(f"{axis.describe()} is parallelized on stream, and the loop would take chunks of "
+                         f"{tv.short_name} axis {position} ({logical}), which is sharded on {ptype}: each rank "
+                         "holds one contiguous shard of it, not the global chunks the loop iterates; stream-"
+                         "parallelize another axis, or reshard (gather) the tensor before the loop")
 
 
 def _loop_invariant(node: HostNode) -> bool:

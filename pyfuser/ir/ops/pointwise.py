@@ -153,6 +153,17 @@ def size_checks(operands: Sequence[Val], ka: int, kb: int) -> list[SizeCheck]:
     return [(ka, d, kb, d) for d in broadcast_checks(operands[ka], operands[kb])]
 
 
+def as_numbers(number_like: tuple[int, ...], args: Sequence[Any]) -> list[Any]:
+    """``args`` with the operands at ``number_like`` viewed as 0-dim tensors again.
+
+    The frontend broadcasts a 0-dim tensor operand to the op's rank, but torch promotes a 0-dim
+    tensor like a number (``x_half * t_double_0d`` is half, computed as torch computes it): evaluating
+    on the 0-dim view keeps torch's dtypes and arithmetic exactly. The result shape is unchanged, as
+    another operand has the full rank and the 0-dim one only contributes size-1 axes.
+    """
+    return [a.reshape(()) if k in number_like and isinstance(a, torch.Tensor) else a for k, a in enumerate(args)]
+
+
 class BinaryOp(Expr):
     op_name = "binary"
 
@@ -166,10 +177,14 @@ class BinaryOp(Expr):
             self._fn = _trunc_div if integral else _true_div
         # torch functions with an ``out=`` overload taking a tensor first and a tensor or scalar second
         self._out_fn = _BINARY_OUT.get("truediv" if op == "div" and self._fn is _true_div else op)
+        #: Operands that were 0-dim tensors before the frontend broadcast them (see ``as_numbers``).
+        self.number_like: tuple[int, ...] = ()
 
     def evaluate(self, ctx: EvalContext, a: Any, b: Any) -> list[Any]:
         if self._checks:
             check_same_sizes(self.op, self._checks, self.defined_inputs, (a, b))
+        if self.number_like:
+            a, b = as_numbers(self.number_like, (a, b))
         return [self._fn(a, b)]
 
     def evaluate_into(self, ctx: EvalContext, out: Any, a: Any, b: Any) -> None:
@@ -179,6 +194,8 @@ class BinaryOp(Expr):
             return
         if self._checks:
             check_same_sizes(self.op, self._checks, self.defined_inputs, (a, b))
+        if self.number_like:
+            a, b = as_numbers(self.number_like, (a, b))
         self._out_fn(a, b, out=out)
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
@@ -226,10 +243,14 @@ class TernaryOp(Expr):
         tensors = [k for k, v in enumerate(operands) if isinstance(v, TensorView)]
         self._checks = [s for ka, kb in itertools.combinations(tensors, 2) for s in size_checks(operands, ka, kb)]
         self._fn = TERNARY_FNS[op]
+        #: Operands that were 0-dim tensors before the frontend broadcast them (see ``as_numbers``).
+        self.number_like: tuple[int, ...] = ()
 
     def evaluate(self, ctx: EvalContext, a: Any, b: Any, c: Any) -> list[Any]:
         if self._checks:
             check_same_sizes(self.op, self._checks, self.defined_inputs, (a, b, c))
+        if self.number_like:
+            a, b, c = as_numbers(self.number_like, (a, b, c))
         result = self._fn(a, b, c)
         if isinstance(result, torch.Tensor) and isinstance(self.output, TensorView):
             result = result.to(self.output.dtype.torch_dtype)

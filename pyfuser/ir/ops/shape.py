@@ -112,14 +112,27 @@ class ExpandOp(Expr):
 
     op_name = "expand"
 
-    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView) -> None:
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView,
+                 size_checks: Sequence[tuple[int, SymExpr]] = ()) -> None:
         super().__init__(fusion, [inp], [out])
         in_ids = inp.get_logical_domain(no_reductions=True)
         out_ids = out.get_logical_domain()
         self._expanded = [(d, o.extent) for d, (i, o) in enumerate(zip(in_ids, out_ids, strict=True))
                           if i.is_broadcast and not (o.is_broadcast and o.extent.value == 1)]
+        #: (axis, size) of non-broadcast axes the user gave a size whose equality with the axis's
+        #: extent is only known at execution
+        self.size_checks = list(size_checks)
+
+    def _check_sizes(self, ctx: EvalContext, x: torch.Tensor) -> None:
+        for d, size in self.size_checks:
+            want = size.evaluate(ctx.env)
+            if x.shape[d] != want:
+                raise ValueError(f"expand: {self.defined_inputs[0].short_name} axis {d} has size {x.shape[d]} and "  # type: ignore[attr-defined]
+                                 f"is not a broadcast axis; cannot expand it to {want}")
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        if self.size_checks:
+            self._check_sizes(ctx, x)
         sizes = [-1] * x.dim()
         for d, extent in self._expanded:
             sizes[d] = extent.evaluate(ctx.env)
@@ -127,6 +140,8 @@ class ExpandOp(Expr):
 
     def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, x: torch.Tensor) -> None:
         """``out`` may be a chunk of the expanded axis (stream loop): broadcasting fills it."""
+        if self.size_checks:
+            self._check_sizes(ctx, x)
         out.copy_(x)
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
@@ -168,7 +183,12 @@ class ReshapeOp(Expr):
         self._extents = [i.extent for i in out.get_logical_domain()]
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
-        sizes = [e.evaluate(ctx.env) for e in self._extents]
+        try:
+            sizes = [e.evaluate(ctx.env) for e in self._extents]
+        except ZeroDivisionError:  # a -1 entry next to sizes that multiply to 0
+            raise ValueError(f"reshape: cannot reshape {self.defined_inputs[0].short_name} "  # type: ignore[attr-defined]
+                             f"(shape {list(x.shape)}) into {self.output}: the -1 entry is ambiguous when the other "
+                             "sizes multiply to 0") from None
         if math.prod(sizes) != x.numel():  # symbolic sizes: only known now
             raise ValueError(f"reshape: {self.defined_inputs[0].short_name} has {x.numel()} elements "  # type: ignore[attr-defined]
                              f"(shape {list(x.shape)}) and cannot be reshaped to {sizes}")
