@@ -1,19 +1,22 @@
 """``fd.ops``: builds op nodes with shape inference and torch's type promotion.
 
 Output dtypes come from running the torch reference on tiny tensors, so promotion matches torch
-exactly; shapes are inferred symbolically so printing and scheduling see real extents.
+exactly; shapes are inferred symbolically so printing and scheduling see real extents. Operand
+handling lives in ``ops_base.py``; reductions, matmul and linear in ``reduction_ops.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from pyfuser.frontend.ops_base import Operand, SizeLike, clone_id, normalize_axis
 from pyfuser.frontend.promotion import result_dtype
+from pyfuser.frontend.reduction_ops import ReductionOps
 from pyfuser.ir.base import Scalar, Val
-from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python
+from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.ops import (
     BinaryOp,
@@ -22,133 +25,22 @@ from pyfuser.ir.ops import (
     ExpandOp,
     FullOp,
     IotaOp,
-    LinearOp,
     LoadStoreOp,
-    MatmulOp,
     PadOp,
     PermuteOp,
-    ReductionOp,
     ReshapeOp,
     SliceOp,
     SqueezeOp,
     TernaryOp,
     UnaryOp,
-    VarMeanOp,
 )
 from pyfuser.ir.ops.pointwise import BINARY_FNS, TERNARY_FNS, UNARY_FNS
-from pyfuser.ir.symbolic import SymConst, SymExpr, as_sym, ceil_div, product, sym_max, sym_min
-from pyfuser.ir.tensor_domain import TensorDomain
+from pyfuser.ir.symbolic import SymConst, SymExpr, ceil_div, product, sym_max, sym_min
 from pyfuser.ir.tensor_view import TensorView
 
-if TYPE_CHECKING:
-    from pyfuser.ir.fusion import Fusion
 
-Operand = TensorView | Scalar | int | float | bool | complex
-SizeLike = int | Scalar | SymExpr
-
-
-class Ops:
+class Ops(ReductionOps):
     """The op namespace of one FusionDefinition (``fd.ops``)."""
-
-    def __init__(self, fusion: Fusion) -> None:
-        self._fusion = fusion
-        #: (tensor name, rank) -> the broadcast inserted to bring that tensor to that rank, reused so
-        #: ``x + b`` and ``x - b`` do not broadcast ``b`` twice.
-        self._rank_broadcasts: dict[tuple[int, int], TensorView] = {}
-
-    # --- operand handling ------------------------------------------------------------------
-    def _check_operand(self, x: Any, what: str) -> None:
-        if isinstance(x, Val):
-            if x.fusion is not self._fusion:
-                raise ValueError(f"{what}: {x} belongs to another FusionDefinition")
-        elif not isinstance(x, (bool, int, float, complex)):
-            raise TypeError(f"{what}: expected a tensor, scalar or Python number, got {type(x).__name__}")
-
-    def _val(self, x: Any, what: str) -> Val:
-        self._check_operand(x, what)
-        return x if isinstance(x, Val) else Scalar(self._fusion, data_type_of_python(x), x)
-
-    def _tv(self, x: Any, what: str) -> TensorView:
-        val = self._val(x, what)
-        if not isinstance(val, TensorView):
-            raise TypeError(f"{what}: expected a tensor, got {val}")
-        return val
-
-    def _new_tv(self, ids: list[IterDomain], dtype: DataType) -> TensorView:
-        return TensorView(self._fusion, TensorDomain(ids), dtype)
-
-    def _id(self, extent: SymExpr | int, iter_type: IterType = IterType.Iteration) -> IterDomain:
-        return IterDomain(self._fusion, extent, iter_type)
-
-    def _size(self, size: Any, what: str, allow_minus_one: bool = False, allow_negative: bool = False,
-              negative_input_ok: bool = False) -> SymExpr | None:
-        """A size argument as an extent (None for a -1 placeholder when allowed).
-
-        ``allow_negative``: a negative constant is meaningful (pad widths crop, slice indices count
-        from the end). An input scalar is checked to be non-negative when it is bound, unless
-        ``negative_input_ok`` (pad widths).
-        """
-        if isinstance(size, Scalar):
-            if size.fusion is not self._fusion:
-                raise ValueError(f"{what}: {size} belongs to another FusionDefinition")
-            if not (size.is_const or size.is_fusion_input):
-                raise ValueError(f"{what}: {size} must be a constant or an input scalar of the fusion (sizes are "
-                                 "known before any op runs)")
-            extent = size.as_extent()
-            if size.is_fusion_input and not negative_input_ok:
-                size.require_at_least(0, what)
-            elif size.is_const and not allow_negative and extent.value < 0:  # type: ignore[operator]
-                raise ValueError(f"{what}: expected a non-negative size, got {size}")
-            return extent
-        if isinstance(size, SymExpr):
-            return size
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise TypeError(f"{what}: expected an int or an integer scalar, got {type(size).__name__}")
-        if size == -1 and allow_minus_one:
-            return None
-        if size < 0 and not allow_negative:
-            raise ValueError(f"{what}: expected a non-negative size, got {size}")
-        return as_sym(size)
-
-    # --- shapes ----------------------------------------------------------------------------
-    def _broadcast_to_rank(self, tv: TensorView, rank: int) -> TensorView:
-        """numpy-style: prepend broadcast axes so ``tv`` has ``rank`` axes."""
-        missing = rank - tv.ndim
-        if missing <= 0:
-            return tv
-        key = (tv.name, rank)
-        if key not in self._rank_broadcasts:
-            self._rank_broadcasts[key] = self.broadcast(tv, [True] * missing + [False] * tv.ndim)
-        return self._rank_broadcasts[key]
-
-    @staticmethod
-    def _pointwise_extents(op: str, tensors: list[TensorView]) -> list[SymExpr | None]:
-        """Output extents of a pointwise op (None: broadcast), numpy-style (operands aligned right).
-
-        Checks static extents on the operands as the user wrote them, before anything is created,
-        so a rejected op leaves the fusion untouched and the error names the user's axes.
-        """
-        rank = max(t.ndim for t in tensors)
-        domains = [t.get_logical_domain(no_reductions=True) for t in tensors]
-        out: list[SymExpr | None] = []
-        for d in range(rank):
-            chosen: IterDomain | None = None
-            owner = ""
-            for tv, ids in zip(tensors, domains, strict=True):
-                pos = d - (rank - len(ids))
-                if pos < 0 or ids[pos].is_broadcast:
-                    continue
-                i = ids[pos]
-                where = f"{tv.short_name} axis {pos}" + (f" (output axis {d})" if pos != d else "")
-                if chosen is None:
-                    chosen, owner = i, where
-                elif chosen.extent.is_const and i.extent.is_const and chosen.extent != i.extent:
-                    raise ValueError(f"{op}: incompatible broadcast shapes: {owner} has extent {chosen.extent} but "
-                                     f"{where} has extent {i.extent}; declare an axis with size 1 to broadcast it")
-                elif not chosen.extent.is_const and i.extent.is_const:
-                    chosen = i  # prefer the static extent
-            out.append(None if chosen is None else chosen.extent)
-        return out
 
     # --- pointwise ---------------------------------------------------------------------------
     def _pointwise(self, op: str, operands: Sequence[Any], fn: Callable[..., Any]) -> Val:
@@ -227,7 +119,7 @@ class Ops:
             raise ValueError(f"broadcast: {tv.short_name} has rank {tv.ndim} but is_broadcast_dim {list(flags)} "
                              f"keeps {sum(not f for f in flags)} axes")
         in_ids = iter(tv.get_logical_domain(no_reductions=True))
-        ids = [self._id(1, IterType.Broadcast) if f else _clone(self, next(in_ids)) for f in flags]
+        ids = [self._id(1, IterType.Broadcast) if f else clone_id(self, next(in_ids)) for f in flags]
         out = self._new_tv(ids, tv.dtype)
         BroadcastOp(self._fusion, out, tv, flags)
         return out
@@ -235,7 +127,7 @@ class Ops:
     def broadcast_in_dim(self, x: TensorView, shape: Sequence[SizeLike], broadcast_dims: Sequence[int]) -> TensorView:
         tv = self._tv(x, "broadcast_in_dim")
         rank = len(shape)
-        dims = [_norm_axis(d, rank, tv, "broadcast_dims") for d in broadcast_dims]
+        dims = [normalize_axis(d, rank, tv, "broadcast_dims") for d in broadcast_dims]
         if len(dims) != tv.ndim:
             raise ValueError(f"broadcast_in_dim: {tv.short_name} has rank {tv.ndim} but broadcast_dims {list(broadcast_dims)} "
                              f"has {len(dims)} entries")
@@ -265,7 +157,7 @@ class Ops:
                     size_checks.append((d, target))
                     ids.append(self._id(target if target.is_const else i.extent))
                     continue
-                ids.append(_clone(self, i))
+                ids.append(clone_id(self, i))
             else:
                 ids.append(self._id(target))
         if not size_checks and all(a.extent == b.extent and a.iter_type == b.iter_type
@@ -279,25 +171,25 @@ class Ops:
         tv = self._tv(x, "squeeze")
         rank = tv.ndim
         dims_list = [dims] if isinstance(dims, int) else list(dims)
-        axes = {_norm_axis(d, rank, tv, "squeeze dims") for d in dims_list}
+        axes = {normalize_axis(d, rank, tv, "squeeze dims") for d in dims_list}
         in_ids = tv.get_logical_domain(no_reductions=True)
         for d in axes:
             extent = in_ids[d].extent.value
             if extent is not None and extent != 1:
                 raise ValueError(f"squeeze: {tv.short_name} axis {d} has extent {extent}; only size-1 axes can be squeezed")
         flags = [d in axes for d in range(rank)]
-        out = self._new_tv([_clone(self, i) for i, f in zip(in_ids, flags, strict=True) if not f], tv.dtype)
+        out = self._new_tv([clone_id(self, i) for i, f in zip(in_ids, flags, strict=True) if not f], tv.dtype)
         SqueezeOp(self._fusion, out, tv, flags)
         return out
 
     def permute(self, x: TensorView, dims: Sequence[int]) -> TensorView:
         tv = self._tv(x, "permute")
         rank = tv.ndim
-        perm = [_norm_axis(d, rank, tv, "permute dims") for d in dims]
+        perm = [normalize_axis(d, rank, tv, "permute dims") for d in dims]
         if sorted(perm) != list(range(rank)):
             raise ValueError(f"permute: dims {list(dims)} is not a permutation of {tv.short_name}'s {rank} axes")
         in_ids = tv.get_logical_domain(no_reductions=True)
-        out = self._new_tv([_clone(self, in_ids[d]) for d in perm], tv.dtype)
+        out = self._new_tv([clone_id(self, in_ids[d]) for d in perm], tv.dtype)
         PermuteOp(self._fusion, out, tv, perm)
         return out
 
@@ -348,7 +240,7 @@ class Ops:
         for i, (lo, hi, step) in zip(in_ids, ranges, strict=True):
             extent = ceil_div(hi - lo, step)
             if extent == i.extent:
-                ids.append(_clone(self, i))
+                ids.append(clone_id(self, i))
             else:
                 ids.append(self._id(extent, IterType.Broadcast if extent.value == 1 and i.is_broadcast else IterType.Iteration))
         out = self._new_tv(ids, tv.dtype)
@@ -363,7 +255,7 @@ class Ops:
         for tv in tvs:
             if tv.ndim != rank:
                 raise ValueError(f"cat: {tv.short_name} has rank {tv.ndim} but {tvs[0].short_name} has rank {rank}")
-        axis = _norm_axis(dim, rank, tvs[0], "cat dim")
+        axis = normalize_axis(dim, rank, tvs[0], "cat dim")
         dtype = result_dtype(lambda *xs: torch.cat(xs), tvs)
         domains = [tv.get_logical_domain(no_reductions=True) for tv in tvs]
         ids = []
@@ -377,7 +269,7 @@ class Ops:
                 if e.is_const and ref.extent.is_const and e != ref.extent:
                     raise ValueError(f"cat: {tv.short_name} axis {d} has extent {e} but {tvs[0].short_name} axis {d} "
                                      f"has extent {ref.extent}; only the cat axis may differ")
-            ids.append(_clone(self, ref))
+            ids.append(clone_id(self, ref))
         out = self._new_tv(ids, dtype)
         CatOp(self._fusion, out, [self.cast(t, dtype) if t.dtype != dtype else t for t in tvs], axis)  # type: ignore[misc]
         return out
@@ -404,7 +296,7 @@ class Ops:
                 raise ValueError(f"pad: {tv.short_name} axis {d} has extent {in_ids[d].extent}; pad widths "
                                  f"{left}, {right} would leave {extent.value} elements (at least 0 expected)")
             padded[d] = extent
-        ids = [self._id(padded[d]) if d in padded else _clone(self, i) for d, i in enumerate(in_ids)]
+        ids = [self._id(padded[d]) if d in padded else clone_id(self, i) for d, i in enumerate(in_ids)]
         fill = self._val(0 if value is None else value, "pad value")
         out = self._new_tv(ids, tv.dtype)
         PadOp(self._fusion, out, tv, widths, fill)  # type: ignore[arg-type]
@@ -440,125 +332,6 @@ class Ops:
                self._val(default_step if step is None else step, "iota step"))
         return out
 
-    # --- reductions ----------------------------------------------------------------------------
-    def _reduce(self, op: str, x: TensorView, dims: Sequence[int] | int | None, keepdim: bool,
-                dtype: DataType | torch.dtype) -> TensorView:
-        tv = self._tv(x, op)
-        axes = _reduction_axes(tv, dims, op)
-        probe = {"sum": torch.sum, "prod": torch.prod, "mean": torch.mean,
-                 "max": torch.amax, "min": torch.amin}[op]
-        # Probed even when dtype= is given: it rejects what torch cannot reduce (max of complex).
-        inferred = result_dtype(lambda t: probe(t, 0) if op != "mean" else t, [tv])
-        if as_data_type(dtype, allow_null=True) is not DataType.Null:
-            out_dtype = as_data_type(dtype)
-        else:
-            out_dtype = tv.dtype if op == "mean" else inferred
-        if op == "mean" and not (out_dtype.is_floating or out_dtype.is_complex):
-            raise TypeError(f"mean: {tv.short_name} has dtype {tv.dtype}; mean needs a floating-point dtype "
-                            "(pass dtype= or cast first)")
-        out = self._new_tv(_reduced_ids(self, tv, axes), out_dtype)
-        ReductionOp(self._fusion, op, out, tv, axes)
-        return self._keepdim(out, axes) if keepdim else out
-
-    def _keepdim(self, tv: TensorView, axes: list[int]) -> TensorView:
-        rank = len(tv.get_logical_domain())
-        return self.broadcast(tv, [d in axes for d in range(rank)])
-
-    def sum(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("sum", x, dims, keepdim, dtype)
-
-    def prod(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("prod", x, dims, keepdim, dtype)
-
-    def max(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("max", x, dims, keepdim, dtype)
-
-    def min(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("min", x, dims, keepdim, dtype)
-
-    def mean(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("mean", x, dims, keepdim, dtype)
-
-    def var_mean(self, x: TensorView, dims: Sequence[int] | int | None = None, correction: int = 1,
-                 keepdim: bool = False) -> tuple[TensorView, TensorView]:
-        tv = self._tv(x, "var_mean")
-        if not (tv.dtype.is_floating or tv.dtype.is_complex):
-            raise TypeError(f"var_mean: {tv.short_name} has dtype {tv.dtype}; expected a floating-point tensor")
-        axes = _reduction_axes(tv, dims, "var_mean")
-        var_dtype = result_dtype(lambda t: torch.var_mean(t, 0, correction=0)[0], [tv])
-        var = self._new_tv(_reduced_ids(self, tv, axes), var_dtype)
-        mean = self._new_tv(_reduced_ids(self, tv, axes), tv.dtype)
-        VarMeanOp(self._fusion, var, mean, tv, axes, int(correction))
-        if keepdim:
-            return self._keepdim(var, axes), self._keepdim(mean, axes)
-        return var, mean
-
-    def var(self, x: TensorView, dims: Sequence[int] | int | None = None, correction: int = 1,
-            keepdim: bool = False) -> TensorView:
-        return self.var_mean(x, dims, correction, keepdim)[0]
-
-    # --- matmul ------------------------------------------------------------------------------
-    def matmul(self, a: TensorView, b: TensorView) -> TensorView:
-        ta, tb = self._tv(a, "matmul a"), self._tv(b, "matmul b")
-        if ta.ndim == 0 or tb.ndim == 0:
-            raise ValueError(f"matmul: operands must have rank >= 1, got {ta.short_name} rank {ta.ndim} and "
-                             f"{tb.short_name} rank {tb.ndim}")
-        ia, ib = ta.get_logical_domain(no_reductions=True), tb.get_logical_domain(no_reductions=True)
-        ka = ia[-1]
-        kb = ib[0] if tb.ndim == 1 else ib[-2]
-        _check_same_extent("matmul", ta, ta.ndim - 1, ka, tb, 0 if tb.ndim == 1 else tb.ndim - 2, kb)
-        batch_a, batch_b = ia[:-2], ib[:-2]
-        batch = self._batch_ids(ta, batch_a, tb, batch_b)
-        ids = batch
-        if ta.ndim >= 2:
-            ids.append(_clone(self, ia[-2]))
-        if tb.ndim >= 2:
-            ids.append(_clone(self, ib[-1]))
-        ids.append(self._id(ka.extent, IterType.Reduction))
-        out = self._new_tv(ids, result_dtype(torch.matmul, [ta, tb]))
-        MatmulOp(self._fusion, out, ta, tb)
-        return out
-
-    def _batch_ids(self, ta: TensorView, ia: list[IterDomain], tb: TensorView, ib: list[IterDomain]) -> list[IterDomain]:
-        rank = max(len(ia), len(ib))
-        ia = [None] * (rank - len(ia)) + ia  # type: ignore[list-item,operator]
-        ib = [None] * (rank - len(ib)) + ib  # type: ignore[list-item,operator]
-        ids = []
-        for x, y in zip(ia, ib, strict=True):
-            live = [i for i in (x, y) if i is not None and not i.is_broadcast]
-            if len(live) == 2 and live[0].extent.is_const and live[1].extent.is_const and live[0].extent != live[1].extent:
-                raise ValueError(f"matmul: batch axes of {ta.short_name} and {tb.short_name} have incompatible extents "
-                                 f"{live[0].extent} and {live[1].extent}")
-            ids.append(self._id(live[0].extent) if live else self._id(1, IterType.Broadcast))
-        return ids
-
-    def linear(self, x: TensorView, weight: TensorView, bias: TensorView | None = None) -> TensorView:
-        tx, tw = self._tv(x, "linear input"), self._tv(weight, "linear weight")
-        tb = self._tv(bias, "linear bias") if bias is not None else None
-        if tx.ndim < 1 or tw.ndim not in (1, 2):
-            raise ValueError(f"linear: expected input of rank >= 1 and weight of rank 1 or 2, got {tx.short_name} "
-                             f"rank {tx.ndim} and {tw.short_name} rank {tw.ndim}")
-        ix, iw = tx.get_logical_domain(no_reductions=True), tw.get_logical_domain(no_reductions=True)
-        _check_same_extent("linear", tx, tx.ndim - 1, ix[-1], tw, tw.ndim - 1, iw[-1])
-        ids = [_clone(self, i) for i in ix[:-1]]
-        if tw.ndim == 2:
-            ids.append(_clone(self, iw[0]))
-        if tb is not None:
-            if tb.ndim > 1:
-                raise ValueError(f"linear: bias {tb.short_name} must have rank 0 or 1, got {tb.ndim}")
-            if tb.ndim == 1 and tw.ndim == 2:
-                _check_same_extent("linear", tb, 0, tb.get_logical_domain()[0], tw, 0, iw[0])
-        ids.append(self._id(ix[-1].extent, IterType.Reduction))
-        args = [tx, tw] + ([tb] if tb is not None else [])
-        out = self._new_tv(ids, result_dtype(torch.nn.functional.linear, args))
-        LinearOp(self._fusion, out, tx, tw, tb)
-        return out
-
 
 def _add_unary(name: str) -> None:
     def op(self: Ops, x: Operand) -> Val:
@@ -584,51 +357,11 @@ for _name in BINARY_FNS:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-def _clone(ops: Ops, i: IterDomain) -> IterDomain:
-    return ops._id(i.extent, IterType.Broadcast if i.is_broadcast else IterType.Iteration)
-
-
 def _sum(extents: list[SymExpr]) -> SymExpr:
     total: SymExpr = SymConst(0)
     for e in extents:
         total = total + e
     return total
-
-
-def _check_same_extent(op: str, ta: TensorView, da: int, ia: IterDomain, tb: TensorView, db: int, ib: IterDomain) -> None:
-    if ia.extent.is_const and ib.extent.is_const and ia.extent != ib.extent:
-        raise ValueError(f"{op}: {ta.short_name} axis {da} has extent {ia.extent} but {tb.short_name} axis {db} has "
-                         f"extent {ib.extent}; they are contracted (or matched) and must be equal")
-
-
-def _norm_axis(axis: int, rank: int, tv: TensorView, what: str) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise TypeError(f"{tv.short_name}: {what} must be ints, got {axis!r}")
-    if not -rank <= axis < max(rank, 1):
-        raise ValueError(f"{tv.short_name}: {what} entry {axis} is out of range for rank {rank} "
-                         f"(valid: {-rank}..{rank - 1})")
-    return axis % rank if rank else 0
-
-
-def _reduction_axes(tv: TensorView, dims: Sequence[int] | int | None, op: str) -> list[int]:
-    rank = tv.ndim
-    if dims is None:
-        return list(range(rank))
-    dims_list = [dims] if isinstance(dims, int) else list(dims)
-    axes = sorted({_norm_axis(d, rank, tv, f"{op} dims") for d in dims_list})
-    if len(axes) != len(dims_list):
-        raise ValueError(f"{op}: dims {dims_list} of {tv.short_name} name an axis twice")
-    return axes
-
-
-def _reduced_ids(ops: Ops, tv: TensorView, axes: list[int]) -> list[IterDomain]:
-    ids = []
-    for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
-        if d in axes:
-            ids.append(ops._id(i.extent, IterType.Reduction))
-        else:
-            ids.append(_clone(ops, i))
-    return ids
 
 
 def _normalize_index(index: SymExpr | None, extent: SymExpr) -> SymExpr:

@@ -1,0 +1,141 @@
+"""Operand handling and shape helpers shared by every group of ``fd.ops``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.dtypes import DataType, data_type_of_python
+from pyfuser.ir.iter_domain import IterDomain, IterType
+from pyfuser.ir.symbolic import SymExpr, as_sym
+from pyfuser.ir.tensor_domain import TensorDomain
+from pyfuser.ir.tensor_view import TensorView
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+
+Operand = TensorView | Scalar | int | float | bool | complex
+SizeLike = int | Scalar | SymExpr
+
+
+class OpsBase:
+    """Operand checks, ID creation and broadcasting shared by the op groups."""
+
+    def __init__(self, fusion: Fusion) -> None:
+        self._fusion = fusion
+        #: (tensor name, rank) -> the broadcast inserted to bring that tensor to that rank, reused so
+        #: ``x + b`` and ``x - b`` do not broadcast ``b`` twice.
+        self._rank_broadcasts: dict[tuple[int, int], TensorView] = {}
+
+    # --- operand handling ------------------------------------------------------------------
+    def _check_operand(self, x: Any, what: str) -> None:
+        if isinstance(x, Val):
+            if x.fusion is not self._fusion:
+                raise ValueError(f"{what}: {x} belongs to another FusionDefinition")
+        elif not isinstance(x, (bool, int, float, complex)):
+            raise TypeError(f"{what}: expected a tensor, scalar or Python number, got {type(x).__name__}")
+
+    def _val(self, x: Any, what: str) -> Val:
+        self._check_operand(x, what)
+        return x if isinstance(x, Val) else Scalar(self._fusion, data_type_of_python(x), x)
+
+    def _tv(self, x: Any, what: str) -> TensorView:
+        val = self._val(x, what)
+        if not isinstance(val, TensorView):
+            raise TypeError(f"{what}: expected a tensor, got {val}")
+        return val
+
+    def _new_tv(self, ids: list[IterDomain], dtype: DataType) -> TensorView:
+        return TensorView(self._fusion, TensorDomain(ids), dtype)
+
+    def _id(self, extent: SymExpr | int, iter_type: IterType = IterType.Iteration) -> IterDomain:
+        return IterDomain(self._fusion, extent, iter_type)
+
+    def _size(self, size: Any, what: str, allow_minus_one: bool = False, allow_negative: bool = False,
+              negative_input_ok: bool = False) -> SymExpr | None:
+        """A size argument as an extent (None for a -1 placeholder when allowed).
+
+        ``allow_negative``: a negative constant is meaningful (pad widths crop, slice indices count
+        from the end). An input scalar is checked to be non-negative when it is bound, unless
+        ``negative_input_ok`` (pad widths).
+        """
+        if isinstance(size, Scalar):
+            if size.fusion is not self._fusion:
+                raise ValueError(f"{what}: {size} belongs to another FusionDefinition")
+            if not (size.is_const or size.is_fusion_input):
+                raise ValueError(f"{what}: {size} must be a constant or an input scalar of the fusion (sizes are "
+                                 "known before any op runs)")
+            extent = size.as_extent()
+            if size.is_fusion_input and not negative_input_ok:
+                size.require_at_least(0, what)
+            elif size.is_const and not allow_negative and extent.value < 0:  # type: ignore[operator]
+                raise ValueError(f"{what}: expected a non-negative size, got {size}")
+            return extent
+        if isinstance(size, SymExpr):
+            return size
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"{what}: expected an int or an integer scalar, got {type(size).__name__}")
+        if size == -1 and allow_minus_one:
+            return None
+        if size < 0 and not allow_negative:
+            raise ValueError(f"{what}: expected a non-negative size, got {size}")
+        return as_sym(size)
+
+    # --- shapes ----------------------------------------------------------------------------
+    def _broadcast_to_rank(self, tv: TensorView, rank: int) -> TensorView:
+        """numpy-style: prepend broadcast axes so ``tv`` has ``rank`` axes."""
+        missing = rank - tv.ndim
+        if missing <= 0:
+            return tv
+        key = (tv.name, rank)
+        if key not in self._rank_broadcasts:
+            self._rank_broadcasts[key] = self.broadcast(tv, [True] * missing + [False] * tv.ndim)
+        return self._rank_broadcasts[key]
+
+    @staticmethod
+    def _pointwise_extents(op: str, tensors: list[TensorView]) -> list[SymExpr | None]:
+        """Output extents of a pointwise op (None: broadcast), numpy-style (operands aligned right).
+
+        Checks static extents on the operands as the user wrote them, before anything is created,
+        so a rejected op leaves the fusion untouched and the error names the user's axes.
+        """
+        rank = max(t.ndim for t in tensors)
+        domains = [t.get_logical_domain(no_reductions=True) for t in tensors]
+        out: list[SymExpr | None] = []
+        for d in range(rank):
+            chosen: IterDomain | None = None
+            owner = ""
+            for tv, ids in zip(tensors, domains, strict=True):
+                pos = d - (rank - len(ids))
+                if pos < 0 or ids[pos].is_broadcast:
+                    continue
+                i = ids[pos]
+                where = f"{tv.short_name} axis {pos}" + (f" (output axis {d})" if pos != d else "")
+                if chosen is None:
+                    chosen, owner = i, where
+                elif chosen.extent.is_const and i.extent.is_const and chosen.extent != i.extent:
+                    raise ValueError(f"{op}: incompatible broadcast shapes: {owner} has extent {chosen.extent} but "
+                                     f"{where} has extent {i.extent}; declare an axis with size 1 to broadcast it")
+                elif not chosen.extent.is_const and i.extent.is_const:
+                    chosen = i  # prefer the static extent
+            out.append(None if chosen is None else chosen.extent)
+        return out
+
+
+def clone_id(ops: OpsBase, i: IterDomain) -> IterDomain:
+    return ops._id(i.extent, IterType.Broadcast if i.is_broadcast else IterType.Iteration)
+
+
+def normalize_axis(axis: int, rank: int, tv: TensorView, what: str) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"{tv.short_name}: {what} must be ints, got {axis!r}")
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"{tv.short_name}: {what} entry {axis} is out of range for rank {rank} "
+                         f"(valid: {-rank}..{rank - 1})")
+    return axis % rank if rank else 0
+
+
+def check_same_extent(op: str, ta: TensorView, da: int, ia: IterDomain, tb: TensorView, db: int, ib: IterDomain) -> None:
+    if ia.extent.is_const and ib.extent.is_const and ia.extent != ib.extent:
+        raise ValueError(f"{op}: {ta.short_name} axis {da} has extent {ia.extent} but {tb.short_name} axis {db} has "
+                         f"extent {ib.extent}; they are contracted (or matched) and must be equal")

@@ -1,0 +1,163 @@
+"""Reductions, matmul and linear of ``fd.ops``: ops whose output drops or contracts axes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pyfuser.frontend.ops_base import OpsBase, check_same_extent, clone_id, normalize_axis
+from pyfuser.frontend.promotion import result_dtype
+from pyfuser.ir.dtypes import DataType, as_data_type
+from pyfuser.ir.iter_domain import IterDomain, IterType
+from pyfuser.ir.ops import (
+    LinearOp,
+    MatmulOp,
+    ReductionOp,
+    VarMeanOp,
+)
+from pyfuser.ir.tensor_view import TensorView
+
+
+class ReductionOps(OpsBase):
+    """Reductions (sum, max, ..., var_mean), matmul and linear."""
+
+    # --- reductions ----------------------------------------------------------------------------
+    def _reduce(self, op: str, x: TensorView, dims: Sequence[int] | int | None, keepdim: bool,
+                dtype: DataType | torch.dtype) -> TensorView:
+        tv = self._tv(x, op)
+        axes = _reduction_axes(tv, dims, op)
+        probe = {"sum": torch.sum, "prod": torch.prod, "mean": torch.mean,
+                 "max": torch.amax, "min": torch.amin}[op]
+        # Probed even when dtype= is given: it rejects what torch cannot reduce (max of complex).
+        inferred = result_dtype(lambda t: probe(t, 0) if op != "mean" else t, [tv])
+        if as_data_type(dtype, allow_null=True) is not DataType.Null:
+            out_dtype = as_data_type(dtype)
+        else:
+            out_dtype = tv.dtype if op == "mean" else inferred
+        if op == "mean" and not (out_dtype.is_floating or out_dtype.is_complex):
+            raise TypeError(f"mean: {tv.short_name} has dtype {tv.dtype}; mean needs a floating-point dtype "
+                            "(pass dtype= or cast first)")
+        out = self._new_tv(_reduced_ids(self, tv, axes), out_dtype)
+        ReductionOp(self._fusion, op, out, tv, axes)
+        return self._keepdim(out, axes) if keepdim else out
+
+    def _keepdim(self, tv: TensorView, axes: list[int]) -> TensorView:
+        rank = len(tv.get_logical_domain())
+        return self.broadcast(tv, [d in axes for d in range(rank)])
+
+    def sum(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("sum", x, dims, keepdim, dtype)
+
+    def prod(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("prod", x, dims, keepdim, dtype)
+
+    def max(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("max", x, dims, keepdim, dtype)
+
+    def min(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("min", x, dims, keepdim, dtype)
+
+    def mean(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
+             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
+        return self._reduce("mean", x, dims, keepdim, dtype)
+
+    def var_mean(self, x: TensorView, dims: Sequence[int] | int | None = None, correction: int = 1,
+                 keepdim: bool = False) -> tuple[TensorView, TensorView]:
+        tv = self._tv(x, "var_mean")
+        if not (tv.dtype.is_floating or tv.dtype.is_complex):
+            raise TypeError(f"var_mean: {tv.short_name} has dtype {tv.dtype}; expected a floating-point tensor")
+        axes = _reduction_axes(tv, dims, "var_mean")
+        var_dtype = result_dtype(lambda t: torch.var_mean(t, 0, correction=0)[0], [tv])
+        var = self._new_tv(_reduced_ids(self, tv, axes), var_dtype)
+        mean = self._new_tv(_reduced_ids(self, tv, axes), tv.dtype)
+        VarMeanOp(self._fusion, var, mean, tv, axes, int(correction))
+        if keepdim:
+            return self._keepdim(var, axes), self._keepdim(mean, axes)
+        return var, mean
+
+    def var(self, x: TensorView, dims: Sequence[int] | int | None = None, correction: int = 1,
+            keepdim: bool = False) -> TensorView:
+        return self.var_mean(x, dims, correction, keepdim)[0]
+
+    # --- matmul ------------------------------------------------------------------------------
+    def matmul(self, a: TensorView, b: TensorView) -> TensorView:
+        ta, tb = self._tv(a, "matmul a"), self._tv(b, "matmul b")
+        if ta.ndim == 0 or tb.ndim == 0:
+            raise ValueError(f"matmul: operands must have rank >= 1, got {ta.short_name} rank {ta.ndim} and "
+                             f"{tb.short_name} rank {tb.ndim}")
+        ia, ib = ta.get_logical_domain(no_reductions=True), tb.get_logical_domain(no_reductions=True)
+        ka = ia[-1]
+        kb = ib[0] if tb.ndim == 1 else ib[-2]
+        check_same_extent("matmul", ta, ta.ndim - 1, ka, tb, 0 if tb.ndim == 1 else tb.ndim - 2, kb)
+        batch_a, batch_b = ia[:-2], ib[:-2]
+        batch = self._batch_ids(ta, batch_a, tb, batch_b)
+        ids = batch
+        if ta.ndim >= 2:
+            ids.append(clone_id(self, ia[-2]))
+        if tb.ndim >= 2:
+            ids.append(clone_id(self, ib[-1]))
+        ids.append(self._id(ka.extent, IterType.Reduction))
+        out = self._new_tv(ids, result_dtype(torch.matmul, [ta, tb]))
+        MatmulOp(self._fusion, out, ta, tb)
+        return out
+
+    def _batch_ids(self, ta: TensorView, ia: list[IterDomain], tb: TensorView, ib: list[IterDomain]) -> list[IterDomain]:
+        rank = max(len(ia), len(ib))
+        ia = [None] * (rank - len(ia)) + ia  # type: ignore[list-item,operator]
+        ib = [None] * (rank - len(ib)) + ib  # type: ignore[list-item,operator]
+        ids = []
+        for x, y in zip(ia, ib, strict=True):
+            live = [i for i in (x, y) if i is not None and not i.is_broadcast]
+            if len(live) == 2 and live[0].extent.is_const and live[1].extent.is_const and live[0].extent != live[1].extent:
+                raise ValueError(f"matmul: batch axes of {ta.short_name} and {tb.short_name} have incompatible extents "
+                                 f"{live[0].extent} and {live[1].extent}")
+            ids.append(self._id(live[0].extent) if live else self._id(1, IterType.Broadcast))
+        return ids
+
+    def linear(self, x: TensorView, weight: TensorView, bias: TensorView | None = None) -> TensorView:
+        tx, tw = self._tv(x, "linear input"), self._tv(weight, "linear weight")
+        tb = self._tv(bias, "linear bias") if bias is not None else None
+        if tx.ndim < 1 or tw.ndim not in (1, 2):
+            raise ValueError(f"linear: expected input of rank >= 1 and weight of rank 1 or 2, got {tx.short_name} "
+                             f"rank {tx.ndim} and {tw.short_name} rank {tw.ndim}")
+        ix, iw = tx.get_logical_domain(no_reductions=True), tw.get_logical_domain(no_reductions=True)
+        check_same_extent("linear", tx, tx.ndim - 1, ix[-1], tw, tw.ndim - 1, iw[-1])
+        ids = [clone_id(self, i) for i in ix[:-1]]
+        if tw.ndim == 2:
+            ids.append(clone_id(self, iw[0]))
+        if tb is not None:
+            if tb.ndim > 1:
+                raise ValueError(f"linear: bias {tb.short_name} must have rank 0 or 1, got {tb.ndim}")
+            if tb.ndim == 1 and tw.ndim == 2:
+                check_same_extent("linear", tb, 0, tb.get_logical_domain()[0], tw, 0, iw[0])
+        ids.append(self._id(ix[-1].extent, IterType.Reduction))
+        args = [tx, tw] + ([tb] if tb is not None else [])
+        out = self._new_tv(ids, result_dtype(torch.nn.functional.linear, args))
+        LinearOp(self._fusion, out, tx, tw, tb)
+        return out
+
+
+def _reduction_axes(tv: TensorView, dims: Sequence[int] | int | None, op: str) -> list[int]:
+    rank = tv.ndim
+    if dims is None:
+        return list(range(rank))
+    dims_list = [dims] if isinstance(dims, int) else list(dims)
+    axes = sorted({normalize_axis(d, rank, tv, f"{op} dims") for d in dims_list})
+    if len(axes) != len(dims_list):
+        raise ValueError(f"{op}: dims {dims_list} of {tv.short_name} name an axis twice")
+    return axes
+
+
+def _reduced_ids(ops: OpsBase, tv: TensorView, axes: list[int]) -> list[IterDomain]:
+    ids = []
+    for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
+        if d in axes:
+            ids.append(ops._id(i.extent, IterType.Reduction))
+        else:
+            ids.append(clone_id(ops, i))
+    return ids
