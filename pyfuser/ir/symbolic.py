@@ -11,8 +11,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-SymLike = "SymExpr | int"
-
 
 class SymExpr(ABC):
     """Base of the symbolic integer expression tree (immutable, hashable)."""
@@ -142,6 +140,17 @@ def _const_rhs(e: SymExpr, *ops: str) -> tuple[SymExpr, int] | None:
     return None
 
 
+def _add_const(a: SymExpr, c: int) -> SymExpr:
+    """``a + c`` for a constant ``c``: a constant offset already on ``a`` is folded in, and a
+    negative total prints as a subtraction (``( i0 - 2 )``)."""
+    if (inner := _const_rhs(a, "+", "-")) is not None:
+        x, k = inner
+        a, c = x, c + (k if a.op == "+" else -k)  # type: ignore[attr-defined]
+    if c == 0:
+        return a
+    return SymBinary("+", a, SymConst(c)) if c > 0 else SymBinary("-", a, SymConst(-c))
+
+
 def binary(op: str, a: SymExpr, b: SymExpr) -> SymExpr:
     """Build ``a op b``, simplified: constants folded, identities dropped, constant offsets and
     factors combined (``( i0 + 1 ) + 2`` -> ``( i0 + 3 )``). Every rule holds for all integers
@@ -153,24 +162,12 @@ def binary(op: str, a: SymExpr, b: SymExpr) -> SymExpr:
         if av == 0:
             return b
         if bv is not None:
-            if bv == 0:
-                return a
-            if bv < 0:
-                return binary("-", a, SymConst(-bv))
-            if (inner := _const_rhs(a, "+", "-")) is not None:
-                x, c = inner
-                return binary("+", x, SymConst((c if a.op == "+" else -c) + bv))  # type: ignore[attr-defined]
+            return _add_const(a, bv)
     elif op == "-":
         if a == b:
             return SymConst(0)
         if bv is not None:
-            if bv == 0:
-                return a
-            if bv < 0:
-                return binary("+", a, SymConst(-bv))
-            if (inner := _const_rhs(a, "+", "-")) is not None:
-                x, c = inner
-                return binary("+", x, SymConst((c if a.op == "+" else -c) - bv))  # type: ignore[attr-defined]
+            return _add_const(a, -bv)
     elif op == "*":
         if av == 1:
             return b

@@ -36,12 +36,6 @@ class CompileOptions:
     input_orders: tuple[tuple[int, ...] | None, ...] = ()
 
 
-def compile_program(fusion: Fusion, options: CompileOptions) -> Program:
-    from pyfuser.runtime.compile import compile_fusion
-
-    return compile_fusion(fusion, options)
-
-
 class FusionExecutorCache:
     def __init__(self, fusion: Fusion) -> None:
         self.fusion = fusion
@@ -79,6 +73,9 @@ class FusionExecutorCache:
 
     def _compile_for(self, args: Sequence[Any], binder: InputBinder, target: torch.device,
                      enable_options: Sequence[str], disable_options: Sequence[str]) -> Program:
+        # Imported here: compile -> host passes -> multidevice -> this module.
+        from pyfuser.runtime.compile import compile_fusion
+
         enabled, disabled = check_options(enable_options, disable_options)
         binder.check(args)
         for pos, (spec, arg) in enumerate(zip(binder.specs, args, strict=True)):
@@ -90,7 +87,7 @@ class FusionExecutorCache:
             orders = tuple(tuple(memory_order(a.shape, a.stride())) if isinstance(a, torch.Tensor) else None
                            for a in args)
             options = CompileOptions(enabled, disabled, target, input_orders=orders)
-            program = compile_program(self.fusion, options)
+            program = compile_fusion(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program
         return program
