@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyfuser import FusionDefinition
 from pyfuser.ir.base import Scalar, Val
-from pyfuser.runtime.context import EvalContext
+from pyfuser.ir.eval_context import EvalContext
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

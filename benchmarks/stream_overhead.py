@@ -29,8 +29,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pyfuser import FusionDefinition
-from pyfuser.host_ir.evaluator import DEFAULT_NUM_STREAMS, stream_pool
+from pyfuser.host_ir.evaluator import stream_pool
 from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.options import DEFAULT_NUM_STREAMS
 
 
 @dataclass

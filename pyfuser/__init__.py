@@ -1,7 +1,8 @@
 """pyfuser: a fusion compiler and multi-GPU runtime for PyTorch."""
 
+from pyfuser import multidevice
 from pyfuser.frontend import FusionDefinition
 from pyfuser.ir import DataType, IterType, MemoryType, ParallelType, TensorView
 
-__all__ = ["DataType", "FusionDefinition", "IterType", "MemoryType", "ParallelType", "TensorView"]
+__all__ = ["DataType", "FusionDefinition", "IterType", "MemoryType", "ParallelType", "TensorView", "multidevice"]
 __version__ = "0.1.0"

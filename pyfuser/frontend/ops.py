@@ -2,39 +2,37 @@
 
 Output dtypes come from running the torch reference on tiny tensors, so promotion matches torch
 exactly; shapes are inferred symbolically so printing and scheduling see real extents. Operand
-handling lives in ``ops_base.py``; reductions, matmul and linear in ``reduction_ops.py``.
+handling lives in ``ops_base.py``, pointwise ops in ``pointwise_ops.py``, reductions, matmul and
+linear in ``reduction_ops.py``; this module adds data movement and creation. Every op is a method
+of ``Ops``, so ``help(fd.ops)`` and type checkers see each signature.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
 from pyfuser.frontend.ops_base import Operand, SizeLike, clone_id, normalize_axis
-from pyfuser.frontend.promotion import result_dtype
 from pyfuser.frontend.reduction_ops import ReductionOps
-from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.base import Scalar
 from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.ops import (
-    BinaryOp,
     BroadcastOp,
     CatOp,
     ExpandOp,
     FullOp,
     IotaOp,
     LoadStoreOp,
+    LoadStoreOpType,
     PadOp,
     PermuteOp,
     ReshapeOp,
     SliceOp,
     SqueezeOp,
-    TernaryOp,
-    UnaryOp,
 )
-from pyfuser.ir.ops.pointwise import BINARY_FNS, TERNARY_FNS, UNARY_FNS
+from pyfuser.ir.ops.promotion import result_dtype
 from pyfuser.ir.symbolic import SymConst, SymExpr, ceil_div, product, sym_max, sym_min
 from pyfuser.ir.tensor_view import TensorView
 
@@ -42,71 +40,16 @@ from pyfuser.ir.tensor_view import TensorView
 class Ops(ReductionOps):
     """The op namespace of one FusionDefinition (``fd.ops``)."""
 
-    # --- pointwise ---------------------------------------------------------------------------
-    def _pointwise(self, op: str, operands: Sequence[Any], fn: Callable[..., Any]) -> Val:
-        for k, x in enumerate(operands):
-            self._check_operand(x, f"{op} operand {k}")
-        tensors = [x for x in operands if isinstance(x, TensorView)]
-        dtype = result_dtype(fn, operands)
-        extents = self._pointwise_extents(op, tensors) if tensors else []
-        vals = [self._val(x, op) for x in operands]
-        if not tensors:
-            return self._scalar_op(op, vals, dtype)
-        vals = [self._broadcast_to_rank(v, len(extents)) if isinstance(v, TensorView) else v for v in vals]
-        out_ids = [self._id(1, IterType.Broadcast) if e is None else self._id(e) for e in extents]
-        out = self._new_tv(out_ids, dtype)
-        if len(vals) == 1:
-            UnaryOp(self._fusion, op, out, vals[0])  # type: ignore[arg-type]
-            return out
-        expr = BinaryOp(self._fusion, op, out, vals[0], vals[1]) if len(vals) == 2 else \
-            TernaryOp(self._fusion, op, out, vals[0], vals[1], vals[2])
-        # torch promotes a 0-dim tensor like a number; the evaluator must see it as one.
-        expr.number_like = tuple(k for k, x in enumerate(operands)
-                                 if isinstance(x, TensorView) and x.ndim == 0 and extents)
-        return out
-
-    def _scalar_op(self, op: str, vals: list[Val], dtype: DataType) -> Scalar:
-        out = Scalar(self._fusion, dtype)
-        if len(vals) == 1:
-            UnaryOp(self._fusion, op, out, vals[0])  # type: ignore[arg-type]
-        elif len(vals) == 2:
-            BinaryOp(self._fusion, op, out, vals[0], vals[1])
-        else:
-            TernaryOp(self._fusion, op, out, *vals)
-        return out
-
-    def cast(self, x: Operand, dtype: DataType | torch.dtype) -> Val:
-        target = as_data_type(dtype)
-        val = self._val(x, "cast")
-        if isinstance(val, TensorView):
-            out = self._new_tv([self._id(i.extent, i.iter_type) for i in val.get_logical_domain(no_reductions=True)],
-                               target)
-        else:
-            out = Scalar(self._fusion, target)
-        UnaryOp(self._fusion, "cast", out, val)  # type: ignore[arg-type]
-        return out
-
-    def where(self, cond: Operand, a: Operand, b: Operand) -> Val:
-        return self._pointwise("where", [cond, a, b], TERNARY_FNS["where"])
-
-    def clamp(self, x: Operand, min: Operand, max: Operand) -> Val:  # torch's argument names
-        return self._pointwise("clamp", [x, min, max], TERNARY_FNS["clamp"])
-
-    def gelu(self, x: Operand, approximate: str = "none") -> Val:
-        if approximate not in ("none", "tanh"):
-            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-        op = "gelu" if approximate == "none" else "gelu_tanh"
-        return self._pointwise(op, [x], UNARY_FNS[op])
-
     # --- data movement -----------------------------------------------------------------------
     def set(self, x: TensorView) -> TensorView:
-        return self._copy(x, "set")
+        return self._copy(x, LoadStoreOpType.set)
 
     def segment_set(self, x: TensorView) -> TensorView:
-        return self._copy(x, "segment_set")
+        """A copy that forces a segment boundary."""
+        return self._copy(x, LoadStoreOpType.segment_set)
 
-    def _copy(self, x: TensorView, kind: str) -> TensorView:
-        tv = self._tv(x, kind)
+    def _copy(self, x: TensorView, kind: LoadStoreOpType) -> TensorView:
+        tv = self._tv(x, kind.name)
         out = self._new_tv([self._id(i.extent, i.iter_type) for i in tv.get_logical_domain(no_reductions=True)],
                            tv.dtype)
         LoadStoreOp(self._fusion, out, tv, kind)
@@ -331,29 +274,6 @@ class Ops(ReductionOps):
         IotaOp(self._fusion, out, length_val, self._val(default_start if start is None else start, "iota start"),
                self._val(default_step if step is None else step, "iota step"))
         return out
-
-
-def _add_unary(name: str) -> None:
-    def op(self: Ops, x: Operand) -> Val:
-        return self._pointwise(name, [x], UNARY_FNS[name])
-    op.__name__ = name
-    op.__doc__ = f"Elementwise ``{name}``."
-    setattr(Ops, name, op)
-
-
-def _add_binary(name: str) -> None:
-    def op(self: Ops, a: Operand, b: Operand) -> Val:
-        return self._pointwise(name, [a, b], BINARY_FNS[name])
-    op.__name__ = name
-    op.__doc__ = f"Elementwise ``{name}`` with torch's broadcasting and type promotion."
-    setattr(Ops, name, op)
-
-
-for _name in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid",
-              "relu", "silu", "erf", "logical_not"):
-    _add_unary(_name)
-for _name in BINARY_FNS:
-    _add_binary(_name)
 
 
 # --- helpers -------------------------------------------------------------------------------------

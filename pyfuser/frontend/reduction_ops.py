@@ -7,39 +7,39 @@ from collections.abc import Sequence
 import torch
 
 from pyfuser.frontend.ops_base import OpsBase, check_same_extent, clone_id, normalize_axis
-from pyfuser.frontend.promotion import result_dtype
+from pyfuser.frontend.pointwise_ops import PointwiseOps
 from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterDomain, IterType
-from pyfuser.ir.ops import (
-    LinearOp,
-    MatmulOp,
-    ReductionOp,
-    VarMeanOp,
-)
+from pyfuser.ir.ops import LinearOp, MatmulOp, ReductionOp, ReductionOpType, VarMeanOp
+from pyfuser.ir.ops.promotion import result_dtype
 from pyfuser.ir.tensor_view import TensorView
 
+#: What torch's reduction computes for a dtype probe (``mean`` keeps its input's dtype).
+_DTYPE_PROBES = {ReductionOpType.sum: torch.sum, ReductionOpType.prod: torch.prod, ReductionOpType.max: torch.amax,
+                 ReductionOpType.min: torch.amin}
 
-class ReductionOps(OpsBase):
+
+class ReductionOps(PointwiseOps):
     """Reductions (sum, max, ..., var_mean), matmul and linear."""
 
     # --- reductions ----------------------------------------------------------------------------
-    def _reduce(self, op: str, x: TensorView, dims: Sequence[int] | int | None, keepdim: bool,
+    def _reduce(self, kind: ReductionOpType, x: TensorView, dims: Sequence[int] | int | None, keepdim: bool,
                 dtype: DataType | torch.dtype) -> TensorView:
+        op = kind.name
         tv = self._tv(x, op)
         axes = _reduction_axes(tv, dims, op)
-        probe = {"sum": torch.sum, "prod": torch.prod, "mean": torch.mean,
-                 "max": torch.amax, "min": torch.amin}[op]
+        probe = _DTYPE_PROBES.get(kind)
         # Probed even when dtype= is given: it rejects what torch cannot reduce (max of complex).
-        inferred = result_dtype(lambda t: probe(t, 0) if op != "mean" else t, [tv])
+        inferred = result_dtype(lambda t: probe(t, 0) if probe is not None else t, [tv])
         if as_data_type(dtype, allow_null=True) is not DataType.Null:
             out_dtype = as_data_type(dtype)
         else:
-            out_dtype = tv.dtype if op == "mean" else inferred
-        if op == "mean" and not (out_dtype.is_floating or out_dtype.is_complex):
+            out_dtype = inferred
+        if kind is ReductionOpType.mean and not (out_dtype.is_floating or out_dtype.is_complex):
             raise TypeError(f"mean: {tv.short_name} has dtype {tv.dtype}; mean needs a floating-point dtype "
                             "(pass dtype= or cast first)")
         out = self._new_tv(_reduced_ids(self, tv, axes), out_dtype)
-        ReductionOp(self._fusion, op, out, tv, axes)
+        ReductionOp(self._fusion, kind, out, tv, axes)
         return self._keepdim(out, axes) if keepdim else out
 
     def _keepdim(self, tv: TensorView, axes: list[int]) -> TensorView:
@@ -48,23 +48,23 @@ class ReductionOps(OpsBase):
 
     def sum(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("sum", x, dims, keepdim, dtype)
+        return self._reduce(ReductionOpType.sum, x, dims, keepdim, dtype)
 
     def prod(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
              dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("prod", x, dims, keepdim, dtype)
+        return self._reduce(ReductionOpType.prod, x, dims, keepdim, dtype)
 
     def max(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("max", x, dims, keepdim, dtype)
+        return self._reduce(ReductionOpType.max, x, dims, keepdim, dtype)
 
     def min(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("min", x, dims, keepdim, dtype)
+        return self._reduce(ReductionOpType.min, x, dims, keepdim, dtype)
 
     def mean(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
              dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce("mean", x, dims, keepdim, dtype)
+        return self._reduce(ReductionOpType.mean, x, dims, keepdim, dtype)
 
     def var_mean(self, x: TensorView, dims: Sequence[int] | int | None = None, correction: int = 1,
                  keepdim: bool = False) -> tuple[TensorView, TensorView]:

@@ -1,9 +1,10 @@
 """HostIrEvaluator: runs a Host IR program with torch.
 
-Compilation turns every node into a closure over integer value slots, so an execution is a walk
-over a flat list of closures doing little more than the torch calls. On CUDA, stream nodes drive
-a pool of worker streams shared by all programs on a device (``numberOfStreams`` of them); on
-CPU they compile to nothing and the same program runs sequentially.
+The evaluator visits the program once, when it is built: a step builder per node type (a table it
+is given, ``runtime/backends.py``) turns every node into a closure over integer value slots, so an
+execution is a walk over a flat list of closures doing little more than the torch calls. On CUDA,
+stream nodes drive a pool of worker streams shared by all programs on a device
+(``numberOfStreams`` of them); on CPU they build no step and the same program runs sequentially.
 
 Memory safety across streams: buffers (outputs, ring buffers) are allocated on the user's stream
 before a loop, views of them are written on worker streams, and the user's stream waits for each
@@ -16,26 +17,18 @@ stream-ordered after the last use, without ``record_stream``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from pyfuser.host_ir.nodes import (
-    NUMBER_OF_STREAMS,
-    NUMBER_OF_STREAMS_SLOT,
-    Allocate,
-    Frame,
-    HostIrContainer,
-    HostNode,
-    HostVal,
-    Step,
-)
+from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, Step, StepBuilder
+from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, HostIrContainer, HostNode, HostVal
+from pyfuser.host_ir.outputs import OutputLayout
+from pyfuser.host_ir.steps import CORE_STEP_BUILDERS
 from pyfuser.ir.base import Scalar, Val
-from pyfuser.runtime.context import EvalContext
-from pyfuser.runtime.outputs import OutputLayout
-
-DEFAULT_NUM_STREAMS = 4
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.options import DEFAULT_NUM_STREAMS
 
 _POOLS: dict[tuple[int, int], list[torch.cuda.Stream]] = {}
 
@@ -50,41 +43,6 @@ def stream_pool(device: torch.device, count: int) -> list[torch.cuda.Stream]:
     return pool
 
 
-class CudaStreams:
-    """Current stream tracking and ring-buffer slot events for one execution."""
-
-    __slots__ = ("current", "pool", "slot_events", "slot_streams")
-
-    def __init__(self, pool: list[torch.cuda.Stream], current: torch.cuda.Stream,
-                 slot_events: dict[tuple[int, int], torch.cuda.Event]) -> None:
-        self.pool = pool
-        self.current = current
-        self.slot_events = slot_events
-        self.slot_streams: dict[tuple[int, int], torch.cuda.Stream] = {}
-
-    def set(self, stream: torch.cuda.Stream) -> None:
-        if stream != self.current:
-            torch.cuda.set_stream(stream)
-            self.current = stream
-
-    def worker(self, index: int) -> torch.cuda.Stream:
-        return self.pool[index % len(self.pool)]
-
-    def wait_slot(self, key: object, index: int) -> None:
-        slot = (id(key), index % len(self.pool))
-        last = self.slot_streams.get(slot)
-        if last is not None and last != self.current:
-            self.current.wait_event(self.slot_events[slot])
-
-    def release_slot(self, key: object, index: int) -> None:
-        slot = (id(key), index % len(self.pool))
-        event = self.slot_events.get(slot)
-        if event is None:
-            event = self.slot_events[slot] = torch.cuda.Event()
-        event.record(self.current)
-        self.slot_streams[slot] = self.current
-
-
 def _fresh_buffers(container: HostIrContainer) -> dict[Val, tuple[int, ...]]:
     """Tensors the program allocates itself and no other top-level node rebinds, with their layout:
     as outputs they need no check for aliasing or layout."""
@@ -97,13 +55,15 @@ class HostIrEvaluator:
     """A compiled Host IR program; ``run(args, ctx)`` returns the fusion outputs."""
 
     def __init__(self, container: HostIrContainer, layouts: Sequence[OutputLayout], device: torch.device,
-                 num_streams: int = DEFAULT_NUM_STREAMS) -> None:
+                 num_streams: int = DEFAULT_NUM_STREAMS,
+                 step_builders: Mapping[type, StepBuilder] = CORE_STEP_BUILDERS) -> None:
         if isinstance(num_streams, bool) or not isinstance(num_streams, int) or num_streams < 1:
             raise ValueError(f"numberOfStreams must be a positive int, got {num_streams!r}")
         self.container = container
         self.device = device
         self.num_streams = num_streams
         self.layouts = list(layouts)
+        self._builders = step_builders
         self._slots: dict[object, int] = {}
         self._initial: list[Any] = []
         self._initial[self.slot(NUMBER_OF_STREAMS_SLOT)] = num_streams
@@ -128,8 +88,16 @@ class HostIrEvaluator:
         return slot
 
     def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]:
-        steps = [node.compile(self) for node in nodes]
+        steps = [self._builder(node)(node, self) for node in nodes]
         return [s for s in steps if s is not None]
+
+    def _builder(self, node: HostNode) -> StepBuilder:
+        for cls in type(node).__mro__:
+            builder = self._builders.get(cls)
+            if builder is not None:
+                return builder
+        raise TypeError(f"the Host IR evaluator has no step builder for {type(node).__name__} nodes "
+                        f"({node.to_string().strip()}); register one in pyfuser.runtime.backends")
 
     # --- execution -------------------------------------------------------------------------------
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]:

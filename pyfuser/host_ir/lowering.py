@@ -1,23 +1,23 @@
-"""Fusion -> Host IR: a straight-line program with one node per fusion expr.
+"""Segmented fusion -> Host IR: a straight-line program, segment by segment.
 
-Every expr is its own segment for now, evaluated with ATen (``AtenCall``); other lowerings
-(communications, compiled kernels) plug in with ``register_lowering``. Host passes then rewrite
-the program (stream loops, ring buffers).
+An ATen segment becomes one ``AtenCall`` per expr (or what a lowering registered for the expr's
+type returns); a communication segment becomes what the communication lowering returns (the
+``comm`` layer provides it: ``Communication`` + ``Wait``); on a rank outside a segment's mesh a
+segment computes nothing and a fusion output it would produce gets an empty stand-in. Host passes
+then rewrite the program (stream loops, ring buffers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from pyfuser.host_ir.nodes import AtenCall, HostIrContainer, HostNode
+from pyfuser.host_ir.nodes import AtenCall, HostIrContainer, HostNode, NotOnThisRank
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.tensor_view import MemoryType
-
-if TYPE_CHECKING:
-    from pyfuser.runtime.executor import CompileOptions
+from pyfuser.options import CompileOptions
+from pyfuser.scheduler.registry import SchedulerType
+from pyfuser.segmentation.segmented_fusion import SegmentedFusion
 
 
 @dataclass
@@ -26,35 +26,47 @@ class LoweringContext:
 
     fusion: Fusion
     container: HostIrContainer
-    options: CompileOptions | None
+    options: CompileOptions
 
 
-LoweringFn = Callable[[Expr, LoweringContext], list[HostNode]]
-
-_LOWERINGS: dict[type[Expr], LoweringFn] = {}
+ExprLowering = Callable[[Expr, LoweringContext], list[HostNode]]
 
 
-def register_lowering(expr_type: type[Expr], fn: LoweringFn) -> None:
-    """Lower exprs of ``expr_type`` (and subclasses without their own entry) with ``fn``."""
-    if not (isinstance(expr_type, type) and issubclass(expr_type, Expr)):
-        raise TypeError(f"register_lowering expects an Expr subclass, got {expr_type!r}")
-    _LOWERINGS[expr_type] = fn
+def not_on_this_rank(expr: Expr) -> list[HostNode]:
+    """Stand-ins for the fusion outputs ``expr`` produces, on a rank that does not compute it."""
+    return [NotOnThisRank(o) for o in expr.tensor_outputs if o.is_fusion_output]
 
 
-def lower_expr(expr: Expr, lctx: LoweringContext) -> list[HostNode]:
+def _computes_here(expr: Expr, rank: int) -> bool:
+    outs = expr.tensor_outputs
+    mesh = outs[0].device_mesh if outs else None
+    return mesh is None or rank in mesh
+
+
+def _lookup(lowerings: Mapping[type[Expr], ExprLowering], expr: Expr) -> ExprLowering | None:
     for cls in type(expr).__mro__:
-        fn = _LOWERINGS.get(cls)
+        fn = lowerings.get(cls)
         if fn is not None:
-            return fn(expr, lctx)
-    return [AtenCall(expr)]
+            return fn
+    return None
 
 
-def lower_fusion(fusion: Fusion, options: CompileOptions | None = None) -> HostIrContainer:
-    """Each expr's outputs become global buffers (segment boundaries) computed in program order."""
-    container = HostIrContainer(fusion.inputs(), fusion.outputs())
+def lower_segmented_fusion(segmented: SegmentedFusion, options: CompileOptions,
+                           expr_lowerings: Mapping[type[Expr], ExprLowering],
+                           communication: ExprLowering | None) -> HostIrContainer:
+    fusion = segmented.fusion
+    container = HostIrContainer(fusion.inputs(), fusion.outputs(), fusion=fusion)
     lctx = LoweringContext(fusion, container, options)
-    for expr in fusion.exprs():
-        for out in expr.tensor_outputs:
-            out.memory_type = MemoryType.Global
-        container.nodes.extend(lower_expr(expr, lctx))
+    for group in segmented.groups:
+        for expr in group.exprs:
+            if group.scheduler is SchedulerType.communication:
+                if communication is None:
+                    raise ValueError(f"{expr.output.short_name} is produced by a communication, but this program "
+                                     "was compiled without a communication backend")
+                container.nodes.extend(communication(expr, lctx))
+            elif not _computes_here(expr, options.rank):
+                container.nodes.extend(not_on_this_rank(expr))
+            else:
+                custom = _lookup(expr_lowerings, expr)
+                container.nodes.extend(custom(expr, lctx) if custom is not None else [AtenCall(expr)])
     return container

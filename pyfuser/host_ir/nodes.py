@@ -1,48 +1,44 @@
 """Host IR: the per-rank program that allocates buffers, launches segments and drives CUDA streams.
 
-A ``HostIrContainer`` holds a list of top-level ``HostNode``s; a ``ForLoop`` holds a body of nodes.
-Stream management nodes (``GetCurrentStream``, ``SetCurrentStream``, ``Synchronize``, ring-buffer slot
-events) live in ``stream_nodes.py``.
-Values are the fusion's own ``TensorView``s / ``Scalar``s plus two host-only kinds: ``LoopIndex``
-(``StreamIdx``) and ``HostStream`` (``Stream 0``, ``Stream ( StreamIdx % numberOfStreams )``).
+Nodes are data. A ``HostIrContainer`` holds a list of top-level ``HostNode``s; a ``ForLoop`` holds a
+body of nodes. Stream management nodes (``GetCurrentStream``, ``SetCurrentStream``, ``Synchronize``,
+ring-buffer slot events) live in ``stream_nodes.py``. Values are the fusion's own ``TensorView``s /
+``Scalar``s plus two host-only kinds: ``LoopIndex`` (``StreamIdx``) and ``HostStream`` (``Stream 0``,
+``Stream ( StreamIdx % numberOfStreams )``). What a node does at run time is the business of the
+executor that visits the program (``host_ir/evaluator.py`` and the step builders it is given).
 
-Adding a node (e.g. ``Communication`` / ``Wait`` for multi-device):
+Adding a node:
 
 1. subclass ``HostNode``; set ``inputs`` / ``outputs`` (the Vals it reads / writes: passes use them
-   to find producers and last uses);
-2. implement ``to_string(indent)`` (one or more lines, each prefixed with ``indent_str(indent)``);
-3. implement ``compile(cc) -> Step | None``: return a closure ``step(frame)`` doing the work with
-   ``frame.values[cc.slot(val)]`` (precompute everything you can here, the closure runs per
-   iteration), or None when the node does nothing on ``cc.device`` (stream nodes on CPU);
-4. if it may sit in a stream loop, implement ``substitute(mapping)`` returning the node rewritten
-   on per-chunk tensors (``mapping``: full tensor -> its ``HirAliasSelect`` chunk), and set
-   ``source_expr`` to the fusion Expr it computes so the stream pass can read its stream axis.
-   A node that must stay right after its predecessor (``Wait`` after ``Communication``) sets
-   ``binds_to_previous = True``: the stream pass keeps it in the same loop body.
-
-How lowering dispatches: ``pyfuser.host_ir.lowering.register_lowering(ExprType, fn)`` where
-``fn(expr, lctx) -> list[HostNode]``; exprs without a registered lowering become one ``AtenCall``.
-Host passes run afterwards, in the order of ``pyfuser.host_ir.passes.HOST_PASSES``.
+   to find producers and last uses) and implement ``to_string(indent)``;
+2. give the evaluator a step builder for it (``runtime/backends.py`` lists them all);
+3. if it may sit in a stream loop, implement ``substitute(mapping, index)`` returning the node
+   rewritten on per-chunk tensors (``mapping``: full tensor -> its ``HirAliasSelect`` chunk;
+   ``index``: the loop's index), and set ``source_expr`` to the fusion Expr it computes so the
+   stream pass can read its stream axis. A node that must stay right after its predecessor
+   (``Wait`` after ``Communication``) sets ``binds_to_previous = True``; one that reads an input
+   whole in every iteration lists it in ``whole_inputs``.
 """
 
 from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
+from pyfuser.ir.analysis.sharding import local_extents
 from pyfuser.ir.base import Expr, Val, indent_str
-from pyfuser.ir.layout import dense_strides
+from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.symbolic import SymExpr, SymVar, product
 from pyfuser.ir.tensor_view import MemoryType, TensorView
 
 if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
     from pyfuser.ir.iter_domain import IterDomain
-    from pyfuser.runtime.context import EvalContext
 
 #: Bound at evaluation to the size of the evaluator's worker-stream pool.
 NUMBER_OF_STREAMS = SymVar("numberOfStreams")
@@ -81,33 +77,6 @@ class HostStream:
 HostVal = Val | LoopIndex | HostStream
 
 
-# --- compilation protocol -------------------------------------------------------------------------------
-class Frame:
-    """Runtime state of one execution: value slots, the eval context and the stream runtime."""
-
-    __slots__ = ("ctx", "streams", "values")
-
-    def __init__(self, values: list[Any], ctx: EvalContext, streams: Any) -> None:
-        self.values = values
-        self.ctx = ctx
-        self.streams = streams
-
-
-Step = Callable[[Frame], None]
-
-
-class CompileContext(Protocol):
-    """What a node sees while being compiled to a step (implemented by the evaluator)."""
-
-    device: torch.device
-
-    def slot(self, val: HostVal | Hashable) -> int:
-        """The value slot of ``val`` (a Val, a host value, or a private key like a loop's chunk bounds)."""
-        ...
-
-    def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]: ...
-
-
 # --- nodes ----------------------------------------------------------------------------------------------
 class HostNode(ABC):
     inputs: list[HostVal]
@@ -115,27 +84,25 @@ class HostNode(ABC):
     #: The fusion Expr this node computes, for nodes the stream pass may put in a loop.
     source_expr: Expr | None = None
     binds_to_previous: ClassVar[bool] = False
+    #: Inputs read whole in every iteration of a stream loop rather than chunk by chunk.
+    whole_inputs: tuple[Val, ...] = ()
 
     @abstractmethod
     def to_string(self, indent: int = 0) -> str:
         """The node in the seed's Host IR dump format."""
 
-    @abstractmethod
-    def compile(self, cc: CompileContext) -> Step | None:
-        """A closure the evaluator calls per execution (None: nothing to do at run time)."""
-
-    def substitute(self, mapping: dict[Val, Val]) -> HostNode:
-        """This node on per-chunk values; nodes that only read loop-invariant values return self."""
+    def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> HostNode:
+        """This node on per-chunk values inside the loop of ``index``; nodes that only read
+        loop-invariant values return self."""
         return self
 
     def __str__(self) -> str:
         return self.to_string()
 
 
-def _tensor_shape(tv: TensorView) -> list[SymExpr]:
-    if tv.device_mesh is not None:  # a device-sharded tensor holds only this rank's piece
-        from pyfuser.multidevice.sharding import local_extents
-
+def tensor_shape(tv: TensorView) -> list[SymExpr]:
+    """Extents of the piece of ``tv`` this rank holds (reductions dropped)."""
+    if tv.device_mesh is not None:
         return local_extents(tv)
     return [i.extent for i in tv.get_logical_domain(no_reductions=True)]
 
@@ -147,7 +114,7 @@ class Allocate(HostNode):
                  mem_type: MemoryType = MemoryType.Global, zero_init: bool = False) -> None:
         self.tv = tv
         self.perm = tuple(perm)
-        self.shape = list(shape) if shape is not None else _tensor_shape(tv)
+        self.shape = list(shape) if shape is not None else tensor_shape(tv)
         self.mem_type = mem_type
         self.zero_init = zero_init
         self.inputs = []
@@ -162,18 +129,6 @@ class Allocate(HostNode):
         return (f"{indent_str(indent)}{self.tv} = ALLOCATE(buffer={self.tv}, mem_type={self.mem_type.name.lower()}, "
                 f"size={self.size}, zero_init={init}, resets_to_zero=false)\n")
 
-    def compile(self, cc: CompileContext) -> Step:
-        out, shape, perm = cc.slot(self.tv), self.shape, self.perm
-        dtype, device = self.tv.dtype.torch_dtype, cc.device
-        zero_init = self.zero_init
-
-        def step(frame: Frame) -> None:
-            sizes = [e.evaluate(frame.ctx.env) for e in shape]
-            buffer = torch.empty_strided(sizes, dense_strides(sizes, perm), dtype=dtype, device=device)
-            frame.values[out] = buffer.zero_() if zero_init else buffer
-
-        return step
-
 
 class Deallocate(HostNode):
     """Drop the host's reference to a buffer so the allocator can reuse it."""
@@ -185,14 +140,6 @@ class Deallocate(HostNode):
 
     def to_string(self, indent: int = 0) -> str:
         return f"{indent_str(indent)}Deallocate {self.tv}\n"
-
-    def compile(self, cc: CompileContext) -> Step:
-        slot = cc.slot(self.tv)
-
-        def step(frame: Frame) -> None:
-            frame.values[slot] = None
-
-        return step
 
 
 class AtenCall(HostNode):
@@ -214,68 +161,13 @@ class AtenCall(HostNode):
 
     def to_string(self, indent: int = 0) -> str:
         shown = copy.copy(self.expr)  # printing only: the expr on this node's operands
-        shown.inputs, shown.outputs = self.inputs, self.outputs
+        shown.inputs, shown.outputs = self.inputs, self.outputs  # type: ignore[assignment]
         return shown.to_string(indent)
 
-    def substitute(self, mapping: dict[Val, Val]) -> AtenCall:
-        return AtenCall(self.expr, [mapping.get(v, v) for v in self.inputs],
-                        [mapping.get(v, v) for v in self.outputs], into=any(v in mapping for v in self.outputs))
-
-    def compile(self, cc: CompileContext) -> Step:
-        expr = self.expr
-        ins = [cc.slot(v) for v in self.inputs]
-        outs = [cc.slot(v) for v in self.outputs]
-        if self.into and len(outs) == 1:
-            (out,) = outs
-            evaluate_into = expr.evaluate_into
-            if len(ins) == 1:  # the common shapes of a stream-loop body, without building an arg list
-                (a,) = ins
-                return lambda frame: evaluate_into(frame.ctx, frame.values[out], frame.values[a])
-            if len(ins) == 2:
-                a, b = ins
-
-                def step_into2(frame: Frame) -> None:
-                    values = frame.values
-                    evaluate_into(frame.ctx, values[out], values[a], values[b])
-
-                return step_into2
-
-            def step_into(frame: Frame) -> None:
-                values = frame.values
-                evaluate_into(frame.ctx, values[out], *[values[i] for i in ins])
-
-            return step_into
-        evaluate, into = expr.evaluate, self.into
-        if not into and len(outs) == 1 and len(ins) <= 2:
-            # The common straight-line shapes, without building argument lists or looping over results.
-            (o,) = outs
-            if len(ins) == 1:
-                (a,) = ins
-
-                def step_unary(frame: Frame) -> None:
-                    values = frame.values
-                    values[o] = evaluate(frame.ctx, values[a])[0]
-
-                return step_unary
-            if len(ins) == 2:
-                a, b = ins
-
-                def step_binary(frame: Frame) -> None:
-                    values = frame.values
-                    values[o] = evaluate(frame.ctx, values[a], values[b])[0]
-
-                return step_binary
-
-        def step(frame: Frame) -> None:
-            values = frame.values
-            results = evaluate(frame.ctx, *[values[i] for i in ins])
-            for o, r in zip(outs, results, strict=True):
-                if into:
-                    values[o].copy_(r)
-                else:
-                    values[o] = r
-
-        return step
+    def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> AtenCall:
+        return AtenCall(self.expr, [mapping.get(v, v) for v in self.inputs],  # type: ignore[misc]
+                        [mapping.get(v, v) for v in self.outputs],  # type: ignore[misc]
+                        into=any(v in mapping for v in self.outputs))
 
 
 class KernelSegment(Protocol):
@@ -299,17 +191,18 @@ class LaunchKernel(HostNode):
         outs = ", ".join(map(str, self.outputs))
         return f"{indent_str(indent)}LaunchKernel( {self.segment.name}, inputs = ( {ins} ), outputs = ( {outs} ) )\n"
 
-    def compile(self, cc: CompileContext) -> Step:
-        run = self.segment.run
-        ins = [cc.slot(v) for v in self.inputs]
-        outs = [cc.slot(v) for v in self.outputs]
 
-        def step(frame: Frame) -> None:
-            values = frame.values
-            for o, r in zip(outs, run(frame.ctx, *[values[i] for i in ins]), strict=True):
-                values[o] = r
+class NotOnThisRank(HostNode):
+    """A fusion output whose mesh does not include this rank: an empty tensor (every dim 0) stands in
+    for it, so every rank returns one tensor per output."""
 
-        return step
+    def __init__(self, tv: TensorView) -> None:
+        self.tv = tv
+        self.inputs = []
+        self.outputs = [tv]
+
+    def to_string(self, indent: int = 0) -> str:
+        return f"{indent_str(indent)}{self.tv} = NotOnThisRank()\n"
 
 
 @dataclass(eq=False)
@@ -333,57 +226,6 @@ class ForLoop(HostNode):
     def to_string(self, indent: int = 0) -> str:
         body = "".join(node.to_string(indent + 1) for node in self.body)
         return f"{indent_str(indent)}FOR {self.index} in {self.iter_domain}:\n{body}"
-
-    def compile(self, cc: CompileContext) -> Step | None:
-        # Selects only create views of buffers that exist before the loop, so each iteration makes
-        # all of them up front in one pass instead of one step each (same result, less overhead).
-        selects = [n for n in self.body if isinstance(n, HirAliasSelect) and n.index is self.index]
-        body = cc.compile_body([n for n in self.body if not any(n is s for s in selects)])
-        if not body:
-            return None  # e.g. a join loop of stream syncs on CPU
-        index = self.index
-        views = [(cc.slot(n.src), cc.slot(n.out), n.dim, n.ring) for n in selects]
-        idx, begin, length, chunk, slots = (cc.slot(index), cc.slot(_ChunkSlot(index, "begin")),
-                                            cc.slot(_ChunkSlot(index, "length")),
-                                            cc.slot(_ChunkSlot(index, "chunk")), cc.slot(NUMBER_OF_STREAMS_SLOT))
-        start, stop, extent, chunk_expr = self.start, self.stop, index.extent, index.chunk
-
-        def step(frame: Frame) -> None:
-            env, values = frame.ctx.env, frame.values
-            n, size, ring_slots = extent.evaluate(env), chunk_expr.evaluate(env), values[slots]
-            values[chunk] = size
-            for i in range(start.evaluate(env), stop.evaluate(env)):
-                first = i * size
-                count = min(size, n - first)
-                if count <= 0:
-                    continue
-                values[idx], values[begin], values[length] = i, first, count
-                ring_first = (i % ring_slots) * size
-                for src, out, dim, ring in views:
-                    values[out] = values[src].narrow(dim, ring_first if ring else first, count)
-                for s in body:
-                    s(frame)
-
-        return step
-
-
-@dataclass(frozen=True)
-class _ChunkSlot:
-    """Key of a per-iteration integer a loop keeps for its selects (chunk begin / length / size)."""
-
-    index: LoopIndex
-    what: str
-
-
-@dataclass(frozen=True)
-class RuntimeSlot:
-    """Key of a value the evaluator binds per execution rather than a node computing it."""
-
-    name: str
-
-
-#: Slot holding the bound ``numberOfStreams`` (the worker-pool size).
-NUMBER_OF_STREAMS_SLOT = RuntimeSlot("numberOfStreams")
 
 
 class HirAliasSelect(HostNode):
@@ -412,35 +254,25 @@ class HirAliasSelect(HostNode):
         return (f"{pad}{self.out}\n{pad}   = HirAliasSelect( {self.src}, axis = {self.axis}, "
                 f"index = {index} )\n")
 
-    def compile(self, cc: CompileContext) -> Step:
-        src, out, dim = cc.slot(self.src), cc.slot(self.out), self.dim
-        begin, length = cc.slot(_ChunkSlot(self.index, "begin")), cc.slot(_ChunkSlot(self.index, "length"))
-        if not self.ring:
-            def step(frame: Frame) -> None:
-                values = frame.values
-                values[out] = values[src].narrow(dim, values[begin], values[length])
-
-            return step
-        idx, chunk = cc.slot(self.index), cc.slot(_ChunkSlot(self.index, "chunk"))
-        slots = cc.slot(NUMBER_OF_STREAMS_SLOT)
-
-        def ring_step(frame: Frame) -> None:
-            values = frame.values
-            first = (values[idx] % values[slots]) * values[chunk]
-            values[out] = values[src].narrow(dim, first, values[length])
-
-        return ring_step
-
-
 
 # --- container ---------------------------------------------------------------------------------------
 class HostIrContainer:
-    """A host program: ``inputs`` -> ``outputs`` computed by ``nodes`` in order."""
+    """A host program: ``inputs`` -> ``outputs`` computed by ``nodes`` in order.
 
-    def __init__(self, inputs: Sequence[Val], outputs: Sequence[Val], nodes: Sequence[HostNode] = ()) -> None:
+    ``fusion``: the (compiled copy of the) fusion the program was lowered from (default: the one its
+    values belong to); host passes read layout requirements from it and create IDs in it.
+    """
+
+    def __init__(self, inputs: Sequence[Val], outputs: Sequence[Val], nodes: Sequence[HostNode] = (),
+                 fusion: Fusion | None = None) -> None:
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.nodes: list[HostNode] = list(nodes)
+        if fusion is None:
+            if not self.outputs:
+                raise ValueError("a Host IR program needs outputs (or the fusion it computes)")
+            fusion = self.outputs[0].fusion
+        self.fusion: Fusion = fusion
         self._stream_count = 0
 
     def new_stream(self) -> HostStream:
@@ -476,7 +308,7 @@ class HostIrContainer:
 
 
 __all__ = [
-    "NUMBER_OF_STREAMS", "NUMBER_OF_STREAMS_SLOT", "Allocate", "AtenCall", "CompileContext", "Deallocate",
-    "ForLoop", "Frame", "HirAliasSelect", "HostIrContainer", "HostNode", "HostStream", "KernelSegment",
-    "LaunchKernel", "LoopIndex", "RuntimeSlot", "Step",
+    "NUMBER_OF_STREAMS", "Allocate", "AtenCall", "Deallocate", "ForLoop", "HirAliasSelect", "HostIrContainer",
+    "HostNode", "HostStream", "HostVal", "KernelSegment", "LaunchKernel", "LoopIndex", "NotOnThisRank",
+    "tensor_shape",
 ]

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from pyfuser.ir.dtypes import DataType, python_scalar_type
-from pyfuser.ir.symbolic import SymExpr, SymVar
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
     from pyfuser.ir.iter_domain import IterDomain
     from pyfuser.ir.tensor_view import TensorView
-    from pyfuser.runtime.context import EvalContext
 
 
 class Val:
     """A value of the fusion: a TensorView or a Scalar."""
+
+    #: True for TensorView: lets modules below tensor_view.py tell tensors from scalars.
+    is_tensor: ClassVar[bool] = False
 
     def __init__(self, fusion: Fusion, dtype: DataType) -> None:
         self.fusion = fusion
@@ -60,8 +63,6 @@ class Scalar(Val):
         return f"{_SCALAR_PREFIX.get(self.dtype, 's')}{self.name}"
 
     def as_extent(self) -> SymExpr:
-        from pyfuser.ir.symbolic import SymConst
-
         if not (self.dtype.is_integral):
             raise TypeError(f"scalar {self} of type {self.dtype} cannot be used as a size; expected an integer")
         return SymConst(int(self.value)) if self.is_const else SymVar(self.symbol)
@@ -87,7 +88,6 @@ _SCALAR_PREFIX = {
 class Expr(ABC):
     """An operation of the fusion: inputs -> outputs, with a torch reference implementation."""
 
-    op_name: ClassVar[str] = "expr"
     #: False for ops whose attributes depend on the full extent of every axis (reshape, ...);
     #: such an op cannot run on chunks of a stream-parallel loop.
     chunkable: ClassVar[bool] = True
@@ -125,15 +125,11 @@ class Expr(ABC):
 
     @property
     def tensor_inputs(self) -> list[TensorView]:
-        from pyfuser.ir.tensor_view import TensorView
-
-        return [v for v in self.inputs if isinstance(v, TensorView)]
+        return [cast("TensorView", v) for v in self.inputs if v.is_tensor]
 
     @property
     def tensor_outputs(self) -> list[TensorView]:
-        from pyfuser.ir.tensor_view import TensorView
-
-        return [v for v in self.outputs if isinstance(v, TensorView)]
+        return [cast("TensorView", v) for v in self.outputs if v.is_tensor]
 
     @property
     def output(self) -> TensorView:

@@ -12,17 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyfuser.ir.base import Expr, Val
-from pyfuser.ir.iter_domain import IdTransform, IterDomain
-from pyfuser.ir.tensor_domain import TensorDomain
-
 _CONTAINERS = (list, tuple, dict, set, frozenset)
-
-
-def _is_node(x: object) -> bool:
-    from pyfuser.ir.fusion import Fusion
-
-    return isinstance(x, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion))
 
 
 def _attribute_names(obj: object) -> list[str]:
@@ -36,12 +26,12 @@ def _attribute_names(obj: object) -> list[str]:
     return names
 
 
-def _children(value: Any, out: list[Any]) -> None:
+def _children(value: Any, node_types: tuple[type, ...], out: list[Any]) -> None:
     """Append the IR nodes found in ``value`` (looking inside plain containers)."""
     stack = [value]
     while stack:
         v = stack.pop()
-        if _is_node(v):
+        if isinstance(v, node_types):
             out.append(v)
         elif isinstance(v, dict):
             stack.extend(v.keys())
@@ -50,22 +40,23 @@ def _children(value: Any, out: list[Any]) -> None:
             stack.extend(v)
 
 
-def _remap(value: Any, memo: dict[int, Any]) -> Any:
-    if _is_node(value):
+def _remap(value: Any, node_types: tuple[type, ...], memo: dict[int, Any]) -> Any:
+    if isinstance(value, node_types):
         return memo[id(value)]
     if isinstance(value, list):
-        return [_remap(v, memo) for v in value]
+        return [_remap(v, node_types, memo) for v in value]
     if isinstance(value, tuple):
-        return tuple(_remap(v, memo) for v in value)
+        return tuple(_remap(v, node_types, memo) for v in value)
     if isinstance(value, dict):
-        return {_remap(k, memo): _remap(v, memo) for k, v in value.items()}
+        return {_remap(k, node_types, memo): _remap(v, node_types, memo) for k, v in value.items()}
     if isinstance(value, (set, frozenset)):
-        return type(value)(_remap(v, memo) for v in value)
+        return type(value)(_remap(v, node_types, memo) for v in value)
     return value
 
 
-def clone_graph(root: Any) -> Any:
-    """A deep copy of every IR node reachable from ``root``; other values are shared."""
+def clone_graph(root: Any, node_types: tuple[type, ...]) -> Any:
+    """A deep copy of every IR node (an instance of ``node_types``) reachable from ``root``; other
+    values are shared."""
     memo: dict[int, Any] = {}
     originals: list[Any] = []
     pending = [root]
@@ -77,10 +68,10 @@ def clone_graph(root: Any) -> Any:
         originals.append(node)
         found: list[Any] = []
         for name in _attribute_names(node):
-            _children(getattr(node, name), found)
+            _children(getattr(node, name), node_types, found)
         pending.extend(f for f in found if id(f) not in memo)
     for node in originals:
         copy = memo[id(node)]
         for name in _attribute_names(node):
-            object.__setattr__(copy, name, _remap(getattr(node, name), memo))
+            object.__setattr__(copy, name, _remap(getattr(node, name), node_types, memo))
     return memo[id(root)]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from pyfuser.ir.base import Expr, Scalar, Val
-
-if TYPE_CHECKING:
-    from pyfuser.ir.tensor_view import TensorView
+from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.cloning import clone_graph
+from pyfuser.ir.iter_domain import IdTransform, IterDomain
+from pyfuser.ir.layout import check_stride_order
+from pyfuser.ir.tensor_domain import TensorDomain
+from pyfuser.ir.tensor_view import MemoryType, TensorView
 
 
 class Fusion:
@@ -27,9 +28,7 @@ class Fusion:
 
     def clone(self) -> Fusion:
         """A deep copy of the whole graph (flat, so fusions of any length copy)."""
-        from pyfuser.ir.cloning import clone_graph
-
-        return clone_graph(self)
+        return clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion))
 
     def __deepcopy__(self, memo: dict[int, object]) -> Fusion:
         return self.clone()
@@ -55,8 +54,6 @@ class Fusion:
         self.mark_changed()
 
     def add_output(self, val: Val) -> None:
-        from pyfuser.ir.tensor_view import MemoryType, TensorView
-
         self._check_owned(val, "fusion output")
         if not isinstance(val, TensorView):
             raise TypeError(f"fusion outputs must be tensors, got {val}")
@@ -72,8 +69,6 @@ class Fusion:
 
     def set_output_stride_order(self, tv: TensorView, stride_order: Sequence[int]) -> None:
         """Require output ``tv`` to be produced with ``stride_order`` (dim i's place from innermost)."""
-        from pyfuser.ir.layout import check_stride_order
-
         if not tv.is_fusion_output:
             raise ValueError(f"{tv.short_name} is not a fusion output; only outputs take a required stride order")
         rank = len(tv.get_logical_domain(no_reductions=True))
@@ -122,12 +117,7 @@ class Fusion:
         return result
 
     def tensors(self) -> list[TensorView]:
-        from pyfuser.ir.tensor_view import TensorView
-
         return [v for v in self.vals() if isinstance(v, TensorView)]
-
-    def input_scalars(self) -> list[Scalar]:
-        return [v for v in self._inputs if isinstance(v, Scalar)]
 
     # --- printing ---------------------------------------------------------------------------------
     def math_string(self) -> str:

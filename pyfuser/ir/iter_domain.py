@@ -73,7 +73,7 @@ class IterDomain:
     """
 
     __slots__ = ("fusion", "name", "extent", "iter_type", "parallel_type", "definition",
-                 "uses", "tensor", "is_rfactor")
+                 "uses", "tensor")
 
     def __init__(self, fusion: Fusion, extent: SymExpr | int, iter_type: IterType = IterType.Iteration,
                  parallel_type: ParallelType = ParallelType.serial) -> None:
@@ -85,7 +85,6 @@ class IterDomain:
         self.definition: IdTransform | None = None
         self.uses: list[IdTransform] = []
         self.tensor: TensorView | None = None
-        self.is_rfactor = False
 
     # --- queries -------------------------------------------------------------------------
     @property
@@ -95,10 +94,6 @@ class IterDomain:
     @property
     def is_broadcast(self) -> bool:
         return self.iter_type is IterType.Broadcast
-
-    @property
-    def is_iteration(self) -> bool:
-        return self.iter_type is IterType.Iteration
 
     @property
     def is_stream(self) -> bool:
@@ -137,8 +132,7 @@ class IterDomain:
 
     # --- printing --------------------------------------------------------------------------
     def __str__(self) -> str:
-        rf = "rf" if self.is_rfactor else ""
-        return f"{self.iter_type.value}{self.parallel_type.value}{self.name}{{{self.extent}}}{rf}"
+        return f"{self.iter_type.value}{self.parallel_type.value}{self.name}{{{self.extent}}}"
 
     __repr__ = __str__
 
@@ -174,7 +168,6 @@ class Split(IdTransform):
         self.inner = IterDomain(fusion, inner_extent, in_id.iter_type)
         for out in (self.outer, self.inner):
             out.tensor = in_id.tensor
-            out.is_rfactor = in_id.is_rfactor
         self.inputs = (in_id,)
         self.outputs = (self.outer, self.inner)
         self._link()
@@ -213,7 +206,6 @@ class Merge(IdTransform):
         self.inner = inner
         self.out = IterDomain(outer.fusion, outer.extent * inner.extent, iter_type)
         self.out.tensor = outer.tensor
-        self.out.is_rfactor = outer.is_rfactor or inner.is_rfactor
         self.inputs = (outer, inner)
         self.outputs = (self.out,)
         self._link()

@@ -42,11 +42,6 @@ def dense_strides(sizes: Sequence[int], perm: Sequence[int]) -> list[int]:
     return strides
 
 
-def permutation_of_strides(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
-    """Allocation order of a concrete tensor: dims by decreasing stride, ties by logical order."""
-    return sorted(range(len(sizes)), key=lambda d: (-strides[d], d))
-
-
 def contiguity_of_strides(sizes: Sequence[int], strides: Sequence[int], perm: Sequence[int],
                           broadcast: Sequence[bool]) -> Contiguity:
     """nvFuser contiguity, in allocation order: dim is contiguous when its stride is the next

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from pyfuser.ir.base import Val
+from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.device_mesh import DeviceMesh
+from pyfuser.ir.domain_replay import replay_allocation
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.iter_domain import IterDomain, Merge, Split
+from pyfuser.ir.ops.shape import LoadStoreOp
 from pyfuser.ir.symbolic import SymExpr
 from pyfuser.ir.tensor_domain import (
     Contiguity,
@@ -23,7 +26,6 @@ from pyfuser.ir.tensor_domain import (
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
-    from pyfuser.multidevice.device_mesh import DeviceMesh
 
 
 class MemoryType(Enum):
@@ -33,6 +35,8 @@ class MemoryType(Enum):
 
 
 class TensorView(Val):
+    is_tensor: ClassVar[bool] = True
+
     def __init__(self, fusion: Fusion, domain: TensorDomain, dtype: DataType,
                  memory_type: MemoryType = MemoryType.Local) -> None:
         super().__init__(fusion, dtype)
@@ -89,9 +93,6 @@ class TensorView(Val):
     def get_logical_domain(self, no_reductions: bool = False) -> list[IterDomain]:
         ids = self._domain.logical
         return [i for i in ids if not i.is_reduction] if no_reductions else list(ids)
-
-    def get_root_domain(self) -> list[IterDomain]:
-        return list(self._domain.root if self._domain.root is not None else self._domain.logical)
 
     def get_loop_domain(self) -> list[IterDomain]:
         return list(self._domain.loop)
@@ -261,15 +262,12 @@ class TensorView(Val):
         (``pyfuser.scheduler.cache.derive_allocation_from_loop``) rather than keep a copy of the
         global input's allocation (seed 003).
         """
-        from pyfuser.ir.domain_replay import replay_allocation
-        from pyfuser.ir.ops import new_like, set_op
-
         if not isinstance(memory_type, MemoryType):
             raise TypeError(f"{self.short_name}: cache_after expects a MemoryType, got {type(memory_type).__name__}")
         uses = list(self.uses)
         cache = new_like(self)
         cache.memory_type = memory_type
-        op = set_op(self, cache)
+        op = LoadStoreOp(self.fusion, cache, self)
         for use in uses:
             use.replace_input(self, cache)
         if propagate_allocation_domain and self.has_allocation_domain():
@@ -284,8 +282,6 @@ class TensorView(Val):
         renewed when the reduction moves into the cache. The cache gets no allocation domain;
         an on-chip cache's layout is derived from its loop domain by the scheduler.
         """
-        from pyfuser.ir.ops import set_op
-
         if not isinstance(memory_type, MemoryType):
             raise TypeError(f"{self.short_name}: cache_before expects a MemoryType, got {type(memory_type).__name__}")
         definition = self.definition
@@ -299,8 +295,6 @@ class TensorView(Val):
         cache_logical = [i.clone() for i in d.logical]
         cache = TensorView(self.fusion, TensorDomain(cache_logical), self.dtype, memory_type)
         definition.replace_output(self, cache)
-        for old, new in zip(d.logical, cache_logical, strict=True):
-            new.is_rfactor = old.is_rfactor
         if reduces:
             # The reduction now happens in the cache; self only copies its result, in its own layout.
             kept = no_reductions(d.logical)
@@ -310,8 +304,14 @@ class TensorView(Val):
             d.loop = list(d.logical)
             if d.allocation is not None:
                 d.allocation = [renewed[id(i)] for i in d.allocation if not i.is_reduction]
-        set_op(cache, self)
+        LoadStoreOp(self.fusion, self, cache)
         return cache
+
+
+def new_like(tv: TensorView) -> TensorView:
+    """A fresh local tensor with ``tv``'s logical shape (reductions dropped) and dtype."""
+    logical = [i.clone() for i in tv.get_logical_domain(no_reductions=True)]
+    return TensorView(tv.fusion, TensorDomain(logical), tv.dtype)
 
 
 def _ids(ids: Sequence[IterDomain]) -> str:
@@ -319,8 +319,6 @@ def _ids(ids: Sequence[IterDomain]) -> str:
 
 
 def _as_factor(factor: Any, where: str, fusion: Fusion) -> int | SymExpr:
-    from pyfuser.ir.base import Scalar
-
     if isinstance(factor, Scalar):
         if factor.fusion is not fusion:
             raise ValueError(f"{where}: split factor {factor} belongs to another FusionDefinition")

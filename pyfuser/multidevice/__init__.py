@@ -1,15 +1,17 @@
-"""Multi-device execution: meshes, shardings, communications and the per-rank executor.
+"""Multi-device execution, as nvFuser's ``nvfuser_direct.multidevice`` spells it: meshes, the
+communicator, shardings and the per-rank executor.
 
-Importing this package registers the multi-device Host IR lowering (``lowering.py``). DTensor interop
-lives in ``pyfuser.multidevice.dtensor`` (``DTensorFusion``).
+A public façade over several layers (``ir`` meshes and sharding analysis, the ``comm`` layer, the
+``runtime`` executor); nothing below imports it. DTensor interop lives in
+``pyfuser.integrations.dtensor`` (``DTensorFusion``).
 """
 
-from pyfuser.multidevice import lowering as _lowering  # noqa: F401  (registers the lowerings)
-from pyfuser.multidevice.comm_plan import CommunicationType
-from pyfuser.multidevice.communicator import Communicator
-from pyfuser.multidevice.device_mesh import DeviceMesh
-from pyfuser.multidevice.executor import MultiDeviceExecutor, MultiDeviceExecutorParams
-from pyfuser.multidevice.sharding import Sharding, shard_tensor, sharding_of
+from pyfuser.comm.comm_plan import CommunicationType
+from pyfuser.comm.communicator import Communicator
+from pyfuser.comm.shards import shard_tensor
+from pyfuser.ir.analysis.sharding import Sharding, sharding_of
+from pyfuser.ir.device_mesh import DeviceMesh
+from pyfuser.runtime.multidevice_executor import MultiDeviceExecutor, MultiDeviceExecutorParams
 
 __all__ = ["CommunicationType", "Communicator", "DeviceMesh", "MultiDeviceExecutor", "MultiDeviceExecutorParams",
            "Sharding", "shard_tensor", "sharding_of"]

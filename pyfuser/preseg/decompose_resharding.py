@@ -25,13 +25,15 @@ are chunked like the stream-parallel output they reduce into (GEMM + Allreduce p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from pyfuser.ir.analysis.sharding import is_multidevice, sharding_of
+from pyfuser.ir.analysis.stream_axes import walk_outer_splits
 from pyfuser.ir.base import Expr
+from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.iter_domain import IterDomain, IterType, ParallelType, Split
+from pyfuser.ir.iter_domain import IterDomain, IterType, ParallelType
 from pyfuser.ir.ops import (
     BinaryOp,
+    BinaryOpType,
     BroadcastOp,
     ExpandOp,
     FullOp,
@@ -40,21 +42,11 @@ from pyfuser.ir.ops import (
     LoadStoreOp,
     MatmulOp,
     ReductionOp,
-    new_like,
-    set_op,
 )
-from pyfuser.ir.symbolic import SymExpr
 from pyfuser.ir.tensor_domain import TensorDomain
-from pyfuser.ir.tensor_view import TensorView
-from pyfuser.multidevice.device_mesh import DeviceMesh
-from pyfuser.multidevice.sharding import shard, sharding_of
-from pyfuser.preseg.propagate_shardings import is_multidevice
-
-if TYPE_CHECKING:
-    from pyfuser.runtime.executor import CompileOptions
-
-#: Reductions whose partial results a collective can combine.
-PARTIAL_REDUCTIONS = frozenset({"sum", "max", "min", "prod", "mean"})
+from pyfuser.ir.tensor_view import TensorView, new_like
+from pyfuser.options import CompileOptions
+from pyfuser.preseg.propagate_shardings import shard
 
 
 def decompose_resharding(fusion: Fusion, options: CompileOptions | None = None) -> None:
@@ -92,7 +84,7 @@ def _decompose(expr: Expr) -> None:
             if partial:
                 _copy_stream_schedule(old, new)  # chunk i's partial sums are reduced while chunk i+1 computes
             expr.replace_output(old, new)
-            set_op(new, old)
+            LoadStoreOp(expr.fusion, old, new)
 
 
 def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
@@ -115,7 +107,7 @@ def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
     BroadcastOp(fusion, broadcast_bias, bias, flags)  # type: ignore[arg-type]
     # The bias operand first: its broadcast is then ordered before the linear, so a stream loop over out
     # holds the linear, its communication and the add together.
-    return bare, BinaryOp(fusion, "add", out, broadcast_bias, reduced)
+    return bare, BinaryOp(fusion, BinaryOpType.add, out, broadcast_bias, reduced)
 
 
 def _global_extent_axes(expr: Expr) -> set[int]:
@@ -135,7 +127,7 @@ def _global_extent_axes(expr: Expr) -> set[int]:
 def _supports_partial(expr: Expr) -> bool:
     if isinstance(expr, (LinearOp, MatmulOp)):
         return True
-    return isinstance(expr, ReductionOp) and expr.op in PARTIAL_REDUCTIONS
+    return isinstance(expr, ReductionOp)  # every reduction kind has a combine op
 
 
 def _partial_axes(expr: Expr, out: TensorView) -> tuple[dict[int, ParallelType], DeviceMesh | None]:
@@ -187,7 +179,7 @@ def _resharded_copy(expr: Expr, inp: TensorView, out: TensorView, mesh: DeviceMe
     stream_axis = _mapped_stream_axis(expr, inp, out)
     if stream_axis is not None and stream_axis not in axes and _chunkable(inp, stream_axis):
         copy.get_logical_domain()[stream_axis].parallelize(ParallelType.stream)
-    set_op(inp, copy)
+    LoadStoreOp(inp.fusion, copy, inp)
     return copy
 
 
@@ -222,20 +214,15 @@ def _copy_stream_schedule(src: TensorView, dst: TensorView) -> None:
     if stream is None:
         return
     logical = src.get_logical_domain()
-    splits: list[tuple[SymExpr, bool]] = []
-    node = stream
-    while node not in logical:
-        split = node.definition
-        if not (isinstance(split, Split) and split.outer is node):
-            return  # not a chunking a host loop can take; stream lowering reports it on src
-        splits.append((split.factor, split.inner_split))
-        node = split.in_id
+    node, splits = walk_outer_splits(stream, logical)
+    if node not in logical:
+        return  # not a chunking a host loop can take; stream lowering reports it on src
     target = dst.get_logical_domain()[logical.index(node)]
     pos = dst.loop_position(target)
     if pos < 0:
         return
-    for factor, inner in reversed(splits):
-        dst.split(pos, factor, inner_split=inner)
+    for split in splits:
+        dst.split(pos, split.factor, inner_split=split.inner_split)
     dst.axis(pos).parallelize(ParallelType.stream)
 
 

@@ -10,14 +10,10 @@ not a hint: no later stage may pretend the input is laid out otherwise.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pyfuser.ir.domain_replay import same_memory_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
-
-if TYPE_CHECKING:
-    from pyfuser.runtime.executor import CompileOptions
+from pyfuser.options import CompileOptions
 
 
 def bind_input_layouts(fusion: Fusion, options: CompileOptions) -> None:

@@ -15,13 +15,7 @@ After it, for every tensor:
 * **finality**: the allocation of every tensor that can be a segment boundary is made explicit
   and frozen; changing it later raises ``ValueError`` naming the tensor.
 
-Which tensors can be segment boundaries (``can_be_segment_boundary``): fusion inputs and outputs,
-global-memory tensors, results of the ops that end a kernel or run outside one (reductions,
-matmul, linear, ``segment_set``, a resharding ``set`` = a communication), inputs of ops that run
-outside a kernel, and tensors that a host loop produces or consumes (a Stream ID in their loop
-domain or in a consumer's: host loops slice operands that live in global memory, seed 002).
-Every other intermediate is produced by a pointwise or shape op and consumed only by ops a kernel
-fuses with it, so any segmentation inlines it; its (hinted) allocation stays open to schedulers.
+Which tensors can be segment boundaries is ``ir.analysis.segment_boundaries``.
 
 Inputs are given: an input's finalized allocation is marked a requirement even when it was only
 bound from the concrete layout this program was compiled for.
@@ -29,19 +23,13 @@ bound from the concrete layout this program was compiled for.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from pyfuser.ir.base import Expr
+from pyfuser.ir.analysis.segment_boundaries import can_be_segment_boundary
 from pyfuser.ir.domain_replay import logical_ancestors, strided_layout_violation
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Split
-from pyfuser.ir.ops import LinearOp, LoadStoreOp, MatmulOp, ReductionOp, VarMeanOp
 from pyfuser.ir.tensor_domain import Contiguity
-from pyfuser.ir.tensor_view import MemoryType, TensorView
-from pyfuser.multidevice.sharding import sharding_of
-
-if TYPE_CHECKING:
-    from pyfuser.runtime.executor import CompileOptions
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.options import CompileOptions
 
 
 def decouple_loop_and_allocation(fusion: Fusion, options: CompileOptions) -> None:
@@ -62,38 +50,6 @@ def _check_strided(out: TensorView) -> None:
         raise ValueError(f"{out.short_name}: required allocation domain ({names}) puts {bad[0]} outside {bad[1]}, "
                          "which no strided tensor can do: the IDs split from one logical axis must stay adjacent, "
                          "outer before inner")
-
-
-# --- segment boundaries ----------------------------------------------------------------------------
-def _is_communication(expr: Expr) -> bool:
-    if not isinstance(expr, LoadStoreOp) or len(expr.tensor_inputs) != 1:
-        return False
-    producer, consumer = expr.tensor_inputs[0], expr.output
-    if producer.device_mesh is None and consumer.device_mesh is None:
-        return False
-    return sharding_of(producer) != sharding_of(consumer)
-
-
-def _outside_kernel(expr: Expr) -> bool:
-    """Ops that read their inputs from global memory: ATen calls and communications."""
-    if isinstance(expr, LoadStoreOp):
-        return expr.kind == "segment_set" or _is_communication(expr)
-    return isinstance(expr, MatmulOp | LinearOp)
-
-
-def _has_stream_loop(tv: TensorView) -> bool:
-    return any(i.is_stream for i in tv.get_loop_domain())
-
-
-def can_be_segment_boundary(tv: TensorView) -> bool:
-    if tv.is_fusion_input or tv.is_fusion_output or tv.memory_type is MemoryType.Global:
-        return True
-    definition = tv.definition
-    if definition is not None and (_outside_kernel(definition) or isinstance(definition, ReductionOp | VarMeanOp)):
-        return True
-    if _has_stream_loop(tv) or any(_has_stream_loop(c) for use in tv.uses for c in use.tensor_outputs):
-        return True
-    return any(_outside_kernel(use) for use in tv.uses)
 
 
 # --- loop --------------------------------------------------------------------------------------------

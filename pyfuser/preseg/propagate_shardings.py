@@ -14,29 +14,20 @@ then means replicated) or whose loop domain the user transformed or parallelized
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
+from pyfuser.ir.analysis.sharding import is_multidevice, sharding_of
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import LinearOp, MatmulOp
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.multidevice.communicator import Communicator
-from pyfuser.multidevice.executor import check_meshes_fit
-from pyfuser.multidevice.sharding import shard, sharding_of
-
-if TYPE_CHECKING:
-    from pyfuser.runtime.executor import CompileOptions
-
-
-def is_multidevice(fusion: Fusion) -> bool:
-    return any(tv.device_mesh is not None for tv in fusion.tensors())
+from pyfuser.options import CompileOptions
 
 
 def propagate_shardings(fusion: Fusion, options: CompileOptions | None = None) -> None:
     if not is_multidevice(fusion):
         return
-    check_meshes_fit(fusion, Communicator.instance().size())
     exprs = fusion.exprs()
     annotated = {tv for tv in fusion.tensors() if tv.device_mesh is not None or user_scheduled(tv)}
     _propagate_meshes(exprs)
@@ -99,3 +90,25 @@ def _propagated_axes(expr: Expr, out: TensorView) -> dict[int, ParallelType]:
                 continue
             axes[pos] = ptype
     return axes
+
+
+def shard(tv: TensorView, axes: Mapping[int, ParallelType]) -> None:
+    """Make ``tv`` sharded on ``axes`` (logical positions) by outer-splitting its loop IDs by the mesh size.
+
+    ``tv`` must have a mesh and an unparallelized loop domain equal to its logical domain on those axes.
+    """
+    mesh = tv.device_mesh
+    if mesh is None:
+        raise ValueError(f"{tv.short_name} has no device mesh to shard over")
+    logical = tv.get_logical_domain()
+    for axis, ptype in sorted(axes.items(), reverse=True):
+        target = logical[axis]
+        pos = tv.loop_position(target)
+        if pos < 0:
+            raise ValueError(f"{tv.short_name} axis {axis} ({target}) is not in the loop domain; cannot shard it")
+        size = mesh.size_of(ptype)
+        if target.extent.value == size and not target.is_reduction:
+            target.parallelize(ptype)
+        else:
+            tv.outer_split(pos, size)
+            tv.axis(pos).parallelize(ptype)

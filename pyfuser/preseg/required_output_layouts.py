@@ -8,15 +8,11 @@ the same output must agree with the map, else the two requirements contradict ea
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pyfuser.ir.domain_replay import logical_order, same_memory_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import allocation_permutation
 from pyfuser.ir.tensor_view import TensorView
-
-if TYPE_CHECKING:
-    from pyfuser.runtime.executor import CompileOptions
+from pyfuser.options import CompileOptions
 
 
 def apply_required_output_layouts(fusion: Fusion, options: CompileOptions) -> None:

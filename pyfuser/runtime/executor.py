@@ -7,33 +7,24 @@ sizes, run the compiled program. Validation and compilation happen on a signatur
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from pyfuser.comm.communicator import Communicator
+from pyfuser.ir.analysis.sharding import check_meshes_fit, is_multidevice
+from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import memory_order
-from pyfuser.runtime.context import EvalContext
+from pyfuser.options import CompileOptions, check_options
+from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
-from pyfuser.runtime.options import check_options
 
 
 class Program(Protocol):
     """A compiled fusion: runs on concrete inputs with bound sizes, returns the outputs."""
 
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class CompileOptions:
-    enabled: frozenset[str] = frozenset()
-    disabled: frozenset[str] = frozenset()
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    #: Memory order (logical dims, outermost first; ``ir.layout.memory_order``) of each input this
-    #: program is compiled for, None for scalars. Part of the layout key, so a program never runs
-    #: on inputs of another order; ``preseg/input_layouts.py`` writes it into the fusion copy.
-    input_orders: tuple[tuple[int, ...] | None, ...] = ()
 
 
 class FusionExecutorCache:
@@ -73,9 +64,6 @@ class FusionExecutorCache:
 
     def _compile_for(self, args: Sequence[Any], binder: InputBinder, target: torch.device,
                      enable_options: Sequence[str], disable_options: Sequence[str]) -> Program:
-        # Imported here: compile -> host passes -> multidevice -> this module.
-        from pyfuser.runtime.compile import compile_fusion
-
         enabled, disabled = check_options(enable_options, disable_options)
         binder.check(args)
         for pos, (spec, arg) in enumerate(zip(binder.specs, args, strict=True)):
@@ -86,11 +74,21 @@ class FusionExecutorCache:
         if program is None:
             orders = tuple(tuple(memory_order(a.shape, a.stride())) if isinstance(a, torch.Tensor) else None
                            for a in args)
-            options = CompileOptions(enabled, disabled, target, input_orders=orders)
+            options = CompileOptions(enabled, disabled, target, input_orders=orders, rank=self._rank())
             program = compile_fusion(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program
         return program
+
+
+    def _rank(self) -> int:
+        """This process' rank for a multi-device fusion (joining the process group on first use: every
+        rank compiles, also those with nothing to communicate), after checking every mesh fits."""
+        if not is_multidevice(self.fusion):
+            return 0
+        comm = Communicator.instance()
+        check_meshes_fit(self.fusion, comm.size())
+        return comm.rank()
 
 
 def _layout_key(args: Sequence[Any]) -> tuple[Any, ...]:

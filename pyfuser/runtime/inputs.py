@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from pyfuser.ir.analysis.sharding import local_static_size, shard_factors
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType, python_scalar_type
-from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.layout import check_strides
 from pyfuser.ir.symbolic import SymVar
 from pyfuser.ir.tensor_view import TensorView
@@ -40,11 +40,10 @@ class TensorSpec:
         else:  # split allocation (device sharding) is checked per shard by the multidevice layer
             perm = tuple(range(len(logical)))
             contiguity = tuple(False if not i.is_broadcast else None for i in logical)
-        factors = _shard_factors(tv)
+        factors = shard_factors(tv)
         return TensorSpec(
             name=tv.short_name, dtype=tv.dtype,
-            static_sizes=tuple(_local_static_size(tv, d, i, f) for d, (i, f) in enumerate(zip(logical, factors,
-                                                                                              strict=True))),
+            static_sizes=tuple(local_static_size(tv, d) for d in range(len(logical))),
             broadcast=tuple(i.is_broadcast for i in logical),
             perm=perm, contiguity=contiguity,
             has_stride_order=tv.has_allocation_domain() and perm != tuple(range(len(logical))),
@@ -151,27 +150,6 @@ class InputBinder:
             if value < minimum:
                 raise ValueError(f"input {pos} ({name}) is used as {use} and must be at least {minimum}, got {value}")
         return env
-
-
-def _shard_factors(tv: TensorView) -> list[int]:
-    if tv.device_mesh is None:
-        return [1] * tv.ndim
-    from pyfuser.multidevice.sharding import shard_factors
-
-    return shard_factors(tv)
-
-
-def _local_static_size(tv: TensorView, axis: int, i: IterDomain, factor: int) -> int | None:
-    """The size this rank's shard must have along ``axis``, when known before execution."""
-    if factor == 1:
-        return i.extent.value
-    if i.is_device_dim:
-        return 1  # the logical ID itself is parallelized: one element per rank
-    extent = i.extent.value
-    if extent is not None and extent % factor:
-        raise ValueError(f"{tv.short_name} axis {axis} has extent {extent}, which is not divisible by the {factor} "
-                         f"ranks of {tv.device_mesh} it is sharded over")
-    return None if extent is None else extent // factor
 
 
 def signature(args: Sequence[Any]) -> tuple[Any, ...]:

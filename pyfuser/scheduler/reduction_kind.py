@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
+from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
 from pyfuser.ir.base import Expr
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
-from pyfuser.preseg.allocation_order_inference import infer_allocation_orders
 
 
 class ReductionKind(Enum):

@@ -11,14 +11,14 @@ import torch
 
 from pyfuser import FusionDefinition
 from pyfuser.host_ir.evaluator import HostIrEvaluator, stream_pool
-from pyfuser.host_ir.lowering import register_lowering
 from pyfuser.host_ir.nodes import AtenCall, Deallocate, HostIrContainer, HostNode, LaunchKernel
+from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.ir.base import Expr
+from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.iter_domain import ParallelType
-from pyfuser.ir.ops import new_like
 from pyfuser.ir.ops.common import positional_map
-from pyfuser.runtime.context import EvalContext
-from pyfuser.runtime.outputs import OutputLayout
+from pyfuser.ir.tensor_view import new_like
+from pyfuser.runtime.backends import register_lowering, register_step_builder
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -180,17 +180,20 @@ class _Record(HostNode):
     def to_string(self, indent: int = 0) -> str:
         return f"{'  ' * indent}Record {self.tv}\n"
 
-    def substitute(self, mapping: dict) -> _Record:
+    def substitute(self, mapping: dict, index: Any = None) -> _Record:
         return _Record(mapping.get(self.tv, self.tv), self.seen)
 
-    def compile(self, cc: Any) -> Any:
-        slot = cc.slot(self.tv)
-        return lambda frame: self.seen.append(tuple(frame.values[slot].shape))
+
+def _record_step(node: _Record, cc: Any) -> Any:
+    """The evaluator visits _Record nodes with this step builder (nodes are data)."""
+    slot = cc.slot(node.tv)
+    return lambda frame: node.seen.append(tuple(frame.values[slot].shape))
 
 
 def test_node_bound_to_previous_stays_in_the_stream_loop(device, run_dumped):
     seen: list = []
     register_lowering(_DoubleOp, lambda expr, lctx: [AtenCall(expr), _Record(expr.output, seen)])
+    register_step_builder(_Record, _record_step)
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1])
     t1 = new_like(t0)

@@ -10,10 +10,10 @@ import torch
 
 from pyfuser import FusionDefinition
 from pyfuser.ir.base import Expr
+from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.iter_domain import ParallelType
-from pyfuser.ir.ops import new_like
 from pyfuser.ir.ops.common import positional_map
-from pyfuser.runtime.context import EvalContext
+from pyfuser.ir.tensor_view import new_like
 
 STREAM = ParallelType.stream
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from harness import assert_close, case, comm, device, expect_error, main, randn
 
 from pyfuser import FusionDefinition, ParallelType, TensorView
+from pyfuser.integrations.dtensor import DTensorFusion
 from pyfuser.multidevice import DeviceMesh, MultiDeviceExecutor, MultiDeviceExecutorParams, shard_tensor
-from pyfuser.multidevice.dtensor import DTensorFusion
 
 X = ParallelType.mesh_x
 

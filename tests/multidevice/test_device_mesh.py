@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition, ParallelType
+from pyfuser.comm.communicator import Communicator
+from pyfuser.ir.analysis.sharding import local_sizes
 from pyfuser.multidevice import DeviceMesh, shard_tensor, sharding_of
-from pyfuser.multidevice.communicator import Communicator, LaunchInfo
-from pyfuser.multidevice.sharding import local_sizes
+from pyfuser.options import LaunchInfo
 
 X, Y = ParallelType.mesh_x, ParallelType.mesh_y
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition
+from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.preseg.allocation_order_inference import infer_allocation_order, infer_allocation_orders
+from pyfuser.options import CompileOptions
+from pyfuser.preseg.allocation_order_inference import infer_allocation_order
 from pyfuser.preseg.pipeline import run_preseg_passes
-from pyfuser.runtime.executor import CompileOptions
 
 CL = torch.channels_last
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from pyfuser import FusionDefinition
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import allocation_permutation, dense_strides
+from pyfuser.options import CompileOptions
 from pyfuser.preseg.pipeline import run_preseg_passes
-from pyfuser.runtime.executor import CompileOptions
 
 SHAPES = {2: (5, 3), 3: (4, 3, 5), 4: (2, 3, 4, 5), 5: (2, 3, 1, 4, 3)}
 

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition, ParallelType
+from pyfuser.ir.analysis.segment_boundaries import can_be_segment_boundary
+from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.multidevice.device_mesh import DeviceMesh
-from pyfuser.preseg.loop_allocation_decoupling import can_be_segment_boundary, decouple_loop_and_allocation
-from pyfuser.preseg.pipeline import PASSES, run_preseg_passes
-from pyfuser.runtime.executor import CompileOptions
+from pyfuser.options import CompileOptions
+from pyfuser.preseg.loop_allocation_decoupling import decouple_loop_and_allocation
+from pyfuser.preseg.pipeline import PRESEG_PASSES, run_preseg_passes
 from pyfuser.scheduler.utils import set_compute_at
 
 
@@ -29,7 +30,7 @@ def names(ids: list) -> str:
 
 
 def test_it_is_the_last_pass() -> None:
-    assert PASSES[-1][0] == "decouple_loop_and_allocation"
+    assert PRESEG_PASSES[-1].name == "decouple_loop_and_allocation"
 
 
 def test_seed_000_row_then_column_stream_loops() -> None:

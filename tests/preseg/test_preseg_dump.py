@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition
-from pyfuser.preseg.pipeline import PASSES
+from pyfuser.preseg.pipeline import PRESEG_PASSES
 
 
 def test_dump_after_each_pass(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -17,11 +17,12 @@ def test_dump_after_each_pass(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     x = torch.randn(4, 3).t()
     torch.testing.assert_close(fd.execute([x])[0], x.exp())
     text = capsys.readouterr().out
-    headers = [f"Fusion IR after pre-segmenter pass {name}:" for name, _ in PASSES]
+    names = [p.name for p in PRESEG_PASSES]
+    headers = [f"Fusion IR after pre-segmenter pass {name}:" for name in names]
     positions = [text.find(h) for h in headers]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), "every pass, in pipeline order"
-    sections = {name: text[start:end] for (name, _), start, end in
-                zip(PASSES, positions, [*positions[1:], len(text)], strict=True)}
+    sections = {name: text[start:end] for name, start, end in
+                zip(names, positions, [*positions[1:], len(text)], strict=True)}
     for section in sections.values():
         assert "%kernel_math {" in section and " logical domain : (iS2{i0}, iS3{i1})" in section
     assert "(hint)" not in sections["apply_required_output_layouts"]

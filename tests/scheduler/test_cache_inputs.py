@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition, ParallelType
+from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.tensor_view import MemoryType, TensorView
-from pyfuser.multidevice.device_mesh import DeviceMesh
 from pyfuser.scheduler.cache import (
     allocated_ids,
     cache_inputs,

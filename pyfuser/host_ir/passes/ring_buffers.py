@@ -10,16 +10,11 @@ keep reuse safe for any other assignment.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, ForLoop, HirAliasSelect, HostIrContainer, HostNode
 from pyfuser.host_ir.stream_nodes import SlotRelease, SlotWait
 from pyfuser.ir.base import Val
 from pyfuser.ir.symbolic import sym_min
-
-if TYPE_CHECKING:
-    from pyfuser.ir.fusion import Fusion
-    from pyfuser.runtime.executor import CompileOptions
+from pyfuser.options import CompileOptions
 
 
 def _references(nodes: list[HostNode], skip: set[int]) -> set[int]:
@@ -58,9 +53,7 @@ def _last_use(body: list[HostNode], chunk: Val) -> int:
     return max(k for k, n in enumerate(body) if any(v is chunk for v in (*n.inputs, *n.outputs)))
 
 
-def use_ring_buffers(container: HostIrContainer, fusion: Fusion, options: CompileOptions | None) -> None:
-    if options is not None and "stream_ring_buffers" in options.disabled:
-        return
+def use_ring_buffers(container: HostIrContainer, options: CompileOptions) -> None:
     allocations = {id(n.tv): n for n in container.nodes if isinstance(n, Allocate)}
     for loop in [n for n in container.nodes if isinstance(n, ForLoop)]:
         for select in _ring_candidates(container, loop, allocations):

@@ -16,26 +16,18 @@ other node closes the open loop. A loop is emitted as::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pyfuser.host_ir.nodes import Allocate, ForLoop, HirAliasSelect, HostIrContainer, HostNode, LoopIndex
-from pyfuser.host_ir.passes.stream_axes import (
-    StreamAxis,
-    expr_stream_axis,
-    producer_id,
-    stream_axis_of,
-)
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, Synchronize
+from pyfuser.ir.analysis.allocation_order import allocation_perm
+from pyfuser.ir.analysis.sharding import sharding_of
+from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, producer_id, stream_axis_of
 from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.symbolic import SymConst
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import MemoryType, TensorView
-from pyfuser.runtime.outputs import allocation_perm
-
-if TYPE_CHECKING:
-    from pyfuser.ir.fusion import Fusion
-    from pyfuser.runtime.executor import CompileOptions
+from pyfuser.options import CompileOptions
 
 
 class _OpenLoop:
@@ -49,6 +41,8 @@ class _OpenLoop:
         #: full tensor -> (chunked logical ID, chunk tensor)
         self.chunks: dict[TensorView, tuple[IterDomain, TensorView]] = {}
         self.produced: set[TensorView] = set()
+        #: tensors some node of the loop reads whole in every iteration
+        self.read_whole: set[Val] = set()
 
     def accepts(self, expr: Expr, axis: StreamAxis) -> bool:
         """True when ``axis`` maps exactly onto a tensor chunked here and nothing needs a whole
@@ -80,7 +74,7 @@ class _StreamLowering:
         joined_last = False
         for node in self.container.nodes:
             if node.binds_to_previous and joined_last and self.loop is not None:
-                self.loop.body.append(node.substitute(self._loop_mapping(self.loop, node)))
+                self.loop.body.append(node.substitute(self._loop_mapping(self.loop, node), self.loop.index))
                 continue
             expr = node.source_expr
             axis = expr_stream_axis(expr) if expr is not None else None
@@ -106,11 +100,17 @@ class _StreamLowering:
 
     def _add(self, loop: _OpenLoop, node: HostNode, expr: Expr, axis: StreamAxis) -> None:
         mapping: dict[Val, Val] = {}
+        for p in node.whole_inputs:
+            if p in loop.chunks:
+                _read_whole_and_chunked(p, axis)
+            loop.read_whole.add(p)
         for p in expr.tensor_inputs:
             mapped = producer_id(expr, p, axis.logical)
-            if mapped is None:
+            if mapped is None or p in node.whole_inputs:
                 continue  # read whole: e.g. the weight of a row-chunked matmul
             if p not in loop.chunks:
+                if p in loop.read_whole:
+                    _read_whole_and_chunked(p, axis)
                 self._select(loop, p, mapped)
             mapping[p] = loop.chunks[p][1]
         for out in expr.tensor_outputs:  # outputs of one expr (var_mean) are chunked at the same position
@@ -125,7 +125,7 @@ class _StreamLowering:
             self._select(loop, out, logical)
             loop.produced.add(out)
             mapping[out] = loop.chunks[out][1]
-        loop.body.append(node.substitute(mapping))
+        loop.body.append(node.substitute(mapping, loop.index))
 
     @staticmethod
     def _select(loop: _OpenLoop, tv: TensorView, logical: IterDomain) -> None:
@@ -155,8 +155,6 @@ def _check_not_split_sharded(tv: TensorView, logical: IterDomain, axis: StreamAx
     "shard outermost" form, whose broadcast reads the whole shard)."""
     if tv.device_mesh is None or logical.is_device_dim:
         return
-    from pyfuser.multidevice.sharding import sharding_of
-
     position = next(p for p, i in enumerate(tv.get_logical_domain()) if i is logical)
     ptype = sharding_of(tv).axes.get(position)
     if ptype is not None and tv.device_mesh.size_of(ptype) > 1:
@@ -164,6 +162,13 @@ def _check_not_split_sharded(tv: TensorView, logical: IterDomain, axis: StreamAx
                          f"{tv.short_name} axis {position} ({logical}), which is sharded on {ptype}: each rank "
                          "holds one contiguous shard of it, not the global chunks the loop iterates; stream-"
                          "parallelize another axis, or reshard (gather) the tensor before the loop")
+
+
+def _read_whole_and_chunked(tv: Val, axis: StreamAxis) -> None:
+    """A tensor sharded along the loop's axis is read whole (this rank's shard) by one node of the
+    loop; a chunk of it would be a chunk of the local shard, not of the global axis."""
+    raise ValueError(f"{axis.describe()} is parallelized on stream and {tv} is read whole in every iteration "
+                     "(it is sharded along the loop's axis), so a host loop cannot also take chunks of it")
 
 
 def _loop_invariant(node: HostNode) -> bool:
@@ -186,5 +191,5 @@ def _chunk_tensor(tv: TensorView, logical: IterDomain, axis: StreamAxis) -> Tens
     return chunk
 
 
-def lower_stream_parallel(container: HostIrContainer, fusion: Fusion, options: CompileOptions | None) -> None:
-    _StreamLowering(container, fusion).run()
+def lower_stream_parallel(container: HostIrContainer, options: CompileOptions) -> None:
+    _StreamLowering(container, container.fusion).run()

@@ -23,16 +23,13 @@ worker ``k``, so its reuse is stream-ordered.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TypeGuard
 
 from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, ForLoop, HostIrContainer, HostNode, LoopIndex
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, Synchronize
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.symbolic import SymConst, sym_min
-
-if TYPE_CHECKING:
-    from pyfuser.ir.fusion import Fusion
-    from pyfuser.runtime.executor import CompileOptions
+from pyfuser.options import CompileOptions
 
 
 def _is_stream_loop(node: HostNode) -> TypeGuard[ForLoop]:
@@ -45,9 +42,7 @@ def _is_stream_loop(node: HostNode) -> TypeGuard[ForLoop]:
             and isinstance(last[1], Synchronize))
 
 
-def overlap_stream_loops(container: HostIrContainer, fusion: Fusion, options: CompileOptions | None) -> None:
-    if options is None or "stream_overlap" not in options.enabled:
-        return
+def overlap_stream_loops(container: HostIrContainer, options: CompileOptions) -> None:
     result: list[HostNode] = []
     for node in container.nodes:
         if not _is_stream_loop(node):
@@ -59,7 +54,7 @@ def overlap_stream_loops(container: HostIrContainer, fusion: Fusion, options: Co
         workers = sym_min(node.stop, NUMBER_OF_STREAMS)
         join_index = LoopIndex(workers, SymConst(1))
         join_worker_stream = container.new_worker_stream(join_index)
-        join = ForLoop(join_index, IterDomain(fusion, workers), SymConst(0), workers,
+        join = ForLoop(join_index, IterDomain(container.fusion, workers), SymConst(0), workers,
                        [Synchronize(join_worker_stream)])
         result += [get_main, node, set_main, join]
     container.nodes = result

@@ -1,25 +1,25 @@
-"""Op nodes of the fusion IR. Each node knows its torch semantics, printing and ID map."""
+"""Op nodes of the fusion IR. Each node knows its torch semantics, printing and ID map; op kinds
+(``UnaryOpType``, ``BinaryOpType``, ...) are enums whose members carry their row of the op table."""
 
 from pyfuser.ir.ops.creation import FullOp, IotaOp
 from pyfuser.ir.ops.matmul import LinearOp, MatmulOp
-from pyfuser.ir.ops.pointwise import BinaryOp, TernaryOp, UnaryOp
-from pyfuser.ir.ops.reduction import ReductionOp, VarMeanOp
+from pyfuser.ir.ops.pointwise import BinaryOp, BinaryOpType, TernaryOp, TernaryOpType, UnaryOp, UnaryOpType
+from pyfuser.ir.ops.reduction import ReductionOp, ReductionOpType, VarMeanOp
 from pyfuser.ir.ops.shape import (
     BroadcastOp,
     CatOp,
     ExpandOp,
     LoadStoreOp,
+    LoadStoreOpType,
     PadOp,
     PermuteOp,
     ReshapeOp,
     SliceOp,
     SqueezeOp,
-    new_like,
-    set_op,
 )
 
 __all__ = [
-    "BinaryOp", "BroadcastOp", "CatOp", "ExpandOp", "FullOp", "IotaOp", "LinearOp", "LoadStoreOp",
-    "MatmulOp", "PadOp", "PermuteOp", "ReductionOp", "ReshapeOp", "SliceOp", "SqueezeOp", "TernaryOp",
-    "UnaryOp", "VarMeanOp", "new_like", "set_op",
+    "BinaryOp", "BinaryOpType", "BroadcastOp", "CatOp", "ExpandOp", "FullOp", "IotaOp", "LinearOp", "LoadStoreOp",
+    "LoadStoreOpType", "MatmulOp", "PadOp", "PermuteOp", "ReductionOp", "ReductionOpType", "ReshapeOp", "SliceOp",
+    "SqueezeOp", "TernaryOp", "TernaryOpType", "UnaryOp", "UnaryOpType", "VarMeanOp",
 ]

@@ -1,4 +1,4 @@
-"""Helpers shared by op nodes: printing in nvFuser's kernel-math style and ID maps."""
+"""Helpers shared by op nodes: printing in nvFuser's kernel-math style and positional ID maps."""
 
 from __future__ import annotations
 
@@ -31,45 +31,6 @@ def bool_flags(flags: Sequence[bool]) -> str:
 
 def int_list(values: Sequence[Any]) -> str:
     return "{" + ", ".join(str(v) for v in values) + "}"
-
-
-def describe_axis(val: Any, axis: int) -> str:
-    """``T1 axis 0`` for axis ``axis`` of ``val``, seen through broadcasts that fd.ops inserted
-    (so a runtime error names the tensor the user defined, not an internal one)."""
-    from pyfuser.ir.ops.shape import BroadcastOp
-
-    while isinstance(val.definition, BroadcastOp) and not val.is_fusion_input:
-        flags = val.definition.flags
-        if flags[axis]:
-            break
-        axis -= sum(flags[:axis])
-        val = val.definition.inputs[0]
-    return f"{val.short_name} axis {axis}"
-
-
-#: ``(operand, axis, other operand, other axis)``: two operand axes whose runtime sizes must agree.
-SizeCheck = tuple[int, int, int, int]
-
-
-def unproven_equal(operands: Sequence[Any], ka: int, da: int, kb: int, db: int) -> list[SizeCheck]:
-    """``[(ka, da, kb, db)]`` when those operand axes must match but their extents are not provably
-    equal at definition (so the sizes are compared at execution)."""
-    ia = operands[ka].get_logical_domain(no_reductions=True)[da]
-    ib = operands[kb].get_logical_domain(no_reductions=True)[db]
-    if ia.is_broadcast or ib.is_broadcast or ia.extent == ib.extent:
-        return []
-    return [(ka, da, kb, db)]
-
-
-def check_same_sizes(op: str, checks: Sequence[SizeCheck], operands: Sequence[Any], args: Sequence[Any]) -> None:
-    """Raise ValueError naming both tensors and axes when runtime sizes of a check differ.
-    Index-based, so it costs a few tuple lookups per execution."""
-    for ka, da, kb, db in checks:
-        sa, sb = args[ka].shape[da], args[kb].shape[db]
-        if sa != sb:
-            raise ValueError(f"{op}: {describe_axis(operands[ka], da)} has size {sa} but "
-                             f"{describe_axis(operands[kb], db)} has size {sb}; they must be equal "
-                             "(declare an axis with size 1 to broadcast it)")
 
 
 def positional_map(producer: TensorView, consumer: TensorView,

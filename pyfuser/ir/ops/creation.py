@@ -7,16 +7,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import call_string
-from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
-    from pyfuser.runtime.context import EvalContext
+    from pyfuser.ir.tensor_view import TensorView
 
 
 class FullOp(Expr):
-    op_name = "full"
     chunkable = True
 
     def __init__(self, fusion: Fusion, out: TensorView, fill_value: Val) -> None:
@@ -39,7 +38,6 @@ class FullOp(Expr):
 class IotaOp(Expr):
     """``start + step * arange(length)``."""
 
-    op_name = "iota"
     chunkable = False
 
     def __init__(self, fusion: Fusion, out: TensorView, length: Val, start: Val, step: Val) -> None:

@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser.ir.base import Expr, indent_str
-from pyfuser.ir.ops.common import check_same_sizes, header, unproven_equal
-from pyfuser.ir.tensor_view import TensorView
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.ops.common import header
+from pyfuser.ir.ops.shape import check_same_sizes, unproven_equal
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
     from pyfuser.ir.iter_domain import IterDomain
-    from pyfuser.runtime.context import EvalContext
+    from pyfuser.ir.tensor_view import TensorView
 
 
 def _align_right(producer_ids: list[IterDomain], consumer_ids: list[IterDomain]) -> dict[IterDomain, IterDomain]:
@@ -29,7 +30,6 @@ def _align_right(producer_ids: list[IterDomain], consumer_ids: list[IterDomain])
 class MatmulOp(Expr):
     """``torch.matmul`` semantics for 1-D to N-D operands."""
 
-    op_name = "matmul"
 
     def __init__(self, fusion: Fusion, out: TensorView, a: TensorView, b: TensorView) -> None:
         super().__init__(fusion, [a, b], [out])
@@ -81,7 +81,6 @@ class MatmulOp(Expr):
 class LinearOp(Expr):
     """``F.linear(x, weight, bias)``: x ``[..., k]``, weight ``[n, k]`` (or ``[k]``), bias ``[n]``."""
 
-    op_name = "linear"
 
     def __init__(self, fusion: Fusion, out: TensorView, x: TensorView, weight: TensorView,
                  bias: TensorView | None) -> None:

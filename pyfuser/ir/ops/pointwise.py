@@ -1,90 +1,89 @@
-"""Pointwise ops: unary, binary and ternary, with torch semantics and type promotion."""
+"""Pointwise ops: unary, binary and ternary, with torch semantics and type promotion.
+
+Each op kind is a member of ``UnaryOpType`` / ``BinaryOpType`` / ``TernaryOpType`` whose value is
+its one row of the op table: the torch reference, the ``out=`` overload that writes into a chunk,
+how kernel math prints it. The output dtype rule is the reference itself (``ir.ops.promotion``:
+torch's promotion, found by running it on one-element tensors), so adding a kind is one row.
+"""
 
 from __future__ import annotations
 
 import itertools
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from pyfuser.ir.base import Expr, Val, indent_str
-from pyfuser.ir.dtypes import python_scalar_type
-from pyfuser.ir.ops.common import SizeCheck, check_same_sizes, header, positional_map
-from pyfuser.ir.ops.names import binary_function, cast_function, unary_function
-from pyfuser.ir.tensor_view import TensorView
+from pyfuser.ir.dtypes import DataType, python_scalar_type
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.ops.common import header, positional_map
+from pyfuser.ir.ops.shape import SizeCheck, check_same_sizes
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
     from pyfuser.ir.iter_domain import IterDomain
-    from pyfuser.runtime.context import EvalContext
+    from pyfuser.ir.tensor_view import TensorView
 
 
-UNARY_FNS: dict[str, Callable[[Any], Any]] = {
-    "neg": torch.neg,
-    "abs": torch.abs,
-    "exp": torch.exp,
-    "log": torch.log,
-    "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt,
-    "reciprocal": torch.reciprocal,
-    "sin": torch.sin,
-    "cos": torch.cos,
-    "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid,
-    "relu": torch.relu,
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "erf": torch.erf,
-    "logical_not": torch.logical_not,
-}
-_UNARY_INLINE = {"neg": "-", "logical_not": "!"}
-#: Unary ops with an ``out=`` overload, used by ``evaluate_into`` to skip a copy.
-_UNARY_OUT = {name: getattr(torch, name) for name in
-              ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf")}
+@dataclass(frozen=True, eq=False)
+class PointwiseSpec:
+    """One row of a pointwise op table.
+
+    ``fn``: the torch reference on tensors (and numbers where torch takes them); ``out_fn``: a torch
+    function with an ``out=`` overload (tensor first), used to write straight into a preallocated
+    chunk; ``inline``: printed as an operator (``-x``, ``a + b``); ``printed``: the kernel-math name
+    for an output dtype (nvFuser's CUDA runtime names: ``expf`` for a float ``exp``), default the
+    kind's own name.
+    """
+
+    fn: Callable[..., Any] | None
+    out_fn: Callable[..., Any] | None = None
+    inline: str | None = None
+    printed: Callable[[str, DataType], str] | None = None
 
 
-class UnaryOp(Expr):
-    op_name = "unary"
+def _float_suffixed(name: str, out: DataType) -> str:
+    """Math functions with a single-precision variant spelled with an ``f`` suffix."""
+    return f"{name}f" if out is DataType.Float else name
 
-    def __init__(self, fusion: Fusion, op: str, out: TensorView, inp: TensorView) -> None:
-        super().__init__(fusion, [inp], [out])
-        self.op = op
-        self._fn = UNARY_FNS.get(op)  # looked up once: evaluate is on the hot path
-        self._out_fn = _UNARY_OUT.get(op)
 
-    def evaluate(self, ctx: EvalContext, x: Any) -> list[Any]:
-        fn = self._fn
-        if fn is not None and isinstance(x, torch.Tensor):
-            return [fn(x)]
-        if not isinstance(x, torch.Tensor):  # scalar arithmetic
-            if self.op == "cast":
-                return [python_scalar_type(self.output.dtype)(x)]
-            return [UNARY_FNS[self.op](torch.tensor(x)).item()]
-        return [x.to(self.output.dtype.torch_dtype)]  # cast
+def _fmax_or_max(name: str, out: DataType) -> str:
+    """``maximum`` / ``minimum`` are ``fmax`` / ``fmin`` on floating values, ``max`` / ``min`` otherwise."""
+    return ("f" if out.is_floating else "") + name[:3]
 
-    def evaluate_into(self, ctx: EvalContext, out: Any, x: Any) -> None:
-        """Write straight into ``out`` (e.g. a stream-loop chunk) when torch has an ``out=`` overload."""
-        if self._out_fn is not None and isinstance(x, torch.Tensor):
-            self._out_fn(x, out=out)
-        else:
-            super().evaluate_into(ctx, out, x)
 
-    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        return positional_map(producer, self.output)
+class UnaryOpType(Enum):
+    """Unary pointwise kinds (``fd.ops.<name>``)."""
 
-    def to_string(self, indent: int = 0) -> str:
-        inp = self.inputs[0]
-        if self.op == "cast":
-            body = f"{cast_function(inp.dtype, self.output.dtype)}({inp})"
-        elif self.op in _UNARY_INLINE:
-            body = f"{_UNARY_INLINE[self.op]}{inp}"
-        else:
-            body = f"{unary_function(self.op, self.output.dtype)}({inp})"
-        return f"{header(self.output, indent)}{body};\n"
+    neg = PointwiseSpec(torch.neg, torch.neg, inline="-")
+    abs = PointwiseSpec(torch.abs, torch.abs)
+    exp = PointwiseSpec(torch.exp, torch.exp, printed=_float_suffixed)
+    log = PointwiseSpec(torch.log, torch.log, printed=_float_suffixed)
+    sqrt = PointwiseSpec(torch.sqrt, torch.sqrt, printed=_float_suffixed)
+    rsqrt = PointwiseSpec(torch.rsqrt, torch.rsqrt, printed=_float_suffixed)
+    reciprocal = PointwiseSpec(torch.reciprocal, torch.reciprocal)
+    sin = PointwiseSpec(torch.sin, torch.sin, printed=_float_suffixed)
+    cos = PointwiseSpec(torch.cos, torch.cos, printed=_float_suffixed)
+    tanh = PointwiseSpec(torch.tanh, torch.tanh, printed=_float_suffixed)
+    sigmoid = PointwiseSpec(torch.sigmoid, torch.sigmoid)
+    relu = PointwiseSpec(torch.relu)
+    silu = PointwiseSpec(F.silu)
+    gelu = PointwiseSpec(F.gelu)
+    gelu_tanh = PointwiseSpec(lambda x: F.gelu(x, approximate="tanh"))
+    erf = PointwiseSpec(torch.erf, torch.erf, printed=_float_suffixed)
+    logical_not = PointwiseSpec(torch.logical_not, inline="!")
+    #: ``x.to(output dtype)`` (no function: the output dtype is the attribute); printed with nvFuser's
+    #: cast names (``__half2float``).
+    cast = PointwiseSpec(None)
+
+    @property
+    def spec(self) -> PointwiseSpec:
+        return self.value
 
 
 def _true_div(a: Any, b: Any) -> Any:
@@ -105,6 +104,7 @@ def _trunc_div(a: Any, b: Any) -> Any:
 
 
 def _tensor_or_scalar(fn: Callable[[Any, Any], Any], scalar_fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A torch function that takes tensors only, extended to numbers (as 0-dim tensors) and pure scalars."""
     def apply(a: Any, b: Any) -> Any:
         if isinstance(a, torch.Tensor):
             return fn(a, b if isinstance(b, torch.Tensor) else torch.as_tensor(b, device=a.device))
@@ -114,99 +114,30 @@ def _tensor_or_scalar(fn: Callable[[Any, Any], Any], scalar_fn: Callable[[Any, A
     return apply
 
 
-BINARY_FNS: dict[str, Callable[[Any, Any], Any]] = {
-    "add": operator.add,
-    "sub": operator.sub,
-    "mul": operator.mul,
-    "div": _div,
-    "truediv": _true_div,
-    "pow": operator.pow,
-    "maximum": _tensor_or_scalar(torch.maximum, max),
-    "minimum": _tensor_or_scalar(torch.minimum, min),
-    "eq": operator.eq,
-    "ne": operator.ne,
-    "lt": operator.lt,
-    "le": operator.le,
-    "gt": operator.gt,
-    "ge": operator.ge,
-    "logical_and": _tensor_or_scalar(torch.logical_and, lambda a, b: bool(a) and bool(b)),
-    "logical_or": _tensor_or_scalar(torch.logical_or, lambda a, b: bool(a) or bool(b)),
-}
-_BINARY_OUT = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "truediv": torch.true_divide}
-_BINARY_INLINE = {"add": "+", "sub": "-", "mul": "*", "div": "/", "truediv": "/", "eq": "==", "ne": "!=",
-                  "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "logical_and": "&&", "logical_or": "||"}
+class BinaryOpType(Enum):
+    """Binary pointwise kinds (``fd.ops.<name>``), with torch's broadcasting and type promotion."""
 
+    add = PointwiseSpec(operator.add, torch.add, inline="+")
+    sub = PointwiseSpec(operator.sub, torch.sub, inline="-")
+    mul = PointwiseSpec(operator.mul, torch.mul, inline="*")
+    #: true division for floating operands, truncation for integers (decided per op from the dtypes)
+    div = PointwiseSpec(_div, inline="/")
+    truediv = PointwiseSpec(_true_div, torch.true_divide, inline="/")
+    pow = PointwiseSpec(operator.pow)
+    maximum = PointwiseSpec(_tensor_or_scalar(torch.maximum, max), printed=_fmax_or_max)
+    minimum = PointwiseSpec(_tensor_or_scalar(torch.minimum, min), printed=_fmax_or_max)
+    eq = PointwiseSpec(operator.eq, inline="==")
+    ne = PointwiseSpec(operator.ne, inline="!=")
+    lt = PointwiseSpec(operator.lt, inline="<")
+    le = PointwiseSpec(operator.le, inline="<=")
+    gt = PointwiseSpec(operator.gt, inline=">")
+    ge = PointwiseSpec(operator.ge, inline=">=")
+    logical_and = PointwiseSpec(_tensor_or_scalar(torch.logical_and, lambda a, b: bool(a) and bool(b)), inline="&&")
+    logical_or = PointwiseSpec(_tensor_or_scalar(torch.logical_or, lambda a, b: bool(a) or bool(b)), inline="||")
 
-def broadcast_checks(a: Val, b: Val) -> list[int]:
-    """Dims where both tensor operands iterate with extents not provably equal at definition, so
-    their runtime sizes must be compared."""
-    if not (isinstance(a, TensorView) and isinstance(b, TensorView)):
-        return []
-    da, db = a.get_logical_domain(no_reductions=True), b.get_logical_domain(no_reductions=True)
-    return [d for d, (x, y) in enumerate(zip(da, db, strict=True))
-            if not x.is_broadcast and not y.is_broadcast and x.extent != y.extent]
-
-
-def size_checks(operands: Sequence[Val], ka: int, kb: int) -> list[SizeCheck]:
-    """Axis pairs of two tensor operands whose runtime sizes must agree (both iterate, extents
-    not provably equal at definition)."""
-    return [(ka, d, kb, d) for d in broadcast_checks(operands[ka], operands[kb])]
-
-
-def as_numbers(number_like: tuple[int, ...], args: Sequence[Any]) -> list[Any]:
-    """``args`` with the operands at ``number_like`` viewed as 0-dim tensors again.
-
-    The frontend broadcasts a 0-dim tensor operand to the op's rank, but torch promotes a 0-dim
-    tensor like a number (``x_half * t_double_0d`` is half, computed as torch computes it): evaluating
-    on the 0-dim view keeps torch's dtypes and arithmetic exactly. The result shape is unchanged, as
-    another operand has the full rank and the 0-dim one only contributes size-1 axes.
-    """
-    return [a.reshape(()) if k in number_like and isinstance(a, torch.Tensor) else a for k, a in enumerate(args)]
-
-
-class BinaryOp(Expr):
-    op_name = "binary"
-
-    def __init__(self, fusion: Fusion, op: str, out: Val, lhs: Val, rhs: Val) -> None:
-        super().__init__(fusion, [lhs, rhs], [out])
-        self.op = op
-        self._checks = size_checks((lhs, rhs), 0, 1)
-        self._fn = BINARY_FNS[op]
-        if op == "div":  # integer or true division is decided by the operand dtypes, once
-            integral = not any(v.dtype.is_floating or v.dtype.is_complex for v in (lhs, rhs))
-            self._fn = _trunc_div if integral else _true_div
-        # torch functions with an ``out=`` overload taking a tensor first and a tensor or scalar second
-        self._out_fn = _BINARY_OUT.get("truediv" if op == "div" and self._fn is _true_div else op)
-        #: Operands that were 0-dim tensors before the frontend broadcast them (see ``as_numbers``).
-        self.number_like: tuple[int, ...] = ()
-
-    def evaluate(self, ctx: EvalContext, a: Any, b: Any) -> list[Any]:
-        if self._checks:
-            check_same_sizes(self.op, self._checks, self.defined_inputs, (a, b))
-        if self.number_like:
-            a, b = as_numbers(self.number_like, (a, b))
-        return [self._fn(a, b)]
-
-    def evaluate_into(self, ctx: EvalContext, out: Any, a: Any, b: Any) -> None:
-        """Write straight into ``out`` (e.g. a stream-loop chunk) when torch has an ``out=`` overload."""
-        if self._out_fn is None or not isinstance(a, torch.Tensor):
-            super().evaluate_into(ctx, out, a, b)
-            return
-        if self._checks:
-            check_same_sizes(self.op, self._checks, self.defined_inputs, (a, b))
-        if self.number_like:
-            a, b = as_numbers(self.number_like, (a, b))
-        self._out_fn(a, b, out=out)
-
-    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        return positional_map(producer, self.output) if isinstance(self.output, TensorView) else {}
-
-    def to_string(self, indent: int = 0) -> str:
-        lhs, rhs = self.inputs
-        pad = indent_str(indent)
-        if self.op in _BINARY_INLINE:
-            return f"{header(self.output, indent)}{lhs}\n{pad}   {_BINARY_INLINE[self.op]} {rhs};\n"
-        return f"{header(self.output, indent)}{binary_function(self.op, self.output.dtype)}({lhs},\n{pad}     {rhs});\n"
+    @property
+    def spec(self) -> PointwiseSpec:
+        return self.value
 
 
 def _where(c: Any, a: Any, b: Any) -> Any:
@@ -230,36 +161,191 @@ def _clamp(x: Any, lo: Any, hi: Any) -> Any:
     return torch.clamp(x, lo, hi)
 
 
-TERNARY_FNS: dict[str, Callable[[Any, Any, Any], Any]] = {"where": _where, "clamp": _clamp}
+class TernaryOpType(Enum):
+    """Ternary pointwise kinds: ``where(cond, a, b)`` and ``clamp(x, min, max)``."""
+
+    where = PointwiseSpec(_where)
+    clamp = PointwiseSpec(_clamp)
+
+    @property
+    def spec(self) -> PointwiseSpec:
+        return self.value
+
+
+# --- cast names ---------------------------------------------------------------------------------------
+#: Short type names used inside cast function names.
+_CAST_NAME = {
+    DataType.Float: "float", DataType.Double: "double", DataType.Half: "half", DataType.BFloat16: "bfloat",
+    DataType.Int: "int64", DataType.Int32: "int32", DataType.Bool: "bool",
+    DataType.ComplexFloat: "complex_float", DataType.ComplexDouble: "complex_double",
+}
+
+
+def cast_function(src: DataType, dst: DataType) -> str:
+    """``__half2float``-style names to and from 16-bit floats, ``__to_double``-style otherwise."""
+    reduced = {DataType.Half: "half", DataType.BFloat16: "bfloat"}
+    if src in reduced:
+        dst_name = "int" if dst is DataType.Int else _CAST_NAME[dst]
+        return f"__{reduced[src]}2{dst_name}"
+    if dst in reduced:
+        if src.is_complex:
+            return f"__real_then_2{reduced[dst]}"
+        src_name = "int" if src.is_integral else _CAST_NAME[src]
+        return f"__{src_name}2{reduced[dst]}"
+    prefix = "__real_then_to_" if src.is_complex and not dst.is_complex else "__to_"
+    return prefix + _CAST_NAME[dst]
+
+
+def function_name(kind: UnaryOpType | BinaryOpType | TernaryOpType, out: DataType) -> str:
+    """How kernel math spells a kind that is printed as a function call."""
+    printed = kind.spec.printed
+    return printed(kind.name, out) if printed is not None else kind.name
+
+
+# --- size checks ---------------------------------------------------------------------------------------
+def broadcast_checks(a: Val, b: Val) -> list[int]:
+    """Dims where both tensor operands iterate with extents not provably equal at definition, so
+    their runtime sizes must be compared."""
+    if not (a.is_tensor and b.is_tensor):
+        return []
+    da = a.get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+    db = b.get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+    return [d for d, (x, y) in enumerate(zip(da, db, strict=True))
+            if not x.is_broadcast and not y.is_broadcast and x.extent != y.extent]
+
+
+def size_checks(operands: Sequence[Val], ka: int, kb: int) -> list[SizeCheck]:
+    """Axis pairs of two tensor operands whose runtime sizes must agree (both iterate, extents
+    not provably equal at definition)."""
+    return [(ka, d, kb, d) for d in broadcast_checks(operands[ka], operands[kb])]
+
+
+def as_numbers(number_like: tuple[int, ...], args: Sequence[Any]) -> list[Any]:
+    """``args`` with the operands at ``number_like`` viewed as 0-dim tensors again.
+
+    The frontend broadcasts a 0-dim tensor operand to the op's rank, but torch promotes a 0-dim
+    tensor like a number (``x_half * t_double_0d`` is half, computed as torch computes it): evaluating
+    on the 0-dim view keeps torch's dtypes and arithmetic exactly. The result shape is unchanged, as
+    another operand has the full rank and the 0-dim one only contributes size-1 axes.
+    """
+    return [a.reshape(()) if k in number_like and isinstance(a, torch.Tensor) else a for k, a in enumerate(args)]
+
+
+def _pointwise_map(expr: Expr, producer: TensorView) -> dict[IterDomain, IterDomain]:
+    return positional_map(producer, expr.output) if expr.outputs[0].is_tensor else {}
+
+
+# --- nodes ----------------------------------------------------------------------------------------------
+class UnaryOp(Expr):
+    def __init__(self, fusion: Fusion, kind: UnaryOpType, out: Val, inp: Val) -> None:
+        super().__init__(fusion, [inp], [out])
+        self.kind = kind
+        self._fn = kind.spec.fn  # looked up once: evaluate is on the hot path
+        self._out_fn = kind.spec.out_fn
+
+    def evaluate(self, ctx: EvalContext, x: Any) -> list[Any]:
+        if self.kind is UnaryOpType.cast:
+            if isinstance(x, torch.Tensor):
+                return [x.to(self.output.dtype.torch_dtype)]
+            return [python_scalar_type(self.outputs[0].dtype)(x)]
+        fn = self._fn
+        assert fn is not None  # every kind but cast has a reference
+        if isinstance(x, torch.Tensor):
+            return [fn(x)]
+        return [fn(torch.tensor(x)).item()]  # scalar arithmetic
+
+    def evaluate_into(self, ctx: EvalContext, out: Any, x: Any) -> None:
+        """Write straight into ``out`` (e.g. a stream-loop chunk) when torch has an ``out=`` overload."""
+        if self._out_fn is not None and isinstance(x, torch.Tensor):
+            self._out_fn(x, out=out)
+        else:
+            super().evaluate_into(ctx, out, x)
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        return _pointwise_map(self, producer)
+
+    def to_string(self, indent: int = 0) -> str:
+        inp, out = self.inputs[0], self.outputs[0]
+        if self.kind is UnaryOpType.cast:
+            body = f"{cast_function(inp.dtype, out.dtype)}({inp})"
+        elif self.kind.spec.inline is not None:
+            body = f"{self.kind.spec.inline}{inp}"
+        else:
+            body = f"{function_name(self.kind, out.dtype)}({inp})"
+        return f"{header(out, indent)}{body};\n"
+
+
+class BinaryOp(Expr):
+    def __init__(self, fusion: Fusion, kind: BinaryOpType, out: Val, lhs: Val, rhs: Val) -> None:
+        super().__init__(fusion, [lhs, rhs], [out])
+        self.kind = kind
+        self._checks = size_checks((lhs, rhs), 0, 1)
+        self._fn = kind.spec.fn
+        out_fn = kind.spec.out_fn
+        if kind is BinaryOpType.div:  # integer or true division is decided by the operand dtypes, once
+            integral = not any(v.dtype.is_floating or v.dtype.is_complex for v in (lhs, rhs))
+            self._fn = _trunc_div if integral else _true_div
+            out_fn = None if integral else BinaryOpType.truediv.spec.out_fn
+        #: a torch function with an ``out=`` overload taking a tensor first and a tensor or number second
+        self._out_fn = out_fn
+        #: Operands that were 0-dim tensors before the frontend broadcast them (see ``as_numbers``).
+        self.number_like: tuple[int, ...] = ()
+
+    def evaluate(self, ctx: EvalContext, a: Any, b: Any) -> list[Any]:
+        if self._checks:
+            check_same_sizes(self.kind.name, self._checks, self.defined_inputs, (a, b))
+        if self.number_like:
+            a, b = as_numbers(self.number_like, (a, b))
+        return [self._fn(a, b)]
+
+    def evaluate_into(self, ctx: EvalContext, out: Any, a: Any, b: Any) -> None:
+        """Write straight into ``out`` (e.g. a stream-loop chunk) when torch has an ``out=`` overload."""
+        if self._out_fn is None or not isinstance(a, torch.Tensor):
+            super().evaluate_into(ctx, out, a, b)
+            return
+        if self._checks:
+            check_same_sizes(self.kind.name, self._checks, self.defined_inputs, (a, b))
+        if self.number_like:
+            a, b = as_numbers(self.number_like, (a, b))
+        self._out_fn(a, b, out=out)
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        return _pointwise_map(self, producer)
+
+    def to_string(self, indent: int = 0) -> str:
+        lhs, rhs = self.inputs
+        out = self.outputs[0]
+        pad = indent_str(indent)
+        if self.kind.spec.inline is not None:
+            return f"{header(out, indent)}{lhs}\n{pad}   {self.kind.spec.inline} {rhs};\n"
+        return f"{header(out, indent)}{function_name(self.kind, out.dtype)}({lhs},\n{pad}     {rhs});\n"
 
 
 class TernaryOp(Expr):
-    op_name = "ternary"
-
-    def __init__(self, fusion: Fusion, op: str, out: Val, a: Val, b: Val, c: Val) -> None:
+    def __init__(self, fusion: Fusion, kind: TernaryOpType, out: Val, a: Val, b: Val, c: Val) -> None:
         super().__init__(fusion, [a, b, c], [out])
-        self.op = op
+        self.kind = kind
         operands = (a, b, c)
-        tensors = [k for k, v in enumerate(operands) if isinstance(v, TensorView)]
+        tensors = [k for k, v in enumerate(operands) if v.is_tensor]
         self._checks = [s for ka, kb in itertools.combinations(tensors, 2) for s in size_checks(operands, ka, kb)]
-        self._fn = TERNARY_FNS[op]
+        self._fn = kind.spec.fn
         #: Operands that were 0-dim tensors before the frontend broadcast them (see ``as_numbers``).
         self.number_like: tuple[int, ...] = ()
 
     def evaluate(self, ctx: EvalContext, a: Any, b: Any, c: Any) -> list[Any]:
         if self._checks:
-            check_same_sizes(self.op, self._checks, self.defined_inputs, (a, b, c))
+            check_same_sizes(self.kind.name, self._checks, self.defined_inputs, (a, b, c))
         if self.number_like:
             a, b, c = as_numbers(self.number_like, (a, b, c))
         result = self._fn(a, b, c)
-        if isinstance(result, torch.Tensor) and isinstance(self.output, TensorView):
-            result = result.to(self.output.dtype.torch_dtype)
+        if isinstance(result, torch.Tensor) and self.outputs[0].is_tensor:
+            result = result.to(self.outputs[0].dtype.torch_dtype)
         return [result]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        return positional_map(producer, self.output) if isinstance(self.output, TensorView) else {}
+        return _pointwise_map(self, producer)
 
     def to_string(self, indent: int = 0) -> str:
         pad = indent_str(indent)
         a, b, c = self.inputs
-        return f"{header(self.output, indent)}{self.op}({a}\n{pad}     , {b}\n{pad}     , {c});\n"
+        return f"{header(self.outputs[0], indent)}{self.kind.name}({a}\n{pad}     , {b}\n{pad}     , {c});\n"

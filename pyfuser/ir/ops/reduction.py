@@ -1,23 +1,27 @@
-"""Reductions: sum / max / min / prod / mean and var_mean over some axes."""
+"""Reductions: sum / max / min / prod / mean and var_mean over some axes.
+
+Each reduction kind is a member of ``ReductionOpType`` whose value is its row of the table: the
+torch reference, nvFuser's printed op name and initial value, and how partial results of it
+combine across ranks (a sum of partial sums, a max of partial maxes).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pyfuser.ir.base import Expr
+from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header, int_list, positional_map
-from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
     from pyfuser.ir.iter_domain import IterDomain
-    from pyfuser.runtime.context import EvalContext
-
-#: op -> (nvFuser's printed op name, printed initial value)
-_REDUCTION_PRINT = {"sum": ("add", "0"), "prod": ("mul", "1"), "max": ("max", "-inf"),
-                    "min": ("min", "inf"), "mean": ("mean", "0")}
+    from pyfuser.ir.tensor_view import TensorView
 
 
 def _prod(x: torch.Tensor, dims: tuple[int, ...], dtype: torch.dtype | None) -> torch.Tensor:
@@ -26,44 +30,56 @@ def _prod(x: torch.Tensor, dims: tuple[int, ...], dtype: torch.dtype | None) -> 
     return x
 
 
+@dataclass(frozen=True, eq=False)
+class ReductionSpec:
+    """``fn(x, dims, dtype)``: the torch reference; ``printed`` / ``init``: nvFuser's kernel-math
+    op name and initial value; ``combine``: how partial results combine (a ``ReduceOp`` name)."""
+
+    fn: Callable[[torch.Tensor, tuple[int, ...], torch.dtype], torch.Tensor]
+    printed: str
+    init: str
+    combine: str
+
+
+class ReductionOpType(Enum):
+    sum = ReductionSpec(lambda x, dims, dtype: torch.sum(x, dims, dtype=dtype), "add", "0", "sum")
+    prod = ReductionSpec(_prod, "mul", "1", "prod")
+    max = ReductionSpec(lambda x, dims, dtype: torch.amax(x, dims).to(dtype), "max", "-inf", "max")
+    min = ReductionSpec(lambda x, dims, dtype: torch.amin(x, dims).to(dtype), "min", "inf", "min")
+    #: partial means of equal-sized shards average like sums divided by the shard count
+    mean = ReductionSpec(lambda x, dims, dtype: torch.mean(x, dims, dtype=dtype), "mean", "0", "mean")
+
+    @property
+    def spec(self) -> ReductionSpec:
+        return self.value
+
+
 class ReductionOp(Expr):
-    """``out = reduce(op, in, axes)``; ``out``'s logical domain keeps reduction IDs at ``axes``."""
+    """``out = reduce(kind, in, axes)``; ``out``'s logical domain keeps reduction IDs at ``axes``."""
 
-    op_name = "reduction"
-
-    def __init__(self, fusion: Fusion, op: str, out: TensorView, inp: TensorView, axes: list[int]) -> None:
+    def __init__(self, fusion: Fusion, kind: ReductionOpType, out: TensorView, inp: TensorView,
+                 axes: list[int]) -> None:
         super().__init__(fusion, [inp], [out])
-        self.op = op
+        self.kind = kind
         self.axes = tuple(sorted(axes))
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         dtype = self.output.dtype.torch_dtype
-        axes = self.axes
-        if not axes:
+        if not self.axes:
             return [x.to(dtype)]
-        if self.op == "sum":
-            return [torch.sum(x, axes, dtype=dtype)]
-        if self.op == "mean":
-            return [torch.mean(x, axes, dtype=dtype)]
-        if self.op == "max":
-            return [torch.amax(x, axes).to(dtype)]
-        if self.op == "min":
-            return [torch.amin(x, axes).to(dtype)]
-        return [_prod(x, axes, dtype)]
+        return [self.kind.spec.fn(x, self.axes, dtype)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output)
 
     def to_string(self, indent: int = 0) -> str:
-        name, init = _REDUCTION_PRINT[self.op]
-        return (f"{header(self.output, indent)}reduction( {self.inputs[0]}, op = {name}, "
-                f"initial value = {self.output.dtype.value}({init}), allreduce = false )\n")
+        spec = self.kind.spec
+        return (f"{header(self.output, indent)}reduction( {self.inputs[0]}, op = {spec.printed}, "
+                f"initial value = {self.output.dtype.value}({spec.init}), allreduce = false )\n")
 
 
 class VarMeanOp(Expr):
     """``var, mean = var_mean(in, axes, correction)``; both outputs keep reduction IDs."""
-
-    op_name = "var_mean"
 
     def __init__(self, fusion: Fusion, var: TensorView, mean: TensorView, inp: TensorView,
                  axes: list[int], correction: int) -> None:

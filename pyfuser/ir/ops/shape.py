@@ -4,44 +4,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from pyfuser.ir.base import Expr, Val
-from pyfuser.ir.ops.common import (
-    bool_flags,
-    call_string,
-    check_same_sizes,
-    header,
-    int_list,
-    positional_map,
-    unproven_equal,
-)
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.ops.common import bool_flags, call_string, header, int_list, positional_map
 from pyfuser.ir.symbolic import SymExpr
-from pyfuser.ir.tensor_domain import TensorDomain
-from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
     from pyfuser.ir.iter_domain import IterDomain
-    from pyfuser.runtime.context import EvalContext
+    from pyfuser.ir.tensor_view import TensorView
 
 
-def new_like(tv: TensorView) -> TensorView:
-    """A fresh local tensor with ``tv``'s logical shape (reductions dropped) and dtype."""
-    logical = [i.clone() for i in tv.get_logical_domain(no_reductions=True)]
-    return TensorView(tv.fusion, TensorDomain(logical), tv.dtype)
+class LoadStoreOpType(Enum):
+    """The copy kinds; the value is the printed name."""
+
+    #: a copy; schedulers pick where it lives
+    set = "Set"
+    #: a copy that also forces a segment boundary
+    segment_set = "SegmenterSet"
 
 
 class LoadStoreOp(Expr):
-    """``set`` (a copy; schedulers pick where it lives) or ``segment_set`` (a copy that also
-    forces a segment boundary)."""
+    """``out = in`` (a copy). Between tensors of different meshes or shardings it is a communication."""
 
-    op_name = "set"
-
-    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, kind: str = "set") -> None:
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView,
+                 kind: LoadStoreOpType = LoadStoreOpType.set) -> None:
         super().__init__(fusion, [inp], [out])
         self.kind = kind
 
@@ -52,18 +45,12 @@ class LoadStoreOp(Expr):
         return positional_map(producer, self.output)
 
     def to_string(self, indent: int = 0) -> str:
-        name = "Set" if self.kind == "set" else "SegmenterSet"
-        return f"{header(self.output, indent)}{name}( {self.inputs[0]}, cache_op=Streaming )\n"
-
-
-def set_op(inp: TensorView, out: TensorView, kind: str = "set") -> LoadStoreOp:
-    return LoadStoreOp(inp.fusion, out, inp, kind)
+        return f"{header(self.output, indent)}{self.kind.value}( {self.inputs[0]}, cache_op=Streaming )\n"
 
 
 class BroadcastOp(Expr):
     """Insert size-1 broadcast axes where ``flags`` (one per output axis) is True."""
 
-    op_name = "broadcast"
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, flags: Sequence[bool]) -> None:
         super().__init__(fusion, [inp], [out])
@@ -83,7 +70,6 @@ class BroadcastOp(Expr):
 class SqueezeOp(Expr):
     """Remove size-1 axes where ``flags`` (one per input axis) is True."""
 
-    op_name = "squeeze"
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, flags: Sequence[bool]) -> None:
         super().__init__(fusion, [inp], [out])
@@ -110,7 +96,6 @@ class SqueezeOp(Expr):
 class ExpandOp(Expr):
     """Expand broadcast axes to the output's extents (a stride-0 view)."""
 
-    op_name = "expand"
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView,
                  size_checks: Sequence[tuple[int, SymExpr]] = ()) -> None:
@@ -155,7 +140,6 @@ class ExpandOp(Expr):
 class PermuteOp(Expr):
     """``out`` axis i is ``in`` axis ``dims[i]``."""
 
-    op_name = "permute"
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, dims: Sequence[int]) -> None:
         super().__init__(fusion, [inp], [out])
@@ -175,7 +159,6 @@ class PermuteOp(Expr):
 class ReshapeOp(Expr):
     """Reshape to the output's logical extents (evaluated from bound sizes)."""
 
-    op_name = "reshape"
     chunkable = False
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView) -> None:
@@ -201,7 +184,6 @@ class ReshapeOp(Expr):
 class SliceOp(Expr):
     """Slice each axis by ``(start, stop, step)``, already normalized to ``0 <= start <= stop <= extent``."""
 
-    op_name = "slice"
     chunkable = False
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView,
@@ -228,7 +210,6 @@ class SliceOp(Expr):
 
 
 class CatOp(Expr):
-    op_name = "cat"
     chunkable = False
 
     def __init__(self, fusion: Fusion, out: TensorView, inputs: Sequence[TensorView], dim: int) -> None:
@@ -254,7 +235,6 @@ class CatOp(Expr):
 class PadOp(Expr):
     """Constant padding; ``widths`` in torch's ``F.pad`` order (last axis first)."""
 
-    op_name = "pad"
     chunkable = False
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, widths: Sequence[SymExpr],
@@ -274,3 +254,41 @@ class PadOp(Expr):
 
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "pad", self.inputs[:1], f"{int_list(self.widths)}, {self.inputs[1]}", indent)
+
+
+# --- runtime size checks ---------------------------------------------------------------------------
+#: ``(operand, axis, other operand, other axis)``: two operand axes whose runtime sizes must agree.
+SizeCheck = tuple[int, int, int, int]
+
+
+def describe_axis(val: Any, axis: int) -> str:
+    """``T1 axis 0`` for axis ``axis`` of ``val``, seen through broadcasts that fd.ops inserted
+    (so a runtime error names the tensor the user defined, not an internal one)."""
+    while isinstance(val.definition, BroadcastOp) and not val.is_fusion_input:
+        flags = val.definition.flags
+        if flags[axis]:
+            break
+        axis -= sum(flags[:axis])
+        val = val.definition.inputs[0]
+    return f"{val.short_name} axis {axis}"
+
+
+def unproven_equal(operands: Sequence[Any], ka: int, da: int, kb: int, db: int) -> list[SizeCheck]:
+    """``[(ka, da, kb, db)]`` when those operand axes must match but their extents are not provably
+    equal at definition (so the sizes are compared at execution)."""
+    ia = operands[ka].get_logical_domain(no_reductions=True)[da]
+    ib = operands[kb].get_logical_domain(no_reductions=True)[db]
+    if ia.is_broadcast or ib.is_broadcast or ia.extent == ib.extent:
+        return []
+    return [(ka, da, kb, db)]
+
+
+def check_same_sizes(op: str, checks: Sequence[SizeCheck], operands: Sequence[Any], args: Sequence[Any]) -> None:
+    """Raise ValueError naming both tensors and axes when runtime sizes of a check differ.
+    Index-based, so it costs a few tuple lookups per execution."""
+    for ka, da, kb, db in checks:
+        sa, sb = args[ka].shape[da], args[kb].shape[db]
+        if sa != sb:
+            raise ValueError(f"{op}: {describe_axis(operands[ka], da)} has size {sa} but "
+                             f"{describe_axis(operands[kb], db)} has size {sb}; they must be equal "
+                             "(declare an axis with size 1 to broadcast it)")

@@ -1,4 +1,4 @@
-"""How a TensorView is sharded over its DeviceMesh, and moving between global and local shapes.
+"""How a TensorView is sharded over its DeviceMesh, and the local (per-rank) shapes that follow.
 
 Semantics (global SPMD): shapes in a definition are global. A logical axis is *sharded* on a device
 parallel type ``P`` when the tensor's allocation domain (or, when the allocation domain has no device
@@ -18,12 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import torch
-
+from pyfuser.ir.base import Expr
+from pyfuser.ir.device_mesh import DeviceMesh
+from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType, Split
+from pyfuser.ir.ops import LoadStoreOp
 from pyfuser.ir.symbolic import SymExpr
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.multidevice.device_mesh import DeviceMesh
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,28 +87,6 @@ def sharding_of(tv: TensorView) -> Sharding:
     return Sharding(tv.device_mesh, axes)
 
 
-def shard(tv: TensorView, axes: Mapping[int, ParallelType]) -> None:
-    """Make ``tv`` sharded on ``axes`` (logical positions) by outer-splitting its loop IDs by the mesh size.
-
-    ``tv`` must have a mesh and an unparallelized loop domain equal to its logical domain on those axes.
-    """
-    mesh = tv.device_mesh
-    if mesh is None:
-        raise ValueError(f"{tv.short_name} has no device mesh to shard over")
-    logical = tv.get_logical_domain()
-    for axis, ptype in sorted(axes.items(), reverse=True):
-        target = logical[axis]
-        pos = tv.loop_position(target)
-        if pos < 0:
-            raise ValueError(f"{tv.short_name} axis {axis} ({target}) is not in the loop domain; cannot shard it")
-        size = mesh.size_of(ptype)
-        if target.extent.value == size and not target.is_reduction:
-            target.parallelize(ptype)
-        else:
-            tv.outer_split(pos, size)
-            tv.axis(pos).parallelize(ptype)
-
-
 # --- local shapes ------------------------------------------------------------------------------------
 def local_extent(global_extent: int, tv: TensorView, axis: int, ptype: ParallelType) -> int:
     mesh = tv.device_mesh
@@ -133,34 +112,7 @@ def local_sizes(tv: TensorView, env: Mapping[str, int]) -> list[int]:
     return sizes
 
 
-def shard_tensor(tensor: torch.Tensor, tv: TensorView, rank: int | None = None) -> torch.Tensor:
-    """A full (global) tensor -> ``rank``'s (default: this process') shard, by ``tv``'s mesh and sharding."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"shard_tensor expects a torch.Tensor, got {type(tensor).__name__}")
-    sharding = sharding_of(tv)
-    if tensor.dim() != tv.ndim:
-        raise ValueError(f"shard_tensor: {tv.short_name} has rank {tv.ndim} but the tensor has rank {tensor.dim()}")
-    if not sharding.is_sharded:
-        return tensor
-    if rank is None:
-        from pyfuser.multidevice.communicator import Communicator
-
-        rank = Communicator.instance().rank()
-    mesh = sharding.mesh
-    if mesh is None or rank not in mesh:
-        raise ValueError(f"shard_tensor: rank {rank} is not in {tv.short_name}'s {mesh}; it holds no shard")
-    dims = _non_reduction_dims(tv)
-    for axis, ptype in sharding.axes.items():
-        dim = dims[axis]
-        if dim is None:
-            continue
-        parts = mesh.size_of(ptype)
-        local_extent(tensor.shape[dim], tv, axis, ptype)  # divisibility check with a clear message
-        tensor = tensor.chunk(parts, dim)[mesh.index(rank, ptype)]
-    return tensor.contiguous()
-
-
-def _non_reduction_dims(tv: TensorView) -> dict[int, int | None]:
+def non_reduction_dims(tv: TensorView) -> dict[int, int | None]:
     """Logical position -> dim of the materialized tensor (None for reduction IDs)."""
     result: dict[int, int | None] = {}
     dim = 0
@@ -175,7 +127,7 @@ def _non_reduction_dims(tv: TensorView) -> dict[int, int | None]:
 
 def tensor_dim(tv: TensorView, axis: int) -> int:
     """Dim of the materialized tensor for logical position ``axis`` (a non-reduction ID)."""
-    dim = _non_reduction_dims(tv)[axis]
+    dim = non_reduction_dims(tv)[axis]
     if dim is None:
         raise ValueError(f"{tv.short_name} axis {axis} is a reduction ID and has no tensor dim")
     return dim
@@ -198,3 +150,43 @@ def local_extents(tv: TensorView) -> list[SymExpr]:
     """Symbolic extents of this rank's piece of ``tv`` (reductions dropped)."""
     ids = tv.get_logical_domain(no_reductions=True)
     return [i.extent if f == 1 else i.extent // f for i, f in zip(ids, shard_factors(tv), strict=True)]
+
+
+def local_static_size(tv: TensorView, axis: int) -> int | None:
+    """The size this rank's shard of ``tv`` has along non-reduction ``axis``, when known before execution."""
+    i = tv.get_logical_domain(no_reductions=True)[axis]
+    factor = shard_factors(tv)[axis]
+    if factor == 1:
+        return i.extent.value
+    if i.is_device_dim:
+        return 1  # the logical ID itself is parallelized: one element per rank
+    extent = i.extent.value
+    if extent is not None and extent % factor:
+        raise ValueError(f"{tv.short_name} axis {axis} has extent {extent}, which is not divisible by the {factor} "
+                         f"ranks of {tv.device_mesh} it is sharded over")
+    return None if extent is None else extent // factor
+
+
+def is_multidevice(fusion: Fusion) -> bool:
+    return any(tv.device_mesh is not None for tv in fusion.tensors())
+
+
+def check_meshes_fit(fusion: Fusion, world_size: int) -> None:
+    """ValueError when a tensor's mesh names a rank the launcher did not start."""
+    for tv in fusion.tensors():
+        mesh = tv.device_mesh
+        if mesh is not None and mesh.max_rank() >= world_size:
+            raise ValueError(f"{tv.short_name} is on {mesh}, which needs rank {mesh.max_rank()}, but the world has "
+                             f"only {world_size} processes (ranks 0..{world_size - 1}); launch more processes or "
+                             "use a smaller mesh")
+
+
+def is_resharding(expr: Expr) -> bool:
+    """Whether ``expr`` moves data between ranks: a ``set`` whose input and output differ in mesh or
+    sharding. After ``decompose_resharding`` every other expr runs on local shards."""
+    if not isinstance(expr, LoadStoreOp) or len(expr.tensor_inputs) != 1:
+        return False
+    producer, consumer = expr.tensor_inputs[0], expr.output
+    if producer.device_mesh is None or consumer.device_mesh is None:
+        return False
+    return sharding_of(producer) != sharding_of(consumer)

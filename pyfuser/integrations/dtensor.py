@@ -18,10 +18,10 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
 from pyfuser.frontend import FusionDefinition
+from pyfuser.ir.analysis.sharding import sharding_of, tensor_dim
+from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.multidevice.device_mesh import DeviceMesh
-from pyfuser.multidevice.sharding import shard, sharding_of, tensor_dim
-from pyfuser.preseg.propagate_shardings import propagate_shardings
+from pyfuser.preseg.propagate_shardings import propagate_shardings, shard
 
 PlacementKey = tuple[tuple[str, ...], ...]
 

@@ -9,6 +9,7 @@ they are chunked by the same chain of splits.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,6 +61,24 @@ def _dim_of(tv: TensorView, logical: IterDomain) -> int:
     raise ValueError(f"{tv.short_name}: {logical} is not a non-reduction logical ID of the tensor")
 
 
+def walk_outer_splits(node: IterDomain, logical: Sequence[IterDomain]) -> tuple[IterDomain, list[Split]]:
+    """Follow ``node`` back through the splits whose *outer* output it is, to a logical ID.
+
+    Returns the ID reached and the splits crossed, outermost (the one producing ``node``) last. The
+    walk stops early at a transform that is not such a split (a merge, an inner output): then the ID
+    returned is not in ``logical`` and its ``definition`` says why.
+    """
+    logical_ids = {id(i) for i in logical}
+    splits: list[Split] = []
+    while id(node) not in logical_ids:
+        definition = node.definition
+        if not (isinstance(definition, Split) and definition.outer is node):
+            break
+        splits.append(definition)
+        node = definition.in_id
+    return node, splits[::-1]
+
+
 def stream_axis_of(tv: TensorView) -> StreamAxis | None:
     """The stream chunking ``tv``'s loop domain asks for, or None; ValueError when it cannot be one."""
     loop = tv.get_loop_domain()
@@ -77,18 +96,16 @@ def stream_axis_of(tv: TensorView) -> StreamAxis | None:
                          "reduction: parallelize an iteration axis instead")
     if sid.is_broadcast:
         raise ValueError(f"{where} is a broadcast ID parallelized on stream; parallelize an iteration axis")
-    logical_ids = {id(i) for i in tv.get_logical_domain()}
-    node, splits, chunk = sid, [], SymConst(1)
-    while id(node) not in logical_ids:
-        definition = node.definition
-        if not (isinstance(definition, Split) and definition.outer is node):
-            how = "the inner output of a split" if isinstance(definition, Split) else "produced by a merge"
-            raise ValueError(f"{where} is {how}; a stream loop iterates over contiguous chunks of one logical "
-                             "axis: parallelize a logical ID or the outer output of a split")
-        splits.append((definition.factor, definition.inner_split))
-        chunk = definition.inner.extent * chunk
-        node = definition.in_id
-    return StreamAxis(tv, node, sid, chunk, sid.extent, tuple(reversed(splits)))
+    logical = tv.get_logical_domain()
+    node, splits = walk_outer_splits(sid, logical)
+    if all(node is not i for i in logical):
+        how = "the inner output of a split" if isinstance(node.definition, Split) else "produced by a merge"
+        raise ValueError(f"{where} is {how}; a stream loop iterates over contiguous chunks of one logical "
+                         "axis: parallelize a logical ID or the outer output of a split")
+    chunk: SymExpr = SymConst(1)
+    for split in reversed(splits):
+        chunk = split.inner.extent * chunk
+    return StreamAxis(tv, node, sid, chunk, sid.extent, tuple((s.factor, s.inner_split) for s in splits))
 
 
 def producer_id(expr: Expr, producer: TensorView, consumer_id: IterDomain) -> IterDomain | None:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from pyfuser.ir.analysis.sharding import Sharding, sharding_of, tensor_dim
+from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import LoadStoreOp, ReductionOp
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.multidevice.device_mesh import DeviceMesh
-from pyfuser.multidevice.sharding import Sharding, sharding_of, tensor_dim
 
 
 class CommunicationType(Enum):
@@ -63,7 +63,7 @@ def reduce_op_of(tv: TensorView) -> str:
     """How partial results of ``tv`` combine: the op of the reduction that produced them."""
     definition = tv.definition
     if isinstance(definition, ReductionOp):
-        return definition.op
+        return definition.kind.spec.combine
     return "sum"  # linear / matmul contractions
 
 

@@ -10,50 +10,14 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from pyfuser.options import LaunchInfo
+
 #: Default collective timeout in seconds; override with ``PYFUSER_DIST_TIMEOUT``.
 DEFAULT_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchInfo:
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    master_addr: str
-    master_port: int
-
-    @staticmethod
-    def from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> LaunchInfo:
-        """Read torchrun's ``RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE`` or mpirun's ``OMPI_COMM_WORLD_*``;
-        a process started by neither is rank 0 of a world of 1."""
-        def get(*names: str, default: str) -> str:
-            for name in names:
-                if name in env:
-                    return env[name]
-            return default
-
-        values = {
-            "rank": get("RANK", "OMPI_COMM_WORLD_RANK", default="0"),
-            "size": get("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", default="1"),
-            "local_rank": get("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default="0"),
-            "local_size": get("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default="1"),
-            "master_port": get("MASTER_PORT", default="29500"),
-        }
-        parsed: dict[str, int] = {}
-        for key, raw in values.items():
-            try:
-                parsed[key] = int(raw)
-            except ValueError:
-                raise ValueError(f"launcher environment: {key} must be an integer, got {raw!r}") from None
-        if not 0 <= parsed["rank"] < parsed["size"]:
-            raise ValueError(f"launcher environment: rank {parsed['rank']} is outside a world of size {parsed['size']}")
-        return LaunchInfo(master_addr=get("MASTER_ADDR", default="127.0.0.1"), **parsed)
 
 
 class Communicator:

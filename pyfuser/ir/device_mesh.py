@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.options import LaunchInfo
 
 #: Device parallel types, innermost mesh axis first: ``mesh_x`` binds the last mesh axis, ``mesh_y``
 #: the one before it, so a 1-D mesh is always ``mesh_x`` and a ``[dp, tp]`` mesh is ``[mesh_y, mesh_x]``.
@@ -132,9 +133,7 @@ class DeviceMesh:
         """``rank``'s (default: this process') contiguous shard of ``tensor`` along ``dim``, split over
         the mesh axis ``ptype`` binds."""
         if rank is None:
-            from pyfuser.multidevice.communicator import Communicator
-
-            rank = Communicator.instance().rank()
+            rank = LaunchInfo.from_env().rank
         if not -tensor.dim() <= dim < tensor.dim():
             raise ValueError(f"shard_tensor: dim {dim} is out of range for a tensor of rank {tensor.dim()}")
         dim %= tensor.dim()

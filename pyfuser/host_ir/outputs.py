@@ -1,4 +1,4 @@
-"""Giving fusion outputs (and host-allocated buffers) the layout their allocation domain asks for."""
+"""Giving fusion outputs the layout their allocation domain asks for."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pyfuser.ir.domain_replay import logical_order
+from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.layout import allocation_permutation, dense_strides
+from pyfuser.ir.layout import dense_strides
 from pyfuser.ir.tensor_view import TensorView
 
 
@@ -21,17 +21,10 @@ class OutputLayout:
 
     @staticmethod
     def of(fusion: Fusion, tv: TensorView) -> OutputLayout:
-        required = fusion.get_output_stride_order(tv)
-        if required is not None:
-            return OutputLayout(tuple(allocation_permutation(required)), True)
-        logical = tv.get_logical_domain(no_reductions=True)
-        if not tv.has_allocation_domain():
-            return OutputLayout(tuple(range(len(logical))), False)
         # A required or hinted allocation alike: a hint is the layout the executor produces unless
-        # a later stage replaced it. A sharded allocation ([mesh, i0/d, i1]) reads as its logical order.
-        position = {id(i): d for d, i in enumerate(logical)}
-        order = [i for i in logical_order(tv) if not i.is_reduction]
-        return OutputLayout(tuple(position[id(i)] for i in order), tv.allocation_is_required)
+        # a later stage replaced it.
+        required = fusion.get_output_stride_order(tv) is not None or tv.allocation_is_required
+        return OutputLayout(allocation_perm(fusion, tv), required)
 
     def empty(self, sizes: torch.Size | list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty_strided(sizes, dense_strides(sizes, self.perm), dtype=dtype, device=device)
@@ -52,9 +45,3 @@ class OutputLayout:
         out = self.empty(result.shape, result.dtype, result.device)
         out.copy_(result)
         return out
-
-
-def allocation_perm(fusion: Fusion, tv: TensorView) -> tuple[int, ...]:
-    """Allocation order (logical dims, outermost first) of a buffer the host allocates for ``tv``:
-    a required output stride order, else its allocation domain, else row-major."""
-    return OutputLayout.of(fusion, tv).perm

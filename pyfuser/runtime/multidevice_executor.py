@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
+from pyfuser.comm.communicator import Communicator
+from pyfuser.ir.analysis.sharding import check_meshes_fit
 from pyfuser.ir.fusion import Fusion
-from pyfuser.multidevice.communicator import Communicator
 from pyfuser.runtime.executor import FusionExecutorCache
 
 
@@ -53,12 +54,3 @@ class MultiDeviceExecutor:
             raise ValueError("MultiDeviceExecutor.host_ir: run the executor once first")
         return str(program)
 
-
-def check_meshes_fit(fusion: Fusion, world_size: int) -> None:
-    """ValueError when a tensor's mesh names a rank the launcher did not start."""
-    for tv in fusion.tensors():
-        mesh = tv.device_mesh
-        if mesh is not None and mesh.max_rank() >= world_size:
-            raise ValueError(f"{tv.short_name} is on {mesh}, which needs rank {mesh.max_rank()}, but the world has "
-                             f"only {world_size} processes (ranks 0..{world_size - 1}); launch more processes or "
-                             "use a smaller mesh")

@@ -1,6 +1,7 @@
-"""torch's type promotion for fd.ops: an op's result dtype is found by running its torch reference
-on one-element CPU tensors, so definition-time dtypes (and rejections) match execution exactly.
-Meta tensors would be cheaper but skip some of torch's checks (``tensor - True`` passes on meta)."""
+"""The output dtype rule of every op kind: torch's type promotion, found by running the kind's torch
+reference on one-element CPU tensors, so definition-time dtypes (and rejections) match execution
+exactly. Meta tensors would be cheaper but skip some of torch's checks (``tensor - True`` passes on
+meta)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import torch
 
 from pyfuser.ir.base import Val
 from pyfuser.ir.dtypes import DataType, data_type_of_python, python_scalar_type
-from pyfuser.ir.tensor_view import TensorView
 
 _PROBE_VALUES = {bool: True, int: 3, float: 1.5, complex: 1.5 + 0.5j}
 
@@ -23,9 +23,9 @@ def _dtype_of(x: Val | complex) -> DataType:
 def _probe(val: Val | complex) -> Any:
     if not isinstance(val, Val):
         return val
-    if isinstance(val, TensorView):
+    if val.is_tensor:
         # Real rank: a 0-dim tensor promotes like a number in torch, at definition as at execution.
-        return torch.ones((1,) * val.ndim, dtype=val.dtype.torch_dtype)
+        return torch.ones((1,) * val.ndim, dtype=val.dtype.torch_dtype)  # type: ignore[attr-defined]
     return _PROBE_VALUES[python_scalar_type(val.dtype)]
 
 

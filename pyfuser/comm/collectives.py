@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pyfuser.multidevice.comm_plan import CommPlan, CommunicationType
+from pyfuser.comm.comm_plan import CommPlan, CommunicationType
 
 # torch >= 2.13 names the flat-tensor collectives ``*_single`` (the old names warn); older builds lack them.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

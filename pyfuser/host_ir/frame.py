@@ -1,0 +1,88 @@
+"""What the evaluator and the step builders share: the runtime frame of one execution, the
+compile-time context a builder sees, and the CUDA stream state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from pyfuser.host_ir.nodes import HostNode, HostVal
+from pyfuser.ir.eval_context import EvalContext
+
+
+class Frame:
+    """Runtime state of one execution: value slots, the eval context and the stream runtime."""
+
+    __slots__ = ("ctx", "streams", "values")
+
+    def __init__(self, values: list[Any], ctx: EvalContext, streams: CudaStreams | None) -> None:
+        self.values = values
+        self.ctx = ctx
+        self.streams = streams
+
+
+Step = Callable[[Frame], None]
+
+
+class CompileContext(Protocol):
+    """What a step builder sees while turning a node into a step (implemented by the evaluator)."""
+
+    device: torch.device
+
+    def slot(self, val: HostVal | Hashable) -> int:
+        """The value slot of ``val`` (a Val, a host value, or a private key like a loop's chunk bounds)."""
+        ...
+
+    def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]: ...
+
+
+#: Builds the step of one node (None: nothing to do at run time on ``cc.device``).
+StepBuilder = Callable[[Any, CompileContext], Step | None]
+
+
+@dataclass(frozen=True)
+class RuntimeSlot:
+    """Key of a value the evaluator binds per execution rather than a node computing it."""
+
+    name: str
+
+
+#: Slot holding the bound ``numberOfStreams`` (the worker-pool size).
+NUMBER_OF_STREAMS_SLOT = RuntimeSlot("numberOfStreams")
+
+class CudaStreams:
+    """Current stream tracking and ring-buffer slot events for one execution."""
+
+    __slots__ = ("current", "pool", "slot_events", "slot_streams")
+
+    def __init__(self, pool: list[torch.cuda.Stream], current: torch.cuda.Stream,
+                 slot_events: dict[tuple[int, int], torch.cuda.Event]) -> None:
+        self.pool = pool
+        self.current = current
+        self.slot_events = slot_events
+        self.slot_streams: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+    def set(self, stream: torch.cuda.Stream) -> None:
+        if stream != self.current:
+            torch.cuda.set_stream(stream)
+            self.current = stream
+
+    def worker(self, index: int) -> torch.cuda.Stream:
+        return self.pool[index % len(self.pool)]
+
+    def wait_slot(self, key: object, index: int) -> None:
+        slot = (id(key), index % len(self.pool))
+        last = self.slot_streams.get(slot)
+        if last is not None and last != self.current:
+            self.current.wait_event(self.slot_events[slot])
+
+    def release_slot(self, key: object, index: int) -> None:
+        slot = (id(key), index % len(self.pool))
+        event = self.slot_events.get(slot)
+        if event is None:
+            event = self.slot_events[slot] = torch.cuda.Event()
+        event.record(self.current)
+        self.slot_streams[slot] = self.current

@@ -1,0 +1,277 @@
+"""Step builders of the core Host IR nodes: what each does at run time, on torch.
+
+Each builder precomputes everything it can (slots, shapes, functions) and returns a closure
+``step(frame)`` that the evaluator calls per execution (per iteration inside a loop), or None when
+the node does nothing on ``cc.device`` (stream nodes on CPU).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CompileContext, Frame, Step, StepBuilder
+from pyfuser.host_ir.nodes import (
+    Allocate,
+    AtenCall,
+    Deallocate,
+    ForLoop,
+    HirAliasSelect,
+    HostStream,
+    LaunchKernel,
+    LoopIndex,
+    NotOnThisRank,
+)
+from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotRelease, SlotWait, Synchronize
+from pyfuser.ir.layout import dense_strides
+
+
+@dataclass(frozen=True)
+class _ChunkSlot:
+    """Key of a per-iteration integer a loop keeps for its selects (chunk begin / length / size)."""
+
+    index: LoopIndex
+    what: str
+
+
+def build_allocate(node: Allocate, cc: CompileContext) -> Step:
+    out, shape, perm = cc.slot(node.tv), node.shape, node.perm
+    dtype, device, zero_init = node.tv.dtype.torch_dtype, cc.device, node.zero_init
+
+    def step(frame: Frame) -> None:
+        sizes = [e.evaluate(frame.ctx.env) for e in shape]
+        buffer = torch.empty_strided(sizes, dense_strides(sizes, perm), dtype=dtype, device=device)
+        frame.values[out] = buffer.zero_() if zero_init else buffer
+
+    return step
+
+
+def build_deallocate(node: Deallocate, cc: CompileContext) -> Step:
+    slot = cc.slot(node.tv)
+
+    def step(frame: Frame) -> None:
+        frame.values[slot] = None
+
+    return step
+
+
+def build_aten_call(node: AtenCall, cc: CompileContext) -> Step:
+    expr = node.expr
+    ins = [cc.slot(v) for v in node.inputs]
+    outs = [cc.slot(v) for v in node.outputs]
+    if node.into and len(outs) == 1:
+        (out,) = outs
+        evaluate_into = expr.evaluate_into
+        if len(ins) == 1:  # the common shapes of a stream-loop body, without building an arg list
+            (a,) = ins
+            return lambda frame: evaluate_into(frame.ctx, frame.values[out], frame.values[a])
+        if len(ins) == 2:
+            a, b = ins
+
+            def step_into2(frame: Frame) -> None:
+                values = frame.values
+                evaluate_into(frame.ctx, values[out], values[a], values[b])
+
+            return step_into2
+
+        def step_into(frame: Frame) -> None:
+            values = frame.values
+            evaluate_into(frame.ctx, values[out], *[values[i] for i in ins])
+
+        return step_into
+    evaluate, into = expr.evaluate, node.into
+    if not into and len(outs) == 1 and len(ins) <= 2:
+        # The common straight-line shapes, without building argument lists or looping over results.
+        (o,) = outs
+        if len(ins) == 1:
+            (a,) = ins
+
+            def step_unary(frame: Frame) -> None:
+                values = frame.values
+                values[o] = evaluate(frame.ctx, values[a])[0]
+
+            return step_unary
+        if len(ins) == 2:
+            a, b = ins
+
+            def step_binary(frame: Frame) -> None:
+                values = frame.values
+                values[o] = evaluate(frame.ctx, values[a], values[b])[0]
+
+            return step_binary
+
+    def step(frame: Frame) -> None:
+        values = frame.values
+        results = evaluate(frame.ctx, *[values[i] for i in ins])
+        for o, r in zip(outs, results, strict=True):
+            if into:
+                values[o].copy_(r)
+            else:
+                values[o] = r
+
+    return step
+
+
+def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
+    run = node.segment.run
+    ins = [cc.slot(v) for v in node.inputs]
+    outs = [cc.slot(v) for v in node.outputs]
+
+    def step(frame: Frame) -> None:
+        values = frame.values
+        for o, r in zip(outs, run(frame.ctx, *[values[i] for i in ins]), strict=True):
+            values[o] = r
+
+    return step
+
+
+def build_not_on_this_rank(node: NotOnThisRank, cc: CompileContext) -> Step:
+    slot, dtype, device, shape = cc.slot(node.tv), node.tv.dtype.torch_dtype, cc.device, [0] * node.tv.ndim
+
+    def step(frame: Frame) -> None:
+        frame.values[slot] = torch.empty(shape, dtype=dtype, device=device)
+
+    return step
+
+
+def build_for_loop(node: ForLoop, cc: CompileContext) -> Step | None:
+    # Selects only create views of buffers that exist before the loop, so each iteration makes
+    # all of them up front in one pass instead of one step each (same result, less overhead).
+    selects = [n for n in node.body if isinstance(n, HirAliasSelect) and n.index is node.index]
+    body = cc.compile_body([n for n in node.body if not any(n is s for s in selects)])
+    if not body:
+        return None  # e.g. a join loop of stream syncs on CPU
+    index = node.index
+    views = [(cc.slot(n.src), cc.slot(n.out), n.dim, n.ring) for n in selects]
+    idx, begin, length, chunk, slots = (cc.slot(index), cc.slot(_ChunkSlot(index, "begin")),
+                                        cc.slot(_ChunkSlot(index, "length")),
+                                        cc.slot(_ChunkSlot(index, "chunk")), cc.slot(NUMBER_OF_STREAMS_SLOT))
+    start, stop, extent, chunk_expr = node.start, node.stop, index.extent, index.chunk
+
+    def step(frame: Frame) -> None:
+        env, values = frame.ctx.env, frame.values
+        n, size, ring_slots = extent.evaluate(env), chunk_expr.evaluate(env), values[slots]
+        values[chunk] = size
+        for i in range(start.evaluate(env), stop.evaluate(env)):
+            first = i * size
+            count = min(size, n - first)
+            if count <= 0:
+                continue
+            values[idx], values[begin], values[length] = i, first, count
+            ring_first = (i % ring_slots) * size
+            for src, out, dim, ring in views:
+                values[out] = values[src].narrow(dim, ring_first if ring else first, count)
+            for s in body:
+                s(frame)
+
+    return step
+
+
+def build_alias_select(node: HirAliasSelect, cc: CompileContext) -> Step:
+    """A select outside its loop's own body (a loop fuses the selects of its index itself)."""
+    src, out, dim = cc.slot(node.src), cc.slot(node.out), node.dim
+    begin, length = cc.slot(_ChunkSlot(node.index, "begin")), cc.slot(_ChunkSlot(node.index, "length"))
+    if not node.ring:
+        def step(frame: Frame) -> None:
+            values = frame.values
+            values[out] = values[src].narrow(dim, values[begin], values[length])
+
+        return step
+    idx, chunk = cc.slot(node.index), cc.slot(_ChunkSlot(node.index, "chunk"))
+    slots = cc.slot(NUMBER_OF_STREAMS_SLOT)
+
+    def ring_step(frame: Frame) -> None:
+        values = frame.values
+        first = (values[idx] % values[slots]) * values[chunk]
+        values[out] = values[src].narrow(dim, first, values[length])
+
+    return ring_step
+
+
+# --- streams -------------------------------------------------------------------------------------------
+def _stream_resolver(cc: CompileContext, stream: HostStream) -> Callable[[Frame], Any]:
+    if stream.index is None:
+        slot = cc.slot(stream)
+        return lambda frame: frame.values[slot]
+    idx = cc.slot(stream.index)
+    return lambda frame: frame.streams.worker(frame.values[idx])  # type: ignore[union-attr]
+
+
+def build_get_current_stream(node: GetCurrentStream, cc: CompileContext) -> Step | None:
+    if cc.device.type != "cuda":
+        return None
+    slot = cc.slot(node.stream)
+
+    def step(frame: Frame) -> None:
+        frame.values[slot] = frame.streams.current  # type: ignore[union-attr]
+
+    return step
+
+
+def build_set_current_stream(node: SetCurrentStream, cc: CompileContext) -> Step | None:
+    if cc.device.type != "cuda":
+        return None
+    resolve = _stream_resolver(cc, node.stream)
+
+    def step(frame: Frame) -> None:
+        frame.streams.set(resolve(frame))  # type: ignore[union-attr]
+
+    return step
+
+
+def build_synchronize(node: Synchronize, cc: CompileContext) -> Step | None:
+    if cc.device.type != "cuda":
+        return None
+    resolve = _stream_resolver(cc, node.stream)
+    event = torch.cuda.Event()  # one per node: a wait is enqueued before the next record
+
+    def step(frame: Frame) -> None:
+        other = resolve(frame)
+        current = frame.streams.current  # type: ignore[union-attr]
+        if other != current:
+            event.record(other)
+            current.wait_event(event)
+
+    return step
+
+
+def build_slot_wait(node: SlotWait, cc: CompileContext) -> Step | None:
+    if cc.device.type != "cuda":
+        return None
+    idx, key = cc.slot(node.index), node.tv
+
+    def step(frame: Frame) -> None:
+        frame.streams.wait_slot(key, frame.values[idx])  # type: ignore[union-attr]
+
+    return step
+
+
+def build_slot_release(node: SlotRelease, cc: CompileContext) -> Step | None:
+    if cc.device.type != "cuda":
+        return None
+    idx, key = cc.slot(node.index), node.tv
+
+    def step(frame: Frame) -> None:
+        frame.streams.release_slot(key, frame.values[idx])  # type: ignore[union-attr]
+
+    return step
+
+
+#: The step builder of every core node type (looked up along the node class's MRO).
+CORE_STEP_BUILDERS: dict[type, StepBuilder] = {
+    Allocate: build_allocate,
+    Deallocate: build_deallocate,
+    AtenCall: build_aten_call,
+    LaunchKernel: build_launch_kernel,
+    NotOnThisRank: build_not_on_this_rank,
+    ForLoop: build_for_loop,
+    HirAliasSelect: build_alias_select,
+    GetCurrentStream: build_get_current_stream,
+    SetCurrentStream: build_set_current_stream,
+    Synchronize: build_synchronize,
+    SlotRelease: build_slot_release,
+    SlotWait: build_slot_wait,
+}

@@ -1,0 +1,1 @@
+"""Bridges to the rest of the PyTorch stack: DTensor inputs (``dtensor.py``)."""

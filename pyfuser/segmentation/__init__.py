@@ -1,0 +1,1 @@
+"""Segmentation: partition a preseg'd fusion into segments, each run by one executor."""

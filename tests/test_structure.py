@@ -1,0 +1,82 @@
+"""The restructured extension points: op tables, fd.ops as a class, passes, options, step builders."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from pyfuser import FusionDefinition
+from pyfuser.frontend.ops import Ops
+from pyfuser.host_ir.evaluator import HostIrEvaluator
+from pyfuser.host_ir.nodes import HostIrContainer, HostNode
+from pyfuser.host_ir.outputs import OutputLayout
+from pyfuser.host_ir.passes.pipeline import HOST_PASSES
+from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOpType
+from pyfuser.options import CompileOptions, DisableOption, EnableOption, check_options
+from pyfuser.preseg.pipeline import PRESEG_PASSES
+
+
+@pytest.mark.parametrize("kind", [*UnaryOpType, *BinaryOpType, *TernaryOpType, *ReductionOpType],
+                         ids=lambda k: f"{type(k).__name__}.{k.name}")
+def test_every_op_kind_is_a_real_method_of_fd_ops(kind) -> None:
+    name = {"gelu_tanh": "gelu"}.get(kind.name, kind.name)
+    method = Ops.__dict__.get(name) or next(c.__dict__[name] for c in Ops.__mro__ if name in c.__dict__)
+    assert inspect.isfunction(method), f"fd.ops.{name} must be defined in the class body"
+    params = list(inspect.signature(method).parameters)
+    assert params[0] == "self" and len(params) >= 2
+
+
+def test_fd_ops_methods_are_visible_to_help() -> None:
+    fd = FusionDefinition()
+    assert "def exp" not in repr(fd.ops)  # a real object, not a module
+    assert callable(fd.ops.exp) and inspect.signature(fd.ops.add).parameters.keys() == {"a", "b"}
+
+
+def test_pass_toggles_sit_in_the_pipeline_lists() -> None:
+    by_name = {p.name: p for p in [*PRESEG_PASSES, *HOST_PASSES]}
+    assert by_name["infer_allocation_order"].disabled_by is DisableOption.infer_contiguity
+    assert by_name["ring_buffers"].disabled_by is DisableOption.stream_ring_buffers
+    assert by_name["stream_overlap"].enabled_by is EnableOption.stream_overlap
+    assert not by_name["stream_overlap"].applies(CompileOptions())
+    assert by_name["stream_overlap"].applies(CompileOptions(enabled=frozenset({EnableOption.stream_overlap})))
+    assert not by_name["ring_buffers"].applies(CompileOptions(disabled=frozenset({"stream_ring_buffers"})))  # type: ignore[arg-type]
+
+
+def test_process_wide_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYFUSER_DISABLE", "infer_contiguity, stream_ring_buffers")
+    monkeypatch.setenv("PYFUSER_ENABLE", "stream_overlap")
+    enabled, disabled = check_options(["host_ir_lowering"], [])
+    assert enabled == {EnableOption.stream_overlap, EnableOption.host_ir_lowering}
+    assert disabled == {DisableOption.infer_contiguity, DisableOption.stream_ring_buffers}
+    monkeypatch.setenv("PYFUSER_DISABLE", "no_such_option")
+    with pytest.raises(ValueError, match=r"PYFUSER_DISABLE: unknown option\(s\) \['no_such_option'\]"):
+        check_options([], [])
+
+
+def test_disable_by_environment_reaches_the_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.exp(fd.define_tensor([-1, -1])))
+    x = torch.randn(4, 3).t()
+    assert fd.execute([x])[0].stride() == (1, 3)  # the input's column-major order, inferred
+    monkeypatch.setenv("PYFUSER_DISABLE", "infer_contiguity")
+    fd.fusion.mark_changed()
+    assert fd.execute([x])[0].stride() == (4, 1)  # row-major
+
+
+class _Opaque(HostNode):
+    def __init__(self, out) -> None:
+        self.inputs, self.outputs = [], [out]
+
+    def to_string(self, indent: int = 0) -> str:
+        return "Opaque\n"
+
+
+def test_evaluator_names_a_node_it_has_no_step_builder_for() -> None:
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1])
+    container = HostIrContainer([t0], [t0], [_Opaque(t0)])
+    with pytest.raises(TypeError, match=r"no step builder for _Opaque nodes \(Opaque\); register one in "
+                                        r"pyfuser.runtime.backends"):
+        HostIrEvaluator(container, [OutputLayout((0,), False)], torch.device("cpu"))
