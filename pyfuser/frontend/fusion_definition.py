@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from pyfuser.frontend.ops import Ops
+from pyfuser.frontend.scheduling import DefinedFusion, ScheduleOps
 from pyfuser.ir.base import Scalar
 from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python, python_scalar_type
-from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.layout import (
     allocation_permutation,
@@ -23,6 +23,7 @@ from pyfuser.ir.symbolic import SymVar
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import MemoryType, TensorView
 from pyfuser.runtime.executor import FusionExecutorCache
+from pyfuser.runtime.manual import ManualKernels
 
 
 class FusionDefinition:
@@ -33,9 +34,12 @@ class FusionDefinition:
     """
 
     def __init__(self) -> None:
-        self.fusion = Fusion()
+        self.fusion = DefinedFusion()
         self.ops = Ops(self.fusion)
+        self.sched = ScheduleOps(self.fusion)
         self._executor = FusionExecutorCache(self.fusion)
+        self._manual = ManualKernels(self.fusion)
+        self._last_was_manual = False
 
     def __enter__(self) -> FusionDefinition:
         return self
@@ -152,8 +156,44 @@ class FusionDefinition:
                 _enable_options: Sequence[str] = (), _disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
         if not self.fusion.outputs():
             raise ValueError("the fusion has no outputs; call fd.add_output(tv) before execute")
+        self._last_was_manual = False
         return self._executor.run(list(inputs), device=device, enable_options=_enable_options,
                                   disable_options=_disable_options)
+
+    def manual_execute(self, inputs: Sequence[Any], heuristic_params: Any = None) -> list[torch.Tensor]:
+        """Run the whole fusion as one kernel, scheduled as the user (or ``schedule.schedule``) left it:
+        no automatic scheduling. Kernels are generated on CUDA, through Triton's interpreter on CPU."""
+        if not self.fusion.outputs():
+            raise ValueError("the fusion has no outputs; call fd.add_output(tv) before manual_execute")
+        self._last_was_manual = True
+        if heuristic_params is None:
+            return self._manual.run(list(inputs))
+        return self._manual.run(list(inputs), heuristic_params.reference, heuristic_params.num_warps)
+
+    def manual_validate(self, inputs: Sequence[Any], reference_outputs: Sequence[torch.Tensor] | None = None,
+                        ) -> list[torch.Tensor]:
+        """``manual_execute`` and compare with ``reference_outputs`` (default: the fusion evaluated by
+        ATen) with tolerances by dtype; AssertionError naming the output on a mismatch."""
+        outputs = self.manual_execute(inputs)
+        references = reference_outputs if reference_outputs is not None else self.execute(inputs)
+        if len(references) != len(outputs):
+            raise ValueError(f"manual_validate: {len(outputs)} outputs but {len(references)} reference outputs")
+        for k, (out, ref) in enumerate(zip(outputs, references, strict=True)):
+            ref = ref.to(out.device)
+            if out.shape != ref.shape:
+                raise AssertionError(f"output {k}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+            torch.testing.assert_close(out, ref.to(out.dtype), msg=lambda m, k=k: f"output {k}: {m}")
+        return outputs
+
+    def last_kernel_code(self) -> str:
+        """The source of the kernel(s) the latest ``execute`` or ``manual_execute`` ran."""
+        if self._last_was_manual and self._manual.last is not None:
+            return self._manual.last.code
+        codes = self._executor.kernel_codes()
+        if not codes:
+            raise ValueError("last_kernel_code: the latest execution ran no generated kernel (on CPU, enable "
+                             "_enable_options=['triton_interpreter'])")
+        return "\n".join(codes)
 
     # --- printing ----------------------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -98,3 +98,16 @@ def memory_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
         at = next((k for k, e in enumerate(order) if e > d), len(order))
         order.insert(at, d)
     return order
+
+
+def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether a concrete tensor fills its memory exactly, in its own memory order: each axis (size-1
+    axes aside) strides over all the axes inside it (torch's non-overlapping-and-dense)."""
+    expected = 1
+    for d in reversed(memory_order(sizes, strides)):
+        if sizes[d] <= 1:
+            continue
+        if strides[d] != expected:
+            return False
+        expected *= sizes[d]
+    return True
