@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from pyfuser.codegen.kernel_builder import KernelSource
@@ -70,6 +71,7 @@ class CompiledKernel:
         self._size_sources = [(src.symbol, src.index, src.dim, src.output, src.extent) for src in s.sizes]
         self._positions = s.tensor_inputs
         self._scalars = s.scalar_inputs
+        self._interpreted = "InterpretedFunction" in s.source
 
     @property
     def code(self) -> str:
@@ -94,6 +96,10 @@ class CompiledKernel:
                 raise ValueError(f"{s.tensor_names[a]} axis {da} has size {tensors[a].shape[da]} but "
                                  f"{s.tensor_names[b]} axis {db} has size {tensors[b].shape[db]}; they must be equal "
                                  "(declare an axis with size 1 to broadcast it)")
+        for a, da, size in s.constant_checks:
+            if tensors[a].shape[da] != size:
+                raise ValueError(f"{s.tensor_names[a]} axis {da} has size {tensors[a].shape[da]}, but the fusion "
+                                 f"takes it as {size} (an expand or an operand of static size {size})")
         for extent, factor, message in s.divisibility_checks:
             value = extent.evaluate(sizes)
             if value % factor:
@@ -112,5 +118,10 @@ class CompiledKernel:
         grid = tuple(e.evaluate(sizes) for e in s.grid)
         params = [*everything, *(everything[k].stride(d) for k, d in s.stride_args),
                   *(sizes[src.symbol] for src in s.sizes), *(args[p] for p in self._scalars)]
-        self._fn[grid](*params, num_warps=self.num_warps)
+        if self._interpreted:
+            # Masked-off lanes compute on placeholder values (log(0)); numpy must not warn about them.
+            with np.errstate(all="ignore"):
+                self._fn[grid](*params, num_warps=self.num_warps)
+        else:
+            self._fn[grid](*params, num_warps=self.num_warps)
         return outputs

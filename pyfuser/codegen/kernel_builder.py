@@ -99,6 +99,8 @@ class KernelSource:
     grid: tuple[SymExpr, ...]
     #: (tensor input, dim, tensor input, dim): dims the kernel takes as one size, compared at launch
     size_checks: tuple[tuple[int, int, int, int], ...]
+    #: (tensor input, dim, size): dims the kernel takes as a constant (an ``expand`` target)
+    constant_checks: tuple[tuple[int, int, int], ...]
     #: per output: shape over the size symbols, allocation order, dtype
     output_shapes: tuple[tuple[SymExpr, ...], ...]
     output_perms: tuple[tuple[int, ...], ...]
@@ -125,8 +127,8 @@ class _Indices:
 
     of: dict[int, str] = field(default_factory=dict)
     groups: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
-    #: conditions under which the loop point is in range for this tensor
-    masks: list[str] = field(default_factory=list)
+    #: conditions under which the loop point is in range for this tensor, with their tile axes
+    masks: list[tuple[str, frozenset[int]]] = field(default_factory=list)
 
 
 class KernelBuilder:
@@ -156,7 +158,11 @@ class KernelBuilder:
         self._stride_names: dict[tuple[int, int], str] = {}
         self._scalars: dict[str, str] = {}
         self._divisibility: list[tuple[SymExpr, int, str]] = []
-        self.mask = ""
+        #: tile axes each index variable varies along (others are scalars: program ids, loop counters)
+        self._dims: dict[str, frozenset[int]] = {}
+        #: conditions keeping a loop point in range, with the tile axes each varies along
+        self._conditions: list[tuple[str, frozenset[int]]] = []
+        self._masks: dict[frozenset[int], str] = {}
 
     # --- names ----------------------------------------------------------------------------------
     def _fresh(self, prefix: str) -> str:
@@ -166,16 +172,33 @@ class KernelBuilder:
     def _emit(self, line: str, indent: int) -> None:
         self.lines.append("    " * indent + line)
 
-    def _assign(self, prefix: str, expr: str, indent: int) -> str:
+    def _assign(self, prefix: str, expr: str, indent: int, dims: frozenset[int] = frozenset()) -> str:
         name = self._fresh(prefix)
         self._emit(f"{name} = {expr}", indent)
+        self._dims[name] = dims
         return name
+
+    def _dims_of(self, *names: str) -> frozenset[int]:
+        return frozenset().union(*(self._dims.get(n, frozenset()) for n in names))
+
+    def _mask(self, dims: frozenset[int], indent: int) -> str:
+        """The conditions an access varying along tile axes ``dims`` needs: those on its own axes (an
+        access may not have a mask wider than its pointer; the store masks the rest)."""
+        if dims not in self._masks:
+            conds = [c for c, d in self._conditions if d <= dims]
+            self._masks[dims] = self._assign("mask", " & ".join(conds), indent, dims) if conds else ""
+        return self._masks[dims]
 
     # --- sizes ------------------------------------------------------------------------------------
     def size_symbol(self, logical: IterDomain) -> SymExpr:
-        """The runtime extent of a non-broadcast logical ID: a constant, or its class's size argument."""
+        """The runtime extent of a non-broadcast logical ID: a constant (of any member of its class:
+        the launch checks the others), or its class's size argument."""
         if logical.extent.value is not None:
             return logical.extent
+        constant = next((m.extent for m in self.exact.members(logical)
+                         if not m.is_broadcast and m.extent.value is not None), None)
+        if constant is not None:
+            return constant
         root = self.exact.class_of(logical)
         symbol = self._class_symbol.get(root)
         if symbol is None:
@@ -321,9 +344,10 @@ class KernelBuilder:
                     continue
                 stride = int_expr(self.extent(t.inner))
                 known[id(t.in_id)] = self._assign("ix", f"{outer} * {stride} + {inner}" if stride != "1" else
-                                                  f"{outer} + {inner}", indent)
+                                                  f"{outer} + {inner}", indent, self._dims_of(outer, inner))
                 if not (t.is_divisible() and bounded[id(t.outer)] and bounded[id(t.inner)]):
-                    result.masks.append(f"({known[id(t.in_id)]} < {int_expr(self.extent(t.in_id))})")
+                    index = known[id(t.in_id)]
+                    result.masks.append((f"({index} < {int_expr(self.extent(t.in_id))})", self._dims_of(index)))
                 bounded[id(t.in_id)] = True
             elif isinstance(t, Merge):
                 out = known.get(id(t.out))
@@ -333,8 +357,9 @@ class KernelBuilder:
                 if inner_extent == "1":
                     known[id(t.outer)], known[id(t.inner)] = out, "0"
                 else:
-                    known[id(t.outer)] = self._assign("ix", f"{out} // {inner_extent}", indent)
-                    known[id(t.inner)] = self._assign("ix", f"{out} % {inner_extent}", indent)
+                    dims = self._dims_of(out)
+                    known[id(t.outer)] = self._assign("ix", f"{out} // {inner_extent}", indent, dims)
+                    known[id(t.inner)] = self._assign("ix", f"{out} % {inner_extent}", indent, dims)
                 bounded[id(t.outer)], bounded[id(t.inner)] = bounded[id(t.out)], True
                 merged[id(t.out)] = (*merged.get(id(t.outer), (id(t.outer),)), *merged.get(id(t.inner), (id(t.inner),)))
                 result.groups.append((merged[id(t.out)], out))
@@ -367,7 +392,7 @@ class KernelBuilder:
                 result.groups.append((tuple(inverse[k] for k in group), index))
         return result
 
-    def _offset(self, tv: TensorView, position: int, indices: _Indices) -> str:
+    def _offset(self, tv: TensorView, position: int, indices: _Indices) -> tuple[str, frozenset[int]]:
         """``sum(index * stride)`` over ``tv``'s memory-occupying dims, contiguous merged groups fused."""
         dims = tv.get_logical_domain(no_reductions=True)
         dim_of = {id(i): d for d, i in enumerate(dims)}
@@ -377,6 +402,7 @@ class KernelBuilder:
         contig = {d: bool(c) for d, c in zip(order, contiguity, strict=False)}
         covered: set[int] = set()
         terms: list[str] = []
+        used: list[str] = []
         for group, index in sorted(indices.groups, key=lambda g: -len(g[0])):
             ds = [dim_of.get(k) for k in group]
             if any(d is None or d not in live or d in covered for d in ds):
@@ -385,11 +411,14 @@ class KernelBuilder:
             if alloc[start:start + len(ds)] != ds or not all(contig.get(d) for d in ds[:-1]):  # type: ignore[misc]
                 continue
             terms.append(self._stride_term(index, position, ds[-1]))  # type: ignore[arg-type]
+            used.append(index)
             covered.update(ds)  # type: ignore[arg-type]
         for d in live:
             if d not in covered:
-                terms.append(self._stride_term(indices.of[id(dims[d])], position, d))
-        return " + ".join(terms) if terms else "0"
+                index = indices.of[id(dims[d])]
+                terms.append(self._stride_term(index, position, d))
+                used.append(index)
+        return (" + ".join(terms) if terms else "0"), self._dims_of(*used)
 
     def _stride_term(self, index: str, position: int, dim: int) -> str:
         key = (position, dim)
@@ -411,8 +440,9 @@ class KernelBuilder:
             return cached
         if val.is_fusion_input or val.definition is None:
             position = self.inputs.index(val)
-            offset = self._offset(val, position, indices)
-            load = f"tl.load(T{position} + {offset}, mask={self.mask}, other=0)" if self.mask else \
+            offset, dims = self._offset(val, position, indices)
+            mask = self._mask(dims, indent)
+            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0)" if mask else \
                 f"tl.load(T{position} + {offset})"
             result = self._assign("v", f"{load}{_to(val.dtype, compute_dtype(val.dtype))}", indent)
         else:
@@ -496,16 +526,16 @@ class KernelBuilder:
         self._check_inlined_producers()
         loops = self._loop_nest()
         tiles = [loop for loop in loops if loop.kind == "tile"]
-        masks: list[str] = []
         for loop in loops:
             if loop.kind == "grid":
                 self._emit(f"{loop.index} = tl.program_id({loop.index[-1]})", 1)
             elif loop.kind == "tile":
                 shape = ", ".join(":" if k == loop.tile_pos else "None" for k in range(len(tiles)))
                 reshape = f"[{shape}]" if len(tiles) > 1 else ""
-                loop.index = self._assign("r", f"tl.arange(0, {loop.tile_size}){reshape}", 1)
+                loop.index = self._assign("r", f"tl.arange(0, {loop.tile_size}){reshape}", 1,
+                                          frozenset({loop.tile_pos}))
                 if loop.tile_size != loop.extent.value:
-                    masks.append(f"({loop.index} < {loop.extent.value})")
+                    self._conditions.append((f"({loop.index} < {loop.extent.value})", frozenset({loop.tile_pos})))
             self._loop_index[self.loop_graph.class_of(loop.id)] = loop.index
         indent = 1
         for loop in loops:
@@ -516,15 +546,18 @@ class KernelBuilder:
                 indent += 1
         outputs = [(tv, self._walk_back(tv, indent)) for tv in self.outputs]
         ref_indices = dict(outputs)[self.reference] if self.reference in dict(outputs) else outputs[0][1]
-        masks.extend(ref_indices.masks)
-        if masks:
-            self.mask = self._assign("mask", " & ".join(masks), indent)
+        self._conditions.extend(ref_indices.masks)
+        uniform = [c for c, dims in self._conditions if not dims]
+        if uniform:  # the same for the whole tile: a branch, not a mask
+            self._emit(f"if {' & '.join(uniform)}:", indent)
+            indent += 1
+            self._conditions = [(c, dims) for c, dims in self._conditions if dims]
         for position, (tv, indices) in enumerate(outputs, start=len(self.inputs)):
             value = self._value(tv, indices, indent)
-            offset = self._offset(tv, position, indices)
+            offset, dims = self._offset(tv, position, indices)
             stored = f"({value}){_to(compute_dtype(tv.dtype), tv.dtype)}"
-            mask = f", mask={self.mask}" if self.mask else ""
-            self._emit(f"tl.store(T{position} + {offset}, {stored}{mask})", indent)
+            mask = self._mask(dims, indent)
+            self._emit(f"tl.store(T{position} + {offset}, {stored}{', mask=' + mask if mask else ''})", indent)
         return self._source(loops)
 
     def _source(self, loops: Sequence[_Loop]) -> KernelSource:
@@ -547,8 +580,23 @@ class KernelBuilder:
         perms = tuple(self.layouts.get(tv.name, (tuple(range(tv.ndim)), []))[0] for tv in self.outputs)
         return KernelSource(
             self.name, source, tensor_positions, scalar_positions, tuple(self._strides), tuple(self._sizes),
-            grid[:used], self._size_checks(), output_shapes, perms, tuple(tv.dtype for tv in self.outputs),
-            tuple(tv.short_name for tv in (*self.inputs, *self.outputs)), tuple(self._divisibility))
+            grid[:used], self._size_checks(), self._constant_checks(), output_shapes, perms,
+            tuple(tv.dtype for tv in self.outputs), tuple(tv.short_name for tv in (*self.inputs, *self.outputs)),
+            tuple(self._divisibility))
+
+    def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
+        """Input dims of symbolic extent in a class of constant extent (``expand(x, [6, 4])`` of an
+        ``x`` declared ``[-1, 1]``), compared with the constant at launch."""
+        checks = []
+        for k, tv in enumerate(self.inputs):
+            for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
+                if i.is_broadcast or i.extent.value is not None:
+                    continue
+                constant = next((m.extent.value for m in self.exact.members(i)
+                                 if not m.is_broadcast and m.extent.value is not None), None)
+                if constant is not None:
+                    checks.append((k, d, constant))
+        return tuple(checks)
 
     def _size_checks(self) -> tuple[tuple[int, int, int, int], ...]:
         """Input dims the kernel assumes equal (one size class), to compare at launch."""
@@ -579,4 +627,7 @@ def _op_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
     by torch's promotion)."""
     if expr.kind in _COMPARISONS:
         return compute_dtype(result_dtype(torch.add, expr.inputs))
-    return compute_dtype(expr.outputs[0].dtype)
+    out = compute_dtype(expr.outputs[0].dtype)
+    if out is DataType.Bool and expr.kind not in _LOGICAL and expr.kind is not UnaryOpType.cast:
+        return DataType.Int32  # torch's bool arithmetic saturates (True + True is True): compute wide, then != 0
+    return out

@@ -6,7 +6,7 @@ from pyfuser.codegen.kernel_builder import INDEX_ONLY_OPS
 from pyfuser.codegen.triton_support import compute_dtype, triton_dtype
 from pyfuser.ir.base import Expr, Scalar
 from pyfuser.ir.dtypes import DataType
-from pyfuser.ir.ops import BinaryOp, ExpandOp, FullOp, IotaOp, LoadStoreOp, LoadStoreOpType, SqueezeOp, TernaryOp, UnaryOp
+from pyfuser.ir.ops import BinaryOp, FullOp, IotaOp, LoadStoreOp, LoadStoreOpType, SqueezeOp, TernaryOp, UnaryOp
 
 
 def unsupported_in_pointwise_kernel(expr: Expr) -> str | None:
@@ -19,8 +19,6 @@ def unsupported_in_pointwise_kernel(expr: Expr) -> str | None:
         if expr.kind is LoadStoreOpType.segment_set:
             return f"{name}: segment_set forces a segment boundary"
         return None
-    if isinstance(expr, ExpandOp) and expr.size_checks:
-        return f"{name}: expanding a non-broadcast axis needs a size check at execution"
     if isinstance(expr, SqueezeOp) and expr.runtime_checked:
         return f"{name}: squeezing an axis of unknown size needs a size check at execution"
     if isinstance(expr, (*INDEX_ONLY_OPS, FullOp, IotaOp)):

@@ -78,6 +78,12 @@ def _div(a, b):
 
 
 @_jit
+def _sigmoid(x):
+    # tl.sigmoid is a jit function of triton.language, which Triton's interpreter cannot call
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@_jit
 def _clamp(x, lo, hi):
     return tl.minimum(tl.maximum(x, lo, propagate_nan=tl.PropagateNan.ALL), hi, propagate_nan=tl.PropagateNan.ALL)
 '''

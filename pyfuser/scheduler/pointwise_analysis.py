@@ -40,14 +40,14 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
         return False, "the segment has no tensor output", None
     exact = IdGraph(fusion.tensors(), exprs, map_broadcast=False, through_transforms=False)
     ref = reference_output(fusion)
-    ref_classes = {exact.class_of(i) for i in ref.get_logical_domain() if not i.is_broadcast}
+    ref_classes = {exact.class_of(i) for i in ref.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
     for tv in fusion.tensors():
         for pos, i in enumerate(tv.get_logical_domain()):
-            if not i.is_broadcast and exact.class_of(i) not in ref_classes:
+            if not i.is_broadcast and not i.is_reduction and exact.class_of(i) not in ref_classes:
                 return False, (f"{tv.short_name} axis {pos} ({i}) is not an axis of {ref.short_name}, the reference "
                                "output: one pointwise kernel iterates over one output's axes"), None
     for out in outputs:
-        classes = {exact.class_of(i) for i in out.get_logical_domain() if not i.is_broadcast}
+        classes = {exact.class_of(i) for i in out.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
         if classes != ref_classes:
             return False, (f"outputs {ref.short_name} and {out.short_name} iterate over different axes; one "
                            "pointwise kernel writes outputs of one shape"), None
@@ -55,11 +55,17 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
 
 
 def innermost_classes(fusion: FusionLike, exact: IdGraph) -> dict[int, TensorView]:
-    """Exact class of the innermost memory axis -> a global tensor (input or output) that has it."""
+    """Exact class of the innermost memory axis -> a global tensor (input or output) that has it,
+    among the tensors that iterate over every axis of the reference (a broadcast input, such as a
+    bias, is read along whatever axis it has and decides no layout)."""
+    ref = reference_output(fusion)
+    ref_classes = {exact.class_of(i) for i in ref.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
     classes: dict[int, TensorView] = {}
     for tv in (*fusion.inputs(), *fusion.outputs()):
-        if isinstance(tv, TensorView):
-            inner = innermost(tv)
-            if inner is not None:
-                classes.setdefault(exact.class_of(inner), tv)
+        if not isinstance(tv, TensorView):
+            continue
+        own = {exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
+        inner = innermost(tv)
+        if inner is not None and own == ref_classes:
+            classes.setdefault(exact.class_of(inner), tv)
     return classes

@@ -44,10 +44,29 @@ class _Segmenter:
         if self.kernels:
             self._merge_producers_into_consumers()
             self._merge_siblings()
-        groups = list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs))
+        groups = self._topological(list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs)))
         for group in groups:
             group.inputs, group.outputs = boundaries(self.fusion, group.exprs, self.live)
         return groups
+
+    def _topological(self, groups: list[SegmentedGroup]) -> list[SegmentedGroup]:
+        """Groups in an order where each runs after the groups it reads from (merging can move a
+        group's consumer ahead of another group it also reads); ties keep expr order."""
+        indegree = {id(g): 0 for g in groups}
+        for g in groups:
+            for c in self._consumers(g):
+                indegree[id(c)] += 1
+        ready = [g for g in groups if indegree[id(g)] == 0]
+        order: list[SegmentedGroup] = []
+        while ready:
+            ready.sort(key=lambda g: min(self.position[id(e)] for e in g.exprs))
+            g = ready.pop(0)
+            order.append(g)
+            for c in self._consumers(g):
+                indegree[id(c)] -= 1
+                if indegree[id(c)] == 0:
+                    ready.append(c)
+        return order
 
     # --- one expr -------------------------------------------------------------------------------------
     def _single(self, expr: Expr) -> SegmentedGroup:

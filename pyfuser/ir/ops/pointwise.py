@@ -76,9 +76,9 @@ class UnaryOpType(Enum):
     sin = PointwiseSpec(torch.sin, torch.sin, printed=_float_suffixed, triton="tl.sin({0})")
     cos = PointwiseSpec(torch.cos, torch.cos, printed=_float_suffixed, triton="tl.cos({0})")
     tanh = PointwiseSpec(torch.tanh, torch.tanh, printed=_float_suffixed, triton="_tanh({0})")
-    sigmoid = PointwiseSpec(torch.sigmoid, torch.sigmoid, triton="tl.sigmoid({0})")
+    sigmoid = PointwiseSpec(torch.sigmoid, torch.sigmoid, triton="_sigmoid({0})")
     relu = PointwiseSpec(torch.relu, triton="tl.where({0} < 0, 0, {0})")  # NaN stays NaN
-    silu = PointwiseSpec(F.silu, triton="{0} * tl.sigmoid({0})")
+    silu = PointwiseSpec(F.silu, triton="{0} * _sigmoid({0})")
     gelu = PointwiseSpec(F.gelu, triton="0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))")
     gelu_tanh = PointwiseSpec(lambda x: F.gelu(x, approximate="tanh"),
                               triton="0.5 * {0} * (1.0 + _tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0})))")
