@@ -78,6 +78,24 @@ class CompiledKernel:
         return self.source.source
 
     def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        outputs, grid, params = self.prepare(ctx, *args, out=out)
+        if grid is not None:
+            self.launch(grid, params)
+        return outputs
+
+    def launch(self, grid: tuple[int, ...], params: Sequence[Any]) -> None:
+        """Call the Triton kernel (what ``run`` does after ``prepare``)."""
+        if self._interpreted:
+            # Masked-off lanes compute on placeholder values (log(0)); numpy must not warn about them.
+            with np.errstate(all="ignore"):
+                self._fn[grid](*params, num_warps=self.num_warps)
+        else:
+            self._fn[grid](*params, num_warps=self.num_warps)
+
+    def prepare(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None,
+                ) -> tuple[list[torch.Tensor], tuple[int, ...] | None, list[Any]]:
+        """The host side of a launch: sizes, checks, outputs, grid and argument list (grid None: the
+        outputs are empty and nothing runs)."""
         s = self.source
         tensors = [args[p] for p in self._positions]
         sizes: dict[str, int] = {}
@@ -113,15 +131,9 @@ class CompiledKernel:
                                                device=device))
         outputs = list(out)
         if any(t.numel() == 0 for t in outputs):
-            return outputs
+            return outputs, None, []
         everything = [*tensors, *outputs]
         grid = tuple(e.evaluate(sizes) for e in s.grid)
         params = [*everything, *(everything[k].stride(d) for k, d in s.stride_args),
                   *(sizes[src.symbol] for src in s.sizes), *(args[p] for p in self._scalars)]
-        if self._interpreted:
-            # Masked-off lanes compute on placeholder values (log(0)); numpy must not warn about them.
-            with np.errstate(all="ignore"):
-                self._fn[grid](*params, num_warps=self.num_warps)
-        else:
-            self._fn[grid](*params, num_warps=self.num_warps)
-        return outputs
+        return outputs, grid, params

@@ -3,7 +3,7 @@
 The reference tensor's loop domain is the loop nest: ``grid_*`` IDs become ``tl.program_id``,
 ``block_*`` / ``vectorize`` / ``unroll`` IDs become the axes of one n-D tile (``tl.arange`` of a
 power-of-two size, masked when padded), ``serial`` IDs become loops. Every output's loop IDs must
-map onto that nest (the loop ``IdGraph``); walking each output's split / merge transforms back from
+map onto that nest (the exact ``IdGraph``); walking each output's split / merge transforms back from
 the loop indices gives its logical indices, and every other tensor's indices follow from its
 consumer's through the exprs' logical maps (a producer is computed, or loaded, at the loop point
 of the consumer that reads it: everything is inlined, as a Triton tile program needs). Global
@@ -154,6 +154,7 @@ class KernelBuilder:
         self._sizes: list[SizeSource] = []
         self._values: dict[tuple[object, ...], str] = {}
         self._loop_index: dict[int, str] = {}
+        self._loop_index_by_class: dict[int, list[str]] = {}
         self._strides: list[tuple[int, int]] = []
         self._stride_names: dict[tuple[int, int], str] = {}
         self._scalars: dict[str, str] = {}
@@ -216,7 +217,7 @@ class KernelBuilder:
         return SizeSource(symbol, extent=logical.extent)
 
     def extent(self, i: IterDomain) -> SymExpr:
-        """How many values the loop over ``i`` takes: broadcast IDs take their loop-mapped extent."""
+        """How many values the loop over ``i`` takes."""
         definition = i.definition
         if isinstance(definition, Split):
             parent = self.extent(definition.in_id)
@@ -226,10 +227,9 @@ class KernelBuilder:
             return ceil_div(parent, factor) if definition.inner_split else factor
         if isinstance(definition, Merge):
             return self.extent(definition.outer) * self.extent(definition.inner)
-        if not i.is_broadcast:
-            return self.size_symbol(i)
-        concrete = next((m for m in self.loop_graph.members(i) if not m.is_broadcast and m.definition is None), None)
-        return self.extent(concrete) if concrete is not None else SymConst(1)
+        # A broadcast axis of an output is one element wide; a producer's broadcast axis is never
+        # looped over (it reads index 0), so its extent never enters the index math.
+        return SymConst(1) if i.is_broadcast else self.size_symbol(i)
 
     # --- the loop nest ------------------------------------------------------------------------------
     def _loop_nest(self) -> list[_Loop]:
@@ -324,8 +324,9 @@ class KernelBuilder:
         """
         known: dict[int, str] = {}
         bounded: dict[int, bool] = {}
+        taken: dict[int, int] = {}
         for pos, i in enumerate(tv.get_loop_domain()):
-            index = self._loop_index.get(self.loop_graph.class_of(i))
+            index = self._index_of_loop_id(i, taken)
             if index is None:
                 if i.is_broadcast:
                     known[id(i)], bounded[id(i)] = "0", True
@@ -374,6 +375,20 @@ class KernelBuilder:
         logical_ids = {id(i) for i in tv.get_logical_domain()}
         result.groups = [(g, e) for g, e in result.groups if all(k in logical_ids for k in g)]
         return result
+
+    def _index_of_loop_id(self, i: IterDomain, taken: dict[int, int]) -> str | None:
+        """The nest index ``i`` takes: its own if it is a loop ID of the reference, else that of the
+        reference's loop ID it maps to. Two axes of one tensor can map to one class (``x + x.t()``:
+        both axes have ``x``'s extent), so the k-th of a tensor's IDs in a class takes the reference's
+        k-th loop ID in it."""
+        own = self._loop_index.get(id(i))
+        if own is not None:
+            return own
+        root = self.exact.class_of(i)
+        candidates = self._loop_index_by_class.get(root, [])
+        k = taken.get(root, 0)
+        taken[root] = k + 1
+        return candidates[k] if k < len(candidates) else None
 
     def _producer_indices(self, expr: Expr, producer: TensorView, consumer: _Indices) -> _Indices:
         """A producer read at its consumer's loop point: its indices through the expr's logical map."""
@@ -536,14 +551,15 @@ class KernelBuilder:
                                           frozenset({loop.tile_pos}))
                 if loop.tile_size != loop.extent.value:
                     self._conditions.append((f"({loop.index} < {loop.extent.value})", frozenset({loop.tile_pos})))
-            self._loop_index[self.loop_graph.class_of(loop.id)] = loop.index
         indent = 1
         for loop in loops:
             if loop.kind == "serial":
                 loop.index = self._fresh("i")
-                self._loop_index[self.loop_graph.class_of(loop.id)] = loop.index
                 self._emit(f"for {loop.index} in range({int_expr(loop.extent)}):", indent)
                 indent += 1
+        for loop in loops:
+            self._loop_index[id(loop.id)] = loop.index
+            self._loop_index_by_class.setdefault(self.exact.class_of(loop.id), []).append(loop.index)
         outputs = [(tv, self._walk_back(tv, indent)) for tv in self.outputs]
         ref_indices = dict(outputs)[self.reference] if self.reference in dict(outputs) else outputs[0][1]
         self._conditions.extend(ref_indices.masks)

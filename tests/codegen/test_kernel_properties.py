@@ -74,7 +74,7 @@ def _build(program: Program) -> tuple[FusionDefinition, list[torch.Tensor], torc
     return fd, tensors, refs[-1]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
 def test_automatic_schedules_match_the_oracle(program: Program) -> None:
     fd, inputs, expected = _build(program)
@@ -103,7 +103,7 @@ def manual_schedules(draw: st.DrawFn) -> tuple[Program, list[tuple[str, int, int
     return program, transforms, kinds
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(manual_schedules())
 def test_random_manual_schedules_match_the_oracle(case: tuple[Program, list[tuple[str, int, int]], list[str]]) -> None:
     program, transforms, kinds = case
