@@ -487,7 +487,10 @@ class KernelBuilder:
         if isinstance(expr, INDEX_ONLY_OPS):
             return operand(expr.inputs[0])
         if isinstance(expr, FullOp):
-            return self._convert(operand(expr.inputs[0]), expr.inputs[0].dtype, compute_dtype(out.dtype))
+            # A typed scalar: a bare 3 would be int32, a bare True no tensor at all.
+            fill, dtype = expr.inputs[0], compute_dtype(out.dtype)
+            value = literal(fill.value, dtype) if isinstance(fill, Scalar) and fill.is_const else operand(fill)
+            return self._assign("v", f"tl.full([], {value}, {triton_dtype(dtype)})", indent)
         if isinstance(expr, IotaOp):
             assert indices is not None and isinstance(out, TensorView)
             index = indices.of[id(out.get_logical_domain()[0])]
@@ -555,7 +558,7 @@ class KernelBuilder:
         for loop in loops:
             if loop.kind == "serial":
                 loop.index = self._fresh("i")
-                self._emit(f"for {loop.index} in range({int_expr(loop.extent)}):", indent)
+                self._emit(f"for {loop.index} in _range({int_expr(loop.extent)}):", indent)
                 indent += 1
         for loop in loops:
             self._loop_index[id(loop.id)] = loop.index

@@ -59,6 +59,22 @@ def int_expr(e: SymExpr) -> str:
     return f"({a} {op} {b})"
 
 
+def host_int_expr(e: SymExpr) -> str:
+    """An integer extent as plain Python (for the host-side launcher)."""
+    if isinstance(e, SymConst):
+        return str(e.val)
+    if isinstance(e, SymVar):
+        return e.name
+    assert isinstance(e, SymBinary)
+    a, b = host_int_expr(e.lhs), host_int_expr(e.rhs)
+    if e.op == "ceilDiv":
+        return f"(-(-{a} // {b}))"
+    if e.op in ("max", "min"):
+        return f"{e.op}({a}, {b})"
+    op = "//" if e.op == "/" else e.op
+    return f"({a} {op} {b})"
+
+
 def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -93,6 +109,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 _jit = triton.jit
+_range = range
 
 
 @_jit
@@ -108,6 +125,12 @@ def _pow(a, b):
 _PRELUDE_INTERPRETER = '''import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction as _jit
+
+
+def _range(n):
+    """A loop over a size argument: interpreters before Triton 3.9 pass it as a 1-element array."""
+    handle = getattr(n, "handle", None)
+    return range(int(handle.data.reshape(-1)[0]) if handle is not None else int(n))
 
 
 @_jit

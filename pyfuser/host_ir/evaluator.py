@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, Step, StepBuilder
-from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, HostIrContainer, HostNode, HostVal
+from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, HostIrContainer, HostNode, HostVal, LaunchKernel
+from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.steps import CORE_STEP_BUILDERS
 from pyfuser.ir.base import Scalar, Val
@@ -43,12 +44,27 @@ def stream_pool(device: torch.device, count: int) -> list[torch.cuda.Stream]:
     return pool
 
 
+def _allocations(node: HostNode) -> dict[Val, tuple[int, ...]]:
+    """Tensors ``node`` allocates itself, with their layout: an ``Allocate``, or a kernel launch that
+    allocates its outputs densely in a known order."""
+    if isinstance(node, Allocate):
+        return {node.tv: node.perm}
+    perms = getattr(node.segment, "output_perms", None) if isinstance(node, LaunchKernel) and not node.into else None
+    if perms is None:
+        return {}
+    return {v: tuple(p) for v, p in zip(node.outputs, perms, strict=True)}  # type: ignore[misc]
+
+
 def _fresh_buffers(container: HostIrContainer) -> dict[Val, tuple[int, ...]]:
     """Tensors the program allocates itself and no other top-level node rebinds, with their layout:
     as outputs they need no check for aliasing or layout."""
-    allocated = {n.tv: n.perm for n in container.nodes if isinstance(n, Allocate)}
-    rebound = {v for n in container.nodes if not isinstance(n, Allocate) for v in n.outputs}
-    return {tv: perm for tv, perm in allocated.items() if tv not in rebound}
+    fresh: dict[Val, tuple[int, ...]] = {}
+    written: dict[Val, int] = {}
+    for node in container.nodes:
+        for v in node.outputs:
+            written[v] = written.get(v, 0) + 1  # type: ignore[index]
+        fresh.update(_allocations(node))
+    return {tv: perm for tv, perm in fresh.items() if written.get(tv) == 1}
 
 
 class HostIrEvaluator:
@@ -78,6 +94,9 @@ class HostIrEvaluator:
         #: outputs written into buffers allocated by this program: they own their memory
         self._fresh_output_slots = [s for s in dict.fromkeys(self._output_slots) if s not in conformed]
         self._slot_events: dict[tuple[int, int], torch.cuda.Event] = {}
+        #: a program without stream nodes runs on the caller's stream: no stream state to set up
+        self._uses_streams = any(isinstance(n, GetCurrentStream | SetCurrentStream | Synchronize | SlotWait)
+                                 for n in container.walk())
 
     # --- CompileContext ------------------------------------------------------------------------
     def slot(self, val: HostVal | Hashable) -> int:
@@ -105,7 +124,13 @@ class HostIrEvaluator:
         for slot, arg in zip(self._input_slots, args, strict=True):
             values[slot] = arg
         ctx.env[NUMBER_OF_STREAMS.name] = self.num_streams
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and not self._uses_streams:
+            if torch.cuda.current_device() == self.device.index:
+                self._execute(Frame(values, ctx, None))
+            else:
+                with torch.cuda.device(self.device):
+                    self._execute(Frame(values, ctx, None))
+        elif self.device.type == "cuda":
             # torch.cuda.set_stream also makes the stream's device current: keep the caller's device.
             with torch.cuda.device(self.device):
                 user = torch.cuda.current_stream(self.device)

@@ -1,0 +1,88 @@
+"""The host side of a kernel launch, generated per kernel as Python source (as Inductor generates
+its wrappers): read the size arguments off the tensors, check the sizes the kernel takes as equal,
+allocate the outputs that were not given, compute the grid, call the kernel. Generated, so a
+cached launch runs straight-line code instead of interpreting the kernel's description."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pyfuser.codegen.kernel_builder import KernelSource
+from pyfuser.codegen.triton_support import host_int_expr
+from pyfuser.ir.layout import dense_strides
+
+
+def _size_error(names: tuple[str, ...], a: int, da: int, sa: int, b: int, db: int, sb: int) -> ValueError:
+    return ValueError(f"{names[a]} axis {da} has size {sa} but {names[b]} axis {db} has size {sb}; they must be equal "
+                      "(declare an axis with size 1 to broadcast it)")
+
+
+def _constant_error(names: tuple[str, ...], a: int, da: int, got: int, size: int) -> ValueError:
+    return ValueError(f"{names[a]} axis {da} has size {got}, but the fusion takes it as {size} (an expand or an "
+                      f"operand of static size {size})")
+
+
+def _unknown_output_size(name: str, tensor: str, dim: int) -> ValueError:
+    return ValueError(f"{name}: the size of {tensor} axis {dim} is not known before the kernel runs; pass the output "
+                      "buffer")
+
+
+def launcher_source(s: KernelSource, num_warps: int) -> tuple[str, dict[str, Any]]:
+    """Python source of ``prepare(ctx, args, out) -> (outputs, grid, params)`` and ``run(ctx, *args,
+    out=None)`` for kernel ``s``, and the globals they need (``fn``: the jitted kernel, set by the caller)."""
+    env: dict[str, Any] = {"torch": torch, "_size_error": _size_error, "_constant_error": _constant_error,
+                           "_unknown": _unknown_output_size, "names": s.tensor_names}
+    n_in = len(s.tensor_inputs)
+    body = [f"t{k} = args[{p}]" for k, p in enumerate(s.tensor_inputs)]
+    for k, src in enumerate(s.sizes):
+        if src.extent is not None:
+            env[f"_extent{k}"] = src.extent
+            body.append(f"{src.symbol} = _extent{k}.evaluate(ctx.env)")
+        elif not src.output:
+            body.append(f"{src.symbol} = t{src.index}.shape[{src.dim}]")
+        else:
+            body.append("if out is None:")
+            body.append(f"    raise _unknown({s.name!r}, names[{n_in + src.index}], {src.dim})")
+            body.append(f"{src.symbol} = out[{src.index}].shape[{src.dim}]")
+    for a, da, b, db in s.size_checks:
+        body.append(f"if t{a}.shape[{da}] != t{b}.shape[{db}]:")
+        body.append(f"    raise _size_error(names, {a}, {da}, t{a}.shape[{da}], {b}, {db}, t{b}.shape[{db}])")
+    for a, da, size in s.constant_checks:
+        body.append(f"if t{a}.shape[{da}] != {size}:")
+        body.append(f"    raise _constant_error(names, {a}, {da}, t{a}.shape[{da}], {size})")
+    for k, (extent, factor, message) in enumerate(s.divisibility_checks):
+        env[f"_message{k}"] = message
+        body.append(f"if {host_int_expr(extent)} % {factor}:")
+        body.append(f"    raise ValueError(_message{k} + ', but it is ' + str({host_int_expr(extent)}))")
+    device = "t0.device" if n_in else "ctx.device"
+    body.append("if out is None:")
+    for k, (shape, perm, dtype) in enumerate(zip(s.output_shapes, s.output_perms, s.output_dtypes, strict=True)):
+        env[f"_dtype{k}"] = dtype.torch_dtype
+        sizes = ", ".join(host_int_expr(e) for e in shape)
+        env[f"_perm{k}"] = perm
+        body.append(f"    _shape{k} = ({sizes}{',' if len(shape) == 1 else ''})")
+        if tuple(perm) == tuple(range(len(shape))):  # row-major: torch.empty is the cheaper call
+            body.append(f"    o{k} = torch.empty(_shape{k}, dtype=_dtype{k}, device={device})")
+        else:
+            body.append(f"    o{k} = torch.empty_strided(_shape{k}, _dense(_shape{k}, _perm{k}), dtype=_dtype{k}, "
+                        f"device={device})")
+    body.append("else:")
+    for k in range(len(s.output_shapes)):
+        body.append(f"    o{k} = out[{k}]")
+    outputs = ", ".join(f"o{k}" for k in range(len(s.output_shapes)))
+    empty = " or ".join(f"o{k}.numel() == 0" for k in range(len(s.output_shapes)))
+    tensors = [*(f"t{k}" for k in range(n_in)), *(f"o{k}" for k in range(len(s.output_shapes)))]
+    strides = [f"{tensors[k]}.stride({d})" for k, d in s.stride_args]
+    scalars = [f"args[{p}]" for p in s.scalar_inputs]
+    params = ", ".join([*tensors, *strides, *(src.symbol for src in s.sizes), *scalars])
+    grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")
+    env["_dense"] = dense_strides
+    prepare = [*body, f"if {empty}:", f"    return [{outputs}], None, []", f"return [{outputs}], ({grid}), [{params}]"]
+    run = [*body, f"if {empty}:", f"    return [{outputs}]", f"fn[({grid})]({params}, num_warps={num_warps})",
+           f"return [{outputs}]"]
+    source = ("def prepare(ctx, args, out):\n" + "\n".join("    " + line for line in prepare) + "\n\n\n"
+              "def run(ctx, *args, out=None):\n" + "\n".join("    " + line for line in run) + "\n")
+    return source, env
+
