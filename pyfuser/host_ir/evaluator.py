@@ -24,9 +24,9 @@ import torch
 
 from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, Step, StepBuilder
 from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, HostIrContainer, HostNode, HostVal, LaunchKernel
-from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.steps import CORE_STEP_BUILDERS
+from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.options import DEFAULT_NUM_STREAMS
