@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyfuser.codegen.kernel_builder import KernelSource
+from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.codegen.launcher import launcher_source
 from pyfuser.ir.eval_context import EvalContext
 

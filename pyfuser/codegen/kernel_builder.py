@@ -2,56 +2,38 @@
 
 The reference tensor's loop domain is the loop nest: ``grid_*`` IDs become ``tl.program_id``,
 ``block_*`` / ``vectorize`` / ``unroll`` IDs become the axes of one n-D tile (``tl.arange`` of a
-power-of-two size, masked when padded), ``serial`` IDs become loops. Every output's loop IDs must
-map onto that nest (the exact ``IdGraph``); walking each output's split / merge transforms back from
-the loop indices gives its logical indices, and every other tensor's indices follow from its
-consumer's through the exprs' logical maps (a producer is computed, or loaded, at the loop point
-of the consumer that reads it: everything is inlined, as a Triton tile program needs). Global
-tensors are addressed with runtime strides; where a merge covers logical axes that are adjacent
-and contiguous in a tensor's allocation, the merged index times the inner stride replaces the
-div / mod pair, so the access stays contiguous and Triton can vectorize it.
+power-of-two size, masked when padded; as wide as a runtime extent when the extent is symbolic, a
+persistent row), ``serial`` IDs become loops. Every output's loop IDs must map onto that nest (the
+exact ``IdGraph``); walking each output's split / merge transforms back from the loop indices gives
+its logical indices, and every other tensor's indices follow from its consumer's through the exprs'
+logical maps (a producer is computed, or loaded, at the loop point of the consumer that reads it:
+everything is inlined, as a Triton tile program needs). Global tensors are addressed with runtime
+strides; where a merge covers logical axes that are adjacent and contiguous in a tensor's
+allocation, the merged index times the inner stride replaces the div / mod pair, so the access
+stays contiguous and Triton can vectorize it.
 
-Sizes are kernel arguments: every exact class of logical IDs (``IdGraph``) is one ``ks*`` integer
-the launcher reads off a tensor, so a new size reuses the kernel.
+Reductions (``values.py``) iterate their reduction loop IDs: a tile axis is reduced with
+``tl.reduce`` over it, a serial one accumulates in a loop; a later output of the same kernel whose
+axis maps to a reduction's tile axis reads the tile still on chip (persistent), one whose axis maps
+to a serial reduction loop runs its own loop after the reduction (another pass).
+
+Sizes are kernel arguments: every exact class of logical IDs is one ``ks*`` integer the launcher
+reads off a tensor, so a new size reuses the kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
-
+from pyfuser.codegen.code_writer import CodeWriter
 from pyfuser.codegen.id_graph import IdGraph
-from pyfuser.codegen.triton_support import (
-    MAX_TILE_NUMEL,
-    compute_dtype,
-    int_expr,
-    literal,
-    next_power_of_2,
-    prelude,
-    triton_dtype,
-)
-from pyfuser.ir.base import Expr, Scalar, Val
-from pyfuser.ir.dtypes import DataType
+from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
+from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, next_power_of_2, prelude
+from pyfuser.codegen.values import ValueLowering
+from pyfuser.ir.base import Scalar
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
-from pyfuser.ir.ops import (
-    BinaryOp,
-    BinaryOpType,
-    BroadcastOp,
-    ExpandOp,
-    FullOp,
-    IotaOp,
-    LoadStoreOp,
-    PermuteOp,
-    SqueezeOp,
-    TernaryOp,
-    TernaryOpType,
-    UnaryOp,
-    UnaryOpType,
-)
-from pyfuser.ir.ops.promotion import result_dtype
+from pyfuser.ir.ops import ReductionOp, VarMeanOp
 from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
@@ -59,88 +41,40 @@ from pyfuser.ir.tensor_view import TensorView
 GRID_AXES = {ParallelType.grid_x: 0, ParallelType.grid_y: 1, ParallelType.grid_z: 2}
 TILE_TYPES = frozenset({ParallelType.block_x, ParallelType.block_y, ParallelType.block_z,
                         ParallelType.vectorize, ParallelType.unroll})
-#: Exprs a pointwise kernel computes; shape ops only change how their producer is indexed.
-INDEX_ONLY_OPS = (LoadStoreOp, BroadcastOp, ExpandOp, SqueezeOp, PermuteOp)
-_COMPARISONS = frozenset({BinaryOpType.eq, BinaryOpType.ne, BinaryOpType.lt, BinaryOpType.le, BinaryOpType.gt,
-                          BinaryOpType.ge})
-_LOGICAL = frozenset({BinaryOpType.logical_and, BinaryOpType.logical_or, UnaryOpType.logical_not})
+#: Largest tile a runtime extent may ask for (a persistent row of 32768 elements)
+MAX_DYNAMIC_TILE = 1 << 15
 
-
-class KernelError(ValueError):
-    """A segment the code generator cannot turn into a kernel; the message names tensor and axis."""
-
-
-@dataclass(frozen=True)
-class SizeSource:
-    """Where the launcher reads a size class: dim ``dim`` of input (``output=False``) or output
-    ``index``; or, for a class no tensor argument holds, ``extent`` in the bound sizes."""
-
-    symbol: str
-    index: int = -1
-    dim: int = -1
-    output: bool = False
-    extent: SymExpr | None = None
-
-
-@dataclass(frozen=True)
-class KernelSource:
-    """A generated kernel and everything its launcher needs. Arguments, in order: tensors (the
-    segment's tensor inputs, then its outputs), strides, sizes, scalars."""
-
-    name: str
-    source: str
-    #: position in the segment's inputs of each tensor input and of each scalar argument
-    tensor_inputs: tuple[int, ...]
-    scalar_inputs: tuple[int, ...]
-    #: (tensor position among inputs+outputs, dim) per stride argument
-    stride_args: tuple[tuple[int, int], ...]
-    sizes: tuple[SizeSource, ...]
-    #: per grid axis used (x, y, z): extent over the size symbols
-    grid: tuple[SymExpr, ...]
-    #: (tensor input, dim, tensor input, dim): dims the kernel takes as one size, compared at launch
-    size_checks: tuple[tuple[int, int, int, int], ...]
-    #: (tensor input, dim, size): dims the kernel takes as a constant (an ``expand`` target)
-    constant_checks: tuple[tuple[int, int, int], ...]
-    #: per output: shape over the size symbols, allocation order, dtype
-    output_shapes: tuple[tuple[SymExpr, ...], ...]
-    output_perms: tuple[tuple[int, ...], ...]
-    output_dtypes: tuple[DataType, ...]
-    #: the tensor names, for messages (inputs then outputs)
-    tensor_names: tuple[str, ...]
-    #: (extent over the size symbols, factor, message): a vectorized split that must divide at launch
-    divisibility_checks: tuple[tuple[SymExpr, int, str], ...] = ()
+Layouts = dict[int, tuple[tuple[int, ...], list[bool | None]]]
 
 
 @dataclass
-class _Loop:
+class Loop:
     id: IterDomain
     kind: str  # "grid" | "tile" | "serial"
     extent: SymExpr
-    index: str
-    tile_size: int = 0
+    index: str = ""
+    tile_size: int = 0  # 0: sized at launch (``tile_param``)
+    tile_param: str = ""
     tile_pos: int = 0
 
 
 @dataclass
-class _Indices:
+class Indices:
     """Logical index expressions of one tensor, and merged groups of its logical IDs with their index."""
 
     of: dict[int, str] = field(default_factory=dict)
     groups: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
-    #: conditions under which the loop point is in range for this tensor, with their tile axes
-    masks: list[tuple[str, frozenset[int]]] = field(default_factory=list)
 
 
-class KernelBuilder:
-    def __init__(self, fusion: Fusion, name: str, target: str, contiguity: dict[int, tuple[tuple[int, ...],
-                                                                                            list[bool | None]]],
+class KernelBuilder(ValueLowering):
+    def __init__(self, fusion: Fusion, name: str, target: str, layouts: Layouts,
                  reference: TensorView | None = None) -> None:
-        """``contiguity``: per tensor name, (allocation order of its non-reduction logical dims, nvFuser
+        """``layouts``: per tensor name, (allocation order of its non-reduction logical dims, nvFuser
         contiguity flags in that order) that hold for every tensor the kernel will be given."""
         self.fusion = fusion
         self.name = name
         self.target = target
-        self.layouts = contiguity
+        self.layouts = layouts
         self.exprs = fusion.exprs()
         self.tensors = fusion.tensors()
         self.inputs = [v for v in fusion.inputs() if isinstance(v, TensorView)]
@@ -148,47 +82,15 @@ class KernelBuilder:
         self.loop_graph = IdGraph(self.tensors, self.exprs, map_broadcast=True)
         self.exact = IdGraph(self.tensors, self.exprs, map_broadcast=False)
         self.reference = reference or self.outputs[0]
-        self.lines: list[str] = []
-        self._counter = 0
+        self.code = CodeWriter()
         self._class_symbol: dict[int, str] = {}
         self._sizes: list[SizeSource] = []
-        self._values: dict[tuple[object, ...], str] = {}
-        self._loop_index: dict[int, str] = {}
-        self._loop_index_by_class: dict[int, list[str]] = {}
         self._strides: list[tuple[int, int]] = []
         self._stride_names: dict[tuple[int, int], str] = {}
         self._scalars: dict[str, str] = {}
         self._divisibility: list[tuple[SymExpr, int, str]] = []
-        #: tile axes each index variable varies along (others are scalars: program ids, loop counters)
-        self._dims: dict[str, frozenset[int]] = {}
-        #: conditions keeping a loop point in range, with the tile axes each varies along
-        self._conditions: list[tuple[str, frozenset[int]]] = []
-        self._masks: dict[frozenset[int], str] = {}
-
-    # --- names ----------------------------------------------------------------------------------
-    def _fresh(self, prefix: str) -> str:
-        self._counter += 1
-        return f"{prefix}{self._counter}"
-
-    def _emit(self, line: str, indent: int) -> None:
-        self.lines.append("    " * indent + line)
-
-    def _assign(self, prefix: str, expr: str, indent: int, dims: frozenset[int] = frozenset()) -> str:
-        name = self._fresh(prefix)
-        self._emit(f"{name} = {expr}", indent)
-        self._dims[name] = dims
-        return name
-
-    def _dims_of(self, *names: str) -> frozenset[int]:
-        return frozenset().union(*(self._dims.get(n, frozenset()) for n in names))
-
-    def _mask(self, dims: frozenset[int], indent: int) -> str:
-        """The conditions an access varying along tile axes ``dims`` needs: those on its own axes (an
-        access may not have a mask wider than its pointer; the store masks the rest)."""
-        if dims not in self._masks:
-            conds = [c for c, d in self._conditions if d <= dims]
-            self._masks[dims] = self._assign("mask", " & ".join(conds), indent, dims) if conds else ""
-        return self._masks[dims]
+        self._dynamic_tiles: list[tuple[str, SymExpr, int, str]] = []
+        self.tile_shape: list[str] = []
 
     # --- sizes ------------------------------------------------------------------------------------
     def size_symbol(self, logical: IterDomain) -> SymExpr:
@@ -232,10 +134,9 @@ class KernelBuilder:
         return SymConst(1) if i.is_broadcast else self.size_symbol(i)
 
     # --- the loop nest ------------------------------------------------------------------------------
-    def _loop_nest(self) -> list[_Loop]:
+    def _loop_nest(self) -> list[Loop]:
         ref = self.reference
-        loops: list[_Loop] = []
-        tiles = [i for i in ref.get_loop_domain() if i.parallel_type in TILE_TYPES]
+        loops: list[Loop] = []
         seen_types: dict[ParallelType, IterDomain] = {}
         for pos, i in enumerate(ref.get_loop_domain()):
             where = f"{ref.short_name} axis {pos} ({i})"
@@ -247,34 +148,46 @@ class KernelBuilder:
                 raise KernelError(f"{where} and {seen_types[ptype]} are both parallelized on {ptype.name}; each "
                                   "parallel type binds at most one loop ID of a kernel")
             seen_types[ptype] = i
-            if i.is_reduction:
-                raise KernelError(f"{where} is a reduction ID; reductions in generated kernels are not supported by "
-                                  "this scheduler")
             extent = self.extent(i)
             if ptype in GRID_AXES:
-                axis = GRID_AXES[ptype]
-                loops.append(_Loop(i, "grid", extent, f"pid{axis}"))
+                if i.is_reduction:
+                    raise KernelError(f"{where} is a reduction ID parallelized on {ptype.name}: a reduction across "
+                                      "programs needs a final step; rfactor it (tv.rfactor) and reduce the partial "
+                                      "results on a tile axis or in a loop")
+                loops.append(Loop(i, "grid", extent, f"pid{GRID_AXES[ptype]}"))
             elif ptype in TILE_TYPES:
-                size = extent.value
-                if size is None:
-                    raise KernelError(f"{where} is parallelized on {ptype.name} but its extent {i.extent} is not a "
-                                      "constant; a tile axis needs a constant extent (split by a constant factor)")
-                if size > MAX_TILE_NUMEL:
-                    raise KernelError(f"{where} is parallelized on {ptype.name} with extent {size}, over Triton's "
-                                      f"tile limit of {MAX_TILE_NUMEL} elements")
-                if ptype is ParallelType.vectorize:
-                    self._check_vectorize(i, where)
-                loops.append(_Loop(i, "tile", extent, "", next_power_of_2(size), tiles.index(i)))
+                loops.append(self._tile(i, extent, where))
             else:
-                loops.append(_Loop(i, "serial", extent, ""))
-        numel = 1
-        for loop in loops:
-            numel *= loop.tile_size or 1
-        if numel > MAX_TILE_NUMEL:
-            sizes = " x ".join(str(loop.tile_size) for loop in loops if loop.kind == "tile")
-            raise KernelError(f"{ref.short_name}: the tile of its block / vectorize / unroll axes ({sizes} = {numel} "
+                loops.append(Loop(i, "serial", extent))
+        tiles = [loop for loop in loops if loop.kind == "tile"]
+        for k, loop in enumerate(tiles):
+            loop.tile_pos = k
+        static = 1
+        for loop in tiles:
+            static *= loop.tile_size or 1
+        if static > MAX_TILE_NUMEL:
+            sizes = " x ".join(str(loop.tile_size or loop.tile_param) for loop in tiles)
+            raise KernelError(f"{ref.short_name}: the tile of its block / vectorize / unroll axes ({sizes} = {static} "
                               f"elements) is over Triton's limit of {MAX_TILE_NUMEL}")
         return loops
+
+    def _tile(self, i: IterDomain, extent: SymExpr, where: str) -> Loop:
+        ptype = i.parallel_type
+        size = extent.value
+        if size is None:
+            if ptype is not ParallelType.block_x and ptype is not ParallelType.block_y:
+                raise KernelError(f"{where} is parallelized on {ptype.name} but its extent {i.extent} is not a "
+                                  "constant; split it by a constant factor")
+            param = f"TILE{len(self._dynamic_tiles)}"
+            self._dynamic_tiles.append((param, extent, MAX_DYNAMIC_TILE,
+                                        f"{where} is a tile as wide as its extent"))
+            return Loop(i, "tile", extent, tile_param=param)
+        if size > MAX_TILE_NUMEL:
+            raise KernelError(f"{where} is parallelized on {ptype.name} with extent {size}, over Triton's "
+                              f"tile limit of {MAX_TILE_NUMEL} elements")
+        if ptype is ParallelType.vectorize:
+            self._check_vectorize(i, where)
+        return Loop(i, "tile", extent, tile_size=next_power_of_2(size))
 
     def _check_vectorize(self, i: IterDomain, where: str) -> None:
         """A vectorized ID is the inner output of a split by the vector width, on the axis every global
@@ -314,29 +227,33 @@ class KernelBuilder:
                                                        f"extent of {split.in_id}"))
 
     # --- indexing ---------------------------------------------------------------------------------
-    def _walk_back(self, tv: TensorView, indent: int) -> _Indices:
+    def walk_back(self, tv: TensorView, partial: bool = False) -> Indices:
         """``tv``'s logical indices from the loop nest's indices (its loop IDs must map onto it).
 
-        Also records the conditions that keep a loop point in range (``_Indices.masks``): a split that
-        may not divide can overshoot its input's extent, so that index is compared with it once, as
-        high in the transforms as possible (``merged < M * N``, which keeps the mask contiguous for
-        Triton); a merge's remainder never overshoots.
+        Also adds the conditions that keep the loop point in range to the current scope: a split
+        that may not divide can overshoot its input's extent, so that index is compared with it once,
+        as high in the transforms as possible (``merged < M * N``, which keeps the mask contiguous for
+        Triton); a merge's remainder never overshoots. ``partial``: loop IDs without an index yet
+        (a reduction's, before its loop opens) are skipped, and so is what depends on them.
         """
+        code = self.code
         known: dict[int, str] = {}
         bounded: dict[int, bool] = {}
         taken: dict[int, int] = {}
         for pos, i in enumerate(tv.get_loop_domain()):
-            index = self._index_of_loop_id(i, taken)
+            index = self.index_of_loop_id(i, taken)
             if index is None:
                 if i.is_broadcast:
                     known[id(i)], bounded[id(i)] = "0", True
+                    continue
+                if partial:
                     continue
                 raise KernelError(f"{tv.short_name} axis {pos} ({i}) is not mapped to the loop nest of "
                                   f"{self.reference.short_name}, the kernel's reference: schedule "
                                   f"{tv.short_name} like it (schedule.transform_like / parallelize_like) or "
                                   "leave its loop domain unscheduled")
             known[id(i)], bounded[id(i)] = index, True
-        result = _Indices()
+        result = Indices()
         merged: dict[int, tuple[int, ...]] = {}
         for t in reversed(transforms_between(tv.get_logical_domain(), tv.get_loop_domain())):
             if isinstance(t, Split):
@@ -344,11 +261,10 @@ class KernelBuilder:
                 if outer is None or inner is None:
                     continue
                 stride = int_expr(self.extent(t.inner))
-                known[id(t.in_id)] = self._assign("ix", f"{outer} * {stride} + {inner}" if stride != "1" else
-                                                  f"{outer} + {inner}", indent, self._dims_of(outer, inner))
+                index = known[id(t.in_id)] = code.assign(
+                    "ix", f"{outer} * {stride} + {inner}" if stride != "1" else f"{outer} + {inner}")
                 if not (t.is_divisible() and bounded[id(t.outer)] and bounded[id(t.inner)]):
-                    index = known[id(t.in_id)]
-                    result.masks.append((f"({index} < {int_expr(self.extent(t.in_id))})", self._dims_of(index)))
+                    code.add_condition(f"({index} < {int_expr(self.extent(t.in_id))})", code.dims_of(index))
                 bounded[id(t.in_id)] = True
             elif isinstance(t, Merge):
                 out = known.get(id(t.out))
@@ -358,46 +274,44 @@ class KernelBuilder:
                 if inner_extent == "1":
                     known[id(t.outer)], known[id(t.inner)] = out, "0"
                 else:
-                    dims = self._dims_of(out)
-                    known[id(t.outer)] = self._assign("ix", f"{out} // {inner_extent}", indent, dims)
-                    known[id(t.inner)] = self._assign("ix", f"{out} % {inner_extent}", indent, dims)
+                    known[id(t.outer)] = code.assign("ix", f"{out} // {inner_extent}")
+                    known[id(t.inner)] = code.assign("ix", f"{out} % {inner_extent}")
                 bounded[id(t.outer)], bounded[id(t.inner)] = bounded[id(t.out)], True
                 merged[id(t.out)] = (*merged.get(id(t.outer), (id(t.outer),)), *merged.get(id(t.inner), (id(t.inner),)))
                 result.groups.append((merged[id(t.out)], out))
         for pos, i in enumerate(tv.get_logical_domain()):
             if id(i) not in known:
                 if i.is_broadcast:
-                    known[id(i)], bounded[id(i)] = "0", True
-                    continue
-                raise KernelError(f"{tv.short_name} logical axis {pos} ({i}) is not reached from its loop domain "
-                                  "in the kernel's loop nest")
+                    known[id(i)] = "0"
+                elif not partial:
+                    raise KernelError(f"{tv.short_name} logical axis {pos} ({i}) is not reached from its loop domain "
+                                      "in the kernel's loop nest")
         result.of = known
         logical_ids = {id(i) for i in tv.get_logical_domain()}
         result.groups = [(g, e) for g, e in result.groups if all(k in logical_ids for k in g)]
         return result
 
-    def _index_of_loop_id(self, i: IterDomain, taken: dict[int, int]) -> str | None:
-        """The nest index ``i`` takes: its own if it is a loop ID of the reference, else that of the
-        reference's loop ID it maps to. Two axes of one tensor can map to one class (``x + x.t()``:
-        both axes have ``x``'s extent), so the k-th of a tensor's IDs in a class takes the reference's
-        k-th loop ID in it."""
-        own = self._loop_index.get(id(i))
+    def index_of_loop_id(self, i: IterDomain, taken: dict[int, int]) -> str | None:
+        """The nest index ``i`` takes: its own if it is a loop ID of the nest, else that of the nest's
+        loop ID it maps to. Two axes of one tensor can map to one class (``x + x.t()``: both axes
+        have ``x``'s extent), so the k-th of a tensor's IDs in a class takes the k-th loop of it."""
+        own = self.code.loop_index(id(i))
         if own is not None:
             return own
         root = self.exact.class_of(i)
-        candidates = self._loop_index_by_class.get(root, [])
+        candidates = self.code.class_indices(root)
         k = taken.get(root, 0)
         taken[root] = k + 1
         return candidates[k] if k < len(candidates) else None
 
-    def _producer_indices(self, expr: Expr, producer: TensorView, consumer: _Indices) -> _Indices:
+    def producer_indices(self, expr: object, producer: TensorView, consumer: Indices) -> Indices:
         """A producer read at its consumer's loop point: its indices through the expr's logical map."""
-        mapping = expr.logical_map(producer)
-        result = _Indices()
+        mapping = expr.logical_map(producer)  # type: ignore[attr-defined]
+        result = Indices()
         inverse: dict[int, int] = {}
         for p in producer.get_logical_domain():
             c = mapping.get(p)
-            if p.is_broadcast or c is None:
+            if p.is_broadcast or c is None or id(c) not in consumer.of:
                 result.of[id(p)] = "0"
             else:
                 result.of[id(p)] = consumer.of[id(c)]
@@ -407,8 +321,9 @@ class KernelBuilder:
                 result.groups.append((tuple(inverse[k] for k in group), index))
         return result
 
-    def _offset(self, tv: TensorView, position: int, indices: _Indices) -> tuple[str, frozenset[int]]:
-        """``sum(index * stride)`` over ``tv``'s memory-occupying dims, contiguous merged groups fused."""
+    def offset(self, tv: TensorView, position: int, indices: Indices) -> tuple[str, frozenset[int]]:
+        """``sum(index * stride)`` over ``tv``'s memory-occupying dims, contiguous merged groups fused;
+        and the tile axes the address varies along."""
         dims = tv.get_logical_domain(no_reductions=True)
         dim_of = {id(i): d for d, i in enumerate(dims)}
         live = [d for d, i in enumerate(dims) if not i.is_broadcast]
@@ -433,7 +348,7 @@ class KernelBuilder:
                 index = indices.of[id(dims[d])]
                 terms.append(self._stride_term(index, position, d))
                 used.append(index)
-        return (" + ".join(terms) if terms else "0"), self._dims_of(*used)
+        return (" + ".join(terms) if terms else "0"), self.code.dims_of(*used)
 
     def _stride_term(self, index: str, position: int, dim: int) -> str:
         key = (position, dim)
@@ -442,86 +357,6 @@ class KernelBuilder:
             name = self._stride_names[key] = f"st{position}_{dim}"
             self._strides.append(key)
         return f"({index}) * {name}"
-
-    # --- values -----------------------------------------------------------------------------------
-    def _value(self, val: Val, indices: _Indices | None, indent: int) -> str:
-        """``val`` at the loop point where a consumer reads it with ``indices`` (None for scalars)."""
-        if isinstance(val, Scalar):
-            return self._scalar(val, indent)
-        assert isinstance(val, TensorView) and indices is not None
-        key = (val.name, *(indices.of[id(i)] for i in val.get_logical_domain() if not i.is_broadcast))
-        cached = self._values.get(key)
-        if cached is not None:
-            return cached
-        if val.is_fusion_input or val.definition is None:
-            position = self.inputs.index(val)
-            offset, dims = self._offset(val, position, indices)
-            mask = self._mask(dims, indent)
-            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0)" if mask else \
-                f"tl.load(T{position} + {offset})"
-            result = self._assign("v", f"{load}{_to(val.dtype, compute_dtype(val.dtype))}", indent)
-        else:
-            result = self._compute(val.definition, val, indices, indent)
-        self._values[key] = result
-        return result
-
-    def _scalar(self, val: Scalar, indent: int) -> str:
-        if val.is_const:
-            return literal(val.value, compute_dtype(val.dtype))
-        if val.is_fusion_input:
-            name = self._scalars.setdefault(val.symbol, f"arg_{val.symbol}")
-            return name
-        assert val.definition is not None
-        key = (val.name,)
-        if key not in self._values:
-            self._values[key] = self._compute(val.definition, val, None, indent)
-        return self._values[key]
-
-    def _compute(self, expr: Expr, out: Val, indices: _Indices | None, indent: int) -> str:
-        def operand(v: Val) -> str:
-            if isinstance(v, TensorView):
-                assert indices is not None
-                return self._value(v, self._producer_indices(expr, v, indices), indent)
-            return self._value(v, None, indent)
-
-        if isinstance(expr, INDEX_ONLY_OPS):
-            return operand(expr.inputs[0])
-        if isinstance(expr, FullOp):
-            # A typed scalar: a bare 3 would be int32, a bare True no tensor at all.
-            fill, dtype = expr.inputs[0], compute_dtype(out.dtype)
-            value = literal(fill.value, dtype) if isinstance(fill, Scalar) and fill.is_const else operand(fill)
-            return self._assign("v", f"tl.full([], {value}, {triton_dtype(dtype)})", indent)
-        if isinstance(expr, IotaOp):
-            assert indices is not None and isinstance(out, TensorView)
-            index = indices.of[id(out.get_logical_domain()[0])]
-            start, step = (operand(v) for v in expr.inputs[1:])
-            dtype = compute_dtype(out.dtype)
-            return self._assign("v", f"({start} + ({index}){_to(DataType.Int, dtype)} * {step}){_to(dtype, dtype)}",
-                                indent)
-        if isinstance(expr, UnaryOp | BinaryOp | TernaryOp):
-            kind = expr.kind
-            template = kind.spec.triton
-            if template is None:
-                raise KernelError(f"{out}: {kind.name} has no Triton lowering")
-            op_dtype = _op_dtype(expr)
-            args = []
-            for k, v in enumerate(expr.inputs):
-                raw = kind in _LOGICAL or (kind is TernaryOpType.where and k == 0)
-                if isinstance(v, Scalar) and v.is_const and not raw:
-                    args.append(literal(v.value, op_dtype))  # typed in the op's dtype: no conversion
-                    continue
-                value = operand(v)
-                args.append(value if raw else self._convert(value, v.dtype, op_dtype))
-            result_dtype_ = DataType.Bool if kind in _COMPARISONS or kind in _LOGICAL else op_dtype
-            text = template.format(*(f"({a})" for a in args))
-            return self._assign("v", f"({text}){_to(result_dtype_, compute_dtype(out.dtype))}", indent)
-        raise KernelError(f"{out.short_name if isinstance(out, TensorView) else out}: {type(expr).__name__} has no "  # type: ignore[attr-defined]
-                          "Triton lowering in a pointwise kernel")
-
-    @staticmethod
-    def _convert(value: str, src: DataType, dst: DataType) -> str:
-        src = compute_dtype(src)
-        return f"({value}){_to(src, dst)}" if src is not dst else value
 
     # --- the kernel -------------------------------------------------------------------------------------
     def _check_inlined_producers(self) -> None:
@@ -543,43 +378,68 @@ class KernelBuilder:
     def build(self) -> KernelSource:
         self._check_inlined_producers()
         loops = self._loop_nest()
+        code = self.code
         tiles = [loop for loop in loops if loop.kind == "tile"]
+        self.tile_shape = [str(loop.tile_size) if loop.tile_size else loop.tile_param for loop in tiles]
         for loop in loops:
             if loop.kind == "grid":
-                self._emit(f"{loop.index} = tl.program_id({loop.index[-1]})", 1)
+                code.emit(f"{loop.index} = tl.program_id({loop.index[-1]})")
             elif loop.kind == "tile":
                 shape = ", ".join(":" if k == loop.tile_pos else "None" for k in range(len(tiles)))
-                reshape = f"[{shape}]" if len(tiles) > 1 else ""
-                loop.index = self._assign("r", f"tl.arange(0, {loop.tile_size}){reshape}", 1,
-                                          frozenset({loop.tile_pos}))
+                size = loop.tile_size or loop.tile_param
+                loop.index = code.assign("r", f"tl.arange(0, {size})" + (f"[{shape}]" if len(tiles) > 1 else ""),
+                                         frozenset({loop.tile_pos}))
                 if loop.tile_size != loop.extent.value:
-                    self._conditions.append((f"({loop.index} < {loop.extent.value})", frozenset({loop.tile_pos})))
-        indent = 1
+                    code.add_condition(f"({loop.index} < {int_expr(loop.extent)})", frozenset({loop.tile_pos}))
+            if loop.kind != "serial":
+                code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
         for loop in loops:
-            if loop.kind == "serial":
-                loop.index = self._fresh("i")
-                self._emit(f"for {loop.index} in _range({int_expr(loop.extent)}):", indent)
-                indent += 1
-        for loop in loops:
-            self._loop_index[id(loop.id)] = loop.index
-            self._loop_index_by_class.setdefault(self.exact.class_of(loop.id), []).append(loop.index)
-        outputs = [(tv, self._walk_back(tv, indent)) for tv in self.outputs]
-        ref_indices = dict(outputs)[self.reference] if self.reference in dict(outputs) else outputs[0][1]
-        self._conditions.extend(ref_indices.masks)
-        uniform = [c for c, dims in self._conditions if not dims]
-        if uniform:  # the same for the whole tile: a branch, not a mask
-            self._emit(f"if {' & '.join(uniform)}:", indent)
-            indent += 1
-            self._conditions = [(c, dims) for c, dims in self._conditions if dims]
-        for position, (tv, indices) in enumerate(outputs, start=len(self.inputs)):
-            value = self._value(tv, indices, indent)
-            offset, dims = self._offset(tv, position, indices)
-            stored = f"({value}){_to(compute_dtype(tv.dtype), tv.dtype)}"
-            mask = self._mask(dims, indent)
-            self._emit(f"tl.store(T{position} + {offset}, {stored}{', mask=' + mask if mask else ''})", indent)
+            if loop.kind == "serial" and not loop.id.is_reduction:
+                loop.index = code.fresh("i")
+                code.open(f"for {loop.index} in _range({int_expr(loop.extent)}):")
+                code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
+        for expr in self.exprs:
+            if isinstance(expr, ReductionOp | VarMeanOp):
+                self.reduce(expr)
+        for position, tv in enumerate(self.outputs, start=len(self.inputs)):
+            self._store(tv, position)
         return self._source(loops)
 
-    def _source(self, loops: Sequence[_Loop]) -> KernelSource:
+    def open_loops_for(self, tv: TensorView) -> int:
+        """Open a loop for each serial loop ID of ``tv`` the nest has no index for in this scope (a
+        reduction's loop, a later pass over a reduced axis); returns how many were opened."""
+        opened = 0
+        taken: dict[int, int] = {}
+        for pos, i in enumerate(tv.get_loop_domain()):
+            if i.is_broadcast or self.index_of_loop_id(i, taken) is not None:
+                continue
+            if i.parallel_type is not ParallelType.serial:
+                raise KernelError(f"{tv.short_name} axis {pos} ({i}) is parallelized on {i.parallel_type.name} but "
+                                  f"the kernel's reference {self.reference.short_name} has no such loop")
+            index = self.code.fresh("i")
+            self.code.open(f"for {index} in _range({int_expr(self.extent(i))}):")
+            self.code.bind_loop(id(i), self.exact.class_of(i), index)
+            opened += 1
+        return opened
+
+    def _store(self, tv: TensorView, position: int) -> None:
+        code = self.code
+        opened = self.open_loops_for(tv) if not tv.definition or not isinstance(
+            tv.definition, ReductionOp | VarMeanOp) else 0
+        indices = self.walk_back(tv, partial=isinstance(tv.definition, ReductionOp | VarMeanOp))
+        uniform = code.uniform()
+        if uniform:  # the same for the whole tile: a branch, not a mask
+            code.open(f"if {' & '.join(uniform)}:")
+            opened += 1
+        value = self.value(tv, indices)
+        offset, dims = self.offset(tv, position, indices)
+        stored = self.store_value(value, tv)
+        mask = code.mask(dims)
+        code.emit(f"tl.store(T{position} + {offset}, {stored}{', mask=' + mask if mask else ''})")
+        for _ in range(opened):
+            code.close()
+
+    def _source(self, loops: list[Loop]) -> KernelSource:
         output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.size_symbol(i)
                                     for i in tv.get_logical_domain(no_reductions=True)) for tv in self.outputs)
         tensors = [f"T{k}" for k in range(len(self.inputs) + len(self.outputs))]
@@ -589,8 +449,9 @@ class KernelBuilder:
         scalar_symbols = list(self._scalars)
         scalar_positions = tuple(next(k for k, v in enumerate(all_inputs) if isinstance(v, Scalar) and v.symbol == sym)
                                  for sym in scalar_symbols)
-        params = ", ".join([*tensors, *strides, *sizes, *(self._scalars[sym] for sym in scalar_symbols)])
-        body = "\n".join(self.lines) or "    pass"
+        tile_params = [f"{param}: tl.constexpr" for param, *_ in self._dynamic_tiles]
+        params = ", ".join([*tensors, *strides, *sizes, *(self._scalars[sym] for sym in scalar_symbols), *tile_params])
+        body = "\n".join(self.code.lines) or "    pass"
         source = f"{prelude(self.target)}\n\n@_jit\ndef {self.name}({params}):\n{body}\n"
         grid = tuple(next((loop.extent for loop in loops if loop.kind == "grid" and loop.index == f"pid{a}"),
                           SymConst(1)) for a in range(3))
@@ -601,7 +462,7 @@ class KernelBuilder:
             self.name, source, tensor_positions, scalar_positions, tuple(self._strides), tuple(self._sizes),
             grid[:used], self._size_checks(), self._constant_checks(), output_shapes, perms,
             tuple(tv.dtype for tv in self.outputs), tuple(tv.short_name for tv in (*self.inputs, *self.outputs)),
-            tuple(self._divisibility))
+            tuple(self._divisibility), tuple(self._dynamic_tiles))
 
     def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
         """Input dims of symbolic extent in a class of constant extent (``expand(x, [6, 4])`` of an
@@ -631,22 +492,3 @@ class KernelBuilder:
                 else:
                     first[root] = (k, d)
         return tuple(checks)
-
-
-def _to(src: DataType, dst: DataType) -> str:
-    if src is dst:
-        return ""
-    if dst is DataType.Bool:
-        return " != 0"
-    return f".to({triton_dtype(dst)})"
-
-
-def _op_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
-    """The dtype an op computes in: its output's, except comparisons (the operands' common type,
-    by torch's promotion)."""
-    if expr.kind in _COMPARISONS:
-        return compute_dtype(result_dtype(torch.add, expr.inputs))
-    out = compute_dtype(expr.outputs[0].dtype)
-    if out is DataType.Bool and expr.kind not in _LOGICAL and expr.kind is not UnaryOpType.cast:
-        return DataType.Int32  # torch's bool arithmetic saturates (True + True is True): compute wide, then != 0
-    return out

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from pyfuser.codegen.kernel_builder import KernelSource
-from pyfuser.codegen.triton_support import host_int_expr
+from pyfuser.codegen.kernel_source import KernelSource
+from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
 from pyfuser.ir.layout import dense_strides
 
 
@@ -52,6 +52,12 @@ def launcher_source(s: KernelSource, num_warps: int) -> tuple[str, dict[str, Any
     for a, da, size in s.constant_checks:
         body.append(f"if t{a}.shape[{da}] != {size}:")
         body.append(f"    raise _constant_error(names, {a}, {da}, t{a}.shape[{da}], {size})")
+    for k, (param, extent, limit, message) in enumerate(s.dynamic_tiles):
+        env[f"_tile_message{k}"] = message
+        body.append(f"{param} = _next_pow2({host_int_expr(extent)})")
+        body.append(f"if {param} > {limit}:")
+        body.append(f"    raise ValueError(_tile_message{k} + ', ' + str({host_int_expr(extent)}) + ' elements, over the "
+                    f"{limit} a tile may hold; schedule it in a loop')")
     for k, (extent, factor, message) in enumerate(s.divisibility_checks):
         env[f"_message{k}"] = message
         body.append(f"if {host_int_expr(extent)} % {factor}:")
@@ -76,9 +82,11 @@ def launcher_source(s: KernelSource, num_warps: int) -> tuple[str, dict[str, Any
     tensors = [*(f"t{k}" for k in range(n_in)), *(f"o{k}" for k in range(len(s.output_shapes)))]
     strides = [f"{tensors[k]}.stride({d})" for k, d in s.stride_args]
     scalars = [f"args[{p}]" for p in s.scalar_inputs]
-    params = ", ".join([*tensors, *strides, *(src.symbol for src in s.sizes), *scalars])
+    tiles = [param for param, *_ in s.dynamic_tiles]
+    params = ", ".join([*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles])
     grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")
     env["_dense"] = dense_strides
+    env["_next_pow2"] = next_power_of_2
     prepare = [*body, f"if {empty}:", f"    return [{outputs}], None, []", f"return [{outputs}], ({grid}), [{params}]"]
     run = [*body, f"if {empty}:", f"    return [{outputs}]", f"fn[({grid})]({params}, num_warps={num_warps})",
            f"return [{outputs}]"]

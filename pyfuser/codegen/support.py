@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pyfuser.codegen.kernel_builder import INDEX_ONLY_OPS
 from pyfuser.codegen.triton_support import compute_dtype, triton_dtype
+from pyfuser.codegen.values import INDEX_ONLY_OPS
 from pyfuser.ir.base import Expr, Scalar
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.ops import BinaryOp, FullOp, IotaOp, LoadStoreOp, LoadStoreOpType, SqueezeOp, TernaryOp, UnaryOp

@@ -94,6 +94,34 @@ def _div(a, b):
 
 
 @_jit
+def _add(a, b):
+    return a + b
+
+
+@_jit
+def _mul(a, b):
+    return a * b
+
+
+@_jit
+def _max(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@_jit
+def _min(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@_jit
+def _welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    w = tl.where(n == 0, 0.0, n_b / tl.where(n == 0, 1.0, n))
+    return mean_a + delta * w, m2_a + m2_b + delta * delta * n_a * w, n
+
+
+@_jit
 def _sigmoid(x):
     # tl.sigmoid is a jit function of triton.language, which Triton's interpreter cannot call
     return 1.0 / (1.0 + tl.exp(-x))

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
-from pyfuser.codegen.kernel_builder import KernelBuilder, KernelSource
+from pyfuser.codegen.kernel_builder import KernelBuilder
+from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion

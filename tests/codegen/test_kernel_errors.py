@@ -34,11 +34,22 @@ def test_tile_over_the_triton_limit() -> None:
         fd.manual_execute([torch.randn(4, 4)])
 
 
-def test_tile_of_symbolic_extent() -> None:
+def test_tile_as_wide_as_a_runtime_extent() -> None:
+    """A symbolic block axis is one tile as wide as the extent (a persistent row), up to a limit."""
     fd, _, out = _pointwise()
     out.axis(1).parallelize(ParallelType.block_x)
-    with pytest.raises(ValueError, match=r"T2 axis 1 \(ithreadIdx.x\d+\{i1\}\) is parallelized on block_x but its extent "
-                                         r"i1 is not a constant"):
+    x = torch.randn(4, 37)
+    torch.testing.assert_close(fd.manual_execute([x])[0], -torch.exp(x))
+    with pytest.raises(ValueError, match=r"T2 axis 1 \(ithreadIdx.x\d+\{i1\}\) is a tile as wide as its extent, 40000 "
+                                         r"elements, over the 32768 a tile may hold"):
+        fd.manual_execute([torch.randn(1, 40000)])
+
+
+def test_symbolic_extent_on_a_vectorized_axis() -> None:
+    fd, _, out = _pointwise()
+    out.axis(1).parallelize(ParallelType.vectorize)
+    with pytest.raises(ValueError, match=r"T2 axis 1 .* is parallelized on vectorize but its extent i1 is not a "
+                                         r"constant"):
         fd.manual_execute([torch.randn(4, 4)])
 
 

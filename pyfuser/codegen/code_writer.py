@@ -1,0 +1,121 @@
+"""Writing a kernel body: lines at an indentation, fresh names, and what is known in each scope.
+
+A Triton loop body cannot hand its local variables to code after the loop, so everything the
+builder remembers (an index expression already assigned, a value already computed, the loop
+index of an ID class, a condition that masks accesses) belongs to the scope that computed it and is
+forgotten when that scope closes. Identical expressions in visible scopes are assigned once
+(common-subexpression elimination by text), which is also what lets a value computed at one loop
+point be found again by a consumer that reaches the same indices another way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Scope:
+    exprs: dict[str, str] = field(default_factory=dict)
+    values: dict[tuple[object, ...], str] = field(default_factory=dict)
+    loop_index: dict[int, str] = field(default_factory=dict)
+    class_indices: dict[int, list[str]] = field(default_factory=dict)
+    conditions: list[tuple[str, frozenset[int]]] = field(default_factory=list)
+
+
+class CodeWriter:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.indent = 1
+        self._counter = 0
+        self._scopes = [_Scope()]
+        #: tile axes each variable varies along (absent: a scalar)
+        self.dims: dict[str, frozenset[int]] = {}
+
+    # --- lines ----------------------------------------------------------------------------------------
+    def fresh(self, prefix: str) -> str:
+        self._counter += 1
+        return f"{prefix}{self._counter}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.indent + line)
+
+    def assign(self, prefix: str, expr: str, dims: frozenset[int] | None = None, cse: bool = True) -> str:
+        """``name = expr`` (or the name an identical visible expression already has)."""
+        if cse:
+            for scope in reversed(self._scopes):
+                if expr in scope.exprs:
+                    return scope.exprs[expr]
+        name = self.fresh(prefix)
+        self.emit(f"{name} = {expr}")
+        self.dims[name] = dims if dims is not None else self.dims_of(*_names_in(expr))
+        if cse:
+            self._scopes[-1].exprs[expr] = name
+        return name
+
+    def dims_of(self, *names: str) -> frozenset[int]:
+        return frozenset().union(*(self.dims.get(n, frozenset()) for n in names))
+
+    # --- scopes ---------------------------------------------------------------------------------------
+    def open(self, header: str) -> None:
+        """Emit ``header`` (a ``for`` or an ``if``) and enter its body."""
+        self.emit(header)
+        self.indent += 1
+        self._scopes.append(_Scope())
+
+    def close(self) -> None:
+        self.indent -= 1
+        self._scopes.pop()
+
+    def remember(self, key: tuple[object, ...], name: str) -> None:
+        self._scopes[-1].values[key] = name
+
+    def recall(self, key: tuple[object, ...]) -> str | None:
+        for scope in reversed(self._scopes):
+            if key in scope.values:
+                return scope.values[key]
+        return None
+
+    def bind_loop(self, loop_id: int, root: int, index: str) -> None:
+        """Loop ID ``loop_id`` (of ID class ``root``) iterates with ``index`` in this scope."""
+        scope = self._scopes[-1]
+        scope.loop_index[loop_id] = index
+        scope.class_indices.setdefault(root, []).append(index)
+
+    def loop_index(self, loop_id: int) -> str | None:
+        for scope in reversed(self._scopes):
+            if loop_id in scope.loop_index:
+                return scope.loop_index[loop_id]
+        return None
+
+    def class_indices(self, root: int) -> list[str]:
+        """Indices of the loops of class ``root``, outermost scope first."""
+        return [i for scope in self._scopes for i in scope.class_indices.get(root, [])]
+
+    def add_condition(self, condition: str, dims: frozenset[int]) -> None:
+        self._scopes[-1].conditions.append((condition, dims))
+
+    def conditions(self) -> list[tuple[str, frozenset[int]]]:
+        return [c for scope in self._scopes for c in scope.conditions]
+
+    def mask(self, dims: frozenset[int]) -> str:
+        """The conditions an access varying along tile axes ``dims`` needs: those on its own axes (an
+        access may not have a mask wider than its pointer). Conditions on no tile axis are the same
+        for the whole tile: the code around the access branches on them (``uniform``)."""
+        conds = [c for c, d in self.conditions() if d and d <= dims]
+        return self.assign("mask", " & ".join(conds), dims) if conds else ""
+
+    def uniform(self) -> list[str]:
+        return [c for c, d in self.conditions() if not d]
+
+
+def _names_in(expr: str) -> list[str]:
+    """Identifiers of ``expr`` (enough to look up which tile axes it varies along)."""
+    word, names = "", []
+    for ch in expr + " ":
+        if ch.isalnum() or ch == "_":
+            word += ch
+        else:
+            if word and not word[0].isdigit():
+                names.append(word)
+            word = ""
+    return names

@@ -1,0 +1,57 @@
+"""What the code generator produces: a kernel's source and everything its launcher needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.symbolic import SymExpr
+
+
+class KernelError(ValueError):
+    """A segment the code generator cannot turn into a kernel; the message names tensor and axis."""
+
+
+@dataclass(frozen=True)
+class SizeSource:
+    """Where the launcher reads a size class: dim ``dim`` of input (``output=False``) or output
+    ``index``; or, for a class no tensor argument holds, ``extent`` in the bound sizes."""
+
+    symbol: str
+    index: int = -1
+    dim: int = -1
+    output: bool = False
+    extent: SymExpr | None = None
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """A generated kernel and everything its launcher needs. Arguments, in order: tensors (the
+    segment's tensor inputs, then its outputs), strides, sizes, scalars, then the constexpr tile
+    sizes of axes whose extent is only known at launch (``dynamic_tiles``)."""
+
+    name: str
+    source: str
+    #: position in the segment's inputs of each tensor input and of each scalar argument
+    tensor_inputs: tuple[int, ...]
+    scalar_inputs: tuple[int, ...]
+    #: (tensor position among inputs+outputs, dim) per stride argument
+    stride_args: tuple[tuple[int, int], ...]
+    sizes: tuple[SizeSource, ...]
+    #: per grid axis used (x, y, z): extent over the size symbols
+    grid: tuple[SymExpr, ...]
+    #: (tensor input, dim, tensor input, dim): dims the kernel takes as one size, compared at launch
+    size_checks: tuple[tuple[int, int, int, int], ...]
+    #: (tensor input, dim, size): dims the kernel takes as a constant (an ``expand`` target)
+    constant_checks: tuple[tuple[int, int, int], ...]
+    #: per output: shape over the size symbols, allocation order, dtype
+    output_shapes: tuple[tuple[SymExpr, ...], ...]
+    output_perms: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[DataType, ...]
+    #: the tensor names, for messages (inputs then outputs)
+    tensor_names: tuple[str, ...]
+    #: (extent over the size symbols, factor, message): a vectorized split that must divide at launch
+    divisibility_checks: tuple[tuple[SymExpr, int, str], ...] = ()
+    #: (constexpr parameter, extent over the size symbols, largest allowed power of two, message):
+    #: a tile axis as wide as a runtime extent (a persistent row), sized at launch
+    dynamic_tiles: tuple[tuple[str, SymExpr, int, str], ...] = ()

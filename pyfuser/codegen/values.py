@@ -1,0 +1,269 @@
+"""Values in a generated kernel: loads, pointwise ops, and reductions, each at a loop point.
+
+A mixin of ``KernelBuilder`` (it shares the builder's code writer, indexing and arguments). A value
+is computed where a consumer first reads it and remembered by its tensor and indices, so two
+consumers reading it at the same loop point share it (within the scope that computed it).
+
+Half and bfloat16 are computed in float32 and rounded where the fusion stores or casts them, as
+nvFuser does. Reductions accumulate in float32 for floating inputs (the output's dtype otherwise);
+``var_mean`` is Welford's one-pass update per lane, then Welford's combine across the tile.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from pyfuser.codegen.kernel_source import KernelError
+from pyfuser.codegen.triton_support import compute_dtype, int_expr, literal, triton_dtype
+from pyfuser.ir.base import Expr, Scalar, Val
+from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.ops import (
+    BinaryOp,
+    BinaryOpType,
+    BroadcastOp,
+    ExpandOp,
+    FullOp,
+    IotaOp,
+    LoadStoreOp,
+    PermuteOp,
+    ReductionOp,
+    ReductionOpType,
+    SqueezeOp,
+    TernaryOp,
+    TernaryOpType,
+    UnaryOp,
+    UnaryOpType,
+    VarMeanOp,
+)
+from pyfuser.ir.ops.promotion import result_dtype
+from pyfuser.ir.tensor_view import TensorView
+
+if TYPE_CHECKING:
+    from pyfuser.codegen.kernel_builder import Indices, KernelBuilder
+
+#: Exprs a kernel computes by indexing their producer differently; the value passes through.
+INDEX_ONLY_OPS = (LoadStoreOp, BroadcastOp, ExpandOp, SqueezeOp, PermuteOp)
+_COMPARISONS = frozenset({BinaryOpType.eq, BinaryOpType.ne, BinaryOpType.lt, BinaryOpType.le, BinaryOpType.gt,
+                          BinaryOpType.ge})
+_LOGICAL = frozenset({BinaryOpType.logical_and, BinaryOpType.logical_or, UnaryOpType.logical_not})
+#: reduction kind -> (combine function of the prelude, identity as a function of the accumulator dtype)
+_COMBINE = {ReductionOpType.sum: "_add", ReductionOpType.mean: "_add", ReductionOpType.prod: "_mul",
+            ReductionOpType.max: "_max", ReductionOpType.min: "_min"}
+
+
+def _identity(kind: ReductionOpType, dtype: DataType) -> object:
+    if kind in (ReductionOpType.sum, ReductionOpType.mean):
+        return 0
+    if kind is ReductionOpType.prod:
+        return 1
+    if dtype.is_floating:
+        return float("-inf") if kind is ReductionOpType.max else float("inf")
+    info = torch.iinfo(dtype.torch_dtype)
+    return info.min if kind is ReductionOpType.max else info.max
+
+
+def _to(src: DataType, dst: DataType) -> str:
+    if src is dst:
+        return ""
+    if dst is DataType.Bool:
+        return " != 0"
+    return f".to({triton_dtype(dst)})"
+
+
+def accumulator_dtype(out: DataType) -> DataType:
+    """Floating reductions accumulate in float32 (or double); integers and bools in their output type
+    (a bool max / min in int32, then compared)."""
+    dtype = compute_dtype(out)
+    return DataType.Int32 if dtype is DataType.Bool else dtype
+
+
+def op_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
+    """The dtype an op computes in: its output's, except comparisons (the operands' common type,
+    by torch's promotion) and bool arithmetic (torch saturates True + True: computed wide, then != 0)."""
+    if expr.kind in _COMPARISONS:
+        return compute_dtype(result_dtype(torch.add, expr.inputs))
+    out = compute_dtype(expr.outputs[0].dtype)
+    if out is DataType.Bool and expr.kind not in _LOGICAL and expr.kind is not UnaryOpType.cast:
+        return DataType.Int32
+    return out
+
+
+class ValueLowering:
+    """Mixin: the value of a tensor or scalar at a loop point."""
+
+    def value(self: KernelBuilder, val: Val, indices: Indices | None) -> str:
+        """``val`` at the loop point where a consumer reads it with ``indices`` (None for scalars)."""
+        if isinstance(val, Scalar):
+            return self.scalar(val)
+        assert isinstance(val, TensorView) and indices is not None
+        key = (val.name, *(indices.of.get(id(i), "0") for i in val.get_logical_domain()
+                           if not i.is_broadcast and not i.is_reduction))
+        cached = self.code.recall(key)
+        if cached is not None:
+            return cached
+        definition = val.definition
+        if val in self.inputs:
+            position = self.inputs.index(val)
+            offset, dims = self.offset(val, position, indices)
+            mask = self.code.mask(dims)
+            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0)" if mask else \
+                f"tl.load(T{position} + {offset})"
+            result = self.code.assign("v", f"{load}{_to(val.dtype, compute_dtype(val.dtype))}", cse=False)
+        elif isinstance(definition, ReductionOp | VarMeanOp):
+            raise KernelError(f"{val.short_name} is read at a loop point where it was not reduced; read the "
+                              "reduction where its consumers' loops map onto its iteration axes")
+        else:
+            assert definition is not None
+            result = self.compute(definition, val, indices)
+        self.code.remember(key, result)
+        return result
+
+    def scalar(self: KernelBuilder, val: Scalar) -> str:
+        if val.is_const:
+            return literal(val.value, compute_dtype(val.dtype))
+        if val.is_fusion_input:
+            return self._scalars.setdefault(val.symbol, f"arg_{val.symbol}")
+        assert val.definition is not None
+        key = (val.name,)
+        cached = self.code.recall(key)
+        if cached is None:
+            cached = self.compute(val.definition, val, None)
+            self.code.remember(key, cached)
+        return cached
+
+    def compute(self: KernelBuilder, expr: Expr, out: Val, indices: Indices | None) -> str:
+        def operand(v: Val) -> str:
+            if isinstance(v, TensorView):
+                assert indices is not None
+                return self.value(v, self.producer_indices(expr, v, indices))
+            return self.value(v, None)
+
+        code = self.code
+        if isinstance(expr, INDEX_ONLY_OPS):
+            return operand(expr.inputs[0])
+        if isinstance(expr, FullOp):
+            # A typed scalar: a bare 3 would be int32, a bare True no tensor at all.
+            fill, dtype = expr.inputs[0], compute_dtype(out.dtype)
+            value = literal(fill.value, dtype) if isinstance(fill, Scalar) and fill.is_const else operand(fill)
+            return code.assign("v", f"tl.full([], {value}, {triton_dtype(dtype)})")
+        if isinstance(expr, IotaOp):
+            assert indices is not None and isinstance(out, TensorView)
+            index = indices.of[id(out.get_logical_domain()[0])]
+            start, step = (operand(v) for v in expr.inputs[1:])
+            dtype = compute_dtype(out.dtype)
+            return code.assign("v", f"({start} + ({index}){_to(DataType.Int, dtype)} * {step}){_to(dtype, dtype)}")
+        if isinstance(expr, UnaryOp | BinaryOp | TernaryOp):
+            kind = expr.kind
+            template = kind.spec.triton
+            if template is None:
+                raise KernelError(f"{out}: {kind.name} has no Triton lowering")
+            dtype = op_dtype(expr)
+            args = []
+            for k, v in enumerate(expr.inputs):
+                raw = kind in _LOGICAL or (kind is TernaryOpType.where and k == 0)
+                if isinstance(v, Scalar) and v.is_const and not raw:
+                    args.append(literal(v.value, dtype))  # typed in the op's dtype: no conversion
+                    continue
+                value = operand(v)
+                args.append(value if raw else self.convert(value, v.dtype, dtype))
+            produced = DataType.Bool if kind in _COMPARISONS or kind in _LOGICAL else dtype
+            text = template.format(*(f"({a})" for a in args))
+            return code.assign("v", f"({text}){_to(produced, compute_dtype(out.dtype))}")
+        raise KernelError(f"{out.short_name if isinstance(out, TensorView) else out}: {expr.op_description} has no "
+                          "Triton lowering")
+
+    @staticmethod
+    def convert(value: str, src: DataType, dst: DataType) -> str:
+        src = compute_dtype(src)
+        return f"({value}){_to(src, dst)}" if src is not dst else value
+
+    def store_value(self: KernelBuilder, value: str, tv: TensorView) -> str:
+        return f"({value}){_to(compute_dtype(tv.dtype), tv.dtype)}"
+
+    # --- reductions -------------------------------------------------------------------------------------
+    def reduce(self: KernelBuilder, expr: ReductionOp | VarMeanOp) -> None:
+        """Compute ``expr`` at the nest's iteration point: open its serial reduction loops (if any),
+        accumulate per lane, then reduce across its reduction tile axes (kept as size-1 axes, so the
+        result broadcasts against later tiles)."""
+        code = self.code
+        out = expr.outputs[0]
+        assert isinstance(out, TensorView)
+        outer = self.walk_back(out, partial=True)  # iteration indices, assigned in this scope
+        key = (out.name, *(outer.of.get(id(i), "0") for i in out.get_logical_domain()
+                           if not i.is_broadcast and not i.is_reduction))
+        if code.recall(key) is not None:
+            return
+        acc_dtype = DataType.Float if isinstance(expr, VarMeanOp) else accumulator_dtype(out.dtype)
+        acc_ty = triton_dtype(acc_dtype)
+        shape = f"[{', '.join(self.tile_shape)}]"
+        welford = isinstance(expr, VarMeanOp)
+        names = [code.fresh("acc") for _ in range(3 if welford else 1)]
+        kind = None if welford else expr.kind
+        identity = 0 if welford else _identity(expr.kind, acc_dtype)
+        for name in names:
+            code.emit(f"{name} = tl.full({shape}, {literal(identity, acc_dtype)}, {acc_ty})")
+        opened = self.open_loops_for(out)
+        indices = self.walk_back(out)
+        producer = expr.inputs[0]
+        assert isinstance(producer, TensorView)
+        value = self.convert(self.value(producer, self.producer_indices(expr, producer, indices)), producer.dtype,
+                             acc_dtype)
+        mask = code.mask(frozenset(range(len(self.tile_shape))))
+        uniform = code.uniform()
+        if uniform:
+            code.open(f"if {' & '.join(uniform)}:")
+        if welford:
+            mean, m2, count = names
+            valid = mask or "True"
+            code.emit(f"{count} = {count} + tl.where({valid}, 1.0, 0.0)")
+            delta = code.assign("d", f"{value} - {mean}", cse=False)
+            code.emit(f"{mean} = {mean} + tl.where({valid}, {delta} / tl.where({count} == 0, 1.0, {count}), 0.0)")
+            code.emit(f"{m2} = {m2} + tl.where({valid}, {delta} * ({value} - {mean}), 0.0)")
+        else:
+            (acc,) = names
+            assert kind is not None
+            combined = f"{_COMBINE[kind]}({acc}, {value})"
+            code.emit(f"{acc} = tl.where({mask}, {combined}, {acc})" if mask else f"{acc} = {combined}")
+        if uniform:
+            code.close()
+        for _ in range(opened):
+            code.close()
+        axes: list[int | None] = sorted({self._tile_pos_of(i) for i in out.get_loop_domain()
+                                         if i.is_reduction} - {None})  # type: ignore[type-var]
+        if axes and len(axes) == len(self.tile_shape):
+            axes = [None]  # every tile axis is reduced: one reduction to a scalar (stores take scalars)
+        if welford:
+            mean, m2, count = names
+            for axis in axes:
+                keep = ", keep_dims=True" if axis is not None else ""
+                code.emit(f"{mean}, {m2}, {count} = tl.reduce(({mean}, {m2}, {count}), {axis}, _welford_combine{keep})")
+            correction = expr.correction
+            var = code.assign("v", f"{m2} / ({count} - {correction})" if correction else f"{m2} / {count}", cse=False)
+            results = [self.convert(var, DataType.Float, compute_dtype(expr.outputs[0].dtype)),
+                       self.convert(mean, DataType.Float, compute_dtype(expr.outputs[1].dtype))]
+        else:
+            (acc,) = names
+            assert kind is not None
+            for axis in axes:
+                keep = ", keep_dims=True" if axis is not None else ""
+                code.emit(f"{acc} = tl.reduce({acc}, {axis}, {_COMBINE[kind]}{keep})")
+            result = acc
+            if kind is ReductionOpType.mean:
+                count = " * ".join(int_expr(self.size_symbol(i)) for i in out.get_logical_domain() if i.is_reduction)
+                result = code.assign("v", f"{acc} / ({count})", cse=False)
+            results = [self.convert(result, acc_dtype, compute_dtype(out.dtype))]
+        for tv, result in zip(expr.outputs, results, strict=True):
+            assert isinstance(tv, TensorView)
+            out_key = (tv.name, *key[1:])
+            code.remember(out_key, code.assign("v", result, cse=False) if result.startswith("(") else result)
+
+    def _tile_pos_of(self: KernelBuilder, i: object) -> int | None:
+        """The tile axis a reduction loop ID of a reduction tensor iterates (None: a serial loop)."""
+        taken: dict[int, int] = {}
+        index = self.index_of_loop_id(i, taken)  # type: ignore[arg-type]
+        if index is None:
+            return None
+        dims = self.code.dims.get(index)
+        return next(iter(dims)) if dims and len(dims) == 1 else None
