@@ -15,6 +15,7 @@ from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterType
 from pyfuser.ir.ops import BinaryOp, BinaryOpType, TernaryOp, TernaryOpType, UnaryOp, UnaryOpType
 from pyfuser.ir.ops.promotion import result_dtype
+from pyfuser.ir.ops.sizes import size_expression
 from pyfuser.ir.tensor_view import TensorView
 
 Kind = UnaryOpType | BinaryOpType | TernaryOpType
@@ -37,6 +38,7 @@ class PointwiseOps(OpsBase):
                                     dtype)
         else:
             out = Scalar(self._fusion, dtype)
+            out.extent_expr = size_expression(kind, vals)  # size arithmetic can size other ops
         if isinstance(kind, UnaryOpType):
             UnaryOp(self._fusion, kind, out, vals[0])
             return out

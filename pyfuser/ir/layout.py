@@ -98,3 +98,11 @@ def memory_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
         at = next((k for k, e in enumerate(order) if e > d), len(order))
         order.insert(at, d)
     return order
+
+
+def tensor_descriptor(sizes: Sequence[int], strides: Sequence[int]) -> tuple[Contiguity, list[int]]:
+    """nvFuser's ``compute_tensor_descriptor``: contiguity in allocation order (None for size-1 and
+    stride-0 expanded axes) and the stride order of a concrete tensor's sizes and strides."""
+    perm = memory_order(sizes, strides)
+    without_footprint = [n == 1 or (s == 0 and n > 1) for n, s in zip(sizes, strides, strict=True)]
+    return contiguity_of_strides(sizes, strides, perm, without_footprint), stride_order_of_permutation(perm)

@@ -34,6 +34,8 @@ class FusionExecutorCache:
         self._binder: InputBinder | None = None
         self._by_signature: dict[tuple[Any, ...], Program] = {}
         self._by_layout: dict[tuple[Any, ...], Program] = {}
+        #: (output position, input position) of outputs written in place into an input
+        self._aliases: list[tuple[int, int]] = []
         self.compile_count = 0
         #: The program the latest ``run`` executed (for dumps and tests: ``str(program)`` is its Host IR).
         self.last_program: Program | None = None
@@ -43,6 +45,12 @@ class FusionExecutorCache:
         self._binder = InputBinder(self.fusion.inputs())
         self._by_signature.clear()
         self._by_layout.clear()
+        inputs = self.fusion.inputs()
+        self._aliases = []
+        for pos in range(len(self.fusion.outputs())):
+            target = self.fusion.output_alias(pos)
+            if target is not None:
+                self._aliases.append((pos, next(k for k, v in enumerate(inputs) if v is target)))
 
     def run(self, args: Sequence[Any], *, device: torch.device | str | int | None = None,
             enable_options: Sequence[str] = (), disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
@@ -60,7 +68,24 @@ class FusionExecutorCache:
         if binder.has_scalars:
             args = binder.coerce(list(args))
         ctx = EvalContext(binder.bind(args), target)
-        return program.run(args, ctx)
+        outputs = program.run(args, ctx)
+        return self._write_aliases(args, outputs) if self._aliases else outputs
+
+    def _write_aliases(self, args: Sequence[Any], outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copy each in-place output into its input (any strides) and return only the others."""
+        for pos, k in self._aliases:
+            dst, src = args[k], outputs[pos]
+            if dst.shape != src.shape:  # copy_ would broadcast silently
+                raise ValueError(f"output {pos} ({self.fusion.outputs()[pos].short_name}) has shape "  # type: ignore[attr-defined]
+                                 f"{tuple(src.shape)} but is written in place into input {k} "
+                                 f"({self.fusion.inputs()[k].short_name}) of shape {tuple(dst.shape)}")  # type: ignore[attr-defined]
+            dst.copy_(src)
+        written = {pos for pos, _ in self._aliases}
+        return [o for pos, o in enumerate(outputs) if pos not in written]
+
+    def target_device(self, args: Sequence[Any], device: torch.device | str | int | None = None) -> torch.device:
+        """Where ``run(args, device=device)`` computes: ``device``, else the first non-scalar tensor's."""
+        return _resolve_device(device, args)
 
     def _compile_for(self, args: Sequence[Any], binder: InputBinder, target: torch.device,
                      enable_options: Sequence[str], disable_options: Sequence[str]) -> Program:

@@ -36,7 +36,7 @@ def shard_axis(tv: TensorView, axis: int, parts: int, ptype: ParallelType = X) -
 
 
 def host_ir(fd: FusionDefinition) -> str:
-    return str(fd._executor.last_program)
+    return str(fd.fec.last_program)
 
 
 @case()

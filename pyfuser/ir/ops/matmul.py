@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from pyfuser.ir.base import Expr, indent_str
+from pyfuser.ir.base import Expr, PythonCall, indent_str
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header
 from pyfuser.ir.ops.shape import check_same_sizes, unproven_equal
@@ -73,6 +73,9 @@ class MatmulOp(Expr):
                 mapping.update(_align_right(ids[:-2], kept[:batch_end]))
         return mapping
 
+    def python_call(self) -> PythonCall:
+        return PythonCall("matmul", tuple(self.inputs))
+
     def to_string(self, indent: int = 0) -> str:
         a, b = self.inputs
         return f"{header(self.output, indent)}matmul({a},\n{indent_str(indent)}          {b})\n"
@@ -111,6 +114,9 @@ class LinearOp(Expr):
         if producer is w:
             return {ids[0]: kept[-1], ids[1]: rk} if n_present else {ids[0]: rk}
         return {ids[0]: kept[-1]} if n_present and ids else {}
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("linear", tuple(self.inputs[:2]), {"bias": self.inputs[2] if self.has_bias else None})
 
     def to_string(self, indent: int = 0) -> str:
         pad = indent_str(indent)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from pyfuser.ir.base import Expr, Val, indent_str
+from pyfuser.ir.base import Expr, PythonCall, Val, indent_str
 from pyfuser.ir.dtypes import DataType, python_scalar_type
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header, positional_map
@@ -264,6 +264,13 @@ class UnaryOp(Expr):
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return _pointwise_map(self, producer)
 
+    def python_call(self) -> PythonCall:
+        if self.kind is UnaryOpType.cast:
+            return PythonCall("cast", (self.inputs[0],), {"dtype": self.outputs[0].dtype})
+        if self.kind is UnaryOpType.gelu_tanh:
+            return PythonCall("gelu", (self.inputs[0],), {"approximate": "tanh"})
+        return PythonCall(self.kind.name, (self.inputs[0],))
+
     def to_string(self, indent: int = 0) -> str:
         inp, out = self.inputs[0], self.outputs[0]
         if self.kind is UnaryOpType.cast:
@@ -312,6 +319,9 @@ class BinaryOp(Expr):
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return _pointwise_map(self, producer)
 
+    def python_call(self) -> PythonCall:
+        return PythonCall(self.kind.name, tuple(self.inputs))
+
     def to_string(self, indent: int = 0) -> str:
         lhs, rhs = self.inputs
         out = self.outputs[0]
@@ -344,6 +354,9 @@ class TernaryOp(Expr):
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return _pointwise_map(self, producer)
+
+    def python_call(self) -> PythonCall:
+        return PythonCall(self.kind.name, tuple(self.inputs))
 
     def to_string(self, indent: int = 0) -> str:
         pad = indent_str(indent)

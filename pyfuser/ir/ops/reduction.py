@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pyfuser.ir.base import Expr
+from pyfuser.ir.base import Expr, PythonCall
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header, int_list, positional_map
 
@@ -72,6 +72,9 @@ class ReductionOp(Expr):
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output)
 
+    def python_call(self) -> PythonCall:
+        return PythonCall(self.kind.name, (self.inputs[0],), {"dims": list(self.axes), "dtype": self.output.dtype})
+
     def to_string(self, indent: int = 0) -> str:
         spec = self.kind.spec
         return (f"{header(self.output, indent)}reduction( {self.inputs[0]}, op = {spec.printed}, "
@@ -93,6 +96,9 @@ class VarMeanOp(Expr):
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output)
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("var_mean", (self.inputs[0],), {"dims": list(self.axes), "correction": self.correction})
 
     def to_string(self, indent: int = 0) -> str:
         var, mean = self.outputs
