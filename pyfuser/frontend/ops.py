@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from pyfuser.frontend.indexing_ops import IndexingOps
 from pyfuser.frontend.ops_base import Operand, SizeLike, clone_id, normalize_axis
 from pyfuser.frontend.reduction_ops import ReductionOps
 from pyfuser.ir.base import Scalar
@@ -38,7 +39,7 @@ from pyfuser.ir.symbolic import SymConst, SymExpr, ceil_div, product, sym_max, s
 from pyfuser.ir.tensor_view import TensorView
 
 
-class Ops(ReductionOps):
+class Ops(IndexingOps, ReductionOps):
     """The op namespace of one FusionDefinition (``fd.ops``)."""
 
     # --- data movement -----------------------------------------------------------------------
