@@ -16,6 +16,7 @@ import torch
 from pyfuser.frontend.indexing_ops import IndexingOps
 from pyfuser.frontend.ops_base import Operand, SizeLike, clone_id, normalize_axis
 from pyfuser.frontend.reduction_ops import ReductionOps
+from pyfuser.frontend.scan_ops import ScanOps
 from pyfuser.ir.base import Scalar
 from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterDomain, IterType
@@ -39,7 +40,7 @@ from pyfuser.ir.symbolic import SymConst, SymExpr, ceil_div, product, sym_max, s
 from pyfuser.ir.tensor_view import TensorView
 
 
-class Ops(IndexingOps, ReductionOps):
+class Ops(IndexingOps, ScanOps, ReductionOps):
     """The op namespace of one FusionDefinition (``fd.ops``)."""
 
     # --- data movement -----------------------------------------------------------------------
