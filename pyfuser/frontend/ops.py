@@ -15,6 +15,7 @@ import torch
 
 from pyfuser.frontend.indexing_ops import IndexingOps
 from pyfuser.frontend.ops_base import Operand, SizeLike, clone_id, normalize_axis
+from pyfuser.frontend.random_ops import RandomOps
 from pyfuser.frontend.reduction_ops import ReductionOps
 from pyfuser.frontend.scan_ops import ScanOps
 from pyfuser.ir.base import Scalar
@@ -40,7 +41,7 @@ from pyfuser.ir.symbolic import SymConst, SymExpr, ceil_div, product, sym_max, s
 from pyfuser.ir.tensor_view import TensorView
 
 
-class Ops(IndexingOps, ScanOps, ReductionOps):
+class Ops(IndexingOps, ScanOps, RandomOps, ReductionOps):
     """The op namespace of one FusionDefinition (``fd.ops``)."""
 
     # --- data movement -----------------------------------------------------------------------
