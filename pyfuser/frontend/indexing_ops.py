@@ -8,6 +8,7 @@ from typing import Any
 
 from pyfuser.frontend.ops_base import Operand, OpsBase, clone_id, normalize_axis
 from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops.indexing import (
     EmbeddingFwdOp,
@@ -22,7 +23,7 @@ from pyfuser.ir.tensor_view import TensorView
 
 
 def _check_index_dtype(op: str, index: Val) -> None:
-    if not index.dtype.is_integral:
+    if index.dtype not in (DataType.Int, DataType.Int32):
         what = index.short_name if isinstance(index, TensorView) else str(index)
         raise TypeError(f"{op}: index {what} has dtype {index.dtype}; expected an integer (int64_t or int)")
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from pyfuser.frontend.attention_ops import AttentionOps
 from pyfuser.frontend.indexing_ops import IndexingOps
 from pyfuser.frontend.ops_base import Operand, SizeLike, clone_id, normalize_axis
 from pyfuser.frontend.random_ops import RandomOps
@@ -41,7 +42,7 @@ from pyfuser.ir.symbolic import SymConst, SymExpr, ceil_div, product, sym_max, s
 from pyfuser.ir.tensor_view import TensorView
 
 
-class Ops(IndexingOps, ScanOps, RandomOps, ReductionOps):
+class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
     """The op namespace of one FusionDefinition (``fd.ops``)."""
 
     # --- data movement -----------------------------------------------------------------------

@@ -93,7 +93,7 @@ class Scalar(Val):
 
 
 _SCALAR_PREFIX = {
-    DataType.Double: "d", DataType.Float: "f", DataType.Int: "i", DataType.Int32: "i",
+    DataType.Double: "d", DataType.Float: "f", DataType.Int: "i", DataType.Int32: "i", DataType.UInt64: "i",
     DataType.Bool: "b", DataType.ComplexDouble: "c", DataType.ComplexFloat: "c",
     DataType.Half: "h", DataType.BFloat16: "h",
 }

@@ -149,6 +149,8 @@ class _Printer:
         return ", ".join(f"{k}={self._arg(v)}" for k, v in kwargs.items() if v is not None)
 
     def _arg(self, a: Any) -> str:
+        if a is None:
+            return "None"
         if isinstance(a, Val):
             while id(a) in self.aliases:
                 a = self.aliases[id(a)]
@@ -162,7 +164,7 @@ class _Printer:
         if isinstance(a, str):
             return f'"{a}"' if a.isidentifier() else repr(a)
         if isinstance(a, (list, tuple)):
-            return "[" + ", ".join("None" if x is None else self._arg(x) for x in a) + "]"
+            return "[" + ", ".join(self._arg(x) for x in a) + "]"
         return literal(a)
 
     def _constant(self, c: Scalar) -> str:

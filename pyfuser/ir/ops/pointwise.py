@@ -268,7 +268,7 @@ class TernaryOpType(Enum):
 #: Short type names used inside cast function names.
 _CAST_NAME = {
     DataType.Float: "float", DataType.Double: "double", DataType.Half: "half", DataType.BFloat16: "bfloat",
-    DataType.Int: "int64", DataType.Int32: "int32", DataType.Bool: "bool",
+    DataType.Int: "int64", DataType.Int32: "int32", DataType.UInt64: "uint64", DataType.Bool: "bool",
     DataType.ComplexFloat: "complex_float", DataType.ComplexDouble: "complex_double",
 }
 
