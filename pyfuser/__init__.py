@@ -10,6 +10,7 @@ from pyfuser import multidevice
 from pyfuser.frontend import FusionDefinition
 from pyfuser.frontend.caching import LruFusionCache
 from pyfuser.frontend.validate import get_val_tolerances, validate_with_auto_inferred_outputs
+from pyfuser.integrations.dtensor import execute_with_dtensors
 from pyfuser.ir import DataType, Fusion, IterType, MemoryType, ParallelType, TensorView
 from pyfuser.ir.layout import tensor_descriptor as compute_tensor_descriptor
 from pyfuser.ir.python_definition import translate_fusion
@@ -25,5 +26,5 @@ def version() -> TorchVersion:
 
 
 __all__ = ["DataType", "Fusion", "FusionDefinition", "FusionExecutorCache", "IterType", "LRUCache", "LruFusionCache",
-           "MemoryType", "ParallelType", "TensorView", "compute_tensor_descriptor", "get_val_tolerances",
+           "MemoryType", "ParallelType", "TensorView", "compute_tensor_descriptor", "execute_with_dtensors", "get_val_tolerances",
            "multidevice", "translate_fusion", "validate_with_auto_inferred_outputs", "version"]

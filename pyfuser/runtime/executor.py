@@ -12,10 +12,11 @@ from typing import Any, Protocol
 import torch
 
 from pyfuser.comm.communicator import Communicator
-from pyfuser.ir.analysis.sharding import check_meshes_fit, is_multidevice
+from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import memory_order
+from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, check_options
 from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
@@ -23,6 +24,9 @@ from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
 
 class Program(Protocol):
     """A compiled fusion: runs on concrete inputs with bound sizes, returns the outputs."""
+
+    #: the compiled (pre-segmented) fusion's output tensors, in order
+    output_tvs: list[TensorView]
 
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
 
@@ -82,6 +86,18 @@ class FusionExecutorCache:
             dst.copy_(src)
         written = {pos for pos, _ in self._aliases}
         return [o for pos, o in enumerate(outputs) if pos not in written]
+
+    def compiled_outputs(self) -> list[TensorView]:
+        """The returned outputs of the latest run's program, as compiled: after the pre-segmentation
+        passes, so their shardings (propagated to outputs the user left unsharded) are final."""
+        if self.last_program is None:
+            raise ValueError("the fusion has not run yet: its compiled outputs are known after the first execute")
+        outputs = self.last_program.output_tvs
+        return [tv for pos, tv in enumerate(outputs) if self.fusion.output_alias(pos) is None]
+
+    def get_output_shardings(self) -> list[Sharding]:
+        """nvFuser's name: the sharding of each returned output of the latest run."""
+        return [sharding_of(tv) for tv in self.compiled_outputs()]
 
     def target_device(self, args: Sequence[Any], device: torch.device | str | int | None = None) -> torch.device:
         """Where ``run(args, device=device)`` computes: ``device``, else the first non-scalar tensor's."""
