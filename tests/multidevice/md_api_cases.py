@@ -92,9 +92,8 @@ def dtensors_in_and_out() -> None:
     shardings = fd.fec.get_output_shardings()
     if shardings[0].axis_sharded_on(X) != 1 or shardings[0].axis_sharded_on(ParallelType.mesh_y) != -1:
         raise AssertionError(f"unexpected output sharding {shardings[0]}")
-    expect_error(lambda: execute_with_dtensors(fd, [distribute_tensor(xf, torch_mesh, [Shard(0)]) if d == 3 else
-                                                    distribute_tensor(randn(2 * d, 8), torch_mesh, [Shard(0)]),
-                                                    distribute_tensor(wf, torch_mesh, [Shard(0)])]),
+    sharded_x = distribute_tensor(randn(2 * d, 8), torch_mesh, [Shard(0)])  # the fusion's x is replicated
+    expect_error(lambda: execute_with_dtensors(fd, [sharded_x, distribute_tensor(wf, torch_mesh, [Shard(0)])]),
                  ValueError, "T0 is sharded [replicated]", "Shard(dim=0)", "axis 0 on")
 
 
