@@ -176,3 +176,19 @@ def test_an_empty_fusion_raises_nvfusers_error_type() -> None:
         fd.execute([torch.ones(2)])
     with pytest.raises(EmptyFusionError):
         FusionDefinition().execute([])
+
+
+def test_from_pytorch_of_a_cpu_tensor_when_the_fusion_runs_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvFuser takes CPU tensors only as 0-dim scalars: a definition from a CPU tensor of a fusion run
+    on CUDA is reported with nvFuser's message (checked before anything moves to the GPU)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with FusionDefinition() as fd:
+        scale = fd.from_pytorch(torch.tensor(2.0))  # a CPU scalar is fine
+        fd.add_output(fd.ops.mul(fd.ops.relu(fd.from_pytorch(torch.randn(4, 4))), scale))
+    with pytest.raises(ValueError, match=r"T1 was declared by from_pytorch from a tensor on cpu but the fusion runs on "
+                                         r"cuda:0: Found unsupported device cpu, only scalar CPU or CUDA tensors are "
+                                         r"supported"):
+        fd.execute([torch.tensor(2.0), torch.randn(4, 4)], device="cuda:0")
+    monkeypatch.undo()
+    (out,) = fd.execute([torch.tensor(2.0), torch.ones(4, 4)])  # on the CPU it runs
+    torch.testing.assert_close(out, torch.full((4, 4), 2.0))
