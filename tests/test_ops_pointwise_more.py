@@ -126,6 +126,19 @@ def test_integer_scalars() -> None:
     assert gcd.item() == 6 and shifted.item() == (-12 % (1 << 64)) >> 60 and xor.item() == -12 ^ 18
 
 
+def test_complex_and_threshold(device: str) -> None:
+    re, im = torch.randn(3, 4), torch.randn(4)
+    with FusionDefinition() as fd:
+        r, i = fd.from_pytorch(re), fd.from_pytorch(im)
+        fd.add_output(fd.ops.complex(r, i))
+        fd.add_output(fd.ops.threshold(r, 0.1, -2.0))
+        fd.add_output(fd.ops.complex(fd.define_scalar(1.5), fd.define_scalar(dtype=DataType.Double)))
+    z, t, c = fd.execute([re.to(device), im.to(device), -0.5])
+    assert_same(z, torch.complex(re, im.expand(3, 4)).to(device))
+    assert_same(t, torch.nn.functional.threshold(re, 0.1, -2.0).to(device))
+    assert c.item() == complex(1.5, -0.5) and c.dtype == torch.complex128
+
+
 def test_lerp_and_addcmul(device: str) -> None:
     start, end = torch.randn(3, 4), torch.randn(4)
     weight = torch.rand(3, 1)

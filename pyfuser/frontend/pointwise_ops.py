@@ -303,6 +303,10 @@ class PointwiseOps(OpsBase):
         """Python's remainder (the divisor's sign)"""
         return self._pointwise(BinaryOpType.remainder, [a, b])
 
+    def complex(self, a: Operand, b: Operand) -> Val:
+        """A complex value from real part ``a`` and imaginary part ``b`` (one floating dtype)."""
+        return self._pointwise(BinaryOpType.complex, [a, b])
+
     # --- ternary -------------------------------------------------------------------------------------
     def where(self, cond: Operand, a: Operand, b: Operand) -> Val:
         return self._pointwise(TernaryOpType.where, [cond, a, b])
@@ -312,6 +316,10 @@ class PointwiseOps(OpsBase):
 
     def lerp(self, start: Operand, end: Operand, weight: Operand) -> Val:
         return self._pointwise(TernaryOpType.lerp, [start, end, weight])
+
+    def threshold(self, x: Operand, threshold: Operand, value: Operand) -> Val:
+        """``x`` where ``x > threshold``, else ``value``."""
+        return self._pointwise(TernaryOpType.threshold, [x, threshold, value])
 
     def addcmul(self, arg1: Operand, arg2: Operand, arg3: Operand, value: Operand) -> Val:
         """``arg1 + value * arg2 * arg3``, built from ``mul`` and ``add`` as nvFuser builds it."""

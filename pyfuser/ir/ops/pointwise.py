@@ -177,6 +177,10 @@ def _scalar_fmod(a: Any, b: Any) -> Any:
     return math.fmod(a, b)
 
 
+def _scalar_complex(real: Any, imag: Any) -> complex:
+    return complex(real, imag)
+
+
 def _scalar_logical_right_shift(a: int, b: int) -> int:
     return 0 if b >= 64 else (a % (1 << 64)) >> b
 
@@ -216,6 +220,8 @@ class BinaryOpType(Enum):
     mod = PointwiseSpec(_tensor_or_scalar(torch.fmod, _scalar_fmod), torch.fmod, printed=_float_suffixed)
     #: Python's remainder (the divisor's sign)
     remainder = PointwiseSpec(_tensor_or_scalar(torch.remainder, operator.mod), torch.remainder)
+    #: a complex number from its real and imaginary parts (of one floating dtype)
+    complex = PointwiseSpec(_tensor_or_scalar(torch.complex, _scalar_complex))
 
     @property
     def spec(self) -> PointwiseSpec:
@@ -252,12 +258,19 @@ def _lerp(start: Any, end: Any, weight: Any) -> Any:
     return start + weight * (end - start)
 
 
+def _threshold(x: Any, threshold: Any, value: Any) -> Any:
+    """``x`` where ``x > threshold``, else ``value`` (``F.threshold``)."""
+    return _where(x > threshold, x, value)
+
+
 class TernaryOpType(Enum):
-    """Ternary pointwise kinds: ``where(cond, a, b)``, ``clamp(x, min, max)``, ``lerp(start, end, weight)``."""
+    """Ternary pointwise kinds: ``where(cond, a, b)``, ``clamp(x, min, max)``, ``lerp(start, end, weight)``,
+    ``threshold(x, threshold, value)``."""
 
     where = PointwiseSpec(_where)
     clamp = PointwiseSpec(_clamp)
     lerp = PointwiseSpec(_lerp)
+    threshold = PointwiseSpec(_threshold)
 
     @property
     def spec(self) -> PointwiseSpec:
