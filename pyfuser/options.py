@@ -76,6 +76,9 @@ class CompileOptions:
     #: program is compiled for, None for scalars. Part of the layout key, so a program never runs
     #: on inputs of another order; ``preseg/input_layouts.py`` writes it into the fusion copy.
     input_orders: tuple[tuple[int, ...] | None, ...] = ()
+    #: Per input: whether it fills its memory densely in that order (``ir.layout.is_dense``), also
+    #: part of the layout key: a dense input's contiguity is known, so kernels index it linearly.
+    input_dense: tuple[bool, ...] = ()
     #: This process' rank: each rank lowers a multi-device fusion to its own program.
     rank: int = 0
 

@@ -192,3 +192,21 @@ def test_from_pytorch_of_a_cpu_tensor_when_the_fusion_runs_on_cuda(monkeypatch: 
     monkeypatch.undo()
     (out,) = fd.execute([torch.tensor(2.0), torch.ones(4, 4)])  # on the CPU it runs
     torch.testing.assert_close(out, torch.full((4, 4), 2.0))
+
+
+def test_expanded_inputs_new_ops_and_in_place_outputs_next_to_generated_kernels() -> None:
+    """Kernel segments and ATen calls (gcd and index_select have no generated form) in one program."""
+    x, acc, idx = torch.randn(1, 6).expand(4, 6), torch.zeros(4, 6), torch.tensor([3, 0, 1])
+    before = acc.clone()
+    with FusionDefinition() as fd:
+        t, a, i = fd.from_pytorch(x), fd.define_tensor([-1, -1]), fd.from_pytorch(idx)
+        y = fd.ops.exp(fd.ops.add(t, a))
+        fd.add_output(fd.ops.sin(fd.ops.index_select(fd.ops.mul(y, 2.0), i, 0)))
+        fd.add_output(fd.ops.gcd(fd.ops.cast(y, DataType.Int), 3))
+        fd.add_output(fd.ops.add(a, y), alias_input=a)
+    selected, gcd = fd.execute([x, acc, idx], _enable_options=["triton_interpreter"])
+    assert fd.last_kernel_code(), "some segments ran as generated kernels"
+    want = torch.exp(x + before)
+    torch.testing.assert_close(selected, torch.sin((want * 2).index_select(0, idx)))
+    torch.testing.assert_close(gcd, torch.gcd(want.long(), torch.tensor(3)))
+    torch.testing.assert_close(acc, before + want)

@@ -9,6 +9,7 @@ import torch
 
 from pyfuser.frontend.ops import Ops
 from pyfuser.frontend.repro import InputRecord, record_inputs, repro_script
+from pyfuser.frontend.scheduling import DefinedFusion, ScheduleOps
 from pyfuser.frontend.validate import check_outputs, evaluate_reference
 from pyfuser.ir.base import Scalar
 from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python, python_scalar_type
@@ -20,6 +21,7 @@ from pyfuser.ir.symbolic import SymVar
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import MemoryType, TensorView
 from pyfuser.runtime.executor import FusionExecutorCache
+from pyfuser.runtime.manual import ManualKernels
 
 
 class EmptyFusionError(NotImplementedError, ValueError):
@@ -36,9 +38,12 @@ class FusionDefinition:
     """
 
     def __init__(self) -> None:
-        self._fusion = Fusion()
+        self._fusion = DefinedFusion()
         self.ops = Ops(self._fusion)
+        self.sched = ScheduleOps(self._fusion)
         self._fec: FusionExecutorCache | None = None
+        self._manual = ManualKernels(self._fusion)
+        self._last_was_manual = False
         #: What ``execute(..., save_repro_inputs=True)`` saw, for ``last_repro_script``.
         self._repro_inputs: list[InputRecord] | None = None
         #: Inputs declared by ``from_pytorch`` from a CPU tensor that is not a 0-dim scalar.
@@ -216,7 +221,44 @@ class FusionDefinition:
             self._repro_inputs = record_inputs(args)
         if self._cpu_examples:
             self._check_cpu_examples(args, device)
+        self._last_was_manual = False
         return self.fec.run(args, device=device, enable_options=_enable_options, disable_options=_disable_options)
+
+    def manual_execute(self, inputs: Sequence[Any], heuristic_params: Any = None) -> list[torch.Tensor]:
+        """Run the whole fusion as one kernel, scheduled as the user (or ``schedule.schedule``) left it:
+        no automatic scheduling. Kernels are generated on CUDA, through Triton's interpreter on CPU."""
+        if not self.fusion.outputs():
+            raise EmptyFusionError("Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before "
+                                   "manual_execute")
+        self._last_was_manual = True
+        if heuristic_params is None:
+            return self._manual.run(_flatten(inputs))
+        return self._manual.run(_flatten(inputs), heuristic_params.reference, heuristic_params.num_warps)
+
+    def manual_validate(self, inputs: Sequence[Any], reference_outputs: Sequence[torch.Tensor] | None = None,
+                        ) -> list[torch.Tensor]:
+        """``manual_execute`` and compare with ``reference_outputs`` (default: the fusion evaluated by
+        ATen) with tolerances by dtype; AssertionError naming the output on a mismatch."""
+        outputs = self.manual_execute(inputs)
+        references = reference_outputs if reference_outputs is not None else self.execute(inputs)
+        if len(references) != len(outputs):
+            raise ValueError(f"manual_validate: {len(outputs)} outputs but {len(references)} reference outputs")
+        for k, (out, ref) in enumerate(zip(outputs, references, strict=True)):
+            ref = ref.to(out.device)
+            if out.shape != ref.shape:
+                raise AssertionError(f"output {k}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+            torch.testing.assert_close(out, ref.to(out.dtype), msg=lambda m, k=k: f"output {k}: {m}")
+        return outputs
+
+    def last_kernel_code(self) -> str:
+        """The source of the kernel(s) the latest ``execute`` or ``manual_execute`` ran."""
+        if self._last_was_manual and self._manual.last is not None:
+            return self._manual.last.code
+        codes = self.fec.kernel_codes()
+        if not codes:
+            raise ValueError("last_kernel_code: the latest execution ran no generated kernel (on CPU, enable "
+                             "_enable_options=['triton_interpreter'])")
+        return "\n".join(codes)
 
     def _check_cpu_examples(self, args: Sequence[Any], device: torch.device | str | int | None) -> None:
         """nvFuser only takes 0-dim CPU tensors: an input declared from a CPU tensor of a fusion

@@ -1,6 +1,7 @@
 """Segmented fusion -> Host IR: a straight-line program, segment by segment.
 
-An ATen segment becomes one ``AtenCall`` per expr (or what a lowering registered for the expr's
+A kernel segment becomes one ``LaunchKernel`` of its compiled kernel; an ATen segment becomes one
+``AtenCall`` per expr (or what a lowering registered for the expr's
 type returns); a communication segment becomes what the communication lowering returns (the
 ``comm`` layer provides it: ``Communication`` + ``Wait``); on a rank outside a segment's mesh a
 segment computes nothing and a fusion output it would produce gets an empty stand-in. Host passes
@@ -12,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pyfuser.host_ir.nodes import AtenCall, HostIrContainer, HostNode, NotOnThisRank
+from pyfuser.host_ir.nodes import AtenCall, HostIrContainer, HostNode, KernelSegment, LaunchKernel, NotOnThisRank
+from pyfuser.ir.analysis.fused_exprs import FusedExprs
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.options import CompileOptions
@@ -53,11 +55,20 @@ def _lookup(lowerings: Mapping[type[Expr], ExprLowering], expr: Expr) -> ExprLow
 
 def lower_segmented_fusion(segmented: SegmentedFusion, options: CompileOptions,
                            expr_lowerings: Mapping[type[Expr], ExprLowering],
-                           communication: ExprLowering | None) -> HostIrContainer:
+                           communication: ExprLowering | None,
+                           kernels: Mapping[int, KernelSegment]) -> HostIrContainer:
+    """``kernels``: the compiled kernel of each kernel segment, by ``id(group)``."""
     fusion = segmented.fusion
     container = HostIrContainer(fusion.inputs(), fusion.outputs(), fusion=fusion)
     lctx = LoweringContext(fusion, container, options)
     for group in segmented.groups:
+        if group.scheduler.is_kernel:
+            if _computes_here(group.exprs[-1], options.rank):
+                source = FusedExprs(group.exprs, group.inputs, group.outputs)
+                container.nodes.append(LaunchKernel(kernels[id(group)], group.inputs, group.outputs, source))
+            else:
+                container.nodes.extend(n for e in group.exprs for n in not_on_this_rank(e))
+            continue
         for expr in group.exprs:
             if group.scheduler is SchedulerType.communication:
                 if communication is None:

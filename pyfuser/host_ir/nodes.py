@@ -171,25 +171,38 @@ class AtenCall(HostNode):
 
 
 class KernelSegment(Protocol):
-    """A compiled kernel segment (produced by codegen): runs on concrete tensors."""
+    """A compiled kernel segment (produced by codegen): runs on concrete tensors, allocating its
+    outputs or writing into ``out``."""
 
     name: str
 
-    def run(self, ctx: EvalContext, *args: Any) -> list[torch.Tensor]: ...
+    def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]: ...
 
 
 class LaunchKernel(HostNode):
-    """Launch a compiled kernel segment on its inputs, producing its outputs."""
+    """Launch a compiled kernel segment on its inputs, producing its outputs.
 
-    def __init__(self, segment: KernelSegment, inputs: Sequence[Val], outputs: Sequence[Val]) -> None:
+    ``source``: the exprs the kernel computes (as one expr, for the stream pass); ``into``: the
+    outputs are preallocated buffers (chunks, in a stream loop) the kernel writes.
+    """
+
+    def __init__(self, segment: KernelSegment, inputs: Sequence[Val], outputs: Sequence[Val],
+                 source: Any = None, into: bool = False) -> None:
         self.segment = segment
         self.inputs = list(inputs)
         self.outputs = list(outputs)
+        self.source_expr = source
+        self.into = into
 
     def to_string(self, indent: int = 0) -> str:
         ins = ", ".join(map(str, self.inputs))
         outs = ", ".join(map(str, self.outputs))
         return f"{indent_str(indent)}LaunchKernel( {self.segment.name}, inputs = ( {ins} ), outputs = ( {outs} ) )\n"
+
+    def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> LaunchKernel:
+        return LaunchKernel(self.segment, [mapping.get(v, v) for v in self.inputs],  # type: ignore[misc]
+                            [mapping.get(v, v) for v in self.outputs], self.source_expr,  # type: ignore[misc]
+                            into=any(v in mapping for v in self.outputs))
 
 
 class NotOnThisRank(HostNode):

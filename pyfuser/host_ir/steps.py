@@ -119,6 +119,12 @@ def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
     run = node.segment.run
     ins = [cc.slot(v) for v in node.inputs]
     outs = [cc.slot(v) for v in node.outputs]
+    if node.into:
+        def step_into(frame: Frame) -> None:
+            values = frame.values
+            run(frame.ctx, *[values[i] for i in ins], out=[values[o] for o in outs])
+
+        return step_into
 
     def step(frame: Frame) -> None:
         values = frame.values

@@ -163,6 +163,11 @@ class Expr(ABC):
     def output(self) -> TensorView:
         return self.outputs[0]  # type: ignore[return-value]
 
+    @property
+    def op_description(self) -> str:
+        """What computes the outputs, as error messages name it."""
+        return type(self).__name__
+
     # --- semantics -------------------------------------------------------------------------
     @abstractmethod
     def evaluate(self, ctx: EvalContext, *args: Any) -> list[Any]:

@@ -54,10 +54,10 @@ def _remap(value: Any, node_types: tuple[type, ...], memo: dict[int, Any]) -> An
     return value
 
 
-def clone_graph(root: Any, node_types: tuple[type, ...]) -> Any:
+def clone_graph(root: Any, node_types: tuple[type, ...], memo: dict[int, Any] | None = None) -> Any:
     """A deep copy of every IR node (an instance of ``node_types``) reachable from ``root``; other
-    values are shared."""
-    memo: dict[int, Any] = {}
+    values are shared. ``memo`` (``id(original) -> copy``) is filled for callers that need the map."""
+    memo = {} if memo is None else memo
     originals: list[Any] = []
     pending = [root]
     while pending:

@@ -98,7 +98,7 @@ def same_memory_order(a: Sequence[IterDomain], b: Sequence[IterDomain]) -> bool:
 
 
 def replay(transforms: Iterable[IdTransform], id_map: dict[int, IterDomain], owner: TensorView,
-           partial: bool = False) -> None:
+           partial: bool = False, copy_parallel: bool = True) -> None:
     """Apply ``transforms`` (in topological order) to the IDs ``id_map`` maps their inputs to.
 
     ``id_map`` (``id(source ID) -> target ID``) is extended with the outputs; parallel types are
@@ -118,7 +118,8 @@ def replay(transforms: Iterable[IdTransform], id_map: dict[int, IterDomain], own
         else:  # pragma: no cover - only Split and Merge exist
             raise TypeError(f"cannot replay {type(t).__name__}")
         for old_out, new_out in zip(t.outputs, new.outputs, strict=True):
-            new_out.parallel_type = old_out.parallel_type
+            if copy_parallel:
+                new_out.parallel_type = old_out.parallel_type
             new_out.tensor = owner
             id_map[id(old_out)] = new_out
 

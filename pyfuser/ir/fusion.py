@@ -30,12 +30,29 @@ class Fusion:
     def mark_changed(self) -> None:
         self.version += 1
 
-    def clone(self) -> Fusion:
-        """A deep copy of the whole graph (flat, so fusions of any length copy)."""
-        return clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion))
+    def clone(self, memo: dict[int, object] | None = None) -> Fusion:
+        """A deep copy of the whole graph (flat, so fusions of any length copy); ``memo`` receives
+        ``id(original node) -> copy``."""
+        return clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo)
 
     def __deepcopy__(self, memo: dict[int, object]) -> Fusion:
         return self.clone()
+
+    def restrict(self, inputs: Sequence[Val], outputs: Sequence[Val]) -> None:
+        """Make this fusion compute ``outputs`` from ``inputs`` only (a segment of a larger one): the
+        inputs lose their definitions and every use outside the exprs between them is dropped."""
+        self._inputs, self._outputs = [], []
+        for v in inputs:
+            v.definition = None
+        self._inputs = list(inputs)
+        self._outputs = list(outputs)
+        live = {id(e) for e in self.exprs()}
+        for v in self.vals():
+            v.uses = [e for e in v.uses if id(e) in live]
+        names = {v.name for v in outputs}
+        self._output_stride_order = {k: o for k, o in self._output_stride_order.items() if k in names}
+        self._output_aliases = {}  # the whole fusion's executor writes in-place outputs, not a segment
+        self.mark_changed()
 
     # --- naming ------------------------------------------------------------------------------
     def next_name(self, kind: str) -> int:

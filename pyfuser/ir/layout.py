@@ -106,3 +106,16 @@ def tensor_descriptor(sizes: Sequence[int], strides: Sequence[int]) -> tuple[Con
     perm = memory_order(sizes, strides)
     without_footprint = [n == 1 or (s == 0 and n > 1) for n, s in zip(sizes, strides, strict=True)]
     return contiguity_of_strides(sizes, strides, perm, without_footprint), stride_order_of_permutation(perm)
+
+
+def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether a concrete tensor fills its memory exactly, in its own memory order: each axis (size-1
+    axes aside) strides over all the axes inside it (torch's non-overlapping-and-dense)."""
+    expected = 1
+    for d in reversed(memory_order(sizes, strides)):
+        if sizes[d] <= 1:
+            continue
+        if strides[d] != expected:
+            return False
+        expected *= sizes[d]
+    return True

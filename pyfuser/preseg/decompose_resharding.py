@@ -117,7 +117,7 @@ def _global_extent_axes(expr: Expr) -> set[int]:
     them, so it runs replicated there and a local slice follows."""
     out = expr.tensor_outputs[0]
     every = set(range(len(out.get_logical_domain())))
-    if isinstance(expr, (FullOp, IotaOp)) or not type(expr).chunkable:
+    if isinstance(expr, (FullOp, IotaOp)) or not expr.chunkable:
         return every
     if isinstance(expr, ExpandOp):
         inp = expr.inputs[0].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]

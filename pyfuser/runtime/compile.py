@@ -1,6 +1,7 @@
 """The compile driver: each stage one named call, each dump named after its stage.
 
-fusion -> preseg passes -> segmentation -> Host IR lowering -> host passes -> HostIrEvaluator.
+fusion -> preseg passes -> segmentation -> kernels (schedule + codegen per kernel segment) -> Host IR
+lowering -> host passes -> HostIrEvaluator.
 Passes rewrite a private copy: the user's definition and schedule stay as written.
 """
 
@@ -16,6 +17,7 @@ from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, DumpOption, dump, num_streams
 from pyfuser.preseg.pipeline import run_preseg_passes
 from pyfuser.runtime.backends import COMMUNICATION_LOWERING, EXPR_LOWERINGS, STEP_BUILDERS
+from pyfuser.runtime.kernels import compile_kernels
 from pyfuser.segmentation.segmenter import segment_fusion
 
 
@@ -28,7 +30,8 @@ def compile_fusion(fusion: Fusion, options: CompileOptions) -> HostIrEvaluator:
     layouts = [OutputLayout.of(fusion, tv) for tv in fusion.outputs() if isinstance(tv, TensorView)]
     segmented = segment_fusion(fusion, options)
     dump(DumpOption.segmented_fusion, lambda: str(segmented))
-    container = lower_segmented_fusion(segmented, options, EXPR_LOWERINGS, COMMUNICATION_LOWERING)
+    kernels = compile_kernels(segmented, options)
+    container = lower_segmented_fusion(segmented, options, EXPR_LOWERINGS, COMMUNICATION_LOWERING, kernels)
     run_host_passes(container, options)
     dump(DumpOption.host_ir, container.to_string)
     return HostIrEvaluator(container, layouts, options.device, num_streams(), STEP_BUILDERS)

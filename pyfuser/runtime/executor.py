@@ -12,10 +12,12 @@ from typing import Any, Protocol
 import torch
 
 from pyfuser.comm.communicator import Communicator
+from pyfuser.host_ir.evaluator import HostIrEvaluator
+from pyfuser.host_ir.nodes import LaunchKernel
 from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.layout import memory_order
+from pyfuser.ir.layout import is_dense, memory_order
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, check_options
 from pyfuser.runtime.compile import compile_fusion
@@ -43,6 +45,14 @@ class FusionExecutorCache:
         self.compile_count = 0
         #: The program the latest ``run`` executed (for dumps and tests: ``str(program)`` is its Host IR).
         self.last_program: Program | None = None
+
+    def kernel_codes(self) -> list[str]:
+        """Sources of the generated kernels the latest program launches."""
+        program = self.last_program
+        if not isinstance(program, HostIrEvaluator):
+            return []
+        return [n.segment.code for n in program.container.walk()
+                if isinstance(n, LaunchKernel) and hasattr(n.segment, "code")]
 
     def _reset(self) -> None:
         self._version = self.fusion.version
@@ -115,7 +125,9 @@ class FusionExecutorCache:
         if program is None:
             orders = tuple(tuple(memory_order(a.shape, a.stride())) if isinstance(a, torch.Tensor) else None
                            for a in args)
-            options = CompileOptions(enabled, disabled, target, input_orders=orders, rank=self._rank())
+            dense = tuple(isinstance(a, torch.Tensor) and is_dense(a.shape, a.stride()) for a in args)
+            options = CompileOptions(enabled, disabled, target, input_orders=orders, input_dense=dense,
+                                     rank=self._rank())
             program = compile_fusion(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program
@@ -133,12 +145,12 @@ class FusionExecutorCache:
 
 
 def _layout_key(args: Sequence[Any]) -> tuple[Any, ...]:
-    """What a compiled program may depend on: dtypes, ranks, size-1 axes and memory orders."""
+    """What a compiled program may depend on: dtypes, ranks, size-1 axes, memory orders and density."""
     key = []
     for a in args:
         if isinstance(a, torch.Tensor):
             order = tuple(memory_order(a.shape, a.stride()))
-            key.append((a.dtype, tuple(s == 1 for s in a.shape), order, a.device.type))
+            key.append((a.dtype, tuple(s == 1 for s in a.shape), order, is_dense(a.shape, a.stride()), a.device.type))
         else:
             key.append(type(a))
     return tuple(key)

@@ -1,7 +1,9 @@
 """The expression-evaluator scheduler: a segment run as ATen calls, one per expr.
 
-It accepts anything (it is every other scheduler's fallback, and the executor on CPU), needs no
-heuristics and transforms nothing: the evaluator calls each op's torch reference.
+It takes the ops no kernel scheduler computes (matmul, linear, reshape, slice, cat, pad,
+reductions until a reduction scheduler takes them); the segmenter also falls back to it for any
+segment no kernel scheduler accepts, and on CPU it is the default executor and the oracle. It needs
+no heuristics and transforms nothing: the evaluator calls each op's torch reference.
 """
 
 from __future__ import annotations
@@ -10,21 +12,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyfuser.codegen.support import unsupported_in_pointwise_kernel
 from pyfuser.ir.fusion import Fusion
-from pyfuser.scheduler.registry import Scheduler, SchedulerType
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
 
 
 @dataclass(frozen=True)
 class ExprEvalParams:
+    scheduler_type: SchedulerType = SchedulerType.expr_eval
+    num_warps: int = 0
+
     def __str__(self) -> str:
-        return "ExprEvalParams()"
+        return "===== ExprEval Parameters ========\n(ATen calls)\n"
 
 
-def can_schedule(fusion: Fusion) -> tuple[bool, str]:
-    return True, ""
+def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
+    exprs = fusion.exprs()
+    kernel_ops = [e for e in exprs if unsupported_in_pointwise_kernel(e) is None]
+    if exprs and not kernel_ops:
+        return True, ""
+    names = ", ".join(e.op_description for e in kernel_ops) or "nothing"
+    return False, f"a generated kernel computes {names}; the expression evaluator takes ATen-only ops"
 
 
-def compute_heuristics(fusion: Fusion, inputs: Sequence[Any]) -> ExprEvalParams:
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] = ()) -> ExprEvalParams:
     return ExprEvalParams()
 
 
@@ -32,4 +43,4 @@ def schedule(fusion: Fusion, params: ExprEvalParams) -> None:
     """Nothing to transform: ATen computes each expr whole."""
 
 
-EXPR_EVAL = Scheduler(SchedulerType.expr_eval, can_schedule, compute_heuristics, schedule)
+EXPR_EVAL = Scheduler(SchedulerType.expr_eval, can_schedule, compute_heuristics, schedule)  # type: ignore[arg-type]

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.tensor_view import TensorView
+from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.tensor_view import MemoryType, TensorView
 from pyfuser.scheduler.registry import SchedulerType
 
 
@@ -60,3 +61,24 @@ def boundaries(fusion: Fusion, exprs: Sequence[Expr], live: set[int]) -> tuple[l
     outputs = [t for e in exprs for t in e.tensor_outputs
                if id(t) in fusion_outputs or any(id(u) in live and id(u) not in members for u in t.uses)]
     return list(inputs.values()), list(dict.fromkeys(outputs))
+
+
+def segment_fusion_copy(fusion: Fusion, group: SegmentedGroup) -> tuple[Fusion, dict[int, object]]:
+    """The segment as a fusion of its own, for a scheduler to transform: a copy computing the
+    group's outputs from its inputs, with every loop domain back to the logical domain (host loops
+    and devices are the program's business, not the kernel's; the kernel sees chunks and shards as
+    they are). Returns the copy and ``id(original node) -> copy``."""
+    memo: dict[int, object] = {}
+    copy = fusion.clone(memo)
+    copy.restrict([memo[id(v)] for v in group.inputs], [memo[id(v)] for v in group.outputs])  # type: ignore[misc]
+    for tv in copy.tensors():
+        if tv.is_fusion_input or tv.is_fusion_output:
+            tv.memory_type = MemoryType.Global
+        tv.device_mesh = None
+        tv.compute_at_pos = 0
+        d = tv.domain()
+        d.loop = list(d.logical)
+        for i in d.logical:
+            i.parallel_type = ParallelType.serial
+    copy.mark_changed()
+    return copy, memo

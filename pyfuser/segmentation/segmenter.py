@@ -1,29 +1,210 @@
-"""The segmenter: which exprs share an executor.
+"""The segmenter: which exprs share an executor (nvFuser's segmenter, greedy).
 
-Today every expr is its own segment: a resharding ``set`` is a communication, anything else an
-ATen call (``SchedulerType.expr_eval``). Everything an ATen call or a communication produces is
-materialized, in global memory.
+Start from one segment per expr: a resharding ``set`` is a communication, an expr a kernel
+scheduler accepts is a kernel segment, anything else runs as ATen calls (``expr_eval``, with the
+reason). Then merge neighbours: a producer and its consumer, then siblings that read the same
+tensor, while a kernel scheduler accepts the union, no cycle forms through a third segment, and
+both iterate the same stream loop (or none). ``segment_set`` forces a boundary. Segment boundary
+tensors are global memory, as is everything an ATen call or a communication produces; tensors
+inside a kernel segment stay local.
 """
 
 from __future__ import annotations
 
 from pyfuser.ir.analysis.sharding import is_resharding
+from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, producer_id
+from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.tensor_view import MemoryType
-from pyfuser.options import CompileOptions
-from pyfuser.scheduler.registry import SchedulerType
+from pyfuser.ir.ops import LoadStoreOp, LoadStoreOpType
+from pyfuser.ir.tensor_view import MemoryType, TensorView
+from pyfuser.options import CompileOptions, DisableOption, EnableOption
+from pyfuser.scheduler.registry import SchedulerType, SegmentView
+from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, boundaries
+
+#: Why an ATen segment is not a kernel when kernels are off.
+KERNELS_OFF = "generated kernels are off (they run on CUDA, or with _enable_options=['triton_interpreter'])"
+
+
+class _Segmenter:
+    def __init__(self, fusion: Fusion, kernels: bool) -> None:
+        self.fusion = fusion
+        self.kernels = kernels
+        self.exprs = fusion.exprs()
+        self.live = {id(e) for e in self.exprs}
+        self.position = {id(e): k for k, e in enumerate(self.exprs)}
+        self.group_of: dict[int, SegmentedGroup] = {}
+        self.stream: dict[int, StreamAxis | None] = {id(e): expr_stream_axis(e) for e in self.exprs}
+        self.fixed: set[int] = set()  # groups that never merge (communications, segment_set)
+
+    def run(self) -> list[SegmentedGroup]:
+        for expr in self.exprs:
+            group = self._single(expr)
+            self.group_of[id(expr)] = group
+        if self.kernels:
+            self._merge_producers_into_consumers()
+            self._merge_siblings()
+        groups = self._topological(list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs)))
+        for group in groups:
+            group.inputs, group.outputs = boundaries(self.fusion, group.exprs, self.live)
+        return groups
+
+    def _topological(self, groups: list[SegmentedGroup]) -> list[SegmentedGroup]:
+        """Groups in an order where each runs after the groups it reads from (merging can move a
+        group's consumer ahead of another group it also reads); ties keep expr order."""
+        indegree = {id(g): 0 for g in groups}
+        for g in groups:
+            for c in self._consumers(g):
+                indegree[id(c)] += 1
+        ready = [g for g in groups if indegree[id(g)] == 0]
+        order: list[SegmentedGroup] = []
+        while ready:
+            ready.sort(key=lambda g: min(self.position[id(e)] for e in g.exprs))
+            g = ready.pop(0)
+            order.append(g)
+            for c in self._consumers(g):
+                indegree[id(c)] -= 1
+                if indegree[id(c)] == 0:
+                    ready.append(c)
+        return order
+
+    # --- one expr -------------------------------------------------------------------------------------
+    def _single(self, expr: Expr) -> SegmentedGroup:
+        if is_resharding(expr):
+            group = SegmentedGroup([expr], SchedulerType.communication)
+            self.fixed.add(id(group))
+            return group
+        if isinstance(expr, LoadStoreOp) and expr.kind is LoadStoreOpType.segment_set:
+            group = self._scheduled([expr]) or SegmentedGroup([expr], SchedulerType.expr_eval,
+                                                              reason="segment_set (a copy)")
+            self.fixed.add(id(group))
+            return group
+        return self._scheduled([expr]) or SegmentedGroup([expr], SchedulerType.expr_eval,
+                                                         reason=self._rejection([expr]))
+
+    def _view(self, exprs: list[Expr]) -> SegmentView:
+        inputs, outputs = boundaries(self.fusion, exprs, self.live)
+        return SegmentView(exprs, inputs, outputs)
+
+    def _scheduled(self, exprs: list[Expr]) -> SegmentedGroup | None:
+        """A kernel segment of ``exprs`` if a kernel scheduler accepts them."""
+        if not self.kernels or not self._one_mesh(exprs):
+            return None
+        view = self._view(exprs)
+        for scheduler in KERNEL_SCHEDULERS:
+            ok, _ = scheduler.can_schedule(view)
+            if ok:
+                return SegmentedGroup(exprs, scheduler.type)
+        return None
+
+    def _rejection(self, exprs: list[Expr]) -> str:
+        if not self.kernels:
+            return KERNELS_OFF
+        view = self._view(exprs)
+        reasons = [f"{s.type.name}: {s.can_schedule(view)[1]}" for s in KERNEL_SCHEDULERS]
+        return "; ".join(reasons)
+
+    @staticmethod
+    def _one_mesh(exprs: list[Expr]) -> bool:
+        meshes = {tv.device_mesh for e in exprs for tv in (*e.tensor_inputs, *e.tensor_outputs)}
+        return len(meshes) <= 1
+
+    # --- merging --------------------------------------------------------------------------------------
+    def _merge_producers_into_consumers(self) -> None:
+        for expr in self.exprs:
+            group = self.group_of[id(expr)]
+            if not self._mergeable(group):
+                continue
+            for tv in expr.tensor_inputs:
+                producer_expr = tv.definition
+                if producer_expr is None or id(producer_expr) not in self.live:
+                    continue
+                producer = self.group_of[id(producer_expr)]
+                if producer is group or not self._mergeable(producer):
+                    continue
+                if not self._same_stream_loop(producer_expr, expr, tv):
+                    continue
+                merged = self._try_merge(producer, group)
+                if merged is not None:
+                    group = merged
+
+    def _merge_siblings(self) -> None:
+        for tv in self.fusion.tensors():
+            readers = [self.group_of[id(e)] for e in tv.uses if id(e) in self.live]
+            readers = [g for g in dict.fromkeys(readers) if self._mergeable(g)]
+            while len(readers) > 1:
+                first = readers.pop(0)
+                for other in list(readers):
+                    if self.stream[id(first.exprs[0])] is not None or self.stream[id(other.exprs[0])] is not None:
+                        continue
+                    merged = self._try_merge(first, other)
+                    if merged is not None:
+                        readers.remove(other)
+                        first = merged
+
+    def _mergeable(self, group: SegmentedGroup) -> bool:
+        return group.scheduler.is_kernel and id(group) not in self.fixed
+
+    def _same_stream_loop(self, producer_expr: Expr, consumer_expr: Expr, tv: TensorView) -> bool:
+        """Both exprs run outside stream loops, or in one loop chunking ``tv`` the same way."""
+        a, b = self.stream[id(producer_expr)], self.stream[id(consumer_expr)]
+        if a is None or b is None:
+            return a is None and b is None
+        if not a.maps_to(b):
+            return False
+        return producer_id(consumer_expr, tv, b.logical) is a.logical
+
+    def _try_merge(self, a: SegmentedGroup, b: SegmentedGroup) -> SegmentedGroup | None:
+        if self._creates_cycle(a, b):
+            return None
+        exprs = sorted([*a.exprs, *b.exprs], key=lambda e: self.position[id(e)])
+        merged = self._scheduled(exprs)
+        if merged is None:
+            return None
+        for e in exprs:
+            self.group_of[id(e)] = merged
+        return merged
+
+    def _creates_cycle(self, a: SegmentedGroup, b: SegmentedGroup) -> bool:
+        """Whether a path leads from one group to the other through a third group."""
+        return self._reaches_through_other(a, b) or self._reaches_through_other(b, a)
+
+    def _reaches_through_other(self, src: SegmentedGroup, dst: SegmentedGroup) -> bool:
+        stack = [g for g in self._consumers(src) if g is not dst]
+        seen = {id(g) for g in stack}
+        while stack:
+            g = stack.pop()
+            for nxt in self._consumers(g):
+                if nxt is dst:
+                    return True
+                if id(nxt) not in seen:
+                    seen.add(id(nxt))
+                    stack.append(nxt)
+        return False
+
+    def _consumers(self, group: SegmentedGroup) -> list[SegmentedGroup]:
+        result: dict[int, SegmentedGroup] = {}
+        for e in group.exprs:
+            for tv in e.outputs:
+                for use in tv.uses:
+                    if id(use) in self.live:
+                        g = self.group_of[id(use)]
+                        if g is not group:
+                            result[id(g)] = g
+        return list(result.values())
+
+
+def kernels_enabled(options: CompileOptions) -> bool:
+    """Generated kernels run on CUDA unless disabled, and on CPU through Triton's interpreter when asked."""
+    wanted = options.is_enabled(EnableOption.triton_interpreter) or options.device.type == "cuda"
+    return wanted and not options.is_disabled(DisableOption.kernel_codegen)
 
 
 def segment_fusion(fusion: Fusion, options: CompileOptions) -> SegmentedFusion:
-    exprs = fusion.exprs()
-    live = {id(e) for e in exprs}
-    groups = []
-    for expr in exprs:
-        kind = SchedulerType.communication if is_resharding(expr) else SchedulerType.expr_eval
-        inputs, outputs = boundaries(fusion, [expr], live)
-        groups.append(SegmentedGroup([expr], kind, inputs=inputs, outputs=outputs))
+    groups = _Segmenter(fusion, kernels_enabled(options)).run()
     for group in groups:
-        for tv in (t for e in group.exprs for t in e.tensor_outputs):
+        materialized = group.outputs if group.scheduler.is_kernel else \
+            [t for e in group.exprs for t in e.tensor_outputs]
+        for tv in materialized:
             tv.memory_type = MemoryType.Global
     return SegmentedFusion(fusion, groups)

@@ -16,7 +16,7 @@ from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions
 from pyfuser.preseg.loop_allocation_decoupling import decouple_loop_and_allocation
 from pyfuser.preseg.pipeline import PRESEG_PASSES, run_preseg_passes
-from pyfuser.scheduler.utils import set_compute_at
+from pyfuser.scheduler.tools import set_compute_at
 
 
 def preseg(fusion: Fusion) -> Fusion:

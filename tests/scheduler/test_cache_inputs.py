@@ -15,7 +15,7 @@ from pyfuser.scheduler.cache import (
     check_allocation_matches_loop,
     derive_allocation_from_loop,
 )
-from pyfuser.scheduler.utils import set_compute_at
+from pyfuser.scheduler.tools import set_compute_at
 
 
 def seed_003_fusion(shape: list[int], stride_order: list[int]) -> tuple[FusionDefinition, list[TensorView]]:

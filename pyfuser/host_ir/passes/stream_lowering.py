@@ -125,7 +125,7 @@ class _StreamLowering:
             ids = out.get_logical_domain(no_reductions=True)
             if axis.dim >= len(ids) or ids[axis.dim].extent != axis.logical.extent:
                 raise ValueError(f"{axis.describe()} is parallelized on stream, but {out.short_name}, another output "
-                                 f"of the same {type(expr).__name__}, has no matching axis {axis.dim} to chunk")
+                                 f"of the same {expr.op_description}, has no matching axis {axis.dim} to chunk")
             logical = ids[axis.dim]
             if out not in self.allocated:
                 loop.preamble.append(Allocate(out, allocation_perm(self.fusion, out)))

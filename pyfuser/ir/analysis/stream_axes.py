@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pyfuser.ir.analysis.fused_exprs import FusedExprs
 from pyfuser.ir.analysis.sharding import is_resharding
 from pyfuser.ir.base import Expr
 from pyfuser.ir.iter_domain import IterDomain, Split
@@ -109,7 +110,7 @@ def stream_axis_of(tv: TensorView) -> StreamAxis | None:
     return StreamAxis(tv, node, sid, chunk, sid.extent, tuple((s.factor, s.inner_split) for s in splits))
 
 
-def producer_id(expr: Expr, producer: TensorView, consumer_id: IterDomain) -> IterDomain | None:
+def producer_id(expr: Expr | FusedExprs, producer: TensorView, consumer_id: IterDomain) -> IterDomain | None:
     """The non-broadcast logical ID of ``producer`` that ``expr`` maps to ``consumer_id``, if any."""
     for p, c in expr.logical_map(producer).items():
         if c is consumer_id and not p.is_broadcast and not p.is_reduction:
@@ -117,7 +118,7 @@ def producer_id(expr: Expr, producer: TensorView, consumer_id: IterDomain) -> It
     return None
 
 
-def expr_stream_axis(expr: Expr, inherited: Mapping[int, StreamAxis] | None = None) -> StreamAxis | None:
+def expr_stream_axis(expr: Expr | FusedExprs, inherited: Mapping[int, StreamAxis] | None = None) -> StreamAxis | None:
     """The stream chunking of ``expr``'s first output: its own schedule, or propagated from a fusion
     input scheduled on stream (scheduling an input's axis puts its consumers in the loop), and from
     there on through consumers that have no schedule of their own (``inherited``: tensor id -> the
@@ -143,7 +144,7 @@ def expr_stream_axis(expr: Expr, inherited: Mapping[int, StreamAxis] | None = No
         if target is None or target.is_reduction:
             what = f"the reduction ID {target}" if target is not None else "no axis"
             raise ValueError(f"{axis.describe()} is parallelized on stream, but its consumer {out.short_name} "
-                             f"({type(expr).__name__}) maps it to {what}; only an axis the consumer keeps can "
+                             f"({expr.op_description}) maps it to {what}; only an axis the consumer keeps can "
                              "be iterated by a stream loop")
         candidates.append(axis.on(out, target))
     if not candidates:
@@ -154,19 +155,19 @@ def expr_stream_axis(expr: Expr, inherited: Mapping[int, StreamAxis] | None = No
             raise ValueError(
                 f"stream IDs of one expr neither map nor nest: {first.describe()} iterates "
                 f"{first.count} chunks of {first.logical} but {other.describe()} iterates {other.count} chunks "
-                f"of {other.logical} (computing {out.short_name} with {type(expr).__name__}); parallelize "
+                f"of {other.logical} (computing {out.short_name} with {expr.op_description}); parallelize "
                 "axes that the expr maps onto each other, split the same way")
-    if not type(expr).chunkable:
+    if not expr.chunkable:
         raise ValueError(f"{first.describe()} is parallelized on stream, but {out.short_name} is computed by "
-                         f"{type(expr).__name__}, which cannot run chunk-wise (its attributes depend on the "
+                         f"{expr.op_description}, which cannot run chunk-wise (its attributes depend on the "
                          "full extent of each axis); move the stream axis to a tensor after it")
     return first
 
 
-def _inherited(expr: Expr, out: TensorView, inherited: Mapping[int, StreamAxis]) -> StreamAxis | None:
+def _inherited(expr: Expr | FusedExprs, out: TensorView, inherited: Mapping[int, StreamAxis]) -> StreamAxis | None:
     """The chunking ``expr`` takes over from producers it was propagated to, if it can take one (a
     communication keeps the place the user gave it: it is never pulled into a loop)."""
-    if not type(expr).chunkable or is_resharding(expr):
+    if not expr.chunkable or (isinstance(expr, Expr) and is_resharding(expr)):
         return None
     taken: StreamAxis | None = None
     for p in expr.tensor_inputs:
@@ -196,14 +197,14 @@ def inherited_stream_axes(exprs: Sequence[Expr]) -> dict[int, StreamAxis]:
     return inherited
 
 
-def _on_first_output(expr: Expr, axis: StreamAxis) -> StreamAxis:
+def _on_first_output(expr: Expr | FusedExprs, axis: StreamAxis) -> StreamAxis:
     """A stream axis scheduled on a secondary output, moved to the same position of the first."""
     out = expr.tensor_outputs[0]
     ids = out.get_logical_domain(no_reductions=True)
     dim = axis.dim
     if dim >= len(ids) or ids[dim].extent != axis.logical.extent:
         raise ValueError(f"{axis.describe()} is parallelized on stream, but {out.short_name} (the first output "
-                         f"of the same {type(expr).__name__}) has no matching axis {dim}")
+                         f"of the same {expr.op_description}) has no matching axis {dim}")
     return axis.on(out, ids[dim])
 
 

@@ -92,10 +92,10 @@ class SqueezeOp(Expr):
         self.flags = tuple(flags)
         self.dims = tuple(i for i, f in enumerate(self.flags) if f)
         in_ids = inp.get_logical_domain(no_reductions=True)
-        self._runtime_checked = [d for d in self.dims if not in_ids[d].is_broadcast and in_ids[d].extent.value != 1]
+        self.runtime_checked = [d for d in self.dims if not in_ids[d].is_broadcast and in_ids[d].extent.value != 1]
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
-        for d in self._runtime_checked:
+        for d in self.runtime_checked:
             if x.shape[d] != 1:
                 raise ValueError(f"squeeze: {self.inputs[0].short_name} axis {d} has size {x.shape[d]}; "  # type: ignore[attr-defined]
                                  "only size-1 axes can be squeezed")

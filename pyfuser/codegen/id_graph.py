@@ -1,0 +1,119 @@
+"""Which IterDomains of a segment denote the same iteration: the ID graph of nvFuser's IdModel.
+
+Two IDs are *exactly* mapped when they index the same logical positions with the same extent: an
+expr's producer logical ID and the consumer logical ID it maps to (``Expr.logical_map``), when
+neither is a broadcast. The *loop* map also joins a broadcast ID with the ID it is broadcast to, so
+a broadcast input is indexed inside its consumer's loop. Both maps then grow through the ID
+transforms: two splits with mapped inputs and the same factor have mapped outputs, and likewise two
+merges whose inputs are mapped pairwise (nvFuser's forward propagation of ``IdModel``).
+
+The code generator uses the loop map to bind every tensor's loop IDs to the kernel's loop nest and
+the exact map to give every ID a runtime extent (``concrete`` ID: a non-broadcast member).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from pyfuser.ir.base import Expr
+from pyfuser.ir.iter_domain import IdTransform, IterDomain, Merge, Split
+from pyfuser.ir.tensor_domain import transforms_between
+from pyfuser.ir.tensor_view import TensorView
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self._parent: dict[int, int] = {}
+
+    def find(self, key: int) -> int:
+        parent = self._parent.setdefault(key, key)
+        while parent != key:
+            grand = self._parent[parent]
+            self._parent[key] = grand
+            key, parent = parent, grand
+        return key
+
+    def union(self, a: int, b: int) -> bool:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return False
+        self._parent[ra] = rb
+        return True
+
+
+def _transform_key(t: IdTransform, classes: _UnionFind) -> tuple[object, ...]:
+    if isinstance(t, Split):
+        return ("split", classes.find(id(t.in_id)), t.factor, t.inner_split)
+    if isinstance(t, Merge):
+        return ("merge", classes.find(id(t.outer)), classes.find(id(t.inner)))
+    raise TypeError(f"unknown ID transform {type(t).__name__}")
+
+
+class IdGraph:
+    """Union-find classes of the IDs of ``tensors`` (every domain, every transform between them)."""
+
+    def __init__(self, tensors: Sequence[TensorView], exprs: Iterable[Expr], *, map_broadcast: bool,
+                 through_transforms: bool = True) -> None:
+        """``through_transforms=False`` maps logical IDs only (what propagating a schedule starts from)."""
+        self.map_broadcast = map_broadcast
+        self._classes = _UnionFind()
+        self._ids: dict[int, IterDomain] = {}
+        transforms: dict[int, IdTransform] = {}
+        for tv in tensors:
+            d = tv.domain()
+            targets = [*d.loop, *(d.allocation or ())]
+            for t in transforms_between(d.logical, targets):
+                transforms[id(t)] = t
+            for i in (*d.logical, *targets):
+                self._ids[id(i)] = i
+        for t in transforms.values():
+            for i in (*t.inputs, *t.outputs):
+                self._ids[id(i)] = i
+        self._members: dict[int, list[IterDomain]] | None = None
+        for expr in exprs:
+            self._map_expr(expr)
+        if through_transforms:
+            self._propagate(list(transforms.values()))
+
+    def _map_expr(self, expr: Expr) -> None:
+        outs = expr.tensor_outputs
+        for producer in expr.tensor_inputs:
+            for p, c in expr.logical_map(producer).items():
+                if self.map_broadcast or p.is_broadcast == c.is_broadcast:
+                    self._classes.union(id(p), id(c))
+        for other in outs[1:]:  # multi-output exprs (var_mean) iterate one space
+            for a, b in zip(outs[0].get_logical_domain(), other.get_logical_domain(), strict=True):
+                self._classes.union(id(a), id(b))
+
+    def _propagate(self, transforms: list[IdTransform]) -> None:
+        changed = True
+        while changed:
+            changed = False
+            seen: dict[tuple[object, ...], IdTransform] = {}
+            for t in transforms:
+                key = _transform_key(t, self._classes)
+                first = seen.setdefault(key, t)
+                if first is t:
+                    continue
+                for a, b in zip(first.outputs, t.outputs, strict=True):
+                    changed |= self._classes.union(id(a), id(b))
+
+    # --- queries -------------------------------------------------------------------------------
+    def mapped(self, a: IterDomain, b: IterDomain) -> bool:
+        return self._classes.find(id(a)) == self._classes.find(id(b))
+
+    def class_of(self, i: IterDomain) -> int:
+        return self._classes.find(id(i))
+
+    def members(self, i: IterDomain) -> list[IterDomain]:
+        if self._members is None:
+            self._members = {}
+            for k, j in self._ids.items():
+                self._members.setdefault(self._classes.find(k), []).append(j)
+        return self._members.get(self.class_of(i), [i])
+
+    def concrete(self, i: IterDomain) -> IterDomain:
+        """A member of ``i``'s class that is not a broadcast (``i`` itself when it is none)."""
+        if not i.is_broadcast:
+            return i
+        return next((j for j in self.members(i) if not j.is_broadcast), i)

@@ -1,0 +1,140 @@
+"""What the Triton emitter needs to spell things: dtypes, literals, integer extents, and the
+prelude of helper functions a generated module starts with (one per target: on CUDA the helpers
+call libdevice; Triton's interpreter has no libdevice, so there they are written with ``tl``)."""
+
+from __future__ import annotations
+
+import math
+
+from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
+
+#: Largest number of elements a Triton tile may hold (``triton.language.TRITON_MAX_TENSOR_NUMEL``).
+MAX_TILE_NUMEL = 1 << 20
+
+_TRITON_DTYPES = {
+    DataType.Float: "tl.float32", DataType.Double: "tl.float64", DataType.Half: "tl.float16",
+    DataType.BFloat16: "tl.bfloat16", DataType.Int: "tl.int64", DataType.Int32: "tl.int32",
+    DataType.Bool: "tl.int1",
+}
+
+
+def triton_dtype(dtype: DataType) -> str | None:
+    """The Triton type of ``dtype``, None when kernels do not handle it (complex)."""
+    return _TRITON_DTYPES.get(dtype)
+
+
+def compute_dtype(dtype: DataType) -> DataType:
+    """Half and bfloat16 are computed in float32, as nvFuser does; other types as they are."""
+    return DataType.Float if dtype in (DataType.Half, DataType.BFloat16) else dtype
+
+
+def literal(value: object, dtype: DataType) -> str:
+    """A constant in the kernel, typed as ``dtype`` (a bare float literal would be float32)."""
+    if isinstance(value, bool) or dtype is DataType.Bool:
+        return "True" if value else "False"
+    if dtype.is_integral:
+        return str(int(value))  # type: ignore[call-overload]
+    number = float(value)  # type: ignore[arg-type]
+    text = repr(number) if math.isfinite(number) else ("_NAN" if math.isnan(number) else
+                                                       ("_INF" if number > 0 else "-_INF"))
+    if dtype is DataType.Double:
+        return f"tl.full([], {text}, tl.float64)"
+    return text
+
+
+def int_expr(e: SymExpr) -> str:
+    """An integer extent as a Triton (or plain Python) expression over size arguments."""
+    if isinstance(e, SymConst):
+        return str(e.val)
+    if isinstance(e, SymVar):
+        return e.name
+    assert isinstance(e, SymBinary)
+    a, b = int_expr(e.lhs), int_expr(e.rhs)
+    if e.op == "ceilDiv":
+        return f"(({a} + {b} - 1) // {b})"
+    if e.op in ("max", "min"):
+        return f"tl.{e.op}imum({a}, {b})"
+    op = "//" if e.op == "/" else e.op
+    return f"({a} {op} {b})"
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+_PRELUDE_COMMON = '''
+_INF = tl.constexpr(float("inf"))
+_NAN = tl.constexpr(float("nan"))
+
+
+@_jit
+def _div(a, b):
+    """nvFuser's div: true division for floating point, truncation (C semantics) for integers."""
+    if a.dtype.is_floating():
+        return a / b
+    else:
+        return a // b
+
+
+@_jit
+def _sigmoid(x):
+    # tl.sigmoid is a jit function of triton.language, which Triton's interpreter cannot call
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@_jit
+def _clamp(x, lo, hi):
+    return tl.minimum(tl.maximum(x, lo, propagate_nan=tl.PropagateNan.ALL), hi, propagate_nan=tl.PropagateNan.ALL)
+'''
+
+_PRELUDE_CUDA = '''import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+_jit = triton.jit
+
+
+@_jit
+def _tanh(x):
+    return libdevice.tanh(x)
+
+
+@_jit
+def _pow(a, b):
+    return libdevice.pow(a, b)
+''' + _PRELUDE_COMMON
+
+_PRELUDE_INTERPRETER = '''import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction as _jit
+
+
+@_jit
+def _tanh(x):
+    # Triton's interpreter has no libdevice: odd Taylor series near 0, exp form elsewhere.
+    a = tl.abs(x)
+    e = tl.exp(2.0 * a)
+    t = 1.0 - 2.0 / (e + 1.0)
+    x2 = x * x
+    small = x * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+    return tl.where(a < 0.0625, small, tl.where(x < 0, -t, t))
+
+
+@_jit
+def _pow(a, b):
+    # |a| ** b with the sign of a negative base for integral exponents, NaN for fractional ones.
+    magnitude = tl.exp2(b * tl.log2(tl.abs(a)))
+    integral = tl.floor(b) == b
+    odd = integral & (tl.abs(b - 2.0 * tl.floor(b * 0.5)) == 1.0)
+    signed = tl.where(odd, -magnitude, magnitude)
+    negative = tl.where(integral, signed, _NAN)
+    zero = tl.where(b == 0, 1.0, tl.where(b > 0, 0.0, _INF))
+    result = tl.where(a < 0, negative, tl.where(a == 0, zero, magnitude))
+    return tl.where(b == 0, 1.0, result)
+''' + _PRELUDE_COMMON
+
+
+def prelude(target: str) -> str:
+    """Module header for ``target`` ("cuda" or "interpreter")."""
+    return _PRELUDE_CUDA if target == "cuda" else _PRELUDE_INTERPRETER

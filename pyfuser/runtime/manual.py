@@ -1,0 +1,108 @@
+"""Manual execution: a whole fusion, scheduled by the user (or by ``schedule.schedule``), compiled
+as one kernel exactly as written (nvFuser's ``KernelExecutor``, behind ``fd.manual_execute``).
+
+No preseg pass, no segmentation: the user's loop domains are the kernel. An output the user left
+unscheduled follows the reference output (the first one the user scheduled), since every output
+of one kernel is written from one loop nest. Kernels are compiled per input layout (memory order,
+density, dtypes), like programs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from pyfuser.codegen.compiled_kernel import CompiledKernel
+from pyfuser.codegen.kernel_builder import KernelBuilder, KernelSource
+from pyfuser.ir.analysis.allocation_order import allocation_perm
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.layout import contiguity_of_strides, memory_order
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.runtime.inputs import InputBinder
+from pyfuser.scheduler.tools import parallelize_like, transform_like
+
+Layout = tuple[tuple[int, ...], list[bool | None]]
+
+
+def _scheduled(tv: TensorView) -> bool:
+    loop, logical = tv.get_loop_domain(), tv.get_logical_domain()
+    return len(loop) != len(logical) or any(a is not b for a, b in zip(loop, logical, strict=True)) or \
+        any(i.parallel_type is not ParallelType.serial for i in loop)
+
+
+def _reference(fusion: Fusion, name: int | None) -> TensorView:
+    outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
+    if not outputs:
+        raise ValueError("the fusion has no tensor outputs; call fd.add_output(tv) first")
+    if name is not None:
+        return next(o for o in outputs if o.name == name)
+    return next((o for o in outputs if _scheduled(o)), outputs[0])
+
+
+class ManualKernels:
+    """The kernels of one fusion compiled as scheduled, by input layout."""
+
+    def __init__(self, fusion: Fusion) -> None:
+        self.fusion = fusion
+        self._version = -1
+        self._kernels: dict[tuple[Any, ...], CompiledKernel] = {}
+        self._binder: InputBinder | None = None
+        self.last: CompiledKernel | None = None
+
+    def run(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4) -> list[torch.Tensor]:
+        if self._version != self.fusion.version:
+            self._kernels.clear()
+            self._binder = InputBinder(self.fusion.inputs())
+            self._version = self.fusion.version
+        binder = self._binder
+        assert binder is not None
+        args = list(args)
+        binder.check(args)
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        key = (tuple((a.dtype, tuple(memory_order(a.shape, a.stride())), tuple(s == 1 for s in a.shape),
+                      tuple(contiguity_of_strides(a.shape, a.stride(), memory_order(a.shape, a.stride()),
+                                                  [s == 1 for s in a.shape])))
+                     if isinstance(a, torch.Tensor) else type(a) for a in args), device.type, reference, num_warps)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self._kernels[key] = self._compile(args, device, reference, num_warps)
+        self.last = kernel
+        if binder.has_scalars:
+            args = binder.coerce(args)
+        return kernel.run(EvalContext(binder.bind(args), device), *args)
+
+    def _compile(self, args: Sequence[Any], device: torch.device, reference: int | None,
+                 num_warps: int) -> CompiledKernel:
+        layouts: dict[int, Layout] = {}
+        for tv, a in zip(self.fusion.inputs(), args, strict=True):
+            if isinstance(tv, TensorView):
+                order = tuple(memory_order(a.shape, a.stride()))
+                layouts[tv.name] = (order, contiguity_of_strides(a.shape, a.stride(), order, [s == 1 for s in a.shape]))
+        target = "cuda" if device.type == "cuda" else "interpreter"
+        return CompiledKernel(kernel_source(self.fusion, target, reference, layouts), num_warps)
+
+
+def kernel_source(fusion: Fusion, target: str = "cuda", reference: int | None = None,
+                  input_layouts: dict[int, Layout] | None = None) -> KernelSource:
+    """The kernel of ``fusion`` as scheduled. ``input_layouts``: what is known of the inputs' layouts
+    (default: their declared allocation and contiguity)."""
+    copy = fusion.clone()
+    ref = _reference(copy, reference)
+    pending = [o for o in copy.outputs() if isinstance(o, TensorView) and o is not ref and not _scheduled(o)]
+    if pending and _scheduled(ref):
+        transform_like(ref, pending)
+        parallelize_like(ref, pending)
+    layouts: dict[int, Layout] = dict(input_layouts or {})
+    for tv in copy.inputs():
+        if isinstance(tv, TensorView) and tv.name not in layouts:
+            layouts[tv.name] = (allocation_perm(copy, tv), list(tv.contiguity))
+    for out in copy.outputs():
+        if isinstance(out, TensorView):
+            perm = allocation_perm(copy, out)
+            layouts[out.name] = (perm, [None if out.get_logical_domain(no_reductions=True)[d].is_broadcast
+                                        else True for d in perm])
+    return KernelBuilder(copy, "manual_kernel", target, layouts, ref).build()

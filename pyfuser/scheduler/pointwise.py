@@ -1,0 +1,141 @@
+"""The pointwise scheduler: one kernel over the reference output's iteration space.
+
+The reference's logical axes are put in its allocation (memory) order and flattened; the flat axis
+is split into a block-sized tile (``block_x``) and a grid of programs (``grid_x``). When an input
+is broadcast along the outer axes (a bias ``[N]`` added to ``[M, N]``), the schedule is 2-D
+instead: outer axes x inner axes, tiled ``[block_y, block_x]``, so the broadcast input is read
+once per tile row and every access stays contiguous along the inner axis. Tile sizes come from
+the widest element type: a thread's share of a row is one 16-byte access or two. Triton vectorizes
+the contiguous, aligned accesses itself (the code generator keeps contiguous merged axes as one
+index so it can see them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyfuser.codegen.id_graph import IdGraph
+from pyfuser.ir.domain_replay import logical_order
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.scheduler.pointwise_analysis import check_pointwise, innermost_classes, reference_output
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
+from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
+
+
+@dataclass
+class PointwiseParams:
+    """``break_point``: number of outer axes (in memory order) in the 2-D schedule's outer group,
+    0 for the 1-D schedule; ``block``: the 1-D tile, or ``(outer, inner)`` tile of the 2-D one."""
+
+    reference: int
+    break_point: int = 0
+    block: tuple[int, ...] = (1024,)
+    num_warps: int = 4
+    scheduler_type: SchedulerType = SchedulerType.pointwise
+
+    def __str__(self) -> str:
+        shape = " x ".join(map(str, self.block))
+        kind = f"2-D, {self.break_point} outer axes" if self.break_point else "1-D"
+        return (f"===== Pointwise Parameters ========\nreference: T{self.reference}\nschedule: {kind}\n"
+                f"tile: {shape}\nnum_warps: {self.num_warps}\n====================================\n")
+
+    def __hash__(self) -> int:
+        return hash((self.reference, self.break_point, self.block, self.num_warps))
+
+
+def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
+    ok, reason, exact = check_pointwise(fusion)
+    if not ok:
+        return False, reason
+    assert exact is not None
+    if len(innermost_classes(fusion, exact)) > 1:
+        return False, "inputs and outputs disagree on the innermost axis in memory: the transpose scheduler tiles it"
+    return True, ""
+
+
+def element_bytes(fusion: FusionLike) -> int:
+    return max((v.dtype.torch_dtype.itemsize for v in (*fusion.inputs(), *fusion.outputs())
+                if isinstance(v, TensorView)), default=4)
+
+
+def _break_point(fusion: FusionLike, ref: TensorView, exact: IdGraph) -> int:
+    """Outer axes (in ``ref``'s memory order) some input is broadcast along while iterating the rest."""
+    order = [i for i in logical_order(ref) if not i.is_reduction]
+    best = 0
+    for tv in fusion.inputs():
+        if not isinstance(tv, TensorView):
+            continue
+        classes = {exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast}
+        present = [not i.is_broadcast and exact.class_of(i) in classes for i in order]
+        for k in range(1, len(order)):
+            if not any(present[:k]) and any(present[k:]):
+                best = max(best, k)
+    return best
+
+
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] = ()) -> PointwiseParams:
+    ok, reason = can_schedule(fusion)
+    if not ok:
+        raise ValueError(f"the pointwise scheduler cannot schedule this fusion: {reason}")
+    _, _, exact = check_pointwise(fusion)
+    assert exact is not None
+    ref = reference_output(fusion)
+    vec = max(1, 16 // element_bytes(fusion))
+    break_point = _break_point(fusion, ref, exact)
+    if break_point:
+        inner = 64 * vec
+        return PointwiseParams(ref.name, break_point, (max(1, 1024 * vec // 4 // inner), inner))
+    return PointwiseParams(ref.name, 0, (256 * vec,))
+
+
+def schedule(fusion: Fusion, params: PointwiseParams) -> None:
+    ref = next(tv for tv in fusion.outputs() if isinstance(tv, TensorView) and tv.name == params.reference)
+    flatten_in_memory_order(ref)
+    n = len(ref.get_loop_domain())
+    if n == 0:  # a 0-dim output: one program computes its one element
+        propagate(ref)
+        return
+    if params.break_point:
+        outer, inner = params.block
+        merge_range(ref, params.break_point, n)
+        merge_range(ref, 0, params.break_point)
+        ref.split(1, inner)
+        ref.split(0, outer)
+        ref.reorder({1: 2, 2: 1})  # [O/outer, I/inner, outer, inner]
+        ref.axis(0).parallelize(ParallelType.grid_x)
+        ref.axis(1).parallelize(ParallelType.grid_y)
+        ref.axis(2).parallelize(ParallelType.block_y)
+        ref.axis(3).parallelize(ParallelType.block_x)
+    else:
+        merge_range(ref, 0, n)
+        ref.split(0, params.block[0])
+        ref.axis(0).parallelize(ParallelType.grid_x)
+        ref.axis(1).parallelize(ParallelType.block_x)
+    propagate(ref)
+
+
+def flatten_in_memory_order(ref: TensorView) -> None:
+    """Reorder ``ref``'s loop domain (still its logical domain) into its allocation order."""
+    order = logical_order(ref)
+    loop = ref.get_loop_domain()
+    ref.reorder({loop.index(i): k for k, i in enumerate(order) if i in loop})
+
+
+def merge_range(tv: TensorView, start: int, stop: int) -> None:
+    """Merge loop axes ``[start, stop)`` into one at ``start`` (a 0-dim tensor gets one axis of 1)."""
+    for _ in range(stop - start - 1):
+        tv.merge(start, start + 1)
+
+
+def propagate(ref: TensorView) -> None:
+    """Every other tensor of the segment follows ``ref``: same transforms, parallel types, inlined."""
+    transform_like(ref)
+    parallelize_like(ref)
+    inline_most(fusion=ref.fusion)
+
+
+POINTWISE = Scheduler(SchedulerType.pointwise, can_schedule, compute_heuristics, schedule)  # type: ignore[arg-type]

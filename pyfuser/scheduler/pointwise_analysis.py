@@ -1,0 +1,71 @@
+"""What the pointwise and transpose schedulers ask of a segment: which output is the reference,
+whether every tensor iterates inside the reference's iteration space, and which axis each global
+tensor has innermost in memory."""
+
+from __future__ import annotations
+
+from pyfuser.codegen.id_graph import IdGraph
+from pyfuser.codegen.support import unsupported_in_pointwise_kernel
+from pyfuser.ir.domain_replay import logical_order
+from pyfuser.ir.iter_domain import IterDomain
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.scheduler.registry import FusionLike
+
+
+def reference_output(fusion: FusionLike) -> TensorView:
+    """The output with the most iterating (non-broadcast) axes; ties: the first."""
+    outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
+    return max(outputs, key=lambda o: sum(not i.is_broadcast for i in o.get_logical_domain()))
+
+
+def innermost(tv: TensorView) -> IterDomain | None:
+    """``tv``'s innermost logical axis in memory that is not a broadcast (None: no such axis)."""
+    order = [i for i in logical_order(tv) if not i.is_broadcast and not i.is_reduction]
+    return order[-1] if order else None
+
+
+def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
+    """Whether one kernel over the reference output's iteration space computes the segment:
+    every expr is one a pointwise kernel computes, every tensor's iterating axes are axes of the
+    reference, and every output iterates over all of them."""
+    exprs = fusion.exprs()
+    if not exprs:
+        return False, "the segment computes nothing (its outputs are inputs)", None
+    for expr in exprs:
+        reason = unsupported_in_pointwise_kernel(expr)
+        if reason is not None:
+            return False, reason, None
+    outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
+    if not outputs:
+        return False, "the segment has no tensor output", None
+    exact = IdGraph(fusion.tensors(), exprs, map_broadcast=False, through_transforms=False)
+    ref = reference_output(fusion)
+    ref_classes = {exact.class_of(i) for i in ref.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
+    for tv in fusion.tensors():
+        for pos, i in enumerate(tv.get_logical_domain()):
+            if not i.is_broadcast and not i.is_reduction and exact.class_of(i) not in ref_classes:
+                return False, (f"{tv.short_name} axis {pos} ({i}) is not an axis of {ref.short_name}, the reference "
+                               "output: one pointwise kernel iterates over one output's axes"), None
+    for out in outputs:
+        classes = {exact.class_of(i) for i in out.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
+        if classes != ref_classes:
+            return False, (f"outputs {ref.short_name} and {out.short_name} iterate over different axes; one "
+                           "pointwise kernel writes outputs of one shape"), None
+    return True, "", exact
+
+
+def innermost_classes(fusion: FusionLike, exact: IdGraph) -> dict[int, TensorView]:
+    """Exact class of the innermost memory axis -> a global tensor (input or output) that has it,
+    among the tensors that iterate over every axis of the reference (a broadcast input, such as a
+    bias, is read along whatever axis it has and decides no layout)."""
+    ref = reference_output(fusion)
+    ref_classes = {exact.class_of(i) for i in ref.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
+    classes: dict[int, TensorView] = {}
+    for tv in (*fusion.inputs(), *fusion.outputs()):
+        if not isinstance(tv, TensorView):
+            continue
+        own = {exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
+        inner = innermost(tv)
+        if inner is not None and own == ref_classes:
+            classes.setdefault(exact.class_of(inner), tv)
+    return classes

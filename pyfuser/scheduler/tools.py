@@ -1,0 +1,135 @@
+"""Scheduling tools shared by the schedulers and offered to users (nvFuser's ``schedule`` module):
+propagate a reference tensor's loop transforms and parallel types to the rest of a fusion, and
+set compute-at (inlining) positions.
+
+They only transform loop domains, with the same public API a user calls; the code generator reads
+the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyfuser.codegen.id_graph import IdGraph
+from pyfuser.ir.domain_replay import logical_ancestors, replay
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import IterDomain, ParallelType
+from pyfuser.ir.tensor_domain import transforms_between
+from pyfuser.ir.tensor_view import TensorView
+
+#: Parallel types a kernel loop keeps; host loops and devices are scheduled by preseg.
+KERNEL_PARALLEL_TYPES = frozenset({ParallelType.grid_x, ParallelType.grid_y, ParallelType.grid_z,
+                                   ParallelType.block_x, ParallelType.block_y, ParallelType.block_z,
+                                   ParallelType.vectorize, ParallelType.unroll, ParallelType.unswitch})
+
+
+def _targets(ref: TensorView, tvs: Sequence[TensorView] | None) -> list[TensorView]:
+    fusion = ref.fusion
+    chosen = fusion.tensors() if tvs is None else list(tvs)
+    for tv in chosen:
+        if not isinstance(tv, TensorView) or tv.fusion is not fusion:
+            raise ValueError(f"{tv} is not a tensor of the fusion of {ref.short_name}")
+    return [tv for tv in chosen if tv is not ref]
+
+
+def transform_like(ref: TensorView, tvs: Sequence[TensorView] | None = None) -> None:
+    """Replay ``ref``'s loop transforms on ``tvs`` (default: every other tensor of the fusion).
+
+    Each target's logical IDs are matched with ``ref``'s through the exprs' logical maps (a
+    broadcast ID matches the ID it is broadcast to); a transform whose inputs have no counterpart
+    in the target is skipped, and the target's unmatched IDs go after the replayed ones. Parallel
+    types are not copied (``parallelize_like`` does that).
+    """
+    fusion = ref.fusion
+    graph = IdGraph(fusion.tensors(), fusion.exprs(), map_broadcast=True, through_transforms=False)
+    transforms = transforms_between(ref.get_logical_domain(), ref.get_loop_domain())
+    for tv in _targets(ref, tvs):
+        id_map: dict[int, IterDomain] = {}
+        taken: set[int] = set()
+        for r in ref.get_logical_domain():
+            match = next((i for i in tv.get_logical_domain() if id(i) not in taken and graph.mapped(r, i)), None)
+            if match is not None:
+                id_map[id(r)] = match
+                taken.add(id(match))
+        replay(transforms, id_map, tv, partial=True, copy_parallel=False)
+        loop = [id_map[id(i)] for i in ref.get_loop_domain() if id(i) in id_map]
+        covered = {id(a) for i in loop for a in logical_ancestors(i, tv.get_logical_domain())}
+        loop += [i for i in tv.get_logical_domain() if id(i) not in covered]
+        tv.set_loop_domain(loop)
+
+
+def parallelize_like(ref: TensorView, tvs: Sequence[TensorView] | None = None,
+                     parallel_types: Sequence[ParallelType] | None = None) -> None:
+    """Give every loop ID of ``tvs`` mapped to a loop ID of ``ref`` that ID's parallel type (only
+    kernel parallel types, or those listed)."""
+    fusion = ref.fusion
+    graph = IdGraph(fusion.tensors(), fusion.exprs(), map_broadcast=True)
+    allowed = frozenset(parallel_types) if parallel_types is not None else KERNEL_PARALLEL_TYPES
+    ref_loop = ref.get_loop_domain()
+    for tv in _targets(ref, tvs):
+        for i in tv.get_loop_domain():
+            match = next((r for r in ref_loop if graph.mapped(r, i)), None)
+            if match is not None and match.parallel_type in allowed and i.parallel_type is not match.parallel_type:
+                i.parallelize(match.parallel_type)
+
+
+def set_compute_at(tv: TensorView, position: int) -> TensorView:
+    """Record that ``tv``'s loop IDs left of ``position`` are shared with its consumer's loop nest."""
+    if isinstance(position, bool) or not isinstance(position, int):
+        raise TypeError(f"{tv.short_name}: compute-at position must be an int, got {type(position).__name__}")
+    n = len(tv.get_loop_domain())
+    if not 0 <= position <= n:
+        raise ValueError(f"{tv.short_name}: compute-at position {position} is out of range for a loop domain of "
+                         f"{n} IDs (valid: 0..{n})")
+    tv.compute_at_pos = position
+    tv.fusion.mark_changed()
+    return tv
+
+
+def inline_at(tv: TensorView, pos: int = -1, tvs: Sequence[TensorView] | None = None) -> None:
+    """Compute ``tvs`` (default: every producer computed in a kernel) inside ``tv``'s first ``pos``
+    loops (``-1``: all of them), as far as their loop IDs map onto ``tv``'s."""
+    fusion = tv.fusion
+    n = len(tv.get_loop_domain())
+    depth = n if pos == -1 else pos
+    if not 0 <= depth <= n:
+        raise ValueError(f"{tv.short_name}: inline position {pos} is out of range for a loop domain of {n} IDs")
+    graph = IdGraph(fusion.tensors(), fusion.exprs(), map_broadcast=True)
+    ref_loop = tv.get_loop_domain()[:depth]
+    for other in (_computed(fusion) if tvs is None else list(tvs)):
+        if other is tv:
+            continue
+        shared = 0
+        for i, r in zip(other.get_loop_domain(), ref_loop, strict=False):
+            if not graph.mapped(i, r):
+                break
+            shared += 1
+        set_compute_at(other, shared)
+
+
+def inline_most(tvs: Sequence[TensorView] | None = None, fusion: Fusion | None = None) -> None:
+    """Inline every tensor computed in a kernel as deep as its consumers' loops allow: its compute-at
+    position is the longest prefix of its loop IDs mapped to each consumer's (nvFuser's ``inlineMost``)."""
+    if fusion is None:
+        if not tvs:
+            raise ValueError("inline_most needs the tensors to inline or the fusion they belong to")
+        fusion = tvs[0].fusion
+    graph = IdGraph(fusion.tensors(), fusion.exprs(), map_broadcast=True)
+    for tv in (_computed(fusion) if tvs is None else list(tvs)):
+        consumers = [c for use in tv.uses for c in use.tensor_outputs]
+        if not consumers:
+            continue
+        depth = len(tv.get_loop_domain())
+        for c in consumers:
+            shared = 0
+            for i, r in zip(tv.get_loop_domain(), c.get_loop_domain(), strict=False):
+                if not graph.mapped(i, r):
+                    break
+                shared += 1
+            depth = min(depth, shared)
+        set_compute_at(tv, depth)
+
+
+def _computed(fusion: Fusion) -> list[TensorView]:
+    """Tensors a kernel computes: neither inputs nor outputs of the fusion."""
+    return [tv for tv in fusion.tensors() if not tv.is_fusion_input and not tv.is_fusion_output]

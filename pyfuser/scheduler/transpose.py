@@ -1,0 +1,89 @@
+"""The transpose scheduler: a pointwise segment whose inputs and outputs disagree on the innermost
+axis in memory (``out = x.t() + y``) is tiled in 2-D over those two axes, so the tile is read along
+one and written along the other and both the loads and the stores are coalesced (Triton moves the
+tile between the two layouts through shared memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.scheduler.pointwise import element_bytes, flatten_in_memory_order, merge_range, propagate
+from pyfuser.scheduler.pointwise_analysis import check_pointwise, innermost, innermost_classes, reference_output
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
+
+
+@dataclass
+class TransposeParams:
+    """Tile ``tile_in x tile_out``: ``axis_in`` (innermost of some input, a logical position of the
+    reference) by ``axis_out`` (the reference's innermost)."""
+
+    reference: int
+    axis_in: int
+    axis_out: int
+    tile_in: int = 32
+    tile_out: int = 32
+    num_warps: int = 4
+    scheduler_type: SchedulerType = SchedulerType.transpose
+
+    def __str__(self) -> str:
+        return (f"===== Transpose Parameters ========\nreference: T{self.reference}\n"
+                f"tile: axis {self.axis_in} x axis {self.axis_out} = {self.tile_in} x {self.tile_out}\n"
+                f"num_warps: {self.num_warps}\n====================================\n")
+
+    def __hash__(self) -> int:
+        return hash((self.reference, self.axis_in, self.axis_out, self.tile_in, self.tile_out, self.num_warps))
+
+
+def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
+    ok, reason, exact = check_pointwise(fusion)
+    if not ok:
+        return False, reason
+    assert exact is not None
+    if len(innermost_classes(fusion, exact)) < 2:
+        return False, "every input and output has the same innermost axis: no transpose to tile"
+    return True, ""
+
+
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] = ()) -> TransposeParams:
+    ok, reason = can_schedule(fusion)
+    if not ok:
+        raise ValueError(f"the transpose scheduler cannot schedule this fusion: {reason}")
+    _, _, exact = check_pointwise(fusion)
+    assert exact is not None
+    ref = reference_output(fusion)
+    logical = ref.get_logical_domain()
+    out_axis = innermost(ref)
+    assert out_axis is not None
+    out_class = exact.class_of(out_axis)
+    in_class = next(c for c in innermost_classes(fusion, exact) if c != out_class)
+    in_axis = next(i for i in logical if not i.is_broadcast and exact.class_of(i) == in_class)
+    tile = 64 if element_bytes(fusion) <= 2 else 32
+    return TransposeParams(ref.name, logical.index(in_axis), logical.index(out_axis), tile, tile)
+
+
+def schedule(fusion: Fusion, params: TransposeParams) -> None:
+    ref = next(tv for tv in fusion.outputs() if isinstance(tv, TensorView) and tv.name == params.reference)
+    logical = ref.get_logical_domain()
+    axis_in, axis_out = logical[params.axis_in], logical[params.axis_out]
+    flatten_in_memory_order(ref)
+    loop = ref.get_loop_domain()
+    others = [i for i in loop if i is not axis_in and i is not axis_out]
+    ref.reorder({loop.index(i): k for k, i in enumerate([*others, axis_in, axis_out])})
+    n = len(others)
+    ref.split(n + 1, params.tile_out)          # [others, in, out/T, T]
+    ref.split(n, params.tile_in)               # [others, in/T, T, out/T, T]
+    ref.reorder({n + 1: n + 2, n + 2: n + 1})  # [others, in/T, out/T, T_in, T_out]
+    merge_range(ref, 0, n + 2)                 # [others * in/T * out/T, T_in, T_out]
+    ref.axis(0).parallelize(ParallelType.grid_x)
+    ref.axis(1).parallelize(ParallelType.block_y)
+    ref.axis(2).parallelize(ParallelType.block_x)
+    propagate(ref)
+
+
+TRANSPOSE = Scheduler(SchedulerType.transpose, can_schedule, compute_heuristics, schedule)  # type: ignore[arg-type]

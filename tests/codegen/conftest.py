@@ -1,0 +1,39 @@
+"""Generated kernels in tests: on CPU through Triton's interpreter, on CUDA natively."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from pyfuser import FusionDefinition
+
+RunKernels = Callable[..., list[torch.Tensor]]
+
+
+def execute_with_kernels(fd: FusionDefinition, inputs: Sequence[Any], **kwargs: Any) -> list[torch.Tensor]:
+    """Execute with generated kernels (the interpreter on CPU) and check a kernel actually ran."""
+    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in inputs)
+    options = list(kwargs.pop("_enable_options", ()))
+    if not on_cuda:
+        options.append("triton_interpreter")
+    outputs = fd.execute(inputs, _enable_options=options, **kwargs)
+    assert fd.last_kernel_code(), "no generated kernel ran"
+    return outputs
+
+
+def execute_with_aten(fd: FusionDefinition, inputs: Sequence[Any]) -> list[torch.Tensor]:
+    """The oracle: every expr as an ATen call."""
+    return fd.execute(inputs, _disable_options=["kernel_codegen"])
+
+
+@pytest.fixture
+def run_kernels() -> RunKernels:
+    return execute_with_kernels
+
+
+@pytest.fixture
+def run_aten() -> RunKernels:
+    return execute_with_aten

@@ -1,0 +1,132 @@
+"""Property: random pointwise / broadcast / permute programs, scheduled automatically or by a random
+manual schedule, compute what the ATen evaluator (the oracle) computes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyfuser import FusionDefinition, ParallelType
+
+UNARY = ["neg", "exp", "sin", "tanh", "sigmoid", "relu", "abs"]
+BINARY = ["add", "sub", "mul", "maximum", "minimum"]
+
+
+@dataclass
+class Program:
+    shape: tuple[int, ...]
+    inputs: list[tuple[tuple[int, ...], tuple[int, ...]]]  # (shape, memory order)
+    steps: list[tuple[str, tuple[int, ...]]]  # (op, operand indices or a permutation)
+
+
+@st.composite
+def programs(draw: st.DrawFn) -> Program:
+    rank = draw(st.integers(1, 3))
+    shape = tuple(draw(st.lists(st.integers(0, 7), min_size=rank, max_size=rank)))
+    inputs = []
+    for _ in range(draw(st.integers(1, 3))):
+        dims = tuple(s if draw(st.booleans()) or k == rank - 1 else 1 for k, s in enumerate(shape))
+        order = tuple(draw(st.permutations(range(rank))))
+        inputs.append((dims, order))
+    steps: list[tuple[str, tuple[int, ...]]] = []
+    values = [d for d, _ in inputs]
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["unary", "binary", "permute"]))
+        k = draw(st.integers(0, len(values) - 1))
+        if kind == "unary":
+            steps.append((draw(st.sampled_from(UNARY)), (k,)))
+            values.append(values[k])
+        elif kind == "binary":
+            partners = [j for j, v in enumerate(values) if all(a == b or a == 1 or b == 1
+                                                               for a, b in zip(v, values[k], strict=True))]
+            j = draw(st.sampled_from(partners))
+            steps.append((draw(st.sampled_from(BINARY)), (k, j)))
+            values.append(tuple(max(a, b) for a, b in zip(values[k], values[j], strict=True)))
+        else:
+            perm = tuple(draw(st.permutations(range(rank))))
+            steps.append(("permute", (k, *perm)))
+            values.append(tuple(values[k][p] for p in perm))
+    return Program(shape, inputs, steps)
+
+
+def _build(program: Program) -> tuple[FusionDefinition, list[torch.Tensor], torch.Tensor]:
+    tensors = []
+    for dims, order in program.inputs:
+        base = torch.randn([dims[d] for d in order])
+        tensors.append(base.permute([order.index(d) for d in range(len(dims))]))
+    with FusionDefinition() as fd:
+        vals = [fd.define_tensor([-1 if s != 1 else 1 for s in t.shape]) for t in tensors]
+        refs = list(tensors)
+        for op, args in program.steps:
+            if op == "permute":
+                vals.append(fd.ops.permute(vals[args[0]], list(args[1:])))
+                refs.append(refs[args[0]].permute(list(args[1:])))
+            elif len(args) == 1:
+                vals.append(getattr(fd.ops, op)(vals[args[0]]))
+                refs.append(getattr(torch, op)(refs[args[0]]))
+            else:
+                vals.append(getattr(fd.ops, op)(vals[args[0]], vals[args[1]]))
+                refs.append(getattr(torch, op)(refs[args[0]], refs[args[1]]))
+        fd.add_output(vals[-1])
+    return fd, tensors, refs[-1]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_automatic_schedules_match_the_oracle(program: Program) -> None:
+    fd, inputs, expected = _build(program)
+    if not fd.fusion.exprs():
+        return
+    (got,) = fd.execute(inputs, _enable_options=["triton_interpreter"])
+    (oracle,) = fd.execute(inputs, _disable_options=["kernel_codegen"])
+    torch.testing.assert_close(oracle, expected)
+    torch.testing.assert_close(got, oracle, rtol=1e-5, atol=1e-5)
+
+
+@st.composite
+def manual_schedules(draw: st.DrawFn) -> tuple[Program, list[tuple[str, int, int]], list[str]]:
+    program = draw(programs())
+    transforms = []
+    n = len(program.shape)
+    for _ in range(draw(st.integers(0, 4))):
+        if n > 1 and draw(st.booleans()):
+            k = draw(st.integers(0, n - 2))
+            transforms.append(("merge", k, 0))
+            n -= 1
+        else:
+            transforms.append(("split", draw(st.integers(0, n - 1)), draw(st.integers(1, 8))))
+            n += 1
+    kinds = [draw(st.sampled_from(["serial", "grid", "block"])) for _ in range(n)]
+    return program, transforms, kinds
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(manual_schedules())
+def test_random_manual_schedules_match_the_oracle(case: tuple[Program, list[tuple[str, int, int]], list[str]]) -> None:
+    program, transforms, kinds = case
+    fd, inputs, expected = _build(program)
+    if not fd.fusion.exprs():
+        return
+    out = fd.fusion.outputs()[0]
+    for kind, axis, factor in transforms:
+        if kind == "merge":
+            out.merge(axis)
+        else:
+            out.split(axis, factor)
+    grids = iter([ParallelType.grid_x, ParallelType.grid_y])
+    blocks = iter([ParallelType.block_x, ParallelType.block_y])
+    for pos, kind in enumerate(kinds):
+        i = out.axis(pos)
+        if kind == "grid":
+            ptype = next(grids, None)
+        elif kind == "block" and i.extent.value is not None:
+            ptype = next(blocks, None)
+        else:
+            ptype = None
+        if ptype is not None:
+            i.parallelize(ptype)
+    (got,) = fd.manual_execute(inputs)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

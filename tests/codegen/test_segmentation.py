@@ -1,0 +1,96 @@
+"""Segmentation into kernel / ATen / communication segments, read from the dumps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyfuser import FusionDefinition, ParallelType
+
+
+def _dump(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fd: FusionDefinition, inputs,
+          run) -> tuple[list[torch.Tensor], str]:
+    capsys.readouterr()
+    monkeypatch.setenv("PYFUSER_DUMP", "segmented_fusion,host_ir")
+    outputs = run(fd, inputs)
+    monkeypatch.delenv("PYFUSER_DUMP")
+    return outputs, capsys.readouterr().out
+
+
+def test_pointwise_linear_pointwise_is_kernel_aten_kernel(monkeypatch, capsys, device, run_kernels) -> None:
+    x, w, b = torch.randn(6, 8, device=device), torch.randn(5, 8, device=device), torch.randn(8, device=device)
+    with FusionDefinition() as fd:
+        tx, tw, tb = fd.from_pytorch(x), fd.from_pytorch(w), fd.from_pytorch(b)
+        h = fd.ops.linear(fd.ops.relu(fd.ops.add(tx, tb)), tw)
+        fd.add_output(fd.ops.gelu(fd.ops.mul(h, 0.5)))
+    (out,), dump = _dump(monkeypatch, capsys, fd, [x, w, b], run_kernels)
+    torch.testing.assert_close(out, F.gelu(F.linear(torch.relu(x + b), w) * 0.5), atol=1e-5, rtol=1e-5)
+    segments = [line.split()[1] for line in dump.splitlines() if line.startswith("  g")]
+    assert segments == ["pointwise", "expr_eval", "pointwise"]
+    host = dump[dump.index("%HostIrContainer"):]
+    assert host.index("LaunchKernel( pointwise_kernel") < host.index("= linear(") < host.rindex("LaunchKernel(")
+    assert "expr_eval (pointwise: LinearOp" in dump, "the ATen segment says why no kernel took it"
+
+
+def test_segment_set_forces_a_boundary(monkeypatch, capsys, device, run_kernels) -> None:
+    x = torch.randn(4, 5, device=device)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.exp(fd.ops.segment_set(fd.ops.neg(t))))
+    (out,), dump = _dump(monkeypatch, capsys, fd, [x], run_kernels)
+    torch.testing.assert_close(out, torch.exp(-x))
+    assert dump.count("LaunchKernel(") == 2, "neg and exp in two kernels"
+    assert "SegmenterSet(" in dump[dump.index("%HostIrContainer"):], "the forced boundary: a copy between them"
+
+
+def test_siblings_reading_one_input_share_a_kernel(monkeypatch, capsys, device, run_kernels) -> None:
+    x = torch.randn(4, 5, device=device)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.exp(t))
+        fd.add_output(fd.ops.sin(t))
+    outs, dump = _dump(monkeypatch, capsys, fd, [x], run_kernels)
+    torch.testing.assert_close(outs[0], torch.exp(x))
+    torch.testing.assert_close(outs[1], torch.sin(x))
+    assert dump.count("LaunchKernel(") == 1
+
+
+def test_no_cycle_through_an_aten_segment(monkeypatch, capsys, device, run_kernels) -> None:
+    """a -> sum (ATen) -> b, and a -> b directly: a and b cannot share a kernel around the sum."""
+    x = torch.randn(4, 5, device=device)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        a = fd.ops.exp(t)
+        s = fd.ops.sum(a, [1], keepdim=True)
+        fd.add_output(fd.ops.div(a, s))
+    (out,), dump = _dump(monkeypatch, capsys, fd, [x], run_kernels)
+    torch.testing.assert_close(out, torch.softmax(x, 1))
+    segments = [line.split()[1] for line in dump.splitlines() if line.startswith("  g")]
+    assert segments == ["pointwise", "expr_eval", "pointwise"]
+
+
+def test_kernels_off_on_cpu_by_default(monkeypatch, capsys) -> None:
+    x = torch.randn(4, 5)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.exp(fd.from_pytorch(x)))
+    (out,), dump = _dump(monkeypatch, capsys, fd, [x], lambda f, i: f.execute(i))
+    torch.testing.assert_close(out, torch.exp(x))
+    assert "generated kernels are off" in dump and "LaunchKernel" not in dump
+
+
+def test_stream_loop_body_is_a_generated_kernel(monkeypatch, capsys, device, run_kernels) -> None:
+    x = torch.randn(10, 6, device=device)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        a = fd.ops.mul(t, 2.0)
+        y = fd.ops.relu(a)
+        fd.add_output(y)
+    for tv in (a, y):
+        tv.outer_split(0, 3)
+        tv.axis(0).parallelize(ParallelType.stream)
+    (out,), dump = _dump(monkeypatch, capsys, fd, [x], run_kernels)
+    torch.testing.assert_close(out, torch.relu(x * 2))
+    body = dump[dump.index("FOR StreamIdx"):]
+    assert body.count("LaunchKernel(") == 1, "mul and relu fused, launched on each chunk"
+    assert "HirAliasSelect" in body.split("LaunchKernel(")[0]
