@@ -88,3 +88,19 @@ def test_a_computed_size_that_is_negative_at_run_time() -> None:
         fd.add_output(fd.ops.reshape(t, [fd.ops.sub(fd.ops.size(t, 0), 8), -1]))
     with pytest.raises(ValueError, match=r"reshape: T0 cannot be reshaped to \[-4, -1\]: new_shape\[0\] is negative"):
         fd.execute([torch.randn(4)])
+
+
+def test_computed_sizes_in_generated_kernels() -> None:
+    """A kernel whose output extent no input of it holds (an expand to another tensor's size, a full
+    of a computed shape) reads the extent from the bound sizes."""
+    x, row = torch.randn(3, 5), torch.randn(1, 5)
+    with FusionDefinition() as fd:
+        t, r = fd.define_tensor([-1, -1]), fd.define_tensor([1, -1], contiguity=[None, True])
+        fd.add_output(fd.ops.exp(t))
+        fd.add_output(fd.ops.expand(fd.ops.sin(r), [fd.ops.size(t, 0), -1]))
+        fd.add_output(fd.ops.full([fd.ops.mul(fd.ops.size(t, 1), 2)], 1.5, DataType.Float))
+    e, expanded, full = fd.execute([x, row], _enable_options=["triton_interpreter"])
+    assert fd.last_kernel_code()
+    torch.testing.assert_close(e, x.exp())
+    torch.testing.assert_close(expanded, row.sin().expand(3, 5))
+    torch.testing.assert_close(full, torch.full((10,), 1.5))

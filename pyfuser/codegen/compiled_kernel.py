@@ -100,12 +100,12 @@ class CompiledKernel:
         tensors = [args[p] for p in self._positions]
         sizes: dict[str, int] = {}
         for symbol, index, dim, output, extent in self._size_sources:
-            if extent is not None:
-                sizes[symbol] = extent.evaluate(ctx.env)
-            elif not output:
+            if index >= 0 and not output:
                 sizes[symbol] = tensors[index].shape[dim]
-            elif out is not None:
-                sizes[symbol] = out[index].shape[dim]
+            elif index >= 0 and out is not None:
+                sizes[symbol] = out[index].shape[dim]  # a stream loop's chunk: narrower than the extent
+            elif extent is not None:
+                sizes[symbol] = extent.evaluate(ctx.env)
             else:
                 raise ValueError(f"{self.name}: the size of {s.tensor_names[len(tensors) + index]} axis {dim} is not "
                                  "known before the kernel runs; pass the output buffer")

@@ -73,7 +73,8 @@ class KernelError(ValueError):
 @dataclass(frozen=True)
 class SizeSource:
     """Where the launcher reads a size class: dim ``dim`` of input (``output=False``) or output
-    ``index``; or, for a class no tensor argument holds, ``extent`` in the bound sizes."""
+    ``index``; or, for a class no input holds, ``extent`` in the bound sizes (also for an output
+    the launcher allocates itself, whose shape it must know first)."""
 
     symbol: str
     index: int = -1
@@ -213,7 +214,7 @@ class KernelBuilder:
             for k, tv in enumerate(tvs):
                 for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
                     if id(i) in members and not i.is_broadcast:
-                        return SizeSource(symbol, k, d, output)
+                        return SizeSource(symbol, k, d, output, logical.extent if output else None)
         return SizeSource(symbol, extent=logical.extent)
 
     def extent(self, i: IterDomain) -> SymExpr:
