@@ -116,3 +116,14 @@ def test_an_nvfuser_script_runs_unchanged() -> None:
     namespace: dict[str, object] = {"FusionDefinition": nvfuser_direct.FusionDefinition, "DataType": DataType}
     exec(repr(fd), namespace)
     assert nvfuser_direct.version() > "0.0.0"
+
+
+def test_nvfuser_keyword_defaults() -> None:
+    """cat's dim defaults to 0 and slice takes manual_normalization, as in nvFuser."""
+    a, b = torch.randn(2, 3), torch.randn(4, 3)
+    with nvfuser_direct.FusionDefinition() as fd:
+        ta, tb = fd.from_pytorch(a), fd.from_pytorch(b)
+        both = fd.ops.cat([ta, tb])
+        fd.add_output(fd.ops.slice(both, [1, 0], [5, 3], manual_normalization=True))
+    (out,) = fd.execute([a, b])
+    torch.testing.assert_close(out, torch.cat([a, b])[1:5])

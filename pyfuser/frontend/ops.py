@@ -180,7 +180,10 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
         return out
 
     def slice(self, x: TensorView, start_indices: Sequence[SizeLike], end_indices: Sequence[SizeLike],
-              strides: Sequence[int] | None = None) -> TensorView:
+              strides: Sequence[int] | None = None, manual_normalization: bool = False) -> TensorView:
+        """Python slicing per axis (negative indices count from the end, out-of-range ones clamp).
+        ``manual_normalization`` (nvFuser: the indices are already in ``[0, extent]``) changes
+        nothing here: normalizing such indices leaves them as they are."""
         tv = self._tv(x, "slice")
         in_ids = tv.get_logical_domain(no_reductions=True)
         rank = len(in_ids)
@@ -210,7 +213,7 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
         SliceOp(self._fusion, out, tv, ranges, given)
         return out
 
-    def cat(self, tensors: Sequence[TensorView], dim: int) -> TensorView:
+    def cat(self, tensors: Sequence[TensorView], dim: int = 0) -> TensorView:
         tvs = [self._tv(t, f"cat input {k}") for k, t in enumerate(tensors)]
         if not tvs:
             raise ValueError("cat: needs at least one tensor")
