@@ -110,7 +110,7 @@ def breakdown(size: int, repeats: int) -> dict[str, float]:
     x, y = torch.rand(size, size), torch.randn(size)  # x >= 0 keeps log() finite
     fd = define()
     fd.execute([x, y])
-    executor = fd._executor
+    executor = fd.fec
     program = getattr(executor, "last_program", None)
     if program is None:
         return {}

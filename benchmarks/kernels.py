@@ -119,7 +119,7 @@ def run_case(case: Case, sweep: bool) -> dict[str, Any]:
         "pyfuser_ms": pyfuser_ms, "eager_GBps": gbps(case.nbytes, eager_ms),
         "inductor_GBps": gbps(case.nbytes, inductor_ms), "pyfuser_GBps": gbps(case.nbytes, pyfuser_ms),
         "pyfuser_first_call_s": first_call_s, "inductor_compile_s": compile_s,
-        "kernels": len(fd._executor.kernel_codes()),
+        "kernels": len(fd.fec.kernel_codes()),
     }
     if sweep:
         row["sweep"] = sweep_case(case)
@@ -157,7 +157,7 @@ def host_overhead(dev: str) -> dict[str, float]:
     with FusionDefinition() as fd:
         fd.add_output(fd.ops.add(fd.from_pytorch(x), 1.0))
     fd.execute([x])
-    kernel = fd._executor.last_program.container.nodes[0].segment  # the LaunchKernel's compiled kernel
+    kernel = fd.fec.last_program.container.nodes[0].segment  # the LaunchKernel's compiled kernel
     _, grid, params = kernel.prepare(EvalContext(device=x.device), x)
 
     def direct() -> None:

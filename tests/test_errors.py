@@ -119,7 +119,7 @@ def test_execute_without_outputs() -> None:
     ({"stride_order": [1, 2]}, r"T0: stride_order \[1, 2\] is not a permutation"),
     ({"stride_order": [1, 0, 2]}, r"T0: stride_order \[1, 0, 2\] has 3 entries but the tensor has rank 2"),
     ({"contiguity": [True]}, r"T0: contiguity \[True\] has 1 entries but shape \[-1, -1\] has rank 2"),
-    ({"contiguity": [None, True]}, r"T0: contiguity of axis 0 is None"),
+    ({"contiguity": [1, True]}, r"T0: contiguity entries must be True, False or None \(expanded\), got 1"),
 ])
 def test_bad_define_tensor(kwargs: dict[str, Any], pattern: str) -> None:
     with FusionDefinition() as fd:
@@ -300,18 +300,20 @@ def test_sizes_and_split_factors_must_be_known_before_execution() -> None:
     with FusionDefinition() as fd:
         t = fd.define_tensor([-1])
         n = fd.define_scalar(dtype=DataType.Int)
-        doubled = fd.ops.mul(n, 2)  # computed by the fusion: not known before it runs
-        with pytest.raises(ValueError, match=r"full shape\[0\]: i\w+ must be a constant or an input scalar"):
-            fd.ops.full([doubled], 1.0, DataType.Float)
+        doubled = fd.ops.mul(n, 2)  # size arithmetic: known before the fusion runs
+        fd.ops.full([doubled], 1.0, DataType.Float)
+        powered = fd.ops.pow(n, 2)  # not size arithmetic: computed by the fusion
+        with pytest.raises(ValueError, match=r"full shape\[0\]: i\w+ must be a constant, an input scalar"):
+            fd.ops.full([powered], 1.0, DataType.Float)
         with pytest.raises(ValueError, match=r"full shape\[0\]: i\w+ belongs to another FusionDefinition"):
             fd.ops.full([foreign], 1.0, DataType.Float)
         with pytest.raises(TypeError, match=r"scalar double\(2.0\) of type double cannot be used as a size"):
             fd.ops.full([fd.define_scalar(2.0)], 1.0, DataType.Float)
         out = fd.ops.exp(t)
         fd.add_output(out)
-    with pytest.raises(ValueError, match=r"T1 axis 0: split factor i\w+ must be a constant or an input scalar"):
-        out.split(0, doubled)
-    with pytest.raises(ValueError, match=r"T1 axis 0: split factor i\w+ belongs to another FusionDefinition"):
+    with pytest.raises(ValueError, match=r"T2 axis 0: split factor i\w+ must be a constant or an input scalar"):
+        out.split(0, powered)
+    with pytest.raises(ValueError, match=r"T2 axis 0: split factor i\w+ belongs to another FusionDefinition"):
         out.split(0, foreign)
     out.split(0, n)
     x = torch.randn(7)

@@ -377,11 +377,17 @@ def test_scalar_outputs_are_zero_dim_tensors() -> None:
     torch.randn(2, 1, 3).expand(2, 5, 3),  # stride 0 in the middle
     torch.randn(4, 1).expand(4, 5).t(),  # [5, 4] with strides [0, 1]
 ])
-def test_from_pytorch_of_an_expanded_tensor_accepts_its_materialized_copy(example: torch.Tensor) -> None:
-    """An expanded (stride-0) axis has no place in memory: from_pytorch must not declare a stride
-    order that puts it innermost, which would reject the same values laid out densely."""
+def test_from_pytorch_of_an_expanded_tensor_declares_the_axis_expanded(example: torch.Tensor) -> None:
+    """A stride-0 axis of extent > 1 is declared expanded (contiguity None), as nvFuser does: any
+    tensor expanded there runs, a materialized copy (which could hold different values along the
+    axis) is rejected naming the axis."""
     with FusionDefinition() as fd:
         fd.add_output(fd.ops.mul(fd.from_pytorch(example), 2))
-    for x in (example, example.contiguous()):
+    other = (torch.randn_like(example.contiguous()) * 0).add(3).as_strided(example.shape, example.stride())
+    for x in (example, other):
         (out,) = fd.execute([x])
         assert_close(out, x * 2)
+    axis = example.stride().index(0)
+    with pytest.raises(ValueError, match=rf"input 0 \(T0\) axis {axis}: declared expanded \(contiguity None\), so "
+                                         r"its stride must be 0"):
+        fd.execute([example.contiguous()])

@@ -35,7 +35,7 @@ T0_g_float[bS0{1}, iS1{4096}, iS2{4096}]
 def seed_003(shape: list[int]) -> tuple[FusionDefinition, TensorView]:
     """The seed 003 fusion; T0 is allocated (iS1, bS0, iS2), i.e. axis 1 outermost."""
     with FusionDefinition() as fd:
-        t0 = fd.define_tensor(shape, contiguity=[None, True, True], stride_order=[1, 2, 0])
+        t0 = fd.define_tensor(shape, contiguity=[True, None, True], stride_order=[1, 2, 0])
         t2 = fd.ops.sum(fd.ops.squeeze(t0, [0]), [1])
         t4 = fd.ops.add(t0, fd.ops.broadcast(t2, [True, False, True]))
         t6 = fd.ops.sum(fd.ops.squeeze(t4, [0]), [0])
@@ -120,7 +120,7 @@ def test_inner_split_merge_reorder_print_the_loop_domain() -> None:
 def test_seed_003_t7_style_schedule_prints_like_the_seed() -> None:
     """The scheduled cache of seed 003: split by 2, by 132, by 2, with a blockIdx.y axis."""
     with FusionDefinition() as fd:
-        t0 = fd.define_tensor([1, 4096, 4096], contiguity=[None, True, True], stride_order=[1, 2, 0])
+        t0 = fd.define_tensor([1, 4096, 4096], contiguity=[True, None, True], stride_order=[1, 2, 0])
         t1 = fd.ops.set(t0)
         fd.add_output(t1)
     t1.split(1, 2).split(1, 132).split(1, 2)

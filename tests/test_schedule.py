@@ -172,12 +172,12 @@ def test_cache_before_of_an_input_is_rejected() -> None:
 def test_schedule_change_recompiles() -> None:
     fd, t1, _ = pointwise()
     check(fd)
-    compiled = fd._executor.compile_count
+    compiled = fd.fec.compile_count
     t1.split(0, 2)
     check(fd)
-    assert fd._executor.compile_count == compiled + 1
+    assert fd.fec.compile_count == compiled + 1
     check(fd)
-    assert fd._executor.compile_count == compiled + 1
+    assert fd.fec.compile_count == compiled + 1
 
 
 def test_parallelized_schedule_executes_on_cpu() -> None:

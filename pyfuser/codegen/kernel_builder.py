@@ -115,7 +115,7 @@ class KernelBuilder(ValueLowering):
             for k, tv in enumerate(tvs):
                 for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
                     if id(i) in members and not i.is_broadcast:
-                        return SizeSource(symbol, k, d, output)
+                        return SizeSource(symbol, k, d, output, logical.extent if output else None)
         return SizeSource(symbol, extent=logical.extent)
 
     def extent(self, i: IterDomain) -> SymExpr:

@@ -15,7 +15,8 @@ class KernelError(ValueError):
 @dataclass(frozen=True)
 class SizeSource:
     """Where the launcher reads a size class: dim ``dim`` of input (``output=False``) or output
-    ``index``; or, for a class no tensor argument holds, ``extent`` in the bound sizes."""
+    ``index``; or, for a class no input holds, ``extent`` in the bound sizes (also for an output
+    the launcher allocates itself, whose shape it must know first)."""
 
     symbol: str
     index: int = -1

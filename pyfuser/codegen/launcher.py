@@ -39,13 +39,19 @@ def launcher_source(s: KernelSource, num_warps: int) -> tuple[str, dict[str, Any
     for k, src in enumerate(s.sizes):
         if src.extent is not None:
             env[f"_extent{k}"] = src.extent
-            body.append(f"{src.symbol} = _extent{k}.evaluate(ctx.env)")
-        elif not src.output:
+        if src.index >= 0 and not src.output:
             body.append(f"{src.symbol} = t{src.index}.shape[{src.dim}]")
+        elif src.index >= 0:  # an output's size: a given buffer (a stream loop's chunk) says it first
+            body.append("if out is not None:")
+            body.append(f"    {src.symbol} = out[{src.index}].shape[{src.dim}]")
+            if src.extent is not None:
+                body.append("else:")
+                body.append(f"    {src.symbol} = _extent{k}.evaluate(ctx.env)")
+            else:
+                body.append("else:")
+                body.append(f"    raise _unknown({s.name!r}, names[{n_in + src.index}], {src.dim})")
         else:
-            body.append("if out is None:")
-            body.append(f"    raise _unknown({s.name!r}, names[{n_in + src.index}], {src.dim})")
-            body.append(f"{src.symbol} = out[{src.index}].shape[{src.dim}]")
+            body.append(f"{src.symbol} = _extent{k}.evaluate(ctx.env)")
     for a, da, b, db in s.size_checks:
         body.append(f"if t{a}.shape[{da}] != t{b}.shape[{db}]:")
         body.append(f"    raise _size_error(names, {a}, {da}, t{a}.shape[{da}], {b}, {db}, t{b}.shape[{db}])")

@@ -110,6 +110,8 @@ def post(plan: CommPlan, rank: int, group: Any, src: torch.Tensor | None, dst: t
         return _gather(plan, rank, group, _need(src, plan, "input"), dst)
     if kind is CommunicationType.Scatter:
         return _scatter(plan, rank, group, src, _need(dst, plan, "output"))
+    if kind is CommunicationType.AllToAll:
+        return _all_to_all(plan, group, _need(src, plan, "input"), _need(dst, plan, "output"))
     raise ValueError(f"{kind} is not a communication that torch.distributed runs")
 
 
@@ -197,3 +199,21 @@ def _scatter(plan: CommPlan, rank: int, group: Any, src: torch.Tensor | None, ds
     buf = _staging(dst)
     work = dist.scatter(buf, pieces, src=plan.root, group=group, async_op=True)
     return Pending([work], None if buf is dst else (lambda: dst.copy_(buf)))
+
+
+def _all_to_all(plan: CommPlan, group: Any, src: torch.Tensor, dst: torch.Tensor) -> Pending:
+    """Split the local shard along ``plan.dim`` into one piece per team member, exchange, and lay the
+    pieces received (team order) along ``plan.concat_dim``."""
+    parts, split, concat = len(plan.team), plan.dim or 0, plan.concat_dim or 0
+    pieces = src.unflatten(split, (parts, src.shape[split] // parts)).movedim(split, 0)
+    order = _group_order(plan.team)
+    send = (pieces if order is None else pieces[order]).contiguous()  # send[k] goes to group rank k
+    received = torch.empty_like(send)
+    work = dist.all_to_all_single(received.view(-1), send.view(-1), group=group, async_op=True)
+    team_order = _team_order(plan.team)
+
+    def finish() -> None:
+        ordered = received if team_order is None else received[team_order]
+        dst.copy_(ordered.movedim(0, concat).reshape(dst.shape))
+
+    return Pending([work], finish)

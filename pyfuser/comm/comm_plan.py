@@ -1,10 +1,10 @@
 """Which collective a resharding ``set`` is, seen from one rank.
 
 A ``set`` whose input and output differ in mesh or sharding moves data; this module names the move
-(Allgather, ReduceScatter, Allreduce, Broadcast, SendRecv, Reduce, Gather, Scatter, or a local slice when
-a replicated tensor becomes sharded on the same mesh) and who takes part. A sharded reduction ID on the
-input means partial results, so the move reduces. Anything else (two sharded axes swapping, say) has no
-path here and raises a ValueError naming both tensors.
+(Allgather, ReduceScatter, Allreduce, Broadcast, SendRecv, Reduce, Gather, Scatter, AllToAll when the
+sharding moves from one axis to another, or a local slice when a replicated tensor becomes sharded on the
+same mesh) and who takes part. A sharded reduction ID on the input means partial results, so the move
+reduces. Anything else has no path here and raises a ValueError naming both tensors.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ class CommunicationType(Enum):
     Reduce = "Reduce"
     Gather = "Gather"
     Scatter = "Scatter"
+    #: The sharding moves from one axis to another (expert parallelism's dispatch and combine): every
+    #: rank sends each peer the slice of its shard that the peer holds afterwards.
+    AllToAll = "AllToAll"
     #: Not a collective: a replicated tensor becomes sharded on the same mesh; each rank keeps its slice.
     LocalSlice = "LocalSlice"
 
@@ -41,7 +44,8 @@ class CommPlan:
 
     ``team``: participating ranks in order (a rank's position is its shard index). ``root``: the source
     (Broadcast, Scatter, SendRecv) or destination (Reduce, Gather) rank. ``dim``: tensor dim gathered,
-    scattered or sliced (of the output for Allgather / Gather, of the input otherwise).
+    scattered or sliced (of the output for Allgather / Gather, of the input otherwise; for AllToAll the
+    input dim split among the team). ``concat_dim``: AllToAll's output dim the received pieces fill.
     """
 
     type: CommunicationType
@@ -53,6 +57,7 @@ class CommPlan:
     #: Broadcast inside a stream loop over the sharded axis itself: iteration ``i`` broadcasts the shard
     #: of ``team[i]`` (the broadcast-based pipeline of the "shard outermost" all-gather + GEMM).
     root_from_loop: bool = False
+    concat_dim: int | None = None
 
     @property
     def is_local(self) -> bool:
@@ -119,8 +124,8 @@ def _same_mesh_plan(src: TensorView, dst: TensorView, mesh: DeviceMesh, rank: in
         return CommPlan(CommunicationType.Allgather, team, dim=tensor_dim(dst, axis))
     if ptype in outs and ptype not in ins:
         return CommPlan(CommunicationType.LocalSlice, team, dim=tensor_dim(src, _logical_pos(dst, src, outs[ptype])))
-    raise _no_path(src, dst, f"it moves the {ptype} sharding from axis {ins[ptype]} to axis {outs[ptype]} "
-                   "(an all-to-all, not supported); gather first, then shard the other axis")
+    return CommPlan(CommunicationType.AllToAll, team, dim=tensor_dim(src, _logical_pos(dst, src, outs[ptype])),
+                    concat_dim=tensor_dim(dst, _logical_pos(src, dst, ins[ptype])))
 
 
 def _cross_mesh_plan(src: TensorView, dst: TensorView, smesh: DeviceMesh, dmesh: DeviceMesh,

@@ -8,17 +8,15 @@ from typing import Any
 import torch
 
 from pyfuser.frontend.ops import Ops
+from pyfuser.frontend.repro import InputRecord, record_inputs, repro_script
 from pyfuser.frontend.scheduling import DefinedFusion, ScheduleOps
+from pyfuser.frontend.validate import check_outputs, evaluate_reference
 from pyfuser.ir.base import Scalar
 from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python, python_scalar_type
+from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, IterType
-from pyfuser.ir.layout import (
-    allocation_permutation,
-    check_stride_order,
-    contiguity_of_strides,
-    memory_order,
-    stride_order_of_permutation,
-)
+from pyfuser.ir.layout import allocation_permutation, check_stride_order, tensor_descriptor
+from pyfuser.ir.python_definition import translate_fusion
 from pyfuser.ir.symbolic import SymVar
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import MemoryType, TensorView
@@ -26,20 +24,30 @@ from pyfuser.runtime.executor import FusionExecutorCache
 from pyfuser.runtime.manual import ManualKernels
 
 
+class EmptyFusionError(NotImplementedError, ValueError):
+    """nvFuser raises ``NotImplementedError("Fusion is empty!")``; it is a ValueError too, as every
+    other error about what a caller passed."""
+
+
 class FusionDefinition:
     """Define a fusion inside ``with FusionDefinition() as fd:``, then ``fd.execute(inputs)``.
 
     Tensors returned by ``define_tensor`` and ``fd.ops`` are TensorViews: schedule them directly
-    (``tv.split(0, 4)``, ``tv.axis(0).parallelize(ParallelType.stream)``).
+    (``tv.split(0, 4)``, ``tv.axis(0).parallelize(ParallelType.stream)``). ``repr(fd)`` is the
+    definition as Python (nvFuser's ``nvfuser_fusion(fd)``), ``str(fd)`` the fusion's kernel math.
     """
 
     def __init__(self) -> None:
-        self.fusion = DefinedFusion()
-        self.ops = Ops(self.fusion)
-        self.sched = ScheduleOps(self.fusion)
-        self._executor = FusionExecutorCache(self.fusion)
-        self._manual = ManualKernels(self.fusion)
+        self._fusion = DefinedFusion()
+        self.ops = Ops(self._fusion)
+        self.sched = ScheduleOps(self._fusion)
+        self._fec: FusionExecutorCache | None = None
+        self._manual = ManualKernels(self._fusion)
         self._last_was_manual = False
+        #: What ``execute(..., save_repro_inputs=True)`` saw, for ``last_repro_script``.
+        self._repro_inputs: list[InputRecord] | None = None
+        #: Inputs declared by ``from_pytorch`` from a CPU tensor that is not a 0-dim scalar.
+        self._cpu_examples: list[str] = []
 
     def __enter__(self) -> FusionDefinition:
         return self
@@ -47,17 +55,50 @@ class FusionDefinition:
     def __exit__(self, *exc: object) -> None:
         return None
 
+    @property
+    def fusion(self) -> Fusion:
+        """The fusion: this definition's, or the cached one its executor runs (``fd.fec = ...``)."""
+        return self._fec.fusion if self._fec is not None else self._fusion
+
+    @property
+    def fec(self) -> FusionExecutorCache:
+        """The executor cache that compiles and runs this fusion (nvFuser's ``fd.fec``); settable
+        to one from an ``LRUCache`` so that equal definitions share compiled programs."""
+        if self._fec is None:
+            self._fec = FusionExecutorCache(self._fusion)
+        return self._fec
+
+    @fec.setter
+    def fec(self, executor: FusionExecutorCache) -> None:
+        if not isinstance(executor, FusionExecutorCache):
+            raise TypeError(f"fd.fec must be a FusionExecutorCache, got {type(executor).__name__}")
+        self._fec = executor
+
     # --- inputs -------------------------------------------------------------------------------
-    def define_tensor(self, shape: Sequence[int], contiguity: bool | Sequence[bool | None] | None = None,
+    def define_tensor(self, shape: Sequence[int] | None = None,
+                      contiguity: bool | Sequence[bool | None] | None = None,
                       dtype: DataType | torch.dtype = DataType.Float, is_cpu: bool = False,
-                      stride_order: Sequence[int] | None = None) -> TensorView:
+                      stride_order: Sequence[int] | None = None, *, sizes: Sequence[int] | None = None,
+                      strides: Sequence[int] | None = None, static_sizes: bool = False) -> TensorView:
         """Declare an input tensor.
 
-        ``shape``: -1 symbolic, 1 broadcast, N static. ``contiguity``: per logical axis (like
-        ``shape``), a single bool for all, or None for no contiguity promise. ``stride_order[i]``:
-        axis i's place counted from the innermost (``[1, 0]`` row-major).
+        ``shape``: -1 symbolic, 1 broadcast, N static. ``contiguity``: one entry per axis in
+        allocation order (the logical order unless ``stride_order`` is given), a single bool for
+        all, or None for no contiguity promise; None on an axis whose size is not 1 declares it
+        expanded (a stride-0 broadcast, as ``x.expand(...)``). ``stride_order[i]``: axis i's place
+        counted from the innermost (``[1, 0]`` row-major). Or ``sizes`` and ``strides`` of an
+        example tensor (symbolic sizes unless ``static_sizes``), as nvFuser's third form.
         """
-        name = f"T{self.fusion._counters.get('tv', 0)}"
+        name = f"T{self._fusion._counters.get('tv', 0)}"
+        if sizes is not None or strides is not None:
+            if shape is not None or contiguity is not None or stride_order is not None:
+                raise TypeError(f"define_tensor {name}: pass either shape / contiguity / stride_order or sizes / "
+                                "strides, not both")
+            if sizes is None or strides is None:
+                raise TypeError(f"define_tensor {name}: sizes and strides go together")
+            shape, contiguity, stride_order = _from_sizes_and_strides(name, sizes, strides, static_sizes)
+        if shape is None:
+            raise TypeError(f"define_tensor {name}: shape (or sizes and strides) is required")
         dims = list(shape)
         for d, size in enumerate(dims):
             if isinstance(size, bool) or not isinstance(size, int) or size < -1:
@@ -67,54 +108,53 @@ class FusionDefinition:
         perm = list(range(rank)) if stride_order is None else allocation_permutation(
             check_stride_order(stride_order, rank, f"define_tensor {name}"))
         if contiguity is None or isinstance(contiguity, bool):
-            per_axis: list[bool | None] = [bool(contiguity)] * rank
+            in_alloc_order: list[bool | None] = [bool(contiguity)] * rank
         else:
-            per_axis = list(contiguity)
-            if len(per_axis) != rank:
-                raise ValueError(f"define_tensor {name}: contiguity {per_axis} has {len(per_axis)} entries but shape "
-                                 f"{dims} has rank {rank}")
-        for d, (size, c) in enumerate(zip(dims, per_axis, strict=True)):
-            if c is None and size != 1:
-                raise ValueError(f"define_tensor {name}: contiguity of axis {d} is None, but only broadcast axes "
-                                 "(size 1) may have None contiguity")
+            in_alloc_order = list(contiguity)
+            if len(in_alloc_order) != rank:
+                raise ValueError(f"define_tensor {name}: contiguity {in_alloc_order} has {len(in_alloc_order)} "
+                                 f"entries but shape {dims} has rank {rank}")
+            bad = next((c for c in in_alloc_order if c is not None and not isinstance(c, bool)), None)
+            if bad is not None:
+                raise ValueError(f"define_tensor {name}: contiguity entries must be True, False or None (expanded), "
+                                 f"got {bad!r}")
+        expanded = {d for place, d in enumerate(perm) if in_alloc_order[place] is None and dims[d] != 1}
         dtype = as_data_type(dtype)
+        if is_cpu and rank:
+            raise ValueError(f"define_tensor {name}: is_cpu=True is for 0-dim scalar tensors (CPU non-scalar tensors "
+                             f"are not supported), got shape {dims}")
         # Everything is checked: only now create IDs, so a rejected call leaves no trace.
         ids = []
-        for size in dims:
+        for d, size in enumerate(dims):
             if size == -1:
-                ids.append(IterDomain(self.fusion, SymVar(f"i{self.fusion.next_name('scalar')}")))
+                ids.append(IterDomain(self._fusion, SymVar(f"i{self._fusion.next_name('scalar')}")))
             elif size == 1:
-                ids.append(IterDomain(self.fusion, 1, IterType.Broadcast))
+                ids.append(IterDomain(self._fusion, 1, IterType.Broadcast))
             else:
-                ids.append(IterDomain(self.fusion, size))
-        tv = TensorView(self.fusion, TensorDomain(ids), dtype, MemoryType.Global)
-        alloc_contiguity = [None if ids[d].is_broadcast else bool(per_axis[d]) for d in perm]
+                ids.append(IterDomain(self._fusion, size))
+            ids[-1].expanded = d in expanded
+        tv = TensorView(self._fusion, TensorDomain(ids), dtype, MemoryType.Global)
+        alloc_contiguity = [None if ids[d].is_broadcast else (False if d in expanded else bool(in_alloc_order[place]))
+                            for place, d in enumerate(perm)]
         if stride_order is not None and perm != list(range(rank)):
             tv.set_allocation_domain([ids[d] for d in perm], alloc_contiguity)
         else:
             tv.domain().contiguity = alloc_contiguity
         tv.is_cpu = is_cpu
-        self.fusion.add_input(tv)
+        self._fusion.add_input(tv)
         return tv
 
     def from_pytorch(self, tensor: torch.Tensor, static_sizes: bool = False) -> TensorView:
-        """Declare an input matching ``tensor``'s dtype, rank, size-1 axes and strides."""
+        """Declare an input matching ``tensor``'s dtype, rank, size-1 and expanded axes and strides."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"from_pytorch expects a torch.Tensor, got {type(tensor).__name__}")
-        sizes, strides = list(tensor.shape), list(tensor.stride())
-        shape = [s if (static_sizes or s == 1) else -1 for s in sizes]
-        # Axes without a memory footprint (size 1, or expanded with stride 0) keep their logical
-        # place: an expanded example must not declare an order its materialized copy violates.
-        perm = memory_order(sizes, strides)
-        broadcast = [s == 1 for s in sizes]
-        contig_alloc = contiguity_of_strides(sizes, strides, perm, broadcast)
-        per_axis: list[bool | None] = [None] * len(sizes)
-        for place, d in enumerate(perm):
-            per_axis[d] = contig_alloc[place]
-        order = stride_order_of_permutation(perm) if perm != sorted(perm) else None
-        return self.define_tensor(shape, per_axis, DataType.from_torch(tensor.dtype),
-                                  is_cpu=tensor.device.type == "cpu" and tensor.dim() == 0,
-                                  stride_order=order)
+        cpu_scalar = tensor.device.type == "cpu" and tensor.dim() == 0
+        tv = self.define_tensor(sizes=list(tensor.shape), strides=list(tensor.stride()),
+                                dtype=DataType.from_torch(tensor.dtype), static_sizes=static_sizes)
+        tv.is_cpu = cpu_scalar
+        if tensor.device.type == "cpu" and not cpu_scalar:
+            self._cpu_examples.append(tv.short_name)
+        return tv
 
     def define_scalar(self, value: Any = None, dtype: DataType | torch.dtype | None = None) -> Scalar:
         """A constant (``value`` given) or a scalar input of the fusion (``value`` None)."""
@@ -124,51 +164,76 @@ class FusionDefinition:
             dt = as_data_type(dtype)
             if value is not None:
                 _check_scalar_value(value, dt)
-        scalar = Scalar(self.fusion, dt, value)
+        scalar = Scalar(self._fusion, dt, value)
         if value is None:
-            self.fusion.add_input(scalar)
+            self._fusion.add_input(scalar)
         return scalar
 
+    def define_vector(self, size: int) -> list[Scalar]:
+        """``size`` integer scalar inputs, passed to ``execute`` as one list (a shape, say)."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"define_vector: size must be a non-negative int, got {size!r}")
+        return [self.define_scalar(None, DataType.Int) for _ in range(size)]
+
     # --- outputs ---------------------------------------------------------------------------------
-    def add_output(self, tv: TensorView | Scalar, stride_order: Sequence[int] | None = None) -> None:
-        """Mark ``tv`` an output. A scalar output is returned as a 0-dim tensor of its dtype."""
-        if isinstance(tv, Scalar) and tv.fusion is self.fusion:
+    def add_output(self, tv: TensorView | Scalar, stride_order: Sequence[int] | None = None,
+                   alias_input: TensorView | None = None) -> None:
+        """Mark ``tv`` an output. A scalar output is returned as a 0-dim tensor of its dtype.
+
+        With ``alias_input`` the output is written in place into that input (any strides) after
+        the fusion runs and is not returned (add it again without ``alias_input`` to also get it).
+        """
+        if isinstance(tv, Scalar) and tv.fusion is self._fusion:
             if stride_order not in (None, [], ()):
                 raise ValueError(f"add_output: scalar {tv} is returned as a 0-dim tensor; its stride_order must be "
                                  f"empty, got {list(stride_order)}")  # type: ignore[arg-type]
             tv = self.ops.full([], tv, tv.dtype)
             stride_order = None
-        if isinstance(tv, TensorView) and tv.fusion is not self.fusion:
+        if isinstance(tv, TensorView) and tv.fusion is not self._fusion:
             raise ValueError(f"{tv.short_name} belongs to another FusionDefinition and cannot be an output here")
+        if alias_input is not None:
+            if stride_order is not None:
+                raise ValueError(f"add_output {tv}: an output written into alias_input takes that input's strides; "
+                                 "it cannot also have a stride_order")
+            self._fusion.alias_output_to_input(tv, alias_input)  # type: ignore[arg-type]
+            return
         if isinstance(tv, TensorView) and stride_order is not None:
             check_stride_order(stride_order, tv.ndim, f"add_output {tv.short_name}")
-            earlier = self.fusion.get_output_stride_order(tv) if tv.is_fusion_output else None
+            earlier = self._fusion.get_output_stride_order(tv) if tv.is_fusion_output else None
             if earlier is not None and earlier != list(stride_order):
                 raise ValueError(f"add_output {tv.short_name}: already an output with stride_order {earlier}; one "
                                  f"tensor cannot also be required in stride_order {list(stride_order)} (add_output "
                                  f"fd.ops.set({tv.short_name}) for a second layout)")
-        self.fusion.add_output(tv)
+        self._fusion.add_output(tv)
         if stride_order is not None:
-            self.fusion.set_output_stride_order(tv, stride_order)
+            self._fusion.set_output_stride_order(tv, stride_order)
 
     # --- execution ---------------------------------------------------------------------------------
     def execute(self, inputs: Sequence[Any], *, device: torch.device | str | int | None = None,
-                _enable_options: Sequence[str] = (), _disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
+                save_repro_inputs: bool = False, _enable_options: Sequence[str] = (),
+                _disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
+        """Run the fusion. A list or tuple among ``inputs`` passes its items as consecutive inputs
+        (the scalars of ``define_vector``)."""
         if not self.fusion.outputs():
-            raise ValueError("the fusion has no outputs; call fd.add_output(tv) before execute")
+            raise EmptyFusionError("Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before execute")
+        args = _flatten(inputs)
+        if save_repro_inputs:
+            self._repro_inputs = record_inputs(args)
+        if self._cpu_examples:
+            self._check_cpu_examples(args, device)
         self._last_was_manual = False
-        return self._executor.run(list(inputs), device=device, enable_options=_enable_options,
-                                  disable_options=_disable_options)
+        return self.fec.run(args, device=device, enable_options=_enable_options, disable_options=_disable_options)
 
     def manual_execute(self, inputs: Sequence[Any], heuristic_params: Any = None) -> list[torch.Tensor]:
         """Run the whole fusion as one kernel, scheduled as the user (or ``schedule.schedule``) left it:
         no automatic scheduling. Kernels are generated on CUDA, through Triton's interpreter on CPU."""
         if not self.fusion.outputs():
-            raise ValueError("the fusion has no outputs; call fd.add_output(tv) before manual_execute")
+            raise EmptyFusionError("Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before "
+                                   "manual_execute")
         self._last_was_manual = True
         if heuristic_params is None:
-            return self._manual.run(list(inputs))
-        return self._manual.run(list(inputs), heuristic_params.reference, heuristic_params.num_warps)
+            return self._manual.run(_flatten(inputs))
+        return self._manual.run(_flatten(inputs), heuristic_params.reference, heuristic_params.num_warps)
 
     def manual_validate(self, inputs: Sequence[Any], reference_outputs: Sequence[torch.Tensor] | None = None,
                         ) -> list[torch.Tensor]:
@@ -195,17 +260,76 @@ class FusionDefinition:
         """The source of the kernel(s) the latest ``execute`` or ``manual_execute`` ran."""
         if self._last_was_manual and self._manual.last is not None:
             return self._manual.last.code
-        codes = self._executor.kernel_codes()
+        codes = self.fec.kernel_codes()
         if not codes:
             raise ValueError("last_kernel_code: the latest execution ran no generated kernel (on CPU, enable "
                              "_enable_options=['triton_interpreter'])")
         return "\n".join(codes)
 
+    def _check_cpu_examples(self, args: Sequence[Any], device: torch.device | str | int | None) -> None:
+        """nvFuser only takes 0-dim CPU tensors: an input declared from a CPU tensor of a fusion
+        that runs on CUDA is a mistake reported as nvFuser reports it."""
+        target = self.fec.target_device(args, device)
+        if target.type == "cuda":
+            raise ValueError(f"{', '.join(self._cpu_examples)} was declared by from_pytorch from a tensor on cpu but "
+                             f"the fusion runs on {target}: Found unsupported device cpu, only scalar CPU or CUDA "
+                             "tensors are supported")
+
+    def validate(self, inputs: Sequence[Any], reference_outputs: Sequence[torch.Tensor] | None = None,
+                 device: torch.device | str | int | None = None, **kwargs: Any) -> list[torch.Tensor]:
+        """Execute and compare each output with ``reference_outputs`` (default: the fusion's torch
+        reference), within nvFuser's tolerances for its dtype and reduction size; raises
+        AssertionError naming the output on a mismatch. Returns the outputs."""
+        args = _flatten(inputs)
+        if reference_outputs is None:  # before executing: an in-place output may overwrite an input
+            reference_outputs = evaluate_reference(self.fusion, args)
+        outputs = self.execute(args, device=device, **kwargs)
+        check_outputs(self.fusion, outputs, args, reference_outputs)
+        return outputs
+
     # --- printing ----------------------------------------------------------------------------------
     def __repr__(self) -> str:
+        """The definition as executable Python (``def nvfuser_fusion(fd : FusionDefinition)``)."""
+        return translate_fusion(self.fusion)
+
+    def __str__(self) -> str:
         return str(self.fusion)
 
-    __str__ = __repr__
+    def repro_script_for(self, inputs: Sequence[Any] | None = None) -> str:
+        """A standalone script that rebuilds this fusion and, given ``inputs``, runs it on random
+        tensors of their shapes, strides, dtypes and devices."""
+        return repro_script(repr(self), None if inputs is None else record_inputs(_flatten(inputs)))
+
+    def last_repro_script(self) -> str:
+        if self._repro_inputs is None:
+            raise ValueError("fd.last_repro_script() cannot provide a repro because fd.execute(inputs, "
+                             "save_repro_inputs=True) was not executed!")
+        return repro_script(repr(self), self._repro_inputs)
+
+
+def _flatten(inputs: Sequence[Any]) -> list[Any]:
+    if isinstance(inputs, torch.Tensor) or not isinstance(inputs, Sequence):
+        raise TypeError(f"execute expects a list of inputs, got {type(inputs).__name__}")
+    flat: list[Any] = []
+    for x in inputs:
+        if isinstance(x, (list, tuple)):
+            flat.extend(x)
+        else:
+            flat.append(x)
+    return flat
+
+
+def _from_sizes_and_strides(name: str, sizes: Sequence[int], strides: Sequence[int],
+                            static_sizes: bool) -> tuple[list[int], list[bool | None], list[int] | None]:
+    sizes, strides = list(sizes), list(strides)
+    if len(sizes) != len(strides):
+        raise ValueError(f"define_tensor {name}: {len(sizes)} sizes {sizes} but {len(strides)} strides {strides}")
+    for what, values in (("sizes", sizes), ("strides", strides)):
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise ValueError(f"define_tensor {name}: {what} must be non-negative ints, got {values}")
+    contiguity, order = tensor_descriptor(sizes, strides)
+    shape = [s if (static_sizes or s == 1) else -1 for s in sizes]
+    return shape, contiguity, order if order != sorted(order, reverse=True) else None
 
 
 def _check_scalar_value(value: Any, dtype: DataType) -> None:

@@ -13,11 +13,16 @@ from collections.abc import Sequence
 
 import torch
 
+from pyfuser.frontend.attention_ops import AttentionOps
+from pyfuser.frontend.indexing_ops import IndexingOps
 from pyfuser.frontend.ops_base import Operand, SizeLike, clone_id, normalize_axis
+from pyfuser.frontend.random_ops import RandomOps
 from pyfuser.frontend.reduction_ops import ReductionOps
+from pyfuser.frontend.scan_ops import ScanOps
 from pyfuser.ir.base import Scalar
 from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterDomain, IterType
+from pyfuser.ir.layout import allocation_permutation, check_stride_order
 from pyfuser.ir.ops import (
     BroadcastOp,
     CatOp,
@@ -37,7 +42,7 @@ from pyfuser.ir.symbolic import SymConst, SymExpr, ceil_div, product, sym_max, s
 from pyfuser.ir.tensor_view import TensorView
 
 
-class Ops(ReductionOps):
+class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
     """The op namespace of one FusionDefinition (``fd.ops``)."""
 
     # --- data movement -----------------------------------------------------------------------
@@ -47,6 +52,18 @@ class Ops(ReductionOps):
     def segment_set(self, x: TensorView) -> TensorView:
         """A copy that forces a segment boundary."""
         return self._copy(x, LoadStoreOpType.segment_set)
+
+    def stride_order(self, arg: TensorView, stride_order: Sequence[int]) -> TensorView:
+        """A copy of ``arg`` laid out in ``stride_order`` (``stride_order[i]``: axis i's place from the
+        innermost): a layout requirement, met when it is an output or a segment boundary."""
+        tv = self._tv(arg, "stride_order")
+        order = check_stride_order(stride_order, tv.ndim, f"stride_order {tv.short_name}")
+        out = self._new_tv([self._id(i.extent, i.iter_type) for i in tv.get_logical_domain(no_reductions=True)],
+                           tv.dtype)
+        LoadStoreOp(self._fusion, out, tv, LoadStoreOpType.set, order)
+        logical = out.get_logical_domain()
+        out.set_allocation_domain([logical[d] for d in allocation_permutation(order)], True)
+        return out
 
     def _copy(self, x: TensorView, kind: LoadStoreOpType) -> TensorView:
         tv = self._tv(x, kind.name)
@@ -107,7 +124,7 @@ class Ops(ReductionOps):
                                    for a, b in zip(ids, in_ids, strict=True)):
             return tv
         out = self._new_tv(ids, tv.dtype)
-        ExpandOp(self._fusion, out, tv, size_checks)
+        ExpandOp(self._fusion, out, tv, size_checks, targets)
         return out
 
     def squeeze(self, x: TensorView, dims: Sequence[int] | int) -> TensorView:
@@ -142,6 +159,7 @@ class Ops(ReductionOps):
         extents: list[SymExpr | None] = []
         for d, size in enumerate(new_shape):
             extents.append(self._size(size, f"reshape {tv.short_name} new_shape[{d}]", allow_minus_one=True))
+        given = list(extents)
         unknown = [d for d, e in enumerate(extents) if e is None]
         if len(unknown) > 1:
             raise ValueError(f"reshape: new_shape {list(new_shape)} for {tv.short_name} has more than one -1")
@@ -158,11 +176,14 @@ class Ops(ReductionOps):
                              f"({total} elements)")
         ids = [self._id(1, IterType.Broadcast) if e.value == 1 else self._id(e) for e in final]
         out = self._new_tv(ids, tv.dtype)
-        ReshapeOp(self._fusion, out, tv)
+        ReshapeOp(self._fusion, out, tv, given)
         return out
 
     def slice(self, x: TensorView, start_indices: Sequence[SizeLike], end_indices: Sequence[SizeLike],
-              strides: Sequence[int] | None = None) -> TensorView:
+              strides: Sequence[int] | None = None, manual_normalization: bool = False) -> TensorView:
+        """Python slicing per axis (negative indices count from the end, out-of-range ones clamp).
+        ``manual_normalization`` (nvFuser: the indices are already in ``[0, extent]``) changes
+        nothing here: normalizing such indices leaves them as they are."""
         tv = self._tv(x, "slice")
         in_ids = tv.get_logical_domain(no_reductions=True)
         rank = len(in_ids)
@@ -171,13 +192,15 @@ class Ops(ReductionOps):
             if len(seq) != rank:
                 raise ValueError(f"slice: {tv.short_name} has rank {rank} but {name} has {len(seq)} entries")
         ranges: list[tuple[SymExpr, SymExpr, int]] = []
+        given: list[tuple[SymExpr, SymExpr, int]] = []
         for d, (i, start, stop, step) in enumerate(zip(in_ids, start_indices, end_indices, steps, strict=True)):
             if isinstance(step, bool) or not isinstance(step, int) or step <= 0:
                 raise ValueError(f"slice: {tv.short_name} axis {d}: stride must be a positive int, got {step!r}")
-            lo = _normalize_index(self._size(start, f"slice {tv.short_name} axis {d} start", allow_negative=True),
-                                  i.extent)
-            hi = _normalize_index(self._size(stop, f"slice {tv.short_name} axis {d} end", allow_negative=True),
-                                  i.extent)
+            first = self._size(start, f"slice {tv.short_name} axis {d} start", allow_negative=True)
+            last = self._size(stop, f"slice {tv.short_name} axis {d} end", allow_negative=True)
+            given.append((first, last, step))  # type: ignore[arg-type]
+            lo = _normalize_index(first, i.extent)
+            hi = _normalize_index(last, i.extent)
             ranges.append((lo, hi if lo.value == 0 else sym_max(lo, hi), step))
         ids: list[IterDomain] = []
         for i, (lo, hi, step) in zip(in_ids, ranges, strict=True):
@@ -187,10 +210,10 @@ class Ops(ReductionOps):
             else:
                 ids.append(self._id(extent, IterType.Broadcast if extent.value == 1 and i.is_broadcast else IterType.Iteration))
         out = self._new_tv(ids, tv.dtype)
-        SliceOp(self._fusion, out, tv, ranges)
+        SliceOp(self._fusion, out, tv, ranges, given)
         return out
 
-    def cat(self, tensors: Sequence[TensorView], dim: int) -> TensorView:
+    def cat(self, tensors: Sequence[TensorView], dim: int = 0) -> TensorView:
         tvs = [self._tv(t, f"cat input {k}") for k, t in enumerate(tensors)]
         if not tvs:
             raise ValueError("cat: needs at least one tensor")
@@ -244,6 +267,16 @@ class Ops(ReductionOps):
         out = self._new_tv(ids, tv.dtype)
         PadOp(self._fusion, out, tv, widths, fill)  # type: ignore[arg-type]
         return out
+
+    # --- sizes ---------------------------------------------------------------------------------
+    def size(self, arg: TensorView, dim: int) -> Scalar:
+        """The extent of ``arg``'s logical axis ``dim`` as an integer scalar: a size other ops take
+        (reshape to a computed shape, pad widths, slice bounds), or a value."""
+        return self._tv(arg, "size").size(dim)
+
+    def shape(self, arg: TensorView) -> list[Scalar]:
+        """Every logical extent of ``arg`` as an integer scalar."""
+        return self._tv(arg, "shape").shape()
 
     # --- creation ------------------------------------------------------------------------------
     def full(self, shape: Sequence[SizeLike], fill_value: Operand, dtype: DataType | torch.dtype) -> TensorView:

@@ -62,13 +62,13 @@ class OpsBase:
         if isinstance(size, Scalar):
             if size.fusion is not self._fusion:
                 raise ValueError(f"{what}: {size} belongs to another FusionDefinition")
-            if not (size.is_const or size.is_fusion_input):
-                raise ValueError(f"{what}: {size} must be a constant or an input scalar of the fusion (sizes are "
-                                 "known before any op runs)")
+            if not size.is_size_like:
+                raise ValueError(f"{what}: {size} must be a constant, an input scalar of the fusion or computed "
+                                 "from sizes (fd.ops.size): sizes are known before any op runs")
             extent = size.as_extent()
             if size.is_fusion_input and not negative_input_ok:
                 size.require_at_least(0, what)
-            elif size.is_const and not allow_negative and extent.value < 0:  # type: ignore[operator]
+            elif extent.value is not None and not allow_negative and extent.value < 0:
                 raise ValueError(f"{what}: expected a non-negative size, got {size}")
             return extent
         if isinstance(size, SymExpr):
@@ -89,7 +89,9 @@ class OpsBase:
             return tv
         key = (tv.name, rank)
         if key not in self._rank_broadcasts:
-            self._rank_broadcasts[key] = self.broadcast(tv, [True] * missing + [False] * tv.ndim)
+            bcast = self.broadcast(tv, [True] * missing + [False] * tv.ndim)
+            bcast.definition.implicit = True
+            self._rank_broadcasts[key] = bcast
         return self._rank_broadcasts[key]
 
     @staticmethod

@@ -15,6 +15,7 @@ from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterType
 from pyfuser.ir.ops import BinaryOp, BinaryOpType, TernaryOp, TernaryOpType, UnaryOp, UnaryOpType
 from pyfuser.ir.ops.promotion import result_dtype
+from pyfuser.ir.ops.sizes import size_expression
 from pyfuser.ir.tensor_view import TensorView
 
 Kind = UnaryOpType | BinaryOpType | TernaryOpType
@@ -37,6 +38,7 @@ class PointwiseOps(OpsBase):
                                     dtype)
         else:
             out = Scalar(self._fusion, dtype)
+            out.extent_expr = size_expression(kind, vals)  # size arithmetic can size other ops
         if isinstance(kind, UnaryOpType):
             UnaryOp(self._fusion, kind, out, vals[0])
             return out
@@ -104,6 +106,108 @@ class PointwiseOps(OpsBase):
     def logical_not(self, x: Operand) -> Val:
         return self._pointwise(UnaryOpType.logical_not, [x])
 
+    def bitwise_not(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.bitwise_not, [x])
+
+    def acos(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.acos, [x])
+
+    def acosh(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.acosh, [x])
+
+    def asin(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.asin, [x])
+
+    def asinh(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.asinh, [x])
+
+    def atan(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.atan, [x])
+
+    def atanh(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.atanh, [x])
+
+    def cosh(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.cosh, [x])
+
+    def sinh(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.sinh, [x])
+
+    def tan(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.tan, [x])
+
+    def ceil(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.ceil, [x])
+
+    def floor(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.floor, [x])
+
+    def round(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.round, [x])
+
+    def trunc(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.trunc, [x])
+
+    def frac(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.frac, [x])
+
+    def sign(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.sign, [x])
+
+    def signbit(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.signbit, [x])
+
+    def exp2(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.exp2, [x])
+
+    def expm1(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.expm1, [x])
+
+    def log2(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.log2, [x])
+
+    def log10(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.log10, [x])
+
+    def log1p(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.log1p, [x])
+
+    def lgamma(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.lgamma, [x])
+
+    def erfc(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.erfc, [x])
+
+    def erfinv(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.erfinv, [x])
+
+    def erfcinv(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.erfcinv, [x])
+
+    def isfinite(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.isfinite, [x])
+
+    def isinf(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.isinf, [x])
+
+    def isnan(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.isnan, [x])
+
+    def isneginf(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.isneginf, [x])
+
+    def isposinf(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.isposinf, [x])
+
+    def isreal(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.isreal, [x])
+
+    def real(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.real, [x])
+
+    def imag(self, x: Operand) -> Val:
+        return self._pointwise(UnaryOpType.imag, [x])
+
     def gelu(self, x: Operand, approximate: str = "none") -> Val:
         if approximate not in ("none", "tanh"):
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -159,9 +263,64 @@ class PointwiseOps(OpsBase):
     def logical_or(self, a: Operand, b: Operand) -> Val:
         return self._pointwise(BinaryOpType.logical_or, [a, b])
 
+    def bitwise_and(self, a: Operand, b: Operand) -> Val:
+        return self._pointwise(BinaryOpType.bitwise_and, [a, b])
+
+    def bitwise_or(self, a: Operand, b: Operand) -> Val:
+        return self._pointwise(BinaryOpType.bitwise_or, [a, b])
+
+    def bitwise_xor(self, a: Operand, b: Operand) -> Val:
+        return self._pointwise(BinaryOpType.bitwise_xor, [a, b])
+
+    def bitwise_left_shift(self, a: Operand, b: Operand) -> Val:
+        return self._pointwise(BinaryOpType.bitwise_left_shift, [a, b])
+
+    def bitwise_right_shift(self, a: Operand, b: Operand) -> Val:
+        """arithmetic (sign-extending) right shift"""
+        return self._pointwise(BinaryOpType.bitwise_right_shift, [a, b])
+
+    def logical_right_shift(self, a: Operand, b: Operand) -> Val:
+        """right shift filling with zeros (nvFuser's, for signed integers too)"""
+        return self._pointwise(BinaryOpType.logical_right_shift, [a, b])
+
+    def gcd(self, a: Operand, b: Operand) -> Val:
+        return self._pointwise(BinaryOpType.gcd, [a, b])
+
+    def nextafter(self, a: Operand, b: Operand) -> Val:
+        return self._pointwise(BinaryOpType.nextafter, [a, b])
+
+    def atan2(self, a: Operand, b: Operand) -> Val:
+        return self._pointwise(BinaryOpType.atan2, [a, b])
+
+    def fmod(self, a: Operand, b: Operand) -> Val:
+        return self._pointwise(BinaryOpType.fmod, [a, b])
+
+    def mod(self, a: Operand, b: Operand) -> Val:
+        """C's remainder (the dividend's sign), as ``fmod``"""
+        return self._pointwise(BinaryOpType.mod, [a, b])
+
+    def remainder(self, a: Operand, b: Operand) -> Val:
+        """Python's remainder (the divisor's sign)"""
+        return self._pointwise(BinaryOpType.remainder, [a, b])
+
+    def complex(self, a: Operand, b: Operand) -> Val:
+        """A complex value from real part ``a`` and imaginary part ``b`` (one floating dtype)."""
+        return self._pointwise(BinaryOpType.complex, [a, b])
+
     # --- ternary -------------------------------------------------------------------------------------
     def where(self, cond: Operand, a: Operand, b: Operand) -> Val:
         return self._pointwise(TernaryOpType.where, [cond, a, b])
 
     def clamp(self, x: Operand, min: Operand, max: Operand) -> Val:  # torch's argument names
         return self._pointwise(TernaryOpType.clamp, [x, min, max])
+
+    def lerp(self, start: Operand, end: Operand, weight: Operand) -> Val:
+        return self._pointwise(TernaryOpType.lerp, [start, end, weight])
+
+    def threshold(self, x: Operand, threshold: Operand, value: Operand) -> Val:
+        """``x`` where ``x > threshold``, else ``value``."""
+        return self._pointwise(TernaryOpType.threshold, [x, threshold, value])
+
+    def addcmul(self, arg1: Operand, arg2: Operand, arg3: Operand, value: Operand) -> Val:
+        """``arg1 + value * arg2 * arg3``, built from ``mul`` and ``add`` as nvFuser builds it."""
+        return self.add(arg1, self.mul(self.mul(arg2, arg3), value))

@@ -10,7 +10,8 @@ from pyfuser.frontend.ops_base import OpsBase, check_same_extent, clone_id, norm
 from pyfuser.frontend.pointwise_ops import PointwiseOps
 from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterDomain, IterType
-from pyfuser.ir.ops import LinearOp, MatmulOp, ReductionOp, ReductionOpType, VarMeanOp
+from pyfuser.ir.ops import LinearOp, MatmulOp, ReductionOp, ReductionOpType, VarMeanOp, WelfordOp
+from pyfuser.ir.ops.matmul import GroupedMmOp
 from pyfuser.ir.ops.promotion import result_dtype
 from pyfuser.ir.tensor_view import TensorView
 
@@ -80,6 +81,19 @@ class ReductionOps(PointwiseOps):
             return self._keepdim(var, axes), self._keepdim(mean, axes)
         return var, mean
 
+    def welford(self, arg: TensorView, dims: Sequence[int] | int) -> tuple[TensorView, TensorView, TensorView]:
+        """``(avg, var_sum, n)`` over ``dims``: the mean, the sum of squared deviations (the
+        variance times n) and the count n (int64), as nvFuser's Welford reduction returns them."""
+        tv = self._tv(arg, "welford")
+        if not tv.dtype.is_floating:
+            raise TypeError(f"welford: {tv.short_name} has dtype {tv.dtype}; expected a floating-point tensor")
+        axes = _reduction_axes(tv, dims, "welford")
+        avg = self._new_tv(_reduced_ids(self, tv, axes), tv.dtype)
+        var_sum = self._new_tv(_reduced_ids(self, tv, axes), tv.dtype)
+        n = self._new_tv(_reduced_ids(self, tv, axes), DataType.Int)
+        WelfordOp(self._fusion, avg, var_sum, n, tv, axes)
+        return avg, var_sum, n
+
     def var(self, x: TensorView, dims: Sequence[int] | int | None = None, correction: int = 1,
             keepdim: bool = False) -> TensorView:
         return self.var_mean(x, dims, correction, keepdim)[0]
@@ -120,26 +134,69 @@ class ReductionOps(PointwiseOps):
         return ids
 
     def linear(self, x: TensorView, weight: TensorView, bias: TensorView | None = None) -> TensorView:
+        """``F.linear``: x ``[..., k]``, weight ``[n, k]`` (or ``[k]``), bias ``[n]``; a weight of rank
+        >= 3 is ``[*wb, n, k]`` (leading axes split over devices, as nvFuser allows), giving
+        ``[*wb, ..., n]`` with bias ``[*wb, n]`` or ``[n]``."""
         tx, tw = self._tv(x, "linear input"), self._tv(weight, "linear weight")
         tb = self._tv(bias, "linear bias") if bias is not None else None
-        if tx.ndim < 1 or tw.ndim not in (1, 2):
-            raise ValueError(f"linear: expected input of rank >= 1 and weight of rank 1 or 2, got {tx.short_name} "
-                             f"rank {tx.ndim} and {tw.short_name} rank {tw.ndim}")
+        if tx.ndim < 1 or tw.ndim < 1:
+            raise ValueError(f"linear: expected input and weight of rank >= 1, got {tx.short_name} rank {tx.ndim} "
+                             f"and {tw.short_name} rank {tw.ndim}")
         ix, iw = tx.get_logical_domain(no_reductions=True), tw.get_logical_domain(no_reductions=True)
         check_same_extent("linear", tx, tx.ndim - 1, ix[-1], tw, tw.ndim - 1, iw[-1])
-        ids = [clone_id(self, i) for i in ix[:-1]]
-        if tw.ndim == 2:
-            ids.append(clone_id(self, iw[0]))
+        batch = iw[:-2]
+        ids = [clone_id(self, i) for i in batch] + [clone_id(self, i) for i in ix[:-1]]
+        if tw.ndim >= 2:
+            ids.append(clone_id(self, iw[-2]))
         if tb is not None:
-            if tb.ndim > 1:
-                raise ValueError(f"linear: bias {tb.short_name} must have rank 0 or 1, got {tb.ndim}")
-            if tb.ndim == 1 and tw.ndim == 2:
-                check_same_extent("linear", tb, 0, tb.get_logical_domain()[0], tw, 0, iw[0])
+            allowed = (0, 1) if tw.ndim <= 2 else (1, len(batch) + 1)
+            if tb.ndim not in allowed:
+                raise ValueError(f"linear: bias {tb.short_name} must have rank {' or '.join(map(str, allowed))} for "
+                                 f"weight {tw.short_name} of rank {tw.ndim}, got {tb.ndim}")
+            ib = tb.get_logical_domain(no_reductions=True)
+            if tb.ndim >= 1 and tw.ndim >= 2:
+                check_same_extent("linear", tb, tb.ndim - 1, ib[-1], tw, tw.ndim - 2, iw[-2])
+                for d in range(tb.ndim - 1):
+                    check_same_extent("linear", tb, d, ib[d], tw, d, iw[d])
         ids.append(self._id(ix[-1].extent, IterType.Reduction))
         args = [tx, tw] + ([tb] if tb is not None else [])
-        out = self._new_tv(ids, result_dtype(torch.nn.functional.linear, args))
+        dtype = result_dtype(torch.nn.functional.linear if tw.ndim <= 2 else _batched_linear, args)
+        out = self._new_tv(ids, dtype)
         LinearOp(self._fusion, out, tx, tw, tb)
         return out
+
+    def grouped_mm(self, mat1: TensorView, mat2: TensorView, offsets: TensorView) -> TensorView:
+        """Matmuls of groups of rows, columns or the contraction, split by ``offsets`` (the end of each
+        group, 1-D integers): ``[M, K] x [K, N] -> [G, M, N]``, ``[G, M, K] x [K, N] -> [M, N]`` or
+        ``[M, K] x [G, K, N] -> [M, N]``."""
+        a, b = self._tv(mat1, "grouped_mm mat1"), self._tv(mat2, "grouped_mm mat2")
+        offs = self._tv(offsets, "grouped_mm offsets")
+        if offs.ndim != 1 or offs.dtype not in (DataType.Int, DataType.Int32):
+            raise ValueError(f"grouped_mm: offsets {offs.short_name} must be a 1-D integer tensor, got rank "
+                             f"{offs.ndim} {offs.dtype}")
+        if (a.ndim, b.ndim) not in ((2, 2), (3, 2), (2, 3)):
+            raise ValueError(f"grouped_mm: expected ranks (2, 2), (3, 2) or (2, 3), got {a.short_name} rank {a.ndim} "
+                             f"and {b.short_name} rank {b.ndim} (two stacks of matrices: use matmul)")
+        ia, ib, io = (t.get_logical_domain(no_reductions=True) for t in (a, b, offs))
+        check_same_extent("grouped_mm", a, a.ndim - 1, ia[-1], b, b.ndim - 2, ib[-2])
+        stacked = a if a.ndim == 3 else b if b.ndim == 3 else None
+        if stacked is not None:
+            check_same_extent("grouped_mm", offs, 0, io[0], stacked, 0, stacked.get_logical_domain()[0])
+        if a.ndim == 2 and b.ndim == 2:
+            ids = [clone_id(self, io[0]), clone_id(self, ia[0]), clone_id(self, ib[1])]
+        elif a.ndim == 3:
+            ids = [clone_id(self, ia[1]), clone_id(self, ib[1])]
+        else:
+            ids = [clone_id(self, ia[0]), clone_id(self, ib[2])]
+        ids.append(self._id(ia[-1].extent, IterType.Reduction))
+        out = self._new_tv(ids, result_dtype(torch.matmul, [a, b]))
+        GroupedMmOp(self._fusion, out, a, b, offs)
+        return out
+
+
+def _batched_linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor) -> torch.Tensor:
+    """The dtype rule of a linear with a weight of rank >= 3 (its probe: one-element tensors)."""
+    return torch.matmul(x, w.transpose(-1, -2)) + (bias[0] if bias else 0)
 
 
 def _reduction_axes(tv: TensorView, dims: Sequence[int] | int | None, op: str) -> list[int]:

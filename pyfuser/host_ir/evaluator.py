@@ -29,6 +29,7 @@ from pyfuser.host_ir.steps import CORE_STEP_BUILDERS
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import DEFAULT_NUM_STREAMS
 
 _POOLS: dict[tuple[int, int], list[torch.cuda.Stream]] = {}
@@ -76,6 +77,8 @@ class HostIrEvaluator:
         if isinstance(num_streams, bool) or not isinstance(num_streams, int) or num_streams < 1:
             raise ValueError(f"numberOfStreams must be a positive int, got {num_streams!r}")
         self.container = container
+        #: the compiled fusion's output tensors, in order (their shardings are final)
+        self.output_tvs = [v for v in container.outputs if isinstance(v, TensorView)]
         self.device = device
         self.num_streams = num_streams
         self.layouts = list(layouts)

@@ -1,4 +1,8 @@
-"""DTensor interop: run a single-device definition on ``torch.distributed.tensor.DTensor`` inputs.
+"""DTensor interop: run a definition on ``torch.distributed.tensor.DTensor`` inputs.
+
+``execute_with_dtensors(fd, dtensors)`` (nvFuser's) runs a fusion whose inputs the user already placed
+and sharded as the DTensors are (checked: a mismatch is a ValueError naming the tensor), on their local
+shards, and wraps the local outputs into DTensors by the outputs' compiled shardings.
 
 ``DTensorFusion(define)`` takes a function that defines a fusion with global shapes (``define(fd)``
 declares inputs, ops and outputs). Called with DTensors, it places every input on the DTensor's mesh and
@@ -10,7 +14,7 @@ combination of input placements.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +28,48 @@ from pyfuser.ir.tensor_view import TensorView
 from pyfuser.preseg.propagate_shardings import propagate_shardings, shard
 
 PlacementKey = tuple[tuple[str, ...], ...]
+
+
+def execute_with_dtensors(fd: FusionDefinition, in_dtensors: Sequence[DTensor]) -> list[DTensor]:
+    """Execute ``fd`` on DTensor inputs; each fusion input must be on the DTensor's mesh and sharded as
+    its placements say (``Shard(d)``: logical dim d sharded on the mesh axis's device parallel type)."""
+    inputs = list(in_dtensors)
+    for k, t in enumerate(inputs):
+        if not isinstance(t, DTensor):
+            raise TypeError(f"execute_with_dtensors: input {k} must be a DTensor, got {type(t).__name__}")
+    if not inputs:
+        raise ValueError("execute_with_dtensors needs at least one DTensor input")
+    torch_mesh = inputs[0].device_mesh
+    names = torch_mesh.mesh_dim_names
+    for k, t in enumerate(inputs):
+        if t.device_mesh.mesh_dim_names != names or not torch.equal(t.device_mesh.mesh, torch_mesh.mesh):
+            raise ValueError(f"execute_with_dtensors: input {k} is on {t.device_mesh} but input 0 is on {torch_mesh}; "
+                             "all DTensor inputs must share one device mesh")
+    tvs = fd.fusion.inputs()
+    if len(tvs) != len(inputs):
+        raise ValueError(f"execute_with_dtensors: the fusion has {len(tvs)} inputs but {len(inputs)} DTensors were "
+                         "passed")
+    mesh = DeviceMesh(torch_mesh.mesh)
+    for tv, t in zip(tvs, inputs, strict=True):
+        if not isinstance(tv, TensorView):
+            raise TypeError(f"execute_with_dtensors: fusion input {tv} is a scalar; only tensor inputs take DTensors")
+        _check_placed(tv, t, mesh)
+    outputs = fd.execute([t.to_local() for t in inputs])
+    return [_wrap(local, tv, torch_mesh) for local, tv in zip(outputs, fd.fec.compiled_outputs(), strict=True)]
+
+
+def _check_placed(tv: TensorView, t: DTensor, mesh: DeviceMesh) -> None:
+    """``tv`` must be on ``mesh`` and sharded as ``t``'s placements: else its local shard is read wrongly."""
+    if tv.device_mesh != mesh:
+        raise ValueError(f"execute_with_dtensors: {tv.short_name} is on {tv.device_mesh} but its DTensor is on "
+                         f"{mesh}; call set_device_mesh with the DTensor's mesh")
+    want = _axes_of(tv, t.placements, mesh)
+    got = dict(sharding_of(tv).axes)
+    if got != want:
+        def show(axes: dict[int, Any]) -> str:
+            return ", ".join(f"axis {a} on {p}" for a, p in sorted(axes.items())) or "replicated"
+        raise ValueError(f"execute_with_dtensors: {tv.short_name} is sharded [{show(got)}] but its DTensor's placements "
+                         f"{tuple(t.placements)} mean [{show(want)}]")
 
 
 class DTensorFusion:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from pyfuser.ir.dtypes import DataType, python_scalar_type
@@ -47,6 +48,10 @@ class Scalar(Val):
         #: a split factor: >= 1): the smallest valid value and the use to name when a value below
         #: it is bound.
         self.lower_bound: tuple[int, str] | None = None
+        #: For an integer scalar computed from sizes (``fd.ops.size``, arithmetic of sizes and
+        #: constants): the size expression it stands for, so it can size an op (reshape to a
+        #: computed shape, dynamic pad widths and slice bounds) like a constant or an input.
+        self.extent_expr: SymExpr | None = None
 
     def require_at_least(self, minimum: int, use: str) -> None:
         """Record that this input scalar must be at least ``minimum`` at execution (``use`` names why)."""
@@ -62,10 +67,19 @@ class Scalar(Val):
         """Name under which an input scalar is bound at execution (and usable as an extent)."""
         return f"{_SCALAR_PREFIX.get(self.dtype, 's')}{self.name}"
 
+    @property
+    def is_size_like(self) -> bool:
+        """Whether the value is known before any op runs: a constant, an input, or a size expression."""
+        return self.is_const or self.is_fusion_input or self.extent_expr is not None
+
     def as_extent(self) -> SymExpr:
         if not (self.dtype.is_integral):
             raise TypeError(f"scalar {self} of type {self.dtype} cannot be used as a size; expected an integer")
-        return SymConst(int(self.value)) if self.is_const else SymVar(self.symbol)
+        if self.is_const:
+            return SymConst(int(self.value))
+        if self.extent_expr is not None:
+            return self.extent_expr
+        return SymVar(self.symbol)
 
     def __str__(self) -> str:
         if self.is_const:
@@ -79,10 +93,24 @@ class Scalar(Val):
 
 
 _SCALAR_PREFIX = {
-    DataType.Double: "d", DataType.Float: "f", DataType.Int: "i", DataType.Int32: "i",
+    DataType.Double: "d", DataType.Float: "f", DataType.Int: "i", DataType.Int32: "i", DataType.UInt64: "i",
     DataType.Bool: "b", DataType.ComplexDouble: "c", DataType.ComplexFloat: "c",
     DataType.Half: "h", DataType.BFloat16: "h",
 }
+
+
+@dataclass(frozen=True)
+class PythonCall:
+    """How the Python definition (``repr(fd)``) rebuilds one expr: ``fd.ops.<op>(*args, **kwargs)``.
+
+    Arguments are Vals (printed by name), size expressions (printed as scalar arithmetic on
+    ``fd.ops.size``), DataTypes, Python literals, or lists of those; a keyword whose value is
+    None is left out.
+    """
+
+    op: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class Expr(ABC):
@@ -159,6 +187,15 @@ class Expr(ABC):
     @abstractmethod
     def to_string(self, indent: int = 0) -> str:
         """nvFuser's kernel-math print of this op."""
+
+    def accumulated_size(self, env: dict[str, int]) -> int:
+        """How many values each output element accumulates besides its reduction IDs (a scan's
+        axis): part of the reduction size that validation tolerances grow with."""
+        return 1
+
+    def python_call(self) -> PythonCall:
+        """The ``fd.ops`` call that rebuilds this expr (``repr(fd)``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no Python definition form")
 
     def __str__(self) -> str:
         return self.to_string()

@@ -14,6 +14,8 @@ class DataType(Enum):
     BFloat16 = "__bfloat"
     Int = "int64_t"
     Int32 = "int"
+    #: nvFuser's type of a Philox seed / offset tensor (SDPA's RNG state); few ops take it
+    UInt64 = "uint64_t"
     Bool = "bool"
     ComplexFloat = "std::complex<float>"
     ComplexDouble = "std::complex<double>"
@@ -45,7 +47,7 @@ class DataType(Enum):
 
     @property
     def is_integral(self) -> bool:
-        return self in (DataType.Int, DataType.Int32)
+        return self in (DataType.Int, DataType.Int32, DataType.UInt64)
 
     @property
     def itemsize(self) -> int:
@@ -59,6 +61,7 @@ _TO_TORCH: dict[DataType, torch.dtype] = {
     DataType.BFloat16: torch.bfloat16,
     DataType.Int: torch.int64,
     DataType.Int32: torch.int32,
+    DataType.UInt64: torch.uint64,
     DataType.Bool: torch.bool,
     DataType.ComplexFloat: torch.complex64,
     DataType.ComplexDouble: torch.complex128,

@@ -20,6 +20,10 @@ class Fusion:
         #: Stride orders the user required of outputs (seed 001): kept apart from allocation
         #: domains that passes infer, so a requirement can always be told from a hint.
         self._output_stride_order: dict[int, list[int]] = {}  # keyed by TV name: survives deepcopy
+        #: Output position -> the input tensor it is written into in place (nvFuser's
+        #: ``aliasOutputToInput``): such an output is computed, copied into the input after the
+        #: fusion runs, and not returned.
+        self._output_aliases: dict[int, TensorView] = {}
         #: Bumped by every change to the graph or a schedule, so compiled programs know to go stale.
         self.version = 0
 
@@ -47,6 +51,7 @@ class Fusion:
             v.uses = [e for e in v.uses if id(e) in live]
         names = {v.name for v in outputs}
         self._output_stride_order = {k: o for k, o in self._output_stride_order.items() if k in names}
+        self._output_aliases = {}  # the whole fusion's executor writes in-place outputs, not a segment
         self.mark_changed()
 
     # --- naming ------------------------------------------------------------------------------
@@ -76,6 +81,31 @@ class Fusion:
         val.memory_type = MemoryType.Global
         self._outputs.append(val)
         self.mark_changed()
+
+    def alias_output_to_input(self, out: TensorView, inp: TensorView) -> None:
+        """Add ``out`` as an output written in place into input ``inp`` (not returned)."""
+        self._check_owned(out, "aliased output")
+        self._check_owned(inp, "alias input")
+        if not (isinstance(inp, TensorView) and inp.is_fusion_input):
+            what = inp.short_name if isinstance(inp, TensorView) else str(inp)
+            raise ValueError(f"add_output: alias_input {what} must be a tensor input of the fusion")
+        if not isinstance(out, TensorView):
+            raise TypeError(f"add_output: only a tensor can be written into input {inp.short_name}, got {out}")
+        if out.dtype != inp.dtype:
+            raise TypeError(f"add_output {out.short_name}: its dtype {out.dtype} differs from alias_input "
+                            f"{inp.short_name}'s {inp.dtype}; cast it first (fd.ops.cast)")
+        if out.ndim != inp.ndim:
+            raise ValueError(f"add_output {out.short_name}: rank {out.ndim} differs from alias_input "
+                             f"{inp.short_name}'s rank {inp.ndim}; an output written in place has the input's shape")
+        if any(pos_inp is inp for pos_inp in self._output_aliases.values()):
+            raise ValueError(f"add_output {out.short_name}: input {inp.short_name} is already written in place by "
+                             "another output")
+        self.add_output(out)
+        self._output_aliases[len(self._outputs) - 1] = inp
+
+    def output_alias(self, position: int) -> TensorView | None:
+        """The input that output ``position`` is written into, if it is an in-place output."""
+        return self._output_aliases.get(position)
 
     def _check_owned(self, val: Val, what: str) -> None:
         if not isinstance(val, Val):

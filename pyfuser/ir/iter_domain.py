@@ -73,7 +73,7 @@ class IterDomain:
     """
 
     __slots__ = ("fusion", "name", "extent", "iter_type", "parallel_type", "definition",
-                 "uses", "tensor")
+                 "uses", "tensor", "expanded")
 
     def __init__(self, fusion: Fusion, extent: SymExpr | int, iter_type: IterType = IterType.Iteration,
                  parallel_type: ParallelType = ParallelType.serial) -> None:
@@ -85,6 +85,10 @@ class IterDomain:
         self.definition: IdTransform | None = None
         self.uses: list[IdTransform] = []
         self.tensor: TensorView | None = None
+        #: An input axis declared expanded (contiguity None with an extent other than 1): a
+        #: broadcast materialized with stride 0, as ``x.expand(...)`` gives. It iterates like any
+        #: axis; its input must have stride 0 there.
+        self.expanded = False
 
     # --- queries -------------------------------------------------------------------------
     @property

@@ -100,6 +100,14 @@ def memory_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
     return order
 
 
+def tensor_descriptor(sizes: Sequence[int], strides: Sequence[int]) -> tuple[Contiguity, list[int]]:
+    """nvFuser's ``compute_tensor_descriptor``: contiguity in allocation order (None for size-1 and
+    stride-0 expanded axes) and the stride order of a concrete tensor's sizes and strides."""
+    perm = memory_order(sizes, strides)
+    without_footprint = [n == 1 or (s == 0 and n > 1) for n, s in zip(sizes, strides, strict=True)]
+    return contiguity_of_strides(sizes, strides, perm, without_footprint), stride_order_of_permutation(perm)
+
+
 def is_dense(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     """Whether a concrete tensor fills its memory exactly, in its own memory order: each axis (size-1
     axes aside) strides over all the axes inside it (torch's non-overlapping-and-dense)."""

@@ -94,12 +94,23 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _trunc_div(a: int, b: int) -> int:
+    """C's integer division (toward zero), as nvFuser's extents and integer ``div``."""
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def _trunc_mod(a: int, b: int) -> int:
+    """C's remainder (the dividend's sign), paired with ``_trunc_div``."""
+    return a - _trunc_div(a, b) * b
+
+
 _APPLY = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
-    "/": lambda a, b: a // b,
-    "%": lambda a, b: a % b,
+    "/": _trunc_div,
+    "%": _trunc_mod,
     "ceilDiv": _ceil_div,
     "max": max,
     "min": min,

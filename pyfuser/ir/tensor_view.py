@@ -12,6 +12,7 @@ from pyfuser.ir.domain_replay import replay_allocation
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.iter_domain import IterDomain, Merge, Split
 from pyfuser.ir.ops.shape import LoadStoreOp
+from pyfuser.ir.ops.sizes import SizeOp
 from pyfuser.ir.symbolic import SymExpr
 from pyfuser.ir.tensor_domain import (
     Contiguity,
@@ -108,6 +109,21 @@ class TensorView(Val):
     @property
     def contiguity(self) -> Contiguity:
         return list(self._domain.contiguity)
+
+    def size(self, dim: int) -> Scalar:
+        """The extent of logical axis ``dim`` as an integer scalar (usable as another op's size)."""
+        rank = self.ndim
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise TypeError(f"{self.short_name}: size dim must be an int, got {type(dim).__name__}")
+        if not -rank <= dim < max(rank, 1) or rank == 0:
+            raise ValueError(f"{self.short_name}: size dim {dim} is out of range for rank {rank}")
+        out = Scalar(self.fusion, DataType.Int)
+        SizeOp(self.fusion, out, self, dim % rank)
+        return out
+
+    def shape(self) -> list[Scalar]:
+        """Every logical extent as an integer scalar (``tv.size(d)`` for each axis)."""
+        return [self.size(d) for d in range(self.ndim)]
 
     @property
     def ndim(self) -> int:

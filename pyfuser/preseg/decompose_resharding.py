@@ -99,9 +99,11 @@ def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
     _copy_stream_schedule(out, reduced)
     bare = LinearOp(fusion, reduced, x, w, None)  # type: ignore[arg-type]
     rank = len(reduced.get_logical_domain(no_reductions=True))
-    flags = [True] * (rank - 1) + [False]
-    bias_ids = [IterDomain(fusion, 1, IterType.Broadcast) for _ in range(rank - 1)]
-    bias_ids += [i.clone() for i in bias.get_logical_domain(no_reductions=True)]  # type: ignore[attr-defined]
+    # bias [n] or [*wb, n] (a weight of rank >= 3): it broadcasts over the input's axes before n
+    own = bias.get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+    flags = [False] * (len(own) - 1) + [True] * (rank - len(own)) + [False]
+    bias_ids = [i.clone() for i in own[:-1]] + [IterDomain(fusion, 1, IterType.Broadcast) for _ in range(rank - len(own))]
+    bias_ids.append(own[-1].clone())
     broadcast_bias = TensorView(fusion, TensorDomain(bias_ids), bias.dtype)
     broadcast_bias.set_device_mesh(out.device_mesh)  # type: ignore[arg-type]
     BroadcastOp(fusion, broadcast_bias, bias, flags)  # type: ignore[arg-type]

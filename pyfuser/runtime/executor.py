@@ -14,10 +14,11 @@ import torch
 from pyfuser.comm.communicator import Communicator
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import LaunchKernel
-from pyfuser.ir.analysis.sharding import check_meshes_fit, is_multidevice
+from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import is_dense, memory_order
+from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, check_options
 from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
@@ -25,6 +26,9 @@ from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
 
 class Program(Protocol):
     """A compiled fusion: runs on concrete inputs with bound sizes, returns the outputs."""
+
+    #: the compiled (pre-segmented) fusion's output tensors, in order
+    output_tvs: list[TensorView]
 
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
 
@@ -36,6 +40,8 @@ class FusionExecutorCache:
         self._binder: InputBinder | None = None
         self._by_signature: dict[tuple[Any, ...], Program] = {}
         self._by_layout: dict[tuple[Any, ...], Program] = {}
+        #: (output position, input position) of outputs written in place into an input
+        self._aliases: list[tuple[int, int]] = []
         self.compile_count = 0
         #: The program the latest ``run`` executed (for dumps and tests: ``str(program)`` is its Host IR).
         self.last_program: Program | None = None
@@ -53,6 +59,12 @@ class FusionExecutorCache:
         self._binder = InputBinder(self.fusion.inputs())
         self._by_signature.clear()
         self._by_layout.clear()
+        inputs = self.fusion.inputs()
+        self._aliases = []
+        for pos in range(len(self.fusion.outputs())):
+            target = self.fusion.output_alias(pos)
+            if target is not None:
+                self._aliases.append((pos, next(k for k, v in enumerate(inputs) if v is target)))
 
     def run(self, args: Sequence[Any], *, device: torch.device | str | int | None = None,
             enable_options: Sequence[str] = (), disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
@@ -70,7 +82,36 @@ class FusionExecutorCache:
         if binder.has_scalars:
             args = binder.coerce(list(args))
         ctx = EvalContext(binder.bind(args), target)
-        return program.run(args, ctx)
+        outputs = program.run(args, ctx)
+        return self._write_aliases(args, outputs) if self._aliases else outputs
+
+    def _write_aliases(self, args: Sequence[Any], outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Copy each in-place output into its input (any strides) and return only the others."""
+        for pos, k in self._aliases:
+            dst, src = args[k], outputs[pos]
+            if dst.shape != src.shape:  # copy_ would broadcast silently
+                raise ValueError(f"output {pos} ({self.fusion.outputs()[pos].short_name}) has shape "  # type: ignore[attr-defined]
+                                 f"{tuple(src.shape)} but is written in place into input {k} "
+                                 f"({self.fusion.inputs()[k].short_name}) of shape {tuple(dst.shape)}")  # type: ignore[attr-defined]
+            dst.copy_(src)
+        written = {pos for pos, _ in self._aliases}
+        return [o for pos, o in enumerate(outputs) if pos not in written]
+
+    def compiled_outputs(self) -> list[TensorView]:
+        """The returned outputs of the latest run's program, as compiled: after the pre-segmentation
+        passes, so their shardings (propagated to outputs the user left unsharded) are final."""
+        if self.last_program is None:
+            raise ValueError("the fusion has not run yet: its compiled outputs are known after the first execute")
+        outputs = self.last_program.output_tvs
+        return [tv for pos, tv in enumerate(outputs) if self.fusion.output_alias(pos) is None]
+
+    def get_output_shardings(self) -> list[Sharding]:
+        """nvFuser's name: the sharding of each returned output of the latest run."""
+        return [sharding_of(tv) for tv in self.compiled_outputs()]
+
+    def target_device(self, args: Sequence[Any], device: torch.device | str | int | None = None) -> torch.device:
+        """Where ``run(args, device=device)`` computes: ``device``, else the first non-scalar tensor's."""
+        return _resolve_device(device, args)
 
     def _compile_for(self, args: Sequence[Any], binder: InputBinder, target: torch.device,
                      enable_options: Sequence[str], disable_options: Sequence[str]) -> Program:

@@ -28,6 +28,8 @@ class TensorSpec:
     is_cpu: bool
     #: Per axis, how many ranks split it (device sharding): the tensor passed in is this rank's shard.
     shard_factors: tuple[int, ...] = ()
+    #: Axes declared expanded (a stride-0 broadcast): their stride must be 0.
+    expanded: tuple[int, ...] = ()
 
     @staticmethod
     def of(tv: TensorView) -> TensorSpec:
@@ -49,6 +51,7 @@ class TensorSpec:
             has_stride_order=tv.has_allocation_domain() and perm != tuple(range(len(logical))),
             is_cpu=tv.is_cpu,
             shard_factors=tuple(factors),
+            expanded=tuple(d for d, i in enumerate(logical) if i.expanded),
         )
 
     def check(self, t: Any, position: int) -> None:
@@ -67,8 +70,16 @@ class TensorSpec:
                 raise ValueError(f"input {position} ({self.name}) axis {d}: expected {kind}, got size {size}")
         if self.is_cpu and t.device.type != "cpu":
             raise ValueError(f"input {position} ({self.name}) was defined is_cpu=True but is on {t.device}")
+        for d in self.expanded:
+            if t.shape[d] > 1 and t.stride(d) != 0:
+                raise ValueError(f"input {position} ({self.name}) axis {d}: declared expanded (contiguity None), so its "
+                                 f"stride must be 0 (a broadcast, as x.expand(...) gives), got stride {t.stride(d)} "
+                                 f"(sizes {list(t.shape)}, strides {list(t.stride())})")
+        # Expanded axes, like broadcast ones, have no memory footprint: strides skip them.
+        no_footprint = [b or d in self.expanded for d, b in enumerate(self.broadcast)] if self.expanded \
+            else self.broadcast
         check_strides(f"input {position} ({self.name})", t.shape, t.stride(), self.perm, list(self.contiguity),
-                      self.broadcast, self.has_stride_order)
+                      no_footprint, self.has_stride_order)
 
 
 @dataclass(frozen=True, slots=True)

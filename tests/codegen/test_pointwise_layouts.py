@@ -110,13 +110,13 @@ def test_new_sizes_reuse_the_kernel(device: str, run_kernels) -> None:
         b = fd.define_tensor([-1], contiguity=True)
         fd.add_output(fd.ops.sigmoid(fd.ops.add(x, b)))
     run_kernels(fd, [torch.randn(3, 5, device=device), torch.randn(5, device=device)])
-    kernels, programs = compiled_kernel.compile_count, fd._executor.compile_count
+    kernels, programs = compiled_kernel.compile_count, fd.fec.compile_count
     for m, n in [(7, 11), (1000, 3), (0, 9), (2, 13)]:  # (size-1 axes are part of the layout key)
         xx, bb = torch.randn(m, n, device=device), torch.randn(n, device=device)
         (got,) = run_kernels(fd, [xx, bb])
         torch.testing.assert_close(got, torch.sigmoid(xx + bb))
     assert compiled_kernel.compile_count == kernels, "a new size compiled a new kernel"
-    assert fd._executor.compile_count == programs
+    assert fd.fec.compile_count == programs
 
 
 def test_mismatched_sizes_are_an_error_before_launch(device: str, run_kernels) -> None:

@@ -70,6 +70,27 @@ def test_stream_on_input_puts_consumers_in_the_loop(device, run_dumped):
     assert "HirAliasSelect( T1_" not in dump
 
 
+def test_stream_on_input_propagates_through_all_consumers(device, run_dumped):
+    """nvFuser's test_two_matmuls_inlinable: chunking the input puts both chained matmuls in the loop
+    (2c GEMMs); the propagation stops at an expr that cannot take it (a reduction of the axis)."""
+    c = 3
+    fd = FusionDefinition()
+    inp, w1, w2 = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+    out = fd.ops.matmul(fd.ops.matmul(inp, w1), w2)
+    fd.add_output(out)
+    fd.add_output(fd.ops.sum(fd.ops.relu(out), [0]))  # relu joins the loop; the sum over the chunked axis cannot
+    inp.outer_split(0, c)
+    inp.axis(0).parallelize(STREAM)
+    x, a, b = (torch.randn(*shape, device=device) for shape in ((2 * c, 3), (3, 5), (5, 4)))
+    with torch.profiler.profile() as profile:
+        (got, total), dump = run_dumped(fd, [x, a, b], _enable_options=["host_ir_lowering"],
+                                        _disable_options=["infer_contiguity"])
+    torch.testing.assert_close(got, x @ a @ b)
+    torch.testing.assert_close(total, torch.relu(x @ a @ b).sum(0))
+    assert len(_fors(dump)) == 1
+    assert sum(e.name == "aten::mm" for e in profile.events()) == 2 * c
+
+
 def test_non_stream_consumer_closes_loop_and_reads_whole(device, run_dumped):
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1])

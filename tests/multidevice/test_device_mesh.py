@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyfuser import FusionDefinition, ParallelType
+from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.comm.communicator import Communicator
-from pyfuser.ir.analysis.sharding import local_sizes
+from pyfuser.ir.analysis.sharding import local_sizes, local_static_size
 from pyfuser.multidevice import DeviceMesh, shard_tensor, sharding_of
 from pyfuser.options import LaunchInfo
 
@@ -85,7 +85,9 @@ def test_sharding_of_split_and_direct_axes() -> None:
 
 
 @pytest.mark.parametrize("schedule, message", [
-    (lambda t: (t.split(0, 4), t.axis(1).parallelize(X)), "not a logical ID nor the outer ID"),
+    (lambda t: (t.split(0, 4), t.axis(1).parallelize(X)), "not a logical ID nor the outer ID of a split"),
+    (lambda t: (t.split(0, 4), t.axis(0).parallelize(X)), r"inner_split by 4 of extent 8 gives 2 shards, but the mesh "
+                                                           r"has 4 ranks along deviceIdx.x \(the extent must be 4 \* 4\)"),
     (lambda t: (t.outer_split(0, 2), t.axis(0).parallelize(X)), "split factor 2 must equal the mesh size 4"),
     (lambda t: t.axis(1).parallelize(X), "extent must equal the mesh size 4 along deviceIdx.x; got 6"),
 ])
@@ -97,6 +99,30 @@ def test_bad_shardings_name_the_tensor_and_axis(schedule: object, message: str) 
     with pytest.raises(ValueError, match=message) as info:
         sharding_of(t)
     assert "T0" in str(info.value)
+
+
+def test_sharding_through_an_inner_split() -> None:
+    """nvFuser's ``split(axis, k)`` with the outer ID on the mesh: contiguous shards of k elements."""
+    with FusionDefinition() as fd:
+        static = fd.define_tensor([8, 6])
+        symbolic = fd.define_tensor([-1, 6])
+    mesh = DeviceMesh(range(4))
+    for t in (static, symbolic):
+        t.set_device_mesh(mesh)
+        t.split(0, 2)
+        t.axis(0).parallelize(X)
+        assert dict(sharding_of(t).axes) == {0: X}
+    assert local_sizes(static, {}) == [2, 6]
+    assert local_static_size(symbolic, 0) == 2, "the factor is the shard size, also for a symbolic extent"
+    full = torch.arange(48.0).view(8, 6)
+    torch.testing.assert_close(shard_tensor(full, static, rank=1), full[2:4])
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([8, 6])
+    t.set_device_mesh(mesh)
+    t.split(0, fd.define_scalar(dtype=DataType.Int))
+    t.axis(0).parallelize(X)
+    with pytest.raises(ValueError, match=r"T0 axis 0: an inner split sharded on deviceIdx.x needs a constant factor"):
+        sharding_of(t)
 
 
 def test_parallelized_without_mesh() -> None:

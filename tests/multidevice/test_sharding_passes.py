@@ -241,5 +241,5 @@ def test_one_rank_mesh_runs_locally_with_a_stream_loop() -> None:
     a, b = torch.randn(5, 8), torch.randn(3, 8)
     (got,) = fd.execute([a, b])
     torch.testing.assert_close(got, F.linear(a, b))
-    assert "type=Allgather, team=(0)" in str(fd._executor.last_program)
+    assert "type=Allgather, team=(0)" in str(fd.fec.last_program)
     assert not Communicator._instance._groups

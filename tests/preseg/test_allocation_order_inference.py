@@ -115,7 +115,7 @@ def test_channels_last_through_reductions() -> None:
 def test_squeeze_broadcast_and_permute_carry_the_order() -> None:
     x = torch.randn(4, 1, 6).permute(1, 2, 0)  # [1, 6, 4], axis 2 outermost
     with FusionDefinition() as fd:
-        t0 = fd.define_tensor([1, -1, -1], contiguity=[None, True, True], stride_order=[1, 0, 2])
+        t0 = fd.define_tensor([1, -1, -1], contiguity=[True, None, True], stride_order=[1, 0, 2])  # allocation order
         t1 = fd.ops.squeeze(t0, [0])                       # [6, 4] column-major
         t2 = fd.ops.broadcast(t1, [False, True, False])    # [6, 1, 4]
         t3 = fd.ops.permute(t1, [1, 0])                    # [4, 6] row-major in memory

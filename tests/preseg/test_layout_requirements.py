@@ -103,7 +103,7 @@ def test_programs_are_keyed_by_input_layout() -> None:
     with FusionDefinition() as fd:
         t0 = fd.define_tensor([-1, -1, -1, -1])
         fd.add_output(fd.ops.relu(t0))
-    cache = fd._executor
+    cache = fd.fec
     plain = torch.randn(2, 3, 4, 5)
     cl = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
     (a,) = fd.execute([plain])

@@ -21,7 +21,9 @@ from pyfuser.scheduler.tools import set_compute_at
 def seed_003_fusion(shape: list[int], stride_order: list[int]) -> tuple[FusionDefinition, list[TensorView]]:
     """T0 [1, M, N] -> squeeze, sum, broadcast, add, squeeze, sum; outputs T4 and T6."""
     with FusionDefinition() as fd:
-        t0 = fd.define_tensor(shape, contiguity=[None, True, True], stride_order=stride_order)
+        # contiguity is listed in allocation order (outermost first): None where axis 0 is placed
+        places = sorted(range(3), key=lambda d: -stride_order[d])
+        t0 = fd.define_tensor(shape, contiguity=[None if d == 0 else True for d in places], stride_order=stride_order)
         t1 = fd.ops.squeeze(t0, [0])
         t2 = fd.ops.sum(t1, [1])
         t3 = fd.ops.broadcast(t2, [True, False, True])

@@ -20,7 +20,13 @@ from pyfuser.host_ir.nodes import Allocate, ForLoop, HirAliasSelect, HostIrConta
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, Synchronize
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.sharding import sharding_of
-from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, producer_id, stream_axis_of
+from pyfuser.ir.analysis.stream_axes import (
+    StreamAxis,
+    expr_stream_axis,
+    inherited_stream_axes,
+    producer_id,
+    stream_axis_of,
+)
 from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain
@@ -69,6 +75,8 @@ class _StreamLowering:
         self.allocated: set[Val] = {n.tv for n in container.nodes if isinstance(n, Allocate)}
         self.result: list[HostNode] = []
         self.loop: _OpenLoop | None = None
+        #: chunkings propagated from stream-parallel inputs through consumers without a schedule
+        self.inherited = inherited_stream_axes(fusion.exprs())
 
     def run(self) -> None:
         joined_last = False
@@ -77,7 +85,7 @@ class _StreamLowering:
                 self.loop.body.append(node.substitute(self._loop_mapping(self.loop, node), self.loop.index))
                 continue
             expr = node.source_expr
-            axis = expr_stream_axis(expr) if expr is not None else None
+            axis = expr_stream_axis(expr, self.inherited) if expr is not None else None
             joined_last = expr is not None and axis is not None
             if expr is None or axis is None:
                 if self.loop is not None and _loop_invariant(node):

@@ -44,12 +44,12 @@ def infer_allocation_orders(fusion: Fusion) -> dict[int, Order]:
         first = outs[0]
         first_order = logical_order(first) if first.has_allocation_domain() else _propagate(expr, first, orders)
         orders[id(first)] = first_order
-        for other in outs[1:]:  # multi-output ops (var_mean): outputs share one shape
-            if other.has_allocation_domain():
-                orders[id(other)] = logical_order(other)
+        for other in outs[1:]:  # multi-output ops: outputs of the first's rank (var_mean) share its order
+            logical = other.get_logical_domain()
+            if other.has_allocation_domain() or len(logical) != len(first.get_logical_domain()):
+                orders[id(other)] = logical_order(other)  # another shape (sdpa's logsumexp): its own order
                 continue
             position = {id(i): k for k, i in enumerate(first.get_logical_domain())}
-            logical = other.get_logical_domain()
             orders[id(other)] = [logical[position[id(i)]] for i in first_order]
     return orders
 

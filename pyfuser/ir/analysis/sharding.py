@@ -7,7 +7,10 @@ IDs, its loop domain) holds either
 * the logical ID itself parallelized on ``P`` -- its extent must equal the mesh size along ``P``, and each
   rank holds one element of it (seed 004's ``x[S, D, M/(S*D), K]``), or
 * the outer output of ``outer_split(axis, d)`` parallelized on ``P``, with ``d`` the mesh size along
-  ``P`` -- each rank holds ``extent / d`` contiguous elements.
+  ``P`` -- each rank holds ``extent / d`` contiguous elements, or
+* the outer output of ``inner_split(axis, k)`` (nvFuser's ``split``) parallelized on ``P``, whose
+  ``ceilDiv(extent, k)`` is the mesh size -- the same contiguous shards, of ``k`` elements (checked
+  when the extent is known; a fusion input's shard must have ``k`` elements).
 
 A sharded *reduction* ID marks partial results: every rank holds the reduction over its slice only,
 and a communication must combine them (Allreduce / ReduceScatter / Reduce).
@@ -37,6 +40,10 @@ class Sharding:
     @property
     def is_sharded(self) -> bool:
         return bool(self.axes)
+
+    def axis_sharded_on(self, parallel_type: ParallelType) -> int:
+        """The logical position sharded on ``parallel_type``, -1 when none is (nvFuser's query)."""
+        return next((axis for axis, p in self.axes.items() if p is parallel_type), -1)
 
     def __str__(self) -> str:
         parts = ", ".join(f"axis {a} on {p}" for a, p in sorted(self.axes.items()))
@@ -72,19 +79,42 @@ def sharding_of(tv: TensorView) -> Sharding:
                                  f"outer_split({axis}, {size}) and parallelize the outer ID instead)")
         else:
             split = i.definition
-            if not (isinstance(split, Split) and not split.inner_split and split.outer is i
-                    and id(split.in_id) in position):
+            if not (isinstance(split, Split) and split.outer is i and id(split.in_id) in position):
                 raise ValueError(f"{where} is parallelized on {ptype} but is not a logical ID nor the outer ID of "
-                                 "an outer split of one; shard an axis with outer_split(axis, mesh size) and "
+                                 "a split of one; shard an axis with outer_split(axis, mesh size) and "
                                  "parallelize the outer ID")
             axis = position[id(split.in_id)]
-            if split.factor.value != size:
-                raise ValueError(f"{tv.short_name} axis {axis}: device split factor {split.factor} must equal the "
-                                 f"mesh size {size} along {ptype} of {tv.device_mesh}")
+            _check_device_split(tv, axis, split, size, ptype)
         if axis in axes:
             raise ValueError(f"{tv.short_name} axis {axis} is sharded on both {axes[axis]} and {ptype}")
         axes[axis] = ptype
     return Sharding(tv.device_mesh, axes)
+
+
+def _check_device_split(tv: TensorView, axis: int, split: Split, size: int, ptype: ParallelType) -> None:
+    """The outer ID of ``split`` must have the mesh size along ``ptype`` as its extent."""
+    if not split.inner_split:
+        if split.factor.value != size:
+            raise ValueError(f"{tv.short_name} axis {axis}: device split factor {split.factor} must equal the "
+                             f"mesh size {size} along {ptype} of {tv.device_mesh}")
+        return
+    factor, extent = split.factor.value, split.in_id.extent.value
+    if factor is None:
+        raise ValueError(f"{tv.short_name} axis {axis}: an inner split sharded on {ptype} needs a constant factor "
+                         f"(the shard size), got {split.factor}; or use outer_split(axis, {size})")
+    if extent is not None and extent != factor * size:
+        raise ValueError(f"{tv.short_name} axis {axis}: inner_split by {factor} of extent {extent} gives "
+                         f"{split.outer.extent} shards, but the mesh has {size} ranks along {ptype} (the extent "
+                         f"must be {factor} * {size})")
+
+
+def shard_size(tv: TensorView, axis: int) -> int | None:
+    """Elements per rank of logical ``axis`` when its device split fixes them (an inner split's factor)."""
+    for i in device_ids(tv):
+        split = i.definition
+        if isinstance(split, Split) and split.inner_split and split.in_id is tv.get_logical_domain()[axis]:
+            return split.factor.value
+    return None
 
 
 # --- local shapes ------------------------------------------------------------------------------------
@@ -160,6 +190,10 @@ def local_static_size(tv: TensorView, axis: int) -> int | None:
         return i.extent.value
     if i.is_device_dim:
         return 1  # the logical ID itself is parallelized: one element per rank
+    logical_axis = next(p for p, j in enumerate(tv.get_logical_domain()) if j is i)
+    fixed = shard_size(tv, logical_axis)
+    if fixed is not None:
+        return fixed  # an inner split's factor: the shard size, also for a symbolic extent
     extent = i.extent.value
     if extent is not None and extent % factor:
         raise ValueError(f"{tv.short_name} axis {axis} has extent {extent}, which is not divisible by the {factor} "

@@ -9,11 +9,12 @@ they are chunked by the same chain of splits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyfuser.ir.analysis.fused_exprs import FusedExprs
+from pyfuser.ir.analysis.sharding import is_resharding
 from pyfuser.ir.base import Expr
 from pyfuser.ir.iter_domain import IterDomain, Split
 from pyfuser.ir.symbolic import SymConst, SymExpr
@@ -117,9 +118,13 @@ def producer_id(expr: Expr | FusedExprs, producer: TensorView, consumer_id: Iter
     return None
 
 
-def expr_stream_axis(expr: Expr | FusedExprs) -> StreamAxis | None:
+def expr_stream_axis(expr: Expr | FusedExprs, inherited: Mapping[int, StreamAxis] | None = None) -> StreamAxis | None:
     """The stream chunking of ``expr``'s first output: its own schedule, or propagated from a fusion
-    input scheduled on stream (scheduling an input's axis puts its consumers in the loop)."""
+    input scheduled on stream (scheduling an input's axis puts its consumers in the loop), and from
+    there on through consumers that have no schedule of their own (``inherited``: tensor id -> the
+    chunking propagated to it, see ``inherited_stream_axes``). An inherited chunking that an expr
+    cannot take (it reduces or drops the axis, cannot run chunk-wise, or has other chunks) stops
+    there instead: the expr runs after the loop on whole tensors."""
     outputs = expr.tensor_outputs
     if not outputs:
         return None
@@ -143,7 +148,7 @@ def expr_stream_axis(expr: Expr | FusedExprs) -> StreamAxis | None:
                              "be iterated by a stream loop")
         candidates.append(axis.on(out, target))
     if not candidates:
-        return None
+        return _inherited(expr, out, inherited or {})
     first = candidates[0]
     for other in candidates[1:]:
         if other.logical is not first.logical or not other.maps_to(first):
@@ -157,6 +162,39 @@ def expr_stream_axis(expr: Expr | FusedExprs) -> StreamAxis | None:
                          f"{expr.op_description}, which cannot run chunk-wise (its attributes depend on the "
                          "full extent of each axis); move the stream axis to a tensor after it")
     return first
+
+
+def _inherited(expr: Expr | FusedExprs, out: TensorView, inherited: Mapping[int, StreamAxis]) -> StreamAxis | None:
+    """The chunking ``expr`` takes over from producers it was propagated to, if it can take one (a
+    communication keeps the place the user gave it: it is never pulled into a loop)."""
+    if not expr.chunkable or (isinstance(expr, Expr) and is_resharding(expr)):
+        return None
+    taken: StreamAxis | None = None
+    for p in expr.tensor_inputs:
+        axis = inherited.get(id(p))
+        if axis is None:
+            continue
+        target = expr.logical_map(p).get(axis.logical)
+        if target is None or target.is_reduction:
+            return None
+        candidate = axis.on(out, target)
+        if taken is not None and (candidate.logical is not taken.logical or not candidate.maps_to(taken)):
+            return None
+        taken = candidate
+    return taken
+
+
+def inherited_stream_axes(exprs: Sequence[Expr]) -> dict[int, StreamAxis]:
+    """Tensor id -> the chunking propagated to it from a stream-parallel fusion input, for every
+    tensor without a stream schedule of its own that an input's chunking reaches (``exprs`` in
+    topological order)."""
+    inherited: dict[int, StreamAxis] = {}
+    for expr in exprs:
+        axis = expr_stream_axis(expr, inherited)  # also validates every expr's own schedule
+        outputs = expr.tensor_outputs
+        if axis is not None and stream_axis_of(outputs[0]) is None:
+            inherited[id(outputs[0])] = axis
+    return inherited
 
 
 def _on_first_output(expr: Expr | FusedExprs, axis: StreamAxis) -> StreamAxis:
@@ -175,5 +213,4 @@ def check_stream_schedules(fusion: Fusion) -> None:
     loop domains), so errors name the axes the user parallelized."""
     for tv in fusion.tensors():
         stream_axis_of(tv)
-    for expr in fusion.exprs():
-        expr_stream_axis(expr)
+    inherited_stream_axes(fusion.exprs())  # every expr's chunking, own or propagated

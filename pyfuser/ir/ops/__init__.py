@@ -4,7 +4,7 @@
 from pyfuser.ir.ops.creation import FullOp, IotaOp
 from pyfuser.ir.ops.matmul import LinearOp, MatmulOp
 from pyfuser.ir.ops.pointwise import BinaryOp, BinaryOpType, TernaryOp, TernaryOpType, UnaryOp, UnaryOpType
-from pyfuser.ir.ops.reduction import ReductionOp, ReductionOpType, VarMeanOp
+from pyfuser.ir.ops.reduction import ReductionOp, ReductionOpType, VarMeanOp, WelfordOp
 from pyfuser.ir.ops.shape import (
     BroadcastOp,
     CatOp,
@@ -21,5 +21,5 @@ from pyfuser.ir.ops.shape import (
 __all__ = [
     "BinaryOp", "BinaryOpType", "BroadcastOp", "CatOp", "ExpandOp", "FullOp", "IotaOp", "LinearOp", "LoadStoreOp",
     "LoadStoreOpType", "MatmulOp", "PadOp", "PermuteOp", "ReductionOp", "ReductionOpType", "ReshapeOp", "SliceOp",
-    "SqueezeOp", "TernaryOp", "TernaryOpType", "UnaryOp", "UnaryOpType", "VarMeanOp",
+    "SqueezeOp", "TernaryOp", "TernaryOpType", "UnaryOp", "UnaryOpType", "VarMeanOp", "WelfordOp",
 ]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.base import Expr, PythonCall, Val
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import call_string
 
@@ -30,6 +30,10 @@ class FullOp(Expr):
         """``out`` may be one chunk of the output (stream loop), so fill it rather than build a full tensor."""
         out.fill_(value)
 
+    def python_call(self) -> PythonCall:
+        return PythonCall("full", (), {"shape": list(self._extents), "fill_value": self.inputs[0],
+                                       "dtype": self.output.dtype})
+
     def to_string(self, indent: int = 0) -> str:
         extents = ", ".join(str(e) for e in self._extents)
         return call_string(self.output, "full", [f"{{{extents}}}", self.inputs[0]], "", indent)
@@ -47,6 +51,10 @@ class IotaOp(Expr):
         dtype = self.output.dtype.torch_dtype
         index = torch.arange(int(length), device=ctx.device, dtype=dtype)
         return [(index * step + start).to(dtype)]
+
+    def python_call(self) -> PythonCall:
+        length, start, step = self.inputs
+        return PythonCall("iota", (length, start, step), {"dtype": self.output.dtype})
 
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "iota", self.inputs, f"dtype = {self.output.dtype.value}", indent)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from pyfuser.ir.base import Expr, indent_str
+from pyfuser.ir.base import Expr, PythonCall, indent_str
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header
 from pyfuser.ir.ops.shape import check_same_sizes, unproven_equal
@@ -73,21 +73,33 @@ class MatmulOp(Expr):
                 mapping.update(_align_right(ids[:-2], kept[:batch_end]))
         return mapping
 
+    def python_call(self) -> PythonCall:
+        return PythonCall("matmul", tuple(self.inputs))
+
     def to_string(self, indent: int = 0) -> str:
         a, b = self.inputs
         return f"{header(self.output, indent)}matmul({a},\n{indent_str(indent)}          {b})\n"
 
 
 class LinearOp(Expr):
-    """``F.linear(x, weight, bias)``: x ``[..., k]``, weight ``[n, k]`` (or ``[k]``), bias ``[n]``."""
+    """``F.linear(x, weight, bias)``: x ``[..., k]``, weight ``[n, k]`` (or ``[k]``), bias ``[n]``.
+
+    A weight of rank >= 3 (nvFuser's form for weights whose leading axes are split over devices)
+    is ``[*wb, n, k]``: ``out[*wb, ..., n] = x @ weight[*wb].T (+ bias[*wb])``, bias ``[*wb, n]``
+    or ``[n]``.
+    """
 
 
     def __init__(self, fusion: Fusion, out: TensorView, x: TensorView, weight: TensorView,
                  bias: TensorView | None) -> None:
         super().__init__(fusion, [x, weight] + ([bias] if bias is not None else []), [out])
         self._checks = unproven_equal((x, weight, bias), 0, x.ndim - 1, 1, weight.ndim - 1)
-        if bias is not None and bias.ndim == 1 and weight.ndim == 2:
-            self._checks += unproven_equal((x, weight, bias), 2, 0, 1, 0)
+        if bias is not None and bias.ndim >= 1 and weight.ndim >= 2:
+            self._checks += unproven_equal((x, weight, bias), 2, bias.ndim - 1, 1, weight.ndim - 2)
+            for d in range(bias.ndim - 1):  # bias [*wb, n] against weight [*wb, n, k]
+                self._checks += unproven_equal((x, weight, bias), 2, d, 1, d)
+        #: leading (batch) axes of a weight of rank >= 3
+        self.weight_batch = max(weight.ndim - 2, 0)
 
     @property
     def has_bias(self) -> bool:
@@ -96,21 +108,36 @@ class LinearOp(Expr):
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> list[Any]:
         if self._checks:
             check_same_sizes("linear", self._checks, self.defined_inputs, (x, w, bias))
-        return [F.linear(x, w, bias)]
+        if not self.weight_batch:
+            return [F.linear(x, w, bias)]
+        batch, rows = w.shape[:-2], x.shape[:-1]
+        y = torch.matmul(x.reshape(-1, x.shape[-1]), w.transpose(-1, -2))  # [*wb, prod(rows), n]
+        y = y.reshape(*batch, *rows, w.shape[-2])
+        if bias is not None:
+            y = y + bias.reshape(*bias.shape[:-1], *([1] * len(rows)), bias.shape[-1])
+        return [y]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         x, w = self.inputs[0], self.inputs[1]
         out_ids = self.output.get_logical_domain()
         rk, kept = out_ids[-1], out_ids[:-1]
         ids = producer.get_logical_domain(no_reductions=True)
-        n_present = w.ndim == 2  # type: ignore[attr-defined]
+        n_present = w.ndim >= 2  # type: ignore[attr-defined]
+        wb = self.weight_batch
         if producer is x:
-            mapping = {p: c for p, c in zip(ids[:-1], kept, strict=False)}
+            mapping = {p: c for p, c in zip(ids[:-1], kept[wb:], strict=False)}
             mapping[ids[-1]] = rk
             return mapping
         if producer is w:
-            return {ids[0]: kept[-1], ids[1]: rk} if n_present else {ids[0]: rk}
-        return {ids[0]: kept[-1]} if n_present and ids else {}
+            if not n_present:
+                return {ids[0]: rk}
+            return {**dict(zip(ids[:wb], kept[:wb], strict=True)), ids[-2]: kept[-1], ids[-1]: rk}
+        if not (n_present and ids):
+            return {}
+        return {**dict(zip(ids[:-1], kept[:wb], strict=False)), ids[-1]: kept[-1]}
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("linear", tuple(self.inputs[:2]), {"bias": self.inputs[2] if self.has_bias else None})
 
     def to_string(self, indent: int = 0) -> str:
         pad = indent_str(indent)
@@ -119,3 +146,57 @@ class LinearOp(Expr):
         if self.has_bias:
             text += f",\n{pad}      {self.inputs[2]}      "
         return text + ")\n"
+
+
+class GroupedMmOp(Expr):
+    """``grouped_mm(mat1, mat2, offsets)`` (torch's ``_grouped_mm``): ``offsets`` holds the end of
+    each group along the grouped axis.
+
+    * ``[M, K] x [K, N]``, groups along K: ``out[g] = mat1[:, Kg] @ mat2[Kg, :]``, out ``[G, M, N]``;
+    * ``[G, M, K] x [K, N]``, groups along N: ``out[:, Ng] = mat1[g] @ mat2[:, Ng]``, out ``[M, N]``;
+    * ``[M, K] x [G, K, N]``, groups along M: ``out[Mg] = mat1[Mg] @ mat2[g]``, out ``[M, N]``.
+
+    Evaluated one group at a time with ATen matmul; rows or columns past the last offset are zero.
+    """
+
+    chunkable = False
+
+    def __init__(self, fusion: Fusion, out: TensorView, mat1: TensorView, mat2: TensorView,
+                 offsets: TensorView) -> None:
+        super().__init__(fusion, [mat1, mat2, offsets], [out])
+
+    def evaluate(self, ctx: EvalContext, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> list[Any]:
+        mat1, mat2, offs = self.defined_inputs
+        grouped = {(2, 2): (a, a.dim() - 1), (3, 2): (b, 1), (2, 3): (a, 0)}[(a.dim(), b.dim())]
+        owner = mat1 if grouped[0] is a else mat2
+        extent = grouped[0].shape[grouped[1]]
+        stacked = a if a.dim() == 3 else b if b.dim() == 3 else None
+        if stacked is not None and stacked.shape[0] != offsets.numel():
+            raise ValueError(f"grouped_mm: {offs.short_name} has {offsets.numel()} groups but "  # type: ignore[attr-defined]
+                             f"{(mat1 if stacked is a else mat2).short_name} stacks {stacked.shape[0]} matrices")  # type: ignore[attr-defined]
+        ends = [int(e) for e in offsets.tolist()]
+        starts = [0, *ends[:-1]]
+        if any(e < s for s, e in zip(starts, ends, strict=True)) or (ends and ends[-1] > extent):
+            raise ValueError(f"grouped_mm: offsets {ends} ({offs.short_name}) must be non-decreasing group ends within "  # type: ignore[attr-defined]
+                             f"{owner.short_name} axis {grouped[1]} of size {extent}")  # type: ignore[attr-defined]
+        dtype = self.output.dtype.torch_dtype
+        if a.dim() == 2 and b.dim() == 2:
+            parts = [a[:, s:e] @ b[s:e, :] for s, e in zip(starts, ends, strict=True)]
+            if not parts:
+                return [torch.zeros(0, a.shape[0], b.shape[1], dtype=dtype, device=a.device)]
+            return [torch.stack(parts).to(dtype)]
+        rows, cols = (a.shape[1], b.shape[1]) if a.dim() == 3 else (a.shape[0], b.shape[2])
+        out = torch.zeros(rows, cols, dtype=dtype, device=a.device)
+        for g, (s, e) in enumerate(zip(starts, ends, strict=True)):
+            if a.dim() == 3:
+                out[:, s:e] = a[g] @ b[:, s:e]
+            else:
+                out[s:e] = a[s:e] @ b[g]
+        return [out]
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("grouped_mm", tuple(self.inputs))
+
+    def to_string(self, indent: int = 0) -> str:
+        a, b, offsets = self.inputs
+        return f"{header(self.output, indent)}grouped_mm({a},\n{indent_str(indent)}          {b}, {offsets})\n"

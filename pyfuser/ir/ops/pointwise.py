@@ -10,6 +10,7 @@ tensors), so adding a kind is one row.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from pyfuser.ir.base import Expr, Val, indent_str
+from pyfuser.ir.base import Expr, PythonCall, Val, indent_str
 from pyfuser.ir.dtypes import DataType, python_scalar_type
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header, positional_map
@@ -63,6 +64,10 @@ def _fmax_or_max(name: str, out: DataType) -> str:
     return ("f" if out.is_floating else "") + name[:3]
 
 
+def _erfcinv(x: torch.Tensor) -> torch.Tensor:
+    return torch.erfinv(1 - x)
+
+
 class UnaryOpType(Enum):
     """Unary pointwise kinds (``fd.ops.<name>``)."""
 
@@ -84,6 +89,41 @@ class UnaryOpType(Enum):
                               triton="0.5 * {0} * (1.0 + _tanh(0.7978845608028654 * ({0} + 0.044715 * {0} * {0} * {0})))")
     erf = PointwiseSpec(torch.erf, torch.erf, printed=_float_suffixed, triton="tl.erf({0})")
     logical_not = PointwiseSpec(torch.logical_not, inline="!", triton="{0} == 0")
+    bitwise_not = PointwiseSpec(torch.bitwise_not, torch.bitwise_not, inline="~")
+    acos = PointwiseSpec(torch.acos, torch.acos, printed=_float_suffixed)
+    acosh = PointwiseSpec(torch.acosh, torch.acosh, printed=_float_suffixed)
+    asin = PointwiseSpec(torch.asin, torch.asin, printed=_float_suffixed)
+    asinh = PointwiseSpec(torch.asinh, torch.asinh, printed=_float_suffixed)
+    atan = PointwiseSpec(torch.atan, torch.atan, printed=_float_suffixed)
+    atanh = PointwiseSpec(torch.atanh, torch.atanh, printed=_float_suffixed)
+    cosh = PointwiseSpec(torch.cosh, torch.cosh, printed=_float_suffixed)
+    sinh = PointwiseSpec(torch.sinh, torch.sinh, printed=_float_suffixed)
+    tan = PointwiseSpec(torch.tan, torch.tan, printed=_float_suffixed)
+    ceil = PointwiseSpec(torch.ceil, torch.ceil, printed=_float_suffixed)
+    floor = PointwiseSpec(torch.floor, torch.floor, printed=_float_suffixed)
+    round = PointwiseSpec(torch.round, torch.round, printed=_float_suffixed)
+    trunc = PointwiseSpec(torch.trunc, torch.trunc, printed=_float_suffixed)
+    frac = PointwiseSpec(torch.frac, torch.frac)
+    sign = PointwiseSpec(torch.sign, torch.sign)
+    signbit = PointwiseSpec(torch.signbit, torch.signbit)
+    exp2 = PointwiseSpec(torch.exp2, torch.exp2, printed=_float_suffixed)
+    expm1 = PointwiseSpec(torch.expm1, torch.expm1, printed=_float_suffixed)
+    log2 = PointwiseSpec(torch.log2, torch.log2, printed=_float_suffixed)
+    log10 = PointwiseSpec(torch.log10, torch.log10, printed=_float_suffixed)
+    log1p = PointwiseSpec(torch.log1p, torch.log1p, printed=_float_suffixed)
+    lgamma = PointwiseSpec(torch.lgamma, torch.lgamma, printed=_float_suffixed)
+    erfc = PointwiseSpec(torch.erfc, torch.erfc, printed=_float_suffixed)
+    erfinv = PointwiseSpec(torch.erfinv, torch.erfinv, printed=_float_suffixed)
+    erfcinv = PointwiseSpec(_erfcinv, printed=_float_suffixed)
+    isfinite = PointwiseSpec(torch.isfinite)
+    isinf = PointwiseSpec(torch.isinf)
+    isnan = PointwiseSpec(torch.isnan)
+    isneginf = PointwiseSpec(torch.isneginf, torch.isneginf)
+    isposinf = PointwiseSpec(torch.isposinf, torch.isposinf)
+    isreal = PointwiseSpec(torch.isreal)
+    #: the real / imaginary part of a complex tensor (a real tensor is its own real part)
+    real = PointwiseSpec(torch.real)
+    imag = PointwiseSpec(torch.imag)
     #: ``x.to(output dtype)`` (no function: the output dtype is the attribute); printed with nvFuser's
     #: cast names (``__half2float``).
     cast = PointwiseSpec(None, triton="{0}")
@@ -121,6 +161,37 @@ def _tensor_or_scalar(fn: Callable[[Any, Any], Any], scalar_fn: Callable[[Any, A
     return apply
 
 
+def _logical_right_shift(a: Any, b: Any) -> Any:
+    """``a >> b`` filling with zeros (the bits of a signed ``a`` read as unsigned), as nvFuser's;
+    a shift by the width or more gives 0."""
+    if not isinstance(a, torch.Tensor):
+        a = torch.as_tensor(a, device=b.device if isinstance(b, torch.Tensor) else None)
+    bits = a.element_size() * 8
+    shift = torch.as_tensor(b, device=a.device).to(a.dtype)
+    clamped = shift.clamp(0, bits - 1)
+    shifted = torch.bitwise_right_shift(a, clamped)
+    # Clear the copies of the sign bit an arithmetic shift brought in: keep the low bits - shift bits.
+    keep = torch.bitwise_left_shift(torch.ones_like(shifted), (bits - clamped).clamp(max=bits - 1)) - 1
+    keep = torch.where(clamped == 0, torch.full_like(keep, -1), keep)
+    result = torch.bitwise_and(shifted, keep)
+    return torch.where(shift >= bits, torch.zeros_like(result), result)
+
+
+def _scalar_fmod(a: Any, b: Any) -> Any:
+    """C's remainder of numbers: integers stay integers."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a - b * _trunc_div(a, b)
+    return math.fmod(a, b)
+
+
+def _scalar_complex(real: Any, imag: Any) -> complex:
+    return complex(real, imag)
+
+
+def _scalar_logical_right_shift(a: int, b: int) -> int:
+    return 0 if b >= 64 else (a % (1 << 64)) >> b
+
+
 class BinaryOpType(Enum):
     """Binary pointwise kinds (``fd.ops.<name>``), with torch's broadcasting and type promotion."""
 
@@ -145,6 +216,23 @@ class BinaryOpType(Enum):
                                 triton="({0} != 0) & ({1} != 0)")
     logical_or = PointwiseSpec(_tensor_or_scalar(torch.logical_or, lambda a, b: bool(a) or bool(b)), inline="||",
                                triton="({0} != 0) | ({1} != 0)")
+    bitwise_and = PointwiseSpec(operator.and_, torch.bitwise_and, inline="&")
+    bitwise_or = PointwiseSpec(operator.or_, torch.bitwise_or, inline="|")
+    bitwise_xor = PointwiseSpec(operator.xor, torch.bitwise_xor, inline="^")
+    bitwise_left_shift = PointwiseSpec(operator.lshift, inline="<<")
+    #: arithmetic (sign-extending) right shift
+    bitwise_right_shift = PointwiseSpec(operator.rshift, inline=">>")
+    logical_right_shift = PointwiseSpec(_tensor_or_scalar(_logical_right_shift, _scalar_logical_right_shift))
+    gcd = PointwiseSpec(_tensor_or_scalar(torch.gcd, math.gcd))
+    nextafter = PointwiseSpec(_tensor_or_scalar(torch.nextafter, math.nextafter), printed=_float_suffixed)
+    atan2 = PointwiseSpec(_tensor_or_scalar(torch.atan2, math.atan2), printed=_float_suffixed)
+    #: C's remainder (the dividend's sign): ``fmod``; nvFuser's ``mod`` is the same on integers
+    fmod = PointwiseSpec(_tensor_or_scalar(torch.fmod, _scalar_fmod), torch.fmod, printed=_float_suffixed)
+    mod = PointwiseSpec(_tensor_or_scalar(torch.fmod, _scalar_fmod), torch.fmod, printed=_float_suffixed)
+    #: Python's remainder (the divisor's sign)
+    remainder = PointwiseSpec(_tensor_or_scalar(torch.remainder, operator.mod), torch.remainder)
+    #: a complex number from its real and imaginary parts (of one floating dtype)
+    complex = PointwiseSpec(_tensor_or_scalar(torch.complex, _scalar_complex))
 
     @property
     def spec(self) -> PointwiseSpec:
@@ -172,11 +260,28 @@ def _clamp(x: Any, lo: Any, hi: Any) -> Any:
     return torch.clamp(x, lo, hi)
 
 
+def _lerp(start: Any, end: Any, weight: Any) -> Any:
+    """``start + weight * (end - start)``: torch.lerp (its formula is exact at both ends) where its
+    operands share a dtype, else the formula, which promotes as torch's arithmetic does."""
+    if isinstance(start, torch.Tensor) and isinstance(end, torch.Tensor) and start.dtype == end.dtype \
+            and start.dtype.is_floating_point and (not isinstance(weight, torch.Tensor) or weight.dtype == start.dtype):
+        return torch.lerp(start, end, weight)
+    return start + weight * (end - start)
+
+
+def _threshold(x: Any, threshold: Any, value: Any) -> Any:
+    """``x`` where ``x > threshold``, else ``value`` (``F.threshold``)."""
+    return _where(x > threshold, x, value)
+
+
 class TernaryOpType(Enum):
-    """Ternary pointwise kinds: ``where(cond, a, b)`` and ``clamp(x, min, max)``."""
+    """Ternary pointwise kinds: ``where(cond, a, b)``, ``clamp(x, min, max)``, ``lerp(start, end, weight)``,
+    ``threshold(x, threshold, value)``."""
 
     where = PointwiseSpec(_where, triton="tl.where({0} != 0, {1}, {2})")
     clamp = PointwiseSpec(_clamp, triton="_clamp({0}, {1}, {2})")
+    lerp = PointwiseSpec(_lerp)
+    threshold = PointwiseSpec(_threshold)
 
     @property
     def spec(self) -> PointwiseSpec:
@@ -187,7 +292,7 @@ class TernaryOpType(Enum):
 #: Short type names used inside cast function names.
 _CAST_NAME = {
     DataType.Float: "float", DataType.Double: "double", DataType.Half: "half", DataType.BFloat16: "bfloat",
-    DataType.Int: "int64", DataType.Int32: "int32", DataType.Bool: "bool",
+    DataType.Int: "int64", DataType.Int32: "int32", DataType.UInt64: "uint64", DataType.Bool: "bool",
     DataType.ComplexFloat: "complex_float", DataType.ComplexDouble: "complex_double",
 }
 
@@ -275,6 +380,13 @@ class UnaryOp(Expr):
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return _pointwise_map(self, producer)
 
+    def python_call(self) -> PythonCall:
+        if self.kind is UnaryOpType.cast:
+            return PythonCall("cast", (self.inputs[0],), {"dtype": self.outputs[0].dtype})
+        if self.kind is UnaryOpType.gelu_tanh:
+            return PythonCall("gelu", (self.inputs[0],), {"approximate": "tanh"})
+        return PythonCall(self.kind.name, (self.inputs[0],))
+
     def to_string(self, indent: int = 0) -> str:
         inp, out = self.inputs[0], self.outputs[0]
         if self.kind is UnaryOpType.cast:
@@ -323,6 +435,9 @@ class BinaryOp(Expr):
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return _pointwise_map(self, producer)
 
+    def python_call(self) -> PythonCall:
+        return PythonCall(self.kind.name, tuple(self.inputs))
+
     def to_string(self, indent: int = 0) -> str:
         lhs, rhs = self.inputs
         out = self.outputs[0]
@@ -355,6 +470,9 @@ class TernaryOp(Expr):
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return _pointwise_map(self, producer)
+
+    def python_call(self) -> PythonCall:
+        return PythonCall(self.kind.name, tuple(self.inputs))
 
     def to_string(self, indent: int = 0) -> str:
         pad = indent_str(indent)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pyfuser.ir.base import Expr
+from pyfuser.ir.base import Expr, PythonCall
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header, int_list, positional_map
 
@@ -72,6 +72,9 @@ class ReductionOp(Expr):
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output)
 
+    def python_call(self) -> PythonCall:
+        return PythonCall(self.kind.name, (self.inputs[0],), {"dims": list(self.axes), "dtype": self.output.dtype})
+
     def to_string(self, indent: int = 0) -> str:
         spec = self.kind.spec
         return (f"{header(self.output, indent)}reduction( {self.inputs[0]}, op = {spec.printed}, "
@@ -94,8 +97,40 @@ class VarMeanOp(Expr):
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output)
 
+    def python_call(self) -> PythonCall:
+        return PythonCall("var_mean", (self.inputs[0],), {"dims": list(self.axes), "correction": self.correction})
+
     def to_string(self, indent: int = 0) -> str:
         var, mean = self.outputs
         outs = f"{var},\n   {mean}"
         return (f"{header(outs, indent)}var_mean( {self.inputs[0]}, "
                 f"dims = {int_list(self.axes)}, correction = {self.correction} )\n")
+
+
+class WelfordOp(VarMeanOp):
+    """``avg, var_sum, n = welford(in, axes)``: the mean, the sum of squared deviations from it (the
+    variance times n) and the count n of each reduced group, as Welford's online algorithm carries
+    them. A var_mean without correction that also returns its count."""
+
+    def __init__(self, fusion: Fusion, avg: TensorView, var_sum: TensorView, n: TensorView, inp: TensorView,
+                 axes: list[int]) -> None:
+        Expr.__init__(self, fusion, [inp], [avg, var_sum, n])
+        self.axes = tuple(sorted(axes))
+        self.correction = 0
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        var, mean = torch.var_mean(x, self.axes, correction=0)
+        count = 1
+        for d in self.axes:
+            count *= x.shape[d]
+        n = torch.full(mean.shape, count, dtype=torch.int64, device=mean.device)
+        return [mean, var * count, n]
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("welford", (self.inputs[0],), {"dims": list(self.axes)})
+
+    def to_string(self, indent: int = 0) -> str:
+        avg, var_sum, n = self.outputs
+        outs = f"{avg}(Avg),\n   {var_sum}(Var),\n   {n}(Count)"
+        return f"{header(outs, indent)}Welford ( {self.inputs[0]}, dims = {int_list(self.axes)} )\n"
+

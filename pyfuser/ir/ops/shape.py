@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.base import Expr, PythonCall, Val
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import bool_flags, call_string, header, int_list, positional_map
 from pyfuser.ir.symbolic import SymExpr
@@ -34,15 +34,23 @@ class LoadStoreOp(Expr):
     """``out = in`` (a copy). Between tensors of different meshes or shardings it is a communication."""
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView,
-                 kind: LoadStoreOpType = LoadStoreOpType.set) -> None:
+                 kind: LoadStoreOpType = LoadStoreOpType.set, stride_order: Sequence[int] | None = None) -> None:
         super().__init__(fusion, [inp], [out])
         self.kind = kind
+        #: ``fd.ops.stride_order``: the copy exists to give ``out`` this memory layout (a requirement
+        #: on its allocation domain), not just to copy.
+        self.stride_order = None if stride_order is None else list(stride_order)
 
     def evaluate(self, ctx: EvalContext, x: Any) -> list[Any]:
         return [x]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output)
+
+    def python_call(self) -> PythonCall:
+        if self.stride_order is not None:
+            return PythonCall("stride_order", (self.inputs[0],), {"stride_order": self.stride_order})
+        return PythonCall(self.kind.name, (self.inputs[0],))
 
     def to_string(self, indent: int = 0) -> str:
         return f"{header(self.output, indent)}{self.kind.value}( {self.inputs[0]}, cache_op=Streaming )\n"
@@ -52,16 +60,24 @@ class BroadcastOp(Expr):
     """Insert size-1 broadcast axes where ``flags`` (one per output axis) is True."""
 
 
-    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, flags: Sequence[bool]) -> None:
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView, flags: Sequence[bool],
+                 implicit: bool = False) -> None:
         super().__init__(fusion, [inp], [out])
         self.flags = tuple(flags)
         self._index = tuple(None if f else slice(None) for f in self.flags)
+        #: Inserted by a pointwise op to align its operands' ranks (numpy-style), not written by the
+        #: user: the Python definition passes the operand itself, so a 0-dim operand keeps promoting
+        #: like a number when the definition is rebuilt.
+        self.implicit = implicit
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         return [x[self._index]]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output, [i for i, f in enumerate(self.flags) if f])
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("broadcast", (self.inputs[0],), {"is_broadcast_dim": list(self.flags)})
 
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "broadcast", self.inputs, f"flags = {bool_flags(self.flags)}", indent)
@@ -89,6 +105,9 @@ class SqueezeOp(Expr):
         kept = [p for p, f in zip(producer.get_logical_domain(no_reductions=True), self.flags, strict=True) if not f]
         return dict(zip(kept, self.output.get_logical_domain(), strict=True))
 
+    def python_call(self) -> PythonCall:
+        return PythonCall("squeeze", (self.inputs[0],), {"dims": list(self.dims)})
+
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "squeeze", self.inputs, f"flags = {bool_flags(self.flags)}", indent)
 
@@ -98,8 +117,10 @@ class ExpandOp(Expr):
 
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView,
-                 size_checks: Sequence[tuple[int, SymExpr]] = ()) -> None:
+                 size_checks: Sequence[tuple[int, SymExpr]] = (), shape: Sequence[SymExpr | None] | None = None) -> None:
         super().__init__(fusion, [inp], [out])
+        #: the shape as given (None: -1, keep the extent), printed by the Python definition
+        self.shape = list(shape) if shape is not None else [i.extent for i in out.get_logical_domain()]
         in_ids = inp.get_logical_domain(no_reductions=True)
         out_ids = out.get_logical_domain()
         self._expanded = [(d, o.extent) for d, (i, o) in enumerate(zip(in_ids, out_ids, strict=True))
@@ -132,6 +153,9 @@ class ExpandOp(Expr):
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         return positional_map(producer, self.output)
 
+    def python_call(self) -> PythonCall:
+        return PythonCall("expand", (self.inputs[0],), {"shape": [-1 if e is None else e for e in self.shape]})
+
     def to_string(self, indent: int = 0) -> str:
         extents = [str(i.extent) for i in self.output.get_logical_domain()]
         return call_string(self.output, "expand", self.inputs, f"{{{', '.join(extents)}}}", indent)
@@ -152,6 +176,9 @@ class PermuteOp(Expr):
         p_ids = producer.get_logical_domain(no_reductions=True)
         return {p_ids[src]: c for src, c in zip(self.dims, self.output.get_logical_domain(), strict=True)}
 
+    def python_call(self) -> PythonCall:
+        return PythonCall("permute", (self.inputs[0],), {"dims": list(self.dims)})
+
     def to_string(self, indent: int = 0) -> str:
         return f"{header(self.output, indent)}Set.Permute( {self.inputs[0]}, cache_op=Streaming )\n"
 
@@ -161,9 +188,12 @@ class ReshapeOp(Expr):
 
     chunkable = False
 
-    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView) -> None:
+    def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView,
+                 new_shape: Sequence[SymExpr | None] | None = None) -> None:
         super().__init__(fusion, [inp], [out])
         self._extents = [i.extent for i in out.get_logical_domain()]
+        #: the shape as given (None: the -1 entry), printed by the Python definition
+        self.new_shape = list(new_shape) if new_shape is not None else list(self._extents)
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         try:
@@ -172,10 +202,17 @@ class ReshapeOp(Expr):
             raise ValueError(f"reshape: cannot reshape {self.defined_inputs[0].short_name} "  # type: ignore[attr-defined]
                              f"(shape {list(x.shape)}) into {self.output}: the -1 entry is ambiguous when the other "
                              "sizes multiply to 0") from None
+        negative = next((d for d, n in enumerate(sizes) if n < 0), None)
+        if negative is not None:  # a size computed from scalars: only known now
+            raise ValueError(f"reshape: {self.defined_inputs[0].short_name} cannot be reshaped to {sizes}: "  # type: ignore[attr-defined]
+                             f"new_shape[{negative}] is negative")
         if math.prod(sizes) != x.numel():  # symbolic sizes: only known now
             raise ValueError(f"reshape: {self.defined_inputs[0].short_name} has {x.numel()} elements "  # type: ignore[attr-defined]
                              f"(shape {list(x.shape)}) and cannot be reshaped to {sizes}")
         return [x.reshape(sizes)]
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("reshape", (self.inputs[0],), {"new_shape": [-1 if e is None else e for e in self.new_shape]})
 
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "view", self.inputs, "", indent)
@@ -187,9 +224,12 @@ class SliceOp(Expr):
     chunkable = False
 
     def __init__(self, fusion: Fusion, out: TensorView, inp: TensorView,
-                 ranges: Sequence[tuple[SymExpr, SymExpr, int]]) -> None:
+                 ranges: Sequence[tuple[SymExpr, SymExpr, int]],
+                 given: Sequence[tuple[SymExpr, SymExpr, int]] | None = None) -> None:
         super().__init__(fusion, [inp], [out])
         self.ranges = list(ranges)
+        #: the bounds as given (before Python's normalization), printed by the Python definition
+        self.given = list(given) if given is not None else list(self.ranges)
         in_ids = inp.get_logical_domain(no_reductions=True)
         self._untouched = [d for d, ((start, stop, step), i) in enumerate(zip(self.ranges, in_ids, strict=True))
                            if start.value == 0 and stop == i.extent and step == 1]
@@ -203,6 +243,11 @@ class SliceOp(Expr):
         p_ids = producer.get_logical_domain(no_reductions=True)
         c_ids = self.output.get_logical_domain()
         return {p_ids[d]: c_ids[d] for d in self._untouched}
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("slice", (self.inputs[0],), {"start_indices": [g[0] for g in self.given],
+                                                       "end_indices": [g[1] for g in self.given],
+                                                       "strides": [g[2] for g in self.given]})
 
     def to_string(self, indent: int = 0) -> str:
         ranges = ", ".join(f"{a} : {b} : {c}" for a, b, c in self.ranges)
@@ -228,6 +273,9 @@ class CatOp(Expr):
         mapping = positional_map(producer, self.output)
         return {p: c for d, (p, c) in enumerate(mapping.items()) if d != self.dim}
 
+    def python_call(self) -> PythonCall:
+        return PythonCall("cat", (list(self.inputs),), {"dim": self.dim})
+
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "cat", self.inputs, str(self.dim), indent)
 
@@ -251,6 +299,9 @@ class PadOp(Expr):
         padded = {rank - 1 - k // 2 for k, w in enumerate(self.widths) if w.value != 0}
         mapping = positional_map(producer, self.output)
         return {p: c for d, (p, c) in enumerate(mapping.items()) if d not in padded}
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("pad", (self.inputs[0],), {"pad_widths": list(self.widths), "value": self.inputs[1]})
 
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "pad", self.inputs[:1], f"{int_list(self.widths)}, {self.inputs[1]}", indent)

@@ -1,0 +1,164 @@
+"""Indexing ops of ``fd.ops``: index_select, select, gather, take_along_axis, scatter,
+embedding_fwd and index_put_accumulate (nvFuser's argument names). Definition-time checks cover
+dtypes, ranks and static extents; index values are checked when the op runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyfuser.frontend.ops_base import Operand, OpsBase, clone_id, normalize_axis
+from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.iter_domain import IterDomain
+from pyfuser.ir.ops.indexing import (
+    EmbeddingFwdOp,
+    GatherOp,
+    IndexPutAccumulateOp,
+    IndexSelectOp,
+    ScatterOp,
+    SelectOp,
+    TakeAlongAxisOp,
+)
+from pyfuser.ir.tensor_view import TensorView
+
+
+def _check_index_dtype(op: str, index: Val) -> None:
+    if index.dtype not in (DataType.Int, DataType.Int32):
+        what = index.short_name if isinstance(index, TensorView) else str(index)
+        raise TypeError(f"{op}: index {what} has dtype {index.dtype}; expected an integer (int64_t or int)")
+
+
+def _check_rank(op: str, tv: TensorView, rank: int, what: str) -> None:
+    if tv.ndim != rank:
+        raise ValueError(f"{op}: {tv.short_name} has rank {tv.ndim} but {what}")
+
+
+def _static_extent(i: IterDomain) -> int | None:
+    return None if i.is_broadcast else i.extent.value
+
+
+class IndexingOps(OpsBase):
+    def index_select(self, arg: TensorView, index: TensorView, dim: int) -> TensorView:
+        """Slices of ``arg`` along ``dim`` at the positions in the 1-D integer ``index``."""
+        tv, idx = self._tv(arg, "index_select arg"), self._tv(index, "index_select index")
+        _check_index_dtype("index_select", idx)
+        _check_rank("index_select", idx, 1, "index_select takes a 1-D index")
+        axis = normalize_axis(dim, tv.ndim, tv, "index_select dim")
+        ids = [clone_id(self, i) for i in tv.get_logical_domain(no_reductions=True)]
+        ids[axis] = clone_id(self, idx.get_logical_domain(no_reductions=True)[0])
+        out = self._new_tv(ids, tv.dtype)
+        IndexSelectOp(self._fusion, out, tv, idx, axis)
+        return out
+
+    def select(self, arg: TensorView, index: Operand, dim: int) -> TensorView:
+        """The slice of ``arg`` at ``index`` (an int or integer scalar, negative from the end) along
+        ``dim``, which the result drops."""
+        tv = self._tv(arg, "select arg")
+        axis = normalize_axis(dim, tv.ndim, tv, "select dim")
+        position = self._val(index, "select index")
+        if isinstance(position, TensorView):
+            raise TypeError(f"select: index must be an int or an integer scalar, got tensor {position.short_name}")
+        _check_index_dtype("select", position)
+        extent = _static_extent(tv.get_logical_domain(no_reductions=True)[axis])
+        if isinstance(position, Scalar) and position.is_const and extent is not None \
+                and not -extent <= position.value < extent:
+            raise ValueError(f"select: index {position.value} is out of range for {tv.short_name} axis {axis} of "
+                             f"size {extent} (valid: {-extent}..{extent - 1})")
+        ids = [clone_id(self, i) for d, i in enumerate(tv.get_logical_domain(no_reductions=True)) if d != axis]
+        out = self._new_tv(ids, tv.dtype)
+        SelectOp(self._fusion, out, tv, position, axis)
+        return out
+
+    def _gather(self, op: str, arg: TensorView, index: TensorView, dim: int) -> tuple[TensorView, TensorView, int]:
+        tv, idx = self._tv(arg, f"{op} arg"), self._tv(index, f"{op} index")
+        _check_index_dtype(op, idx)
+        _check_rank(op, idx, tv.ndim, f"arg {tv.short_name} has rank {tv.ndim}; the index must have it too")
+        axis = normalize_axis(dim, tv.ndim, tv, f"{op} dim")
+        exact = op == "take_along_axis"
+        for d, (a, i) in enumerate(zip(tv.get_logical_domain(no_reductions=True),
+                                       idx.get_logical_domain(no_reductions=True), strict=True)):
+            ea, ei = _static_extent(a), _static_extent(i)
+            if d == axis or ea is None or ei is None:
+                continue
+            if (ei != ea) if exact else (ei > ea):
+                relation = "equal" if exact else "at most"
+                raise ValueError(f"{op}: {idx.short_name} axis {d} has extent {ei} but must be {relation} "
+                                 f"{tv.short_name} axis {d}'s extent {ea}")
+        return tv, idx, axis
+
+    def gather(self, arg: TensorView, index: TensorView, dim: int) -> TensorView:
+        """``out[i, j, k] = arg[i, index[i, j, k], k]`` for ``dim`` 1 (``torch.gather``); the result has
+        ``index``'s shape, which may be smaller than ``arg``'s off ``dim``."""
+        tv, idx, axis = self._gather("gather", arg, index, dim)
+        out = self._new_tv([clone_id(self, i) for i in idx.get_logical_domain(no_reductions=True)], tv.dtype)
+        GatherOp(self._fusion, out, tv, idx, axis)
+        return out
+
+    def take_along_axis(self, arg: TensorView, index: TensorView, dim: int) -> TensorView:
+        """``gather`` whose ``index`` has ``arg``'s extents on every axis but ``dim``."""
+        tv, idx, axis = self._gather("take_along_axis", arg, index, dim)
+        ids = [clone_id(self, i if d == axis else a) for d, (a, i) in enumerate(
+            zip(tv.get_logical_domain(no_reductions=True), idx.get_logical_domain(no_reductions=True), strict=True))]
+        out = self._new_tv(ids, tv.dtype)
+        TakeAlongAxisOp(self._fusion, out, tv, idx, axis)
+        return out
+
+    def scatter(self, arg: TensorView, index: TensorView, src: Operand, dim: int) -> TensorView:
+        """``arg`` with ``out[i, index[i, j, k], k] = src[i, j, k]`` for ``dim`` 1 (``torch.scatter``, out
+        of place); ``src`` is a tensor of ``arg``'s dtype or a number."""
+        tv, idx = self._tv(arg, "scatter arg"), self._tv(index, "scatter index")
+        _check_index_dtype("scatter", idx)
+        _check_rank("scatter", idx, tv.ndim, f"arg {tv.short_name} has rank {tv.ndim}; the index must have it too")
+        axis = normalize_axis(dim, tv.ndim, tv, "scatter dim")
+        value = self._val(src, "scatter src")
+        if isinstance(value, TensorView):
+            _check_rank("scatter", value, tv.ndim, f"arg {tv.short_name} has rank {tv.ndim}; src must have it too")
+            if value.dtype != tv.dtype:
+                raise TypeError(f"scatter: src {value.short_name} has dtype {value.dtype} but arg {tv.short_name} has "
+                                f"{tv.dtype}; cast it first")
+        out = self._new_tv([clone_id(self, i) for i in tv.get_logical_domain(no_reductions=True)], tv.dtype)
+        ScatterOp(self._fusion, out, tv, idx, value, axis)
+        return out
+
+    def embedding_fwd(self, input: TensorView, weight: TensorView, padding_idx: Operand | None = None,
+                      max_norm: Operand | None = None, norm_type: Operand | None = None,
+                      scale_grad_by_freq: Operand | None = None, sparse: Operand | None = None) -> TensorView:
+        """``F.embedding(input, weight, ...)``: the rows of the 2-D ``weight`` that the integer
+        ``input`` picks; the result has ``input``'s shape plus ``weight``'s embedding dim."""
+        indices, table = self._tv(input, "embedding_fwd input"), self._tv(weight, "embedding_fwd weight")
+        _check_index_dtype("embedding_fwd", indices)
+        _check_rank("embedding_fwd", table, 2, "the embedding weight must be 2-D [num_embeddings, embedding_dim]")
+        if not (table.dtype.is_floating or table.dtype.is_complex):
+            raise TypeError(f"embedding_fwd: weight {table.short_name} has dtype {table.dtype}; expected floating point")
+        given: dict[str, Any] = {"padding_idx": padding_idx, "max_norm": max_norm, "norm_type": norm_type,
+                                 "scale_grad_by_freq": scale_grad_by_freq, "sparse": sparse}
+        options: dict[str, Val | None] = {}
+        for name, value in given.items():
+            if value is None:
+                options[name] = None
+                continue
+            val = self._val(value, f"embedding_fwd {name}")
+            if isinstance(val, TensorView):
+                raise TypeError(f"embedding_fwd: {name} must be a number or a scalar, got tensor {val.short_name}")
+            options[name] = val
+        ids = [clone_id(self, i) for i in indices.get_logical_domain(no_reductions=True)]
+        ids.append(clone_id(self, table.get_logical_domain(no_reductions=True)[1]))
+        out = self._new_tv(ids, table.dtype)
+        EmbeddingFwdOp(self._fusion, out, indices, table, options)
+        return out
+
+    def index_put_accumulate(self, acc: TensorView, index: TensorView, value: TensorView) -> TensorView:
+        """``acc`` with each row ``value[i]`` added into row ``index[i]`` (``index_put`` with
+        ``accumulate=True``): ``acc`` [N, ...], ``index`` [S], ``value`` [S, ...]."""
+        tacc, idx = self._tv(acc, "index_put_accumulate acc"), self._tv(index, "index_put_accumulate index")
+        tval = self._tv(value, "index_put_accumulate value")
+        _check_index_dtype("index_put_accumulate", idx)
+        _check_rank("index_put_accumulate", idx, 1, "the index must be 1-D")
+        if tacc.ndim < 1:
+            raise ValueError(f"index_put_accumulate: acc {tacc.short_name} must have rank >= 1")
+        _check_rank("index_put_accumulate", tval, tacc.ndim, f"acc {tacc.short_name} has rank {tacc.ndim}; value "
+                    "must have it too ([len(index), ...acc's other axes])")
+        out = self._new_tv([clone_id(self, i) for i in tacc.get_logical_domain(no_reductions=True)], tacc.dtype)
+        IndexPutAccumulateOp(self._fusion, out, tacc, idx, tval)
+        return out
+

@@ -1,0 +1,141 @@
+"""Scaled dot-product attention, forward and backward (nvFuser's ``sdpfa_fwd`` / ``sdpfa_bwd``).
+
+Both are evaluated by attention's definition with ATen ops (matmul, logsumexp, softmax), computed
+in float32 (float64 for double inputs) as a flash kernel accumulates: ``scores = q @ k^T * scale
+(+ bias + mask)``, causal masking keeps the lower triangle (top-left aligned, as torch's), ``lse``
+is the row-wise logsumexp (float32), dropout drops with probability ``p`` and rescales. The
+forward returns nvFuser's four outputs; its RNG state is ``philox_seed = [seed, offset]`` (uint64,
+drawn from torch's generator of the device when dropout is on) and an empty ``philox_offset``, so
+the backward regenerates the same dropout mask. The backward recomputes the forward from q, k, v
+and differentiates it with autograd; like nvFuser's, it takes no bias or mask.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pyfuser.ir.base import Expr, PythonCall, Val
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.ops.common import header
+from pyfuser.ir.ops.random import seeded_generator
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.ir.iter_domain import IterDomain
+    from pyfuser.ir.tensor_view import TensorView
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+              mask: torch.Tensor | None, dropout_p: float, is_causal: bool, scale: float | None,
+              seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)`` in the compute dtype (float32, or float64 for double inputs)."""
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale
+    for additive in (bias, mask):
+        if additive is not None:
+            scores = scores + additive.to(compute)
+    if is_causal:
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    if dropout_p > 0:
+        generator = seeded_generator(q.device, seed, 0)
+        kept = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=compute) >= dropout_p
+        probs = probs * kept / (1 - dropout_p)
+    return torch.matmul(probs, v.to(compute)), lse
+
+
+def _flag(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+class SdpaFwdOp(Expr):
+    """``out, lse, philox_seed, philox_offset = sdpfa_fwd(q, k, v, bias, mask, dropout_p, is_causal, scale)``."""
+
+    #: a causal mask is relative to the whole query axis, and softmax needs whole key rows
+    chunkable = False
+
+    OPTIONS = ("bias", "mask", "dropout_p", "is_causal", "scale")
+
+    def __init__(self, fusion: Fusion, outputs: list[TensorView], q: TensorView, k: TensorView, v: TensorView,
+                 options: dict[str, Val | None]) -> None:
+        self.given = tuple(name for name in self.OPTIONS if options.get(name) is not None)
+        super().__init__(fusion, [q, k, v, *(options[name] for name in self.given)], outputs)  # type: ignore[misc]
+
+    def evaluate(self, ctx: EvalContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any) -> list[Any]:
+        opts = dict(zip(self.given, rest, strict=True))
+        dropout_p = float(_flag(opts.get("dropout_p"), 0.0))
+        if not 0.0 <= dropout_p < 1.0:
+            raise ValueError(f"sdpfa_fwd: dropout_p must be in [0, 1), got {dropout_p} (producing "
+                             f"{self.output.short_name})")
+        seed = int(torch.randint(0, 2**62, (), device=q.device).item()) if dropout_p > 0 else 0
+        out, lse = attention(q, k, v, opts.get("bias"), opts.get("mask"), dropout_p,
+                             bool(_flag(opts.get("is_causal"), False)), opts.get("scale"), seed)
+        philox_seed = torch.tensor([seed, 0], dtype=torch.uint64, device=q.device)
+        philox_offset = torch.zeros((), dtype=torch.uint64, device=q.device)
+        return [out.to(q.dtype), lse.to(torch.float32), philox_seed, philox_offset]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        """q's batch, head and query axes map onto the output's and lse's; v's value dim onto the output's."""
+        ids = producer.get_logical_domain(no_reductions=True)
+        out_ids = self.output.get_logical_domain()
+        if producer is self.inputs[0]:
+            return dict(zip(ids[:-1], out_ids[:-1], strict=True))
+        if producer is self.inputs[2]:
+            return {**dict(zip(ids[:-2], out_ids[:-2], strict=True)), ids[-1]: out_ids[-1]}
+        if producer is self.inputs[1]:
+            return dict(zip(ids[:-2], out_ids[:-2], strict=True))
+        return {}
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("sdpfa_fwd", tuple(self.inputs[:3]), dict(zip(self.given, self.inputs[3:], strict=True)))
+
+    def to_string(self, indent: int = 0) -> str:
+        outs = ",\n   ".join(str(o) for o in self.outputs)
+        attrs = "".join(f", {name} = {v}" for name, v in zip(self.given, self.inputs[3:], strict=True))
+        q, k, v = self.inputs[:3]
+        return f"{header(outs, indent)}sdpa_fwd( {q}, {k}, {v}{attrs} )\n"
+
+
+class SdpaBwdOp(Expr):
+    """``grad_q, grad_k, grad_v = sdpfa_bwd(grad_output, q, k, v, output, logsumexp, dropout_p,
+    is_causal, philox_seed, philox_offset, scale)``."""
+
+    chunkable = False
+    NAMES = ("grad_output", "query", "key", "value", "output", "logsumexp", "dropout_p", "is_causal",
+             "philox_seed", "philox_offset", "scale")
+
+    def __init__(self, fusion: Fusion, outputs: list[TensorView], inputs: list[Val]) -> None:
+        super().__init__(fusion, inputs, outputs)  # type: ignore[arg-type]
+
+    def evaluate(self, ctx: EvalContext, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 output: torch.Tensor, lse: torch.Tensor, dropout_p: Any, is_causal: Any, philox_seed: torch.Tensor,
+                 philox_offset: torch.Tensor, scale: Any = None) -> list[Any]:
+        seed = int(philox_seed.reshape(-1)[0].item()) if philox_seed.numel() else 0
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            out, _ = attention(*leaves, None, None, float(dropout_p), bool(is_causal), scale, seed)
+            grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+        return [g.to(t.dtype) for g, t in zip(grads, (q, k, v), strict=True)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        """query, key and value map onto their gradients."""
+        for k in (1, 2, 3):
+            if producer is self.inputs[k]:
+                grad = self.outputs[k - 1]
+                return dict(zip(producer.get_logical_domain(no_reductions=True), grad.get_logical_domain(),  # type: ignore[attr-defined]
+                                strict=True))
+        return {}
+
+    def python_call(self) -> PythonCall:
+        args = list(self.inputs) + [None] * (len(self.NAMES) - len(self.inputs))  # scale None: 1 / sqrt(E)
+        return PythonCall("sdpfa_bwd", tuple(args))
+
+    def to_string(self, indent: int = 0) -> str:
+        outs = ",\n   ".join(str(o) for o in self.outputs)
+        return f"{header(outs, indent)}sdpa_bwd( {', '.join(str(v) for v in self.inputs)} )\n"

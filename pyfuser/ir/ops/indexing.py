@@ -1,0 +1,264 @@
+"""Indexing ops: index_select, select, gather / take_along_axis, scatter, embedding and
+index_put_accumulate, evaluated with ATen.
+
+Every index is checked against the extent it indexes before ATen reads with it: an out-of-range
+index is a ValueError naming the tensor, the axis, the valid range and the offending value, never
+an out-of-bounds read (on a GPU that check synchronizes with the device, as a correct answer needs
+the index values).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from pyfuser.ir.base import Expr, PythonCall, Val
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.ops.common import call_string
+
+if TYPE_CHECKING:
+    from pyfuser.ir.fusion import Fusion
+    from pyfuser.ir.iter_domain import IterDomain
+    from pyfuser.ir.tensor_view import TensorView
+
+
+def check_indices(op: str, index: torch.Tensor, index_tv: Any, size: int, target: Any, dim: int,
+                  allow_negative: bool = False) -> None:
+    """Raise ValueError when a value of ``index`` is outside ``[0, size)`` (``[-size, size)`` with
+    ``allow_negative``), the extent of ``target``'s axis ``dim``."""
+    if index.numel() == 0:
+        return
+    low, high = (int(v) for v in torch.aminmax(index))
+    lower = -size if allow_negative else 0
+    if low < lower or high >= size:
+        bad = low if low < lower else high
+        raise ValueError(f"{op}: index {index_tv.short_name} holds {bad}, out of range for {target.short_name} axis "
+                         f"{dim} of size {size} (valid: {lower}..{size - 1})")
+
+
+def _positional(src_ids: list[IterDomain], dst_ids: list[IterDomain], skip_src: int | None = None,
+                skip_dst: int | None = None) -> dict[IterDomain, IterDomain]:
+    src = [i for k, i in enumerate(src_ids) if k != skip_src]
+    dst = [i for k, i in enumerate(dst_ids) if k != skip_dst]
+    return dict(zip(src, dst, strict=False))
+
+
+class IndexSelectOp(Expr):
+    """``out = index_select(arg, dim, index)``: ``index`` (1-D integers) picks slices of ``arg`` along ``dim``."""
+
+    def __init__(self, fusion: Fusion, out: TensorView, arg: TensorView, index: TensorView, dim: int) -> None:
+        super().__init__(fusion, [arg, index], [out])
+        self.dim = dim
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor, index: torch.Tensor) -> list[Any]:
+        arg, index_tv = self.defined_inputs
+        check_indices("index_select", index, index_tv, x.shape[self.dim], arg, self.dim)
+        return [torch.index_select(x, self.dim, index)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        out_ids = self.output.get_logical_domain()
+        ids = producer.get_logical_domain(no_reductions=True)
+        if producer is self.inputs[1]:
+            return {ids[0]: out_ids[self.dim]}
+        return _positional(ids, out_ids, self.dim, self.dim)
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("index_select", tuple(self.inputs), {"dim": self.dim})
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "index_select", self.inputs, f"dim = {self.dim}", indent)
+
+
+class SelectOp(Expr):
+    """``out = arg.select(dim, index)``: one slice along ``dim``, which the output drops."""
+
+    def __init__(self, fusion: Fusion, out: TensorView, arg: TensorView, index: Val, dim: int) -> None:
+        super().__init__(fusion, [arg, index], [out])
+        self.dim = dim
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor, index: int) -> list[Any]:
+        size = x.shape[self.dim]
+        if not -size <= int(index) < size:
+            raise ValueError(f"select: index {index} is out of range for {self.defined_inputs[0].short_name} axis "  # type: ignore[attr-defined]
+                             f"{self.dim} of size {size} (valid: {-size}..{size - 1})")
+        return [x.select(self.dim, int(index))]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        if producer is not self.inputs[0]:
+            return {}
+        return _positional(producer.get_logical_domain(no_reductions=True), self.output.get_logical_domain(),
+                           skip_src=self.dim)
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("select", tuple(self.inputs), {"dim": self.dim})
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "select", self.inputs, f"dim = {self.dim}", indent)
+
+
+class GatherOp(Expr):
+    """``out[..., j, ...] = arg[..., index[..., j, ...], ...]`` along ``dim`` (``torch.gather``):
+    ``index`` may be shorter than ``arg`` on the other axes, so a stream loop cannot chunk the
+    two alike."""
+
+    chunkable = False
+    #: every other axis of index equals arg's (take_along_axis)
+    exact = False
+    op_name = "gather"
+
+    def __init__(self, fusion: Fusion, out: TensorView, arg: TensorView, index: TensorView, dim: int) -> None:
+        super().__init__(fusion, [arg, index], [out])
+        self.dim = dim
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor, index: torch.Tensor) -> list[Any]:
+        arg, index_tv = self.defined_inputs
+        for d in range(x.dim()):
+            if d == self.dim:
+                continue
+            if (index.shape[d] != x.shape[d]) if self.exact else (index.shape[d] > x.shape[d]):
+                relation = "equal" if self.exact else "at most"
+                raise ValueError(f"{self.op_name}: {index_tv.short_name} axis {d} has size {index.shape[d]} but must be "  # type: ignore[attr-defined]
+                                 f"{relation} {arg.short_name} axis {d}'s size {x.shape[d]}")  # type: ignore[attr-defined]
+        check_indices(self.op_name, index, index_tv, x.shape[self.dim], arg, self.dim)
+        return [torch.gather(x, self.dim, index)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        out_ids = self.output.get_logical_domain()
+        ids = producer.get_logical_domain(no_reductions=True)
+        if producer is self.inputs[1]:
+            return _positional(ids, out_ids)
+        return _positional(ids, out_ids, self.dim, self.dim) if self.exact else {}
+
+    def python_call(self) -> PythonCall:
+        return PythonCall(self.op_name, tuple(self.inputs), {"dim": self.dim})
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, self.op_name, self.inputs, f"dim = {self.dim}", indent)
+
+
+class TakeAlongAxisOp(GatherOp):
+    """``gather`` whose index equals ``arg`` on every other axis (``take_along_axis``): those axes
+    map onto the output, so a stream loop chunks arg, index and out alike."""
+
+    chunkable = True
+    exact = True
+    op_name = "take_along_axis"
+
+
+class ScatterOp(Expr):
+    """``out = arg`` with ``out[..., index[..., j, ...], ...] = src[..., j, ...]`` along ``dim``
+    (``torch.scatter``, out of place); ``src`` is a tensor or a scalar."""
+
+    #: index and src may be shorter than arg on every axis: chunks of them do not line up
+    chunkable = False
+
+    def __init__(self, fusion: Fusion, out: TensorView, arg: TensorView, index: TensorView, src: Val,
+                 dim: int) -> None:
+        super().__init__(fusion, [arg, index, src], [out])
+        self.dim = dim
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor, index: torch.Tensor, src: Any) -> list[Any]:
+        arg, index_tv, src_val = self.defined_inputs
+        for d in range(x.dim()):  # torch.scatter's shape rule: index fits in src, and in arg off dim
+            bounds = ([(arg, x.shape[d])] if d != self.dim else []) + \
+                ([(src_val, src.shape[d])] if isinstance(src, torch.Tensor) else [])
+            for tv, size in bounds:
+                if index.shape[d] > size:
+                    raise ValueError(f"scatter: {index_tv.short_name} axis {d} has size {index.shape[d]} but must be "  # type: ignore[attr-defined]
+                                     f"at most {tv.short_name} axis {d}'s size {size}")  # type: ignore[attr-defined]
+        check_indices("scatter", index, index_tv, x.shape[self.dim], arg, self.dim)
+        if not isinstance(src, torch.Tensor):
+            return [torch.scatter(x, self.dim, index, src)]
+        return [torch.scatter(x, self.dim, index, src.to(x.dtype))]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        if producer is not self.inputs[0]:
+            return {}
+        return _positional(producer.get_logical_domain(no_reductions=True), self.output.get_logical_domain())
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("scatter", tuple(self.inputs), {"dim": self.dim})
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "scatter", self.inputs, f"dim = {self.dim}", indent)
+
+
+class EmbeddingFwdOp(Expr):
+    """``out = F.embedding(input, weight, padding_idx, max_norm, norm_type, ...)``: rows of
+    ``weight`` picked by the integer ``input``; out has ``input``'s shape plus the embedding dim.
+
+    With ``max_norm`` torch renormalizes the rows it reads in place; here a copy is renormalized,
+    so the fusion never writes its input.
+    """
+
+    OPTIONS = ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
+
+    def __init__(self, fusion: Fusion, out: TensorView, indices: TensorView, weight: TensorView,
+                 options: dict[str, Val | None]) -> None:
+        given = [options[k] for k in self.OPTIONS if options.get(k) is not None]
+        super().__init__(fusion, [indices, weight, *given], [out])  # type: ignore[list-item]
+        self.given = tuple(k for k in self.OPTIONS if options.get(k) is not None)
+
+    def evaluate(self, ctx: EvalContext, indices: torch.Tensor, weight: torch.Tensor, *values: Any) -> list[Any]:
+        options = dict(zip(self.given, values, strict=True))
+        index_tv, weight_tv = self.defined_inputs[:2]
+        check_indices("embedding_fwd", indices, index_tv, weight.shape[0], weight_tv, 0)
+        padding_idx = options.get("padding_idx")
+        if padding_idx is not None and not -weight.shape[0] <= int(padding_idx) < weight.shape[0]:
+            raise ValueError(f"embedding_fwd: padding_idx {padding_idx} is out of range for {weight_tv.short_name} "  # type: ignore[attr-defined]
+                             f"of {weight.shape[0]} rows")
+        if options.get("max_norm") is not None:
+            weight = weight.clone()
+        return [F.embedding(indices, weight, None if padding_idx is None else int(padding_idx),
+                            options.get("max_norm"), float(options.get("norm_type", 2.0)),
+                            bool(options.get("scale_grad_by_freq", False)), bool(options.get("sparse", False)))]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        out_ids = self.output.get_logical_domain()
+        ids = producer.get_logical_domain(no_reductions=True)
+        if producer is self.inputs[0]:
+            return _positional(ids, out_ids[:-1])
+        if producer is self.inputs[1]:
+            return {ids[1]: out_ids[-1]}
+        return {}
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("embedding_fwd", tuple(self.inputs[:2]), dict(zip(self.given, self.inputs[2:], strict=True)))
+
+    def to_string(self, indent: int = 0) -> str:
+        attrs = ", ".join(f"{k} = {v}" for k, v in zip(self.given, self.inputs[2:], strict=True))
+        return call_string(self.output, "embedding", self.inputs[:2], attrs, indent)
+
+
+class IndexPutAccumulateOp(Expr):
+    """``out = acc`` with ``out[index[i]] += value[i]`` (``index_put`` with ``accumulate=True``):
+    the backward of an embedding, rows of ``value`` summed into the rows of ``acc`` they index."""
+
+    #: index values address whole rows of acc: a chunk of acc's rows cannot take them
+    chunkable = False
+
+    def __init__(self, fusion: Fusion, out: TensorView, acc: TensorView, index: TensorView, value: TensorView) -> None:
+        super().__init__(fusion, [acc, index, value], [out])
+
+    def evaluate(self, ctx: EvalContext, acc: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> list[Any]:
+        acc_tv, index_tv, value_tv = self.defined_inputs
+        want = (index.shape[0], *acc.shape[1:])
+        if tuple(value.shape) != want:
+            raise ValueError(f"index_put_accumulate: value {value_tv.short_name} has shape {tuple(value.shape)} but "  # type: ignore[attr-defined]
+                             f"must be {want} (one row per index of {index_tv.short_name}, shaped like a row of "  # type: ignore[attr-defined]
+                             f"{acc_tv.short_name})")  # type: ignore[attr-defined]
+        check_indices("index_put_accumulate", index, index_tv, acc.shape[0], acc_tv, 0)
+        return [torch.index_put(acc, (index,), value.to(acc.dtype), accumulate=True)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        if producer is not self.inputs[0]:
+            return {}
+        return _positional(producer.get_logical_domain(no_reductions=True), self.output.get_logical_domain())
+
+    def python_call(self) -> PythonCall:
+        return PythonCall("index_put_accumulate", tuple(self.inputs))
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "index_put_accumulate", self.inputs, "", indent)

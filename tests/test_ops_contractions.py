@@ -1,0 +1,119 @@
+"""welford, matmul of every rank combination, linear with a rank-3 weight, grouped_mm: against
+torch, with Python definitions and bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyfuser import DataType, FusionDefinition
+from tests.test_python_definition import rebuild
+
+
+def run(build: Callable[[FusionDefinition], Any], inputs: list[Any], device: str = "cpu") -> list[torch.Tensor]:
+    with FusionDefinition() as fd:
+        build(fd)
+    args = [x.to(device) for x in inputs]
+    outputs = fd.execute(args)
+    for a, b in zip(outputs, rebuild(fd).execute(args), strict=True):
+        torch.testing.assert_close(a, b)
+    return [o.cpu() for o in outputs]
+
+
+def test_welford(device: str) -> None:
+    x = torch.randn(4, 6, 5).permute(2, 0, 1)  # non-contiguous [5, 4, 6]
+
+    def build(fd: FusionDefinition) -> None:
+        for t in fd.ops.welford(fd.from_pytorch(x), [0, 2]):
+            fd.add_output(t)
+
+    avg, var_sum, n = run(build, [x], device)
+    torch.testing.assert_close(avg, x.mean((0, 2)))
+    torch.testing.assert_close(var_sum, x.var((0, 2), correction=0) * 30)
+    assert n.dtype == torch.int64 and n.tolist() == [30] * 4
+
+
+@pytest.mark.parametrize(("shape_a", "shape_b"), [
+    ((5,), (5,)), ((5,), (5, 3)), ((4, 5), (5,)), ((2, 4, 5), (5,)), ((5,), (2, 5, 3)),
+    ((2, 1, 4, 5), (3, 5, 6)), ((4, 5), (2, 5, 6)), ((0, 5), (5, 2)),
+])
+def test_matmul_of_every_rank(shape_a: tuple[int, ...], shape_b: tuple[int, ...], device: str) -> None:
+    a, b = torch.randn(shape_a), torch.randn(shape_b)
+    (out,) = run(lambda fd: fd.add_output(fd.ops.matmul(fd.from_pytorch(a), fd.from_pytorch(b))), [a, b], device)
+    want = torch.matmul(a, b)
+    assert out.shape == want.shape
+    torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("bias_rank", [None, 1, 2])
+def test_linear_with_a_rank_3_weight(bias_rank: int | None, device: str) -> None:
+    x, w = torch.randn(2, 3, 8), torch.randn(4, 5, 8)  # weight [E, N, K]
+    bias = None if bias_rank is None else torch.randn(5) if bias_rank == 1 else torch.randn(4, 5)
+
+    def build(fd: FusionDefinition) -> None:
+        tx, tw = fd.from_pytorch(x), fd.from_pytorch(w)
+        fd.add_output(fd.ops.linear(tx, tw, None if bias is None else fd.from_pytorch(bias)))
+
+    (out,) = run(build, [x, w] + ([] if bias is None else [bias]), device)
+    want = torch.stack([F.linear(x, w[e], None if bias is None else bias if bias_rank == 1 else bias[e])
+                        for e in range(4)])
+    assert out.shape == (4, 2, 3, 5)
+    torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("case", ["k_groups", "n_groups", "m_groups"])
+def test_grouped_mm(case: str, device: str) -> None:
+    offsets = torch.tensor([2, 2, 7], dtype=torch.int32)  # an empty middle group
+    if case == "k_groups":
+        a, b = torch.randn(3, 8), torch.randn(8, 4)  # offsets over K (the last group stops short of 8)
+        want = torch.stack([a[:, s:e] @ b[s:e] for s, e in ((0, 2), (2, 2), (2, 7))])
+    elif case == "n_groups":
+        a, b = torch.randn(3, 4, 5), torch.randn(5, 9)
+        want = torch.zeros(4, 9)
+        for g, (s, e) in enumerate(((0, 2), (2, 2), (2, 7))):
+            want[:, s:e] = a[g] @ b[:, s:e]
+    else:
+        a, b = torch.randn(9, 5), torch.randn(3, 5, 4)
+        want = torch.zeros(9, 4)
+        for g, (s, e) in enumerate(((0, 2), (2, 2), (2, 7))):
+            want[s:e] = a[s:e] @ b[g]
+    (out,) = run(lambda fd: fd.add_output(fd.ops.grouped_mm(fd.from_pytorch(a), fd.from_pytorch(b),
+                                                            fd.from_pytorch(offsets))), [a, b, offsets], device)
+    torch.testing.assert_close(out, want)
+
+
+def test_grouped_mm_offsets_are_checked_when_it_runs() -> None:
+    with FusionDefinition() as fd:
+        a, b = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1, -1])
+        fd.add_output(fd.ops.grouped_mm(a, b, fd.define_tensor([-1], dtype=DataType.Int32)))
+    x, w = torch.randn(6, 5), torch.randn(2, 5, 3)
+    with pytest.raises(ValueError, match=r"grouped_mm: offsets \[4, 3\] \(T2\) must be non-decreasing group ends "
+                                         r"within T0 axis 0 of size 6"):
+        fd.execute([x, w, torch.tensor([4, 3], dtype=torch.int32)])
+    with pytest.raises(ValueError, match=r"offsets \[4, 7\] \(T2\) must be non-decreasing group ends within T0"):
+        fd.execute([x, w, torch.tensor([4, 7], dtype=torch.int32)])
+    with pytest.raises(ValueError, match=r"grouped_mm: T2 has 3 groups but T1 stacks 2 matrices"):
+        fd.execute([x, w, torch.tensor([1, 2, 3], dtype=torch.int32)])
+
+
+@pytest.mark.parametrize(("call", "error", "pattern"), [
+    (lambda fd, a: fd.ops.welford(fd.ops.cast(a, DataType.Int), [0]), TypeError, r"welford: T\d+ has dtype int64_t"),
+    (lambda fd, a: fd.ops.grouped_mm(a, a, fd.define_tensor([-1])), ValueError,
+     r"grouped_mm: offsets T1 must be a 1-D integer tensor, got rank 1 float"),
+    (lambda fd, a: fd.ops.grouped_mm(fd.ops.broadcast(a, [True, False, False]), fd.ops.broadcast(a, [True, False, False]),
+                                     fd.define_tensor([-1], dtype=DataType.Int)), ValueError,
+     r"grouped_mm: expected ranks \(2, 2\), \(3, 2\) or \(2, 3\)"),
+    (lambda fd, a: fd.ops.linear(a, fd.define_tensor([2, 3, 4]), fd.define_tensor([3, 3])), ValueError,
+     r"linear: T2 axis 0 has extent 3 but T1 axis 0 has extent 2"),
+    (lambda fd, a: fd.ops.linear(a, fd.define_tensor([2, 3, 4]), fd.define_tensor([2, 2, 3])), ValueError,
+     r"linear: bias T2 must have rank 1 or 2 for weight T1 of rank 3, got 3"),
+])
+def test_bad_arguments(call: Callable[..., Any], error: type[Exception], pattern: str) -> None:
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, 4])
+        with pytest.raises(error, match=pattern):
+            call(fd, a)
