@@ -61,10 +61,11 @@ class IdGraph:
         transforms: dict[int, IdTransform] = {}
         for tv in tensors:
             d = tv.domain()
-            targets = [*d.loop, *(d.allocation or ())]
-            for t in transforms_between(d.logical, targets):
+            start = d.root or d.logical  # an rfactor partial: its root maps its producer
+            targets = [*d.loop, *(d.allocation or ()), *d.logical]
+            for t in transforms_between(start, targets):
                 transforms[id(t)] = t
-            for i in (*d.logical, *targets):
+            for i in (*start, *targets):
                 self._ids[id(i)] = i
         for t in transforms.values():
             for i in (*t.inputs, *t.outputs):

@@ -255,7 +255,8 @@ class KernelBuilder(ValueLowering):
             known[id(i)], bounded[id(i)] = index, True
         result = Indices()
         merged: dict[int, tuple[int, ...]] = {}
-        for t in reversed(transforms_between(tv.get_logical_domain(), tv.get_loop_domain())):
+        start = tv.domain().root or tv.get_logical_domain()  # an rfactor partial maps its producer by root
+        for t in reversed(transforms_between(start, tv.get_loop_domain())):
             if isinstance(t, Split):
                 outer, inner = known.get(id(t.outer)), known.get(id(t.inner))
                 if outer is None or inner is None:
@@ -279,7 +280,7 @@ class KernelBuilder(ValueLowering):
                 bounded[id(t.outer)], bounded[id(t.inner)] = bounded[id(t.out)], True
                 merged[id(t.out)] = (*merged.get(id(t.outer), (id(t.outer),)), *merged.get(id(t.inner), (id(t.inner),)))
                 result.groups.append((merged[id(t.out)], out))
-        for pos, i in enumerate(tv.get_logical_domain()):
+        for pos, i in enumerate(start):
             if id(i) not in known:
                 if i.is_broadcast:
                     known[id(i)] = "0"
@@ -287,7 +288,7 @@ class KernelBuilder(ValueLowering):
                     raise KernelError(f"{tv.short_name} logical axis {pos} ({i}) is not reached from its loop domain "
                                       "in the kernel's loop nest")
         result.of = known
-        logical_ids = {id(i) for i in tv.get_logical_domain()}
+        logical_ids = {id(i) for i in start}
         result.groups = [(g, e) for g, e in result.groups if all(k in logical_ids for k in g)]
         return result
 
@@ -393,8 +394,13 @@ class KernelBuilder(ValueLowering):
                     code.add_condition(f"({loop.index} < {int_expr(loop.extent)})", frozenset({loop.tile_pos}))
             if loop.kind != "serial":
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
+        # A serial loop over an axis some reduction of the kernel reduces must not enclose that
+        # reduction (it would reduce one chunk of the row): consumers open it after the reduction
+        # (a multi-pass kernel), in ``_store``.
+        reduced = {self.exact.class_of(i) for e in self.exprs if isinstance(e, ReductionOp | VarMeanOp)
+                   for tv in e.tensor_outputs for i in tv.get_loop_domain() if i.is_reduction}
         for loop in loops:
-            if loop.kind == "serial" and not loop.id.is_reduction:
+            if loop.kind == "serial" and not loop.id.is_reduction and self.exact.class_of(loop.id) not in reduced:
                 loop.index = code.fresh("i")
                 code.open(f"for {loop.index} in _range({int_expr(loop.extent)}):")
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
@@ -440,7 +446,7 @@ class KernelBuilder(ValueLowering):
             code.close()
 
     def _source(self, loops: list[Loop]) -> KernelSource:
-        output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.size_symbol(i)
+        output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.extent(i)
                                     for i in tv.get_logical_domain(no_reductions=True)) for tv in self.outputs)
         tensors = [f"T{k}" for k in range(len(self.inputs) + len(self.outputs))]
         strides = [self._stride_names[key] for key in self._strides]

@@ -251,7 +251,8 @@ class ValueLowering:
                 code.emit(f"{acc} = tl.reduce({acc}, {axis}, {_COMBINE[kind]}{keep})")
             result = acc
             if kind is ReductionOpType.mean:
-                count = " * ".join(int_expr(self.size_symbol(i)) for i in out.get_logical_domain() if i.is_reduction)
+                counted = expr.count_ids or [i for i in out.get_logical_domain() if i.is_reduction]
+                count = " * ".join(int_expr(self.extent(i)) for i in counted)
                 result = code.assign("v", f"{acc} / ({count})", cse=False)
             results = [self.convert(result, acc_dtype, compute_dtype(out.dtype))]
         for tv, result in zip(expr.outputs, results, strict=True):

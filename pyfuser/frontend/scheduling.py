@@ -17,7 +17,7 @@ class DefinedFusion(Fusion):
 
     def kernel_code(self, target: str = "cuda") -> str:
         """The Triton source of this fusion as one kernel, as scheduled (nvFuser's ``print_kernel``)."""
-        return kernel_source(self, target).source
+        return kernel_source(self, target)
 
     def print_kernel(self, target: str = "cuda") -> str:
         text = self.kernel_code(target)

@@ -11,6 +11,7 @@ from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.domain_replay import replay_allocation
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.iter_domain import IterDomain, Merge, Split
+from pyfuser.ir.ops.rfactor import rfactor
 from pyfuser.ir.ops.shape import LoadStoreOp
 from pyfuser.ir.ops.sizes import SizeOp
 from pyfuser.ir.symbolic import SymExpr
@@ -78,6 +79,8 @@ class TensorView(Val):
             lines.append(f" allocation domain : ({_ids(d.allocation)}){hint}")
         lines.append(f" contiguity: {format_contiguity(d.contiguity)}")
         targets = [*d.loop, *(d.allocation or ())]
+        if d.root is not None:
+            lines.extend(f"  {t}" for t in transforms_between(d.root, d.logical))
         lines.extend(f"  {t}" for t in transforms_between(d.logical, targets))
         lines.append(f" loop domain : ({_ids(d.loop)})")
         return "\n".join(lines)
@@ -290,6 +293,12 @@ class TensorView(Val):
             alloc = replay_allocation(self, cache, op.logical_map(self))
             cache.set_allocation_domain(alloc, True, hint=True)
         return cache
+
+    def rfactor(self, axes: Sequence[int]) -> TensorView:
+        """Reduce the loop axes ``axes`` of this reduction into a new partial tensor, which this
+        tensor then reduces over its other reduction axes (nvFuser's ``rFactor``); returns the
+        partial tensor. Each step can then be parallelized on its own."""
+        return rfactor(self, axes)
 
     def cache_before(self, memory_type: MemoryType = MemoryType.Local) -> TensorView:
         """Make ``self``'s definition write a new tensor ``cache``, then ``self = set(cache)``.

@@ -10,7 +10,7 @@ promises nothing, and inside a stream loop every tensor is a chunk (a view) that
 from __future__ import annotations
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
-from pyfuser.codegen.kernel_builder import KernelBuilder
+from pyfuser.codegen.kernel_sequence import KernelSequence, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.stream_axes import expr_stream_axis
 from pyfuser.ir.domain_replay import is_permutation_of_logical
@@ -27,11 +27,12 @@ def kernel_target(options: CompileOptions) -> str:
     return "cuda" if options.device.type == "cuda" else "interpreter"
 
 
-def compile_kernels(segmented: SegmentedFusion, options: CompileOptions) -> dict[int, CompiledKernel]:
+def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
+                    ) -> dict[int, CompiledKernel | KernelSequence]:
     """``id(group) -> kernel`` for every kernel segment."""
     fusion = segmented.fusion
     written_by_kernel = {id(t) for g in segmented.groups if g.scheduler.is_kernel for t in g.outputs}
-    kernels: dict[int, CompiledKernel] = {}
+    kernels: dict[int, CompiledKernel | KernelSequence] = {}
     for k, group in enumerate(segmented.groups):
         if group.scheduler.is_kernel:
             kernels[id(group)] = compile_group(fusion, group, k, written_by_kernel, options)
@@ -39,7 +40,7 @@ def compile_kernels(segmented: SegmentedFusion, options: CompileOptions) -> dict
 
 
 def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_kernel: set[int],
-                  options: CompileOptions) -> CompiledKernel:
+                  options: CompileOptions) -> CompiledKernel | KernelSequence:
     copy, _ = segment_fusion_copy(fusion, group)
     scheduler = SCHEDULERS[group.scheduler]
     params = scheduler.compute_heuristics(copy, ())
@@ -52,10 +53,10 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
             dense = id(original) in written_by_kernel and not chunked
             layouts[original.name] = _layout(fusion, original, dense, chunked)
     reference = next(tv for tv in copy.outputs() if isinstance(tv, TensorView) and tv.name == params.reference)
-    source = KernelBuilder(copy, f"{group.scheduler.name}_kernel", kernel_target(options), layouts,
-                           reference).build()
-    dump(DumpOption.kernel, lambda: f"Kernel of segment g{index} ({group.scheduler.name}):\n{source.source}\n")
-    return CompiledKernel(source, params.num_warps)
+    kernel = compile_fusion(copy, f"{group.scheduler.name}_kernel", kernel_target(options), layouts, reference,
+                            params.num_warps)
+    dump(DumpOption.kernel, lambda: f"Kernel of segment g{index} ({group.scheduler.name}):\n{kernel.code}\n")
+    return kernel
 
 
 def _layout(fusion: Fusion, tv: TensorView, dense: bool, chunked: bool) -> Layout:

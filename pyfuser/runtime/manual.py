@@ -15,8 +15,7 @@ from typing import Any
 import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
-from pyfuser.codegen.kernel_builder import KernelBuilder
-from pyfuser.codegen.kernel_source import KernelSource
+from pyfuser.codegen.kernel_sequence import KernelSequence, build_sources, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
@@ -50,9 +49,9 @@ class ManualKernels:
     def __init__(self, fusion: Fusion) -> None:
         self.fusion = fusion
         self._version = -1
-        self._kernels: dict[tuple[Any, ...], CompiledKernel] = {}
+        self._kernels: dict[tuple[Any, ...], CompiledKernel | KernelSequence] = {}
         self._binder: InputBinder | None = None
-        self.last: CompiledKernel | None = None
+        self.last: CompiledKernel | KernelSequence | None = None
 
     def run(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4) -> list[torch.Tensor]:
         if self._version != self.fusion.version:
@@ -77,20 +76,20 @@ class ManualKernels:
         return kernel.run(EvalContext(binder.bind(args), device), *args)
 
     def _compile(self, args: Sequence[Any], device: torch.device, reference: int | None,
-                 num_warps: int) -> CompiledKernel:
+                 num_warps: int) -> CompiledKernel | KernelSequence:
         layouts: dict[int, Layout] = {}
         for tv, a in zip(self.fusion.inputs(), args, strict=True):
             if isinstance(tv, TensorView):
                 order = tuple(memory_order(a.shape, a.stride()))
                 layouts[tv.name] = (order, contiguity_of_strides(a.shape, a.stride(), order, [s == 1 for s in a.shape]))
         target = "cuda" if device.type == "cuda" else "interpreter"
-        return CompiledKernel(kernel_source(self.fusion, target, reference, layouts), num_warps)
+        copy, ref, layouts = _prepared(self.fusion, reference, layouts)
+        return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps)
 
 
-def kernel_source(fusion: Fusion, target: str = "cuda", reference: int | None = None,
-                  input_layouts: dict[int, Layout] | None = None) -> KernelSource:
-    """The kernel of ``fusion`` as scheduled. ``input_layouts``: what is known of the inputs' layouts
-    (default: their declared allocation and contiguity)."""
+def _prepared(fusion: Fusion, reference: int | None, input_layouts: dict[int, Layout] | None,
+              ) -> tuple[Fusion, TensorView, dict[int, Layout]]:
+    """A copy of ``fusion`` whose unscheduled outputs follow the reference, and every layout."""
     copy = fusion.clone()
     ref = _reference(copy, reference)
     pending = [o for o in copy.outputs() if isinstance(o, TensorView) and o is not ref and not _scheduled(o)]
@@ -106,4 +105,13 @@ def kernel_source(fusion: Fusion, target: str = "cuda", reference: int | None = 
             perm = allocation_perm(copy, out)
             layouts[out.name] = (perm, [None if out.get_logical_domain(no_reductions=True)[d].is_broadcast
                                         else True for d in perm])
-    return KernelBuilder(copy, "manual_kernel", target, layouts, ref).build()
+    return copy, ref, layouts
+
+
+def kernel_source(fusion: Fusion, target: str = "cuda", reference: int | None = None,
+                  input_layouts: dict[int, Layout] | None = None) -> str:
+    """The Triton source of the kernel(s) of ``fusion`` as scheduled, in launch order.
+    ``input_layouts``: what is known of the inputs' layouts (default: their declared allocation
+    and contiguity)."""
+    copy, ref, layouts = _prepared(fusion, reference, input_layouts)
+    return "\n".join(source.source for _, source in build_sources(copy, "manual_kernel", target, layouts, ref))

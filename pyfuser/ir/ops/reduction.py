@@ -58,13 +58,22 @@ class ReductionOp(Expr):
     """``out = reduce(kind, in, axes)``; ``out``'s logical domain keeps reduction IDs at ``axes``."""
 
     def __init__(self, fusion: Fusion, kind: ReductionOpType, out: TensorView, inp: TensorView,
-                 axes: list[int]) -> None:
+                 axes: list[int], count_ids: tuple[IterDomain, ...] = ()) -> None:
         super().__init__(fusion, [inp], [out])
         self.kind = kind
         self.axes = tuple(sorted(axes))
+        #: a mean that finishes an rfactored one divides by the extents of these IDs (the reduced IDs
+        #: of the whole reduction), not by its own reduced extents
+        self.count_ids = count_ids
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         dtype = self.output.dtype.torch_dtype
+        if self.count_ids and self.kind is ReductionOpType.mean:
+            count = 1
+            for i in self.count_ids:
+                count *= int(i.extent.evaluate(ctx.env))
+            return [(torch.sum(x, self.axes, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+                     / count).to(dtype)]
         if not self.axes:
             return [x.to(dtype)]
         return [self.kind.spec.fn(x, self.axes, dtype)]

@@ -1,0 +1,234 @@
+"""Reduction rfactor: split one reduction into a partial reduction and a final one (nvFuser's
+``TensorView::rFactor``).
+
+``tv = reduce(x)`` with loop domain ``[..., rA, rB]`` (both derived from its reduction IDs by
+splits and merges) becomes, for ``tv.rfactor([pos of rA])``:
+
+* ``partial = reduce(x)`` over ``rA`` only: its root domain is a copy of ``tv``'s logical domain,
+  and its logical domain holds the split products of the reduced IDs, ``rA`` still a reduction and
+  ``rB`` now an iteration ID (nvFuser's rfactor-product domain);
+* ``tv = reduce(partial)`` over ``rB``, with a fresh reduction ID in its place.
+
+The result is the same up to the order of additions; each step can then be parallelized on its
+own (a serial per-lane step, then a tile reduction; or partial results per program, then a final
+step over programs: a grid reduction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from pyfuser.ir.base import PythonCall
+from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.iter_domain import IdTransform, IterDomain, IterType, Merge, Split
+from pyfuser.ir.ops.common import header
+from pyfuser.ir.ops.reduction import ReductionOp, ReductionOpType
+from pyfuser.ir.tensor_domain import TensorDomain, transforms_between
+
+if TYPE_CHECKING:
+    from pyfuser.ir.tensor_view import TensorView
+
+
+def identity_value(kind: ReductionOpType, dtype: torch.dtype) -> float | int:
+    """The value that leaves a reduction of ``kind`` unchanged (what pads a non-divisible split)."""
+    if kind in (ReductionOpType.sum, ReductionOpType.mean):
+        return 0
+    if kind is ReductionOpType.prod:
+        return 1
+    if dtype.is_floating_point:
+        return float("-inf") if kind is ReductionOpType.max else float("inf")
+    if dtype is torch.bool:
+        return kind is ReductionOpType.min
+    info = torch.iinfo(dtype)
+    return info.min if kind is ReductionOpType.max else info.max
+
+
+class RFactorOp(ReductionOp):
+    """The partial step of an rfactored reduction: ``out``'s root domain maps ``in``'s logical
+    domain; its logical domain is the root after the reduced IDs' splits and merges, reduced at the
+    rfactored IDs (``axes``: their positions in ``out``'s logical domain)."""
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        out = self.output
+        domain = out.domain()
+        assert domain.root is not None
+        dims: list[IterDomain] = list(domain.root)
+        pad = identity_value(self.kind, x.dtype)
+        for t in transforms_between(domain.root, domain.logical):
+            x, dims = _apply(t, x, dims, pad, ctx)
+        x = x.permute([dims.index(i) for i in domain.logical])
+        dtype = out.dtype.torch_dtype
+        kind = ReductionOpType.sum if self.kind is ReductionOpType.mean else self.kind
+        return [kind.spec.fn(x, self.axes, dtype) if self.axes else x.to(dtype)]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        root = self.output.domain().root
+        assert root is not None
+        return dict(zip(producer.get_logical_domain(no_reductions=True), root, strict=False))
+
+    def python_call(self) -> PythonCall:
+        raise ValueError(f"{self.output.short_name} is the partial result of an rfactored reduction, a scheduling "
+                         "step with no fd.ops form; print the fusion definition before scheduling it")
+
+    def to_string(self, indent: int = 0) -> str:
+        spec = self.kind.spec
+        return (f"{header(self.output, indent)}reduction( {self.inputs[0]}, op = {spec.printed}, "
+                f"initial value = {self.output.dtype.value}({spec.init}), allreduce = false, rfactor )\n")
+
+
+def _apply(t: IdTransform, x: torch.Tensor, dims: list[IterDomain], pad: float | int,
+           ctx: EvalContext) -> tuple[torch.Tensor, list[IterDomain]]:
+    """Apply one split / merge of reduced IDs to the tensor (a split that does not divide is padded
+    with the reduction's identity, as the generated kernel masks it)."""
+    if isinstance(t, Split):
+        d = dims.index(t.in_id)
+        size = x.shape[d]
+        factor = int(t.factor.evaluate(ctx.env))
+        rest = -(-size // factor)
+        outer, inner = (rest, factor) if t.inner_split else (factor, rest)
+        if outer * inner != size:
+            spec = [0, 0] * (x.ndim - 1 - d) + [0, outer * inner - size]
+            x = F.pad(x, spec, value=pad) if x.dtype is not torch.bool else \
+                F.pad(x.to(torch.uint8), spec, value=int(pad)).to(torch.bool)
+        return x.unflatten(d, (outer, inner)), [*dims[:d], t.outer, t.inner, *dims[d + 1:]]
+    assert isinstance(t, Merge)
+    a, b = dims.index(t.outer), dims.index(t.inner)
+    rest = [k for k in range(len(dims)) if k not in (a, b)]
+    order = [*rest[:min(a, len(rest))], a, b, *rest[min(a, len(rest)):]]
+    x = x.permute(order)
+    at = order.index(a)
+    new_dims = [dims[k] for k in order]
+    return x.flatten(at, at + 1), [*new_dims[:at], t.out, *new_dims[at + 2:]]
+
+
+def rfactor(tv: TensorView, axes: Sequence[int]) -> TensorView:
+    """Split ``tv``'s reduction: the loop axes ``axes`` are reduced into a new partial tensor,
+    which ``tv`` then reduces over its remaining reduction axes. Returns the partial tensor."""
+    expr = tv.definition
+    loop = tv.get_loop_domain()
+    name = tv.short_name
+    if not isinstance(expr, ReductionOp) or isinstance(expr, RFactorOp):
+        what = type(expr).__name__ if expr is not None else "no definition (a fusion input)"
+        raise ValueError(f"{name} cannot be rfactored: only a sum / prod / max / min / mean reduction can, and "
+                         f"{name} is produced by {what}")
+    positions = []
+    for axis in axes:
+        pos = axis + len(loop) if axis < 0 else axis
+        if not 0 <= pos < len(loop):
+            raise ValueError(f"{name}: rfactor axis {axis} is out of range for its {len(loop)} loop axes")
+        if not loop[pos].is_reduction:
+            raise ValueError(f"{name}: rfactor axis {pos} ({loop[pos]}) is not a reduction axis; rfactor only "
+                             "splits reduction axes")
+        positions.append(pos)
+    reduction_axes = [k for k, i in enumerate(loop) if i.is_reduction]
+    if not positions:
+        raise ValueError(f"{name}: rfactor needs at least one reduction axis to factor out")
+    if set(positions) == set(reduction_axes):
+        raise ValueError(f"{name}: rfactor of every reduction axis ({reduction_axes}) leaves no final reduction; "
+                         "leave at least one reduction axis to tv")
+    factored = {id(loop[p]) for p in positions}
+    fusion = tv.fusion
+    domain = tv.domain()
+    logical = domain.logical
+    reduced_roots = [i for i in logical if i.is_reduction]
+    reduction_transforms = transforms_between(reduced_roots, [i for i in loop if i.is_reduction])
+    # The partial tensor: root = copy of tv's logical; reduced IDs replayed into its logical domain.
+    copy: dict[int, IterDomain] = {id(i): i.clone() for i in logical}
+    for t in reduction_transforms:
+        _replay(t, copy)
+    for i in loop:
+        if i.is_reduction:
+            mine = copy[id(i)]
+            mine.iter_type = IterType.Reduction if id(i) in factored else IterType.Iteration
+            mine.parallel_type = i.parallel_type
+    partial_logical: list[IterDomain] = []
+    loop_reductions = [i for i in loop if i.is_reduction]
+    for root in logical:
+        if not root.is_reduction:
+            partial_logical.append(copy[id(root)])
+            continue
+        for i in loop_reductions:
+            if root in _logical_sources(i, reduced_roots) and copy[id(i)] not in partial_logical:
+                partial_logical.append(copy[id(i)])
+    partial_domain = TensorDomain(partial_logical, root=[copy[id(i)] for i in logical],
+                                  contiguity=[None if i.is_broadcast else True for i in partial_logical
+                                              if not i.is_reduction])
+    # The partial's loop: tv's iteration transforms replayed onto its iteration IDs, same order.
+    iteration_transforms = transforms_between([i for i in logical if not i.is_reduction],
+                                              [i for i in loop if not i.is_reduction])
+    for t in iteration_transforms:
+        _replay(t, copy)
+    partial_domain.loop = [copy[id(i)] for i in loop]
+    for i in loop:
+        copy[id(i)].parallel_type = i.parallel_type
+    partial = type(tv)(fusion, partial_domain, _partial_dtype(tv.dtype))
+    for i in _all_ids(partial_domain):
+        i.tensor = partial
+    # tv: its iteration IDs stay; each reduction axis left becomes a fresh reduction ID.
+    fresh = {id(i): IterDomain(fusion, i.extent, IterType.Reduction, i.parallel_type)
+             for i in loop if i.is_reduction and id(i) not in factored}
+    by_partial = {id(copy[k]): v for k, v in fresh.items()}
+    new_logical = [by_partial[id(i)] if id(i) in by_partial else next(j for j in logical if copy[id(j)] is i)
+                   for i in partial_logical if not i.is_reduction]
+    new_domain = TensorDomain(new_logical, contiguity=list(domain.contiguity))
+    new_domain.loop = [fresh.get(id(i), i) for i in loop if id(i) not in factored]
+    if domain.allocation is not None:
+        new_domain.allocation = [i for i in domain.allocation if not i.is_reduction] + list(fresh.values())
+        new_domain.allocation_is_hint = domain.allocation_is_hint
+    tv._domain = new_domain
+    for i in _all_ids(new_domain):
+        i.tensor = tv
+    # Rewire: x -> partial -> tv.
+    x = expr.inputs[0]
+    x.uses[:] = [e for e in x.uses if e is not expr]
+    partial_axes = [k for k, i in enumerate(partial_logical) if i.is_reduction]
+    kind = ReductionOpType.sum if expr.kind is ReductionOpType.mean else expr.kind
+    RFactorOp(fusion, kind, partial, x, partial_axes)  # type: ignore[arg-type]
+    count = expr.count_ids or tuple(copy[id(i)] for i in reduced_roots)
+    final = ReductionOp(fusion, expr.kind, tv, partial, [k for k, i in enumerate(new_logical) if i.is_reduction],
+                        count_ids=count if expr.kind is ReductionOpType.mean else ())
+    final.name = expr.name
+    fusion.mark_changed()
+    return partial
+
+
+def _partial_dtype(dtype: DataType) -> DataType:
+    """Partial results of half-precision reductions are kept in float32 (as they accumulate)."""
+    return DataType.Float if dtype in (DataType.Half, DataType.BFloat16) else dtype
+
+
+def _replay(t: IdTransform, copy: dict[int, IterDomain]) -> None:
+    if isinstance(t, Split):
+        new = Split(copy[id(t.in_id)], t.factor, t.inner_split)
+        copy[id(t.outer)], copy[id(t.inner)] = new.outer, new.inner
+    else:
+        assert isinstance(t, Merge)
+        merged = Merge(copy[id(t.outer)], copy[id(t.inner)])
+        copy[id(t.out)] = merged.out
+
+
+def _logical_sources(i: IterDomain, logical: list[IterDomain]) -> list[IterDomain]:
+    """The logical IDs ``i`` is derived from."""
+    found: list[IterDomain] = []
+    stack = [i]
+    while stack:
+        node = stack.pop()
+        if any(node is j for j in logical):
+            found.append(node)
+        elif node.definition is not None:
+            stack.extend(node.definition.inputs)
+    return found
+
+
+def _all_ids(domain: TensorDomain) -> list[IterDomain]:
+    start = domain.root if domain.root is not None else domain.logical
+    ids = {id(i): i for i in (*start, *domain.logical, *domain.loop, *(domain.allocation or ()))}
+    for t in transforms_between(start, [*domain.loop, *domain.logical]):
+        for i in (*t.inputs, *t.outputs):
+            ids[id(i)] = i
+    return list(ids.values())
