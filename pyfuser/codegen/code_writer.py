@@ -20,6 +20,8 @@ class _Scope:
     loop_index: dict[int, str] = field(default_factory=dict)
     class_indices: dict[int, list[str]] = field(default_factory=dict)
     conditions: list[tuple[str, frozenset[int]]] = field(default_factory=list)
+    #: uniform conditions this scope's ``if`` already branches on
+    branched: tuple[str, ...] = ()
 
 
 class CodeWriter:
@@ -56,11 +58,19 @@ class CodeWriter:
         return frozenset().union(*(self.dims.get(n, frozenset()) for n in names))
 
     # --- scopes ---------------------------------------------------------------------------------------
-    def open(self, header: str) -> None:
-        """Emit ``header`` (a ``for`` or an ``if``) and enter its body."""
+    def open(self, header: str, branch_on: list[str] | tuple[str, ...] = ()) -> None:
+        """Emit ``header`` (a ``for`` or an ``if``) and enter its body; ``branch_on``: the uniform
+        conditions the ``if`` tests (they hold in the body)."""
         self.emit(header)
         self.indent += 1
-        self._scopes.append(_Scope())
+        self._scopes.append(_Scope(branched=tuple(branch_on)))
+
+    def branch(self, conditions: list[str]) -> bool:
+        """Open an ``if`` on uniform ``conditions`` (none: nothing opened); whether one was opened."""
+        if not conditions:
+            return False
+        self.open(f"if {' & '.join(conditions)}:", conditions)
+        return True
 
     def close(self) -> None:
         self.indent -= 1
@@ -92,7 +102,8 @@ class CodeWriter:
         return [i for scope in self._scopes for i in scope.class_indices.get(root, [])]
 
     def add_condition(self, condition: str, dims: frozenset[int]) -> None:
-        self._scopes[-1].conditions.append((condition, dims))
+        if (condition, dims) not in self.conditions():  # already holds in an enclosing scope
+            self._scopes[-1].conditions.append((condition, dims))
 
     def conditions(self) -> list[tuple[str, frozenset[int]]]:
         return [c for scope in self._scopes for c in scope.conditions]
@@ -105,7 +116,9 @@ class CodeWriter:
         return self.assign("mask", " & ".join(conds), dims) if conds else ""
 
     def uniform(self) -> list[str]:
-        return [c for c, d in self.conditions() if not d]
+        """Conditions on no tile axis that no enclosing ``if`` already tests."""
+        branched = {c for scope in self._scopes for c in scope.branched}
+        return [c for c, d in self.conditions() if not d and c not in branched]
 
 
 def _names_in(expr: str) -> list[str]:

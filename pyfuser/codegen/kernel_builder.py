@@ -90,6 +90,7 @@ class KernelBuilder(ValueLowering):
         self._scalars: dict[str, str] = {}
         self._divisibility: list[tuple[SymExpr, int, str]] = []
         self._dynamic_tiles: list[tuple[str, SymExpr, int, str]] = []
+        self._stored: set[int] = set()
         self.tile_shape: list[str] = []
 
     # --- sizes ------------------------------------------------------------------------------------
@@ -404,12 +405,37 @@ class KernelBuilder(ValueLowering):
                 loop.index = code.fresh("i")
                 code.open(f"for {loop.index} in _range({int_expr(loop.extent)}):")
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
+        # Reductions whose iteration axes the nest indexes here are computed up front; one nested in
+        # another's loop (a row's reduction inside a reduction across rows) where its value is read.
         for expr in self.exprs:
-            if isinstance(expr, ReductionOp | VarMeanOp):
+            if isinstance(expr, ReductionOp | VarMeanOp) and self._indexed_here(expr.output):
                 self.reduce(expr)
         for position, tv in enumerate(self.outputs, start=len(self.inputs)):
-            self._store(tv, position)
+            if id(tv) not in self._stored:
+                self._store(tv, position)
         return self._source(loops)
+
+    def _indexed_here(self, tv: TensorView) -> bool:
+        """Whether every iterating loop ID of ``tv`` has a loop index in the current scope."""
+        taken: dict[int, int] = {}
+        return all(i.is_reduction or i.is_broadcast or self.index_of_loop_id(i, taken) is not None
+                   for i in tv.get_loop_domain())
+
+    def store_computed_outputs(self) -> None:
+        """Store the outputs already computed at this loop point (an output read by a reduction, in
+        that reduction's loop: a value written once, where it is computed, not recomputed later)."""
+        for position, tv in enumerate(self.outputs, start=len(self.inputs)):
+            if id(tv) in self._stored or isinstance(tv.definition, ReductionOp | VarMeanOp) or tv in self.inputs:
+                continue
+            taken: dict[int, int] = {}
+            if not all(i.is_broadcast or self.index_of_loop_id(i, taken) is not None for i in tv.get_loop_domain()):
+                continue
+            indices = self.walk_back(tv)
+            key = (tv.name, *(indices.of.get(id(i), "0") for i in tv.get_logical_domain()
+                              if not i.is_broadcast and not i.is_reduction))
+            value = self.code.recall(key)
+            if value is not None:
+                self._emit_store(tv, position, indices, value)
 
     def open_loops_for(self, tv: TensorView) -> int:
         """Open a loop for each serial loop ID of ``tv`` the nest has no index for in this scope (a
@@ -433,17 +459,22 @@ class KernelBuilder(ValueLowering):
         opened = self.open_loops_for(tv) if not tv.definition or not isinstance(
             tv.definition, ReductionOp | VarMeanOp) else 0
         indices = self.walk_back(tv, partial=isinstance(tv.definition, ReductionOp | VarMeanOp))
-        uniform = code.uniform()
-        if uniform:  # the same for the whole tile: a branch, not a mask
-            code.open(f"if {' & '.join(uniform)}:")
-            opened += 1
-        value = self.value(tv, indices)
-        offset, dims = self.offset(tv, position, indices)
-        stored = self.store_value(value, tv)
-        mask = code.mask(dims)
-        code.emit(f"tl.store(T{position} + {offset}, {stored}{', mask=' + mask if mask else ''})")
+        branched = code.branch(code.uniform())  # reads of a row past the end are skipped too
+        self._emit_store(tv, position, indices, self.value(tv, indices))
+        if branched:
+            code.close()
         for _ in range(opened):
             code.close()
+
+    def _emit_store(self, tv: TensorView, position: int, indices: Indices, value: str) -> None:
+        code = self.code
+        branched = code.branch(code.uniform())  # the same for the whole tile: a branch, not a mask
+        offset, dims = self.offset(tv, position, indices)
+        mask = code.mask(dims)
+        code.emit(f"tl.store(T{position} + {offset}, {self.store_value(value, tv)}{', mask=' + mask if mask else ''})")
+        if branched:
+            code.close()
+        self._stored.add(id(tv))
 
     def _source(self, loops: list[Loop]) -> KernelSource:
         output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.extent(i)

@@ -112,8 +112,12 @@ class ValueLowering:
                 f"tl.load(T{position} + {offset})"
             result = self.code.assign("v", f"{load}{_to(val.dtype, compute_dtype(val.dtype))}", cse=False)
         elif isinstance(definition, ReductionOp | VarMeanOp):
-            raise KernelError(f"{val.short_name} is read at a loop point where it was not reduced; read the "
-                              "reduction where its consumers' loops map onto its iteration axes")
+            self.reduce(definition)  # first read at this loop point: reduce here
+            reduced = self.code.recall(key)
+            if reduced is None:
+                raise KernelError(f"{val.short_name} is read at a loop point where it was not reduced; read the "
+                                  "reduction where its consumers' loops map onto its iteration axes")
+            return reduced
         else:
             assert definition is not None
             result = self.compute(definition, val, indices)
@@ -206,14 +210,13 @@ class ValueLowering:
             code.emit(f"{name} = tl.full({shape}, {literal(identity, acc_dtype)}, {acc_ty})")
         opened = self.open_loops_for(out)
         indices = self.walk_back(out)
+        # Conditions the same for the whole tile (a row past the end): a branch around the reads.
+        branched = code.branch(code.uniform())
         producer = expr.inputs[0]
         assert isinstance(producer, TensorView)
         value = self.convert(self.value(producer, self.producer_indices(expr, producer, indices)), producer.dtype,
                              acc_dtype)
         mask = code.mask(frozenset(range(len(self.tile_shape))))
-        uniform = code.uniform()
-        if uniform:
-            code.open(f"if {' & '.join(uniform)}:")
         if welford:
             mean, m2, count = names
             valid = mask or "True"
@@ -226,7 +229,8 @@ class ValueLowering:
             assert kind is not None
             combined = f"{_COMBINE[kind]}({acc}, {value})"
             code.emit(f"{acc} = tl.where({mask}, {combined}, {acc})" if mask else f"{acc} = {combined}")
-        if uniform:
+        self.store_computed_outputs()
+        if branched:
             code.close()
         for _ in range(opened):
             code.close()
