@@ -26,6 +26,7 @@ class DumpOption(StrEnum):
     fusion_ir_preseg = "fusion_ir_preseg"
     segmented_fusion = "segmented_fusion"
     scheduler_params = "scheduler_params"
+    scheduled_fusion = "scheduled_fusion"
     kernel = "kernel"
     host_ir = "host_ir"
     host_ir_passes = "host_ir_passes"
@@ -53,6 +54,7 @@ DESCRIPTIONS: dict[StrEnum, str] = {
     DumpOption.fusion_ir_preseg: "the fusion after each pre-segmentation pass, under the pass's name",
     DumpOption.segmented_fusion: "each segment of the segmented fusion: its executor and boundary tensors",
     DumpOption.scheduler_params: "the heuristics each kernel segment was scheduled with",
+    DumpOption.scheduled_fusion: "each kernel segment as scheduled: every tensor's domains and the math",
     DumpOption.kernel: "the source of each generated kernel",
     DumpOption.host_ir: "the Host IR program each compiled fusion runs",
     DumpOption.host_ir_passes: "the Host IR program after each host pass, under the pass's name",

@@ -73,6 +73,8 @@ class CompiledKernel:
         namespace["fn"] = fn
         exec(compile(host, f"<launcher of {source.name}>", "exec"), namespace)
         self.launcher_code = host
+        #: the scheduled fusion the kernel was generated from (set by the runtime, for inspection)
+        self.scheduled_ir = ""
         self._fn = fn
         self._prepare = namespace["prepare"]
         self._run = namespace["run"]

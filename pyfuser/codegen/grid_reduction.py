@@ -13,6 +13,7 @@ the code generator; ``split_at_grid_reductions`` returns their fusions in launch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyfuser.codegen.kernel_source import KernelError
@@ -49,7 +50,13 @@ def _grid_reduction(fusion: Fusion) -> TensorView | None:
     return None
 
 
-def split_at_grid_reductions(fusion: Fusion, reference: TensorView) -> list[KernelPart]:
+#: Schedules a grid reduction's second launch afresh and returns its reference (automatic schedules;
+#: a manual schedule keeps the user's, with the grid axes of the reduction turned into loops).
+FinishStep = Callable[[Fusion], TensorView]
+
+
+def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: FinishStep | None = None,
+                             ) -> list[KernelPart]:
     """The launches that compute scheduled ``fusion`` (one, unless it has grid reductions)."""
     tv = _grid_reduction(fusion)
     if tv is None:
@@ -63,7 +70,7 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView) -> list[Kern
     if any(partial is v for v in fusion.inputs()):
         # Nothing to compute before the final step: every program reduces its share in a loop.
         _grid_to_loops(tv)
-        return split_at_grid_reductions(fusion, reference)
+        return split_at_grid_reductions(fusion, reference, finish)
     _check_partial_is_per_program(tv, partial)
     first = fusion.clone(memo := {})
     first_partial = memo[id(partial)]
@@ -79,10 +86,13 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView) -> list[Kern
     rest = [memo[id(o)] for o in fusion.outputs() if _depends_on(o, tv)]
     _grid_to_loops(second_tv)
     second.restrict(_used_inputs(second, rest, stop=second_partial), rest)
-    second_reference = memo[id(reference)] if _depends_on(reference, tv) else rest[0]
+    if finish is not None:
+        second_reference = finish(second)
+    else:
+        second_reference = memo[id(reference)] if _depends_on(reference, tv) else rest[0]  # type: ignore[assignment]
     assert isinstance(second_reference, TensorView)
     return [KernelPart(first, first_partial),
-            *split_at_grid_reductions(second, second_reference)]
+            *split_at_grid_reductions(second, second_reference, finish)]
 
 
 def _grid_to_loops(tv: TensorView) -> None:

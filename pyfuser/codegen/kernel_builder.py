@@ -437,13 +437,21 @@ class KernelBuilder(ValueLowering):
             if value is not None:
                 self._emit_store(tv, position, indices, value)
 
-    def open_loops_for(self, tv: TensorView) -> int:
+    def open_loops_for(self, tv: TensorView, reduction: bool | None = None) -> int:
         """Open a loop for each serial loop ID of ``tv`` the nest has no index for in this scope (a
-        reduction's loop, a later pass over a reduced axis); returns how many were opened."""
+        later pass over a reduced axis, a chunk loop); returns how many were opened.
+
+        ``reduction`` None: every such ID; False: iteration IDs only; True: reduction IDs only, and
+        each serial one gets a loop of its own even where a loop over its class encloses it (a
+        reduction iterates its whole axis, never the chunk an enclosing pass is at).
+        """
         opened = 0
         taken: dict[int, int] = {}
         for pos, i in enumerate(tv.get_loop_domain()):
-            if i.is_broadcast or self.index_of_loop_id(i, taken) is not None:
+            if i.is_broadcast or (reduction is not None and i.is_reduction != reduction):
+                continue
+            own_loop = reduction and i.parallel_type is ParallelType.serial
+            if not own_loop and self.index_of_loop_id(i, taken) is not None:
                 continue
             if i.parallel_type is not ParallelType.serial:
                 raise KernelError(f"{tv.short_name} axis {pos} ({i}) is parallelized on {i.parallel_type.name} but "
@@ -456,8 +464,8 @@ class KernelBuilder(ValueLowering):
 
     def _store(self, tv: TensorView, position: int) -> None:
         code = self.code
-        opened = self.open_loops_for(tv) if not tv.definition or not isinstance(
-            tv.definition, ReductionOp | VarMeanOp) else 0
+        reduced = isinstance(tv.definition, ReductionOp | VarMeanOp)
+        opened = self.open_loops_for(tv, reduction=False if reduced else None)
         indices = self.walk_back(tv, partial=isinstance(tv.definition, ReductionOp | VarMeanOp))
         branched = code.branch(code.uniform())  # reads of a row past the end are skipped too
         self._emit_store(tv, position, indices, self.value(tv, indices))

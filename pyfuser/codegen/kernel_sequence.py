@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
-from pyfuser.codegen.grid_reduction import split_at_grid_reductions
+from pyfuser.codegen.grid_reduction import FinishStep, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.ir.eval_context import EvalContext
@@ -30,6 +30,7 @@ class KernelSequence:
         self._reads = reads
         self._outputs = outputs
         self.output_perms = output_perms
+        self.scheduled_ir = ""
 
     @property
     def code(self) -> str:
@@ -47,10 +48,10 @@ class KernelSequence:
         return list(out)
 
 
-def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts,
-                  reference: TensorView) -> list[tuple[Fusion, KernelSource]]:
+def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
+                  finish: FinishStep | None = None) -> list[tuple[Fusion, KernelSource]]:
     """The kernels of scheduled ``fusion``, in launch order, with the fusion each one computes."""
-    parts = split_at_grid_reductions(fusion, reference)
+    parts = split_at_grid_reductions(fusion, reference, finish)
     if len(parts) == 1:
         return [(fusion, KernelBuilder(fusion, name, target, layouts, reference).build())]
     result = []
@@ -67,9 +68,9 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts,
 
 
 def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
-                   num_warps: int = 4) -> CompiledKernel | KernelSequence:
+                   num_warps: int = 4, finish: FinishStep | None = None) -> CompiledKernel | KernelSequence:
     """Build and compile the kernel(s) of scheduled ``fusion``."""
-    built = build_sources(fusion, name, target, layouts, reference)
+    built = build_sources(fusion, name, target, layouts, reference, finish)
     if len(built) == 1:
         return CompiledKernel(built[0][1], num_warps)
     slot_of = {_key(v): k for k, v in enumerate(fusion.inputs())}

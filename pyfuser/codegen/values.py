@@ -208,7 +208,7 @@ class ValueLowering:
         identity = 0 if welford else _identity(expr.kind, acc_dtype)
         for name in names:
             code.emit(f"{name} = tl.full({shape}, {literal(identity, acc_dtype)}, {acc_ty})")
-        opened = self.open_loops_for(out)
+        opened = self.open_loops_for(out, reduction=True)
         indices = self.walk_back(out)
         # Conditions the same for the whole tile (a row past the end): a branch around the reads.
         branched = code.branch(code.uniform())

@@ -256,6 +256,15 @@ class FusionDefinition:
                                        msg=lambda m, k=k: f"output {k}: {m}")
         return outputs
 
+    def last_scheduled_fusion_ir(self) -> str:
+        """The kernel segments the latest ``execute`` ran, as scheduled: every tensor's loop,
+        logical and allocation domains and the math (nvFuser's ``last_scheduled_fusion_ir``)."""
+        irs = self.fec.scheduled_fusion_irs()
+        if not irs:
+            raise ValueError("last_scheduled_fusion_ir: the latest execution scheduled no kernel (on CPU, enable "
+                             "_enable_options=['triton_interpreter'])")
+        return "\n".join(irs)
+
     def last_kernel_code(self) -> str:
         """The source of the kernel(s) the latest ``execute`` or ``manual_execute`` ran."""
         if self._last_was_manual and self._manual.last is not None:

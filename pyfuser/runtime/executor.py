@@ -54,6 +54,14 @@ class FusionExecutorCache:
         return [n.segment.code for n in program.container.walk()
                 if isinstance(n, LaunchKernel) and hasattr(n.segment, "code")]
 
+    def scheduled_fusion_irs(self) -> list[str]:
+        """Each kernel segment of the latest program as scheduled (math and domains)."""
+        program = self.last_program
+        if not isinstance(program, HostIrEvaluator):
+            return []
+        return [n.segment.scheduled_ir for n in program.container.walk()
+                if isinstance(n, LaunchKernel) and getattr(n.segment, "scheduled_ir", "")]
+
     def _reset(self) -> None:
         self._version = self.fusion.version
         self._binder = InputBinder(self.fusion.inputs())

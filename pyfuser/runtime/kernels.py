@@ -17,6 +17,10 @@ from pyfuser.ir.domain_replay import is_permutation_of_logical
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, DumpOption, dump
+from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
+from pyfuser.scheduler.reduction import schedule_final_step
+from pyfuser.scheduler.reduction_analysis import analyze
+from pyfuser.scheduler.registry import Machine, SizeHints
 from pyfuser.scheduler.schedulers import SCHEDULERS
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, segment_fusion_copy
 
@@ -28,11 +32,11 @@ def kernel_target(options: CompileOptions) -> str:
 
 
 def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
-                    ) -> dict[int, CompiledKernel | KernelSequence]:
+                    ) -> dict[int, CompiledKernel | KernelSequence | SizeDispatchedKernel]:
     """``id(group) -> kernel`` for every kernel segment."""
     fusion = segmented.fusion
     written_by_kernel = {id(t) for g in segmented.groups if g.scheduler.is_kernel for t in g.outputs}
-    kernels: dict[int, CompiledKernel | KernelSequence] = {}
+    kernels: dict[int, CompiledKernel | KernelSequence | SizeDispatchedKernel] = {}
     for k, group in enumerate(segmented.groups):
         if group.scheduler.is_kernel:
             kernels[id(group)] = compile_group(fusion, group, k, written_by_kernel, options)
@@ -40,23 +44,45 @@ def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
 
 
 def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_kernel: set[int],
-                  options: CompileOptions) -> CompiledKernel | KernelSequence:
-    copy, _ = segment_fusion_copy(fusion, group)
-    scheduler = SCHEDULERS[group.scheduler]
-    params = scheduler.compute_heuristics(copy, ())
-    dump(DumpOption.scheduler_params, lambda: f"Segment g{index} ({group.scheduler.name}):\n{params}")
-    scheduler.schedule(copy, params)
+                  options: CompileOptions) -> CompiledKernel | KernelSequence | SizeDispatchedKernel:
     chunked = any(expr_stream_axis(e) is not None for e in group.exprs)
     layouts: dict[int, Layout] = {}
     for original in (*group.inputs, *group.outputs):
         if isinstance(original, TensorView):
             dense = id(original) in written_by_kernel and not chunked
             layouts[original.name] = _layout(fusion, original, dense, chunked)
-    reference = next(tv for tv in copy.outputs() if isinstance(tv, TensorView) and tv.name == params.reference)
-    kernel = compile_fusion(copy, f"{group.scheduler.name}_kernel", kernel_target(options), layouts, reference,
-                            params.num_warps)
-    dump(DumpOption.kernel, lambda: f"Kernel of segment g{index} ({group.scheduler.name}):\n{kernel.code}\n")
-    return kernel
+    scheduler = SCHEDULERS[group.scheduler]
+    name = f"{group.scheduler.name}_kernel"
+    target = kernel_target(options)
+    machine = Machine.of(options.device)
+
+    def build(hints: SizeHints | tuple[()]) -> CompiledKernel | KernelSequence:
+        copy, _ = segment_fusion_copy(fusion, group)
+        params = scheduler.compute_heuristics(copy, hints)
+        dump(DumpOption.scheduler_params, lambda: f"Segment g{index} ({group.scheduler.name}):\n{params}")
+        scheduler.schedule(copy, params)
+        reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
+        kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
+                                finish=lambda f: schedule_final_step(f, machine))
+        kernel.scheduled_ir = scheduled_ir(copy)  # after rfactor: the partial results are in it
+        dump(DumpOption.scheduled_fusion, lambda: f"Scheduled segment g{index} ({group.scheduler.name}):\n"
+                                                  f"{kernel.scheduled_ir}")
+        dump(DumpOption.kernel, lambda: f"Kernel of segment g{index} ({group.scheduler.name}):\n{kernel.code}\n")
+        return kernel
+
+    if not group.scheduler.size_dependent:
+        return build(())
+    view, _ = segment_fusion_copy(fusion, group)
+    analysis, reason = analyze(view)
+    assert analysis is not None, reason
+    reduced, kept = analysis.extents()
+    perms = tuple(layouts[o.name][0] for o in group.outputs)
+    return SizeDispatchedKernel(name, build, reduced, kept, machine, perms)
+
+
+def scheduled_ir(fusion: Fusion) -> str:
+    """A scheduled fusion as nvFuser prints it: the math, then every tensor's domains."""
+    return str(fusion) + "\n" + "\n".join(tv.transforms_string() for tv in fusion.tensors()) + "\n"
 
 
 def _layout(fusion: Fusion, tv: TensorView, dense: bool, chunked: bool) -> Layout:

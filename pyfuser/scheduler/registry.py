@@ -4,7 +4,8 @@ Every scheduler module has the same three entry points (nvFuser's ``registry.h``
 
 * ``can_schedule(fusion) -> (bool, reason)``: whether it can run this segment, and why not;
 * ``compute_heuristics(fusion, inputs) -> params``: a frozen, printable dataclass that is also
-  the kernel cache key (``PYFUSER_DUMP=scheduler_params``);
+  the kernel cache key (``PYFUSER_DUMP=scheduler_params``); ``inputs`` are the fusion's input
+  values or, from the runtime, ``SizeHints`` (the size bucket a kernel is compiled for);
 * ``schedule(fusion, params)``: transform the segment's loop domains with the same public API a
   user calls. It never writes kernel text: the code generator turns the scheduled segment into
   a kernel.
@@ -16,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
+
+import torch
 
 from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.fusion import Fusion
@@ -33,10 +36,50 @@ class SchedulerType(Enum):
     expr_eval = "expr_eval"
     #: a resharding ``set``: a collective between ranks
     communication = "communication"
+    #: reductions with pointwise prologue and epilogue, the reduced axes inner or outer in memory
+    reduction = "reduction"
+    #: a reduction read back over the axes it reduced (softmax, layernorm), reduced axes innermost
+    inner_persistent = "inner_persistent"
+    #: the same with the reduced axes outermost (batchnorm-like)
+    outer_persistent = "outer_persistent"
+    #: a reduction per row and a reduction across rows in one pass (layernorm backward, seed 003)
+    inner_outer_persistent = "inner_outer_persistent"
 
     @property
     def is_kernel(self) -> bool:
-        return self in (SchedulerType.pointwise, SchedulerType.transpose)
+        return self not in (SchedulerType.expr_eval, SchedulerType.communication)
+
+    @property
+    def size_dependent(self) -> bool:
+        """Whether the schedule depends on the sizes: compiled per size bucket at launch."""
+        return self.is_kernel and self not in (SchedulerType.pointwise, SchedulerType.transpose)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What schedulers size tiles by: programs that run at once, and how many elements a tile may
+    hold when a reduced extent stays on chip (persistent) or is looped over."""
+
+    sm_count: int
+    max_persistent: int
+    loop_tile: int
+
+    @staticmethod
+    def of(device: torch.device) -> Machine:
+        if device.type == "cuda":
+            return Machine(torch.cuda.get_device_properties(device).multi_processor_count, 16384, 2048)
+        # Triton's interpreter: small tiles, so small tests take every path (split, multi-pass).
+        return Machine(4, 1024, 128)
+
+
+@dataclass(frozen=True)
+class SizeHints:
+    """The sizes a size-dependent schedule is made for (the runtime passes the bucket's: powers of
+    two), or None where unknown: the schedule then works for any size."""
+
+    reduced: int | None
+    kept: int | None
+    machine: Machine
 
 
 class FusionLike(Protocol):

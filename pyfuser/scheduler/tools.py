@@ -133,3 +133,15 @@ def inline_most(tvs: Sequence[TensorView] | None = None, fusion: Fusion | None =
 def _computed(fusion: Fusion) -> list[TensorView]:
     """Tensors a kernel computes: neither inputs nor outputs of the fusion."""
     return [tv for tv in fusion.tensors() if not tv.is_fusion_input and not tv.is_fusion_output]
+
+
+def reset_schedule(fusion: Fusion) -> None:
+    """Every tensor's loop domain back to its logical domain, serial, not inlined (to schedule a
+    fusion cut out of a scheduled one afresh)."""
+    for tv in fusion.tensors():
+        d = tv.domain()
+        d.loop = list(d.logical)
+        for i in d.logical:
+            i.parallel_type = ParallelType.serial
+        tv.compute_at_pos = 0
+    fusion.mark_changed()

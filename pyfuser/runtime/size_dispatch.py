@@ -1,0 +1,62 @@
+"""Kernels whose schedule depends on the sizes (reductions and normalizations): one compiled per
+size bucket, chosen at launch.
+
+The bucket is the next power of two of the reduced extent and of the kept extent (capped: past
+it no heuristic changes), read from the sizes bound for the launch. The first launch in a bucket
+schedules a fresh copy of the segment for it and compiles it; later launches in the bucket only
+look it up (nvFuser compiles per heuristic parameters the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from pyfuser.codegen.compiled_kernel import CompiledKernel
+from pyfuser.codegen.kernel_sequence import KernelSequence
+from pyfuser.codegen.triton_support import next_power_of_2
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.symbolic import SymExpr
+from pyfuser.scheduler.registry import Machine, SizeHints
+
+#: Kept extents from here on schedule alike (every SM busy many times over).
+KEPT_CAP = 1 << 16
+
+Kernel = CompiledKernel | KernelSequence
+
+
+class SizeDispatchedKernel:
+    """Runs like a ``CompiledKernel``; compiles ``build(hints)`` per size bucket."""
+
+    def __init__(self, name: str, build: Callable[[SizeHints], Kernel], reduced: SymExpr, kept: SymExpr,
+                 machine: Machine, output_perms: tuple[tuple[int, ...], ...]) -> None:
+        self.name = name
+        self.output_perms = output_perms
+        self._build = build
+        self._reduced = reduced
+        self._kept = kept
+        self._machine = machine
+        self._by_bucket: dict[tuple[int, int], Kernel] = {}
+        self.last: Kernel | None = None
+
+    def kernel_for(self, env: dict[str, int]) -> Kernel:
+        reduced = next_power_of_2(max(1, int(self._reduced.evaluate(env))))
+        kept = min(next_power_of_2(max(1, int(self._kept.evaluate(env)))), KEPT_CAP)
+        kernel = self._by_bucket.get((reduced, kept))
+        if kernel is None:
+            kernel = self._by_bucket[(reduced, kept)] = self._build(SizeHints(reduced, kept, self._machine))
+        return kernel
+
+    @property
+    def code(self) -> str:
+        return self.last.code if self.last is not None else ""
+
+    @property
+    def scheduled_ir(self) -> str:
+        return self.last.scheduled_ir if self.last is not None else ""
+
+    def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        kernel = self.last = self.kernel_for(ctx.env)
+        return kernel.run(ctx, *args, out=out)

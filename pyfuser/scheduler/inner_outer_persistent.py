@@ -1,0 +1,77 @@
+"""The inner-outer persistent scheduler (seed 003's fusion, layernorm backward): a reduction per
+row (inner in memory) and a reduction across rows (outer), in one pass over the input.
+
+``G`` programs each take a contiguous block of rows. For each of its rows, a program reduces the
+row (a tile, or a loop when the row is too long for one), computes the row's outputs, and adds the
+row into its partial results of the reduction across rows; a second, small launch finishes that
+reduction over the ``G`` partials (a grid reduction). The reference is the reduction across rows:
+``[G (grid_x), rows/G (loop), row (block_x)]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pyfuser.codegen.triton_support import next_power_of_2
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.scheduler.cache import cache_inputs
+from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
+from pyfuser.scheduler.reduction_schedule import (
+    WAVES,
+    ReductionParams,
+    checked_analysis,
+    element_bytes,
+    flatten,
+    propagate,
+    size_hints,
+    warps_for,
+)
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
+
+KINDS = (NormalizationKind.inner_outer_persistent,)
+
+
+def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
+    analysis, reason = analyze(fusion)
+    if analysis is None:
+        return False, reason
+    if analysis.kind not in KINDS:
+        return False, f"not a reduction per row and across rows: a {analysis.kind.value} segment"
+    return True, ""
+
+
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ReductionParams:
+    analysis = checked_analysis(fusion, KINDS)
+    hints = size_hints(fusion, analysis, inputs)  # reduced: the row (inner); kept: the rows
+    m = hints.machine
+    rows = hints.kept
+    programs = WAVES * m.sm_count if rows is None else max(1, min(WAVES * m.sm_count, rows))
+    assert analysis.outer_reference is not None
+    row = hints.reduced
+    if row is not None and next_power_of_2(row) <= m.max_persistent:
+        return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
+                               split=programs, num_warps=warps_for(next_power_of_2(max(row, 1))))
+    step = m.loop_tile * max(1, 4 // element_bytes(fusion))
+    return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "loop",
+                           tile=step, split=programs, num_warps=warps_for(step))
+
+
+def schedule(fusion: Fusion, params: ReductionParams) -> None:
+    analysis = checked_analysis(fusion, KINDS)
+    caches = cache_inputs(fusion, propagate_allocation_domain=False)
+    ref = next(tv for tv in fusion.tensors() if tv.name == params.reference)
+    flatten(ref, analysis, reduced_first=True)  # [rows (reduced here), row]
+    ref.split(0, params.split, inner_split=False)  # [G, rows/G, row]
+    ref.axis(0).parallelize(ParallelType.grid_x)
+    if params.shape == "loop":
+        ref.split(2, params.tile)  # [G, rows/G, row/T, T]
+        ref.axis(3).parallelize(ParallelType.block_x)
+    else:
+        ref.axis(2).parallelize(ParallelType.block_x)
+    propagate(fusion, ref, caches)
+
+
+INNER_OUTER_PERSISTENT = Scheduler(SchedulerType.inner_outer_persistent, can_schedule,  # type: ignore[arg-type]
+                                   compute_heuristics, schedule)

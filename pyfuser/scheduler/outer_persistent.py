@@ -1,0 +1,47 @@
+"""The outer persistent scheduler (batchnorm-like): reductions over the outermost axes whose
+results are read back along them. A block of columns stays on chip for the whole reduced extent
+when it fits; otherwise each pass reads it again (multi-pass). Accesses are contiguous along the
+kept (inner) axis."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pyfuser.ir.fusion import Fusion
+from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
+from pyfuser.scheduler.reduction_schedule import (
+    ReductionParams,
+    checked_analysis,
+    element_bytes,
+    outer_params,
+    schedule_segment,
+    size_hints,
+)
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
+
+KINDS = (NormalizationKind.outer_persistent,)
+
+
+def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
+    analysis, reason = analyze(fusion)
+    if analysis is None:
+        return False, reason
+    if analysis.kind not in KINDS:
+        return False, f"not a normalization over the outermost axes: a {analysis.kind.value} segment"
+    return True, ""
+
+
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ReductionParams:
+    analysis = checked_analysis(fusion, KINDS)
+    hints = size_hints(fusion, analysis, inputs)
+    return outer_params(SchedulerType.outer_persistent, analysis.reference, hints, True, False,
+                        element_bytes(fusion))
+
+
+def schedule(fusion: Fusion, params: ReductionParams) -> None:
+    schedule_segment(fusion, params, KINDS)
+
+
+OUTER_PERSISTENT = Scheduler(SchedulerType.outer_persistent, can_schedule, compute_heuristics,  # type: ignore[arg-type]
+                             schedule)

@@ -1,0 +1,66 @@
+"""The reduction scheduler: reductions over one set of axes with their pointwise prologue and
+epilogue, inner or outer in memory; few long rows are split across programs (a grid reduction)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.ops import VarMeanOp
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
+from pyfuser.scheduler.reduction_schedule import (
+    ReductionParams,
+    checked_analysis,
+    element_bytes,
+    inner_params,
+    outer_params,
+    schedule_segment,
+    size_hints,
+)
+from pyfuser.scheduler.registry import FusionLike, Machine, Scheduler, SchedulerType, SizeHints
+from pyfuser.scheduler.tools import reset_schedule
+
+KINDS = (NormalizationKind.reduction,)
+
+
+def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
+    analysis, reason = analyze(fusion)
+    if analysis is None:
+        return False, reason
+    if analysis.kind not in KINDS:
+        return False, f"a reduction is read back over the axes it reduces: a {analysis.kind.value} segment"
+    return True, ""
+
+
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ReductionParams:
+    analysis = checked_analysis(fusion, KINDS)
+    hints = size_hints(fusion, analysis, inputs)
+    # Welford's partial results are not finished across programs: var_mean is never split.
+    splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
+    if analysis.inner:
+        return inner_params(SchedulerType.reduction, analysis.reference, hints, splittable, element_bytes(fusion))
+    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, splittable, element_bytes(fusion))
+
+
+def schedule(fusion: Fusion, params: ReductionParams) -> None:
+    schedule_segment(fusion, params, KINDS)
+
+
+def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView:
+    """Schedule the second launch of a grid reduction afresh: it reduces the programs' partial
+    results (and computes what follows), never split again. Returns the kernel's reference."""
+    reset_schedule(fusion)
+    analysis = checked_analysis(fusion, KINDS)
+    reduced, _ = analysis.extents()
+    hints = SizeHints(reduced.value, None, machine)
+    if analysis.inner:
+        params = inner_params(SchedulerType.reduction, analysis.reference, hints, False, element_bytes(fusion))
+    else:
+        params = outer_params(SchedulerType.reduction, analysis.reference, hints, False, False, element_bytes(fusion))
+    schedule_segment(fusion, params, KINDS)
+    return analysis.reference
+
+
+REDUCTION = Scheduler(SchedulerType.reduction, can_schedule, compute_heuristics, schedule)  # type: ignore[arg-type]

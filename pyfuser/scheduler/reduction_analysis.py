@@ -1,0 +1,149 @@
+"""What the reduction and normalization schedulers ask of a segment.
+
+A segment with reductions runs as one kernel when it iterates one *full space* (the axes of the
+reductions' inputs) and each tensor iterates that space or the part a reduction keeps. Its kind:
+
+* **reduction**: every reduction reduces the same axes and nothing reads a reduced value back
+  in the full space (a sum with a pointwise prologue and epilogue);
+* **persistent** (normalization): a reduced value is broadcast back and combined with the full
+  space (softmax, layernorm): *inner* or *outer* by memory order, like the reduction;
+* **inner-outer**: two reductions of the full space, one over its innermost axes (per row) and one
+  over the others (across rows), both in one pass (seed 003's fusion, layernorm backward).
+
+The memory order that decides inner and outer is the allocation order the segment's inputs have
+(an intermediate inherits it, ``infer_allocation_orders``), never the logical position (seed 003).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from pyfuser.codegen.id_graph import IdGraph
+from pyfuser.codegen.support import unsupported_in_reduction_kernel
+from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
+from pyfuser.ir.base import Expr
+from pyfuser.ir.iter_domain import IterDomain
+from pyfuser.ir.ops import ReductionOp, VarMeanOp
+from pyfuser.ir.symbolic import SymConst, SymExpr
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.scheduler.reduction_kind import ReductionKind, reduction_kind
+from pyfuser.scheduler.registry import FusionLike
+
+
+class NormalizationKind(Enum):
+    reduction = "reduction"
+    inner_persistent = "inner_persistent"
+    outer_persistent = "outer_persistent"
+    inner_outer_persistent = "inner_outer_persistent"
+
+
+@dataclass
+class ReductionAnalysis:
+    """A segment's reductions: the first reduction's output (the schedule's reference), the full
+    space's axes in memory order (of the reference's input), which of them the reference reduces,
+    and for inner-outer segments, the reference of the outer reductions."""
+
+    kind: NormalizationKind
+    exact: IdGraph
+    reference: TensorView
+    #: the full space's classes, outermost in memory first
+    order: list[int]
+    reduced: frozenset[int]
+    inner: bool
+    outer_reference: TensorView | None = None
+
+    def extents(self) -> tuple[SymExpr, SymExpr]:
+        """(reduced extent, kept extent) of the reference, as products over its logical IDs."""
+        reduced: SymExpr = SymConst(1)
+        kept: SymExpr = SymConst(1)
+        for i in self.reference.get_logical_domain():
+            if i.is_broadcast:
+                continue
+            if i.is_reduction:
+                reduced = reduced * i.extent
+            else:
+                kept = kept * i.extent
+        return reduced, kept
+
+
+def _classes(exact: IdGraph, ids: list[IterDomain]) -> frozenset[int]:
+    return frozenset(exact.class_of(i) for i in ids if not i.is_broadcast)
+
+
+def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
+    """The segment's reductions if one reduction or normalization kernel computes it (else None
+    and why not)."""
+    exprs = fusion.exprs()
+    reductions = [e for e in exprs if isinstance(e, ReductionOp | VarMeanOp)]
+    if not reductions:
+        return None, "the segment has no reduction"
+    for expr in exprs:
+        reason = unsupported_in_reduction_kernel(expr)
+        if reason is not None:
+            return None, reason
+    if not any(isinstance(o, TensorView) for o in fusion.outputs()):
+        return None, "the segment has no tensor output"
+    exact = IdGraph(fusion.tensors(), exprs, map_broadcast=False, through_transforms=False)
+    groups: dict[frozenset[int], list[Expr]] = {}
+    full: frozenset[int] | None = None
+    for e in reductions:
+        out = e.output
+        space = _classes(exact, out.get_logical_domain())
+        if full is None:
+            full = space
+        elif space != full:
+            return None, (f"{reductions[0].output.short_name} and {out.short_name} reduce tensors of different axes; "
+                          "one reduction kernel iterates one space")
+        groups.setdefault(_classes(exact, [i for i in out.get_logical_domain() if i.is_reduction]), []).append(e)
+    assert full is not None
+    for tv in fusion.tensors():
+        own = _classes(exact, [i for i in tv.get_logical_domain() if not i.is_reduction])
+        if not own <= full:
+            return None, (f"{tv.short_name} iterates axes outside the reductions' space; one reduction kernel "
+                          "iterates one space")
+    if any(not r for r in groups):
+        return None, "a reduction over no axis"
+    orders = infer_allocation_orders(fusion)  # type: ignore[arg-type]
+    kinds = {id(e): reduction_kind(e, orders[id(e.tensor_inputs[0])]) for e in reductions}
+    first = reductions[0]
+    order = [exact.class_of(i) for i in orders[id(first.tensor_inputs[0])] if not i.is_broadcast]
+    if len(groups) == 1:
+        reduced = next(iter(groups))
+        inner = kinds[id(first)] is ReductionKind.inner
+        if not _persistent(fusion, exact, reductions):
+            return ReductionAnalysis(NormalizationKind.reduction, exact, first.output, order, reduced, inner), ""
+        kind = NormalizationKind.inner_persistent if inner else NormalizationKind.outer_persistent
+        return ReductionAnalysis(kind, exact, first.output, order, reduced, inner), ""
+    if len(groups) > 2:
+        return None, "reductions over more than two sets of axes"
+    (a, a_exprs), (b, b_exprs) = groups.items()
+    if a & b or (a | b) != full:
+        return None, "two reductions over overlapping axes, or together not over every axis"
+    a_inner = all(kinds[id(e)] is ReductionKind.inner for e in a_exprs)
+    b_inner = all(kinds[id(e)] is ReductionKind.inner for e in b_exprs)
+    if a_inner == b_inner:
+        return None, "two sets of reductions that are both inner or both outer in memory"
+    (inner_set, inner_exprs), (outer_exprs) = ((a, a_exprs), b_exprs) if a_inner else ((b, b_exprs), a_exprs)
+    if any(isinstance(e, VarMeanOp) for e in outer_exprs):
+        return None, "an outer var_mean in an inner-outer segment (its partial results cannot be combined)"
+    return ReductionAnalysis(NormalizationKind.inner_outer_persistent, exact, inner_exprs[0].output, order,
+                             inner_set, True, outer_exprs[0].output), ""
+
+
+def _persistent(fusion: FusionLike, exact: IdGraph, reductions: list[Expr]) -> bool:
+    """Whether a value computed from a reduction is read back over the axes it reduced."""
+    for e in reductions:
+        reduced = _classes(exact, [i for i in e.output.get_logical_domain() if i.is_reduction])
+        stack = [use for out in e.outputs for use in out.uses]
+        seen: set[int] = set()
+        while stack:
+            use = stack.pop()
+            if id(use) in seen:
+                continue
+            seen.add(id(use))
+            for out in use.tensor_outputs:
+                if _classes(exact, [i for i in out.get_logical_domain() if not i.is_reduction]) & reduced:
+                    return True
+                stack.extend(out.uses)
+    return False

@@ -1,0 +1,271 @@
+"""The schedules the reduction and normalization schedulers share.
+
+The reference is the first reduction's output: its logical axes are put in memory order and merged
+into one kept axis ``I`` and one reduced axis ``R``; the kernel then takes one of these shapes
+(every other tensor follows the reference, and is inlined):
+
+* **tile** (``R`` fits a tile): ``[I/rows (grid_x), rows (block_y), R (block_x)]``; a program
+  reduces ``rows`` whole rows at once, the row stays on chip for its consumers (persistent);
+* **loop** (``R`` too large): ``[I (grid_x), R/T (loop), T (block_x)]``; consumers of a reduced
+  value loop over the row again (multi-pass);
+* **split** (few rows, long ones): the loop shape with ``R/T`` also split across ``G`` programs
+  (grid_y), each reducing its share: a grid reduction, finished by a second launch;
+* **outer** (``R`` outermost in memory): ``[I/BI (grid_x), R/BR (loop), BR (block_y), BI (block_x)]``
+  (or ``R`` whole as the block_y tile when it fits), accesses contiguous along ``I``.
+
+On-chip caches of the inputs get an allocation derived from their loop domain (seed 003).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pyfuser.codegen.triton_support import next_power_of_2
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import IterDomain, ParallelType
+from pyfuser.ir.symbolic import SymExpr
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.scheduler.cache import cache_inputs, derive_allocation_from_loop
+from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
+from pyfuser.scheduler.registry import FusionLike, Machine, SchedulerType, SizeHints
+from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
+
+#: Elements of a tile a program holds at once when several rows share it (registers per thread).
+ROWS_TILE = 4096
+#: A kept extent at least this many programs' worth keeps every SM busy without a split.
+WAVES = 2
+
+
+@dataclass
+class ReductionParams:
+    """``shape``: "tile", "loop", "split" or "outer" (see the module); ``rows``: rows per program
+    (tile); ``tile``: elements of ``R`` per loop step (loop, split) or ``BI`` (outer);
+    ``tile_reduced``: ``BR`` (outer, 0: ``R`` whole); ``split``: programs per row (split);
+    ``reference``: the tensor whose loop nest the kernel runs."""
+
+    scheduler_type: SchedulerType
+    reference: int
+    shape: str
+    rows: int = 1
+    tile: int = 0
+    tile_reduced: int = 0
+    split: int = 1
+    num_warps: int = 4
+
+    def __str__(self) -> str:
+        fields = {"tile": f"rows per program: {self.rows}, row as one tile",
+                  "loop": f"loop step: {self.tile}",
+                  "split": f"loop step: {self.tile}, programs per row: {self.split} (grid reduction)",
+                  "outer": f"kept tile: {self.tile}, reduced tile: {self.tile_reduced or 'whole extent'}"}
+        if self.scheduler_type is SchedulerType.inner_outer_persistent:
+            fields = {"tile": "row as one tile", "loop": f"row in steps of {self.tile}"}
+            fields = {k: f"{v}; {self.split} programs, each a block of rows (partials finished by a second launch)"
+                      for k, v in fields.items()}
+        return (f"===== Reduction Parameters ========\nscheduler: {self.scheduler_type.name}\nreference: "
+                f"T{self.reference}\nshape: {self.shape}\n{fields[self.shape]}\nnum_warps: {self.num_warps}\n"
+                "====================================\n")
+
+    def __hash__(self) -> int:
+        return hash((self.scheduler_type, self.reference, self.shape, self.rows, self.tile, self.tile_reduced,
+                     self.split, self.num_warps))
+
+
+def size_hints(fusion: FusionLike, analysis: ReductionAnalysis, inputs: Sequence[Any] | SizeHints) -> SizeHints:
+    """The sizes to schedule for: given by the runtime, or read off the fusion's input values."""
+    if isinstance(inputs, SizeHints):
+        return inputs
+    tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
+    machine = Machine.of(tensors[0].device if tensors else torch.device("cpu"))
+    if not inputs:
+        return SizeHints(None, None, machine)
+    env: dict[str, int] = {}
+    for tv, value in zip(fusion.inputs(), inputs, strict=False):
+        if isinstance(tv, TensorView) and isinstance(value, torch.Tensor):
+            for i, size in zip(tv.get_logical_domain(no_reductions=True), value.shape, strict=False):
+                symbol = getattr(i.extent, "symbol", None)
+                if symbol is not None:
+                    env[symbol] = int(size)
+    reduced, kept = analysis.extents()
+    return SizeHints(_evaluate(reduced, env), _evaluate(kept, env), machine)
+
+
+def _evaluate(e: SymExpr, env: dict[str, int]) -> int | None:
+    try:
+        return int(e.evaluate(env))
+    except ValueError:
+        return None
+
+
+def checked_analysis(fusion: FusionLike, kinds: Sequence[NormalizationKind]) -> ReductionAnalysis:
+    analysis, reason = analyze(fusion)
+    if analysis is None or analysis.kind not in kinds:
+        raise ValueError(f"the {kinds[0].value} scheduler cannot schedule this fusion: "
+                         f"{reason or f'it is a {analysis.kind.value} segment' if analysis else reason}")
+    return analysis
+
+
+def element_bytes(fusion: FusionLike) -> int:
+    return max((v.dtype.torch_dtype.itemsize for v in (*fusion.inputs(), *fusion.outputs())
+                if isinstance(v, TensorView)), default=4)
+
+
+def warps_for(tile: int) -> int:
+    """Warps for a tile of ``tile`` elements: about 16 elements per thread, 2 to 16 warps."""
+    return max(2, min(16, tile // 512))
+
+
+def inner_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHints, splittable: bool,
+                 bytes_per_element: int) -> ReductionParams:
+    m = hints.machine
+    reduced, kept = hints.reduced, hints.kept
+    if reduced is not None and next_power_of_2(reduced) <= m.max_persistent:
+        width = next_power_of_2(max(reduced, 1))
+        rows = max(1, min(ROWS_TILE // width, 64))
+        if kept is not None:
+            # Keep enough programs to fill the machine before packing rows.
+            while rows > 1 and -(-kept // rows) < WAVES * m.sm_count:
+                rows //= 2
+        return ReductionParams(scheduler_type, ref.name, "tile", rows=rows, num_warps=warps_for(rows * width))
+    step = m.loop_tile * max(1, 4 // bytes_per_element)
+    if splittable and reduced is not None and kept is not None and kept < WAVES * m.sm_count:
+        split = min(-(-WAVES * m.sm_count // max(kept, 1)), max(1, reduced // (4 * step)))
+        if split >= 2:
+            return ReductionParams(scheduler_type, ref.name, "split", tile=step, split=split,
+                                   num_warps=warps_for(step))
+    return ReductionParams(scheduler_type, ref.name, "loop", tile=step, num_warps=warps_for(step))
+
+
+def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHints, persistent: bool,
+                 splittable: bool, bytes_per_element: int) -> ReductionParams:
+    m = hints.machine
+    reduced, kept = hints.reduced, hints.kept
+    vec = max(1, 16 // bytes_per_element)
+    inner = min(32 * vec, next_power_of_2(kept)) if kept is not None else 32 * vec
+    if persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent:
+        tile = next_power_of_2(max(reduced, 1)) * inner
+        return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))
+    rows = max(1, min(ROWS_TILE // inner, next_power_of_2(reduced) if reduced is not None else 64))
+    split = 1
+    if splittable and reduced is not None and kept is not None:
+        programs = -(-kept // inner)
+        if programs < WAVES * m.sm_count:
+            split = max(1, min(-(-WAVES * m.sm_count // programs), reduced // (4 * rows)))
+    return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
+                           num_warps=warps_for(rows * inner))
+
+
+# --- schedules ------------------------------------------------------------------------------------------
+def flatten(ref: TensorView, analysis: ReductionAnalysis, reduced_first: bool) -> None:
+    """``ref``'s loop as ``[I, R]`` (or ``[R, I]``): kept and reduced axes, each merged in memory order
+    (broadcast axes join the kept ones)."""
+    exact = analysis.exact
+    rank = {c: k for k, c in enumerate(analysis.order)}
+    loop = ref.get_loop_domain()
+
+    def key(i: IterDomain) -> int:
+        return -1 if i.is_broadcast else rank.get(exact.class_of(i), len(rank))
+
+    kept = sorted((i for i in loop if not i.is_reduction), key=key)
+    reduced = sorted((i for i in loop if i.is_reduction), key=key)
+    order = [*reduced, *kept] if reduced_first else [*kept, *reduced]
+    ref.reorder({loop.index(i): k for k, i in enumerate(order)})
+    first, second = (reduced, kept) if reduced_first else (kept, reduced)
+    if len(second) > 1:
+        for _ in range(len(second) - 1):
+            ref.merge(len(first))
+    if len(first) > 1:
+        for _ in range(len(first) - 1):
+            ref.merge(0)
+    if not first:  # a full reduction: a kept axis of one element to hang the grid on
+        raise ValueError(f"{ref.short_name}: a reduction to a single value has no kept axis")
+
+
+def schedule_reference(ref: TensorView, analysis: ReductionAnalysis, params: ReductionParams) -> None:
+    """Transform the reference's loop domain into the params' shape and parallelize it."""
+    full = all(i.is_reduction or i.is_broadcast for i in ref.get_logical_domain())
+    if params.shape == "outer":
+        if full:
+            _schedule_outer_full(ref, params)
+            return
+        flatten(ref, analysis, reduced_first=True)  # [R, I]
+        ref.split(1, params.tile)  # [R, I/BI, BI]
+        if not params.tile_reduced:
+            ref.reorder({1: 0, 0: 1})  # [I/BI, R, BI]
+            _parallelize(ref, [ParallelType.grid_x, ParallelType.block_y, ParallelType.block_x])
+            return
+        ref.split(0, params.tile_reduced)  # [R/BR, BR, I/BI, BI]
+        if params.split > 1:
+            ref.split(0, params.split, inner_split=False)  # [G, R/BR/G, BR, I/BI, BI]
+            ref.reorder({3: 0, 0: 1, 1: 2, 2: 3})  # [I/BI, G, R/BR/G, BR, BI]
+            _parallelize(ref, [ParallelType.grid_x, ParallelType.grid_y, ParallelType.serial,
+                               ParallelType.block_y, ParallelType.block_x])
+            return
+        ref.reorder({2: 0, 0: 1, 1: 2})  # [I/BI, R/BR, BR, BI]
+        _parallelize(ref, [ParallelType.grid_x, ParallelType.serial, ParallelType.block_y, ParallelType.block_x])
+        return
+    if full:
+        _schedule_inner_full(ref, params)
+        return
+    flatten(ref, analysis, reduced_first=False)  # [I, R]
+    if params.shape == "tile":
+        if params.rows > 1:
+            ref.split(0, params.rows)  # [I/rows, rows, R]
+            _parallelize(ref, [ParallelType.grid_x, ParallelType.block_y, ParallelType.block_x])
+        else:
+            _parallelize(ref, [ParallelType.grid_x, ParallelType.block_x])
+        return
+    ref.split(1, params.tile)  # [I, R/T, T]
+    if params.shape == "split":
+        ref.split(1, params.split, inner_split=False)  # [I, G, R/T/G, T]
+        _parallelize(ref, [ParallelType.grid_x, ParallelType.grid_y, ParallelType.serial, ParallelType.block_x])
+        return
+    _parallelize(ref, [ParallelType.grid_x, ParallelType.serial, ParallelType.block_x])
+
+
+def _schedule_inner_full(ref: TensorView, params: ReductionParams) -> None:
+    """A reduction to one value: ``[R]`` as one tile, a loop, or split across programs."""
+    for _ in range(len(ref.get_loop_domain()) - 1):
+        ref.merge(0)
+    if params.shape == "tile":
+        _parallelize(ref, [ParallelType.block_x])
+        return
+    ref.split(0, params.tile)  # [R/T, T]
+    if params.shape == "split":
+        ref.split(0, params.split, inner_split=False)  # [G, R/T/G, T]
+        _parallelize(ref, [ParallelType.grid_x, ParallelType.serial, ParallelType.block_x])
+        return
+    _parallelize(ref, [ParallelType.serial, ParallelType.block_x])
+
+
+def _schedule_outer_full(ref: TensorView, params: ReductionParams) -> None:
+    _schedule_inner_full(ref, ReductionParams(params.scheduler_type, params.reference, "loop",
+                                              tile=params.tile * max(1, params.tile_reduced)))
+
+
+def _parallelize(tv: TensorView, types: list[ParallelType]) -> None:
+    for i, ptype in zip(tv.get_loop_domain(), types, strict=True):
+        if ptype is not ParallelType.serial:
+            i.parallelize(ptype)
+
+
+def propagate(fusion: Fusion, ref: TensorView, caches: list[TensorView]) -> None:
+    """Every other tensor follows the reference; caches get an allocation from their loop (seed 003)."""
+    transform_like(ref)
+    parallelize_like(ref)
+    inline_most(fusion=fusion)
+    for cache in caches:
+        derive_allocation_from_loop(cache)
+
+
+def schedule_segment(fusion: Fusion, params: ReductionParams, kinds: Sequence[NormalizationKind]) -> None:
+    """Schedule a reduction / persistent segment (inner-outer segments have their own module)."""
+    analysis = checked_analysis(fusion, kinds)
+    caches = cache_inputs(fusion, propagate_allocation_domain=False) if analysis.kind is not \
+        NormalizationKind.reduction else []
+    ref = next(tv for tv in fusion.tensors() if tv.name == params.reference)
+    schedule_reference(ref, analysis, params)
+    propagate(fusion, ref, caches)
