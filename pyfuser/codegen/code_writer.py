@@ -32,6 +32,8 @@ class CodeWriter:
         self._scopes = [_Scope()]
         #: tile axes each variable varies along (absent: a scalar)
         self.dims: dict[str, frozenset[int]] = {}
+        #: names each assigned variable is computed from
+        self._deps: dict[str, frozenset[str]] = {}
 
     # --- lines ----------------------------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -49,7 +51,9 @@ class CodeWriter:
                     return scope.exprs[expr]
         name = self.fresh(prefix)
         self.emit(f"{name} = {expr}")
-        self.dims[name] = dims if dims is not None else self.dims_of(*_names_in(expr))
+        used = _names_in(expr)
+        self.dims[name] = dims if dims is not None else self.dims_of(*used)
+        self._deps[name] = frozenset(used)
         if cse:
             self._scopes[-1].exprs[expr] = name
         return name
@@ -108,12 +112,28 @@ class CodeWriter:
     def conditions(self) -> list[tuple[str, frozenset[int]]]:
         return [c for scope in self._scopes for c in scope.conditions]
 
-    def mask(self, dims: frozenset[int]) -> str:
+    def mask(self, dims: frozenset[int], uses: str | None = None) -> str:
         """The conditions an access varying along tile axes ``dims`` needs: those on its own axes (an
-        access may not have a mask wider than its pointer). Conditions on no tile axis are the same
-        for the whole tile: the code around the access branches on them (``uniform``)."""
+        access may not have a mask wider than its pointer), and with ``uses`` (the address or value
+        it computes) only those on indices it is computed from: a reduction nested in a pass over a
+        chunk of its axis iterates the axis itself and ignores the chunk's bound. Conditions on no
+        tile axis are the same for the whole tile: the code around the access branches on them
+        (``uniform``)."""
         conds = [c for c, d in self.conditions() if d and d <= dims]
+        if uses is not None:
+            names = self._closure(uses)
+            conds = [c for c in conds if any(n in names for n in _names_in(c) if n in self._deps)]
         return self.assign("mask", " & ".join(conds), dims) if conds else ""
+
+    def _closure(self, expr: str) -> set[str]:
+        seen: set[str] = set()
+        stack = _names_in(expr)
+        while stack:
+            n = stack.pop()
+            if n not in seen:
+                seen.add(n)
+                stack.extend(self._deps.get(n, ()))
+        return seen
 
     def uniform(self) -> list[str]:
         """Conditions on no tile axis that no enclosing ``if`` already tests."""

@@ -34,7 +34,9 @@ class KernelPart:
     reference: TensorView
 
 
-def _grid_reduction(fusion: Fusion) -> TensorView | None:
+def _grid_reductions(fusion: Fusion) -> list[TensorView]:
+    """Reductions with a reduction axis on the grid that no other such reduction feeds."""
+    found: list[TensorView] = []
     for expr in fusion.exprs():
         if not isinstance(expr, ReductionOp | VarMeanOp):
             continue
@@ -46,8 +48,9 @@ def _grid_reduction(fusion: Fusion) -> TensorView | None:
             raise KernelError(f"{out.short_name} axis {out.loop_position(grid[0])} ({grid[0]}) reduces var_mean "
                               f"across programs ({grid[0].parallel_type.name}); Welford's partial results cannot be "
                               "finished in a second step here: reduce it on a tile axis or in a loop")
-        return out
-    return None
+        if not any(_depends_on(expr.inputs[0], other) for other in found):
+            found.append(out)
+    return found
 
 
 #: Schedules a grid reduction's second launch afresh and returns its reference (automatic schedules;
@@ -58,41 +61,63 @@ FinishStep = Callable[[Fusion], TensorView]
 def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: FinishStep | None = None,
                              ) -> list[KernelPart]:
     """The launches that compute scheduled ``fusion`` (one, unless it has grid reductions)."""
-    tv = _grid_reduction(fusion)
-    if tv is None:
+    reductions = _grid_reductions(fusion)
+    if not reductions:
         return [KernelPart(fusion, reference)]
-    loop = tv.get_loop_domain()
-    local = [k for k, i in enumerate(loop) if i.is_reduction and i.parallel_type not in GRID_TYPES]
-    if local:
-        tv.rfactor(local)
-    partial = tv.definition.inputs[0]  # type: ignore[union-attr]
-    assert isinstance(partial, TensorView)
-    if any(partial is v for v in fusion.inputs()):
-        # Nothing to compute before the final step: every program reduces its share in a loop.
-        _grid_to_loops(tv)
+    split: list[tuple[TensorView, TensorView]] = []  # (reduction, its partial results)
+    for tv in reductions:
+        local = [k for k, i in enumerate(tv.get_loop_domain()) if i.is_reduction and i.parallel_type not in GRID_TYPES]
+        if local:
+            tv.rfactor(local)
+        partial = tv.definition.inputs[0]  # type: ignore[union-attr]
+        assert isinstance(partial, TensorView)
+        if any(partial is v for v in fusion.inputs()):
+            _grid_to_loops(tv)  # nothing to compute first: each program reduces its share in a loop
+        else:
+            _check_partial_is_per_program(tv, partial)
+            split.append((tv, partial))
+    if not split:
         return split_at_grid_reductions(fusion, reference, finish)
-    _check_partial_is_per_program(tv, partial)
     first = fusion.clone(memo := {})
-    first_partial = memo[id(partial)]
-    assert isinstance(first_partial, TensorView)
-    first_partial.memory_type = MemoryType.Global
-    independent = [memo[id(o)] for o in fusion.outputs() if not _depends_on(o, tv)]
-    first.restrict(_used_inputs(first, [first_partial, *independent]), [first_partial, *independent])  # type: ignore[list-item]
+    partials = [memo[id(p)] for _, p in split]
+    for p in partials:
+        p.memory_type = MemoryType.Global  # type: ignore[attr-defined]
+    independent = [memo[id(o)] for o in fusion.outputs() if not any(_depends_on(o, tv) for tv, _ in split)]
+    first.restrict(_used_inputs(first, [*partials, *independent]), [*partials, *independent])  # type: ignore[list-item]
+    parts = [KernelPart(first, partials[0])]  # type: ignore[arg-type]
+    rest = [o for o in fusion.outputs() if any(_depends_on(o, tv) for tv, _ in split)]
+    owners = [[tv for tv, _ in split if _depends_on(o, tv)] for o in rest]
+    if finish is not None and all(len(owner) == 1 for owner in owners):
+        # Each final step on its own, scheduled afresh for its shape.
+        for tv, partial in split:
+            mine = [o for o, owner in zip(rest, owners, strict=True) if owner[0] is tv]
+            parts.extend(_final_step(fusion, mine, [partial], lambda f, _m: finish(f)))
+        return parts
+    return [*parts, *_final_step(fusion, rest, [p for _, p in split],
+                                 lambda f, m: _keep_schedule(f, m, [tv for tv, _ in split], reference))]
+
+
+def _final_step(fusion: Fusion, outputs: list[Val], partials: list[TensorView],
+                schedule: Callable[[Fusion, dict[int, object]], TensorView]) -> list[KernelPart]:
+    """The launch(es) computing ``outputs`` from the partial results (and the fusion's inputs)."""
     second = fusion.clone(memo := {})
-    second_partial = memo[id(partial)]
-    second_tv = memo[id(tv)]
-    assert isinstance(second_partial, TensorView) and isinstance(second_tv, TensorView)
-    second_partial.memory_type = MemoryType.Global
-    rest = [memo[id(o)] for o in fusion.outputs() if _depends_on(o, tv)]
-    _grid_to_loops(second_tv)
-    second.restrict(_used_inputs(second, rest, stop=second_partial), rest)
-    if finish is not None:
-        second_reference = finish(second)
-    else:
-        second_reference = memo[id(reference)] if _depends_on(reference, tv) else rest[0]  # type: ignore[assignment]
-    assert isinstance(second_reference, TensorView)
-    return [KernelPart(first, first_partial),
-            *split_at_grid_reductions(second, second_reference, finish)]
+    mine = [memo[id(p)] for p in partials]
+    for p in mine:
+        p.memory_type = MemoryType.Global  # type: ignore[attr-defined]
+    outs = [memo[id(o)] for o in outputs]
+    second.restrict(_used_inputs(second, outs, stop=mine), outs)  # type: ignore[arg-type]
+    reference = schedule(second, memo)
+    return split_at_grid_reductions(second, reference, None)
+
+
+def _keep_schedule(fusion: Fusion, memo: dict[int, object], reductions: list[TensorView],
+                   reference: TensorView) -> TensorView:
+    """The user's schedule of the final step, its reductions' grid axes turned into loops."""
+    for tv in reductions:
+        _grid_to_loops(memo[id(tv)])  # type: ignore[arg-type]
+    outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
+    mapped = memo.get(id(reference))
+    return mapped if any(mapped is o for o in fusion.tensors()) else outputs[0]  # type: ignore[return-value]
 
 
 def _grid_to_loops(tv: TensorView) -> None:
@@ -134,10 +159,11 @@ def _depends_on(val: Val, tv: TensorView) -> bool:
     return False
 
 
-def _used_inputs(fusion: Fusion, outputs: list[Val], stop: Val | None = None) -> list[Val]:
-    """The fusion inputs (and ``stop``, a tensor computed by an earlier launch) ``outputs`` read."""
+def _used_inputs(fusion: Fusion, outputs: list[Val], stop: list[TensorView] | None = None) -> list[Val]:
+    """The fusion inputs (and ``stop``: tensors computed by an earlier launch) ``outputs`` read."""
     inputs = fusion.inputs()
-    input_ids = {id(v) for v in inputs}
+    stops = list(stop or ())
+    boundary = {id(v) for v in (*inputs, *stops)}
     found: dict[int, Val] = {}
     stack, seen = list(outputs), set()
     while stack:
@@ -145,10 +171,9 @@ def _used_inputs(fusion: Fusion, outputs: list[Val], stop: Val | None = None) ->
         if id(v) in seen:
             continue
         seen.add(id(v))
-        if v is stop or id(v) in input_ids:
+        if id(v) in boundary:
             found[id(v)] = v
             continue
         if v.definition is not None:
             stack.extend(v.definition.inputs)
-    ordered = [v for v in inputs if id(v) in found]
-    return [stop, *ordered] if stop is not None and id(stop) in found else ordered
+    return [v for v in (*stops, *inputs) if id(v) in found]

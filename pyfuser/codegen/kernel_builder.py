@@ -362,9 +362,16 @@ class KernelBuilder(ValueLowering):
 
     # --- the kernel -------------------------------------------------------------------------------------
     def _check_inlined_producers(self) -> None:
-        """A scheduled tensor the kernel computes must be parallelized like the loop it is inlined in."""
+        """A scheduled tensor the kernel computes must be parallelized like the loop it is inlined in,
+        and reduce nothing across programs (grid reductions are split into launches before)."""
         ref_loop = self.reference.get_loop_domain()
         for tv in self.tensors:
+            for pos, i in enumerate(tv.get_loop_domain()):
+                if i.is_reduction and i.parallel_type in GRID_AXES and tv not in self.inputs:
+                    raise KernelError(f"{tv.short_name} axis {pos} ({i}) is a reduction across programs "
+                                      f"({i.parallel_type.name}) inside one launch; a grid reduction needs a final "
+                                      "step after every program finished (rfactor it, or let the code generator "
+                                      "split it into launches)")
             if tv in self.inputs or tv is self.reference:
                 continue
             for pos, i in enumerate(tv.get_loop_domain()):
@@ -478,7 +485,7 @@ class KernelBuilder(ValueLowering):
         code = self.code
         branched = code.branch(code.uniform())  # the same for the whole tile: a branch, not a mask
         offset, dims = self.offset(tv, position, indices)
-        mask = code.mask(dims)
+        mask = code.mask(dims, uses=offset)
         code.emit(f"tl.store(T{position} + {offset}, {self.store_value(value, tv)}{', mask=' + mask if mask else ''})")
         if branched:
             code.close()

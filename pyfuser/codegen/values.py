@@ -107,7 +107,7 @@ class ValueLowering:
         if val in self.inputs:
             position = self.inputs.index(val)
             offset, dims = self.offset(val, position, indices)
-            mask = self.code.mask(dims)
+            mask = self.code.mask(dims, uses=offset)
             load = f"tl.load(T{position} + {offset}, mask={mask}, other=0)" if mask else \
                 f"tl.load(T{position} + {offset})"
             result = self.code.assign("v", f"{load}{_to(val.dtype, compute_dtype(val.dtype))}", cse=False)
@@ -216,7 +216,7 @@ class ValueLowering:
         assert isinstance(producer, TensorView)
         value = self.convert(self.value(producer, self.producer_indices(expr, producer, indices)), producer.dtype,
                              acc_dtype)
-        mask = code.mask(frozenset(range(len(self.tile_shape))))
+        mask = code.mask(frozenset(range(len(self.tile_shape))), uses=value)
         if welford:
             mean, m2, count = names
             valid = mask or "True"

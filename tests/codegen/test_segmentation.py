@@ -57,15 +57,15 @@ def test_siblings_reading_one_input_share_a_kernel(monkeypatch, capsys, device, 
 
 
 def test_no_cycle_through_an_aten_segment(monkeypatch, capsys, device, run_kernels) -> None:
-    """a -> sum (ATen) -> b, and a -> b directly: a and b cannot share a kernel around the sum."""
-    x = torch.randn(4, 5, device=device)
+    """a -> matmul (ATen) -> b, and a -> b directly: a and b cannot share a kernel around the matmul."""
+    x, w = torch.randn(4, 5, device=device), torch.randn(5, 5, device=device)
     with FusionDefinition() as fd:
-        t = fd.from_pytorch(x)
+        t, tw = fd.from_pytorch(x), fd.from_pytorch(w)
         a = fd.ops.exp(t)
-        s = fd.ops.sum(a, [1], keepdim=True)
-        fd.add_output(fd.ops.div(a, s))
-    (out,), dump = _dump(monkeypatch, capsys, fd, [x], run_kernels)
-    torch.testing.assert_close(out, torch.softmax(x, 1))
+        m = fd.ops.matmul(a, tw)
+        fd.add_output(fd.ops.div(a, m))
+    (out,), dump = _dump(monkeypatch, capsys, fd, [x, w], run_kernels)
+    torch.testing.assert_close(out, x.exp() / (x.exp() @ w))
     segments = [line.split()[1] for line in dump.splitlines() if line.startswith("  g")]
     assert segments == ["pointwise", "expr_eval", "pointwise"]
 
