@@ -16,6 +16,7 @@ from pyfuser.host_ir.passes.pipeline import HOST_PASSES
 from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOpType
 from pyfuser.options import CompileOptions, DisableOption, EnableOption, check_options
 from pyfuser.preseg.pipeline import PRESEG_PASSES
+from pyfuser.runtime.backends import HOST_PASSES as RUNTIME_HOST_PASSES
 
 
 @pytest.mark.parametrize("kind", [*UnaryOpType, *BinaryOpType, *TernaryOpType, *ReductionOpType],
@@ -38,10 +39,16 @@ def test_pass_toggles_sit_in_the_pipeline_lists() -> None:
     by_name = {p.name: p for p in [*PRESEG_PASSES, *HOST_PASSES]}
     assert by_name["infer_allocation_order"].disabled_by is DisableOption.infer_contiguity
     assert by_name["ring_buffers"].disabled_by is DisableOption.stream_ring_buffers
-    assert by_name["stream_overlap"].enabled_by is EnableOption.stream_overlap
-    assert not by_name["stream_overlap"].applies(CompileOptions())
-    assert by_name["stream_overlap"].applies(CompileOptions(enabled=frozenset({EnableOption.stream_overlap})))
+    assert by_name["stream_overlap"].disabled_by is DisableOption.stream_overlap
+    assert by_name["stream_overlap"].applies(CompileOptions())
+    assert not by_name["stream_overlap"].applies(CompileOptions(disabled=frozenset({DisableOption.stream_overlap})))
     assert not by_name["ring_buffers"].applies(CompileOptions(disabled=frozenset({"stream_ring_buffers"})))  # type: ignore[arg-type]
+
+
+def test_communication_passes_run_between_stream_lowering_and_ring_buffers() -> None:
+    names = [p.name for p in RUNTIME_HOST_PASSES]
+    assert names == ["stream_lowering", "p2p_pipelines", "ring_buffers", "stream_overlap"]
+    assert [p.name for p in HOST_PASSES] == ["stream_lowering", "ring_buffers", "stream_overlap"]
 
 
 def test_process_wide_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
