@@ -33,6 +33,7 @@ from overlap_common import (
     Timer,
     draw_timeline,
     gpu_events,
+    host_profile,
     machine,
     profile_program,
     relative_error,
@@ -145,32 +146,36 @@ def _nccl_chunks(x: torch.Tensor, w: torch.Tensor, d: int, chunks: int) -> Any:
     return run
 
 
-def profile(m: int, k: int, n: int, dtype: torch.dtype, directory: Path) -> dict[str, Any]:
-    """Traces of pyfuser's S = 1 and S = 2 programs (both backends) on every rank; rank 0 reads them all."""
+def profile(m: int, k: int, n: int, dtype: torch.dtype, directory: Path, host: bool) -> dict[str, Any]:
+    """Traces of pyfuser's S = 1 and S = 2 programs (both backends) on every rank, and with ``host`` where their
+    host time goes; rank 0 reads them all and draws the timeline."""
     comm = Communicator.instance()
     d, rank, device = comm.size(), comm.rank(), comm.device()
     x = torch.randn(m, k, device=device, dtype=dtype)
     w = torch.randn(n, k, device=device, dtype=dtype) / (k * d) ** 0.5
     variants = [(name, s) for s in (1, 2) for name in BACKENDS]
+    hosts = {}
     for name, s in variants:
         executor = pyfuser_program(d, dtype, name)
         local = x.view(s, d, m // (s * d), k)
-        profile_program(lambda executor=executor, local=local: executor.run([local, w]),
-                        directory / f"rs_{name}_S{s}_rank{rank}.json")
+        run = lambda executor=executor, local=local: executor.run([local, w])  # noqa: E731
+        profile_program(run, directory / f"rs_{m}_{name}_S{s}_rank{rank}.json")
+        if host:
+            hosts[f"{name}_S{s}"] = host_profile(run)
     comm.barrier()
     if rank != 0:
         return {}
-    summary: dict[str, Any] = {}
+    summary: dict[str, Any] = {"host": hosts}
     lanes = []
     for name, s in variants:
         for r in range(d):
-            events = gpu_events(directory / f"rs_{name}_S{s}_rank{r}.json")
+            events = gpu_events(directory / f"rs_{m}_{name}_S{s}_rank{r}.json")
             summary[f"{name}_S{s}_rank{r}"] = summarize(events)
             if s == 1 or name == "p2p":
                 lanes.append((f"{name} S={s} rank {r}", events))
-    draw_timeline(lanes, directory / "linear_rs_timeline.png",
+    draw_timeline(lanes, directory / f"linear_rs_timeline_{m}.png",
                   f"linear + reduce-scatter, M={m}, K={k}/rank, N={n}, d={d}: pyfuser programs per rank and CUDA stream")
-    (directory / "linear_rs_profile.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (directory / f"linear_rs_profile_{m}.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 
@@ -199,7 +204,8 @@ def main() -> int:
     timer = Timer(comm.device(), args.warmup, args.iters)
     rows = [measure(m, k, n, args.streams, dtype, timer) for m, k, n in sizes]
     if args.profile is not None and comm.device().type == "cuda":
-        profile(*sizes[0], dtype, args.profile)
+        for m, k, n in sizes:
+            profile(m, k, n, dtype, args.profile, host=m == min(size[0] for size in sizes))
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     failed = [f"{row['size']}: {key} = {value:.2e}" for row in rows for key, value in row.items()
               if key.endswith("_error") and not (isinstance(value, float) and value < tolerance)]

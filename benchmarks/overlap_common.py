@@ -7,9 +7,12 @@ and a device synchronization, then the max over ranks. Rank 0 writes ``PREFIX.js
 
 from __future__ import annotations
 
+import cProfile
 import datetime
+import io
 import json
 import os
+import pstats
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -115,16 +118,49 @@ def write_report(prefix: Path, title: str, config: dict[str, Any], rows: list[di
 
 
 def profile_program(fn: Callable[[], object], path: Path) -> None:
-    """Write a chrome trace of one call of ``fn`` (after two warm-up calls, all ranks in step) to ``path``."""
-    for _ in range(2):
-        fn()
+    """Write a chrome trace of one call of ``fn`` to ``path``: a warm-up call, then a barrier (an NCCL all-reduce
+    kernel that ends at the same time on every rank: ``gpu_events`` measures from its end), then the call."""
+    fn()
     torch.cuda.synchronize()
-    Communicator.instance().barrier()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+        Communicator.instance().barrier()
         fn()
         torch.cuda.synchronize()
     path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(path))
+
+
+def host_profile(fn: Callable[[], object], runs: int = 200) -> dict[str, Any]:
+    """Host time of ``fn`` (µs per call, the GPU left to catch up every 20 calls) and, on rank 0, the functions
+    that take it (cProfile, by own time)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    total = 0.0
+    for i in range(runs):
+        begin = time.perf_counter()
+        fn()
+        total += time.perf_counter() - begin
+        if i % 20 == 19:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    result: dict[str, Any] = {"host_us_per_call": total / runs * 1e6}
+    if dist.get_rank() == 0:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for i in range(runs):
+            fn()
+            if i % 20 == 19:
+                torch.cuda.synchronize()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+        result["cprofile"] = text.getvalue().splitlines()
+    torch.cuda.synchronize()
+    Communicator.instance().barrier()
+    return result
 
 
 def _category(event: dict[str, Any]) -> str:
@@ -143,21 +179,23 @@ _COLORS = {"GEMM": "tab:blue", "copy engine (memcpy)": "tab:orange", "NCCL kerne
 
 
 def gpu_events(trace: Path) -> list[dict[str, Any]]:
-    """Kernels and memory copies of a chrome trace: name, category, stream, start and duration (µs)."""
+    """Kernels and memory copies of the call after the barrier in a ``profile_program`` trace: name, category,
+    stream, start (µs since the barrier ended) and duration (µs)."""
     data = json.loads(trace.read_text())
-    events = []
-    for e in data.get("traceEvents", []):
-        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            events.append({"name": e.get("name", ""), "category": _category(e), "stream": e.get("tid"),
-                           "ts": float(e["ts"]), "dur": float(e.get("dur", 0.0))})
-    return events
+    events = [e for e in data.get("traceEvents", [])
+              if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    barriers = [float(e["ts"]) + float(e.get("dur", 0.0)) for e in events if "AllReduce" in e.get("name", "")]
+    origin = max(barriers) if barriers else min((float(e["ts"]) for e in events), default=0.0)
+    return [{"name": e.get("name", ""), "category": _category(e), "stream": e.get("tid"),
+             "ts": float(e["ts"]) - origin, "dur": float(e.get("dur", 0.0))} for e in events if float(e["ts"]) >= origin]
 
 
 def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Span, per-stream busy time and per-category totals (ms) of one profiled program, with its operations."""
+    """Span (from the barrier), per-stream busy time and per-category totals (ms) of one profiled program, with
+    its operations."""
     if not events:
         return {}
-    start, end = min(e["ts"] for e in events), max(e["ts"] + e["dur"] for e in events)
+    start, end = 0.0, max(e["ts"] + e["dur"] for e in events)
     streams: dict[str, float] = {}
     categories: dict[str, float] = {}
     for e in events:
@@ -181,12 +219,8 @@ def draw_timeline(lanes: list[tuple[str, list[dict[str, Any]]]], path: Path, tit
         return False
     rows: list[tuple[str, list[dict[str, Any]]]] = []
     for label, events in lanes:
-        if not events:
-            continue
-        origin = min(e["ts"] for e in events)
         for stream in sorted({e["stream"] for e in events}, key=str):
-            mine = [{**e, "ts": e["ts"] - origin} for e in events if e["stream"] == stream]
-            rows.append((f"{label} · stream {stream}", mine))
+            rows.append((f"{label} · stream {stream}", [e for e in events if e["stream"] == stream]))
     fig, ax = plt.subplots(figsize=(14, 0.45 * len(rows) + 1.5))
     for y, (_, events) in enumerate(rows):
         for e in events:
@@ -194,7 +228,7 @@ def draw_timeline(lanes: list[tuple[str, list[dict[str, Any]]]], path: Path, tit
                            facecolors=_COLORS[e["category"]])
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ms since the first GPU operation of the program on that rank")
+    ax.set_xlabel("ms since the barrier before the call ended (the same instant on every rank)")
     ax.set_title(title)
     ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()], loc="lower right", fontsize=8)
     fig.tight_layout()

@@ -4,9 +4,9 @@ peer's block as soon as that block has landed.
 
 All-gather + GEMM (seed 004; a loop body, or the top level when there is no stream loop)::
 
-    Communication (type=Allgather, input=X, output=G)          P2PCommunication (type=send, buffer=X, remote=G[me])
-    Wait                                                 ->       ... to each peer, in rotated order
-    O = linear(G, W)                                           O[me] = linear(X, W)            # starts at once
+    Communication (type=Allgather, input=X, output=G)          O[me] = linear(X, W)            # starts at once
+    Wait                                                 ->    P2PCommunication (type=send, buffer=X, remote=G[me])
+    O = linear(G, W)                                              ... to each peer, in rotated order
                                                                P2PCommunication (type=recv, buffer=G[p]); Wait
                                                                O[p] = linear(G[p], W)          # as G[p] lands
 
@@ -234,16 +234,18 @@ class _P2PLowering:
         symmetric = self._symmetric(buffer, buffer, alloc, team, body, backend,
                                     f"the all-gather of {comm.expr.inputs[0].short_name}")
         steps = [P2PStep(f"{label}.{j}") for j in range(1, parts)]
-        mine = self._block(body, gathered, g, parts, pos)
-        sends = [P2PCommunication(_SEND, comm.input_tv, buffer, team[(pos - j) % parts], backend, steps[j - 1],
-                                  f"{label}.{2 * j - 1}", remote=mine.out, loop_index=index) for j in range(1, parts)]
         out = gemm.outputs[0]
         assert isinstance(out, TensorView)
         compute: list[HostNode] = []
         if not gemm.into:
             compute.append(Allocate(out, allocation_perm(self.fusion, out)))
+        # This rank's block first: its GEMM is the first work the GPU gets; the copy engines start meanwhile.
         own = self._block(body, out, g_out, parts, pos)
         compute += [own, AtenCall(gemm.expr, [comm.input_tv, *gemm.inputs[1:]], [own.out], into=True)]
+        mine = self._block(body, gathered, g, parts, pos)
+        sends = [P2PCommunication(_SEND, comm.input_tv, buffer, team[(pos - j) % parts], backend, steps[j - 1],
+                                  f"{label}.{2 * j - 1}", remote=mine.out, loop_index=index) for j in range(1, parts)]
+        compute += [mine, *sends]
         for j in range(1, parts):
             q = (pos + j) % parts
             block, rows = self._block(body, gathered, g, parts, q), self._block(body, out, g_out, parts, q)
@@ -255,12 +257,11 @@ class _P2PLowering:
         compute += self._released(body, buffer, team, backend)
         at = body.nodes.index(gemm)
         body.nodes[at:at + 1] = compute
-        head: list[HostNode] = [mine, *sends]
         if alloc is None:
-            head.insert(0, symmetric)
+            body.nodes[k:k + 2] = [symmetric]
         else:
             self.replaced[id(alloc)] = symmetric
-        body.nodes[k:k + 2] = head
+            body.nodes[k:k + 2] = []
         return True
 
     # --- GEMM + reduce-scatter ---------------------------------------------------------------------------

@@ -102,7 +102,8 @@ def build_p2p_communication(node: P2PCommunication, cc: CompileContext) -> Step:
     def send(frame: Frame) -> None:
         values = frame.values
         slot = values[index] if index is not None else 0
-        values[pending] = values[channel].send(values[buffer], values[remote], peer, slot, step_key, events)
+        stream = frame.streams.current if frame.streams is not None else None
+        values[pending] = values[channel].send(values[buffer], values[remote], peer, slot, step_key, events, stream)
 
     return send
 
@@ -118,7 +119,7 @@ def build_p2p_wait(node: P2PWait, cc: CompileContext) -> Step:
         finish = frame.values[pending]
         frame.values[pending] = None
         try:
-            finish()
+            finish(frame.streams.current if frame.streams is not None else None)
         except RuntimeError as e:  # a peer failed or never joined: say which transfer, keep the cause
             raise RuntimeError(f"{what} on rank {rank} failed; the peer did not complete it within the {timeout:g}s "
                                f"timeout (PYFUSER_DIST_TIMEOUT) or failed: {e}") from e
@@ -130,7 +131,7 @@ def build_p2p_release(node: P2PRelease, cc: CompileContext) -> Step:
     channel = cc.slot(_ChannelSlot(node.channel))
 
     def step(frame: Frame) -> None:
-        frame.values[channel].release()
+        frame.values[channel].release(frame.streams.current if frame.streams is not None else None)
 
     return step
 

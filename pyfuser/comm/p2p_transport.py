@@ -22,8 +22,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-#: Completes a posted transfer: a received block has landed / a sent buffer may be written again.
-PendingTransfer = Callable[[], None]
+#: Completes a posted transfer (a received block has landed / a sent buffer may be written again) on the
+#: stream current when it is called (None on CPUs).
+PendingTransfer = Callable[[Any], None]
 
 _META_LEN = 16  # ints describing a channel's shape on one rank (rank, dtype, slots, ndim, sizes...)
 
@@ -38,17 +39,18 @@ class Channel(ABC):
         """An execution starts using the channel."""
 
     @abstractmethod
-    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable,
-             events: Any) -> PendingTransfer:
-        """Start writing ``src`` into ``peer``'s copy of ``block`` (a view of ``local``) as transfer ``slot``."""
+    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable, events: Any,
+             stream: Any) -> PendingTransfer:
+        """Start writing ``src`` (ready on ``stream``, the current one) into ``peer``'s copy of ``block`` (a view of
+        ``local``) as transfer ``slot``."""
 
     @abstractmethod
     def recv(self, block: torch.Tensor, peer: int, slot: int, step: Hashable) -> PendingTransfer:
         """Start receiving ``peer``'s transfer ``slot`` into ``block`` (a view of ``local``)."""
 
     @abstractmethod
-    def release(self) -> None:
-        """The execution is done with the buffer: peers may write it again."""
+    def release(self, stream: Any) -> None:
+        """The execution is done with the buffer (on ``stream``): peers may write it again."""
 
 
 def check_same_shapes(group: Any, team: Sequence[int], rank: int, name: str, source: str, shape: Sequence[int],
@@ -111,12 +113,12 @@ class ProcessGroupChannel(Channel):
         self._unposted.clear()
         self._posted.clear()
 
-    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable,
-             events: Any) -> PendingTransfer:
+    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable, events: Any,
+             stream: Any) -> PendingTransfer:
         key = (step, slot)
         self._unposted[key] = (src.contiguous(), peer)
 
-        def wait() -> None:
+        def wait(stream: Any) -> None:
             posted = self._posted.pop(key, None)
             if posted is None:  # no receive of this step was posted: send alone
                 tensor, to = self._unposted.pop(key)
@@ -136,12 +138,12 @@ class ProcessGroupChannel(Channel):
         if paired is not None:
             self._posted[key] = posted
 
-        def wait() -> None:
+        def wait(stream: Any) -> None:
             posted.wait()
             if staging is not block:
                 block.copy_(staging)
 
         return wait
 
-    def release(self) -> None:
+    def release(self, stream: Any) -> None:
         """Nothing to tell the peers: a receive is posted only when the buffer may be written (program order)."""

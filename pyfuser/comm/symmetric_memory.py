@@ -200,10 +200,10 @@ class CudaChannel(Channel):
     def begin(self) -> None:
         self.epoch += 1
 
-    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable,
-             events: Any) -> PendingTransfer:
+    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable, events: Any,
+             stream: Any) -> PendingTransfer:
         source_ready, done = events
-        current = torch.cuda.current_stream(self.device)
+        current: torch.cuda.Stream = stream
         copy = self._shared.copy_stream
         source_ready.record(current)
         copy.wait_event(source_ready)
@@ -219,14 +219,14 @@ class CudaChannel(Channel):
                 self._remote_view(block, peer).copy_(src)
         copy_bytes(copy, self._ready(peer, self.rank, slot), self._shared.value_address(signal_value(self.epoch)), 4)
         done.record(copy)
-        return lambda: torch.cuda.current_stream(self.device).wait_event(done)
+        return lambda stream: stream.wait_event(done)
 
     def recv(self, block: torch.Tensor, peer: int, slot: int, step: Hashable) -> PendingTransfer:
         address, value = self._ready(self.rank, peer, slot), signal_value(self.epoch)
-        return lambda: wait_value(torch.cuda.current_stream(self.device), address, value)
+        return lambda stream: wait_value(stream, address, value)
 
-    def release(self) -> None:
-        current = torch.cuda.current_stream(self.device)
+    def release(self, stream: Any) -> None:
+        current: torch.cuda.Stream = stream
         value = self._shared.value_address(signal_value(self.epoch))
         for peer in self.team:
             if peer != self.rank:

@@ -115,15 +115,15 @@ def test_flags_start_at_zero_and_data_lands_in_the_peers_block(ranks) -> None:
             for rank, c in enumerate(channels):
                 peer = 1 - rank
                 mine = _blocks(c, chunk)[rank]
-                pending.append(c.send(shards[rank] + chunk, mine, peer, chunk, None, (_Event(), _Event())))
+                pending.append(c.send(shards[rank] + chunk, mine, peer, chunk, None, (_Event(), _Event()), _Stream()))
             for rank, c in enumerate(channels):
                 peer = 1 - rank
-                c.recv(_blocks(c, chunk)[peer], peer, chunk, None)()  # the signal must be there
+                c.recv(_blocks(c, chunk)[peer], peer, chunk, None)(_Stream())  # the signal must be there
                 torch.testing.assert_close(_blocks(c, chunk)[peer], shards[peer] + chunk)
         for finish in pending:
-            finish()
+            finish(_Stream())
         for c in channels:
-            c.release()
+            c.release(_Stream())
     assert len(watched) == 6 and "T3 over team (0 1) in execution 3" in watched[-1]
     waits = [entry for entry in driver.log if entry[0] == "wait"]
     # per epoch: every receive (2 ranks x 2 chunks); from epoch 2 on, each sender's first send waits for the
@@ -137,8 +137,8 @@ def test_a_strided_source_is_copied_through_the_peers_mapping(ranks) -> None:
     for c in channels:
         c.begin()
     source = torch.arange(6.0).reshape(3, 2).t()  # [2, 3], not contiguous
-    channels[0].send(source, _blocks(channels[0], 1)[0], 1, 1, None, (_Event(), _Event()))()
-    channels[1].recv(_blocks(channels[1], 1)[0], 0, 1, None)()
+    channels[0].send(source, _blocks(channels[0], 1)[0], 1, 1, None, (_Event(), _Event()), _Stream())(_Stream())
+    channels[1].recv(_blocks(channels[1], 1)[0], 0, 1, None)(_Stream())
     torch.testing.assert_close(_blocks(channels[1], 1)[0], source)
     assert [entry[2] for entry in driver.log if entry[0] == "copy"] == [4]  # only the signal: the data took torch's copy
 
@@ -148,7 +148,7 @@ def test_a_missing_signal_is_a_wait_that_never_ends(ranks) -> None:
     for c in channels:
         c.begin()
     with pytest.raises(AssertionError, match="would wait forever: flag holds 0, waits for 1"):
-        channels[0].recv(_blocks(channels[0], 0)[1], 1, 0, None)()
+        channels[0].recv(_blocks(channels[0], 0)[1], 1, 0, None)(_Stream())
 
 
 def test_signal_values_cycle_without_zero() -> None:
