@@ -147,14 +147,16 @@ def host_profile(fn: Callable[[], object], runs: int = 200) -> dict[str, Any]:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
     result: dict[str, Any] = {"host_us_per_call": total / runs * 1e6}
+    # Every rank runs the profiled calls (each is a collective program); rank 0 records them.
+    profiler = cProfile.Profile()
     if dist.get_rank() == 0:
-        profiler = cProfile.Profile()
         profiler.enable()
-        for i in range(runs):
-            fn()
-            if i % 20 == 19:
-                torch.cuda.synchronize()
-        profiler.disable()
+    for i in range(runs):
+        fn()
+        if i % 20 == 19:
+            torch.cuda.synchronize()
+    profiler.disable()
+    if dist.get_rank() == 0:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
         result["cprofile"] = text.getvalue().splitlines()

@@ -4,9 +4,9 @@ peer's block as soon as that block has landed.
 
 All-gather + GEMM (seed 004; a loop body, or the top level when there is no stream loop)::
 
-    Communication (type=Allgather, input=X, output=G)          O[me] = linear(X, W)            # starts at once
-    Wait                                                 ->    P2PCommunication (type=send, buffer=X, remote=G[me])
-    O = linear(G, W)                                              ... to each peer, in rotated order
+    Communication (type=Allgather, input=X, output=G)          P2PCommunication (type=send, buffer=X, remote=G[me])
+    Wait                                                 ->       ... to each peer, in rotated order
+    O = linear(G, W)                                           O[me] = linear(X, W)            # starts at once
                                                                P2PCommunication (type=recv, buffer=G[p]); Wait
                                                                O[p] = linear(G[p], W)          # as G[p] lands
 
@@ -239,13 +239,15 @@ class _P2PLowering:
         compute: list[HostNode] = []
         if not gemm.into:
             compute.append(Allocate(out, allocation_perm(self.fusion, out)))
-        # This rank's block first: its GEMM is the first work the GPU gets; the copy engines start meanwhile.
-        own = self._block(body, out, g_out, parts, pos)
-        compute += [own, AtenCall(gemm.expr, [comm.input_tv, *gemm.inputs[1:]], [own.out], into=True)]
+        # The sends first: a send's copy waits for the work issued before it on this stream (its source is
+        # ready then), so issued after this rank's GEMM it would wait for that GEMM and nothing would overlap
+        # (measured: the copy started when the GEMM ended). Then this rank's block, then each peer's.
         mine = self._block(body, gathered, g, parts, pos)
         sends = [P2PCommunication(_SEND, comm.input_tv, buffer, team[(pos - j) % parts], backend, steps[j - 1],
                                   f"{label}.{2 * j - 1}", remote=mine.out, loop_index=index) for j in range(1, parts)]
         compute += [mine, *sends]
+        own = self._block(body, out, g_out, parts, pos)
+        compute += [own, AtenCall(gemm.expr, [comm.input_tv, *gemm.inputs[1:]], [own.out], into=True)]
         for j in range(1, parts):
             q = (pos + j) % parts
             block, rows = self._block(body, gathered, g, parts, q), self._block(body, out, g_out, parts, q)
