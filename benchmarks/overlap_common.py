@@ -180,14 +180,15 @@ _COLORS = {"GEMM": "tab:blue", "copy engine (memcpy)": "tab:orange", "NCCL kerne
            "other kernel": "tab:gray"}
 
 
-def gpu_events(trace: Path) -> list[dict[str, Any]]:
+def gpu_events(trace: Path, origin: float | None = None) -> list[dict[str, Any]]:
     """Kernels and memory copies of the call after the barrier in a ``profile_program`` trace: name, category,
-    stream, start (µs since the barrier ended) and duration (µs)."""
+    stream, start (µs since the barrier ended, or since ``origin``, a trace timestamp) and duration (µs)."""
     data = json.loads(trace.read_text())
     events = [e for e in data.get("traceEvents", [])
               if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    barriers = [float(e["ts"]) + float(e.get("dur", 0.0)) for e in events if "AllReduce" in e.get("name", "")]
-    origin = max(barriers) if barriers else min((float(e["ts"]) for e in events), default=0.0)
+    if origin is None:
+        barriers = [float(e["ts"]) + float(e.get("dur", 0.0)) for e in events if "AllReduce" in e.get("name", "")]
+        origin = max(barriers) if barriers else min((float(e["ts"]) for e in events), default=0.0)
     return [{"name": e.get("name", ""), "category": _category(e), "stream": e.get("tid"),
              "ts": float(e["ts"]) - origin, "dur": float(e.get("dur", 0.0))} for e in events if float(e["ts"]) >= origin]
 
@@ -208,7 +209,8 @@ def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
     return {"span_ms": (end - start) / 1e3, "stream_busy_ms": streams, "category_ms": categories, "operations": ops}
 
 
-def draw_timeline(lanes: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str) -> bool:
+def draw_timeline(lanes: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str,
+                  xlabel: str = "ms since the barrier before the call ended (the same instant on every rank)") -> bool:
     """A PNG with one band per (label, events) -- a program on one rank -- and one row per CUDA stream in it;
     bars colored by what ran. False when matplotlib is missing."""
     try:
@@ -230,7 +232,7 @@ def draw_timeline(lanes: list[tuple[str, list[dict[str, Any]]]], path: Path, tit
                            facecolors=_COLORS[e["category"]])
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("ms since the barrier before the call ended (the same instant on every rank)")
+    ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()], loc="lower right", fontsize=8)
     fig.tight_layout()
