@@ -122,6 +122,9 @@ class _P2PLowering:
         """``_shard_select`` of a tensor of ``body`` (chunked like ``like``, by default itself)."""
         return _shard_select(tv, dim, parts, index, self._dropped(body, like if like is not None else tv))
 
+    def _is_output(self, tv: TensorView) -> bool:
+        return any(tv is out for out in self.container.outputs)
+
     def _allocation(self, tv: TensorView) -> Allocate | None:
         return next((n for n in self.container.nodes if type(n) is Allocate and n.tv is tv
                      and n.mem_type is MemoryType.Global), None)
@@ -130,9 +133,9 @@ class _P2PLowering:
         """The whole tensor behind ``value`` (a chunk in a loop), its select and its allocation; None when it
         is not a buffer of the program's own (a fusion input or output, say)."""
         if body.loop is None:
-            return (value, None, None) if value not in self.container.outputs else None
+            return None if self._is_output(value) else (value, None, None)
         select = self._select_of(body, value)
-        if select is None or select.ring or select.src in self.container.outputs:
+        if select is None or select.ring or self._is_output(select.src):
             return None
         alloc = self._allocation(select.src)
         if alloc is None or not self._only_used_by(select.src, [alloc, select]):
@@ -214,7 +217,8 @@ class _P2PLowering:
             return False
         wait = body.nodes[k + 1]
         gathered = comm.output_tv
-        gemm = next((n for n in body.nodes[k + 2:] if isinstance(n, AtenCall) and gathered in n.inputs), None)
+        gemm = next((n for n in body.nodes[k + 2:] if isinstance(n, AtenCall) and any(v is gathered for v in n.inputs)),
+                    None)
         if (not isinstance(wait, Wait) or wait.communication.handle is not comm.handle or gemm is None
                 or not isinstance(gemm.expr, (LinearOp, MatmulOp)) or gemm.inputs[0] is not gathered
                 or any(v is gathered for v in gemm.inputs[1:]) or len(gemm.outputs) != 1):
