@@ -3,6 +3,8 @@
 from pyfuser import multidevice
 from pyfuser.frontend import FusionDefinition
 from pyfuser.ir import DataType, IterType, MemoryType, ParallelType, TensorView
+from pyfuser.options import CommunicatorBackend
 
-__all__ = ["DataType", "FusionDefinition", "IterType", "MemoryType", "ParallelType", "TensorView", "multidevice"]
+__all__ = ["CommunicatorBackend", "DataType", "FusionDefinition", "IterType", "MemoryType", "ParallelType", "TensorView",
+           "multidevice"]
 __version__ = "0.1.0"

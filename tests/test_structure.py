@@ -14,7 +14,7 @@ from pyfuser.host_ir.nodes import HostIrContainer, HostNode
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.passes.pipeline import HOST_PASSES
 from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOpType
-from pyfuser.options import CompileOptions, DisableOption, EnableOption, check_options
+from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
 from pyfuser.preseg.pipeline import PRESEG_PASSES
 from pyfuser.runtime.backends import HOST_PASSES as RUNTIME_HOST_PASSES
 
@@ -87,3 +87,16 @@ def test_evaluator_names_a_node_it_has_no_step_builder_for() -> None:
     with pytest.raises(TypeError, match=r"no step builder for _Opaque nodes \(Opaque\); register one in "
                                         r"pyfuser.runtime.backends"):
         HostIrEvaluator(container, [OutputLayout((0,), False)], torch.device("cpu"))
+
+
+def test_communicator_backend_from_the_caller_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYFUSER_COMM_BACKEND", raising=False)
+    assert comm_backend(None) is None  # the process group's collectives
+    assert comm_backend("cuda") is CommunicatorBackend.cuda
+    monkeypatch.setenv("PYFUSER_COMM_BACKEND", "nccl")
+    assert comm_backend(None) is CommunicatorBackend.nccl
+    assert comm_backend(CommunicatorBackend.cuda) is CommunicatorBackend.cuda  # the caller wins
+    monkeypatch.setenv("PYFUSER_COMM_BACKEND", "ucc")
+    with pytest.raises(ValueError, match=r"PYFUSER_COMM_BACKEND: unknown communicator backend 'ucc'; known: "
+                                         r"\['nccl', 'gloo', 'cuda'\]"):
+        comm_backend(None)
