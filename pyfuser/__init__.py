@@ -14,6 +14,7 @@ from pyfuser.integrations.dtensor import execute_with_dtensors
 from pyfuser.ir import DataType, Fusion, IterType, MemoryType, ParallelType, TensorView
 from pyfuser.ir.layout import tensor_descriptor as compute_tensor_descriptor
 from pyfuser.ir.python_definition import translate_fusion
+from pyfuser.options import CommunicatorBackend
 from pyfuser.runtime.executor import FusionExecutorCache
 from pyfuser.runtime.fusion_cache import LRUCache
 
@@ -25,6 +26,7 @@ def version() -> TorchVersion:
     return TorchVersion(__version__)
 
 
-__all__ = ["DataType", "Fusion", "FusionDefinition", "FusionExecutorCache", "IterType", "LRUCache", "LruFusionCache",
-           "MemoryType", "ParallelType", "TensorView", "compute_tensor_descriptor", "execute_with_dtensors", "get_val_tolerances",
-           "multidevice", "translate_fusion", "validate_with_auto_inferred_outputs", "version"]
+__all__ = ["CommunicatorBackend", "DataType", "Fusion", "FusionDefinition", "FusionExecutorCache", "IterType",
+           "LRUCache", "LruFusionCache", "MemoryType", "ParallelType", "TensorView", "compute_tensor_descriptor",
+           "execute_with_dtensors", "get_val_tolerances", "multidevice", "translate_fusion",
+           "validate_with_auto_inferred_outputs", "version"]

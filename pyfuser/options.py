@@ -35,6 +35,7 @@ class DumpOption(StrEnum):
 class EnableOption(StrEnum):
     """``execute(_enable_options=[...])`` / ``PYFUSER_ENABLE``: features that are off by default."""
 
+    #: accepted for compatibility: stream overlap is on by default (``DisableOption.stream_overlap``)
     stream_overlap = "stream_overlap"
     triton_interpreter = "triton_interpreter"
     host_ir_lowering = "host_ir_lowering"
@@ -45,7 +46,23 @@ class DisableOption(StrEnum):
 
     infer_contiguity = "infer_contiguity"
     stream_ring_buffers = "stream_ring_buffers"
+    stream_overlap = "stream_overlap"
     kernel_codegen = "kernel_codegen"
+
+
+class CommunicatorBackend(StrEnum):
+    """What moves a multi-device program's data (nvFuser's ``CommunicatorBackend``).
+
+    ``nccl`` / ``gloo``: torch.distributed collectives of the process group (NCCL on GPUs, gloo on CPUs);
+    ``cuda``: the P2P transport -- symmetric-memory buffers written by the copy engines and ordered by
+    stream-side signals -- for the all-gather + GEMM and GEMM + reduce-scatter pipelines (collectives
+    elsewhere). Where it cannot run (CPU tensors, no peer access, no symmetric memory) its transfers
+    fall back to the process group's send / recv, with one warning naming why.
+    """
+
+    nccl = "nccl"
+    gloo = "gloo"
+    cuda = "cuda"
 
 
 DESCRIPTIONS: dict[StrEnum, str] = {
@@ -58,11 +75,13 @@ DESCRIPTIONS: dict[StrEnum, str] = {
     DumpOption.kernel: "the source of each generated kernel",
     DumpOption.host_ir: "the Host IR program each compiled fusion runs",
     DumpOption.host_ir_passes: "the Host IR program after each host pass, under the pass's name",
-    EnableOption.stream_overlap: "iterations of a stream loop run concurrently (join the user's stream after the loop)",
+    EnableOption.stream_overlap: "accepted for compatibility: stream overlap is on by default",
     EnableOption.triton_interpreter: "run generated kernels through Triton's interpreter (kernels on CPU tensors)",
     EnableOption.host_ir_lowering: "accepted for nvFuser compatibility: pyfuser always lowers through Host IR",
     DisableOption.infer_contiguity: "allocation-order inference (outputs without a requirement stay row-major)",
     DisableOption.stream_ring_buffers: "ring buffers for stream-loop intermediates (allocate them whole instead)",
+    DisableOption.stream_overlap: "concurrent stream-loop iterations (seed 002's program: each iteration joins the user's "
+                                  "stream)",
     DisableOption.kernel_codegen: "generated kernels (every segment runs as ATen calls)",
 }
 
@@ -83,6 +102,9 @@ class CompileOptions:
     input_dense: tuple[bool, ...] = ()
     #: This process' rank: each rank lowers a multi-device fusion to its own program.
     rank: int = 0
+    #: The transport asked for (``MultiDeviceExecutorParams.backend_type``, ``PYFUSER_COMM_BACKEND``);
+    #: None: the process group's collectives.
+    backend: CommunicatorBackend | None = None
 
     def is_enabled(self, option: EnableOption) -> bool:
         return option in self.enabled
@@ -130,6 +152,20 @@ def dump(option: DumpOption, text: str | Callable[[], str]) -> None:
 
 # --- process settings --------------------------------------------------------------------------------
 DEFAULT_NUM_STREAMS = 4
+
+
+def comm_backend(requested: CommunicatorBackend | str | None = None) -> CommunicatorBackend | None:
+    """``requested`` (a ``CommunicatorBackend`` or its name), else ``PYFUSER_COMM_BACKEND``, else None (the
+    process group's collectives)."""
+    raw = requested if requested is not None else (os.environ.get("PYFUSER_COMM_BACKEND") or None)
+    if raw is None:
+        return None
+    try:
+        return CommunicatorBackend(raw)
+    except ValueError:
+        where = "backend_type" if requested is not None else "PYFUSER_COMM_BACKEND"
+        raise ValueError(f"{where}: unknown communicator backend {raw!r}; known: "
+                         f"{[b.value for b in CommunicatorBackend]}") from None
 
 
 def num_streams() -> int:

@@ -14,8 +14,9 @@ from pyfuser.host_ir.nodes import HostIrContainer, HostNode
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.passes.pipeline import HOST_PASSES
 from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOpType
-from pyfuser.options import CompileOptions, DisableOption, EnableOption, check_options
+from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
 from pyfuser.preseg.pipeline import PRESEG_PASSES
+from pyfuser.runtime.backends import HOST_PASSES as RUNTIME_HOST_PASSES
 
 
 @pytest.mark.parametrize("kind", [*UnaryOpType, *BinaryOpType, *TernaryOpType, *ReductionOpType],
@@ -38,10 +39,16 @@ def test_pass_toggles_sit_in_the_pipeline_lists() -> None:
     by_name = {p.name: p for p in [*PRESEG_PASSES, *HOST_PASSES]}
     assert by_name["infer_allocation_order"].disabled_by is DisableOption.infer_contiguity
     assert by_name["ring_buffers"].disabled_by is DisableOption.stream_ring_buffers
-    assert by_name["stream_overlap"].enabled_by is EnableOption.stream_overlap
-    assert not by_name["stream_overlap"].applies(CompileOptions())
-    assert by_name["stream_overlap"].applies(CompileOptions(enabled=frozenset({EnableOption.stream_overlap})))
+    assert by_name["stream_overlap"].disabled_by is DisableOption.stream_overlap
+    assert by_name["stream_overlap"].applies(CompileOptions())
+    assert not by_name["stream_overlap"].applies(CompileOptions(disabled=frozenset({DisableOption.stream_overlap})))
     assert not by_name["ring_buffers"].applies(CompileOptions(disabled=frozenset({"stream_ring_buffers"})))  # type: ignore[arg-type]
+
+
+def test_communication_passes_run_between_stream_lowering_and_ring_buffers() -> None:
+    names = [p.name for p in RUNTIME_HOST_PASSES]
+    assert names == ["stream_lowering", "p2p_pipelines", "ring_buffers", "stream_overlap"]
+    assert [p.name for p in HOST_PASSES] == ["stream_lowering", "ring_buffers", "stream_overlap"]
 
 
 def test_process_wide_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,3 +87,16 @@ def test_evaluator_names_a_node_it_has_no_step_builder_for() -> None:
     with pytest.raises(TypeError, match=r"no step builder for _Opaque nodes \(Opaque\); register one in "
                                         r"pyfuser.runtime.backends"):
         HostIrEvaluator(container, [OutputLayout((0,), False)], torch.device("cpu"))
+
+
+def test_communicator_backend_from_the_caller_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYFUSER_COMM_BACKEND", raising=False)
+    assert comm_backend(None) is None  # the process group's collectives
+    assert comm_backend("cuda") is CommunicatorBackend.cuda
+    monkeypatch.setenv("PYFUSER_COMM_BACKEND", "nccl")
+    assert comm_backend(None) is CommunicatorBackend.nccl
+    assert comm_backend(CommunicatorBackend.cuda) is CommunicatorBackend.cuda  # the caller wins
+    monkeypatch.setenv("PYFUSER_COMM_BACKEND", "ucc")
+    with pytest.raises(ValueError, match=r"PYFUSER_COMM_BACKEND: unknown communicator backend 'ucc'; known: "
+                                         r"\['nccl', 'gloo', 'cuda'\]"):
+        comm_backend(None)

@@ -36,6 +36,8 @@ class Communication(HostNode):
     whole shard in every iteration).
     """
 
+    chunk_local = True  # collectives are issued in program order on every rank, whichever stream posts them
+
     def __init__(self, expr: LoadStoreOp, plan: CommPlan, rank: int, backend: str, *, into: bool = False,
                  handle: Handle | None = None, input_tv: TensorView | None = None,
                  output_tv: TensorView | None = None, loop_index: LoopIndex | None = None) -> None:
@@ -77,6 +79,7 @@ class Wait(HostNode):
     """Wait (on the current stream) for a posted ``Communication``."""
 
     binds_to_previous = True
+    chunk_local = True
 
     def __init__(self, communication: Communication, inputs: list[Val] | None = None) -> None:
         self.communication = communication
@@ -94,6 +97,8 @@ class Wait(HostNode):
 
 class LocalSlice(HostNode):
     """A replicated tensor becomes sharded on the same mesh: each rank keeps its slice (no traffic)."""
+
+    chunk_local = True
 
     def __init__(self, expr: LoadStoreOp, plan: CommPlan, rank: int, *, into: bool = False,
                  input_tv: TensorView | None = None, output_tv: TensorView | None = None) -> None:

@@ -17,7 +17,9 @@ Adding a node:
    ``index``: the loop's index), and set ``source_expr`` to the fusion Expr it computes so the
    stream pass can read its stream axis. A node that must stay right after its predecessor
    (``Wait`` after ``Communication``) sets ``binds_to_previous = True``; one that reads an input
-   whole in every iteration lists it in ``whole_inputs``.
+   whole in every iteration lists it in ``whole_inputs``; one whose effects stay within the chunks it
+   reads and writes (no state carried from one iteration to the next) sets ``chunk_local = True``,
+   which lets iterations of its loop run concurrently (``passes/stream_overlap.py``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ class HostNode(ABC):
     binds_to_previous: ClassVar[bool] = False
     #: Inputs read whole in every iteration of a stream loop rather than chunk by chunk.
     whole_inputs: tuple[Val, ...] = ()
+    #: Its effects stay within the chunks it reads and writes: iterations of a loop made only of such
+    #: nodes are independent and may run concurrently (a custom node keeps seed 002's per-iteration joins).
+    chunk_local: ClassVar[bool] = False
 
     @abstractmethod
     def to_string(self, indent: int = 0) -> str:
@@ -151,6 +156,8 @@ class AtenCall(HostNode):
     with ``evaluate_into``; otherwise the results become the output values.
     """
 
+    chunk_local = True
+
     def __init__(self, expr: Expr, inputs: Sequence[Val] | None = None, outputs: Sequence[Val] | None = None,
                  into: bool = False) -> None:
         self.expr = expr
@@ -181,6 +188,8 @@ class KernelSegment(Protocol):
 
 class LaunchKernel(HostNode):
     """Launch a compiled kernel segment on its inputs, producing its outputs.
+
+    chunk_local = True
 
     ``source``: the exprs the kernel computes (as one expr, for the stream pass); ``into``: the
     outputs are preallocated buffers (chunks, in a stream loop) the kernel writes.
@@ -249,6 +258,8 @@ class HirAliasSelect(HostNode):
     length, 1 for a plain stream ID) so every op's positional attributes stay valid; the printed
     type drops a dim of length one, like nvFuser's select.
     """
+
+    chunk_local = True
 
     def __init__(self, out: TensorView, src: TensorView, axis: IterDomain, index: LoopIndex, dim: int,
                  ring: bool = False) -> None:

@@ -143,13 +143,24 @@ def build_not_on_this_rank(node: NotOnThisRank, cc: CompileContext) -> Step:
     return step
 
 
+#: Nodes that only move work between streams: a loop that runs one iteration skips them (see below).
+_STREAM_SWITCHES = (GetCurrentStream, SetCurrentStream, Synchronize)
+
+
 def build_for_loop(node: ForLoop, cc: CompileContext) -> Step | None:
     # Selects only create views of buffers that exist before the loop, so each iteration makes
     # all of them up front in one pass instead of one step each (same result, less overhead).
     selects = [n for n in node.body if isinstance(n, HirAliasSelect) and n.index is node.index]
-    body = cc.compile_body([n for n in node.body if not any(n is s for s in selects)])
+    nodes = [n for n in node.body if not any(n is s for s in selects)]
+    body = cc.compile_body(nodes)
     if not body:
         return None  # e.g. a join loop of stream syncs on CPU
+    # A stream loop that runs one iteration has nothing to overlap with: it runs on the current stream,
+    # without the switch to a worker and the joins (host time the GPU would wait for). Only loops that
+    # switch streams themselves: a join loop's syncs always run.
+    alone = body
+    if cc.device.type == "cuda" and any(isinstance(n, SetCurrentStream) for n in nodes):
+        alone = cc.compile_body([n for n in nodes if not isinstance(n, _STREAM_SWITCHES)])
     index = node.index
     views = [(cc.slot(n.src), cc.slot(n.out), n.dim, n.ring) for n in selects]
     idx, begin, length, chunk, slots = (cc.slot(index), cc.slot(_ChunkSlot(index, "begin")),
@@ -161,7 +172,9 @@ def build_for_loop(node: ForLoop, cc: CompileContext) -> Step | None:
         env, values = frame.ctx.env, frame.values
         n, size, ring_slots = extent.evaluate(env), chunk_expr.evaluate(env), values[slots]
         values[chunk] = size
-        for i in range(start.evaluate(env), stop.evaluate(env)):
+        first_i, stop_i = start.evaluate(env), stop.evaluate(env)
+        steps = alone if stop_i - first_i == 1 else body
+        for i in range(first_i, stop_i):
             first = i * size
             count = min(size, n - first)
             if count <= 0:
@@ -170,7 +183,7 @@ def build_for_loop(node: ForLoop, cc: CompileContext) -> Step | None:
             ring_first = (i % ring_slots) * size
             for src, out, dim, ring in views:
                 values[out] = values[src].narrow(dim, ring_first if ring else first, count)
-            for s in body:
+            for s in steps:
                 s(frame)
 
     return step

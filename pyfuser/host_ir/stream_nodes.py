@@ -10,7 +10,13 @@ from pyfuser.ir.base import indent_str
 from pyfuser.ir.tensor_view import TensorView
 
 
-class GetCurrentStream(HostNode):
+class StreamNode(HostNode):
+    """A node that only orders work between streams (no data of its own)."""
+
+    chunk_local = True
+
+
+class GetCurrentStream(StreamNode):
     """Name the stream current when the node runs (the user's), to return to and sync with later."""
 
     def __init__(self, stream: HostStream) -> None:
@@ -22,7 +28,7 @@ class GetCurrentStream(HostNode):
         return f"{indent_str(indent)}GetCurrentStream into {self.stream}\n"
 
 
-class SetCurrentStream(HostNode):
+class SetCurrentStream(StreamNode):
     """Make ``stream`` current: the ATen calls that follow are enqueued on it."""
 
     def __init__(self, stream: HostStream) -> None:
@@ -34,7 +40,7 @@ class SetCurrentStream(HostNode):
         return f"{indent_str(indent)}SetCurrentStream to {self.stream}\n"
 
 
-class Synchronize(HostNode):
+class Synchronize(StreamNode):
     """The current stream waits for all work issued so far on ``stream``."""
 
     def __init__(self, stream: HostStream) -> None:
@@ -46,7 +52,7 @@ class Synchronize(HostNode):
         return f"{indent_str(indent)}Synchronize {self.stream}\n"
 
 
-class SlotWait(HostNode):
+class SlotWait(StreamNode):
     """Before writing ring-buffer slot ``StreamIdx % numberOfStreams`` of ``tv``: wait for the
     stream that last released it (nothing to do when that is the current stream)."""
 

@@ -34,6 +34,8 @@ class MemoryType(Enum):
     Global = "g"
     Local = "l"
     Shared = "s"
+    #: global memory every rank of a team maps (a Host IR buffer that peers write with the copy engines)
+    Symmetric = "sym"
 
 
 class TensorView(Val):

@@ -11,7 +11,8 @@ from pyfuser.comm.communicator import Communicator
 from pyfuser.comm.shards import shard_tensor
 from pyfuser.ir.analysis.sharding import Sharding, sharding_of
 from pyfuser.ir.device_mesh import DeviceMesh
+from pyfuser.options import CommunicatorBackend
 from pyfuser.runtime.multidevice_executor import MultiDeviceExecutor, MultiDeviceExecutorParams
 
-__all__ = ["CommunicationType", "Communicator", "DeviceMesh", "MultiDeviceExecutor", "MultiDeviceExecutorParams",
-           "Sharding", "shard_tensor", "sharding_of"]
+__all__ = ["CommunicationType", "Communicator", "CommunicatorBackend", "DeviceMesh", "MultiDeviceExecutor",
+           "MultiDeviceExecutorParams", "Sharding", "shard_tensor", "sharding_of"]

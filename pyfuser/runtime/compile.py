@@ -16,7 +16,7 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, DumpOption, dump, num_streams
 from pyfuser.preseg.pipeline import run_preseg_passes
-from pyfuser.runtime.backends import COMMUNICATION_LOWERING, EXPR_LOWERINGS, STEP_BUILDERS
+from pyfuser.runtime.backends import COMMUNICATION_LOWERING, EXPR_LOWERINGS, HOST_PASSES, STEP_BUILDERS
 from pyfuser.runtime.kernels import compile_kernels
 from pyfuser.segmentation.segmenter import segment_fusion
 
@@ -32,6 +32,6 @@ def compile_fusion(fusion: Fusion, options: CompileOptions) -> HostIrEvaluator:
     dump(DumpOption.segmented_fusion, lambda: str(segmented))
     kernels = compile_kernels(segmented, options)
     container = lower_segmented_fusion(segmented, options, EXPR_LOWERINGS, COMMUNICATION_LOWERING, kernels)
-    run_host_passes(container, options)
+    run_host_passes(container, options, HOST_PASSES)
     dump(DumpOption.host_ir, container.to_string)
     return HostIrEvaluator(container, layouts, options.device, num_streams(), STEP_BUILDERS)

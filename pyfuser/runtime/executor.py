@@ -19,7 +19,7 @@ from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import is_dense, memory_order
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.options import CompileOptions, check_options
+from pyfuser.options import CommunicatorBackend, CompileOptions, check_options, comm_backend
 from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
 
@@ -75,16 +75,17 @@ class FusionExecutorCache:
                 self._aliases.append((pos, next(k for k, v in enumerate(inputs) if v is target)))
 
     def run(self, args: Sequence[Any], *, device: torch.device | str | int | None = None,
-            enable_options: Sequence[str] = (), disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
+            enable_options: Sequence[str] = (), disable_options: Sequence[str] = (),
+            backend: CommunicatorBackend | str | None = None) -> list[torch.Tensor]:
         if self._version != self.fusion.version:
             self._reset()
         binder = self._binder
         assert binder is not None  # set by _reset
         target = _resolve_device(device, args)
-        key = (signature(args), target, tuple(enable_options), tuple(disable_options))
+        key = (signature(args), target, tuple(enable_options), tuple(disable_options), backend)
         program = self._by_signature.get(key)
         if program is None:
-            program = self._compile_for(args, binder, target, enable_options, disable_options)
+            program = self._compile_for(args, binder, target, enable_options, disable_options, comm_backend(backend))
             self._by_signature[key] = program
         self.last_program = program
         if binder.has_scalars:
@@ -122,20 +123,21 @@ class FusionExecutorCache:
         return _resolve_device(device, args)
 
     def _compile_for(self, args: Sequence[Any], binder: InputBinder, target: torch.device,
-                     enable_options: Sequence[str], disable_options: Sequence[str]) -> Program:
+                     enable_options: Sequence[str], disable_options: Sequence[str],
+                     backend: CommunicatorBackend | None) -> Program:
         enabled, disabled = check_options(enable_options, disable_options)
         binder.check(args)
         for pos, (spec, arg) in enumerate(zip(binder.specs, args, strict=True)):
             if isinstance(spec, TensorSpec) and not spec.is_cpu and arg.device != target:
                 raise ValueError(f"input {pos} ({spec.name}) is on {arg.device} but the fusion runs on {target}")
-        layout = (_layout_key(args), target, enabled, disabled)
+        layout = (_layout_key(args), target, enabled, disabled, backend)
         program = self._by_layout.get(layout)
         if program is None:
             orders = tuple(tuple(memory_order(a.shape, a.stride())) if isinstance(a, torch.Tensor) else None
                            for a in args)
             dense = tuple(isinstance(a, torch.Tensor) and is_dense(a.shape, a.stride()) for a in args)
             options = CompileOptions(enabled, disabled, target, input_orders=orders, input_dense=dense,
-                                     rank=self._rank())
+                                     rank=self._rank(), backend=backend)
             program = compile_fusion(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program

@@ -11,14 +11,22 @@ import torch
 from pyfuser.comm.communicator import Communicator
 from pyfuser.ir.analysis.sharding import check_meshes_fit
 from pyfuser.ir.fusion import Fusion
+from pyfuser.options import CommunicatorBackend, comm_backend
 from pyfuser.runtime.executor import FusionExecutorCache
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MultiDeviceExecutorParams:
-    """``device``: where this rank computes; default: ``cuda:LOCAL_RANK`` under NCCL, else the CPU."""
+    """``device``: where this rank computes; default: ``cuda:LOCAL_RANK`` under NCCL, else the CPU.
+
+    ``backend_type`` (nvFuser's name): what moves the data. ``CommunicatorBackend.cuda`` runs the
+    all-gather + GEMM and GEMM + reduce-scatter pipelines over copy-engine P2P transfers in symmetric
+    memory; ``nccl`` / ``gloo`` (or None, the default: ``PYFUSER_COMM_BACKEND``, else the process
+    group's) use torch.distributed collectives.
+    """
 
     device: torch.device | str | None = None
+    backend_type: CommunicatorBackend | None = None
 
 
 class MultiDeviceExecutor:
@@ -34,6 +42,7 @@ class MultiDeviceExecutor:
     def __init__(self, fusion: Fusion, params: MultiDeviceExecutorParams | None = None) -> None:
         self.fusion = fusion
         self.params = params or MultiDeviceExecutorParams()
+        self._backend = comm_backend(self.params.backend_type)  # checked here: a bad name fails before any run
         self.communicator = Communicator.instance()
         check_meshes_fit(fusion, self.communicator.size())
         self._cache = FusionExecutorCache(fusion)
@@ -45,7 +54,7 @@ class MultiDeviceExecutor:
         return self.communicator.device()
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        return self._cache.run(list(inputs), device=self.device)
+        return self._cache.run(list(inputs), device=self.device, backend=self._backend)
 
     def host_ir(self) -> str:
         """This rank's Host IR of the latest run (as ``PYFUSER_DUMP=host_ir`` prints it)."""

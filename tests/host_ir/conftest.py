@@ -57,5 +57,17 @@ def run_dumped(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[st
 
 
 @pytest.fixture
+def run_seed_dumped(run_dumped: RunDumped) -> RunDumped:
+    """``run_dumped`` with stream overlap off: the program as seed 002 prints it, each iteration joining the
+    user's stream (what the stream-lowering and ring-buffer tests check line by line)."""
+
+    def run(fd: FusionDefinition, inputs: Sequence[Any], **kwargs: Any) -> tuple[list[torch.Tensor], str]:
+        disabled = [*kwargs.pop("_disable_options", ()), "stream_overlap"]
+        return run_dumped(fd, inputs, _disable_options=disabled, **kwargs)
+
+    return run
+
+
+@pytest.fixture
 def normalize() -> Callable[[str], list[str]]:
     return normalize_dump

@@ -101,6 +101,44 @@ def test_linear_chunked_along_n_slices_weight_and_bias(device):
         [[3], [6, 4], [4, 3]], [[2], [6, 4], [4, 2]]]
 
 
+def _copies(fd: FusionDefinition, inputs: list[torch.Tensor]) -> int:
+    fd.execute(inputs)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fd.execute(inputs)
+    return sum(e.name == "aten::copy_" for e in prof.events())
+
+
+def test_linear_writes_its_chunks_in_place(device):
+    """A chunk of a linear is one mm / addmm into the output's slice: no result allocated and copied (with a
+    bias, addmm itself first broadcasts the bias into the slice: one copy per chunk, no more)."""
+    for bias, axis in ((False, 0), (True, 0), (True, 1)):
+        fd = FusionDefinition()
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        b = fd.define_tensor([-1]) if bias else None
+        out = fd.ops.linear(x, w, b)
+        fd.add_output(out)
+        out.outer_split(axis, 2)
+        out.axis(axis).parallelize(STREAM)
+        inputs = [torch.randn(6, 4, device=device), torch.randn(5, 4, device=device)]
+        inputs += [torch.randn(5, device=device)] if bias else []
+        (result,) = fd.execute(inputs)
+        torch.testing.assert_close(result, F.linear(*inputs), **TOL)
+        assert _copies(fd, inputs) <= (2 if bias else 0), (bias, axis)
+
+
+def test_linear_into_a_strided_chunk_falls_back_to_a_copy(device):
+    """A 1-D weight has no mm form: the result is computed, then copied into the chunk (still correct)."""
+    fd = FusionDefinition()
+    x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+    out = fd.ops.linear(x, w)
+    fd.add_output(out)
+    out.outer_split(0, 2)
+    out.axis(0).parallelize(STREAM)
+    inputs = [torch.randn(5, 4, device=device), torch.randn(4, device=device)]
+    (result,) = fd.execute(inputs)
+    torch.testing.assert_close(result, F.linear(*inputs), **TOL)
+
+
 def test_linear_chunked_along_m(device, run_dumped):
     fd = FusionDefinition()
     x = fd.define_tensor([-1, -1])

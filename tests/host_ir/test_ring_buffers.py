@@ -51,12 +51,12 @@ def _allocations(fd: FusionDefinition, inputs: list[torch.Tensor], monkeypatch: 
 
 @pytest.mark.parametrize("num_streams", [1, 2, 4])
 @pytest.mark.parametrize(("rows", "split"), [(11, None), (2, None), (13, 6), (9, 9)])
-def test_ring_buffers_exact_with_more_chunks_than_streams(rows, split, num_streams, device, run_dumped,
+def test_ring_buffers_exact_with_more_chunks_than_streams(rows, split, num_streams, device, run_seed_dumped,
                                                          monkeypatch):
     monkeypatch.setenv("PYFUSER_NUM_STREAMS", str(num_streams))
     fd = _chain(split)
     x = torch.randn(rows, 5, device=device)
-    (out,), dump = run_dumped(fd, [x])
+    (out,), dump = run_seed_dumped(fd, [x])
     torch.testing.assert_close(out, _expected(x))
     assert dump.count("WaitSlot") == 2 and dump.count("ReleaseSlot") == 2  # t1 and t2
     assert dump.count("index = ( StreamIdx % numberOfStreams )") == 2
@@ -65,9 +65,9 @@ def test_ring_buffers_exact_with_more_chunks_than_streams(rows, split, num_strea
     assert _allocations(fd, [x], monkeypatch) == [[ring_rows, 5], [ring_rows, 5], [rows, 5]]
 
 
-def test_slot_wait_precedes_write_and_release_follows_last_use(run_dumped):
+def test_slot_wait_precedes_write_and_release_follows_last_use(run_seed_dumped):
     fd = _chain()
-    _, dump = run_dumped(fd, [torch.randn(3, 2)])
+    _, dump = run_seed_dumped(fd, [torch.randn(3, 2)])
     body = [line.strip() for line in dump.splitlines()]
     wait = next(k for k, line in enumerate(body) if line.startswith("WaitSlot") and " of T1_" in line)
     chunk = body[wait + 1]  # the view the select of T1 defines, e.g. T5_l_float[iS9{i1}]
@@ -78,19 +78,19 @@ def test_slot_wait_precedes_write_and_release_follows_last_use(run_dumped):
     assert body[last_use].startswith("= T") and body[last_use + 1].startswith("* T") and release == last_use + 2
 
 
-def test_no_ring_for_outputs_or_tensors_read_after_the_loop(device, run_dumped):
+def test_no_ring_for_outputs_or_tensors_read_after_the_loop(device, run_seed_dumped):
     fd = _chain(intermediate_is_output=True)
     x = torch.randn(7, 3, device=device)
-    (out, t1), dump = run_dumped(fd, [x])
+    (out, t1), dump = run_seed_dumped(fd, [x])
     torch.testing.assert_close(out, _expected(x))
     torch.testing.assert_close(t1, torch.sin(x))
     assert " of T1_" not in dump and dump.count("WaitSlot") == 1  # only t2 is ring-buffered
 
 
-def test_ring_buffers_can_be_disabled(device, run_dumped):
+def test_ring_buffers_can_be_disabled(device, run_seed_dumped):
     fd = _chain()
     x = torch.randn(6, 2, device=device)
-    (out,), dump = run_dumped(fd, [x], _disable_options=["stream_ring_buffers"])
+    (out,), dump = run_seed_dumped(fd, [x], _disable_options=["stream_ring_buffers"])
     torch.testing.assert_close(out, _expected(x))
     assert "numberOfStreams )" not in dump.replace("Stream ( StreamIdx % numberOfStreams )", "")
     assert "Slot" not in dump

@@ -105,12 +105,12 @@ SEED_CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(SEED_CASES))
-def test_seed_002_dump_line_by_line(name, device, run_dumped, normalize):
+def test_seed_002_dump_line_by_line(name, device, run_seed_dumped, normalize):
     n_sets, streams, expected = SEED_CASES[name]
     fd = _set_chain(n_sets, streams)
     x = torch.randn(6, 5, device=device)
     # The seed predates ring buffers: compare with them off, as the seed allocates intermediates whole.
-    (out,), dump = run_dumped(fd, [x], _disable_options=["stream_ring_buffers"])
+    (out,), dump = run_seed_dumped(fd, [x], _disable_options=["stream_ring_buffers"])
     assert normalize(dump) == normalize(expected)
     torch.testing.assert_close(out, x, rtol=0, atol=0)
     assert out.data_ptr() != x.data_ptr()
@@ -144,15 +144,15 @@ Synchronize Stream ( StreamIdx % numberOfStreams )
 """
 
 
-def test_two_set_ops_ring_buffer(device, run_dumped, normalize):
+def test_two_set_ops_ring_buffer(device, run_seed_dumped, normalize):
     fd = _set_chain(2, [1, 2])
     x = torch.randn(9, 3, device=device)  # 9 iterations over 4 slots
-    (out,), dump = run_dumped(fd, [x])
+    (out,), dump = run_seed_dumped(fd, [x])
     torch.testing.assert_close(out, x, rtol=0, atol=0)
     assert normalize(dump) == normalize(TWO_SET_OPS_RING_BUFFER)
 
 
-def test_seed_000_row_then_column_loops(device, run_dumped, normalize):
+def test_seed_000_row_then_column_loops(device, run_seed_dumped, normalize):
     """tv1 produced in a row loop, consumed in a column loop: two loops, tv1 allocated whole."""
     x = torch.randn(5, 7, device=device).t()  # non-contiguous input, declared as such below
     fd = FusionDefinition()
@@ -162,7 +162,7 @@ def test_seed_000_row_then_column_loops(device, run_dumped, normalize):
     fd.add_output(t2)
     t1.axis(0).parallelize(ParallelType.stream)
     t2.axis(1).parallelize(ParallelType.stream)
-    (out,), dump = run_dumped(fd, [x])
+    (out,), dump = run_seed_dumped(fd, [x])
     torch.testing.assert_close(out, x, rtol=0, atol=0)
     lines = normalize(dump)
     assert sum(x.startswith("FOR StreamIdx in iStreamIdx") for x in lines) == 2

@@ -19,7 +19,7 @@ def _fors(dump: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("rows", "chunks"), [(7, 3), (6, 3), (5, 4), (2, 3), (0, 2)])
-def test_outer_split_stream_chunks(rows, chunks, device, run_dumped):
+def test_outer_split_stream_chunks(rows, chunks, device, run_seed_dumped):
     """c iterations over ceilDiv(n, c) rows; the last chunk is smaller or empty (then skipped)."""
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1])
@@ -30,14 +30,14 @@ def test_outer_split_stream_chunks(rows, chunks, device, run_dumped):
         t.outer_split(0, chunks)
         t.axis(0).parallelize(STREAM)
     x = torch.randn(rows, 3, device=device)
-    (out,), dump = run_dumped(fd, [x])
+    (out,), dump = run_seed_dumped(fd, [x])
     torch.testing.assert_close(out, torch.exp(x) * 2.0)
     assert len(_fors(dump)) == 1
     assert "iStreamIdx" in _fors(dump)[0] and f"{{{chunks}}}" in _fors(dump)[0]
     assert f"( ceilDiv(i0, {chunks}) )" in dump
 
 
-def test_inner_split_stream_chunks(device, run_dumped):
+def test_inner_split_stream_chunks(device, run_seed_dumped):
     """The outer ID of an inner split: ceilDiv(n, f) iterations of f rows each."""
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1])
@@ -46,12 +46,12 @@ def test_inner_split_stream_chunks(device, run_dumped):
     t1.split(1, 4)
     t1.axis(1).parallelize(STREAM)
     x = torch.randn(3, 10, device=device)
-    (out,), dump = run_dumped(fd, [x])
+    (out,), dump = run_seed_dumped(fd, [x])
     torch.testing.assert_close(out, -x)
     assert "FOR StreamIdx in iStreamIdx" in dump and "{( ceilDiv(i1, 4) )}:" in dump
 
 
-def test_stream_on_input_puts_consumers_in_the_loop(device, run_dumped):
+def test_stream_on_input_puts_consumers_in_the_loop(device, run_seed_dumped):
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1])
     t1 = fd.define_tensor([1, -1])  # broadcast row: read whole in every iteration
@@ -62,7 +62,7 @@ def test_stream_on_input_puts_consumers_in_the_loop(device, run_dumped):
     t0.outer_split(0, 2)
     t0.axis(0).parallelize(STREAM)
     x, row = torch.randn(5, 4, device=device), torch.randn(1, 4, device=device)
-    (out, total), dump = run_dumped(fd, [x, row])
+    (out, total), dump = run_seed_dumped(fd, [x, row])
     torch.testing.assert_close(out, x + row)
     torch.testing.assert_close(total, x.sum(1))
     assert len(_fors(dump)) == 1  # both consumers map T0's stream axis: one loop
@@ -70,7 +70,7 @@ def test_stream_on_input_puts_consumers_in_the_loop(device, run_dumped):
     assert "HirAliasSelect( T1_" not in dump
 
 
-def test_stream_on_input_propagates_through_all_consumers(device, run_dumped):
+def test_stream_on_input_propagates_through_all_consumers(device, run_seed_dumped):
     """nvFuser's test_two_matmuls_inlinable: chunking the input puts both chained matmuls in the loop
     (2c GEMMs); the propagation stops at an expr that cannot take it (a reduction of the axis)."""
     c = 3
@@ -83,7 +83,7 @@ def test_stream_on_input_propagates_through_all_consumers(device, run_dumped):
     inp.axis(0).parallelize(STREAM)
     x, a, b = (torch.randn(*shape, device=device) for shape in ((2 * c, 3), (3, 5), (5, 4)))
     with torch.profiler.profile() as profile:
-        (got, total), dump = run_dumped(fd, [x, a, b], _enable_options=["host_ir_lowering"],
+        (got, total), dump = run_seed_dumped(fd, [x, a, b], _enable_options=["host_ir_lowering"],
                                         _disable_options=["infer_contiguity"])
     torch.testing.assert_close(got, x @ a @ b)
     torch.testing.assert_close(total, torch.relu(x @ a @ b).sum(0))
@@ -91,7 +91,7 @@ def test_stream_on_input_propagates_through_all_consumers(device, run_dumped):
     assert sum(e.name == "aten::mm" for e in profile.events()) == 2 * c
 
 
-def test_non_stream_consumer_closes_loop_and_reads_whole(device, run_dumped):
+def test_non_stream_consumer_closes_loop_and_reads_whole(device, run_seed_dumped):
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1])
     t1 = fd.ops.relu(t0)
@@ -101,14 +101,14 @@ def test_non_stream_consumer_closes_loop_and_reads_whole(device, run_dumped):
     t1.axis(0).parallelize(STREAM)
     t3.axis(0).parallelize(STREAM)
     x = torch.randn(6, 3, device=device)
-    (out,), dump = run_dumped(fd, [x])
+    (out,), dump = run_seed_dumped(fd, [x])
     torch.testing.assert_close(out, torch.relu(x) + torch.relu(x).sum(0))
     assert len(_fors(dump)) == 2
     allocs = [line for line in dump.splitlines() if "ALLOCATE" in line]
     assert len(allocs) == 2 and not any("numberOfStreams" in line for line in allocs)  # t1 read outside: whole
 
 
-def test_reduction_in_loop_keeps_positions(device, run_dumped):
+def test_reduction_in_loop_keeps_positions(device, run_seed_dumped):
     """Chunks keep the selected dim at run time, so reduction axes stay valid."""
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1, -1])
@@ -118,12 +118,12 @@ def test_reduction_in_loop_keeps_positions(device, run_dumped):
     for t in (t1, t2):
         t.axis(1).parallelize(STREAM)
     x = torch.randn(2, 5, 3, device=device)
-    (out,), dump = run_dumped(fd, [x])
+    (out,), dump = run_seed_dumped(fd, [x])
     torch.testing.assert_close(out, x.sum(2) ** 2)
     assert len(_fors(dump)) == 1
 
 
-def test_permuted_input_and_required_output_layout(device, run_dumped):
+def test_permuted_input_and_required_output_layout(device, run_seed_dumped):
     x = torch.randn(4, 6, device=device).t()  # [6, 4], column-major
     fd = FusionDefinition()
     t0 = fd.from_pytorch(x)
@@ -131,7 +131,7 @@ def test_permuted_input_and_required_output_layout(device, run_dumped):
     fd.add_output(t1, stride_order=[0, 1])  # column-major output required
     t1.outer_split(1, 3)
     t1.axis(1).parallelize(STREAM)
-    (out,), _ = run_dumped(fd, [x])
+    (out,), _ = run_seed_dumped(fd, [x])
     torch.testing.assert_close(out, torch.sigmoid(x))
     assert out.stride() == (1, 6)
 
@@ -146,7 +146,7 @@ def test_set_of_input_never_aliases_it(device):
     torch.testing.assert_close(out, x, rtol=0, atol=0)
 
 
-def test_full_and_expand_run_chunk_wise(device, run_dumped):
+def test_full_and_expand_run_chunk_wise(device, run_seed_dumped):
     fd = FusionDefinition()
     t0 = fd.define_tensor([1, -1])
     n = fd.define_scalar(dtype=torch.int64)
@@ -160,7 +160,7 @@ def test_full_and_expand_run_chunk_wise(device, run_dumped):
         t.axis(0).parallelize(STREAM)
     t2.axis(0).parallelize(STREAM)
     row = torch.randn(1, 3, device=device)
-    (out, filled), dump = run_dumped(fd, [row, 5])
+    (out, filled), dump = run_seed_dumped(fd, [row, 5])
     torch.testing.assert_close(out, row.expand(5, 3) + 1.0)
     torch.testing.assert_close(filled, torch.full((5, 3), 1.5, device=device))
     assert len(_fors(dump)) == 2
@@ -183,7 +183,7 @@ def test_stream_pointwise_chain_matches_torch(rows, cols, chunks, transpose, inn
     torch.testing.assert_close(out, torch.tanh(base) - base)
 
 
-def test_scalar_work_between_loop_exprs_is_hoisted(device, run_dumped):
+def test_scalar_work_between_loop_exprs_is_hoisted(device, run_seed_dumped):
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1])
     s = fd.define_scalar(dtype=torch.float64)
@@ -193,13 +193,13 @@ def test_scalar_work_between_loop_exprs_is_hoisted(device, run_dumped):
     for t in (t1, t2):
         t.axis(0).parallelize(STREAM)
     x = torch.randn(5, 2, device=device)
-    (out,), dump = run_dumped(fd, [x, 0.25])
+    (out,), dump = run_seed_dumped(fd, [x, 0.25])
     torch.testing.assert_close(out, torch.exp(x) + 0.5)
     assert len(_fors(dump)) == 1
     assert dump.index("* double(2.0)") < dump.index("FOR ")
 
 
-def test_var_mean_outputs_chunked_together(device, run_dumped):
+def test_var_mean_outputs_chunked_together(device, run_seed_dumped):
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1])
     var, mean = fd.ops.var_mean(t0, [1], correction=1)
@@ -208,7 +208,7 @@ def test_var_mean_outputs_chunked_together(device, run_dumped):
     mean.outer_split(0, 2)
     mean.axis(0).parallelize(STREAM)  # scheduled on the second output: both are produced chunk-wise
     x = torch.randn(7, 4, device=device)
-    (v, m), dump = run_dumped(fd, [x])
+    (v, m), dump = run_seed_dumped(fd, [x])
     ev, em = torch.var_mean(x, 1, correction=1)
     torch.testing.assert_close(v, ev)
     torch.testing.assert_close(m, em)

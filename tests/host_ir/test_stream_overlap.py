@@ -1,5 +1,6 @@
-"""Opt-in stream overlap: iterations wait only for work issued before the loop; the user's stream
-joins every worker once, after the loop."""
+"""Stream overlap (on by default where safe): iterations wait only for work issued before the loop; the
+user's stream joins every worker once, after the loop. ``_disable_options=["stream_overlap"]`` keeps seed
+002's per-iteration joins, and a loop holding a node that is not ``chunk_local`` keeps them too."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition
+from pyfuser.host_ir.nodes import AtenCall
 from pyfuser.ir.base import Expr
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops.common import positional_map
 from pyfuser.ir.tensor_view import new_like
+from pyfuser.runtime.backends import EXPR_LOWERINGS
 
 STREAM = ParallelType.stream
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -36,7 +39,7 @@ def _two_matmuls(chunks: int) -> FusionDefinition:
 def test_overlap_dump_moves_join_after_loop(run_dumped, normalize):
     fd = _two_matmuls(3)
     inputs = [torch.randn(7, 4), torch.randn(4, 5), torch.randn(5, 2)]
-    (out,), dump = run_dumped(fd, inputs, _enable_options=["stream_overlap"])
+    (out,), dump = run_dumped(fd, inputs)  # the default
     torch.testing.assert_close(out, torch.relu(inputs[0] @ inputs[1]) @ inputs[2])
     lines = normalize(dump)
     loop = lines.index(next(x for x in lines if x.startswith("FOR StreamIdx in iStreamIdx")))
@@ -44,10 +47,59 @@ def test_overlap_dump_moves_join_after_loop(run_dumped, normalize):
     assert lines[loop + 1:loop + 3] == ["SetCurrentStream to Stream ( StreamIdx % numberOfStreams )",
                                        "Synchronize Stream ?"]
     assert lines[-4:] == ["SetCurrentStream to Stream ?",
-                          "FOR StreamIdx in iS?{( min(3, numberOfStreams) )}:",
-                          "Synchronize Stream ( StreamIdx % numberOfStreams )",
+                          "FOR WorkerIdx in iS?{( min(3, numberOfStreams) )}:",
+                          "Synchronize Stream ( WorkerIdx % numberOfStreams )",
                           "} // %HostIrContainer"]
     assert sum(x.startswith("SetCurrentStream") for x in lines) == 2
+
+
+def test_overlap_can_be_disabled(run_dumped, normalize):
+    fd = _two_matmuls(3)
+    inputs = [torch.randn(7, 4), torch.randn(4, 5), torch.randn(5, 2)]
+    (out,), dump = run_dumped(fd, inputs, _disable_options=["stream_overlap"])
+    torch.testing.assert_close(out, torch.relu(inputs[0] @ inputs[1]) @ inputs[2])
+    lines = normalize(dump)
+    assert "WorkerIdx" not in dump
+    assert lines[-3:] == ["SetCurrentStream to Stream ?", "Synchronize Stream ( StreamIdx % numberOfStreams )",
+                          "} // %HostIrContainer"]
+
+
+class _CarryOp(Expr):
+    """Test-only op with effects outside its chunks (as far as the compiler knows): not ``chunk_local``."""
+
+    def __init__(self, fusion: Any, out: Any, inp: Any) -> None:
+        super().__init__(fusion, [inp], [out])
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        return [x * 2]
+
+    def logical_map(self, producer: Any) -> dict:
+        return positional_map(producer, self.output)
+
+    def to_string(self, indent: int = 0) -> str:
+        return f"{'  ' * indent}{self.output} = carry({self.inputs[0]})\n"
+
+
+class _CarryNode(AtenCall):
+    chunk_local = False
+
+    def substitute(self, mapping: Any, index: Any = None) -> _CarryNode:
+        chunked = super().substitute(mapping, index)
+        return _CarryNode(chunked.expr, chunked.inputs, chunked.outputs, chunked.into)
+
+
+def test_loop_with_a_node_not_known_chunk_local_keeps_seed_joins(run_dumped, monkeypatch):
+    monkeypatch.setitem(EXPR_LOWERINGS, _CarryOp, lambda expr, lctx: [_CarryNode(expr)])
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    t1 = new_like(t0)
+    _CarryOp(fd.fusion, t1, t0)
+    fd.add_output(t1)
+    t1.axis(0).parallelize(STREAM)
+    x = torch.randn(3, 2)
+    (out,), dump = run_dumped(fd, [x])
+    torch.testing.assert_close(out, x * 2)
+    assert "WorkerIdx" not in dump and dump.count("Synchronize Stream ( StreamIdx % numberOfStreams )") == 1
 
 
 @pytest.mark.parametrize("num_streams", [1, 2, 4])
@@ -58,7 +110,7 @@ def test_overlap_results_with_ring_buffers(chunks, num_streams, device, monkeypa
     inputs = [torch.randn(20, 8, device=device), torch.randn(8, 16, device=device), torch.randn(16, 4, device=device)]
     expected = torch.relu(inputs[0] @ inputs[1]) @ inputs[2]
     for _ in range(3):  # buffers and streams reused across executions
-        (out,) = fd.execute(inputs, _enable_options=["stream_overlap"])
+        (out,) = fd.execute(inputs)
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -113,8 +165,8 @@ def test_cuda_overlap_runs_iterations_concurrently(monkeypatch):
     monkeypatch.setenv("PYFUSER_NUM_STREAMS", "4")
     fd, x = _spin_fusion()
     one = _elapsed_ms(lambda: torch.cuda._sleep(_SpinOp.CYCLES))
-    serial = _elapsed_ms(lambda: fd.execute([x]))
-    overlapped = _elapsed_ms(lambda: fd.execute([x], _enable_options=["stream_overlap"]))
-    torch.testing.assert_close(fd.execute([x], _enable_options=["stream_overlap"])[0], x, rtol=0, atol=0)
+    serial = _elapsed_ms(lambda: fd.execute([x], _disable_options=["stream_overlap"]))
+    overlapped = _elapsed_ms(lambda: fd.execute([x]))
+    torch.testing.assert_close(fd.execute([x])[0], x, rtol=0, atol=0)
     assert serial > 3.5 * one, (serial, one)
     assert overlapped < 2.0 * one, (overlapped, one)

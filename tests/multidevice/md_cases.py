@@ -280,12 +280,17 @@ def seed_004_allgather_linear_pipeline() -> None:
             x.axis(1).parallelize(X)
             out.axis(0).parallelize(ParallelType.stream)
         xf, wf, bf = randn(streams, d, 3, 8), randn(5, 8), randn(5)
-        (got,) = fd.execute([shard_tensor(xf, x), wf, bf])
+        # The seed's program: each iteration joins the user's stream (stream overlap off).
+        (got,) = fd.execute([shard_tensor(xf, x), wf, bf], _disable_options=["stream_overlap"])
         assert_close(got, F.linear(xf, wf, bf), f"seed 004 pipeline with S={streams}")
         text = host_ir(fd)
         _check_structure(text, SEED_004)
         if text.count("Communication") != 2 or "DeviceMesh{" not in text:
             raise AssertionError(f"expected one Allgather (and its Wait) inside the loop:\n{text}")
+        (got,) = fd.execute([shard_tensor(xf, x), wf, bf])  # the default: iterations overlap, joined after the loop
+        assert_close(got, F.linear(xf, wf, bf), f"overlapped seed 004 pipeline with S={streams}")
+        _check_structure(host_ir(fd), [r"^  GetCurrentStream into Stream", r"^  FOR StreamIdx", r"type=Allgather",
+                                       r"= linear\(", r"^  FOR WorkerIdx", r"Synchronize Stream \( WorkerIdx"])
 
 
 @case()

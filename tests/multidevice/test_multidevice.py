@@ -53,11 +53,18 @@ CASES_2 = [
     "dtensor_wrapper", "bad_inputs_raise_clear_errors",
 ]
 CASES_4 = [*CASES_2, "mesh_2d_data_and_tensor_parallel", "mesh_on_a_subset_of_ranks"]
+P2P_CASES = [
+    "p2p_transport_falls_back_with_one_warning", "p2p_allgather_linear_pipeline", "p2p_linear_reduce_scatter_pipeline",
+    "p2p_without_stream_loop", "p2p_noncontiguous_and_empty_shards", "p2p_only_when_asked",
+    "p2p_shards_of_different_shapes_raise",
+]
 
 
-@pytest.mark.parametrize("nproc, expected", [(2, CASES_2), (4, CASES_4)], ids=["2-ranks", "4-ranks"])
-def test_multidevice_cases(nproc: int, expected: list[str]) -> None:
-    result = torchrun("md_cases.py", nproc, env=_backend_env(nproc))
+@pytest.mark.parametrize("script, nproc, expected", [("md_cases.py", 2, CASES_2), ("md_cases.py", 4, CASES_4),
+                                                      ("md_p2p.py", 2, P2P_CASES), ("md_p2p.py", 4, P2P_CASES)],
+                         ids=["2-ranks", "4-ranks", "p2p-2-ranks", "p2p-4-ranks"])
+def test_multidevice_cases(script: str, nproc: int, expected: list[str]) -> None:
+    result = torchrun(script, nproc, env=_backend_env(nproc))
     output = result.stdout + result.stderr
     # Ranks share one stdout, so lines of different ranks may interleave: match without anchors.
     failed = sorted(set(re.findall(r"FAIL (\w+) rank", result.stdout)))
@@ -82,5 +89,30 @@ def test_failing_rank_does_not_block_the_others() -> None:
         return  # NCCL's watchdog aborts the waiting rank's process: no Python error to read
     survivor = re.search(r"RANK 0 FAILED after (\d+\.\d)s: RuntimeError: Communication \d+ \(Allgather",
                          result.stdout)
+    assert survivor, output[-6000:]
+    assert float(survivor.group(1)) < timeout_s * 3, f"rank 0 waited {survivor.group(1)}s for a dead peer"
+
+
+def test_failing_rank_does_not_block_p2p_peers() -> None:
+    """One rank raises before its copy in a P2P pipeline: the other exits with an error within the timeout
+    (gloo: the receive fails; CUDA: the stream waits on a signal that never comes, and the watchdog ends
+    the process), never waiting forever."""
+    timeout_s = 8
+    start = time.monotonic()
+    env = {"PYFUSER_DIST_TIMEOUT": str(timeout_s), "PYFUSER_FAULT_P2P": "1", **_backend_env(2)}
+    result = torchrun("md_fault.py", 2, env=env, timeout=120)
+    elapsed = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-6000:]
+    assert re.search(r"RANK 1 FAILED after \d+\.\ds: ValueError: input 0 \(T0\)", result.stdout), output[-6000:]
+    assert "RANK 0 finished" not in result.stdout, output[-6000:]
+    assert elapsed < timeout_s * 3 + 60, f"the launch took {elapsed:.0f}s"
+    if "PYFUSER_DIST_BACKEND" not in env and torch.cuda.is_available():
+        watchdog = re.search(r"pyfuser: rank 0: the P2P transfers into T\d+ over team \(0 1\) in execution 2 did not "
+                             r"complete within 8s \(PYFUSER_DIST_TIMEOUT\)", result.stderr)
+        assert watchdog, output[-6000:]
+        return
+    survivor = re.search(r"RANK 0 FAILED after (\d+\.\d)s: RuntimeError: P2PCommunication [\d.]+ \(recv with rank 1\) "
+                         r"on rank 0 failed", result.stdout)
     assert survivor, output[-6000:]
     assert float(survivor.group(1)) < timeout_s * 3, f"rank 0 waited {survivor.group(1)}s for a dead peer"

@@ -14,6 +14,7 @@ from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, ForLoop, HirAlias
 from pyfuser.host_ir.stream_nodes import SlotRelease, SlotWait
 from pyfuser.ir.base import Val
 from pyfuser.ir.symbolic import sym_min
+from pyfuser.ir.tensor_view import MemoryType
 from pyfuser.options import CompileOptions
 
 
@@ -54,7 +55,8 @@ def _last_use(body: list[HostNode], chunk: Val) -> int:
 
 
 def use_ring_buffers(container: HostIrContainer, options: CompileOptions) -> None:
-    allocations = {id(n.tv): n for n in container.nodes if isinstance(n, Allocate)}
+    # Only plain global buffers: a symmetric one is written by peers, whose writes no local event orders.
+    allocations = {id(n.tv): n for n in container.nodes if isinstance(n, Allocate) and n.mem_type is MemoryType.Global}
     for loop in [n for n in container.nodes if isinstance(n, ForLoop)]:
         for select in _ring_candidates(container, loop, allocations):
             tv = select.src

@@ -22,6 +22,16 @@ if TYPE_CHECKING:
     from pyfuser.ir.tensor_view import TensorView
 
 
+def _as_matrix(t: torch.Tensor) -> torch.Tensor | None:
+    """``t [..., k]`` as a ``[rows, k]`` view of the same memory, or None when its strides allow none."""
+    if t.dim() == 0:
+        return None
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:  # the leading dims cannot be merged without a copy
+        return None
+
+
 def _align_right(producer_ids: list[IterDomain], consumer_ids: list[IterDomain]) -> dict[IterDomain, IterDomain]:
     offset = len(consumer_ids) - len(producer_ids)
     return {p: consumer_ids[offset + k] for k, p in enumerate(producer_ids) if offset + k >= 0}
@@ -116,6 +126,20 @@ class LinearOp(Expr):
         if bias is not None:
             y = y + bias.reshape(*bias.shape[:-1], *([1] * len(rows)), bias.shape[-1])
         return [y]
+
+    def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                      bias: torch.Tensor | None = None) -> None:
+        """``F.linear`` has no ``out=``: a 2-D weight runs as one ``mm`` / ``addmm`` writing ``out`` (a chunk
+        of a Host IR buffer) in place, so no result is allocated and copied per call."""
+        if self._checks:
+            check_same_sizes("linear", self._checks, self.defined_inputs, (x, w, bias))
+        rows, out_rows = _as_matrix(x), _as_matrix(out)
+        if w.dim() != 2 or rows is None or out_rows is None or out.dtype != x.dtype:
+            super().evaluate_into(ctx, out, x, w, bias)
+        elif bias is None:
+            torch.mm(rows, w.t(), out=out_rows)
+        else:
+            torch.addmm(bias, rows, w.t(), out=out_rows)
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         x, w = self.inputs[0], self.inputs[1]

@@ -1,0 +1,242 @@
+"""What the overlap benchmarks (``ag_linear.py``, ``linear_rs.py``) share: timing across ranks, the report
+files, profiling one program and drawing its timeline.
+
+Times are medians over iterations of CUDA events around one call (wall clock on CPUs), after a barrier
+and a device synchronization, then the max over ranks. Rank 0 writes ``PREFIX.json`` and ``PREFIX.md``.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import datetime
+import io
+import json
+import os
+import pstats
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed._symmetric_memory import enable_symm_mem_for_group, is_symm_mem_enabled_for_group
+from torch.profiler import ProfilerActivity, profile
+
+from pyfuser.multidevice import Communicator
+
+# NVLink multicast stays off on shared machines (read when the process group and symmetric memory start).
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+#: Sizes of the issue's tables: (M, K, N) per rank as each benchmark reads them.
+SIZES = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 8192, 8192)]
+
+
+class Timer:
+    """Median time of ``fn`` in milliseconds on this rank, then the max over ranks."""
+
+    def __init__(self, device: torch.device, warmup: int, iters: int) -> None:
+        self.device, self.warmup, self.iters = device, warmup, iters
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn: Callable[[], object]) -> float:
+        for _ in range(self.warmup):
+            fn()
+        self._sync()
+        samples = []
+        for _ in range(self.iters):
+            Communicator.instance().barrier()
+            self._sync()
+            if self.cuda:
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                stop.record()
+                torch.cuda.synchronize()
+                samples.append(start.elapsed_time(stop))
+            else:
+                begin = time.perf_counter()
+                fn()
+                samples.append((time.perf_counter() - begin) * 1e3)
+        median = torch.tensor([statistics.median(samples)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(median, op=dist.ReduceOp.MAX)
+        return float(median.item())
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖got − expected‖ / ‖expected‖ in float64, the max over ranks (NaN never passes)."""
+    expected = expected.double()
+    err = ((got.double() - expected).norm() / expected.norm().clamp_min(1e-30)).reshape(1)
+    err = torch.nan_to_num(err, nan=float("inf")).to(got.device)
+    dist.all_reduce(err, op=dist.ReduceOp.MAX)
+    return float(err.item())
+
+
+def symm_mem_group() -> str | None:
+    """The default group's name with symmetric memory enabled for torch's fused ops, or None (no CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    name = dist.group.WORLD.group_name  # type: ignore[union-attr]
+    if not is_symm_mem_enabled_for_group(name):
+        enable_symm_mem_for_group(name)
+    return name
+
+
+def machine(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    return f"{torch.cuda.get_device_name(device)} x{dist.get_world_size()}"
+
+
+def write_report(prefix: Path, title: str, config: dict[str, Any], rows: list[dict[str, Any]],
+                 columns: Sequence[tuple[str, str]], notes: Sequence[str]) -> None:
+    """``prefix``.json (everything) and ``prefix``.md (a table: one row per size, ``columns`` as (key, header))."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    config = {**config, "date": stamp, "torch": torch.__version__}
+    prefix.with_suffix(".json").write_text(json.dumps({"config": config, "results": rows}, indent=2) + "\n")
+    lines = [f"# {title} ({config['machine']}, {stamp})", "",
+             f"torch {torch.__version__}; {config.get('dtype', '')}; medians of {config['iters']} iterations after "
+             f"{config['warmup']} warm-up, max over ranks; all in one run. Raw numbers: `{prefix.name}.json`.", "",
+             "| " + " | ".join(header for _, header in columns) + " |",
+             "|" + "|".join(" ---: " if k != "size" else " --- " for k, _ in columns) + "|"]
+    for row in rows:
+        cells = []
+        for key, _ in columns:
+            value = row.get(key, "")
+            cells.append(f"{value:.3f}" if isinstance(value, float) else str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *notes, ""]
+    prefix.with_suffix(".md").write_text("\n".join(lines))
+
+
+def profile_program(fn: Callable[[], object], path: Path) -> None:
+    """Write a chrome trace of one call of ``fn`` to ``path``: a warm-up call, then a barrier (an NCCL all-reduce
+    kernel that ends at the same time on every rank: ``gpu_events`` measures from its end), then the call."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+        Communicator.instance().barrier()
+        fn()
+        torch.cuda.synchronize()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(path))
+
+
+def host_profile(fn: Callable[[], object], runs: int = 200) -> dict[str, Any]:
+    """Host time of ``fn`` (µs per call, the GPU left to catch up every 20 calls) and, on rank 0, the functions
+    that take it (cProfile, by own time)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    total = 0.0
+    for i in range(runs):
+        begin = time.perf_counter()
+        fn()
+        total += time.perf_counter() - begin
+        if i % 20 == 19:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    result: dict[str, Any] = {"host_us_per_call": total / runs * 1e6}
+    # Every rank runs the profiled calls (each is a collective program); rank 0 records them.
+    profiler = cProfile.Profile()
+    if dist.get_rank() == 0:
+        profiler.enable()
+    for i in range(runs):
+        fn()
+        if i % 20 == 19:
+            torch.cuda.synchronize()
+    profiler.disable()
+    if dist.get_rank() == 0:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+        result["cprofile"] = text.getvalue().splitlines()
+    torch.cuda.synchronize()
+    Communicator.instance().barrier()
+    return result
+
+
+def _category(event: dict[str, Any]) -> str:
+    name = event.get("name", "").lower()
+    if event.get("cat") in ("gpu_memcpy", "gpu_memset") or "memcpy" in name or "memset" in name:
+        return "copy engine (memcpy)"
+    if "nccl" in name:
+        return "NCCL kernel"
+    if "gemm" in name or "sm90" in name or "cutlass" in name or "xmma" in name or "nvjet" in name:
+        return "GEMM"
+    return "other kernel"
+
+
+_COLORS = {"GEMM": "tab:blue", "copy engine (memcpy)": "tab:orange", "NCCL kernel": "tab:red",
+           "other kernel": "tab:gray"}
+
+
+def gpu_events(trace: Path, origin: float | None = None) -> list[dict[str, Any]]:
+    """Kernels and memory copies of the call after the barrier in a ``profile_program`` trace: name, category,
+    stream, start (µs since the barrier ended, or since ``origin``, a trace timestamp) and duration (µs)."""
+    data = json.loads(trace.read_text())
+    events = [e for e in data.get("traceEvents", [])
+              if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if origin is None:
+        barriers = [float(e["ts"]) + float(e.get("dur", 0.0)) for e in events if "AllReduce" in e.get("name", "")]
+        origin = max(barriers) if barriers else min((float(e["ts"]) for e in events), default=0.0)
+    return [{"name": e.get("name", ""), "category": _category(e), "stream": e.get("tid"),
+             "ts": float(e["ts"]) - origin, "dur": float(e.get("dur", 0.0))} for e in events if float(e["ts"]) >= origin]
+
+
+def summarize(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Span (from the barrier), per-stream busy time and per-category totals (ms) of one profiled program, with
+    its operations."""
+    if not events:
+        return {}
+    start, end = 0.0, max(e["ts"] + e["dur"] for e in events)
+    streams: dict[str, float] = {}
+    categories: dict[str, float] = {}
+    for e in events:
+        streams[str(e["stream"])] = streams.get(str(e["stream"]), 0.0) + e["dur"] / 1e3
+        categories[e["category"]] = categories.get(e["category"], 0.0) + e["dur"] / 1e3
+    ops = [f"{(e['ts'] - start) / 1e3:.3f}+{e['dur'] / 1e3:.3f} ms s{e['stream']} {e['category']}: {e['name'][:60]}"
+           for e in sorted(events, key=lambda e: e["ts"])]
+    return {"span_ms": (end - start) / 1e3, "stream_busy_ms": streams, "category_ms": categories, "operations": ops}
+
+
+def draw_timeline(lanes: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str,
+                  xlabel: str = "ms since the barrier before the call ended (the same instant on every rank)") -> bool:
+    """A PNG with one band per (label, events) -- a program on one rank -- and one row per CUDA stream in it;
+    bars colored by what ran. False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        return False
+    rows: list[tuple[str, list[dict[str, Any]]]] = []
+    for label, events in lanes:
+        for stream in sorted({e["stream"] for e in events}, key=str):
+            rows.append((f"{label} · stream {stream}", [e for e in events if e["stream"] == stream]))
+    fig, ax = plt.subplots(figsize=(14, 0.45 * len(rows) + 1.5))
+    for y, (_, events) in enumerate(rows):
+        for e in events:
+            ax.broken_barh([(e["ts"] / 1e3, max(e["dur"], 1.0) / 1e3)], (y - 0.4, 0.8),
+                           facecolors=_COLORS[e["category"]])
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in _COLORS.items()], loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
