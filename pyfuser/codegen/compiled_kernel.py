@@ -75,6 +75,8 @@ class CompiledKernel:
         self.launcher_code = host
         #: the scheduled fusion the kernel was generated from (set by the runtime, for inspection)
         self.scheduled_ir = ""
+        #: the heuristics it was scheduled with (set by the runtime; None for a manual schedule)
+        self.scheduler_params: object = None
         self._fn = fn
         self._prepare = namespace["prepare"]
         self._run = namespace["run"]

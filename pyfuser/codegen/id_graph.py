@@ -80,7 +80,8 @@ class IdGraph:
         outs = expr.tensor_outputs
         for producer in expr.tensor_inputs:
             for p, c in expr.logical_map(producer).items():
-                if self.map_broadcast or p.is_broadcast == c.is_broadcast:
+                # A reduction of a broadcast axis also covers its single position: exactly mapped.
+                if self.map_broadcast or p.is_broadcast == c.is_broadcast or (p.is_broadcast and c.is_reduction):
                     self._classes.union(id(p), id(c))
         for other in outs[1:]:  # multi-output exprs (var_mean) iterate one space
             for a, b in zip(outs[0].get_logical_domain(), other.get_logical_domain(), strict=True):

@@ -31,6 +31,8 @@ class KernelSequence:
         self._outputs = outputs
         self.output_perms = output_perms
         self.scheduled_ir = ""
+        #: the heuristics it was scheduled with (set by the runtime; None for a manual schedule)
+        self.scheduler_params: object = None
 
     @property
     def code(self) -> str:

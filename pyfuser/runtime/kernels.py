@@ -65,6 +65,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
                                 finish=lambda f: schedule_final_step(f, machine))
         kernel.scheduled_ir = scheduled_ir(copy)  # after rfactor: the partial results are in it
+        kernel.scheduler_params = params
         dump(DumpOption.scheduled_fusion, lambda: f"Scheduled segment g{index} ({group.scheduler.name}):\n"
                                                   f"{kernel.scheduled_ir}")
         dump(DumpOption.kernel, lambda: f"Kernel of segment g{index} ({group.scheduler.name}):\n{kernel.code}\n")

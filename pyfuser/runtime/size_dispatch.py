@@ -54,6 +54,10 @@ class SizeDispatchedKernel:
         return self.last.code if self.last is not None else ""
 
     @property
+    def scheduler_params(self) -> object:
+        return self.last.scheduler_params if self.last is not None else None
+
+    @property
     def scheduled_ir(self) -> str:
         return self.last.scheduled_ir if self.last is not None else ""
 

@@ -105,7 +105,7 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
     if any(not r for r in groups):
         return None, "a reduction over no axis"
     orders = infer_allocation_orders(fusion)  # type: ignore[arg-type]
-    kinds = {id(e): reduction_kind(e, orders[id(e.tensor_inputs[0])]) for e in reductions}
+    kinds = {id(e): _kind(e, orders[id(e.tensor_inputs[0])]) for e in reductions}
     first = reductions[0]
     order = [exact.class_of(i) for i in orders[id(first.tensor_inputs[0])] if not i.is_broadcast]
     if len(groups) == 1:
@@ -129,6 +129,13 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
         return None, "an outer var_mean in an inner-outer segment (its partial results cannot be combined)"
     return ReductionAnalysis(NormalizationKind.inner_outer_persistent, exact, inner_exprs[0].output, order,
                              inner_set, True, outer_exprs[0].output), ""
+
+
+def _kind(expr: Expr, order: list[IterDomain]) -> ReductionKind:
+    try:
+        return reduction_kind(expr, order)
+    except ValueError:  # a reduction of size-1 (broadcast) axes only: any kind schedules it
+        return ReductionKind.inner
 
 
 def _persistent(fusion: FusionLike, exact: IdGraph, reductions: list[Expr]) -> bool:

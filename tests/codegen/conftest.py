@@ -37,3 +37,14 @@ def run_kernels() -> RunKernels:
 @pytest.fixture
 def run_aten() -> RunKernels:
     return execute_with_aten
+
+
+def kernel_segments(fd: FusionDefinition) -> list[Any]:
+    """The kernel segments the latest execution launched, in order."""
+    program = fd.fec.last_program
+    return [n.segment for n in program.container.walk() if type(n).__name__ == "LaunchKernel"]
+
+
+def kernel_schedulers(fd: FusionDefinition) -> list[str]:
+    """The scheduler of each kernel the latest execution launched (``pointwise``, ``reduction``, ...)."""
+    return [s.name.removesuffix("_kernel") for s in kernel_segments(fd)]

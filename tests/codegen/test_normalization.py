@@ -1,0 +1,182 @@
+"""Normalizations as generated kernels, against torch: softmax, log-softmax, layernorm, rmsnorm and
+their backward formulas, a batchnorm-like outer normalization, and seed 003's fusion; each lands in
+the scheduler the issue names (read from the kernels that ran)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyfuser import DataType, FusionDefinition
+from tests.codegen.conftest import kernel_schedulers, kernel_segments
+
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+DT = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
+
+
+def _close(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype = torch.float32) -> None:
+    torch.testing.assert_close(got.float(), ref.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def _softmax(log: bool) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        m = fd.ops.max(x, [1], keepdim=True)
+        shifted = fd.ops.sub(x, m)
+        s = fd.ops.sum(fd.ops.exp(shifted), [1], keepdim=True)
+        fd.add_output(fd.ops.sub(shifted, fd.ops.log(s)) if log else fd.ops.div(fd.ops.exp(shifted), s))
+    return fd
+
+
+@pytest.mark.parametrize("cols", [50, 1500])  # 1500: longer than the interpreter's tile, multi-pass
+def test_softmax_and_log_softmax(cols: int, device: str, run_kernels) -> None:
+    x = torch.randn(9, cols, device=device)
+    for log in (False, True):
+        fd = _softmax(log)
+        (out,) = run_kernels(fd, [x])
+        _close(out, torch.log_softmax(x, 1) if log else torch.softmax(x, 1))
+        assert kernel_schedulers(fd) == ["inner_persistent"]
+        if device == "cpu":
+            assert kernel_segments(fd)[0].scheduler_params.shape == ("tile" if cols < 1024 else "loop")
+
+
+def test_softmax_backward(device: str, run_kernels) -> None:
+    y, dy = torch.softmax(torch.randn(7, 40, device=device), 1), torch.randn(7, 40, device=device)
+    with FusionDefinition() as fd:
+        ty, tdy = fd.from_pytorch(y), fd.from_pytorch(dy)
+        fd.add_output(fd.ops.mul(ty, fd.ops.sub(tdy, fd.ops.sum(fd.ops.mul(tdy, ty), [1], keepdim=True))))
+    (out,) = run_kernels(fd, [y, dy])
+    _close(out, y * (dy - (dy * y).sum(1, keepdim=True)))
+    assert kernel_schedulers(fd) == ["inner_persistent"]
+
+
+def _layernorm(dtype: DataType) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        x, w, b = fd.define_tensor([-1, -1], dtype=dtype), fd.define_tensor([-1], dtype=dtype), \
+            fd.define_tensor([-1], dtype=dtype)
+        xf = fd.ops.cast(x, DataType.Float)
+        var, mean = fd.ops.var_mean(xf, [1], correction=0, keepdim=True)
+        y = fd.ops.mul(fd.ops.sub(xf, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+        y = fd.ops.add(fd.ops.mul(y, fd.ops.broadcast(fd.ops.cast(w, DataType.Float), [True, False])),
+                       fd.ops.broadcast(fd.ops.cast(b, DataType.Float), [True, False]))
+        fd.add_output(fd.ops.cast(y, dtype))
+    return fd
+
+
+def _rmsnorm(dtype: DataType) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1], dtype=dtype), fd.define_tensor([-1], dtype=dtype)
+        xf = fd.ops.cast(x, DataType.Float)
+        ms = fd.ops.mean(fd.ops.mul(xf, xf), [1], keepdim=True)
+        y = fd.ops.mul(fd.ops.mul(xf, fd.ops.rsqrt(fd.ops.add(ms, 1e-6))),
+                       fd.ops.broadcast(fd.ops.cast(w, DataType.Float), [True, False]))
+        fd.add_output(fd.ops.cast(y, dtype))
+    return fd
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [48, 1100])
+def test_layernorm_and_rmsnorm(dtype: torch.dtype, cols: int, device: str, run_kernels) -> None:
+    x, w, b = (torch.randn(shape, device=device, dtype=dtype) for shape in ((6, cols), (cols,), (cols,)))
+    fd = _layernorm(DT[dtype])
+    (out,) = run_kernels(fd, [x, w, b])
+    _close(out, F.layer_norm(x.float(), (cols,), w.float(), b.float(), 1e-5), dtype)
+    assert kernel_schedulers(fd) == ["inner_persistent"]
+    fd = _rmsnorm(DT[dtype])
+    (out,) = run_kernels(fd, [x, w])
+    xf = x.float()
+    _close(out, xf * torch.rsqrt((xf * xf).mean(1, keepdim=True) + 1e-6) * w.float(), dtype)
+    assert kernel_schedulers(fd) == ["inner_persistent"]
+
+
+@pytest.mark.parametrize("cols", [40, 1300])
+def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels) -> None:
+    """dx per row (inner reductions) and dw, db across rows (outer ones): one inner-outer kernel,
+    whose partial results across rows a second launch finishes."""
+    n = 11
+    x = torch.randn(n, cols, device=device, requires_grad=True)
+    w, b = torch.randn(cols, device=device, requires_grad=True), torch.randn(cols, device=device, requires_grad=True)
+    dy = torch.randn(n, cols, device=device)
+    F.layer_norm(x, (cols,), w, b, 1e-5).backward(dy)
+    mean = x.detach().mean(1, keepdim=True)
+    rstd = torch.rsqrt(x.detach().var(1, keepdim=True, unbiased=False) + 1e-5)
+    with FusionDefinition() as fd:
+        tdy, tx, tmean, trstd, tw = (fd.from_pytorch(t) for t in (dy, x.detach(), mean, rstd, w.detach()))
+        xhat = fd.ops.mul(fd.ops.sub(tx, tmean), trstd)
+        g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
+        a = fd.ops.sum(g, [1], keepdim=True)
+        c = fd.ops.sum(fd.ops.mul(g, xhat), [1], keepdim=True)
+        dx = fd.ops.mul(trstd, fd.ops.sub(fd.ops.sub(g, fd.ops.div(a, float(cols))),
+                                          fd.ops.mul(xhat, fd.ops.div(c, float(cols)))))
+        fd.add_output(dx)
+        fd.add_output(fd.ops.sum(fd.ops.mul(tdy, xhat), [0]))
+        fd.add_output(fd.ops.sum(tdy, [0]))
+    dx, dw, db = run_kernels(fd, [dy, x.detach(), mean, rstd, w.detach()])
+    _close(dx, x.grad)
+    _close(dw, w.grad)
+    _close(db, b.grad)
+    assert kernel_schedulers(fd) == ["inner_outer_persistent"]
+    assert "_partial0" in fd.last_kernel_code() and "_final" in fd.last_kernel_code()
+
+    # rmsnorm backward: dx per row and dw across rows
+    xd = x.detach().requires_grad_()
+    wd = w.detach().requires_grad_()
+    rms = torch.rsqrt((xd * xd).mean(1, keepdim=True) + 1e-6)
+    (xd * rms * wd).backward(dy)
+    r = rms.detach()
+    with FusionDefinition() as fd:
+        tdy, tx, tr, tw = (fd.from_pytorch(t) for t in (dy, x.detach(), r, w.detach()))
+        g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
+        c = fd.ops.sum(fd.ops.mul(g, tx), [1], keepdim=True)
+        r3 = fd.ops.mul(fd.ops.mul(tr, tr), tr)
+        dx = fd.ops.sub(fd.ops.mul(g, tr), fd.ops.mul(tx, fd.ops.mul(r3, fd.ops.div(c, float(cols)))))
+        fd.add_output(dx)
+        fd.add_output(fd.ops.sum(fd.ops.mul(tdy, fd.ops.mul(tx, tr)), [0]))
+    dx, dw = run_kernels(fd, [dy, x.detach(), r, w.detach()])
+    _close(dx, xd.grad)
+    _close(dw, wd.grad)
+    assert kernel_schedulers(fd) == ["inner_outer_persistent"]
+
+
+@pytest.mark.parametrize("rows", [30, 700])
+def test_outer_normalization(rows: int, device: str, run_kernels) -> None:
+    """Batchnorm-like: statistics over the rows (outer in memory), read back on every row."""
+    x = torch.randn(rows, 24, device=device)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        var, mean = fd.ops.var_mean(t, [0], correction=0, keepdim=True)
+        fd.add_output(fd.ops.mul(fd.ops.sub(t, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5))))
+    (out,) = run_kernels(fd, [x])
+    _close(out, (x - x.mean(0)) * torch.rsqrt(x.var(0, unbiased=False) + 1e-5))
+    assert kernel_schedulers(fd) == ["outer_persistent"]
+
+
+def _seed003() -> FusionDefinition:
+    """Seed 003's fusion: T0 [1, N, M] with allocation (iS1, bS0, iS2), contiguity t n t."""
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([1, -1, -1], contiguity=[True, None, True], stride_order=[1, 2, 0])
+        t2 = fd.ops.sum(fd.ops.squeeze(t0, [0]), [1])
+        t4 = fd.ops.add(t0, fd.ops.broadcast(t2, [True, False, True]))
+        fd.add_output(t4)
+        fd.add_output(fd.ops.sum(fd.ops.squeeze(t4, [0]), [0]))
+    return fd
+
+
+@pytest.mark.parametrize("cols", [50, 1200])
+def test_seed_003_runs_in_the_inner_outer_persistent_kernel(cols: int, device: str, run_kernels) -> None:
+    fd = _seed003()
+    x = torch.randn(37, 1, cols, device=device).permute(1, 0, 2)
+    t4, t6 = run_kernels(fd, [x])
+    ref4 = x + x.sum(2, keepdim=True)
+    _close(t4, ref4)
+    _close(t6, ref4[0].sum(0))
+    assert kernel_schedulers(fd) == ["inner_outer_persistent"]
+    ir = fd.last_scheduled_fusion_ir()
+    # The input's cache: on chip, its allocation derived from its loop (split, blockIdx), not the
+    # input's (iS1, bS0, iS2) copied over (the seed's bug).
+    cache = next(block for block in ir.split("\nT") if "= Set(" not in block and "cache" not in block
+                 and block.startswith("7_l_float"))
+    allocation = next(line for line in cache.splitlines() if "allocation domain" in line)
+    assert "iblockIdx.x" in allocation, cache
+    assert "reduction( T" in ir and "rfactor" in ir

@@ -1,0 +1,136 @@
+"""Reductions as generated kernels, against torch: every op and dtype, several and all axes, keepdim,
+inner and outer layouts, permuted / sliced / expanded inputs, empty and size-1 axes, long rows
+(looped) and few long rows (split across programs: a grid reduction in two launches)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyfuser import DataType, FusionDefinition
+from tests.codegen.conftest import kernel_schedulers, kernel_segments
+
+DTYPES = {torch.float32: DataType.Float, torch.float16: DataType.Half, torch.bfloat16: DataType.BFloat16,
+          torch.int32: DataType.Int32, torch.int64: DataType.Int}
+TORCH = {"sum": torch.sum, "prod": torch.prod, "mean": torch.mean,
+         "max": lambda x, d, keepdim=False: torch.amax(x, d, keepdim=keepdim),
+         "min": lambda x, d, keepdim=False: torch.amin(x, d, keepdim=keepdim)}
+
+
+def _data(shape: tuple[int, ...], dtype: torch.dtype, device: str, op: str = "sum") -> torch.Tensor:
+    if dtype.is_floating_point:
+        x = torch.randn(shape, device=device)
+        return (1 + 0.01 * x if op == "prod" else x).to(dtype)
+    high = 3 if op == "prod" else 50
+    return torch.randint(-high, high, shape, device=device, dtype=dtype)
+
+
+def _reduce(op: str, shape: tuple[int, ...], dims: list[int], keepdim: bool, dtype: torch.dtype,
+            device: str, run_kernels, x: torch.Tensor | None = None) -> tuple[FusionDefinition, torch.Tensor]:
+    x = _data(shape, dtype, device, op) if x is None else x
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(getattr(fd.ops, op)(t, dims, keepdim=keepdim))
+    (out,) = run_kernels(fd, [x])
+    if op == "prod":  # torch.prod takes one dim
+        ref = x.float() if dtype.is_floating_point else x
+        for d in sorted(dims, reverse=True):
+            ref = torch.prod(ref, d, keepdim=keepdim)
+    else:
+        ref = TORCH[op](x, dims, keepdim=keepdim)
+    tol = {torch.float16: 2e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-4)
+    torch.testing.assert_close(out.float() if dtype.is_floating_point else out, ref.to(out.dtype).float()
+                               if dtype.is_floating_point else ref.to(out.dtype), rtol=tol, atol=tol)
+    return fd, x
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "mean"])
+def test_every_reduction_op_and_dtype(op: str, dtype: torch.dtype, device: str, run_kernels) -> None:
+    if op == "mean" and not dtype.is_floating_point:
+        pytest.skip("torch.mean takes floating tensors only")
+    for dims, keepdim in (([1], False), ([0], True)):
+        fd, _ = _reduce(op, (6, 37), dims, keepdim, dtype, device, run_kernels)
+        assert kernel_schedulers(fd) == ["reduction"]
+
+
+@pytest.mark.parametrize(("shape", "dims"), [((3, 4, 5), [0, 2]), ((3, 4, 5), [1]), ((3, 4, 5), [0, 1, 2]),
+                                             ((7, 1, 9), [1]), ((1, 9), [0]), ((2, 3, 4, 5), [1, 3])])
+def test_several_and_all_axes(shape: tuple[int, ...], dims: list[int], device: str, run_kernels) -> None:
+    for op in ("sum", "max"):
+        _reduce(op, shape, dims, False, torch.float32, device, run_kernels)
+        _reduce(op, shape, dims, True, torch.float32, device, run_kernels)
+
+
+def test_inner_and_outer_layouts(device: str, run_kernels) -> None:
+    """A column-major input makes ``sum(dim=1)`` an outer reduction; sliced and expanded inputs."""
+    base = torch.randn(40, 9, device=device)
+    for x in (base, base.t().contiguous().t(), base[::2, 1:], base[:, :1].expand(40, 9),
+              torch.randn(9, 40, device=device).permute(1, 0)):
+        for dim in (0, 1):
+            _reduce("sum", tuple(x.shape), [dim], False, torch.float32, device, run_kernels, x=x)
+
+
+def test_empty_and_size_one_axes(device: str, run_kernels) -> None:
+    for shape, dims in (((0, 5), [1]), ((5, 0), [1]), ((5, 0), [0]), ((1, 1), [0, 1]), ((4, 1), [1])):
+        x = torch.randn(shape, device=device)
+        with FusionDefinition() as fd:
+            fd.add_output(fd.ops.sum(fd.from_pytorch(x), dims))
+        (out,) = fd.execute([x], _enable_options=["triton_interpreter"] if device == "cpu" else [])
+        torch.testing.assert_close(out, x.sum(dims))
+
+
+def test_long_rows_loop_and_few_rows_split(device: str, run_kernels) -> None:
+    """The interpreter's machine model holds rows of up to 1024 elements in one tile: 3000 loops;
+    two such rows keep too few programs busy and are split across programs (two launches)."""
+    cases = {((40, 3000), 1): ("loop", 1), ((2, 10000), 1): ("split", 4), ((10000, 2), 1): ("tile", 1),
+             ((3, 9000), 1): ("split", 2), ((10000, 2), 0): ("outer", 2), ((40, 3000), 0): ("outer", 1)}
+    for (shape, dim), (kind, split) in cases.items():
+        x = torch.randn(shape, device=device)
+        fd, _ = _reduce("sum", shape, [dim], False, torch.float32, device, run_kernels, x=x)
+        params = kernel_segments(fd)[0].scheduler_params
+        if device == "cpu":
+            assert (params.shape, params.split) == (kind, split), params
+    x = torch.randn(20000, device=device)
+    fd, _ = _reduce("sum", (20000,), [0], False, torch.float32, device, run_kernels, x=x)
+    if device == "cpu":
+        assert kernel_segments(fd)[0].scheduler_params.shape == "split"
+        assert "_partial0" in fd.last_kernel_code() and "_final" in fd.last_kernel_code()
+
+
+def test_prologue_and_epilogue_share_the_reduction_kernel(device: str, run_kernels) -> None:
+    x, y = torch.randn(8, 33, device=device), torch.randn(8, 33, device=device)
+    with FusionDefinition() as fd:
+        tx, ty = fd.from_pytorch(x), fd.from_pytorch(y)
+        s = fd.ops.sum(fd.ops.add(fd.ops.mul(tx, ty), 1.0), [1])
+        fd.add_output(fd.ops.mul(fd.ops.exp(s), 2.0))
+        fd.add_output(fd.ops.mul(tx, ty))
+    out, prod = run_kernels(fd, [x, y])
+    torch.testing.assert_close(out, torch.exp((x * y + 1).sum(1)) * 2, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(prod, x * y)
+    assert kernel_schedulers(fd) == ["reduction"]
+
+
+def test_half_precision_accumulates_in_float(device: str, run_kernels) -> None:
+    x = torch.full((4, 4096), 1.0, device=device, dtype=torch.float16) + 1e-3
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [1]))
+    (out,) = run_kernels(fd, [x])
+    torch.testing.assert_close(out, x.float().sum(1))
+
+
+def test_welford_var_mean_with_a_large_mean(device: str, run_kernels) -> None:
+    """var_mean is one-pass Welford in float32: exact enough on fp16 data offset by 1e4, where the
+    naive E[x^2] - E[x]^2 in fp16 is off by far more than the variance itself."""
+    x = (1e4 + 4 * torch.randn(16, 2000, device=device)).to(torch.float16)
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.from_pytorch(x), [1], correction=1)
+        fd.add_output(var)
+        fd.add_output(mean)
+    var, mean = run_kernels(fd, [x])
+    ref_var, ref_mean = torch.var_mean(x.double(), 1, correction=1)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-3, atol=1e-2)
+    torch.testing.assert_close(var.double(), ref_var, rtol=2e-2, atol=0.5)
+    naive = (x * x).mean(1) - x.mean(1) * x.mean(1)  # E[x^2] - E[x]^2 with fp16 values: overflows / cancels
+    assert not torch.isclose(naive.double(), ref_var, rtol=0.1).any(), "the naive formula should fail on this data"
+    assert kernel_schedulers(fd) == ["reduction"]

@@ -1,0 +1,130 @@
+"""Manual reduction schedules (nvFuser's tutorial): block and grid parallel reductions, rfactor into
+a per-thread and a block step, the two-level grid version; rfactor's IR and its ATen evaluation;
+the errors a wrong schedule gets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyfuser import FusionDefinition, ParallelType
+from pyfuser.codegen.kernel_source import KernelError
+
+
+def _sum(rank: int = 2, dims: tuple[int, ...] = (1,)) -> tuple[FusionDefinition, object]:
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1] * rank)
+        t1 = fd.ops.sum(t0, list(dims))
+        fd.add_output(t1)
+    return fd, t1
+
+
+def test_tutorial_reduction_block_and_grid(device: str) -> None:
+    x = torch.randn(10, 1024, device=device)
+    for types in ((None, ParallelType.block_x), (None, ParallelType.grid_x), (ParallelType.grid_x, ParallelType.block_x),
+                  (ParallelType.block_y, ParallelType.block_x)):
+        fd, t1 = _sum()
+        for axis, ptype in enumerate(types):
+            if ptype is not None:
+                t1.axis(axis).parallelize(ptype)
+        x_in = x if types[0] is not ParallelType.block_y else x[:, :32].contiguous()
+        fd.manual_validate([x_in], [x_in.sum(1)])
+
+
+def test_tutorial_rfactor_per_thread_then_block(device: str) -> None:
+    """tv1 [r/1024, r1024] -> rfactor([0]): each of 1024 lanes sums its column of the split, then the
+    block sums the lanes."""
+    for op, ref in (("sum", torch.sum), ("max", torch.amax), ("mean", torch.mean), ("min", torch.amin)):
+        with FusionDefinition() as fd:
+            t0 = fd.define_tensor([-1])
+            t1 = getattr(fd.ops, op)(t0, [0])
+            fd.add_output(t1)
+            t1.split(0, 1024)
+            t2 = t1.rfactor([0])
+            t1.axis(0).parallelize(ParallelType.block_x)
+            t2.axis(1).parallelize(ParallelType.block_x)
+        x = torch.randn(10000, device=device)
+        fd.manual_validate([x], [ref(x)])
+        text = str(fd.fusion)
+        assert "rfactor" in text and text.count("reduction(") == 2
+        assert t2.domain().root is not None and [str(i.iter_type.value) for i in t2.get_logical_domain()] == ["r", "i"]
+        # The rfactored fusion evaluates the same through ATen (the split padded with the identity).
+        torch.testing.assert_close(fd.execute([x])[0], ref(x))
+
+
+def test_tutorial_rfactor_two_level_grid(device: str) -> None:
+    """[r/1024/100, r100, r1024]: per-thread, block, then a grid reduction finished by a second launch."""
+    fd, t1 = _sum(1, (0,))
+    t1.split(0, 1024)
+    t1.split(0, 100)
+    t2 = t1.rfactor([1])
+    t3 = t1.rfactor([1])
+    for tv in (t2, t3, t1):
+        tv.axis(0).parallelize(ParallelType.grid_x)
+    t2.axis(2).parallelize(ParallelType.block_x)
+    t3.axis(1).parallelize(ParallelType.block_x)
+    x = torch.randn(300_000, device=device)
+    fd.manual_validate([x], [x.sum()])
+    code = fd.last_kernel_code()
+    assert "manual_kernel_partial0" in code and "manual_kernel_final" in code
+
+
+def test_rfactor_of_merged_non_divisible_axes_and_its_aten_evaluation(device: str) -> None:
+    for op, ref in (("sum", lambda x: x.sum((0, 2))), ("max", lambda x: x.amax((0, 2))),
+                    ("mean", lambda x: x.mean((0, 2)))):
+        with FusionDefinition() as fd:
+            t0 = fd.define_tensor([-1, -1, -1])
+            t1 = getattr(fd.ops, op)(t0, [0, 2])
+            fd.add_output(t1)
+            t1.reorder({1: 0})  # [i1, r0, r2]
+            t1.merge(1)  # [i1, r0*r2]
+            t1.split(1, 7)  # [i1, r/7, r7]
+            t2 = t1.rfactor([2])
+            for tv in (t1, t2):
+                tv.axis(0).parallelize(ParallelType.grid_x)
+                tv.axis(1).parallelize(ParallelType.block_x)
+        x = torch.randn(5, 3, 11, device=device)
+        torch.testing.assert_close(fd.execute([x])[0], ref(x))
+        fd.manual_validate([x], [ref(x)])
+
+
+def test_rfactor_errors() -> None:
+    fd, t1 = _sum()
+    with pytest.raises(ValueError, match=r"T1: rfactor axis 0 \(iS2\{i0\}\) is not a reduction axis"):
+        t1.rfactor([0])
+    with pytest.raises(ValueError, match=r"rfactor of every reduction axis \(\[1\]\) leaves no final reduction"):
+        t1.rfactor([1])
+    with pytest.raises(ValueError, match="rfactor axis 5 is out of range"):
+        t1.rfactor([5])
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1, -1])
+        var, mean = fd.ops.var_mean(t0, [1])
+        fd.add_output(var)
+        fd.add_output(mean)
+        var.split(1, 4)
+        with pytest.raises(ValueError, match="T1 cannot be rfactored: only a sum / prod / max / min / mean"):
+            var.rfactor([1])
+        with pytest.raises(ValueError, match=r"T0 cannot be rfactored.*a fusion input"):
+            t0.rfactor([0])
+
+
+def test_grid_reduction_without_a_legal_final_step(device: str) -> None:
+    """The reduction runs across programs but its producer is not computed per program (its axis is a
+    serial loop): no program holds partial results of its own for a final step to combine."""
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1])
+        e = fd.ops.exp(t0)
+        t1 = fd.ops.sum(e, [0])
+        fd.add_output(t1)
+        t1.axis(0).parallelize(ParallelType.grid_x)
+    with pytest.raises(KernelError, match=r"T2 axis 0 .* is a grid reduction, but its producer T1 does not iterate "
+                                          "that axis on grid_x"):
+        fd.manual_execute([torch.randn(1000, device=device)])
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1, -1])
+        var, mean = fd.ops.var_mean(t0, [1])
+        fd.add_output(var)
+        fd.add_output(mean)
+        var.axis(1).parallelize(ParallelType.grid_x)
+    with pytest.raises(KernelError, match=r"T1 axis 1 .* reduces var_mean across programs \(grid_x\)"):
+        fd.manual_execute([torch.randn(4, 8, device=device)])
