@@ -15,7 +15,7 @@ from pyfuser.ir.analysis.sharding import is_resharding
 from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, producer_id
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import LoadStoreOp, LoadStoreOpType
+from pyfuser.ir.ops import LoadStoreOp, LoadStoreOpType, PermuteOp
 from pyfuser.ir.tensor_view import MemoryType, TensorView
 from pyfuser.options import CompileOptions, DisableOption, EnableOption
 from pyfuser.scheduler.registry import SchedulerType, SegmentView
@@ -44,6 +44,7 @@ class _Segmenter:
         if self.kernels:
             self._merge_producers_into_consumers()
             self._merge_siblings()
+            self._permutes_read_by_aten_as_views()
         groups = self._topological(list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs)))
         for group in groups:
             group.inputs, group.outputs = boundaries(self.fusion, group.exprs, self.live)
@@ -108,6 +109,28 @@ class _Segmenter:
     def _one_mesh(exprs: list[Expr]) -> bool:
         meshes = {tv.device_mesh for e in exprs for tv in (*e.tensor_inputs, *e.tensor_outputs)}
         return len(meshes) <= 1
+
+    def _permutes_read_by_aten_as_views(self) -> None:
+        """A permute at the end of a kernel whose result only ATen calls read (a matmul of a
+        transpose, as every weight gradient of a backward pass) is a view of the kernel's output,
+        not a transposed copy: it leaves the kernel as an ATen call of its own."""
+        outputs = {id(v) for v in self.fusion.outputs()}
+        for expr in self.exprs:
+            group = self.group_of[id(expr)]
+            if not isinstance(expr, PermuteOp) or not self._mergeable(group) or len(group.exprs) == 1:
+                continue
+            out = expr.outputs[0]
+            readers = [self.group_of[id(u)] for u in out.uses if id(u) in self.live]
+            if id(out) in outputs or not readers or any(g.scheduler.is_kernel for g in readers):
+                continue
+            rest = [e for e in group.exprs if e is not expr]
+            remaining = self._scheduled(rest)
+            if remaining is None:
+                continue
+            for e in rest:
+                self.group_of[id(e)] = remaining
+            self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval,
+                                                     reason="a permute only ATen calls read: a view")
 
     # --- merging --------------------------------------------------------------------------------------
     def _merge_producers_into_consumers(self) -> None:

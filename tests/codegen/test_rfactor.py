@@ -89,7 +89,7 @@ def test_rfactor_of_merged_non_divisible_axes_and_its_aten_evaluation(device: st
 
 
 def test_rfactor_errors() -> None:
-    fd, t1 = _sum()
+    _, t1 = _sum()
     with pytest.raises(ValueError, match=r"T1: rfactor axis 0 \(iS2\{i0\}\) is not a reduction axis"):
         t1.rfactor([0])
     with pytest.raises(ValueError, match=r"rfactor of every reduction axis \(\[1\]\) leaves no final reduction"):
