@@ -1,0 +1,92 @@
+"""A translated region as the compiled graph calls it.
+
+The hot path is what issue 14 asks of a cached dispatch: pick the fusion's inputs out of the
+call's arguments, ``FusionExecutorCache.run`` (signature lookup, size binding, the compiled Host IR
+program) or a CUDA-graph replay, and hand the outputs back; nothing else runs per call. Anything
+raised is re-raised naming the region, its FX nodes and, for each fusion tensor the message
+mentions (``T3``), the FX node it came from.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from pyfuser.integrations.torch_compile.support import op_name
+from pyfuser.integrations.torch_compile.translator import TranslatedRegion
+from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphRunner
+
+_TENSOR_NAME = re.compile(r"\bT\d+\b")
+
+
+class RegionExecutionError(RuntimeError):
+    """An error inside a region whose original type cannot carry the extra context."""
+
+
+class FusionRegion:
+    """``region(*args)`` -> the values of the region's output nodes (a list, in order)."""
+
+    def __init__(self, name: str, translated: TranslatedRegion, nodes: Sequence[Node], *,
+                 enable_options: Sequence[str] = (), disable_options: Sequence[str] = (),
+                 cuda_graph: bool = False, static_inputs: frozenset[Node] = frozenset()) -> None:
+        self.__name__ = self.__qualname__ = name  # how torch.fx prints the call
+        self.name = name
+        self.fd = translated.fd
+        self.fec = translated.fd.fec
+        self.device = translated.device
+        self.nodes = [f"{n.name} ({op_name(n)})" for n in nodes if n.op == "call_function"]
+        self.names = translated.names
+        self._positions = tuple(translated.fusion_inputs)
+        self._slots = tuple(translated.output_slots)
+        self._in_order = self._slots == tuple(range(len(self._slots)))
+        self._enable = tuple(enable_options)
+        self._disable = tuple(disable_options)
+        self._graphs: CudaGraphRunner | None = None
+        if cuda_graph and self.device.type == "cuda":
+            static = [j for j, k in enumerate(self._positions) if translated.inputs[k] in static_inputs]
+            self._graphs = CudaGraphRunner(self._execute, static, name=f"pyfuser region {name}")
+
+    def _execute(self, inputs: list[Any]) -> list[torch.Tensor]:
+        return self.fec.run(inputs, enable_options=self._enable, disable_options=self._disable)
+
+    def __call__(self, *args: Any) -> list[torch.Tensor]:
+        inputs = [args[k] for k in self._positions]
+        try:
+            if self._graphs is not None:
+                outputs = self._replay(inputs)
+            else:
+                outputs = self.fec.run(inputs, enable_options=self._enable, disable_options=self._disable)
+        except Exception as e:
+            raise self._error(e) from e
+        return outputs if self._in_order else [outputs[k] for k in self._slots]
+
+    def _replay(self, inputs: list[Any]) -> list[torch.Tensor]:
+        assert self._graphs is not None
+        try:
+            return self._graphs(inputs)
+        except CaptureError as e:  # e.g. an ATen call that synchronizes with the host
+            warnings.warn(f"{e}; the region runs without CUDA graphs from now on", stacklevel=3)
+            self._graphs = None
+            return self._execute(inputs)
+
+    def _error(self, e: Exception) -> Exception:
+        message = str(e)
+        legend = [f"{t} is {self.names[t]}" for t in dict.fromkeys(_TENSOR_NAME.findall(message)) if t in self.names]
+        text = (f"pyfuser region {self.name} (FX nodes: {', '.join(self.nodes)}) failed: {message}"
+                + (f" [{'; '.join(legend)}]" if legend else ""))
+        if type(e) in (ValueError, TypeError, RuntimeError, NotImplementedError):
+            return type(e)(text)
+        return RegionExecutionError(text)
+
+    @property
+    def captures(self) -> int:
+        """CUDA graphs captured so far (0 without CUDA graphs)."""
+        return self._graphs.captures if self._graphs is not None else 0
+
+    def __repr__(self) -> str:
+        return f"<pyfuser region {self.name}: {len(self.nodes)} ops>"
