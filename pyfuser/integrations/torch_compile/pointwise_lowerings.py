@@ -28,7 +28,7 @@ _UNARY: dict[Any, str] = {
     aten.signbit.default: "signbit", aten.asin.default: "asin", aten.acos.default: "acos", aten.atan.default: "atan",
     aten.sinh.default: "sinh", aten.cosh.default: "cosh", aten.asinh.default: "asinh", aten.acosh.default: "acosh",
     aten.atanh.default: "atanh", aten.isnan.default: "isnan", aten.isinf.default: "isinf",
-    aten.isfinite.default: "isfinite", aten.logical_not.default: "logical_not", aten.bitwise_not.default: "bitwise_not",
+    aten.logical_not.default: "logical_not", aten.bitwise_not.default: "bitwise_not",
 }
 
 #: ATen binary op (tensor-tensor and tensor-scalar overloads) -> ``fd.ops`` method
@@ -140,8 +140,7 @@ POINTWISE_LOWERINGS: dict[Any, Lowering] = {
     aten.div.Tensor_mode: Lowering(_div_mode, check=_check_div_mode),
     aten.gelu.default: Lowering(_gelu),
     aten.clamp.default: Lowering(_clamp, check=_check_clamp), aten.clamp.Tensor: Lowering(_clamp, check=_check_clamp),
-    aten.where.self: Lowering(_where), aten.where.ScalarSelf: Lowering(_where),
-    aten.where.ScalarOther: Lowering(_where), aten.where.Scalar: Lowering(_where),
+    aten.where.self: Lowering(_where),
     aten.lerp.Scalar: Lowering(_lerp, check=_check_float_operands),
     aten.lerp.Tensor: Lowering(_lerp, check=_check_float_operands),
     aten.addcmul.default: Lowering(_addcmul), aten.addcdiv.default: Lowering(_addcdiv, check=_check_float_operands),

@@ -226,11 +226,9 @@ VIEW = OpClass.view
 SHAPE_LOWERINGS: dict[Any, Lowering] = {
     aten.alias.default: Lowering(_identity, VIEW),
     aten.detach.default: Lowering(_identity, VIEW),
-    aten.lift_fresh_copy.default: Lowering(_identity, VIEW),
     aten.clone.default: Lowering(_identity, VIEW, check=_check_clone),
     aten.view.default: Lowering(_reshape, VIEW),
     aten._unsafe_view.default: Lowering(_reshape, VIEW),
-    aten.reshape.default: Lowering(_reshape, VIEW),
     aten.expand.default: Lowering(_expand, VIEW),
     aten.permute.default: Lowering(_permute, VIEW),
     aten.transpose.int: Lowering(_transpose, VIEW),
