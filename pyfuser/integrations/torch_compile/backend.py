@@ -26,7 +26,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import TracingContext
-from torch.fx import GraphModule
+from torch.fx import GraphModule, Node
 
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
@@ -103,11 +103,12 @@ class PyfuserBackend:
         static_nodes = frozenset(placeholders[k] for k in static_input_indices if k < len(placeholders))
         regions = []
         eager = {n.name: why for n, why in plan.eager.items()}
+        replaced: dict[Node, Node] = {}
         for k, (nodes, translated) in enumerate(plan.regions):
             region = FusionRegion(f"pyfuser_region_{k}", translated, nodes, enable_options=self.enable_options,
                                   disable_options=self.disable_options, cuda_graph=self.cuda_graph,
                                   static_inputs=static_nodes)
-            splice_region(gm, nodes, translated, region)
+            splice_region(gm, nodes, translated, region, replaced)
             regions.append(region)
         compiled = CompiledGraph(kind, finish(gm), regions, eager)
         self.graphs.append(compiled)

@@ -15,6 +15,7 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import _get_qualified_name
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -24,6 +25,8 @@ from pyfuser.integrations.torch_compile.lowering import OpClass
 from pyfuser.integrations.torch_compile.region import FusionRegion
 from pyfuser.integrations.torch_compile.support import LOWERINGS, PyfuserSupport, op_class
 from pyfuser.integrations.torch_compile.translator import RegionTranslator, TranslatedRegion, TranslationError
+
+aten = torch.ops.aten
 
 #: qualified names of the view ops the partitioner may trim from a region's edges
 VIEW_OPS = tuple(_get_qualified_name(op) for op, lowering in LOWERINGS.items() if lowering.op_class is OpClass.view)
@@ -53,7 +56,12 @@ def plan_regions(gm: GraphModule) -> RegionPlan:
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True,
                                                  non_compute_ops=VIEW_OPS)
         partitions = partitioner.propose_partitions()
+        proposed = [dict(p.nodes) for p in partitions]
         partitioner.remove_bookend_non_compute_ops(partitions)
+        for partition, before in zip(partitions, proposed, strict=True):
+            for node in before:
+                if node not in partition.nodes and _is_matmul_weight_transpose(node, partition.nodes):
+                    partition.add_node(node)  # ``mm(x, w.t())`` reads ``w`` in place as linear(x, w)
         regions: list[tuple[list[Node], TranslatedRegion]] = []
         dropped: dict[Node, str] = {}
         refused = False
@@ -70,7 +78,23 @@ def plan_regions(gm: GraphModule) -> RegionPlan:
                 rejected[e.node] = f"translation failed: {e.reason}"
                 refused = True
         if not refused:
+            regions.sort(key=lambda region: order[region[0][0]])
             return RegionPlan(regions, _eager_reasons(gm, regions, support.reasons, dropped))
+
+
+#: matmuls whose weight operand (position) a lowering reads through a transpose
+_WEIGHT_OPERAND = {aten.mm.default: 1, aten.addmm.default: 2}
+_TRANSPOSES = (aten.t.default, aten.transpose.int, aten.permute.default)
+
+
+def _is_matmul_weight_transpose(node: Node, members: Mapping[Node, object]) -> bool:
+    """A transpose trimmed from a region's edge that a matmul of the region reads as its weight: kept,
+    so the matmul lowering sees ``w.t()`` and reads ``w`` itself (no transposed copy)."""
+    if node.target not in _TRANSPOSES:
+        return False
+    return any(user in members and _WEIGHT_OPERAND.get(user.target) is not None
+               and len(user.args) > _WEIGHT_OPERAND[user.target] and user.args[_WEIGHT_OPERAND[user.target]] is node
+               for user in node.users)
 
 
 def _eager_reasons(gm: GraphModule, regions: list[tuple[list[Node], TranslatedRegion]],
@@ -84,11 +108,14 @@ def _eager_reasons(gm: GraphModule, regions: list[tuple[list[Node], TranslatedRe
     return reasons
 
 
-def splice_region(gm: GraphModule, nodes: list[Node], translated: TranslatedRegion, region: FusionRegion) -> None:
-    """Replace ``nodes`` in ``gm`` by one call of ``region`` and a getitem per output."""
+def splice_region(gm: GraphModule, nodes: list[Node], translated: TranslatedRegion, region: FusionRegion,
+                  replaced: dict[Node, Node]) -> None:
+    """Replace ``nodes`` in ``gm`` by one call of ``region`` and a getitem per output. ``replaced``
+    maps the outputs of regions spliced before to their getitems (this region may read them); this
+    region's outputs are added to it."""
     graph = gm.graph
     with graph.inserting_after(nodes[-1]):
-        call = graph.call_function(region, tuple(translated.inputs))
+        call = graph.call_function(region, tuple(replaced.get(n, n) for n in translated.inputs))
     call.meta["val"] = [n.meta.get("val") for n in translated.outputs]
     replacements = []
     with graph.inserting_after(call):
@@ -98,6 +125,7 @@ def splice_region(gm: GraphModule, nodes: list[Node], translated: TranslatedRegi
             replacements.append((node, item))
     for node, item in replacements:
         node.replace_all_uses_with(item, delete_user_cb=lambda user: user not in nodes)
+        replaced[node] = item
     for node in reversed(nodes):
         graph.erase_node(node)
 
