@@ -111,9 +111,16 @@ class CudaGraphRunner:
         self.captures = 0
 
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        static = self.static_inputs
-        return tuple((a.dtype, a.shape, a.stride(), a.device, a.data_ptr() if k in static else None)
-                     if isinstance(a, torch.Tensor) else (type(a), a) for k, a in enumerate(args))
+        """What a captured graph depends on: every tensor's signature, a static input's address, and
+        the values the kernels take as arguments (scalars, 0-dim CPU tensors)."""
+        return tuple(self._entry(k, a) for k, a in enumerate(args))
+
+    def _entry(self, k: int, a: Any) -> Hashable:
+        if not isinstance(a, torch.Tensor):
+            return type(a), a
+        if a.device.type == "cpu" and a.dim() == 0:
+            return a.dtype, a.device, a.item()
+        return a.dtype, a.shape, a.stride(), a.device, a.data_ptr() if k in self.static_inputs else None
 
     def __call__(self, args: Sequence[Any]) -> list[torch.Tensor]:
         key = self.key(args)

@@ -161,16 +161,18 @@ def test_nothing_to_fuse_stays_eager() -> None:
     assert any("nothing to fuse" in why or "region's edge" in why for why in graph.eager.values())
 
 
-def test_mm_of_transposed_weight_is_linear() -> None:
-    """``mm(x, w.t())`` reads the weight as it is laid out (linear), instead of a transposed copy."""
+def test_transposed_weights_are_read_in_place() -> None:
+    """``mm(x, w.t())`` is ``linear(x, w)``: the weight is read as it is laid out, never copied
+    transposed (also for a ``w`` the region computes)."""
     def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(torch.relu(x), w) * 2
+        return torch.nn.functional.linear(torch.relu(x), w) * 2 + torch.nn.functional.linear(x, torch.sin(w))
 
     backend = PyfuserBackend()
     x, w = torch.randn(6, 4), torch.randn(5, 4)
     torch.testing.assert_close(torch.compile(fn, backend=backend)(x, w), fn(x, w))
-    region = backend.graphs[0].regions[0]
-    assert "linear(" in repr(region.fd) and "permute(" not in repr(region.fd)
+    (region,) = backend.graphs[0].regions
+    definition = repr(region.fd)
+    assert "permute(" not in definition and definition.count("linear(") == 2
 
 
 def test_translation_failure_leaves_the_node_eager(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,6 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import _get_qualified_name
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -25,8 +24,6 @@ from pyfuser.integrations.torch_compile.lowering import OpClass
 from pyfuser.integrations.torch_compile.region import FusionRegion
 from pyfuser.integrations.torch_compile.support import LOWERINGS, PyfuserSupport, op_class
 from pyfuser.integrations.torch_compile.translator import RegionTranslator, TranslatedRegion, TranslationError
-
-aten = torch.ops.aten
 
 #: qualified names of the view ops the partitioner may trim from a region's edges
 VIEW_OPS = tuple(_get_qualified_name(op) for op, lowering in LOWERINGS.items() if lowering.op_class is OpClass.view)
@@ -56,12 +53,7 @@ def plan_regions(gm: GraphModule) -> RegionPlan:
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True,
                                                  non_compute_ops=VIEW_OPS)
         partitions = partitioner.propose_partitions()
-        proposed = [dict(p.nodes) for p in partitions]
         partitioner.remove_bookend_non_compute_ops(partitions)
-        for partition, before in zip(partitions, proposed, strict=True):
-            for node in before:
-                if node not in partition.nodes and _is_matmul_weight_transpose(node, partition.nodes):
-                    partition.add_node(node)  # ``mm(x, w.t())`` reads ``w`` in place as linear(x, w)
         regions: list[tuple[list[Node], TranslatedRegion]] = []
         dropped: dict[Node, str] = {}
         refused = False
@@ -80,21 +72,6 @@ def plan_regions(gm: GraphModule) -> RegionPlan:
         if not refused:
             regions.sort(key=lambda region: order[region[0][0]])
             return RegionPlan(regions, _eager_reasons(gm, regions, support.reasons, dropped))
-
-
-#: matmuls whose weight operand (position) a lowering reads through a transpose
-_WEIGHT_OPERAND = {aten.mm.default: 1, aten.addmm.default: 2}
-_TRANSPOSES = (aten.t.default, aten.transpose.int, aten.permute.default)
-
-
-def _is_matmul_weight_transpose(node: Node, members: Mapping[Node, object]) -> bool:
-    """A transpose trimmed from a region's edge that a matmul of the region reads as its weight: kept,
-    so the matmul lowering sees ``w.t()`` and reads ``w`` itself (no transposed copy)."""
-    if node.target not in _TRANSPOSES:
-        return False
-    return any(user in members and _WEIGHT_OPERAND.get(user.target) is not None
-               and len(user.args) > _WEIGHT_OPERAND[user.target] and user.args[_WEIGHT_OPERAND[user.target]] is node
-               for user in node.users)
 
 
 def _eager_reasons(gm: GraphModule, regions: list[tuple[list[Node], TranslatedRegion]],

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from pyfuser.host_ir.nodes import AtenCall, LaunchKernel
 from pyfuser.integrations.torch_compile.support import op_name
 from pyfuser.integrations.torch_compile.translator import TranslatedRegion
 from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphRunner
@@ -26,6 +27,11 @@ _TENSOR_NAME = re.compile(r"\bT\d+\b")
 
 class RegionExecutionError(RuntimeError):
     """An error inside a region whose original type cannot carry the extra context."""
+
+
+class KernelFallbackWarning(UserWarning):
+    """A region's generated kernels failed to compile or run; it runs its ops as ATen calls instead
+    (the message names the region, its FX nodes and the error: a code generator bug to report)."""
 
 
 class FusionRegion:
@@ -62,8 +68,24 @@ class FusionRegion:
             else:
                 outputs = self.fec.run(inputs, enable_options=self._enable, disable_options=self._disable)
         except Exception as e:
-            raise self._error(e) from e
+            outputs = self._without_kernels(inputs, e)
         return outputs if self._in_order else [outputs[k] for k in self._slots]
+
+    def _without_kernels(self, inputs: list[Any], error: Exception) -> list[torch.Tensor]:
+        """After a failure with generated kernels, the same fusion with every op an ATen call: if that
+        runs, the region stays so (with a warning naming the failure); if not, the first error is
+        the caller's (bad input fails both ways)."""
+        if "kernel_codegen" in self._disable:
+            raise self._error(error) from error
+        try:
+            outputs = self.fec.run(inputs, enable_options=self._enable,
+                                   disable_options=(*self._disable, "kernel_codegen"))
+        except Exception:
+            raise self._error(error) from error
+        self._disable = (*self._disable, "kernel_codegen")
+        warnings.warn(KernelFallbackWarning(f"{self._error(error)}; the region runs its ops as ATen calls from now "
+                                            "on"), stacklevel=3)
+        return outputs
 
     def _replay(self, inputs: list[Any]) -> list[torch.Tensor]:
         assert self._graphs is not None
@@ -82,6 +104,28 @@ class FusionRegion:
         if type(e) in (ValueError, TypeError, RuntimeError, NotImplementedError):
             return type(e)(text)
         return RegionExecutionError(text)
+
+    def summary(self) -> str:
+        """What the region's latest execution ran: each generated kernel and ATen call, with the FX
+        nodes whose values it writes (empty before the first call)."""
+        program = self.fec.last_program
+        program = getattr(program, "program", program)  # a CUDA-graph program wraps the Host IR one
+        container = getattr(program, "container", None)
+        if container is None:
+            return f"{self.name}: not run yet"
+        lines = []
+        for node in container.walk():
+            if isinstance(node, LaunchKernel):
+                what = f"kernel {node.segment.name}"
+            elif isinstance(node, AtenCall):
+                what = f"ATen {type(node.expr).__name__}"
+            else:
+                continue
+            writes = [self.names.get(getattr(v, "short_name", ""), "") for v in node.outputs]
+            lines.append(f"  {what} -> {', '.join(w.split(' (')[0] for w in writes if w) or 'an intermediate'}")
+        kernels = sum(line.startswith("  kernel") for line in lines)
+        head = f"{self.name}: {len(self.nodes)} FX ops -> {kernels} kernel(s), {len(lines) - kernels} ATen call(s)"
+        return "\n".join([head, *lines])
 
     @property
     def captures(self) -> int:
