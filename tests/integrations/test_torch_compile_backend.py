@@ -12,6 +12,7 @@ import torch._dynamo
 
 from pyfuser.integrations.torch_compile import LOWERINGS, PyfuserBackend, pyfuser_backend
 from pyfuser.integrations.torch_compile.lowering import Lowering
+from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
 from pyfuser.runtime.executor import FusionExecutorCache
 from tests.conftest import devices
 
@@ -209,6 +210,25 @@ def test_runtime_error_names_region_and_nodes(monkeypatch: pytest.MonkeyPatch) -
                                          r"mul \(aten\.mul\.Tensor\)\) failed: input 0 \(T0\) axis 1: something is "
                                          r"off with T1 \[T0 is arg0_1 \(input\); T1 is sin \(aten\.sin\.default\)\]"):
         compiled(x)
+
+
+def test_kernel_failure_falls_back_to_aten_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region whose generated kernels fail runs its ops as ATen calls, with a warning naming it."""
+    run = FusionExecutorCache.run
+
+    def kernels_fail(self: FusionExecutorCache, args: object, **kwargs: object) -> object:
+        if "kernel_codegen" not in kwargs.get("disable_options", ()):  # type: ignore[operator]
+            raise ValueError("T2 loop domain does not cover logical IDs")
+        return run(self, args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FusionExecutorCache, "run", kernels_fail)
+    compiled = torch.compile(lambda x: torch.sin(x) * 2, backend=PyfuserBackend(triton_interpreter=True))
+    x = torch.randn(3, 4)
+    with pytest.warns(KernelFallbackWarning, match=r"pyfuser region pyfuser_region_0 \(FX nodes: sin .*\) failed: T2 loop "
+                                                   r"domain does not cover logical IDs \[T2 is mul \(aten\.mul\.Tensor\)\]; "
+                                                   r"the region runs its ops as ATen calls from now on"):
+        torch.testing.assert_close(compiled(x), torch.sin(x) * 2)
+    torch.testing.assert_close(compiled(x), torch.sin(x) * 2)  # no second warning: the region stays on ATen
 
 
 def test_backend_options_are_checked() -> None:

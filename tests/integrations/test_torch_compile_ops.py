@@ -75,6 +75,7 @@ KERNEL_CASES = [c for c in CASES if c.id in {"exp.default", "mul.Tensor", "where
                                               "_to_copy.default", "gelu.default", "constant_pad_nd.default"}]
 
 
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=[c.id for c in KERNEL_CASES])
 def test_generated_kernels_match_eager(case: Case) -> None:
     """The same programs with kernels generated (Triton's interpreter on CPU): what CUDA runs."""

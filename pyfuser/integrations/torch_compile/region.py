@@ -9,6 +9,7 @@ mentions (``T3``), the FX node it came from.
 
 from __future__ import annotations
 
+import collections
 import re
 import warnings
 from collections.abc import Sequence
@@ -106,26 +107,26 @@ class FusionRegion:
         return RegionExecutionError(text)
 
     def summary(self) -> str:
-        """What the region's latest execution ran: each generated kernel and ATen call, with the FX
-        nodes whose values it writes (empty before the first call)."""
+        """What the region's latest execution ran: each generated kernel with the FX nodes whose values
+        it writes, and the ATen calls by kind (before the first call: that it has not run)."""
         program = self.fec.last_program
         program = getattr(program, "program", program)  # a CUDA-graph program wraps the Host IR one
         container = getattr(program, "container", None)
         if container is None:
             return f"{self.name}: not run yet"
-        lines = []
+        kernels: list[str] = []
+        aten: collections.Counter[str] = collections.Counter()
         for node in container.walk():
             if isinstance(node, LaunchKernel):
-                what = f"kernel {node.segment.name}"
+                writes = [self.names.get(getattr(v, "short_name", ""), "").split(" (")[0] for v in node.outputs]
+                kernels.append(f"  kernel {node.segment.name} -> {', '.join(w for w in writes if w) or 'intermediates'}")
             elif isinstance(node, AtenCall):
-                what = f"ATen {type(node.expr).__name__}"
-            else:
-                continue
-            writes = [self.names.get(getattr(v, "short_name", ""), "") for v in node.outputs]
-            lines.append(f"  {what} -> {', '.join(w.split(' (')[0] for w in writes if w) or 'an intermediate'}")
-        kernels = sum(line.startswith("  kernel") for line in lines)
-        head = f"{self.name}: {len(self.nodes)} FX ops -> {kernels} kernel(s), {len(lines) - kernels} ATen call(s)"
-        return "\n".join([head, *lines])
+                aten[type(node.expr).__name__.removesuffix("Op")] += 1
+        lines = [f"{self.name}: {len(self.nodes)} FX ops -> {len(kernels)} kernel(s), {sum(aten.values())} ATen call(s)",
+                 *kernels]
+        if aten:
+            lines.append("  ATen calls: " + ", ".join(f"{name} x{n}" for name, n in aten.most_common()))
+        return "\n".join(lines)
 
     @property
     def captures(self) -> int:
