@@ -153,6 +153,8 @@ class CudaGraphProgram:
         return self.program.run(args, self._ctx)
 
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]:
+        if torch.cuda.is_current_stream_capturing():  # inside a caller's capture (a backend region's): be captured
+            return self.program.run(args, ctx)
         self._ctx = ctx  # sizes are the signature's; scalar values are in the graph key
         return self._runner(args)
 
