@@ -115,6 +115,16 @@ def test_python_int_is_a_scalar_input() -> None:
     assert region.fec.compile_count == 1
 
 
+def test_python_float_is_an_input() -> None:
+    """A float argument (dynamo passes it as a 0-dim tensor) is an input too: new values recompile nothing."""
+    backend = PyfuserBackend()
+    compiled = torch.compile(lambda x, a: torch.relu(x * a - 1), backend=backend, dynamic=True)
+    x = torch.randn(4, 5)
+    for a in (0.5, 1.5, 2.5):
+        torch.testing.assert_close(compiled(x, a), torch.relu(x * a - 1))
+    assert len(backend.graphs) == 1 and backend.graphs[0].regions[0].fec.compile_count == 1
+
+
 def test_graph_break_compiles_each_graph() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         y = torch.exp(x) * 2
