@@ -207,6 +207,15 @@ def test_translation_failure_leaves_the_node_eager(monkeypatch: pytest.MonkeyPat
     assert eager["sin"] == "translation failed: ValueError: no sine today"
     assert eager["cos"] == "translation failed: translated to dtype torch.float64, but torch computes torch.float32"
 
+    def unforeseen(node: object) -> str | None:
+        raise IndexError("tuple index out of range")
+
+    torch._dynamo.reset()
+    monkeypatch.setitem(LOWERINGS, aten.sin.default, Lowering(lambda ctx, x: ctx.ops.sin(x), check=unforeseen))
+    backend = PyfuserBackend()
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x), fn(x))
+    assert backend.graphs[0].eager["sin"] == "its check failed: IndexError: tuple index out of range"
+
 
 def test_runtime_error_names_region_and_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(self: FusionExecutorCache, *args: object, **kwargs: object) -> object:

@@ -80,7 +80,10 @@ def refusal(node: Node, rejected: Mapping[Node, str] | None = None) -> str | Non
     if len(devices) > 1:
         return f"mixes devices {sorted(str(d) for d in devices)}"
     if lowering.check is not None:
-        return lowering.check(node)
+        try:
+            return lowering.check(node)
+        except Exception as e:  # a check that does not foresee these arguments: eager, with why
+            return f"its check failed: {type(e).__name__}: {e}"
     return None
 
 

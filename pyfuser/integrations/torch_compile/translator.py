@@ -109,7 +109,12 @@ class RegionTranslator:
         self.names: dict[str, str] = {}
 
     def translate(self) -> TranslatedRegion:
-        fusion_inputs = self._define_inputs()
+        try:
+            fusion_inputs = self._define_inputs()
+        except TranslationError:
+            raise
+        except Exception as e:  # an input pyfuser cannot declare: the first node reading it stays eager
+            raise TranslationError(self.nodes[0], f"declaring the region's inputs: {type(e).__name__}: {e}") from e
         for node in self.nodes:
             self.env[node] = self._translate_node(node)
         slots = self._add_outputs()
@@ -177,7 +182,9 @@ class RegionTranslator:
         kwargs = map_aggregate(dict(node.kwargs), self._value)
         try:
             result = lowering.translate(LoweringContext(self.fd, node, self.env), *args, **kwargs)  # type: ignore[arg-type]
-        except (ValueError, TypeError, NotImplementedError, KeyError, IndexError) as e:
+        except TranslationError:
+            raise
+        except Exception as e:  # whatever a lowering did not foresee leaves the node in eager
             raise TranslationError(node, f"{type(e).__name__}: {e}") from e
         _check_result(node, result, meta)
         for tv in _flat_views(result):
