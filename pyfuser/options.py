@@ -30,6 +30,7 @@ class DumpOption(StrEnum):
     kernel = "kernel"
     host_ir = "host_ir"
     host_ir_passes = "host_ir_passes"
+    fx_graph = "fx_graph"
 
 
 class EnableOption(StrEnum):
@@ -39,6 +40,7 @@ class EnableOption(StrEnum):
     stream_overlap = "stream_overlap"
     triton_interpreter = "triton_interpreter"
     host_ir_lowering = "host_ir_lowering"
+    cuda_graph = "cuda_graph"
 
 
 class DisableOption(StrEnum):
@@ -75,9 +77,12 @@ DESCRIPTIONS: dict[StrEnum, str] = {
     DumpOption.kernel: "the source of each generated kernel",
     DumpOption.host_ir: "the Host IR program each compiled fusion runs",
     DumpOption.host_ir_passes: "the Host IR program after each host pass, under the pass's name",
+    DumpOption.fx_graph: "torch.compile backend: each ATen graph with its pyfuser regions marked and, for every op "
+                         "left in eager, why",
     EnableOption.stream_overlap: "accepted for compatibility: stream overlap is on by default",
     EnableOption.triton_interpreter: "run generated kernels through Triton's interpreter (kernels on CPU tensors)",
     EnableOption.host_ir_lowering: "accepted for nvFuser compatibility: pyfuser always lowers through Host IR",
+    EnableOption.cuda_graph: "replay each compiled program from a CUDA graph captured per input signature (CUDA only)",
     DisableOption.infer_contiguity: "allocation-order inference (outputs without a requirement stay row-major)",
     DisableOption.stream_ring_buffers: "ring buffers for stream-loop intermediates (allocate them whole instead)",
     DisableOption.stream_overlap: "concurrent stream-loop iterations (seed 002's program: each iteration joins the user's "

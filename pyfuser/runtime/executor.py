@@ -19,8 +19,9 @@ from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import is_dense, memory_order
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.options import CommunicatorBackend, CompileOptions, check_options, comm_backend
+from pyfuser.options import CommunicatorBackend, CompileOptions, EnableOption, check_options, comm_backend
 from pyfuser.runtime.compile import compile_fusion
+from pyfuser.runtime.cuda_graph import CudaGraphProgram
 from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
 
 
@@ -49,6 +50,8 @@ class FusionExecutorCache:
     def kernel_codes(self) -> list[str]:
         """Sources of the generated kernels the latest program launches."""
         program = self.last_program
+        if isinstance(program, CudaGraphProgram):
+            program = program.program
         if not isinstance(program, HostIrEvaluator):
             return []
         return [n.segment.code for n in program.container.walk()
@@ -141,6 +144,11 @@ class FusionExecutorCache:
             program = compile_fusion(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program
+        if EnableOption.cuda_graph in enabled and target.type == "cuda":
+            if is_multidevice(self.fusion):
+                raise ValueError("_enable_options=['cuda_graph']: a multi-device fusion's communications are not "
+                                 "captured into CUDA graphs; run it without cuda_graph")
+            return CudaGraphProgram(program)  # one per signature: one graph per input-size bucket
         return program
 
 

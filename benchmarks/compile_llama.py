@@ -1,0 +1,293 @@
+"""One Llama-style decoder layer through torch.compile backends, side by side in one run.
+
+Variants: eager; ``torch.compile`` (Inductor) default and ``mode="reduce-overhead"`` (CUDA graphs);
+``backend="pyfuser"`` without and with CUDA graphs. Cases: the large shape of issue 14 (hidden 4096,
+32 heads, MLP 11008, sequence 2048, batch 4, bf16) and a small one where host overhead dominates
+(batch 1, sequence 128), each as forward (no grad) and forward + backward. Plus the host overhead
+of a cached one-kernel region (``x * 2 + 1`` on 1024 elements): calls per second with the GPU idle.
+
+The layer is written here in plain torch (RMSNorm, rotary embeddings, causal SDPA, SwiGLU MLP), the
+math of Hugging Face's ``LlamaDecoderLayer``, so the benchmark needs no ``transformers``.
+
+    python benchmarks/compile_llama.py --out benchmarks/results/compile_llama_h100   # on a GPU
+    python benchmarks/compile_llama.py --device cpu --quick                          # CPU smoke run
+
+Not a test: numbers depend on the machine. Writes ``<out>.json`` and ``<out>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyfuser import FusionDefinition
+from pyfuser.integrations.torch_compile import PyfuserBackend
+
+VARIANTS = ("eager", "inductor", "inductor_reduce_overhead", "pyfuser", "pyfuser_cuda_graph")
+CUDA_ONLY = {"inductor_reduce_overhead", "pyfuser_cuda_graph"}
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, hidden: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self, hidden: int, heads: int, mlp: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.input_norm, self.post_norm = RMSNorm(hidden), RMSNorm(hidden)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+        self.gate, self.up = torch.nn.Linear(hidden, mlp, bias=False), torch.nn.Linear(hidden, mlp, bias=False)
+        self.down = torch.nn.Linear(mlp, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        h = self.input_norm(x)
+        q, k, v = (proj(h).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+                   for proj in (self.q, self.k, self.v))
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(attn.transpose(1, 2).reshape(batch, seq, hidden))
+        h = self.post_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def rotary(seq: int, dim: int, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, device=device).float() / dim))
+    angles = torch.outer(torch.arange(seq, device=device).float(), inv_freq)
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+# --- timing ------------------------------------------------------------------------------------------
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn: Callable[[], Any], device: str, warmup: int, iters: int) -> float:
+    """Median milliseconds per call (CUDA events on a GPU, the wall clock on a CPU)."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(iters):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def compiled(variant: str, layer: torch.nn.Module) -> tuple[Callable[..., Any], Any]:
+    torch._dynamo.reset()
+    if variant == "eager":
+        return layer, None
+    if variant == "inductor":
+        return torch.compile(layer), None
+    if variant == "inductor_reduce_overhead":
+        return torch.compile(layer, mode="reduce-overhead"), None
+    backend = PyfuserBackend(cuda_graph=variant == "pyfuser_cuda_graph")
+    return torch.compile(layer, backend=backend), backend
+
+
+def run_case(name: str, shape: dict[str, int], training: bool, variants: list[str], device: str, dtype: torch.dtype,
+             warmup: int, iters: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    layer = DecoderLayer(shape["hidden"], shape["heads"], shape["mlp"]).to(device=device, dtype=dtype)
+    x = torch.randn(shape["batch"], shape["seq"], shape["hidden"], device=device, dtype=dtype)
+    cos, sin = rotary(shape["seq"], shape["hidden"] // shape["heads"], device, dtype)
+    grad = torch.randn_like(x)
+    with torch.no_grad():
+        reference = layer(x, cos, sin)
+    result: dict[str, Any] = {"case": name, "shape": shape, "training": training, "variants": {}}
+    for variant in variants:
+        fn, backend = compiled(variant, layer)
+        mark_step = variant == "inductor_reduce_overhead"
+
+        def call(fn: Callable[..., Any] = fn, mark_step: bool = mark_step) -> torch.Tensor:
+            if mark_step:
+                torch.compiler.cudagraph_mark_step_begin()
+            if training:
+                layer.zero_grad(set_to_none=True)
+                out = fn(x.detach().requires_grad_(), cos, sin)
+                out.backward(grad)
+                return out.detach()
+            with torch.no_grad():
+                return fn(x, cos, sin).clone()
+
+        entry: dict[str, Any] = {}
+        try:
+            t0 = time.perf_counter()
+            first = call()
+            synchronize(device)
+            entry["first_call_s"] = time.perf_counter() - t0
+            entry["max_abs_diff_vs_eager"] = (first.float() - reference.float()).abs().max().item()
+            entry["ms"] = time_ms(call, device, warmup, iters)
+            entry["tokens_per_s"] = shape["batch"] * shape["seq"] / (entry["ms"] / 1e3)
+            if backend is not None:
+                regions = [r for g in backend.graphs for r in g.regions]
+                entry["regions"] = len(regions)
+                entry["eager_ops"] = sum(len(g.eager) for g in backend.graphs)
+        except Exception as e:  # a failing variant is reported, the others still run
+            entry["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        result["variants"][variant] = entry
+        print(f"{name:>6} {'fwd+bwd' if training else 'fwd':>7} {variant:>26}: "
+              + (f"{entry['ms']:8.3f} ms" if "ms" in entry else entry.get("error", "")), flush=True)
+    return result
+
+
+def host_overhead(device: str, iters: int) -> dict[str, float]:
+    """Microseconds per call of a cached one-kernel computation, called back to back with the GPU idle
+    (tiny tensor): the host's cost of each way to launch it."""
+    x = torch.randn(1024, device=device)
+
+    def per_call_us(fn: Callable[[], Any]) -> float:
+        for _ in range(50):
+            fn()
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        synchronize(device)
+        return (time.perf_counter() - t0) / iters * 1e6
+
+    def kernel(t: torch.Tensor) -> torch.Tensor:
+        return t * 2 + 1
+
+    with FusionDefinition() as fd:
+        tv = fd.define_tensor([-1], contiguity=True)
+        fd.add_output(fd.ops.add(fd.ops.mul(tv, 2), 1))
+    results = {
+        "eager_torch_two_ops_us": per_call_us(lambda: kernel(x)),
+        "fd_execute_us": per_call_us(lambda: fd.execute([x])),
+        "fec_run_us": per_call_us(lambda: fd.fec.run([x])),
+    }
+    if device == "cuda":
+        torch._dynamo.reset()
+        inductor_kernel = torch.compile(kernel)
+        results["inductor_compiled_us"] = per_call_us(lambda: inductor_kernel(x))
+    for name, graphs in (("pyfuser", False), ("pyfuser_cuda_graph", True)):
+        if graphs and device != "cuda":
+            continue
+        torch._dynamo.reset()
+        backend = PyfuserBackend(cuda_graph=graphs)
+        compiled_kernel = torch.compile(kernel, backend=backend)
+        compiled_kernel(x)
+        region = backend.graphs[0].regions[0]
+        results[f"{name}_compiled_us"] = per_call_us(lambda f=compiled_kernel: f(x))
+        results[f"{name}_region_call_us"] = per_call_us(lambda r=region: r(x))
+    return results
+
+
+def markdown(report: dict[str, Any]) -> str:
+    meta = report["meta"]
+    lines = [f"# torch.compile backends on a Llama-style decoder layer ({meta['date']})", "",
+             f"Device: {meta['device_name']}; torch {meta['torch']}, Python {meta['python']}; dtype {meta['dtype']}; "
+             f"medians of {meta['iters']} iterations after {meta['warmup']} warm-up ones (CUDA events on a GPU).", "",
+             "| case | pass | variant | ms / iteration | tokens / s | vs eager | vs inductor | max abs diff vs eager |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for case in report["cases"]:
+        variants = case["variants"]
+        eager = variants.get("eager", {}).get("ms")
+        inductor = variants.get("inductor", {}).get("ms")
+        for name, entry in variants.items():
+            kind = "fwd+bwd" if case["training"] else "fwd"
+            if "ms" not in entry:
+                lines.append(f"| {case['case']} | {kind} | {name} | failed: {entry.get('error', '?')} | | | | |")
+                continue
+            ms = entry["ms"]
+            lines.append(f"| {case['case']} | {kind} | {name} | {ms:.3f} | {entry['tokens_per_s']:.0f} | "
+                         f"{eager / ms:.2f}x | {(inductor / ms) if inductor else float('nan'):.2f}x | "
+                         f"{entry['max_abs_diff_vs_eager']:.3g} |")
+    shapes = {c["case"]: c["shape"] for c in report["cases"]}
+    lines += ["", "Shapes: " + "; ".join(f"{k}: {v}" for k, v in shapes.items()), "",
+              "## Host overhead of a cached one-kernel computation (`x * 2 + 1`, 1024 elements)", "",
+              "| how it is launched | us per call (back to back, GPU idle) |", "| --- | --- |"]
+    for name, value in report["host_overhead"].items():
+        lines.append(f"| {name.removesuffix('_us')} | {value:.1f} |")
+    lines += ["", f"Command: `{meta['command']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes and few iterations (a smoke run)")
+    parser.add_argument("--variants", default=None, help=f"comma-separated subset of {','.join(VARIANTS)}")
+    parser.add_argument("--cases", default="large,small", help="comma-separated subset of large,small")
+    parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--out", default=None, help="path prefix of the .json and .md results")
+    args = parser.parse_args()
+    device = args.device
+    quick = args.quick or device == "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    variants = args.variants.split(",") if args.variants else [
+        v for v in VARIANTS if device == "cuda" or (v not in CUDA_ONLY and not v.startswith("inductor"))]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    shapes = {"large": {"hidden": 4096, "heads": 32, "mlp": 11008, "seq": 2048, "batch": 4},
+              "small": {"hidden": 4096, "heads": 32, "mlp": 11008, "seq": 128, "batch": 1}}
+    if quick:
+        shapes = {"large": {"hidden": 64, "heads": 4, "mlp": 172, "seq": 32, "batch": 2},
+                  "small": {"hidden": 64, "heads": 4, "mlp": 172, "seq": 8, "batch": 1}}
+    warmup = args.warmup if args.warmup is not None else (2 if quick else 5)
+    iters = args.iters if args.iters is not None else (5 if quick else 20)
+    cases = []
+    for name in args.cases.split(","):
+        for training in (False, True):
+            cases.append(run_case(name, shapes[name], training, variants, device, dtype, warmup, iters))
+    overhead = host_overhead(device, 200 if quick else 2000)
+    for key, value in overhead.items():
+        print(f"host overhead {key}: {value:.1f}")
+    report = {"meta": {"date": datetime.date.today().isoformat(), "device": device, "dtype": str(dtype),
+                       "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU",
+                       "torch": torch.__version__, "python": sys.version.split()[0], "warmup": warmup,
+                       "iters": iters, "command": " ".join(["python", *sys.argv])},
+              "cases": cases, "host_overhead": overhead}
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        out.with_suffix(".md").write_text(markdown(report))
+        print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The ``pyfuser`` dynamo backend: ``torch.compile(model, backend="pyfuser")``.
+
+Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) traces it to ATen
+with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
+backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
+backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
+which partitions it into pyfuser regions and eager ops.
+
+Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):
+
+* ``cuda_graph`` (bool): replay each region from CUDA graphs, one per input signature, with the
+  model's parameters read in place; ``mode="reduce-overhead"`` turns it on too;
+* ``triton_interpreter`` (bool): run generated kernels through Triton's interpreter, so regions on
+  CPU tensors run fused kernels (slow: for tests);
+* ``enable_options`` / ``disable_options`` (lists of names): any ``fd.execute`` option, for every region.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch._guards import TracingContext
+from torch.fx import GraphModule, Node
+
+from pyfuser.integrations.torch_compile.decompositions import decomposition_table
+from pyfuser.integrations.torch_compile.dump import format_plan
+from pyfuser.integrations.torch_compile.partition import finish, plan_regions, splice_region
+from pyfuser.integrations.torch_compile.region import FusionRegion
+from pyfuser.options import DumpOption, check_options, dump
+
+_OPTION_NAMES = ("cuda_graph", "triton_interpreter", "enable_options", "disable_options")
+
+
+@dataclass
+class CompiledGraph:
+    """One ATen graph the backend compiled: what a test or the example inspects."""
+
+    kind: str  # "forward", "backward" or "inference"
+    graph_module: GraphModule
+    regions: list[FusionRegion]
+    #: FX node name -> why it stays in eager
+    eager: dict[str, str] = field(default_factory=dict)
+
+
+class PyfuserBackend:
+    """A dynamo backend; every graph it compiles is kept in ``graphs`` (in compilation order)."""
+
+    def __init__(self, *, cuda_graph: bool = False, triton_interpreter: bool = False,
+                 enable_options: Sequence[str] = (), disable_options: Sequence[str] = ()) -> None:
+        enable = [*enable_options] + (["triton_interpreter"] if triton_interpreter else [])
+        check_options(enable, disable_options)  # unknown names fail here, not in the first region
+        if "cuda_graph" in enable:  # the backend's own option reads the parameters in place
+            enable.remove("cuda_graph")
+            cuda_graph = True
+        self.cuda_graph = bool(cuda_graph)
+        self.enable_options = tuple(enable)
+        self.disable_options = tuple(disable_options)
+        self.graphs: list[CompiledGraph] = []
+
+    @staticmethod
+    def from_options(options: dict[str, Any] | None = None, mode: str | None = None) -> PyfuserBackend:
+        """The backend for ``torch.compile(backend="pyfuser", options=..., mode=...)``."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(_OPTION_NAMES))
+        if unknown:
+            raise ValueError(f"torch.compile(backend='pyfuser'): unknown option(s) {unknown}; known: {list(_OPTION_NAMES)}")
+        if mode not in (None, "default", "reduce-overhead", "max-autotune-no-cudagraphs"):
+            raise ValueError(f"torch.compile(backend='pyfuser'): mode {mode!r} is not supported (use 'default' or "
+                             "'reduce-overhead', which replays regions from CUDA graphs)")
+        if mode == "reduce-overhead":
+            options.setdefault("cuda_graph", True)
+        return PyfuserBackend(**options)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        compiler = aot_autograd(
+            fw_compiler=self._compiler("forward"),
+            bw_compiler=self._compiler("backward"),
+            inference_compiler=self._compiler("inference"),
+            decompositions=decomposition_table(),
+            partition_fn=min_cut_rematerialization_partition,
+        )
+        return compiler(gm, example_inputs)
+
+    def _compiler(self, kind: str) -> Callable[[GraphModule, Sequence[Any]], Callable[..., Any]]:
+        def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+            static = _static_input_indices() if kind != "backward" else []
+            compiled = self.compile_aten_graph(gm, kind, static)
+            return make_boxed_func(compiled.graph_module.forward)
+        return compile_graph
+
+    def compile_aten_graph(self, gm: GraphModule, kind: str, static_input_indices: Sequence[int] = ()) -> CompiledGraph:
+        """Partition ``gm`` (an ATen graph) in place into regions and eager ops."""
+        title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
+        plan = plan_regions(gm)
+        dump(DumpOption.fx_graph, lambda: format_plan(gm, plan, title))
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        static_nodes = frozenset(placeholders[k] for k in static_input_indices if k < len(placeholders))
+        regions = []
+        eager = {n.name: why for n, why in plan.eager.items()}
+        replaced: dict[Node, Node] = {}
+        for k, (nodes, translated) in enumerate(plan.regions):
+            region = FusionRegion(f"pyfuser_region_{k}", translated, nodes, enable_options=self.enable_options,
+                                  disable_options=self.disable_options, cuda_graph=self.cuda_graph,
+                                  static_inputs=static_nodes)
+            splice_region(gm, nodes, translated, region, replaced)
+            regions.append(region)
+        compiled = CompiledGraph(kind, finish(gm), regions, eager)
+        self.graphs.append(compiled)
+        return compiled
+
+
+def _static_input_indices() -> list[int]:
+    """Inputs of the graph being compiled that keep their address from call to call (parameters and
+    buffers), as AOTAutograd records them."""
+    context = TracingContext.try_get()
+    if context is None or context.fw_metadata is None:
+        return []
+    return list(context.fw_metadata.static_input_indices)
+
+
+def pyfuser_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, options: dict[str, Any] | None = None,
+                    mode: str | None = None) -> Callable[..., Any]:
+    """The ``torch_dynamo_backends`` entry point: ``torch.compile(model, backend="pyfuser")``."""
+    return PyfuserBackend.from_options(options, mode)(gm, example_inputs)

@@ -1,0 +1,81 @@
+"""What one ATen op becomes in a FusionDefinition: the ``Lowering`` record and the context a
+lowering builds with.
+
+A lowering is a function ``translate(ctx, *args, **kwargs)`` called with the FX node's own
+arguments, where every FX node is replaced by its pyfuser value (a TensorView, or a Scalar for a
+symbolic size); it returns what the ATen op returns (a value, or a list for ops with several
+outputs). ``check(node)`` runs before partitioning and returns why the node must stay in eager
+(None when it can be translated): argument combinations a lowering does not cover are refused
+there, never discovered while translating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from pyfuser.frontend.fusion_definition import FusionDefinition
+from pyfuser.frontend.ops import Ops
+
+
+class OpClass(Enum):
+    """What an op contributes to a region, which decides whether a region is worth compiling."""
+
+    #: computes values (pointwise, reductions, creation): what fusion saves memory traffic on
+    compute = "compute"
+    #: changes shape or layout only; free in eager (a view), so a region of only these stays eager
+    view = "view"
+    #: runs as an ATen call inside pyfuser too (matmul): worth a region only next to compute ops
+    aten = "aten"
+
+
+class LoweringContext:
+    """What a lowering may use: the definition's ops and the FX node being translated."""
+
+    def __init__(self, fd: FusionDefinition, node: Node, env: dict[Node, Any]) -> None:
+        self.fd = fd
+        self.ops: Ops = fd.ops
+        self.node = node
+        self._env = env
+
+    def value_of(self, node: Node) -> Any:
+        """The pyfuser value already translated for an FX node of the region (for lowerings that
+        look through their operand's producer, as ``mm(x, t(w))`` becoming ``linear(x, w)``)."""
+        return self._env[node]
+
+    @property
+    def meta(self) -> Any:
+        """The node's example value (a FakeTensor, or a list of them) recorded while tracing."""
+        return self.node.meta["val"]
+
+
+Translate = Callable[..., Any]
+Check = Callable[[Node], str | None]
+
+
+@dataclass(frozen=True)
+class Lowering:
+    translate: Translate
+    op_class: OpClass = OpClass.compute
+    check: Check | None = None
+
+
+def arg(node: Node, position: int, name: str, default: Any = None) -> Any:
+    """An argument of ``node`` given either positionally or by keyword."""
+    if position < len(node.args):
+        return node.args[position]
+    return node.kwargs.get(name, default)
+
+
+def meta_of(value: Any) -> Any:
+    """The example value of an FX argument (a node's ``meta['val']``), or the constant itself."""
+    return value.meta.get("val") if isinstance(value, Node) else value
+
+
+def is_tensor_meta(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)

@@ -1,0 +1,116 @@
+"""Partition an ATen graph into pyfuser regions and splice each in as one call.
+
+torch.fx's ``CapabilityBasedPartitioner`` proposes the largest convex groups of supported nodes;
+views at a group's edge are dropped (they are free in eager, and a region would copy them), and a
+group with nothing to fuse (only views, or only matmuls, which run as ATen calls in pyfuser too)
+stays in eager. Each group is translated; a node that fails to translate is refused and the graph
+partitioned again, so an unforeseen argument combination costs a region boundary, never an error.
+Each region then replaces its nodes: one ``call_function`` of the region and a ``getitem`` per
+value used outside it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from torch.fx import GraphModule, Node
+from torch.fx.node import _get_qualified_name
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.tools_common import legalize_graph
+
+from pyfuser.integrations.torch_compile.lowering import OpClass
+from pyfuser.integrations.torch_compile.region import FusionRegion
+from pyfuser.integrations.torch_compile.support import LOWERINGS, PyfuserSupport, op_class
+from pyfuser.integrations.torch_compile.translator import RegionTranslator, TranslatedRegion, TranslationError
+
+#: qualified names of the view ops the partitioner may trim from a region's edges
+VIEW_OPS = tuple(_get_qualified_name(op) for op, lowering in LOWERINGS.items() if lowering.op_class is OpClass.view)
+
+EDGE_VIEW = "a view at a region's edge (free in eager; a region would copy it)"
+NOTHING_TO_FUSE = "its group has nothing to fuse (only views or matmuls, which run as ATen calls either way)"
+
+
+@dataclass
+class RegionPlan:
+    #: each region's nodes (in graph order) and its translation
+    regions: list[tuple[list[Node], TranslatedRegion]]
+    #: every call left in eager, with why
+    eager: dict[Node, str] = field(default_factory=dict)
+
+
+def _worth_compiling(nodes: list[Node]) -> bool:
+    return any(op_class(n) is OpClass.compute for n in nodes)
+
+
+def plan_regions(gm: GraphModule) -> RegionPlan:
+    """The regions of ``gm`` and the reasons for what stays eager (``gm`` is not changed)."""
+    order = {n: k for k, n in enumerate(gm.graph.nodes)}
+    rejected: dict[Node, str] = {}
+    while True:
+        support = PyfuserSupport(rejected)
+        partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True,
+                                                 non_compute_ops=VIEW_OPS)
+        partitions = partitioner.propose_partitions()
+        partitioner.remove_bookend_non_compute_ops(partitions)
+        regions: list[tuple[list[Node], TranslatedRegion]] = []
+        dropped: dict[Node, str] = {}
+        refused = False
+        for partition in partitions:
+            nodes = sorted(partition.nodes, key=order.__getitem__)
+            if not nodes:
+                continue
+            if not _worth_compiling(nodes):
+                dropped.update(dict.fromkeys(nodes, NOTHING_TO_FUSE))
+                continue
+            try:
+                regions.append((nodes, RegionTranslator(nodes).translate()))
+            except TranslationError as e:
+                rejected[e.node] = f"translation failed: {e.reason}"
+                refused = True
+        if not refused:
+            regions.sort(key=lambda region: order[region[0][0]])
+            return RegionPlan(regions, _eager_reasons(gm, regions, support.reasons, dropped))
+
+
+def _eager_reasons(gm: GraphModule, regions: list[tuple[list[Node], TranslatedRegion]],
+                   refused: Mapping[Node, str], dropped: Mapping[Node, str]) -> dict[Node, str]:
+    claimed = {n for nodes, _ in regions for n in nodes}
+    reasons: dict[Node, str] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n in claimed:
+            continue
+        reasons[n] = refused.get(n) or dropped.get(n) or EDGE_VIEW
+    return reasons
+
+
+def splice_region(gm: GraphModule, nodes: list[Node], translated: TranslatedRegion, region: FusionRegion,
+                  replaced: dict[Node, Node]) -> None:
+    """Replace ``nodes`` in ``gm`` by one call of ``region`` and a getitem per output. ``replaced``
+    maps the outputs of regions spliced before to their getitems (this region may read them); this
+    region's outputs are added to it."""
+    graph = gm.graph
+    with graph.inserting_after(nodes[-1]):
+        call = graph.call_function(region, tuple(replaced.get(n, n) for n in translated.inputs))
+    call.meta["val"] = [n.meta.get("val") for n in translated.outputs]
+    replacements = []
+    with graph.inserting_after(call):
+        for k, node in enumerate(translated.outputs):
+            item = graph.call_function(operator.getitem, (call, k))
+            item.meta.update(node.meta)
+            replacements.append((node, item))
+    for node, item in replacements:
+        node.replace_all_uses_with(item, delete_user_cb=lambda user: user not in nodes)
+        replaced[node] = item
+    for node in reversed(nodes):
+        graph.erase_node(node)
+
+
+def finish(gm: GraphModule) -> GraphModule:
+    """Order the rewritten graph topologically (a region's call may come after a user of one of its
+    outputs that was placed between its nodes) and regenerate its code."""
+    legalize_graph(gm)
+    gm.graph.lint()
+    gm.recompile()
+    return gm

@@ -1,0 +1,137 @@
+"""A translated region as the compiled graph calls it.
+
+The hot path is what issue 14 asks of a cached dispatch: pick the fusion's inputs out of the
+call's arguments, ``FusionExecutorCache.run`` (signature lookup, size binding, the compiled Host IR
+program) or a CUDA-graph replay, and hand the outputs back; nothing else runs per call. Anything
+raised is re-raised naming the region, its FX nodes and, for each fusion tensor the message
+mentions (``T3``), the FX node it came from.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from pyfuser.host_ir.nodes import AtenCall, LaunchKernel
+from pyfuser.integrations.torch_compile.support import op_name
+from pyfuser.integrations.torch_compile.translator import TranslatedRegion
+from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphRunner
+
+_TENSOR_NAME = re.compile(r"\bT\d+\b")
+
+
+class RegionExecutionError(RuntimeError):
+    """An error inside a region whose original type cannot carry the extra context."""
+
+
+class KernelFallbackWarning(UserWarning):
+    """A region's generated kernels failed to compile or run; it runs its ops as ATen calls instead
+    (the message names the region, its FX nodes and the error: a code generator bug to report)."""
+
+
+class FusionRegion:
+    """``region(*args)`` -> the values of the region's output nodes (a list, in order)."""
+
+    def __init__(self, name: str, translated: TranslatedRegion, nodes: Sequence[Node], *,
+                 enable_options: Sequence[str] = (), disable_options: Sequence[str] = (),
+                 cuda_graph: bool = False, static_inputs: frozenset[Node] = frozenset()) -> None:
+        self.__name__ = self.__qualname__ = name  # how torch.fx prints the call
+        self.name = name
+        self.fd = translated.fd
+        self.fec = translated.fd.fec
+        self.device = translated.device
+        self.nodes = [f"{n.name} ({op_name(n)})" for n in nodes if n.op == "call_function"]
+        self.names = translated.names
+        self._positions = tuple(translated.fusion_inputs)
+        self._slots = tuple(translated.output_slots)
+        self._in_order = self._slots == tuple(range(len(self._slots)))
+        self._enable = tuple(enable_options)
+        self._disable = tuple(disable_options)
+        self._graphs: CudaGraphRunner | None = None
+        if cuda_graph and self.device.type == "cuda":
+            static = [j for j, k in enumerate(self._positions) if translated.inputs[k] in static_inputs]
+            self._graphs = CudaGraphRunner(self._execute, static, name=f"pyfuser region {name}")
+
+    def _execute(self, inputs: list[Any]) -> list[torch.Tensor]:
+        return self.fec.run(inputs, enable_options=self._enable, disable_options=self._disable)
+
+    def __call__(self, *args: Any) -> list[torch.Tensor]:
+        inputs = [args[k] for k in self._positions]
+        try:
+            if self._graphs is not None:
+                outputs = self._replay(inputs)
+            else:
+                outputs = self.fec.run(inputs, enable_options=self._enable, disable_options=self._disable)
+        except Exception as e:
+            outputs = self._without_kernels(inputs, e)
+        return outputs if self._in_order else [outputs[k] for k in self._slots]
+
+    def _without_kernels(self, inputs: list[Any], error: Exception) -> list[torch.Tensor]:
+        """After a failure with generated kernels, the same fusion with every op an ATen call: if that
+        runs, the region stays so (with a warning naming the failure); if not, the first error is
+        the caller's (bad input fails both ways)."""
+        if "kernel_codegen" in self._disable:
+            raise self._error(error) from error
+        try:
+            outputs = self.fec.run(inputs, enable_options=self._enable,
+                                   disable_options=(*self._disable, "kernel_codegen"))
+        except Exception:
+            raise self._error(error) from error
+        self._disable = (*self._disable, "kernel_codegen")
+        warnings.warn(KernelFallbackWarning(f"{self._error(error)}; the region runs its ops as ATen calls from now "
+                                            "on"), stacklevel=3)
+        return outputs
+
+    def _replay(self, inputs: list[Any]) -> list[torch.Tensor]:
+        assert self._graphs is not None
+        try:
+            return self._graphs(inputs)
+        except CaptureError as e:  # e.g. an ATen call that synchronizes with the host
+            warnings.warn(f"{e}; the region runs without CUDA graphs from now on", stacklevel=3)
+            self._graphs = None
+            return self._execute(inputs)
+
+    def _error(self, e: Exception) -> Exception:
+        message = str(e)
+        legend = [f"{t} is {self.names[t]}" for t in dict.fromkeys(_TENSOR_NAME.findall(message)) if t in self.names]
+        text = (f"pyfuser region {self.name} (FX nodes: {', '.join(self.nodes)}) failed: {message}"
+                + (f" [{'; '.join(legend)}]" if legend else ""))
+        if type(e) in (ValueError, TypeError, RuntimeError, NotImplementedError):
+            return type(e)(text)
+        return RegionExecutionError(text)
+
+    def summary(self) -> str:
+        """What the region's latest execution ran: each generated kernel with the FX nodes whose values
+        it writes, and the ATen calls by kind (before the first call: that it has not run)."""
+        program = self.fec.last_program
+        program = getattr(program, "program", program)  # a CUDA-graph program wraps the Host IR one
+        container = getattr(program, "container", None)
+        if container is None:
+            return f"{self.name}: not run yet"
+        kernels: list[str] = []
+        aten: collections.Counter[str] = collections.Counter()
+        for node in container.walk():
+            if isinstance(node, LaunchKernel):
+                writes = [self.names.get(getattr(v, "short_name", ""), "").split(" (")[0] for v in node.outputs]
+                kernels.append(f"  kernel {node.segment.name} -> {', '.join(w for w in writes if w) or 'intermediates'}")
+            elif isinstance(node, AtenCall):
+                aten[type(node.expr).__name__.removesuffix("Op")] += 1
+        lines = [f"{self.name}: {len(self.nodes)} FX ops -> {len(kernels)} kernel(s), {sum(aten.values())} ATen call(s)",
+                 *kernels]
+        if aten:
+            lines.append("  ATen calls: " + ", ".join(f"{name} x{n}" for name, n in aten.most_common()))
+        return "\n".join(lines)
+
+    @property
+    def captures(self) -> int:
+        """CUDA graphs captured so far (0 without CUDA graphs)."""
+        return self._graphs.captures if self._graphs is not None else 0
+
+    def __repr__(self) -> str:
+        return f"<pyfuser region {self.name}: {len(self.nodes)} ops>"

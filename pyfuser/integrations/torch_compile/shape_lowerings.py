@@ -1,0 +1,249 @@
+"""Shape and layout ATen ops (views, slicing, concatenation, padding) onto ``fd.ops``.
+
+Inside a region layouts are pyfuser's to choose, so ``clone`` / ``alias`` / ``detach`` are the
+identity; the strides the traced graph promises are met where a value leaves the region (the
+translator requires them of each output).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from pyfuser.integrations.torch_compile.lowering import Lowering, LoweringContext, OpClass, arg, meta_of
+
+aten = torch.ops.aten
+
+
+def _rank(node: Node, position: int = 0) -> int:
+    return meta_of(node.args[position]).dim()
+
+
+def _normalize(dim: int, rank: int) -> int:
+    return dim % rank if rank else 0
+
+
+def _identity(ctx: LoweringContext, x: Any, *args: Any, **kwargs: Any) -> Any:
+    return x
+
+
+def _check_clone(node: Node) -> str | None:
+    fmt = node.kwargs.get("memory_format")
+    if fmt not in (None, torch.preserve_format, torch.contiguous_format):
+        return f"clone(memory_format={fmt}) is not translated"
+    return None
+
+
+def _reshape(ctx: LoweringContext, x: Any, size: Any) -> Any:
+    return ctx.ops.reshape(x, list(size))
+
+
+def _expand(ctx: LoweringContext, x: Any, size: Any, implicit: bool = False) -> Any:
+    sizes = list(size)
+    new = len(sizes) - x.ndim
+    if new > 0:  # torch's expand adds leading axes
+        x = ctx.ops.broadcast(x, [True] * new + [False] * x.ndim)
+    return ctx.ops.expand(x, sizes)
+
+
+def _permute(ctx: LoweringContext, x: Any, dims: Any) -> Any:
+    return ctx.ops.permute(x, list(dims))
+
+
+def _transpose(ctx: LoweringContext, x: Any, dim0: int, dim1: int) -> Any:
+    rank = x.ndim
+    if rank < 2:
+        return x
+    perm = list(range(rank))
+    a, b = _normalize(dim0, rank), _normalize(dim1, rank)
+    perm[a], perm[b] = perm[b], perm[a]
+    return x if a == b else ctx.ops.permute(x, perm)
+
+
+def _t(ctx: LoweringContext, x: Any) -> Any:
+    return _transpose(ctx, x, 0, 1)
+
+
+def _unsqueeze(ctx: LoweringContext, x: Any, dim: int) -> Any:
+    rank = x.ndim + 1
+    axis = _normalize(dim, rank)
+    return ctx.ops.broadcast(x, [d == axis for d in range(rank)])
+
+
+def _squeeze(ctx: LoweringContext, x: Any, dims: Any = None) -> Any:
+    """torch's squeeze leaves axes whose size is not 1 alone; the traced sizes say which are 1 (a
+    symbolic size never is: dynamo specializes sizes 0 and 1)."""
+    shape = meta_of(ctx.node.args[0]).shape
+    rank = len(shape)
+    if dims is None:
+        wanted = range(rank)
+    else:
+        wanted = [_normalize(d, rank) for d in ([dims] if isinstance(dims, int) else dims)]
+    ones = sorted({d for d in wanted if isinstance(shape[d], int) and shape[d] == 1})
+    return ctx.ops.squeeze(x, ones) if ones else x
+
+
+def _full_ranges(ctx: LoweringContext, x: Any) -> tuple[list[Any], list[Any], list[int]]:
+    rank = x.ndim
+    return [0] * rank, [ctx.ops.size(x, d) for d in range(rank)], [1] * rank
+
+
+def _slice(ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+    starts, ends, steps = _full_ranges(ctx, x)
+    axis = _normalize(dim, x.ndim)
+    if start is not None:
+        starts[axis] = start
+    if end is not None:
+        ends[axis] = end
+    steps[axis] = step
+    return ctx.ops.slice(x, starts, ends, steps)
+
+
+def _check_slice(node: Node) -> str | None:
+    step = arg(node, 4, "step", 1)
+    if not isinstance(step, int) or step < 1:
+        return f"slice step {step!r} is not a positive constant"
+    return None
+
+
+def _select(ctx: LoweringContext, x: Any, dim: int, index: Any) -> Any:
+    return ctx.ops.select(x, index, dim)
+
+
+def _is_legacy_empty(meta: torch.Tensor, rank: int) -> bool:
+    """torch's cat skips 1-D operands of size 0 next to tensors of another rank (an empty cache)."""
+    return meta.dim() == 1 and meta.dim() != rank and isinstance(meta.shape[0], int) and meta.shape[0] == 0
+
+
+def _cat(ctx: LoweringContext, tensors: Any, dim: int = 0) -> Any:
+    rank = ctx.meta.dim()
+    kept = [t for t, a in zip(tensors, ctx.node.args[0], strict=True) if not _is_legacy_empty(meta_of(a), rank)]
+    return ctx.ops.cat(kept, dim) if len(kept) > 1 else ctx.ops.set(kept[0])
+
+
+def _check_cat(node: Node) -> str | None:
+    rank = meta_of(node).dim()
+    metas = [meta_of(t) for t in node.args[0]]
+    kept = [m for m in metas if not _is_legacy_empty(m, rank)]
+    if not kept or any(m.dim() != rank for m in kept):
+        return "cat of tensors of different ranks"
+    return None
+
+
+def _split_sizes(ctx: LoweringContext) -> list[int]:
+    return [t.shape[_normalize(arg(ctx.node, 2, "dim", 0), t.dim())] for t in ctx.meta]
+
+
+def _split_by(ctx: LoweringContext, x: Any, sizes: list[Any], dim: int) -> list[Any]:
+    axis = _normalize(dim, x.ndim)
+    pieces, offset = [], 0
+    for size in sizes:
+        starts, ends, steps = _full_ranges(ctx, x)
+        starts[axis], ends[axis] = offset, offset + size
+        pieces.append(ctx.ops.slice(x, starts, ends, steps))
+        offset += size
+    return pieces
+
+
+def _split(ctx: LoweringContext, x: Any, split_size: Any, dim: int = 0) -> list[Any]:
+    return _split_by(ctx, x, _split_sizes(ctx), dim)
+
+
+def _split_with_sizes(ctx: LoweringContext, x: Any, split_sizes: Any, dim: int = 0) -> list[Any]:
+    return _split_by(ctx, x, _split_sizes(ctx), dim)
+
+
+def _check_static_pieces(node: Node) -> str | None:
+    """Each piece's extent along the split axis must be known when the region is translated."""
+    dim = arg(node, 2, "dim", 0)
+    pieces = meta_of(node)
+    if not all(isinstance(t.shape[_normalize(dim, t.dim())], int) for t in pieces):
+        return "split of a symbolic size"
+    return None
+
+
+def _unbind(ctx: LoweringContext, x: Any, dim: int = 0) -> list[Any]:
+    axis = _normalize(dim, x.ndim)
+    return [ctx.ops.select(x, k, axis) for k in range(len(ctx.meta))]
+
+
+def _check_unbind(node: Node) -> str | None:
+    shape = meta_of(node.args[0]).shape
+    dim = _normalize(arg(node, 1, "dim", 0), len(shape))
+    return None if isinstance(shape[dim], int) else "unbind of a symbolic size"
+
+
+def _pad(ctx: LoweringContext, x: Any, pad: Any, value: Any = 0) -> Any:
+    return ctx.ops.pad(x, list(pad), value)
+
+
+def _slice_backward(ctx: LoweringContext, grad: Any, input_sizes: Any, dim: int, start: int, end: int,
+                    step: int) -> Any:
+    """The gradient of a slice: ``grad`` padded with zeros back to the input's extent."""
+    rank = grad.ndim
+    axis = _normalize(dim, rank)
+    extent = input_sizes[axis]
+    lo, hi = slice(start, end).indices(extent)[:2]
+    widths = [0] * (2 * rank)
+    widths[2 * (rank - 1 - axis)] = lo
+    widths[2 * (rank - 1 - axis) + 1] = extent - max(lo, hi)
+    return ctx.ops.pad(grad, widths, 0)
+
+
+def _check_slice_backward(node: Node) -> str | None:
+    sizes, dim, start, end, step = (arg(node, k, n) for k, n in ((1, "input_sizes"), (2, "dim"), (3, "start"),
+                                                                  (4, "end"), (5, "step")))
+    if step != 1:
+        return f"slice_backward with step {step!r}"
+    axis = _normalize(dim, len(sizes))
+    if not all(isinstance(v, int) for v in (sizes[axis], start, end)):
+        return "slice_backward of a symbolic size or bound"
+    return None
+
+
+def _select_backward(ctx: LoweringContext, grad: Any, input_sizes: Any, dim: int, index: int) -> Any:
+    rank = len(input_sizes)
+    axis = _normalize(dim, rank)
+    at = index % input_sizes[axis]
+    widths = [0] * (2 * rank)
+    widths[2 * (rank - 1 - axis)] = at
+    widths[2 * (rank - 1 - axis) + 1] = input_sizes[axis] - at - 1
+    return ctx.ops.pad(_unsqueeze(ctx, grad, axis), widths, 0)
+
+
+def _check_select_backward(node: Node) -> str | None:
+    sizes, dim, index = (arg(node, k, n) for k, n in ((1, "input_sizes"), (2, "dim"), (3, "index")))
+    axis = _normalize(dim, len(sizes))
+    if not all(isinstance(v, int) for v in (sizes[axis], index)):
+        return "select_backward of a symbolic size or index"
+    return None
+
+
+VIEW = OpClass.view
+
+SHAPE_LOWERINGS: dict[Any, Lowering] = {
+    aten.alias.default: Lowering(_identity, VIEW),
+    aten.detach.default: Lowering(_identity, VIEW),
+    aten.clone.default: Lowering(_identity, VIEW, check=_check_clone),
+    aten.view.default: Lowering(_reshape, VIEW),
+    aten._unsafe_view.default: Lowering(_reshape, VIEW),
+    aten.expand.default: Lowering(_expand, VIEW),
+    aten.permute.default: Lowering(_permute, VIEW),
+    aten.transpose.int: Lowering(_transpose, VIEW),
+    aten.t.default: Lowering(_t, VIEW),
+    aten.unsqueeze.default: Lowering(_unsqueeze, VIEW),
+    aten.squeeze.default: Lowering(_squeeze, VIEW),
+    aten.squeeze.dim: Lowering(_squeeze, VIEW),
+    aten.squeeze.dims: Lowering(_squeeze, VIEW),
+    aten.slice.Tensor: Lowering(_slice, VIEW, check=_check_slice),
+    aten.select.int: Lowering(_select, VIEW),
+    aten.split.Tensor: Lowering(_split, VIEW, check=_check_static_pieces),
+    aten.split_with_sizes.default: Lowering(_split_with_sizes, VIEW, check=_check_static_pieces),
+    aten.unbind.int: Lowering(_unbind, VIEW, check=_check_unbind),
+    aten.cat.default: Lowering(_cat, check=_check_cat),
+    aten.constant_pad_nd.default: Lowering(_pad),
+    aten.slice_backward.default: Lowering(_slice_backward, check=_check_slice_backward),
+    aten.select_backward.default: Lowering(_select_backward, check=_check_select_backward),
+}

@@ -1,0 +1,237 @@
+"""Casts, tensor creation, reductions, contractions and indexing ATen ops onto ``fd.ops``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+from pyfuser.integrations.torch_compile.lowering import Lowering, LoweringContext, OpClass, meta_of
+
+aten = torch.ops.aten
+
+
+def _normalize(dim: int, rank: int) -> int:
+    return dim % rank if rank else 0
+
+
+# --- casts -------------------------------------------------------------------------------------------
+def _to_copy(ctx: LoweringContext, x: Any, **kwargs: Any) -> Any:
+    dtype = ctx.meta.dtype
+    return x if x.dtype.torch_dtype == dtype else ctx.ops.cast(x, dtype)
+
+
+def _check_to_copy(node: Node) -> str | None:
+    source = meta_of(node.args[0])
+    device = node.kwargs.get("device")
+    if device is not None and torch.device(device) != source.device:
+        return f"_to_copy moves {source.device} -> {torch.device(device)}"
+    if node.kwargs.get("layout") not in (None, torch.strided):
+        return f"_to_copy to layout {node.kwargs['layout']}"
+    if node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return f"_to_copy to memory_format {node.kwargs['memory_format']}"
+    return None
+
+
+# --- creation ----------------------------------------------------------------------------------------
+def _full(ctx: LoweringContext, size: Any, fill_value: Any, **kwargs: Any) -> Any:
+    return ctx.ops.full(list(size), fill_value, ctx.meta.dtype)
+
+
+def _constant(value: int) -> Any:
+    def build(ctx: LoweringContext, size: Any, **kwargs: Any) -> Any:
+        return ctx.ops.full(list(size), value, ctx.meta.dtype)
+    return build
+
+
+def _constant_like(value: int | None) -> Any:
+    def build(ctx: LoweringContext, x: Any, *args: Any, **kwargs: Any) -> Any:
+        fill = args[0] if value is None else value
+        return ctx.ops.full(ctx.ops.shape(x), fill, ctx.meta.dtype)
+    return build
+
+
+def _new_constant(value: int | None) -> Any:
+    def build(ctx: LoweringContext, x: Any, size: Any, *args: Any, **kwargs: Any) -> Any:
+        fill = args[0] if value is None else value
+        return ctx.ops.full(list(size), fill, ctx.meta.dtype)
+    return build
+
+
+def _scalar_tensor(ctx: LoweringContext, s: Any, **kwargs: Any) -> Any:
+    return ctx.ops.full([], s, ctx.meta.dtype)
+
+
+def _arange_bounds(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """``(start, end, step)`` of one of arange's overloads."""
+    names = {aten.arange.default: ("end",), aten.arange.start: ("start", "end"),
+             aten.arange.start_step: ("start", "end", "step")}[target]
+    given = dict(zip(names, args, strict=False)) | {n: kwargs[n] for n in names if n in kwargs}
+    return given.get("start", 0), given["end"], given.get("step", 1)
+
+
+def _arange(ctx: LoweringContext, *args: Any, **kwargs: Any) -> Any:
+    start, end, step = _arange_bounds(ctx.node.target, args, kwargs)
+    length = ctx.meta.shape[0]
+    return ctx.ops.iota(length if isinstance(length, int) else end, start, step, ctx.meta.dtype)
+
+
+def _check_arange(node: Node) -> str | None:
+    start, _, step = _arange_bounds(node.target, node.args, dict(node.kwargs))
+    if any(isinstance(v, Node) for v in (start, step)):
+        return "arange with a symbolic start or step"
+    if isinstance(meta_of(node).shape[0], int) or (start == 0 and step == 1):
+        return None  # a static length, or arange(n) of a symbolic n (whose length is n)
+    return "arange of a symbolic length other than arange(n)"
+
+
+def _factory_check(node: Node) -> str | None:
+    layout = node.kwargs.get("layout")
+    if layout not in (None, torch.strided):
+        return f"{node.target} with layout {layout}"
+    return None
+
+
+# --- reductions --------------------------------------------------------------------------------------
+def _dims(dim: Any) -> Any:
+    """ATen's ``dim=None`` and ``dim=[]`` both reduce every axis."""
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return None
+    return dim
+
+
+def _reduction(name: str, all_axes: bool = False) -> Any:
+    """A reduction; a ``dtype=`` argument casts the input first (torch accumulates in that dtype),
+    and the result takes the traced dtype (``sum`` of integers is int64, as torch's)."""
+    def build(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False, *,
+              dtype: torch.dtype | None = None) -> Any:
+        if dtype is not None and x.dtype.torch_dtype != dtype:
+            x = ctx.ops.cast(x, dtype)
+        result = getattr(ctx.ops, name)(x, None if all_axes else _dims(dim), False if all_axes else keepdim)
+        wanted = ctx.meta.dtype
+        return result if result.dtype.torch_dtype == wanted else ctx.ops.cast(result, wanted)
+    if all_axes:
+        return lambda ctx, x, *, dtype=None: build(ctx, x, dtype=dtype)
+    return build
+
+
+def _var(ctx: LoweringContext, x: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
+    return ctx.ops.var(x, _dims(dim), 1 if correction is None else correction, keepdim)
+
+
+def _var_mean(ctx: LoweringContext, x: Any, dim: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> list[Any]:
+    return list(ctx.ops.var_mean(x, _dims(dim), 1 if correction is None else correction, keepdim))
+
+
+def _check_correction(node: Node) -> str | None:
+    correction = node.kwargs.get("correction")
+    if correction is not None and not isinstance(correction, int):
+        return f"{node.target} with a non-integer correction {correction!r}"
+    return None
+
+
+def _arg_reduction(name: str) -> Any:
+    def build(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+        return getattr(ctx.ops, name)(x, dim, keepdim)
+    return build
+
+
+def _cumsum(ctx: LoweringContext, x: Any, dim: int, **kwargs: Any) -> Any:
+    dtype = ctx.meta.dtype
+    source = x if x.dtype.torch_dtype == dtype else ctx.ops.cast(x, dtype)
+    return ctx.ops.cumsum(source, dim)
+
+
+# --- contractions ------------------------------------------------------------------------------------
+def _transposed_matrix(ctx: LoweringContext, operand: Any) -> Any | None:
+    """``w`` when ``operand`` is ``w.t()`` (or the same by transpose / permute) of a 2-D ``w``: ``mm(x,
+    w.t())`` is ``linear(x, w)``, which reads ``w`` as it is laid out instead of copying its transpose."""
+    if not isinstance(operand, Node) or operand.op != "call_function" or operand not in ctx._env:
+        return None
+    source = operand.args[0] if operand.args else None
+    if not isinstance(source, Node) or meta_of(source) is None or meta_of(source).dim() != 2:
+        return None
+    target = operand.target
+    transposed = target is aten.t.default or (target is aten.transpose.int and {
+        _normalize(d, 2) for d in operand.args[1:3]} == {0, 1}) or (
+        target is aten.permute.default and [_normalize(d, 2) for d in operand.args[1]] == [1, 0])
+    return ctx.value_of(source) if transposed and source in ctx._env else None
+
+
+def _mm(ctx: LoweringContext, a: Any, b: Any) -> Any:
+    weight = _transposed_matrix(ctx, ctx.node.args[1])
+    return ctx.ops.linear(a, weight) if weight is not None else ctx.ops.matmul(a, b)
+
+
+def _bmm(ctx: LoweringContext, a: Any, b: Any) -> Any:
+    return ctx.ops.matmul(a, b)
+
+
+def _addmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    weight = _transposed_matrix(ctx, ctx.node.args[2])
+    if weight is not None and beta == 1 and alpha == 1 and bias.ndim == 1:
+        return ctx.ops.linear(a, weight, bias)
+    product = ctx.ops.matmul(a, b)
+    product = product if alpha == 1 else ctx.ops.mul(product, alpha)
+    return ctx.ops.add(bias if beta == 1 else ctx.ops.mul(bias, beta), product)
+
+
+# --- indexing ----------------------------------------------------------------------------------------
+def _embedding(ctx: LoweringContext, weight: Any, indices: Any, *args: Any, **kwargs: Any) -> Any:
+    return ctx.ops.embedding_fwd(indices, weight)
+
+
+def _index_select(ctx: LoweringContext, x: Any, dim: int, index: Any) -> Any:
+    return ctx.ops.index_select(x, index, dim)
+
+
+def _gather(ctx: LoweringContext, x: Any, dim: int, index: Any, *, sparse_grad: bool = False) -> Any:
+    return ctx.ops.gather(x, index, dim)
+
+
+def _triu(ctx: LoweringContext, x: Any, diagonal: int = 0) -> Any:
+    return ctx.ops.triu(x, diagonal)
+
+
+ATEN = OpClass.aten
+
+TENSOR_LOWERINGS: dict[Any, Lowering] = {
+    aten._to_copy.default: Lowering(_to_copy, check=_check_to_copy),
+    aten.full.default: Lowering(_full, check=_factory_check),
+    aten.zeros.default: Lowering(_constant(0), check=_factory_check),
+    aten.ones.default: Lowering(_constant(1), check=_factory_check),
+    aten.zeros_like.default: Lowering(_constant_like(0), check=_factory_check),
+    aten.ones_like.default: Lowering(_constant_like(1), check=_factory_check),
+    aten.full_like.default: Lowering(_constant_like(None), check=_factory_check),
+    aten.new_zeros.default: Lowering(_new_constant(0), check=_factory_check),
+    aten.new_ones.default: Lowering(_new_constant(1), check=_factory_check),
+    aten.new_full.default: Lowering(_new_constant(None), check=_factory_check),
+    aten.scalar_tensor.default: Lowering(_scalar_tensor, check=_factory_check),
+    aten.arange.default: Lowering(_arange, check=_check_arange),
+    aten.arange.start: Lowering(_arange, check=_check_arange),
+    aten.arange.start_step: Lowering(_arange, check=_check_arange),
+    aten.sum.dim_IntList: Lowering(_reduction("sum")),
+    aten.sum.default: Lowering(_reduction("sum", all_axes=True)),
+    aten.mean.dim: Lowering(_reduction("mean")),
+    aten.mean.default: Lowering(_reduction("mean", all_axes=True)),
+    aten.prod.dim_int: Lowering(_reduction("prod")),
+    aten.prod.default: Lowering(_reduction("prod", all_axes=True)),
+    aten.amax.default: Lowering(_reduction("max")),
+    aten.amin.default: Lowering(_reduction("min")),
+    aten.max.default: Lowering(_reduction("max", all_axes=True)),
+    aten.min.default: Lowering(_reduction("min", all_axes=True)),
+    aten.var.correction: Lowering(_var, check=_check_correction),
+    aten.var_mean.correction: Lowering(_var_mean, check=_check_correction),
+    aten.argmax.default: Lowering(_arg_reduction("argmax")),
+    aten.argmin.default: Lowering(_arg_reduction("argmin")),
+    aten.cumsum.default: Lowering(_cumsum),
+    aten.mm.default: Lowering(_mm, ATEN),
+    aten.bmm.default: Lowering(_bmm, ATEN),
+    aten.addmm.default: Lowering(_addmm, ATEN),
+    aten.embedding.default: Lowering(_embedding),
+    aten.index_select.default: Lowering(_index_select),
+    aten.gather.default: Lowering(_gather),
+    aten.triu.default: Lowering(_triu),
+}

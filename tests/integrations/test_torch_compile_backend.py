@@ -1,0 +1,293 @@
+"""The torch.compile backend's behaviour: layouts, dynamic sizes without recompilation, graph breaks,
+ops left in eager (with why), errors naming FX nodes, options, and the fx_graph dump."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+import pytest
+import torch
+import torch._dynamo
+
+from pyfuser.integrations.torch_compile import LOWERINGS, PyfuserBackend, pyfuser_backend
+from pyfuser.integrations.torch_compile.lowering import Lowering
+from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
+from pyfuser.runtime.executor import FusionExecutorCache
+from tests.conftest import devices
+
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+def pointwise_and_reduce(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    z = torch.sigmoid(x * y + 1)
+    return z - z.sum(-1, keepdim=True) / 3
+
+
+def compile_counts(backend: PyfuserBackend) -> list[int]:
+    return [r.fec.compile_count for g in backend.graphs for r in g.regions]
+
+
+@pytest.mark.parametrize("device", devices())
+def test_layouts_match_eager(device: str) -> None:
+    """Permuted, sliced, expanded, broadcast, non-divisible and empty inputs, each through the backend."""
+    base = torch.randn(13, 7, device=device)
+    cases = {
+        "contiguous": (torch.randn(7, 13, device=device), torch.randn(13, device=device)),
+        "permuted": (base.t(), torch.randn(13, device=device)),
+        "sliced": (torch.randn(7, 30, device=device)[:, 3:16], torch.randn(13, device=device)),
+        "expanded": (torch.randn(7, 1, device=device).expand(7, 13), torch.randn(1, 13, device=device)),
+        "empty": (torch.randn(0, 13, device=device), torch.randn(13, device=device)),
+    }
+    for name, (x, y) in cases.items():
+        torch._dynamo.reset()
+        got = torch.compile(pointwise_and_reduce, backend=PyfuserBackend())(x, y)
+        torch.testing.assert_close(got, pointwise_and_reduce(x, y), msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_region_outputs_keep_traced_strides() -> None:
+    """A region's output has the strides torch's meta functions gave it (a transpose stays a transpose)."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).t().contiguous() * 3 + (x + 1).t()
+
+    x = torch.randn(5, 6)
+    got = torch.compile(fn, backend=PyfuserBackend())(x)
+    want = fn(x)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+
+
+def test_dynamic_sizes_compile_once() -> None:
+    """Sizes dynamo marks dynamic become symbolic fusion sizes: new sizes neither re-trace nor
+    recompile a region, forward or backward."""
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        flat = (x * y).reshape(x.shape[0] * 2, -1)
+        return torch.tanh(flat).sum(0) + flat.mean()
+
+    backend = PyfuserBackend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for rows, cols in ((4, 6), (6, 10), (10, 4)):
+        x = torch.randn(rows, cols, dtype=torch.float64, requires_grad=True)
+        y = torch.randn(cols, dtype=torch.float64, requires_grad=True)
+        got = compiled(x, y)
+        got.sum().backward()
+        gx, gy = x.grad, y.grad
+        x.grad = y.grad = None
+        want = fn(x, y)
+        want.sum().backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(gx, x.grad)
+        torch.testing.assert_close(gy, y.grad)
+    assert [g.kind for g in backend.graphs] == ["forward", "backward"]
+    assert compile_counts(backend) and all(c == 1 for c in compile_counts(backend))
+
+
+def test_automatic_dynamic_recompiles_once() -> None:
+    """Without dynamic=True dynamo specializes the first sizes, then marks them dynamic: two
+    compilations, then none."""
+    backend = PyfuserBackend()
+    compiled = torch.compile(pointwise_and_reduce, backend=backend)
+    for n in (5, 8, 11, 3):
+        x, y = torch.randn(n, 6), torch.randn(6)
+        torch.testing.assert_close(compiled(x, y), pointwise_and_reduce(x, y))
+    assert len(backend.graphs) == 2
+    assert all(c == 1 for c in compile_counts(backend))
+
+
+def test_python_int_is_a_scalar_input() -> None:
+    """An int argument dynamo makes symbolic is a scalar input of the fusion: new values reuse the program."""
+    def fn(x: torch.Tensor, n: int) -> torch.Tensor:
+        return torch.relu(x * n - 3)
+
+    backend = PyfuserBackend()
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    x = torch.randn(4, 5)
+    for n in (2, 3, 7):
+        torch.testing.assert_close(compiled(x, n), fn(x, n))
+    assert len(backend.graphs) == 1
+    region = backend.graphs[0].regions[0]
+    assert any(v.__class__.__name__ == "Scalar" for v in region.fd.fusion.inputs())
+    assert region.fec.compile_count == 1
+
+
+def test_python_float_is_an_input() -> None:
+    """A float argument (dynamo passes it as a 0-dim tensor) is an input too: new values recompile nothing."""
+    backend = PyfuserBackend()
+    compiled = torch.compile(lambda x, a: torch.relu(x * a - 1), backend=backend, dynamic=True)
+    x = torch.randn(4, 5)
+    for a in (0.5, 1.5, 2.5):
+        torch.testing.assert_close(compiled(x, a), torch.relu(x * a - 1))
+    assert len(backend.graphs) == 1 and backend.graphs[0].regions[0].fec.compile_count == 1
+
+
+def test_graph_break_compiles_each_graph() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = torch.exp(x) * 2
+        torch._dynamo.graph_break()
+        return torch.sin(y) + y.sum()
+
+    backend = PyfuserBackend()
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x), fn(x))
+    assert len(backend.graphs) == 2 and all(g.regions for g in backend.graphs)
+
+
+def test_unsupported_op_stays_eager_with_a_reason(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = torch.cumprod(x * 2, 1)  # not in the op table
+        return torch.sort(y, 1).values + y.exp()
+
+    monkeypatch.setenv("PYFUSER_DUMP", "fx_graph")
+    backend = PyfuserBackend()
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x), fn(x))
+    graph = backend.graphs[0]
+    assert graph.eager["cumprod"] == "aten.cumprod.default is not in the backend's op table"
+    assert graph.eager["sort"] == "aten.sort.default is not in the backend's op table"
+    assert len(graph.regions) == 2  # x * 2 before cumprod; exp and add after it
+    dumped = capsys.readouterr().out
+    assert "=== pyfuser fx_graph: inference graph 0: 2 region(s)" in dumped
+    assert re.search(r"eager +cumprod: float32\[3, 4\] = aten\.cumprod\.default\(mul, 1\) +# aten\.cumprod\.default "
+                     r"is not in the backend's op table", dumped)
+    assert re.search(r"region 0 +mul: float32\[3, 4\] = aten\.mul\.Tensor\(arg0_1, 2\)", dumped)
+    assert "region 1: fusion inputs (" in dumped
+
+
+def test_nothing_to_fuse_stays_eager() -> None:
+    """Views alone are free in eager and a lone matmul is an ATen call either way: no region."""
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x.t().reshape(-1, 2) @ w).t()
+
+    backend = PyfuserBackend()
+    x, w = torch.randn(4, 3), torch.randn(2, 5)
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x, w), fn(x, w))
+    graph = backend.graphs[0]
+    assert not graph.regions
+    assert any("nothing to fuse" in why or "region's edge" in why for why in graph.eager.values())
+
+
+def test_transposed_weights_are_read_in_place() -> None:
+    """``mm(x, w.t())`` is ``linear(x, w)``: the weight is read as it is laid out, never copied
+    transposed (also for a ``w`` the region computes)."""
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(torch.relu(x), w) * 2 + torch.nn.functional.linear(x, torch.sin(w))
+
+    backend = PyfuserBackend()
+    x, w = torch.randn(6, 4), torch.randn(5, 4)
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x, w), fn(x, w))
+    (region,) = backend.graphs[0].regions
+    definition = repr(region.fd)
+    assert "permute(" not in definition and definition.count("linear(") == 2
+
+
+def test_translation_failure_leaves_the_node_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lowering that raises, or one that computes another dtype than torch, costs a region
+    boundary and a reason, never an exception."""
+    def broken(ctx: object, x: object) -> object:
+        raise ValueError("no sine today")
+
+    def wrong_dtype(ctx: object, x: object) -> object:
+        return ctx.ops.cast(ctx.ops.cos(x), torch.float64)  # type: ignore[attr-defined]
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cos(torch.sin(x * 2) + 1) * 3
+
+    x = torch.randn(3, 4)
+    monkeypatch.setitem(LOWERINGS, aten.sin.default, Lowering(broken))
+    monkeypatch.setitem(LOWERINGS, aten.cos.default, Lowering(wrong_dtype))
+    backend = PyfuserBackend()
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x), fn(x))
+    eager = backend.graphs[0].eager
+    assert eager["sin"] == "translation failed: ValueError: no sine today"
+    assert eager["cos"] == "translation failed: translated to dtype torch.float64, but torch computes torch.float32"
+
+    def unforeseen(node: object) -> str | None:
+        raise IndexError("tuple index out of range")
+
+    torch._dynamo.reset()
+    monkeypatch.setitem(LOWERINGS, aten.sin.default, Lowering(lambda ctx, x: ctx.ops.sin(x), check=unforeseen))
+    backend = PyfuserBackend()
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x), fn(x))
+    assert backend.graphs[0].eager["sin"] == "its check failed: IndexError: tuple index out of range"
+
+
+def test_runtime_error_names_region_and_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(self: FusionExecutorCache, *args: object, **kwargs: object) -> object:
+        raise ValueError("input 0 (T0) axis 1: something is off with T1")
+
+    x = torch.randn(3, 4)
+    compiled = torch.compile(lambda x: torch.sin(x) * 2, backend=PyfuserBackend())
+    compiled(x)
+    monkeypatch.setattr(FusionExecutorCache, "run", fail)
+    with pytest.raises(ValueError, match=r"pyfuser region pyfuser_region_0 \(FX nodes: sin \(aten\.sin\.default\), "
+                                         r"mul \(aten\.mul\.Tensor\)\) failed: input 0 \(T0\) axis 1: something is "
+                                         r"off with T1 \[T0 is arg0_1 \(input\); T1 is sin \(aten\.sin\.default\)\]"):
+        compiled(x)
+
+
+def test_kernel_failure_falls_back_to_aten_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region whose generated kernels fail runs its ops as ATen calls, with a warning naming it."""
+    run = FusionExecutorCache.run
+
+    def kernels_fail(self: FusionExecutorCache, args: object, **kwargs: object) -> object:
+        if "kernel_codegen" not in kwargs.get("disable_options", ()):  # type: ignore[operator]
+            raise ValueError("T2 loop domain does not cover logical IDs")
+        return run(self, args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FusionExecutorCache, "run", kernels_fail)
+    compiled = torch.compile(lambda x: torch.sin(x) * 2, backend=PyfuserBackend(triton_interpreter=True))
+    x = torch.randn(3, 4)
+    with pytest.warns(KernelFallbackWarning, match=r"pyfuser region pyfuser_region_0 \(FX nodes: sin .*\) failed: T2 loop "
+                                                   r"domain does not cover logical IDs \[T2 is mul \(aten\.mul\.Tensor\)\]; "
+                                                   r"the region runs its ops as ATen calls from now on"):
+        torch.testing.assert_close(compiled(x), torch.sin(x) * 2)
+    torch.testing.assert_close(compiled(x), torch.sin(x) * 2)  # no second warning: the region stays on ATen
+
+
+def test_backend_options_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['cuda_graphs'\]; known: \['cuda_graph'"):
+        PyfuserBackend.from_options({"cuda_graphs": True})
+    with pytest.raises(ValueError, match=r"mode 'max-autotune' is not supported"):
+        PyfuserBackend.from_options({}, mode="max-autotune")
+    with pytest.raises(ValueError, match=r"_enable_options: unknown option\(s\) \['fast'\]"):
+        PyfuserBackend(enable_options=["fast"])
+    assert PyfuserBackend.from_options(None, mode="reduce-overhead").cuda_graph
+    assert PyfuserBackend(enable_options=["cuda_graph"]).cuda_graph
+    assert PyfuserBackend(triton_interpreter=True).enable_options == ("triton_interpreter",)
+
+
+def test_options_reach_the_backend() -> None:
+    x = torch.randn(3, 4)
+    compiled = torch.compile(lambda x: torch.exp(x) + 1, backend=pyfuser_backend,
+                             options={"triton_interpreter": True})
+    torch.testing.assert_close(compiled(x), torch.exp(x) + 1)
+
+
+def test_cuda_graph_option_is_plain_execution_on_cpu() -> None:
+    backend = PyfuserBackend(cuda_graph=True)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(torch.compile(lambda x: torch.exp(x) + 1, backend=backend)(x), torch.exp(x) + 1)
+    assert backend.graphs[0].regions[0].captures == 0
+
+
+def test_inference_graph_under_no_grad() -> None:
+    backend = PyfuserBackend()
+    x = torch.randn(3, 4, requires_grad=True)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(lambda x: x.sin() * 2, backend=backend)(x), x.sin() * 2)
+    assert [g.kind for g in backend.graphs] == ["inference"]
+
+
+def test_registered_as_a_dynamo_backend() -> None:
+    names = {e.name for e in importlib.metadata.entry_points(group="torch_dynamo_backends")}
+    if "pyfuser" not in names:
+        pytest.skip("pyfuser is not pip-installed with its torch_dynamo_backends entry point (scripts/dev.sh installs it)")
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(torch.compile(lambda x: torch.cos(x) * 2, backend="pyfuser")(x), torch.cos(x) * 2)
+    assert "pyfuser" in torch._dynamo.list_backends()

@@ -1,0 +1,88 @@
+"""The backend's ``cuda_graph`` option on a GPU: regions replayed from CUDA graphs give what plain
+regions give, parameters are read in place (an optimizer step needs no re-capture), and an
+uncapturable region falls back to plain execution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from pyfuser.integrations.torch_compile import PyfuserBackend
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(32)
+        self.up = torch.nn.Linear(32, 64)
+        self.down = torch.nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x)), approximate="tanh"))
+
+
+def steps(model: torch.nn.Module, run: torch.nn.Module, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Forward, backward and an SGD step per input; the losses and the final parameters."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x in inputs:
+        optimizer.zero_grad()
+        loss = run(x).square().mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return losses + [p.detach().clone() for p in model.parameters()]
+
+
+def test_training_steps_match_plain_regions() -> None:
+    torch.manual_seed(0)
+    inputs = [torch.randn(16, 32, device="cuda") for _ in range(4)]
+    plain_model = Mlp().cuda()
+    graph_model = Mlp().cuda()
+    graph_model.load_state_dict(plain_model.state_dict())
+    backend = PyfuserBackend(cuda_graph=True)
+    got = steps(graph_model, torch.compile(graph_model, backend=backend), inputs)
+    want = steps(plain_model, torch.compile(plain_model, backend=PyfuserBackend()), inputs)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    regions = [r for g in backend.graphs for r in g.regions]
+    assert regions and all(r.captures == 1 for r in regions)  # in-place parameter updates: no re-capture
+
+
+def test_new_size_captures_a_new_graph() -> None:
+    backend = PyfuserBackend(cuda_graph=True)
+    compiled = torch.compile(lambda x: torch.sigmoid(x) * x + 1, backend=backend, dynamic=True)
+    for rows in (8, 8, 24, 8):
+        x = torch.randn(rows, 16, device="cuda")
+        torch.testing.assert_close(compiled(x), torch.sigmoid(x) * x + 1)
+    (region,) = backend.graphs[0].regions
+    assert region.captures == 2 and region.fec.compile_count == 1
+
+
+def test_tiny_llama_with_cuda_graphs_matches_eager() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).cuda()
+    ids = torch.randint(0, 128, (2, 16), device="cuda")
+    compiled = torch.compile(model, backend=PyfuserBackend(cuda_graph=True))
+    for _ in range(2):
+        model.zero_grad()
+        out = compiled(ids, labels=ids, use_cache=False)
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref = model(ids, labels=ids, use_cache=False)
+    ref.loss.backward()
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")

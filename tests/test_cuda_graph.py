@@ -1,0 +1,96 @@
+"""``_enable_options=["cuda_graph"]``: a compiled program replayed from CUDA graphs returns what plain
+execution returns; one capture per input signature; static buffers refreshed per replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyfuser import FusionDefinition, ParallelType
+from pyfuser.runtime.cuda_graph import CudaGraphProgram, CudaGraphRunner, _StaticInput
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def define(stream_chunks: int = 0) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])  # no layout promise: permuted and expanded inputs run too
+        w = fd.define_tensor([-1, -1], contiguity=True)
+        s = fd.define_scalar(None, torch.float64)
+        y = fd.ops.linear(fd.ops.mul(fd.ops.sigmoid(x), s), w)
+        z = fd.ops.add(y, fd.ops.sum(y, [1], keepdim=True))
+        fd.add_output(z)
+        fd.add_output(fd.ops.exp(x))
+    if stream_chunks:
+        z.outer_split(0, stream_chunks)
+        z.axis(0).parallelize(ParallelType.stream)
+    return fd
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, s: float) -> list[torch.Tensor]:
+    y = torch.nn.functional.linear(torch.sigmoid(x) * s, w)
+    return [y + y.sum(1, keepdim=True), torch.exp(x)]
+
+
+def test_option_runs_plainly_on_cpu() -> None:
+    fd = define()
+    x, w = torch.randn(6, 4), torch.randn(5, 4)
+    for got, want in zip(fd.execute([x, w, 0.5], _enable_options=["cuda_graph"]), reference(x, w, 0.5), strict=True):
+        torch.testing.assert_close(got, want)
+    assert not isinstance(fd.fec.last_program, CudaGraphProgram)
+
+
+def test_static_input_buffer_of_an_expanded_tensor() -> None:
+    """A stride-0 input is copied as the span it addresses and viewed with its own strides."""
+    example = torch.randn(3, 1).expand(3, 4)
+    buffer = _StaticInput(example)
+    other = torch.randn(3, 1).expand(3, 4)
+    buffer.flat.copy_(buffer.source(other))
+    assert buffer.view.stride() == other.stride()
+    torch.testing.assert_close(buffer.view, other)
+
+
+def test_graph_key_reads_static_addresses_and_scalar_values() -> None:
+    runner = CudaGraphRunner(lambda args: [], static_inputs=[0])
+    a, b = torch.randn(2, 2), torch.randn(2, 2)
+    assert runner.key([a, 1.0]) != runner.key([a, 2.0])  # a scalar is baked into the kernels
+    assert runner.key([torch.tensor(1.0), 1.0]) != runner.key([torch.tensor(2.0), 1.0])  # so is a CPU scalar tensor
+    assert runner.key([a, 1.0])[1:] == runner.key([b, 1.0])[1:]
+
+
+@cuda
+@pytest.mark.parametrize("stream_chunks", [0, 3], ids=["plain", "stream_loop"])
+def test_replay_matches_plain_execution(stream_chunks: int) -> None:
+    fd = define(stream_chunks)
+    w = torch.randn(16, 8, device="cuda")
+    first_x = torch.randn(12, 8, device="cuda")
+    first = fd.execute([first_x, w, 0.5], _enable_options=["cuda_graph"])
+    program = fd.fec.last_program
+    assert isinstance(program, CudaGraphProgram) and program.captures == 1
+    for scale in (0.5, 0.5, 2.0):
+        x = torch.randn(12, 8, device="cuda")
+        got = fd.execute([x, w, scale], _enable_options=["cuda_graph"])
+        for g, want in zip(got, reference(x, w, scale), strict=True):
+            torch.testing.assert_close(g, want)
+    assert program.captures == 2  # the new scalar value, nothing else
+    for g, want in zip(first, reference(first_x, w, 0.5), strict=True):  # earlier results are the caller's
+        torch.testing.assert_close(g, want)
+    x = torch.randn(20, 8, device="cuda")  # a new size: a new signature, a new graph
+    for g, want in zip(fd.execute([x, w, 0.5], _enable_options=["cuda_graph"]), reference(x, w, 0.5), strict=True):
+        torch.testing.assert_close(g, want)
+    assert fd.fec.compile_count == 1
+
+
+@cuda
+def test_replay_of_permuted_and_expanded_inputs() -> None:
+    fd = define()
+    w = torch.randn(16, 8, device="cuda")
+    for _ in range(2):
+        x = torch.randn(8, 12, device="cuda").t()
+        got = fd.execute([x, w, 1.5], _enable_options=["cuda_graph"])
+        for g, want in zip(got, reference(x, w, 1.5), strict=True):
+            torch.testing.assert_close(g, want)
+        x = torch.randn(12, 1, device="cuda").expand(12, 8)
+        got = fd.execute([x, w, 1.5], _enable_options=["cuda_graph"])
+        for g, want in zip(got, reference(x, w, 1.5), strict=True):
+            torch.testing.assert_close(g, want)
