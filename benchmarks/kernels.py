@@ -7,7 +7,7 @@ Also measured: the first call of a new fusion (compile included) and the host ti
 hand-edited heuristics through ``schedule.compute_heuristics`` + ``fd.manual_execute`` (to tune the
 defaults). Writes JSON and Markdown to ``--out`` (default: benchmarks/results).
 
-    python benchmarks/kernels.py [--sweep] [--out DIR]
+    python benchmarks/kernels.py [--sweep] [--cases all|pointwise|normalization] [--out DIR]
 """
 
 from __future__ import annotations
@@ -76,6 +76,115 @@ def _casts(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
     fd.add_output(fd.ops.cast(z, DataType.BFloat16))
 
 
+def _layernorm(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
+    x, w, b = (fd.from_pytorch(t) for t in inputs)
+    xf = fd.ops.cast(x, DataType.Float)
+    var, mean = fd.ops.var_mean(xf, [1], correction=0, keepdim=True)
+    y = fd.ops.mul(fd.ops.sub(xf, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+    y = fd.ops.add(fd.ops.mul(y, fd.ops.broadcast(fd.ops.cast(w, DataType.Float), [True, False])),
+                   fd.ops.broadcast(fd.ops.cast(b, DataType.Float), [True, False]))
+    fd.add_output(fd.ops.cast(y, DataType.BFloat16))
+
+
+def _rmsnorm(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
+    x, w = (fd.from_pytorch(t) for t in inputs)
+    xf = fd.ops.cast(x, DataType.Float)
+    ms = fd.ops.mean(fd.ops.mul(xf, xf), [1], keepdim=True)
+    y = fd.ops.mul(fd.ops.mul(xf, fd.ops.rsqrt(fd.ops.add(ms, 1e-6))),
+                   fd.ops.broadcast(fd.ops.cast(w, DataType.Float), [True, False]))
+    fd.add_output(fd.ops.cast(y, DataType.BFloat16))
+
+
+def _softmax(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
+    x = fd.ops.cast(fd.from_pytorch(inputs[0]), DataType.Float)
+    m = fd.ops.max(x, [1], keepdim=True)
+    e = fd.ops.exp(fd.ops.sub(x, m))
+    fd.add_output(fd.ops.cast(fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True)), DataType.BFloat16))
+
+
+def _seed003(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
+    t0 = fd.from_pytorch(inputs[0])
+    t2 = fd.ops.sum(fd.ops.squeeze(t0, [0]), [1])
+    t4 = fd.ops.add(t0, fd.ops.broadcast(t2, [True, False, True]))
+    fd.add_output(t4)
+    fd.add_output(fd.ops.sum(fd.ops.squeeze(t4, [0]), [0]))
+
+
+def _layernorm_backward(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
+    dy, x, mean, rstd, w = (fd.from_pytorch(t) for t in inputs)
+    dyf, xf, wf = (fd.ops.cast(t, DataType.Float) for t in (dy, x, w))
+    n = float(inputs[1].shape[1])
+    xhat = fd.ops.mul(fd.ops.sub(xf, mean), rstd)
+    g = fd.ops.mul(dyf, fd.ops.broadcast(wf, [True, False]))
+    a = fd.ops.sum(g, [1], keepdim=True)
+    c = fd.ops.sum(fd.ops.mul(g, xhat), [1], keepdim=True)
+    dx = fd.ops.mul(rstd, fd.ops.sub(fd.ops.sub(g, fd.ops.div(a, n)), fd.ops.mul(xhat, fd.ops.div(c, n))))
+    fd.add_output(fd.ops.cast(dx, DataType.BFloat16))
+    fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.mul(dyf, xhat), [0]), DataType.BFloat16))
+    fd.add_output(fd.ops.cast(fd.ops.sum(dyf, [0]), DataType.BFloat16))
+
+
+def _rmsnorm_backward(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
+    dy, x, rstd, w = (fd.from_pytorch(t) for t in inputs)
+    dyf, xf, wf = (fd.ops.cast(t, DataType.Float) for t in (dy, x, w))
+    n = float(inputs[1].shape[1])
+    g = fd.ops.mul(dyf, fd.ops.broadcast(wf, [True, False]))
+    c = fd.ops.sum(fd.ops.mul(g, xf), [1], keepdim=True)
+    r3 = fd.ops.mul(fd.ops.mul(rstd, rstd), rstd)
+    dx = fd.ops.sub(fd.ops.mul(g, rstd), fd.ops.mul(xf, fd.ops.mul(r3, fd.ops.div(c, n))))
+    fd.add_output(fd.ops.cast(dx, DataType.BFloat16))
+    fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.mul(dyf, fd.ops.mul(xf, rstd)), [0]), DataType.BFloat16))
+
+
+def _eager_layernorm_backward(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                              w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.ops.aten.native_layer_norm_backward(dy, x, [x.shape[1]], mean, rstd, w, w,
+                                                           [True, True, True]))
+
+
+def _eager_rmsnorm_backward(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
+                            w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    dyf, xf, wf = dy.float(), x.float(), w.float()
+    g = dyf * wf
+    c = (g * xf).sum(1, keepdim=True)
+    dx = g * rstd - xf * (rstd ** 3) * c / x.shape[1]
+    return dx.to(dy.dtype), (dyf * xf * rstd).sum(0).to(dy.dtype)
+
+
+def normalization_cases(dev: str) -> list[Case]:
+    bf = torch.bfloat16
+    m, n = 16384, 8192
+    x = torch.randn(m, n, device=dev, dtype=bf)
+    w, b = torch.randn(n, device=dev, dtype=bf), torch.randn(n, device=dev, dtype=bf)
+    small = torch.randn(8192, 1024, device=dev, dtype=bf)
+    ws, bs = torch.randn(1024, device=dev, dtype=bf), torch.randn(1024, device=dev, dtype=bf)
+    seed = torch.randn(4096, 1, 4096, device=dev).permute(1, 0, 2)
+    dy = torch.randn(m, n, device=dev, dtype=bf)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [n], w, b, 1e-5)  # statistics as eager saves them
+    xf = x.float()
+    rms = torch.rsqrt((xf * xf).mean(1, keepdim=True) + 1e-6)
+    del xf
+    return [
+        Case("layernorm_bf16_16384x8192", lambda x, w, b: F.layer_norm(x, (n,), w, b), _layernorm, [x, w, b],
+             2 * x.numel() * 2, SchedulerType.inner_persistent),
+        Case("layernorm_bf16_8192x1024", lambda x, w, b: F.layer_norm(x, (1024,), w, b), _layernorm,
+             [small, ws, bs], 2 * small.numel() * 2, SchedulerType.inner_persistent),
+        Case("rmsnorm_bf16_16384x8192",
+             lambda x, w: (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(bf),
+             _rmsnorm, [x, w], 2 * x.numel() * 2, SchedulerType.inner_persistent),
+        Case("softmax_bf16_16384x8192", lambda x: torch.softmax(x.float(), -1).to(bf), _softmax, [x],
+             2 * x.numel() * 2, SchedulerType.inner_persistent),
+        Case("seed003_f32_1x4096x4096_permuted",
+             lambda t0: (t0 + t0.squeeze(0).sum(-1)[None, :, None],
+                         (t0 + t0.squeeze(0).sum(-1)[None, :, None]).squeeze(0).sum(0)),
+             _seed003, [seed], 2 * seed.numel() * 4 + 4096 * 4, SchedulerType.inner_outer_persistent),
+        Case("layernorm_backward_bf16_16384x8192", _eager_layernorm_backward, _layernorm_backward,
+             [dy, x, mean, rstd, w], 3 * x.numel() * 2 + 2 * m * 4, SchedulerType.inner_outer_persistent),
+        Case("rmsnorm_backward_bf16_16384x8192", _eager_rmsnorm_backward, _rmsnorm_backward, [dy, x, rms, w],
+             3 * x.numel() * 2 + m * 4, SchedulerType.inner_outer_persistent),
+    ]
+
+
 def cases(dev: str) -> list[Case]:
     bf = torch.bfloat16
     m, n = 16384, 8192
@@ -109,10 +218,14 @@ def run_case(case: Case, sweep: bool) -> dict[str, Any]:
     with FusionDefinition() as fd:
         case.define(fd, case.inputs)
     start = time.perf_counter()
-    (out,) = fd.execute(case.inputs)
+    outs = fd.execute(case.inputs)
     torch.cuda.synchronize()
     first_call_s = time.perf_counter() - start
-    torch.testing.assert_close(out.float(), eager_out.float(), atol=2e-2, rtol=2e-2)
+    expected = eager_out if isinstance(eager_out, tuple) else (eager_out,)
+    for got, ref in zip(outs, expected, strict=True):
+        # Sums over 16384 rows in bf16 differ by the order of additions: compare relative to the scale.
+        scale = max(1.0, float(ref.float().abs().max()))
+        torch.testing.assert_close(got.float(), ref.float(), atol=3e-2 * scale, rtol=3e-2)
     pyfuser_ms = bench(lambda: fd.execute(case.inputs))
     row: dict[str, Any] = {
         "case": case.name, "bytes": case.nbytes, "eager_ms": eager_ms, "inductor_ms": inductor_ms,
@@ -127,6 +240,12 @@ def run_case(case: Case, sweep: bool) -> dict[str, Any]:
 
 
 def _variants(case: Case, params: Any) -> list[Any]:
+    if case.scheduler in (SchedulerType.inner_persistent, SchedulerType.reduction):
+        tiles = [dataclasses.replace(params, shape="tile", rows=r, num_warps=w) for r in (1, 2, 4) for w in (4, 8, 16)]
+        loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w) for t in (2048, 4096) for w in (4, 8)]
+        return tiles + loops
+    if case.scheduler is SchedulerType.inner_outer_persistent:
+        return [dataclasses.replace(params, split=g, num_warps=w) for g in (132, 264, 528) for w in (4, 8, 16)]
     if case.scheduler is SchedulerType.transpose:
         return [dataclasses.replace(params, tile_in=t, tile_out=t, num_warps=w) for t in (32, 64) for w in (4, 8)]
     if params.break_point:
@@ -209,20 +328,26 @@ def markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--cases", choices=["all", "pointwise", "normalization"], default="all")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                               "torch": torch.__version__, "copy_GBps": copy_bandwidth(dev), "cases": []}
-    for case in cases(dev):
+    chosen = cases(dev) if args.cases in ("all", "pointwise") else []
+    if args.cases in ("all", "normalization"):
+        chosen += normalization_cases(dev)
+    for case in chosen:
         row = run_case(case, args.sweep)
         print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
+        for r in row.get("sweep", [])[:4]:
+            print("   sweep", json.dumps(r), flush=True)
         result["cases"].append(row)
     result["host"] = host_overhead(dev)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"kernels_{result['date']}"
+    stem = f"kernels_{args.cases}_{result['date']}"
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     (out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result))

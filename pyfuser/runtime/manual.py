@@ -23,6 +23,8 @@ from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.layout import contiguity_of_strides, memory_order
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime.inputs import InputBinder
+from pyfuser.scheduler.reduction import schedule_final_step
+from pyfuser.scheduler.registry import Machine
 from pyfuser.scheduler.tools import parallelize_like, transform_like
 
 Layout = tuple[tuple[int, ...], list[bool | None]]
@@ -39,7 +41,7 @@ def _reference(fusion: Fusion, name: int | None) -> TensorView:
     if not outputs:
         raise ValueError("the fusion has no tensor outputs; call fd.add_output(tv) first")
     if name is not None:
-        return next(o for o in outputs if o.name == name)
+        return next(tv for tv in fusion.tensors() if tv.name == name)  # a reduction may lead the nest
     return next((o for o in outputs if _scheduled(o)), outputs[0])
 
 
@@ -84,7 +86,11 @@ class ManualKernels:
                 layouts[tv.name] = (order, contiguity_of_strides(a.shape, a.stride(), order, [s == 1 for s in a.shape]))
         target = "cuda" if device.type == "cuda" else "interpreter"
         copy, ref, layouts = _prepared(self.fusion, reference, layouts)
-        return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps)
+        # A schedule from a scheduler (its params name the reference) gets the scheduler's final step
+        # for a grid reduction; a hand-written one keeps its own.
+        machine = Machine.of(device)
+        finish = (lambda f: schedule_final_step(f, machine)) if reference is not None else None
+        return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps, finish)
 
 
 def _prepared(fusion: Fusion, reference: int | None, input_layouts: dict[int, Layout] | None,
