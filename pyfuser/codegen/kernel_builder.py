@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pyfuser.codegen.code_writer import CodeWriter
 from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
-from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, next_power_of_2, prelude
+from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, next_power_of_2, prelude
 from pyfuser.codegen.values import ValueLowering
 from pyfuser.ir.base import Scalar
 from pyfuser.ir.fusion import Fusion
@@ -74,6 +74,7 @@ class KernelBuilder(ValueLowering):
         self.fusion = fusion
         self.name = name
         self.target = target
+        self.range = loop_range(target)
         self.layouts = layouts
         self.exprs = fusion.exprs()
         self.tensors = fusion.tensors()
@@ -410,7 +411,7 @@ class KernelBuilder(ValueLowering):
         for loop in loops:
             if loop.kind == "serial" and not loop.id.is_reduction and self.exact.class_of(loop.id) not in reduced:
                 loop.index = code.fresh("i")
-                code.open(f"for {loop.index} in _range({int_expr(loop.extent)}):")
+                code.open(f"for {loop.index} in {self.range}({int_expr(loop.extent)}):")
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
         # Reductions whose iteration axes the nest indexes here are computed up front; one nested in
         # another's loop (a row's reduction inside a reduction across rows) where its value is read.
@@ -464,7 +465,7 @@ class KernelBuilder(ValueLowering):
                 raise KernelError(f"{tv.short_name} axis {pos} ({i}) is parallelized on {i.parallel_type.name} but "
                                   f"the kernel's reference {self.reference.short_name} has no such loop")
             index = self.code.fresh("i")
-            self.code.open(f"for {index} in _range({int_expr(self.extent(i))}):")
+            self.code.open(f"for {index} in {self.range}({int_expr(self.extent(i))}):")
             self.code.bind_loop(id(i), self.exact.class_of(i), index)
             opened += 1
         return opened

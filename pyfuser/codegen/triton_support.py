@@ -137,7 +137,6 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 _jit = triton.jit
-_range = range
 
 
 @_jit
@@ -184,6 +183,11 @@ def _pow(a, b):
     result = tl.where(a < 0, negative, tl.where(a == 0, zero, magnitude))
     return tl.where(b == 0, 1.0, result)
 ''' + _PRELUDE_COMMON
+
+
+def loop_range(target: str) -> str:
+    """The loop iterator of a serial loop: Triton's ``range``, or the interpreter's helper."""
+    return "range" if target == "cuda" else "_range"
 
 
 def prelude(target: str) -> str:
