@@ -241,11 +241,12 @@ def run_case(case: Case, sweep: bool) -> dict[str, Any]:
 
 def _variants(case: Case, params: Any) -> list[Any]:
     if case.scheduler in (SchedulerType.inner_persistent, SchedulerType.reduction):
-        tiles = [dataclasses.replace(params, shape="tile", rows=r, num_warps=w) for r in (1, 2, 4) for w in (4, 8, 16)]
-        loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w) for t in (2048, 4096) for w in (4, 8)]
+        tiles = [dataclasses.replace(params, shape="tile", rows=r, num_warps=w) for r in (1, 2) for w in (4, 8, 16)]
+        loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w) for t in (2048, 4096) for w in (8,)]
         return tiles + loops
     if case.scheduler is SchedulerType.inner_outer_persistent:
-        return [dataclasses.replace(params, split=g, num_warps=w) for g in (132, 264, 528) for w in (4, 8, 16)]
+        return [dataclasses.replace(params, split=g, rows=r, num_warps=w) for g in (132, 264, 528)
+                for r in (1, 2) for w in (8, 16)]
     if case.scheduler is SchedulerType.transpose:
         return [dataclasses.replace(params, tile_in=t, tile_out=t, num_warps=w) for t in (32, 64) for w in (4, 8)]
     if params.break_point:

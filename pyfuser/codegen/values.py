@@ -19,6 +19,7 @@ from pyfuser.codegen.kernel_source import KernelError
 from pyfuser.codegen.triton_support import compute_dtype, int_expr, literal, triton_dtype
 from pyfuser.ir.base import Expr, Scalar, Val
 from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import (
     BinaryOp,
     BinaryOpType,
@@ -203,7 +204,11 @@ class ValueLowering:
         acc_ty = triton_dtype(acc_dtype)
         shape = f"[{', '.join(self.tile_shape)}]"
         welford = isinstance(expr, VarMeanOp)
-        names = [code.fresh("acc") for _ in range(3 if welford else 1)]
+        # var_mean over tile axes only (the row on chip): two exact passes over registers, mean then
+        # squared deviations; Welford's update is for rows read in a loop.
+        on_chip = welford and not any(i.is_reduction and i.parallel_type is ParallelType.serial
+                                      for i in out.get_loop_domain())
+        names = [code.fresh("acc") for _ in range(2 if on_chip else 3 if welford else 1)]
         kind = None if welford else expr.kind
         identity = 0 if welford else _identity(expr.kind, acc_dtype)
         for name in names:
@@ -217,7 +222,11 @@ class ValueLowering:
         value = self.convert(self.value(producer, self.producer_indices(expr, producer, indices)), producer.dtype,
                              acc_dtype)
         mask = code.mask(frozenset(range(len(self.tile_shape))), uses=value)
-        if welford:
+        if on_chip:
+            values, valid = names
+            code.emit(f"{values} = tl.where({mask}, {value}, 0.0)" if mask else f"{values} = {value}")
+            code.emit(f"{valid} = tl.where({mask}, 1.0, 0.0)" if mask else f"{valid} = {valid} + 1.0")
+        elif welford:
             mean, m2, count = names
             valid = mask or "True"
             code.emit(f"{count} = {count} + tl.where({valid}, 1.0, 0.0)")
@@ -238,7 +247,25 @@ class ValueLowering:
                                          if i.is_reduction} - {None})  # type: ignore[type-var]
         if axes and len(axes) == len(self.tile_shape):
             axes = [None]  # every tile axis is reduced: one reduction to a scalar (stores take scalars)
-        if welford:
+        if on_chip:
+            values, valid = names
+            total = code.assign("s", values, cse=False)
+            for axis in axes:
+                keep = ", keep_dims=True" if axis is not None else ""
+                code.emit(f"{total} = tl.reduce({total}, {axis}, _add{keep})")
+            count = " * ".join(int_expr(self.extent(i)) for i in out.get_logical_domain() if i.is_reduction) or "1"
+            mean = code.assign("v", f"{total} / ({count})", cse=False)
+            m2 = code.assign("d", f"({values} - {mean}) * {valid}", cse=False)
+            code.emit(f"{m2} = {m2} * {m2}")
+            for axis in axes:
+                keep = ", keep_dims=True" if axis is not None else ""
+                code.emit(f"{m2} = tl.reduce({m2}, {axis}, _add{keep})")
+            correction = expr.correction
+            var = code.assign("v", f"{m2} / (({count}) - {correction})" if correction else f"{m2} / ({count})",
+                              cse=False)
+            results = [self.convert(var, DataType.Float, compute_dtype(expr.outputs[0].dtype)),
+                       self.convert(mean, DataType.Float, compute_dtype(expr.outputs[1].dtype))]
+        elif welford:
             mean, m2, count = names
             for axis in axes:
                 keep = ", keep_dims=True" if axis is not None else ""

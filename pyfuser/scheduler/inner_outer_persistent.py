@@ -65,11 +65,15 @@ def schedule(fusion: Fusion, params: ReductionParams) -> None:
     flatten(ref, analysis, reduced_first=True)  # [rows (reduced here), row]
     ref.split(0, params.split, inner_split=False)  # [G, rows/G, row]
     ref.axis(0).parallelize(ParallelType.grid_x)
+    if params.rows > 1:  # several rows per step: [G, rows/G/R, R (block_y), row]
+        ref.split(1, params.rows)
+        ref.axis(2).parallelize(ParallelType.block_y)
+    row = len(ref.get_loop_domain()) - 1
     if params.shape == "loop":
-        ref.split(2, params.tile)  # [G, rows/G, row/T, T]
-        ref.axis(3).parallelize(ParallelType.block_x)
+        ref.split(row, params.tile)  # [..., row/T, T]
+        ref.axis(row + 1).parallelize(ParallelType.block_x)
     else:
-        ref.axis(2).parallelize(ParallelType.block_x)
+        ref.axis(row).parallelize(ParallelType.block_x)
     propagate(fusion, ref, caches)
 
 

@@ -27,7 +27,7 @@ import torch
 from pyfuser.codegen.triton_support import next_power_of_2
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType
-from pyfuser.ir.symbolic import SymExpr
+from pyfuser.ir.symbolic import SymExpr, SymVar
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.cache import cache_inputs, derive_allocation_from_loop
 from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
@@ -63,8 +63,8 @@ class ReductionParams:
                   "outer": f"kept tile: {self.tile}, reduced tile: {self.tile_reduced or 'whole extent'}"}
         if self.scheduler_type is SchedulerType.inner_outer_persistent:
             fields = {"tile": "row as one tile", "loop": f"row in steps of {self.tile}"}
-            fields = {k: f"{v}; {self.split} programs, each a block of rows (partials finished by a second launch)"
-                      for k, v in fields.items()}
+            fields = {k: f"{v}; {self.split} programs, each a block of rows, {self.rows} at a time (partials "
+                         "finished by a second launch)" for k, v in fields.items()}
         return (f"===== Reduction Parameters ========\nscheduler: {self.scheduler_type.name}\nreference: "
                 f"T{self.reference}\nshape: {self.shape}\n{fields[self.shape]}\nnum_warps: {self.num_warps}\n"
                 "====================================\n")
@@ -86,9 +86,8 @@ def size_hints(fusion: FusionLike, analysis: ReductionAnalysis, inputs: Sequence
     for tv, value in zip(fusion.inputs(), inputs, strict=False):
         if isinstance(tv, TensorView) and isinstance(value, torch.Tensor):
             for i, size in zip(tv.get_logical_domain(no_reductions=True), value.shape, strict=False):
-                symbol = getattr(i.extent, "symbol", None)
-                if symbol is not None:
-                    env[symbol] = int(size)
+                if isinstance(i.extent, SymVar):
+                    env[i.extent.name] = int(size)
     reduced, kept = analysis.extents()
     return SizeHints(_evaluate(reduced, env), _evaluate(kept, env), machine)
 
