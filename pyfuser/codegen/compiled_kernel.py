@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from pyfuser.codegen.kernel_source import KernelSource
-from pyfuser.codegen.launcher import launcher_source
+from pyfuser.codegen.launcher import DirectLaunches, launcher_source
 from pyfuser.ir.eval_context import EvalContext
 
 _LOADED: dict[str, Any] = {}
@@ -69,8 +69,9 @@ class CompiledKernel:
         self.output_perms = source.output_perms
         fn = _load(source)
         self._interpreted = "InterpretedFunction" in source.source
-        host, namespace = launcher_source(source, num_warps)
+        host, namespace = launcher_source(source, num_warps, direct=not self._interpreted)
         namespace["fn"] = fn
+        namespace["launches"] = DirectLaunches(fn, num_warps)
         exec(compile(host, f"<launcher of {source.name}>", "exec"), namespace)
         self.launcher_code = host
         #: the scheduled fusion the kernel was generated from (set by the runtime, for inspection)

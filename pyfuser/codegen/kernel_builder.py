@@ -68,13 +68,15 @@ class Indices:
 
 class KernelBuilder(ValueLowering):
     def __init__(self, fusion: Fusion, name: str, target: str, layouts: Layouts,
-                 reference: TensorView | None = None) -> None:
+                 reference: TensorView | None = None, loop_stages: int = 0) -> None:
         """``layouts``: per tensor name, (allocation order of its non-reduction logical dims, nvFuser
         contiguity flags in that order) that hold for every tensor the kernel will be given."""
         self.fusion = fusion
         self.name = name
         self.target = target
+        # Serial loops software-pipelined by Triton (loads of the next steps issued early) when > 1.
         self.range = loop_range(target)
+        self.loop_stages = loop_stages if target == "cuda" else 0
         self.layouts = layouts
         self.exprs = fusion.exprs()
         self.tensors = fusion.tensors()
@@ -411,7 +413,7 @@ class KernelBuilder(ValueLowering):
         for loop in loops:
             if loop.kind == "serial" and not loop.id.is_reduction and self.exact.class_of(loop.id) not in reduced:
                 loop.index = code.fresh("i")
-                code.open(f"for {loop.index} in {self.range}({int_expr(loop.extent)}):")
+                code.open(f"for {loop.index} in {self._loop(int_expr(loop.extent))}:")
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
         # Reductions whose iteration axes the nest indexes here are computed up front; one nested in
         # another's loop (a row's reduction inside a reduction across rows) where its value is read.
@@ -422,6 +424,11 @@ class KernelBuilder(ValueLowering):
             if id(tv) not in self._stored:
                 self._store(tv, position)
         return self._source(loops)
+
+    def _loop(self, extent: str) -> str:
+        if self.loop_stages > 1:
+            return f"tl.range({extent}, num_stages={self.loop_stages})"
+        return f"{self.range}({extent})"
 
     def _indexed_here(self, tv: TensorView) -> bool:
         """Whether every iterating loop ID of ``tv`` has a loop index in the current scope."""
@@ -465,7 +472,7 @@ class KernelBuilder(ValueLowering):
                 raise KernelError(f"{tv.short_name} axis {pos} ({i}) is parallelized on {i.parallel_type.name} but "
                                   f"the kernel's reference {self.reference.short_name} has no such loop")
             index = self.code.fresh("i")
-            self.code.open(f"for {index} in {self.range}({int_expr(self.extent(i))}):")
+            self.code.open(f"for {index} in {self._loop(int_expr(self.extent(i)))}:")
             self.code.bind_loop(id(i), self.exact.class_of(i), index)
             opened += 1
         return opened

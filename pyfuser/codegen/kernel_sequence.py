@@ -51,11 +51,11 @@ class KernelSequence:
 
 
 def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
-                  finish: FinishStep | None = None) -> list[tuple[Fusion, KernelSource]]:
+                  finish: FinishStep | None = None, loop_stages: int = 0) -> list[tuple[Fusion, KernelSource]]:
     """The kernels of scheduled ``fusion``, in launch order, with the fusion each one computes."""
     parts = split_at_grid_reductions(fusion, reference, finish)
     if len(parts) == 1:
-        return [(fusion, KernelBuilder(fusion, name, target, layouts, reference).build())]
+        return [(fusion, KernelBuilder(fusion, name, target, layouts, reference, loop_stages).build())]
     result = []
     for k, part in enumerate(parts):
         part_layouts = dict(layouts)
@@ -64,15 +64,17 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, refe
                 dims = tv.get_logical_domain(no_reductions=True)
                 part_layouts[tv.name] = (tuple(range(len(dims))), [None if i.is_broadcast else True for i in dims])
         kind = "final" if k == len(parts) - 1 else f"partial{k}"
+        stages = loop_stages if k == 0 else 0  # the final step is small
         result.append((part.fusion, KernelBuilder(part.fusion, f"{name}_{kind}", target, part_layouts,
-                                                  part.reference).build()))
+                                                  part.reference, stages).build()))
     return result
 
 
 def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
-                   num_warps: int = 4, finish: FinishStep | None = None) -> CompiledKernel | KernelSequence:
+                   num_warps: int = 4, finish: FinishStep | None = None, loop_stages: int = 0,
+                   ) -> CompiledKernel | KernelSequence:
     """Build and compile the kernel(s) of scheduled ``fusion``."""
-    built = build_sources(fusion, name, target, layouts, reference, finish)
+    built = build_sources(fusion, name, target, layouts, reference, finish, loop_stages)
     if len(built) == 1:
         return CompiledKernel(built[0][1], num_warps)
     slot_of = {_key(v): k for k, v in enumerate(fusion.inputs())}

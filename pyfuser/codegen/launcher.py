@@ -29,9 +29,56 @@ def _unknown_output_size(name: str, tensor: str, dim: int) -> ValueError:
                       "buffer")
 
 
-def launcher_source(s: KernelSource, num_warps: int) -> tuple[str, dict[str, Any]]:
+class DirectLaunches:
+    """Compiled kernels by argument specialization, launched without Triton's per-call dispatch.
+
+    Triton's ``JITFunction`` recomputes which arguments are 1, multiples of 16 or 16-byte aligned
+    on every call to find the compiled variant; the launcher knows which arguments are tensors and
+    which are integers and keys the variants on the same properties itself, then calls the
+    compiled kernel's runner directly (what Inductor's wrappers do). The first launch of a variant
+    goes through Triton, which compiles it and returns it.
+    """
+
+    def __init__(self, fn: Any, num_warps: int) -> None:
+        self.fn = fn
+        self.num_warps = num_warps
+        self.variants: dict[tuple[Any, ...], Any] = {}
+        self.direct = True
+
+    def launch(self, key: tuple[Any, ...], grid: tuple[int, ...], params: list[Any]) -> None:
+        kernel = self.variants.get(key) if self.direct else None
+        if kernel is not None:
+            kernel[grid](*params)
+            return
+        compiled = self.fn[grid](*params, num_warps=self.num_warps)
+        if self.direct and callable(getattr(compiled, "__getitem__", None)) and hasattr(compiled, "run"):
+            self.variants[key] = compiled
+        else:  # a Triton without a compiled kernel's runner: always dispatch through it
+            self.direct = False
+
+
+def _specialization(names: list[str], kinds: list[str]) -> str:
+    """The key expression of an argument list: alignment of tensors, 1 / multiple of 16 / 64-bit of
+    integers (Triton's specializations), the value of tile sizes, the type of scalars."""
+    parts = []
+    for name, kind in zip(names, kinds, strict=True):
+        if kind == "tensor":
+            parts.append(f"{name}.data_ptr() % 16 == 0")
+        elif kind == "int":
+            parts.append(f"{name} == 1, {name} % 16 == 0, {name} > 2147483647")
+        elif kind == "tile":
+            parts.append(name)
+        else:
+            parts.append(f"type({name}), {name} == 1 if type({name}) is int else 0, "
+                         f"{name} % 16 == 0 if type({name}) is int else 0, "
+                         f"abs({name}) > 2147483647 if type({name}) is int else 0")
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tuple[str, dict[str, Any]]:
     """Python source of ``prepare(ctx, args, out) -> (outputs, grid, params)`` and ``run(ctx, *args,
-    out=None)`` for kernel ``s``, and the globals they need (``fn``: the jitted kernel, set by the caller)."""
+    out=None)`` for kernel ``s``, and the globals they need (``fn``: the jitted kernel, set by the caller;
+    ``launches``: a ``DirectLaunches`` of it when ``direct``, which launches compiled variants itself)."""
     env: dict[str, Any] = {"torch": torch, "_size_error": _size_error, "_constant_error": _constant_error,
                            "_unknown": _unknown_output_size, "names": s.tensor_names}
     n_in = len(s.tensor_inputs)
@@ -94,8 +141,14 @@ def launcher_source(s: KernelSource, num_warps: int) -> tuple[str, dict[str, Any
     env["_dense"] = dense_strides
     env["_next_pow2"] = next_power_of_2
     prepare = [*body, f"if {empty}:", f"    return [{outputs}], None, []", f"return [{outputs}], ({grid}), [{params}]"]
-    run = [*body, f"if {empty}:", f"    return [{outputs}]", f"fn[({grid})]({params}, num_warps={num_warps})",
-           f"return [{outputs}]"]
+    if direct:
+        names = [*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles]
+        kinds = [*(["tensor"] * len(tensors)), *(["int"] * (len(strides) + len(s.sizes))),
+                 *(["scalar"] * len(scalars)), *(["tile"] * len(tiles))]
+        call = f"launches.launch({_specialization(names, kinds)}, ({grid}), [{params}])"
+    else:
+        call = f"fn[({grid})]({params}, num_warps={num_warps})"
+    run = [*body, f"if {empty}:", f"    return [{outputs}]", call, f"return [{outputs}]"]
     source = ("def prepare(ctx, args, out):\n" + "\n".join("    " + line for line in prepare) + "\n\n\n"
               "def run(ctx, *args, out=None):\n" + "\n".join("    " + line for line in run) + "\n")
     return source, env

@@ -233,7 +233,8 @@ class FusionDefinition:
         self._last_was_manual = True
         if heuristic_params is None:
             return self._manual.run(_flatten(inputs))
-        return self._manual.run(_flatten(inputs), heuristic_params.reference, heuristic_params.num_warps)
+        return self._manual.run(_flatten(inputs), heuristic_params.reference, heuristic_params.num_warps,
+                                getattr(heuristic_params, "num_stages", 0))
 
     def manual_validate(self, inputs: Sequence[Any], reference_outputs: Sequence[torch.Tensor] | None = None,
                         ) -> list[torch.Tensor]:

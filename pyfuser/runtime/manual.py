@@ -55,7 +55,8 @@ class ManualKernels:
         self._binder: InputBinder | None = None
         self.last: CompiledKernel | KernelSequence | None = None
 
-    def run(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4) -> list[torch.Tensor]:
+    def run(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4,
+            loop_stages: int = 0) -> list[torch.Tensor]:
         if self._version != self.fusion.version:
             self._kernels.clear()
             self._binder = InputBinder(self.fusion.inputs())
@@ -68,17 +69,17 @@ class ManualKernels:
         key = (tuple((a.dtype, tuple(memory_order(a.shape, a.stride())), tuple(s == 1 for s in a.shape),
                       tuple(contiguity_of_strides(a.shape, a.stride(), memory_order(a.shape, a.stride()),
                                                   [s == 1 for s in a.shape])))
-                     if isinstance(a, torch.Tensor) else type(a) for a in args), device.type, reference, num_warps)
+                     if isinstance(a, torch.Tensor) else type(a) for a in args), device.type, reference, num_warps, loop_stages)
         kernel = self._kernels.get(key)
         if kernel is None:
-            kernel = self._kernels[key] = self._compile(args, device, reference, num_warps)
+            kernel = self._kernels[key] = self._compile(args, device, reference, num_warps, loop_stages)
         self.last = kernel
         if binder.has_scalars:
             args = binder.coerce(args)
         return kernel.run(EvalContext(binder.bind(args), device), *args)
 
     def _compile(self, args: Sequence[Any], device: torch.device, reference: int | None,
-                 num_warps: int) -> CompiledKernel | KernelSequence:
+                 num_warps: int, loop_stages: int) -> CompiledKernel | KernelSequence:
         layouts: dict[int, Layout] = {}
         for tv, a in zip(self.fusion.inputs(), args, strict=True):
             if isinstance(tv, TensorView):
@@ -90,7 +91,7 @@ class ManualKernels:
         # for a grid reduction; a hand-written one keeps its own.
         machine = Machine.of(device)
         finish = (lambda f: schedule_final_step(f, machine)) if reference is not None else None
-        return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps, finish)
+        return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps, finish, loop_stages)
 
 
 def _prepared(fusion: Fusion, reference: int | None, input_layouts: dict[int, Layout] | None,
