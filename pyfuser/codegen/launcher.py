@@ -145,7 +145,8 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         names = [*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles]
         kinds = [*(["tensor"] * len(tensors)), *(["int"] * (len(strides) + len(s.sizes))),
                  *(["scalar"] * len(scalars)), *(["tile"] * len(tiles))]
-        call = f"launches.launch({_specialization(names, kinds)}, ({grid}), [{params}])"
+        grid3 = ", ".join([*(host_int_expr(e) for e in s.grid), *(["1"] * (3 - len(s.grid)))])  # the runner's x, y, z
+        call = f"launches.launch({_specialization(names, kinds)}, ({grid3}), [{params}])"
     else:
         call = f"fn[({grid})]({params}, num_warps={num_warps})"
     run = [*body, f"if {empty}:", f"    return [{outputs}]", call, f"return [{outputs}]"]

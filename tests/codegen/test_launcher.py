@@ -60,4 +60,4 @@ def test_variants_by_specialization_then_direct_launches() -> None:
     run(ctx, x)
     run(ctx, torch.randn(64, 32))  # a size now a multiple of 16: another variant
     run(ctx, torch.randn(64, 34)[:, 1:])  # an unaligned tensor (and a stride of 34): another variant
-    assert fn.log == ["dispatch (17,)", "direct (17,)", "dispatch (16,)", "dispatch (17,)"]
+    assert fn.log == ["dispatch (17, 1, 1)", "direct (17, 1, 1)", "dispatch (16, 1, 1)", "dispatch (17, 1, 1)"]
