@@ -227,21 +227,11 @@ def run_case(case: Case, sweep: bool) -> dict[str, Any]:
         scale = max(1.0, float(ref.float().abs().max()))
         torch.testing.assert_close(got.float(), ref.float(), atol=3e-2 * scale, rtol=3e-2)
     pyfuser_ms = bench(lambda: fd.execute(case.inputs))
-    try:  # the program replayed from a CUDA graph: no host work per call but the replay
-        graphed = fd.execute(case.inputs, _enable_options=["cuda_graph"])
-        for got, ref in zip(graphed, outs, strict=True):
-            torch.testing.assert_close(got, ref)
-        graph_ms: float | None = bench(lambda: fd.execute(case.inputs, _enable_options=["cuda_graph"]))
-    except Exception as e:  # reported in the results: not fatal to the benchmark
-        print(f"cuda_graph failed for {case.name}: {type(e).__name__}: {e}", flush=True)
-        graph_ms = None
     row: dict[str, Any] = {
         "case": case.name, "bytes": case.nbytes, "eager_ms": eager_ms, "inductor_ms": inductor_ms,
         "pyfuser_ms": pyfuser_ms, "eager_GBps": gbps(case.nbytes, eager_ms),
         "inductor_GBps": gbps(case.nbytes, inductor_ms), "pyfuser_GBps": gbps(case.nbytes, pyfuser_ms),
         "pyfuser_first_call_s": first_call_s, "inductor_compile_s": compile_s,
-        "pyfuser_cuda_graph_ms": graph_ms,
-        "pyfuser_cuda_graph_GBps": gbps(case.nbytes, graph_ms) if graph_ms else None,
         "kernels": len(fd.fec.kernel_codes()),
     }
     if sweep:
@@ -320,13 +310,11 @@ def markdown(result: dict[str, Any]) -> str:
     copy = result["copy_GBps"]
     lines = [f"# Fused kernels, {result['device']} ({result['date']})", "",
              f"Copy bandwidth (1 GiB, read + write): {copy:.0f} GB/s. GB/s: bytes read + written by the fusion.", "",
-             "| case | eager | torch.compile | pyfuser | pyfuser + CUDA graph | pyfuser / compile | pyfuser / copy "
-             "| first call (s) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| case | eager | torch.compile | pyfuser | pyfuser / compile | pyfuser / copy | first call (s) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["cases"]:
-        graph = f"{r['pyfuser_cuda_graph_GBps']:.0f}" if r.get("pyfuser_cuda_graph_GBps") else "-"
         lines.append(f"| {r['case']} | {r['eager_GBps']:.0f} | {r['inductor_GBps']:.0f} | {r['pyfuser_GBps']:.0f} | "
-                     f"{graph} | {r['pyfuser_GBps'] / r['inductor_GBps']:.2f} | {r['pyfuser_GBps'] / copy:.2f} | "
+                     f"{r['pyfuser_GBps'] / r['inductor_GBps']:.2f} | {r['pyfuser_GBps'] / copy:.2f} | "
                      f"{r['pyfuser_first_call_s']:.2f} |")
     h = result["host"]
     lines += ["", f"Host time of a cached one-kernel `fd.execute`: {h['execute_us']:.1f} us; direct Triton launch of "

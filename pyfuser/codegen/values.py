@@ -109,8 +109,9 @@ class ValueLowering:
             position = self.inputs.index(val)
             offset, dims = self.offset(val, position, indices)
             mask = self.code.mask(dims, uses=offset)
-            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0)" if mask else \
-                f"tl.load(T{position} + {offset})"
+            hint = self.eviction_hint(val)
+            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0{hint})" if mask else \
+                f"tl.load(T{position} + {offset}{hint})"
             result = self.code.assign("v", f"{load}{_to(val.dtype, compute_dtype(val.dtype))}", cse=False)
         elif isinstance(definition, ReductionOp | VarMeanOp):
             self.reduce(definition)  # first read at this loop point: reduce here
