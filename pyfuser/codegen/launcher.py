@@ -29,6 +29,11 @@ def _unknown_output_size(name: str, tensor: str, dim: int) -> ValueError:
                       "buffer")
 
 
+#: The current CUDA stream of a device as a raw handle, without torch's Python-level device lookups
+#: (Inductor's launchers use it too); absent from CPU builds of torch.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 class DirectLaunches:
     """Compiled kernels by argument specialization, launched without Triton's per-call dispatch.
 
@@ -45,10 +50,10 @@ class DirectLaunches:
         self.variants: dict[tuple[Any, ...], Any] = {}
         self.direct = True
 
-    def launch(self, key: tuple[Any, ...], grid: tuple[int, ...], params: list[Any]) -> None:
+    def launch(self, key: tuple[Any, ...], grid: tuple[int, ...], params: list[Any], device: int) -> None:
         kernel = self.variants.get(key) if self.direct else None
         if kernel is not None:
-            kernel[grid](*params)
+            kernel[grid](*params, stream=_raw_stream(device) if _raw_stream is not None else None)
             return
         compiled = self.fn[grid](*params, num_warps=self.num_warps)
         if self.direct and callable(getattr(compiled, "__getitem__", None)) and hasattr(compiled, "run"):
@@ -133,7 +138,13 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
     outputs = ", ".join(f"o{k}" for k in range(len(s.output_shapes)))
     empty = " or ".join(f"o{k}.numel() == 0" for k in range(len(s.output_shapes)))
     tensors = [*(f"t{k}" for k in range(n_in)), *(f"o{k}" for k in range(len(s.output_shapes)))]
-    strides = [f"{tensors[k]}.stride({d})" for k, d in s.stride_args]
+    # One stride() call per tensor (a call costs as much as reading every element of the tuple).
+    strided = sorted({k for k, _ in s.stride_args})
+    for k in strided:
+        body.append(f"_st{k} = {tensors[k]}.stride()")
+    for k, d in s.stride_args:
+        body.append(f"st{k}_{d} = _st{k}[{d}]")
+    strides = [f"st{k}_{d}" for k, d in s.stride_args]
     scalars = [f"args[{p}]" for p in s.scalar_inputs]
     tiles = [param for param, *_ in s.dynamic_tiles]
     params = ", ".join([*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles])
@@ -146,7 +157,7 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         kinds = [*(["tensor"] * len(tensors)), *(["int"] * (len(strides) + len(s.sizes))),
                  *(["scalar"] * len(scalars)), *(["tile"] * len(tiles))]
         grid3 = ", ".join([*(host_int_expr(e) for e in s.grid), *(["1"] * (3 - len(s.grid)))])  # the runner's x, y, z
-        call = f"launches.launch({_specialization(names, kinds)}, ({grid3}), [{params}])"
+        call = f"launches.launch({_specialization(names, kinds)}, ({grid3}), [{params}], o0.get_device())"
     else:
         call = f"fn[({grid})]({params}, num_warps={num_warps})"
     run = [*body, f"if {empty}:", f"    return [{outputs}]", call, f"return [{outputs}]"]

@@ -16,9 +16,9 @@ import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence
-from pyfuser.codegen.triton_support import next_power_of_2
+from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
 from pyfuser.ir.eval_context import EvalContext
-from pyfuser.ir.symbolic import SymExpr
+from pyfuser.ir.symbolic import SymBinary, SymExpr, SymVar
 from pyfuser.scheduler.registry import Machine, SizeHints
 
 #: Kept extents from here on schedule alike (every SM busy many times over).
@@ -35,18 +35,16 @@ class SizeDispatchedKernel:
         self.name = name
         self.output_perms = output_perms
         self._build = build
-        self._reduced = reduced
-        self._kept = kept
+        self._bucket = _bucket_function(reduced, kept)
         self._machine = machine
         self._by_bucket: dict[tuple[int, int], Kernel] = {}
         self.last: Kernel | None = None
 
     def kernel_for(self, env: dict[str, int]) -> Kernel:
-        reduced = next_power_of_2(max(1, int(self._reduced.evaluate(env))))
-        kept = min(next_power_of_2(max(1, int(self._kept.evaluate(env)))), KEPT_CAP)
-        kernel = self._by_bucket.get((reduced, kept))
+        bucket = self._bucket(env)
+        kernel = self._by_bucket.get(bucket)
         if kernel is None:
-            kernel = self._by_bucket[(reduced, kept)] = self._build(SizeHints(reduced, kept, self._machine))
+            kernel = self._by_bucket[bucket] = self._build(SizeHints(*bucket, self._machine))
         return kernel
 
     @property
@@ -64,3 +62,24 @@ class SizeDispatchedKernel:
     def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         kernel = self.last = self.kernel_for(ctx.env)
         return kernel.run(ctx, *args, out=out)
+
+
+def _symbols(e: SymExpr) -> set[str]:
+    if isinstance(e, SymVar):
+        return {e.name}
+    if isinstance(e, SymBinary):
+        return _symbols(e.lhs) | _symbols(e.rhs)
+    return set()
+
+
+def _bucket_function(reduced: SymExpr, kept: SymExpr) -> Callable[[dict[str, int]], tuple[int, int]]:
+    """``env -> (reduced bucket, kept bucket)`` as straight-line Python (it runs on every launch)."""
+    names = sorted(_symbols(reduced) | _symbols(kept))
+    if not all(n.isidentifier() for n in names):
+        return lambda env: (next_power_of_2(max(1, int(reduced.evaluate(env)))),
+                            min(next_power_of_2(max(1, int(kept.evaluate(env)))), KEPT_CAP))
+    lines = ["def bucket(env):", *(f"    {n} = env[{n!r}]" for n in names),
+             f"    return (_pow2(max(1, {host_int_expr(reduced)})), min(_pow2(max(1, {host_int_expr(kept)})), {KEPT_CAP}))"]
+    namespace: dict[str, Any] = {"_pow2": next_power_of_2}
+    exec(compile("\n".join(lines), "<size bucket>", "exec"), namespace)
+    return namespace["bucket"]
