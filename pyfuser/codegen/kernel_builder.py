@@ -94,7 +94,6 @@ class KernelBuilder(ValueLowering):
         self._divisibility: list[tuple[SymExpr, int, str]] = []
         self._dynamic_tiles: list[tuple[str, SymExpr, int, str]] = []
         self._stored: set[int] = set()
-        self._grid_ancestors: set[int] = set()
         self.tile_shape: list[str] = []
 
     # --- sizes ------------------------------------------------------------------------------------
@@ -394,8 +393,6 @@ class KernelBuilder(ValueLowering):
         code = self.code
         tiles = [loop for loop in loops if loop.kind == "tile"]
         self.tile_shape = [str(loop.tile_size) if loop.tile_size else loop.tile_param for loop in tiles]
-        self._grid_ancestors = {self.exact.class_of(i) for loop in loops if loop.kind == "grid"
-                                for i in _ancestors(loop.id)}
         for loop in loops:
             if loop.kind == "grid":
                 code.emit(f"{loop.index} = tl.program_id({loop.index[-1]})")
@@ -427,14 +424,6 @@ class KernelBuilder(ValueLowering):
             if id(tv) not in self._stored:
                 self._store(tv, position)
         return self._source(loops)
-
-    def eviction_hint(self, tv: TensorView) -> str:
-        """On CUDA, an input every program reads (a weight broadcast along the grid axes) stays in L2
-        (``evict_last``); one each program reads its own part of is streamed (``evict_first``)."""
-        if self.target != "cuda" or not self._grid_ancestors:
-            return ""
-        own = {self.exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast}
-        return ", eviction_policy='evict_first'" if own & self._grid_ancestors else ", eviction_policy='evict_last'"
 
     def _loop(self, extent: str) -> str:
         if self.loop_stages > 1:
@@ -564,13 +553,3 @@ class KernelBuilder(ValueLowering):
                     first[root] = (k, d)
         return tuple(checks)
 
-
-def _ancestors(i: IterDomain) -> list[IterDomain]:
-    """``i`` and the IDs it was split or merged from."""
-    found, stack = [], [i]
-    while stack:
-        node = stack.pop()
-        found.append(node)
-        if node.definition is not None:
-            stack.extend(node.definition.inputs)
-    return found

@@ -109,9 +109,8 @@ class ValueLowering:
             position = self.inputs.index(val)
             offset, dims = self.offset(val, position, indices)
             mask = self.code.mask(dims, uses=offset)
-            hint = self.eviction_hint(val)
-            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0{hint})" if mask else \
-                f"tl.load(T{position} + {offset}{hint})"
+            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0)" if mask else \
+                f"tl.load(T{position} + {offset})"
             result = self.code.assign("v", f"{load}{_to(val.dtype, compute_dtype(val.dtype))}", cse=False)
         elif isinstance(definition, ReductionOp | VarMeanOp):
             self.reduce(definition)  # first read at this loop point: reduce here
