@@ -9,7 +9,14 @@ import torch
 
 from pyfuser.frontend.ops import Ops
 from pyfuser.ir.base import Scalar
-from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python, python_scalar_type
+from pyfuser.ir.dtypes import (
+    INT64_MAX,
+    DataType,
+    as_data_type,
+    check_scalar_in_range,
+    data_type_of_python,
+    python_scalar_type,
+)
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.layout import (
@@ -23,6 +30,7 @@ from pyfuser.ir.symbolic import SymVar
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import MemoryType, TensorView
 from pyfuser.runtime.executor import FusionExecutorCache
+from pyfuser.runtime.inputs import input_list
 
 
 class FusionDefinition:
@@ -54,16 +62,21 @@ class FusionDefinition:
         axis i's place counted from the innermost (``[1, 0]`` row-major).
         """
         name = f"T{self.fusion._counters.get('tv', 0)}"
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+            raise TypeError(f"define_tensor {name}: shape must be a list of ints, got {shape!r}")
         dims = list(shape)
         for d, size in enumerate(dims):
-            if isinstance(size, bool) or not isinstance(size, int) or size < -1:
+            if isinstance(size, bool) or not isinstance(size, int) or not -1 <= size <= INT64_MAX:
                 raise ValueError(f"define_tensor {name}: shape[{d}] must be -1 (symbolic), 1 (broadcast) or a "
-                                 f"non-negative size, got {size!r}")
+                                 f"non-negative size below 2**63, got {size!r}")
         rank = len(dims)
         perm = list(range(rank)) if stride_order is None else allocation_permutation(
             check_stride_order(stride_order, rank, f"define_tensor {name}"))
         if contiguity is None or isinstance(contiguity, bool):
             per_axis: list[bool | None] = [bool(contiguity)] * rank
+        elif isinstance(contiguity, (str, bytes)) or not isinstance(contiguity, Sequence):
+            raise TypeError(f"define_tensor {name}: contiguity must be a bool, None or a list of them, got "
+                            f"{contiguity!r}")
         else:
             per_axis = list(contiguity)
             if len(per_axis) != rank:
@@ -116,6 +129,7 @@ class FusionDefinition:
         """A constant (``value`` given) or a scalar input of the fusion (``value`` None)."""
         if dtype is None:
             dt = data_type_of_python(value) if value is not None else DataType.Double
+            check_scalar_in_range(value, dt, "define_scalar")
         else:
             dt = as_data_type(dtype)
             if value is not None:
@@ -152,7 +166,7 @@ class FusionDefinition:
                 _enable_options: Sequence[str] = (), _disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
         if not self.fusion.outputs():
             raise ValueError("the fusion has no outputs; call fd.add_output(tv) before execute")
-        return self._executor.run(list(inputs), device=device, enable_options=_enable_options,
+        return self._executor.run(input_list(inputs), device=device, enable_options=_enable_options,
                                   disable_options=_disable_options)
 
     # --- printing ----------------------------------------------------------------------------------
@@ -166,6 +180,7 @@ def _check_scalar_value(value: Any, dtype: DataType) -> None:
     """A constant must be a number that ``dtype`` holds exactly (``2.5`` is no int64_t)."""
     if isinstance(value, str) or not isinstance(value, (bool, int, float, complex)):
         raise TypeError(f"define_scalar: value must be a Python number, got {type(value).__name__}")
+    check_scalar_in_range(value, dtype, "define_scalar")
     kind = python_scalar_type(dtype)
     try:
         converted = kind(value)

@@ -12,6 +12,7 @@ from pyfuser.comm.communicator import Communicator
 from pyfuser.ir.analysis.sharding import check_meshes_fit
 from pyfuser.ir.fusion import Fusion
 from pyfuser.runtime.executor import FusionExecutorCache
+from pyfuser.runtime.inputs import input_list
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class MultiDeviceExecutor:
         return self.communicator.device()
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        return self._cache.run(list(inputs), device=self.device)
+        return self._cache.run(input_list(inputs), device=self.device)
 
     def host_ir(self) -> str:
         """This rank's Host IR of the latest run (as ``PYFUSER_DUMP=host_ir`` prints it)."""
