@@ -206,6 +206,18 @@ def test_from_pytorch_of_an_empty_tensor_declares_the_plain_layout() -> None:
     assert fd.execute([torch.zeros(2, 0, 3)])[0].shape == (2, 0, 3)
 
 
+def test_from_pytorch_of_a_permuted_tensor_with_an_expanded_axis() -> None:
+    """Found by the fuzzer: the stride order from_pytorch declared (the stride-0 axis at its logical
+    place) was then rejected by the input's own stride-order check."""
+    x0 = torch.randn(4, 3, 6, 1).permute(1, 3, 0, 2).expand(3, 3, 4, 6)  # strides (6, 0, 18, 1)
+    with FusionDefinition() as fd:
+        x = fd.from_pytorch(x0)
+        fd.add_output(fd.ops.neg(x))
+    torch.testing.assert_close(fd.execute([x0])[0], -x0)
+    with pytest.raises(ValueError, match=r"input 0 \(T0\) axis 0: stride 6 is larger than axis 2's stride 1"):
+        fd.execute([torch.randn(200).as_strided((3, 3, 4, 6), (6, 0, 1, 18))])  # axis 2 innermost: not as declared
+
+
 def test_size_one_axes_still_impose_nothing_and_others_still_are_checked() -> None:
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], contiguity=True)
@@ -235,9 +247,20 @@ def test_max_min_over_an_empty_axis(op: str) -> None:
 
 def test_pad_cropping_an_empty_axis() -> None:
     fd = _one_input(lambda fd, x: fd.add_output(fd.ops.pad(x, [-1, 0])))
-    with pytest.raises(ValueError, match=re.escape("pad T1 (of T0 with widths [-1, 0]): axis 1 would have size -1")):
+    with pytest.raises(ValueError, match=re.escape("pad T1 (of T0 with widths [-1, 0]): axis 1 has size 0; widths -1, "
+                                                   "0 would crop 1 elements more than it has")):
         fd.execute([torch.randn(3, 0)])
     torch.testing.assert_close(fd.execute([x := torch.randn(3, 2)])[0], x[:, 1:])
+
+
+def test_pad_cropping_more_than_an_axis_holds_then_padding() -> None:
+    """Found by the fuzzer: ``pad(x[0], [-1, 2])`` ends with one element, but torch crops first and raised
+    a raw ``narrow()`` error."""
+    fd = _one_input(lambda fd, x: fd.add_output(fd.ops.pad(x, [-1, 2], -2.0)), [-1])
+    with pytest.raises(ValueError, match=re.escape("pad T1 (of T0 with widths [-1, 2]): axis 0 has size 0; widths -1, "
+                                                   "2 would crop 1 elements more than it has")):
+        fd.execute([torch.randn(0)])
+    torch.testing.assert_close(fd.execute([x := torch.randn(2)])[0], F.pad(x, [-1, 2], value=-2.0))
 
 
 @pytest.mark.parametrize("divisor", ["number", "tensor"])

@@ -68,14 +68,15 @@ def check_strides(name: str, sizes: Sequence[int], strides: Sequence[int], perm:
 
     Torch's rule: strides of size-1 axes address nothing, and an empty tensor addresses nothing
     at all, so neither constrains the layout (``torch.zeros(5, 0, 1) / 4`` has strides
-    ``(0, 1, 0)`` and is contiguous).
+    ``(0, 1, 0)`` and is contiguous). An expanded axis (stride 0) has no place in a stride order
+    either (as in ``memory_order``); declared contiguous, it is still rejected.
     """
     if 0 in sizes:
         return
     if stride_order_declared:
         previous = None
         for dim in perm:
-            if broadcast[dim] or sizes[dim] <= 1:
+            if broadcast[dim] or sizes[dim] <= 1 or strides[dim] == 0:
                 continue
             if previous is not None and strides[dim] > strides[previous]:
                 raise ValueError(

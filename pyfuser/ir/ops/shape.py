@@ -247,11 +247,16 @@ class PadOp(Expr):
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, value: Any) -> list[Any]:
         pads = [w.evaluate(ctx.env) for w in self.widths]
+        what = f"pad {self.output.short_name} (of {self.defined_inputs[0].short_name} with widths {pads})"  # type: ignore[attr-defined]
         sizes = list(x.shape)
         for k in range(0, len(pads), 2):
-            sizes[-1 - k // 2] += pads[k] + pads[k + 1]
-        checked_sizes(f"pad {self.output.short_name} (of {self.defined_inputs[0].short_name} with widths {pads})",  # type: ignore[attr-defined]
-                      sizes, self.output.dtype.itemsize)
+            d, left, right = len(sizes) - 1 - k // 2, pads[k], pads[k + 1]
+            crop = -min(left, 0) - min(right, 0)
+            if crop > sizes[d]:  # torch crops before it pads
+                raise ValueError(f"{what}: axis {d} has size {sizes[d]}; widths {left}, {right} would crop "
+                                 f"{crop - sizes[d]} elements more than it has")
+            sizes[d] += left + right
+        checked_sizes(what, sizes, self.output.dtype.itemsize)
         return [F.pad(x, pads, value=value)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
