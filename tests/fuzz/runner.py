@@ -194,7 +194,11 @@ def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | No
             outs = fd.execute(args, _enable_options=list(mode.enable), _disable_options=list(mode.disable))
         except Exception as e:
             where = "compiling" if fd._executor.last_program is None else f"executing ({attempt})"
-            return _rejection_or_internal(e, mode.name, wants is not None, where)
+            outcome = _rejection_or_internal(e, mode.name, wants is not None, where)
+            if k > 0 and outcome.category is Category.rejected:  # torch runs these inputs, of the accepted shapes
+                return replace(outcome, category=Category.internal,
+                               detail=f"rejected after accepting the first inputs: {outcome.detail}")
+            return outcome
         if wants is None:
             return Outcome(Category.wrong, mode.name, f"torch raised {torch_error}, but pyfuser returned outputs")
         problem = check_outputs(case, outs, wants, args, originals)
