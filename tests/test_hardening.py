@@ -91,21 +91,28 @@ def test_producer_chunked_in_the_loop_and_read_whole_closes_the_loop(device: str
 
 
 # --- 2. outputs never share memory ---------------------------------------------------------------------
-def _returned_twice(fd_builder: Callable[[FusionDefinition, Any], Any]) -> list[torch.Tensor]:
+def _add_output_twice(fd: FusionDefinition, x: Any) -> None:
+    y = fd.ops.add(x, 1.0)
+    fd.add_output(y)
+    fd.add_output(y)
+
+
+def _add_output_and_no_op_expand(fd: FusionDefinition, x: Any) -> None:
+    y = fd.ops.add(x, 1.0)
+    fd.add_output(y)
+    fd.add_output(fd.ops.expand(y, [-1, -1]))  # returns y itself
+
+
+def _add_input_twice(fd: FusionDefinition, x: Any) -> None:
+    fd.add_output(x)
+    fd.add_output(x)
+
+
+@pytest.mark.parametrize("build", [_add_output_twice, _add_output_and_no_op_expand, _add_input_twice])
+def test_one_value_returned_twice_gives_two_tensors(build: Callable[[FusionDefinition, Any], None]) -> None:
     with FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1])
-        fd_builder(fd, x)
-    return fd.execute([torch.randn(2, 3)])
-
-
-@pytest.mark.parametrize("build", [
-    pytest.param(lambda fd, x: [fd.add_output(y) for y in [fd.ops.add(x, 1.0)] * 2], id="add_output-twice"),
-    pytest.param(lambda fd, x: [fd.add_output(y) for y in (lambda y: [y, fd.ops.expand(y, [-1, -1])])(
-        fd.ops.add(x, 1.0))], id="no-op-expand"),
-    pytest.param(lambda fd, x: [fd.add_output(x), fd.add_output(x)], id="input-twice"),
-])
-def test_one_value_returned_twice_gives_two_tensors(build: Callable[[FusionDefinition, Any], Any]) -> None:
-    a, b = _returned_twice(build)
+        build(fd, fd.define_tensor([-1, -1]))
+    a, b = fd.execute([torch.randn(2, 3)])
     assert a is not b and a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
     expected = b.clone()
     a.zero_()
@@ -161,6 +168,21 @@ def test_vector_times_matrix_into_a_stream_chunk(device: str) -> None:
     y.outer_split(0, 2)
     y.axis(0).parallelize(STREAM)
     a0, b0 = torch.randn(3, device=device), torch.randn(3, 5, device=device)
+    torch.testing.assert_close(fd.execute([a0, b0])[0], a0 @ b0, **TOL)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_vector_times_batched_matrix_into_a_strided_stream_chunk(device: str, k: int) -> None:
+    """Found by the fuzzer: ``matmul([k], [b, k, n])`` by column chunks (strided views of the output)
+    raised torch's size mismatch: torch unsqueezes the vector and views its result into ``out``."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1])
+        b = fd.define_tensor([-1, -1, -1])
+        y = fd.ops.matmul(a, b)
+        fd.add_output(y)
+    y.outer_split(1, 2)
+    y.axis(1).parallelize(STREAM)
+    a0, b0 = torch.randn(k, device=device), torch.randn(2, k, 3, device=device)
     torch.testing.assert_close(fd.execute([a0, b0])[0], a0 @ b0, **TOL)
 
 

@@ -28,13 +28,16 @@ def _align_right(producer_ids: list[IterDomain], consumer_ids: list[IterDomain])
 
 
 def _matmul_writes_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether ``torch.matmul(a, b, out=out)`` writes ``out`` in place. Two of its paths do not: a
-    batched ``a`` times a matrix or vector is folded into one GEMM whose result is viewed into
-    ``out``, which fails on a strided ``out`` (a stream chunk of a column-major output); a vector
-    times a matrix resizes ``out`` (deprecated, and a chunk would stop being a view)."""
-    if a.dim() >= 3 and b.dim() <= 2:
+    """Whether ``torch.matmul(a, b, out=out)`` writes ``out`` in place. Some of its paths do not: a
+    batched ``a`` times a matrix or vector is folded into one GEMM, and a vector times a batched
+    ``b`` is unsqueezed into one, whose result is viewed into ``out``, which fails on a strided
+    ``out`` (a stream chunk of a column-major output); a vector times a matrix resizes ``out``
+    (deprecated, and a chunk would stop being a view)."""
+    if a.dim() == 1 and b.dim() == 2:
+        return False
+    if (a.dim() >= 3 and b.dim() <= 2) or (a.dim() == 1 and b.dim() >= 3):
         return out.is_contiguous()
-    return not (a.dim() == 1 and b.dim() == 2)
+    return True
 
 
 class MatmulOp(Expr):
