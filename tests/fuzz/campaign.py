@@ -105,10 +105,15 @@ class Campaign:
         parts = []
         for k, failure in enumerate(sorted(self.failures.values(), key=lambda f: -f.count)[:limit]):
             case, outcome = failure.case, failure.outcome
-            if shrink and case.inputs:
+            head = (f"=== failure {k + 1}: {outcome.category.value} in mode {outcome.mode!r} ({failure.count} "
+                    f"case(s), first seed {failure.seed})\n{outcome.detail}")
+            if outcome.mode == "generator":  # no case was built: the generator's own call reproduces it
+                parts.append(f"{head}\n--- repro ---\nfrom tests.fuzz import GeneratorConfig, generate\n"
+                             f"generate({failure.seed}, {self.config!r})\n")
+                continue
+            if shrink:
                 case, outcome = minimal_repro(case, outcome, self.modes)
-            parts.append(f"=== failure {k + 1}: {outcome.category.value} in mode {outcome.mode!r} ({failure.count} "
-                         f"case(s), first seed {failure.seed})\n{outcome.detail}\n--- minimal repro ---\n{case.repro()}")
+            parts.append(f"{head}\n--- minimal repro ---\n{case.repro()}")
         if len(self.failures) > limit:
             parts.append(f"... and {len(self.failures) - limit} more kinds of failure")
         return "\n".join(parts)

@@ -164,12 +164,14 @@ def _rejection_or_internal(error: BaseException, mode: str, torch_ok: bool, wher
 
 def _runs(case: Case) -> list[tuple[str, Callable[[], list[Any]]]]:
     """The executions of a case: the first (compiles), one with other values (a cached program),
-    and, when no input promises a layout, one with dense inputs (another layout: compiles again).
+    and, when no input promises a layout (declared or set as its allocation domain), one with dense
+    inputs (another layout: compiles again).
     Inputs are rebuilt, never cloned: a clone of a strided or expanded input is dense."""
     runs: list[tuple[str, Callable[[], list[Any]]]] = [("first run", case.input_values),
                                                        ("cached run, other values", lambda: case.input_values(1))]
     tensors = [i for i in case.inputs if isinstance(i, TensorInput)]
-    if tensors and not any(i.promises_layout for i in tensors) and any(
+    required = any(line.startswith(f"{i.name}.set_allocation_domain(") for i in tensors for line in case.schedule)
+    if tensors and not required and not any(i.promises_layout for i in tensors) and any(
             i.strided_axis is not None or i.expanded or list(i.memory_order) != sorted(i.memory_order) for i in tensors):
         runs.append(("dense inputs", lambda: [v.contiguous() if isinstance(v, torch.Tensor) else v
                                               for v in case.input_values(2)]))
