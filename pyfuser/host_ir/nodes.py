@@ -93,9 +93,10 @@ class HostNode(ABC):
 
     def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> HostNode:
         """This node on per-chunk values inside the loop of ``index``; nodes that only read
-        loop-invariant values return self. A node whose ``source_expr`` reads one tensor at several
-        positions also takes ``operands=``: the expr's inputs position by position, for when one
-        position reads a chunk and another the whole tensor (``matmul(x, x)`` by rows)."""
+        loop-invariant values return self. A node whose ``source_expr`` can read one tensor at several
+        positions (``AtenCall``) also takes ``operands=``: the expr's inputs position by position, for
+        when one position reads a chunk and another the whole tensor (``matmul(x, x)`` by rows); the
+        stream pass passes it only then."""
         return self
 
     def __str__(self) -> str:
