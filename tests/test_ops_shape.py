@@ -234,8 +234,11 @@ def test_pad_with_negative_widths_crops_like_torch() -> None:
     for w in (-1, 0, 2):
         (out,) = fd.execute([x, w])
         assert_close(out, F.pad(x, [w, -2]))
-    with FusionDefinition() as fd, pytest.raises(ValueError, match=r"pad: T0 axis 1 has extent 5; .* would leave -1"):
+    with FusionDefinition() as fd, pytest.raises(ValueError, match=r"pad: T0 axis 1 has extent 5; .* would crop 1 elements more"):
         fd.ops.pad(fd.define_tensor([-1, 5]), [-3, -3])
+    with FusionDefinition() as fd, pytest.raises(ValueError, match=r"pad: T0 axis 1 has extent 5; pad widths -6, 3 "
+                                                                   r"would crop 1 elements more"):
+        fd.ops.pad(fd.define_tensor([-1, 5]), [-6, 3])  # torch crops before it pads, though 5 - 6 + 3 >= 0
 
 
 @pytest.mark.parametrize("build", [

@@ -12,7 +12,14 @@ from pyfuser.frontend.repro import InputRecord, record_inputs, repro_script
 from pyfuser.frontend.scheduling import DefinedFusion, ScheduleOps
 from pyfuser.frontend.validate import check_outputs, evaluate_reference
 from pyfuser.ir.base import Scalar
-from pyfuser.ir.dtypes import DataType, as_data_type, data_type_of_python, python_scalar_type
+from pyfuser.ir.dtypes import (
+    INT64_MAX,
+    DataType,
+    as_data_type,
+    check_scalar_in_range,
+    data_type_of_python,
+    python_scalar_type,
+)
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.layout import allocation_permutation, check_stride_order, tensor_descriptor
@@ -21,6 +28,7 @@ from pyfuser.ir.symbolic import SymVar
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import MemoryType, TensorView
 from pyfuser.runtime.executor import FusionExecutorCache
+from pyfuser.runtime.inputs import input_list
 from pyfuser.runtime.manual import ManualKernels
 
 
@@ -99,16 +107,21 @@ class FusionDefinition:
             shape, contiguity, stride_order = _from_sizes_and_strides(name, sizes, strides, static_sizes)
         if shape is None:
             raise TypeError(f"define_tensor {name}: shape (or sizes and strides) is required")
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+            raise TypeError(f"define_tensor {name}: shape must be a list of ints, got {shape!r}")
         dims = list(shape)
         for d, size in enumerate(dims):
-            if isinstance(size, bool) or not isinstance(size, int) or size < -1:
+            if isinstance(size, bool) or not isinstance(size, int) or not -1 <= size <= INT64_MAX:
                 raise ValueError(f"define_tensor {name}: shape[{d}] must be -1 (symbolic), 1 (broadcast) or a "
-                                 f"non-negative size, got {size!r}")
+                                 f"non-negative size below 2**63, got {size!r}")
         rank = len(dims)
         perm = list(range(rank)) if stride_order is None else allocation_permutation(
             check_stride_order(stride_order, rank, f"define_tensor {name}"))
         if contiguity is None or isinstance(contiguity, bool):
             in_alloc_order: list[bool | None] = [bool(contiguity)] * rank
+        elif isinstance(contiguity, (str, bytes)) or not isinstance(contiguity, Sequence):
+            raise TypeError(f"define_tensor {name}: contiguity must be a bool, None or a list of them, got "
+                            f"{contiguity!r}")
         else:
             in_alloc_order = list(contiguity)
             if len(in_alloc_order) != rank:
@@ -160,6 +173,7 @@ class FusionDefinition:
         """A constant (``value`` given) or a scalar input of the fusion (``value`` None)."""
         if dtype is None:
             dt = data_type_of_python(value) if value is not None else DataType.Double
+            check_scalar_in_range(value, dt, "define_scalar")
         else:
             dt = as_data_type(dtype)
             if value is not None:
@@ -318,10 +332,9 @@ class FusionDefinition:
 
 
 def _flatten(inputs: Sequence[Any]) -> list[Any]:
-    if isinstance(inputs, torch.Tensor) or not isinstance(inputs, Sequence):
-        raise TypeError(f"execute expects a list of inputs, got {type(inputs).__name__}")
+    """The inputs as a flat list (a ``define_vector`` input is passed as a list of its values)."""
     flat: list[Any] = []
-    for x in inputs:
+    for x in input_list(inputs):
         if isinstance(x, (list, tuple)):
             flat.extend(x)
         else:
@@ -346,6 +359,7 @@ def _check_scalar_value(value: Any, dtype: DataType) -> None:
     """A constant must be a number that ``dtype`` holds exactly (``2.5`` is no int64_t)."""
     if isinstance(value, str) or not isinstance(value, (bool, int, float, complex)):
         raise TypeError(f"define_scalar: value must be a Python number, got {type(value).__name__}")
+    check_scalar_in_range(value, dtype, "define_scalar")
     kind = python_scalar_type(dtype)
     try:
         converted = kind(value)

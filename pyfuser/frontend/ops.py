@@ -258,9 +258,10 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
             if left.value == 0 and right.value == 0:  # type: ignore[union-attr]
                 continue
             extent = in_ids[d].extent + left + right  # type: ignore[operator]
-            if extent.value is not None and extent.value < 0:
+            cropped = in_ids[d].extent + sym_min(left, 0) + sym_min(right, 0)  # type: ignore[arg-type]
+            if cropped.value is not None and cropped.value < 0:  # torch crops before it pads
                 raise ValueError(f"pad: {tv.short_name} axis {d} has extent {in_ids[d].extent}; pad widths "
-                                 f"{left}, {right} would leave {extent.value} elements (at least 0 expected)")
+                                 f"{left}, {right} would crop {-cropped.value} elements more than it has")
             padded[d] = extent
         ids = [self._id(padded[d]) if d in padded else clone_id(self, i) for d, i in enumerate(in_ids)]
         fill = self._val(0 if value is None else value, "pad value")

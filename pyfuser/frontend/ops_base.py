@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pyfuser.ir.base import Scalar, Val
-from pyfuser.ir.dtypes import DataType, data_type_of_python
+from pyfuser.ir.dtypes import DataType, check_scalar_in_range, data_type_of_python
 from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.symbolic import SymExpr, as_sym
 from pyfuser.ir.tensor_domain import TensorDomain
@@ -37,7 +37,11 @@ class OpsBase:
 
     def _val(self, x: Any, what: str) -> Val:
         self._check_operand(x, what)
-        return x if isinstance(x, Val) else Scalar(self._fusion, data_type_of_python(x), x)
+        if isinstance(x, Val):
+            return x
+        dtype = data_type_of_python(x)
+        check_scalar_in_range(x, dtype, what)
+        return Scalar(self._fusion, dtype, x)
 
     def _tv(self, x: Any, what: str) -> TensorView:
         val = self._val(x, what)
@@ -75,6 +79,7 @@ class OpsBase:
             return size
         if isinstance(size, bool) or not isinstance(size, int):
             raise TypeError(f"{what}: expected an int or an integer scalar, got {type(size).__name__}")
+        check_scalar_in_range(size, DataType.Int, what)
         if size == -1 and allow_minus_one:
             return None
         if size < 0 and not allow_negative:

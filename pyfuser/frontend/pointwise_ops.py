@@ -31,7 +31,7 @@ class PointwiseOps(OpsBase):
         assert fn is not None  # only cast has no reference, and it does not come through here
         dtype = result_dtype(fn, operands)
         extents = self._pointwise_extents(op, tensors) if tensors else []
-        vals = [self._val(x, op) for x in operands]
+        vals = [self._val(x, f"{op} operand {k}") for k, x in enumerate(operands)]
         if tensors:
             vals = [self._broadcast_to_rank(v, len(extents)) if isinstance(v, TensorView) else v for v in vals]
             out: Val = self._new_tv([self._id(1, IterType.Broadcast) if e is None else self._id(e) for e in extents],

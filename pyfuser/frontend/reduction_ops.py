@@ -32,11 +32,12 @@ class ReductionOps(PointwiseOps):
         probe = _DTYPE_PROBES.get(kind)
         # Probed even when dtype= is given: it rejects what torch cannot reduce (max of complex).
         inferred = result_dtype(lambda t: probe(t, 0) if probe is not None else t, [tv])
-        if as_data_type(dtype, allow_null=True) is not DataType.Null:
-            out_dtype = as_data_type(dtype)
-        else:
-            out_dtype = inferred
+        requested = as_data_type(dtype, allow_null=True) is not DataType.Null
+        out_dtype = as_data_type(dtype) if requested else inferred
         if kind is ReductionOpType.mean and not (out_dtype.is_floating or out_dtype.is_complex):
+            if requested:
+                raise TypeError(f"mean: dtype={out_dtype} was requested for {tv.short_name}; mean needs a "
+                                "floating-point or complex dtype")
             raise TypeError(f"mean: {tv.short_name} has dtype {tv.dtype}; mean needs a floating-point dtype "
                             "(pass dtype= or cast first)")
         out = self._new_tv(_reduced_ids(self, tv, axes), out_dtype)

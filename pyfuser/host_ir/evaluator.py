@@ -90,12 +90,23 @@ class HostIrEvaluator:
         self._steps = self.compile_body(container.nodes)
         self._output_slots = [self.slot(v) for v in container.outputs]
         fresh = _fresh_buffers(container)
-        #: (slot, layout) of outputs that may alias an input or have another layout (conformed per run)
-        self._conform = [(slot, layout) for v, slot, layout in zip(container.outputs, self._output_slots, self.layouts,
-                                                                   strict=True) if fresh.get(v) != layout.perm]
-        conformed = {slot for slot, _ in self._conform}
+        #: (position, layout) of outputs that may alias an input or another output, or have another
+        #: layout (conformed per run); a value returned twice (``add_output(y)`` twice) is copied
+        #: the second time
+        self._conform: list[tuple[int, OutputLayout]] = []
         #: outputs written into buffers allocated by this program: they own their memory
-        self._fresh_output_slots = [s for s in dict.fromkeys(self._output_slots) if s not in conformed]
+        self._fresh_output_slots: list[int] = []
+        self._repeated_outputs: set[int] = set()
+        seen: set[int] = set()
+        for pos, (v, slot, layout) in enumerate(zip(container.outputs, self._output_slots, self.layouts, strict=True)):
+            if slot in seen:
+                self._repeated_outputs.add(pos)
+                self._conform.append((pos, layout))
+            elif fresh.get(v) != layout.perm:
+                self._conform.append((pos, layout))
+            else:
+                self._fresh_output_slots.append(slot)
+            seen.add(slot)
         self._slot_events: dict[tuple[int, int], torch.cuda.Event] = {}
         #: a program without stream nodes runs on the caller's stream: no stream state to set up
         self._uses_streams = any(isinstance(n, GetCurrentStream | SetCurrentStream | Synchronize | SlotWait)
@@ -150,15 +161,21 @@ class HostIrEvaluator:
                         torch.cuda.set_stream(user)
         else:
             self._execute(Frame(values, ctx, None))
+        outputs = [values[s] for s in self._output_slots]
         if self._conform:
             # An output never shares memory with an input or with another output (``b`` and ``set(b)``
-            # both returned): the caller may write to any of them.
+            # both returned, or one tensor returned twice): the caller may write to any of them.
             taken = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
             taken.update(values[s].untyped_storage().data_ptr() for s in self._fresh_output_slots)
-            for slot, layout in self._conform:
-                values[slot] = result = layout.conform(values[slot], taken)
+            for pos, layout in self._conform:
+                result = outputs[pos]
+                if pos in self._repeated_outputs:
+                    result = layout.copy(result)
+                else:
+                    result = layout.conform(result, taken)
+                outputs[pos] = result
                 taken.add(result.untyped_storage().data_ptr())
-        return [values[s] for s in self._output_slots]
+        return outputs
 
     def _execute(self, frame: Frame) -> None:
         for step in self._steps:

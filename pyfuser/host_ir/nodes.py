@@ -98,7 +98,10 @@ class HostNode(ABC):
 
     def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> HostNode:
         """This node on per-chunk values inside the loop of ``index``; nodes that only read
-        loop-invariant values return self."""
+        loop-invariant values return self. A node whose ``source_expr`` can read one tensor at several
+        positions (``AtenCall``) also takes ``operands=``: the expr's inputs position by position, for
+        when one position reads a chunk and another the whole tensor (``matmul(x, x)`` by rows); the
+        stream pass passes it only then."""
         return self
 
     def __str__(self) -> str:
@@ -171,9 +174,10 @@ class AtenCall(HostNode):
         shown.inputs, shown.outputs = self.inputs, self.outputs  # type: ignore[assignment]
         return shown.to_string(indent)
 
-    def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> AtenCall:
-        return AtenCall(self.expr, [mapping.get(v, v) for v in self.inputs],  # type: ignore[misc]
-                        [mapping.get(v, v) for v in self.outputs],  # type: ignore[misc]
+    def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None, *,
+                   operands: Sequence[Val] | None = None) -> AtenCall:
+        inputs = list(operands) if operands is not None else [mapping.get(v, v) for v in self.inputs]
+        return AtenCall(self.expr, inputs, [mapping.get(v, v) for v in self.outputs],  # type: ignore[misc]
                         into=any(v in mapping for v in self.outputs))
 
 

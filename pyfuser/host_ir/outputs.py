@@ -37,11 +37,16 @@ class OutputLayout:
         """
         want = dense_strides(result.shape, self.perm)
         same = all(s == w or n <= 1 for s, w, n in zip(result.stride(), want, result.shape, strict=True))
-        aliases_input = result.untyped_storage().data_ptr() in input_storages and result.numel() > 0
+        # Empty tensors may all report address 0: copying one costs nothing, returning an input does.
+        aliases_input = result.untyped_storage().data_ptr() in input_storages
         if same and not aliases_input:
             if self.required and list(result.stride()) != want:
                 return result.as_strided(result.shape, want, result.storage_offset())
             return result
+        return self.copy(result)
+
+    def copy(self, result: torch.Tensor) -> torch.Tensor:
+        """A copy of ``result`` in this layout, owning its memory."""
         out = self.empty(result.shape, result.dtype, result.device)
         out.copy_(result)
         return out

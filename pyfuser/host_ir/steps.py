@@ -27,6 +27,7 @@ from pyfuser.host_ir.nodes import (
 )
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotRelease, SlotWait, Synchronize
 from pyfuser.ir.layout import dense_strides
+from pyfuser.ir.ops.common import checked_sizes
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,10 @@ class _ChunkSlot:
 def build_allocate(node: Allocate, cc: CompileContext) -> Step:
     out, shape, perm = cc.slot(node.tv), node.shape, node.perm
     dtype, device, zero_init = node.tv.dtype.torch_dtype, cc.device, node.zero_init
+    what, itemsize = f"allocating {node.tv.short_name}", dtype.itemsize
 
     def step(frame: Frame) -> None:
-        sizes = [e.evaluate(frame.ctx.env) for e in shape]
+        sizes = checked_sizes(what, [e.evaluate(frame.ctx.env) for e in shape], itemsize)
         buffer = torch.empty_strided(sizes, dense_strides(sizes, perm), dtype=dtype, device=device)
         frame.values[out] = buffer.zero_() if zero_init else buffer
 

@@ -183,6 +183,17 @@ class Expr(ABC):
         """Producer logical ID -> consumer (first output) logical ID, for IDs the op preserves."""
         return {}
 
+    def operand_map(self, position: int) -> dict[IterDomain, IterDomain]:
+        """``logical_map`` of the input at ``position``. Ops that map their operand positions
+        differently (matmul's ``a`` and ``b``) override this; their ``logical_map`` of a tensor read
+        at several positions (``matmul(x, x)``) keeps only the IDs all those positions map alike."""
+        return self.logical_map(self.inputs[position])  # type: ignore[arg-type]
+
+    def agreed_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        """The IDs of ``producer`` that every position it is read at maps to the same consumer ID."""
+        first, *rest = [self.operand_map(k) for k, v in enumerate(self.inputs) if v is producer] or [{}]
+        return {p: c for p, c in first.items() if all(m.get(p) is c for m in rest)}
+
     # --- printing --------------------------------------------------------------------------
     @abstractmethod
     def to_string(self, indent: int = 0) -> str:

@@ -92,6 +92,26 @@ def python_scalar_type(dtype: DataType) -> type:
     return float
 
 
+#: torch's sizes, strides and element counts are int64.
+INT64_MAX = 2**63 - 1
+
+
+def integer_range(dtype: DataType) -> tuple[int, int] | None:
+    """The values an integral ``dtype`` holds (None for other dtypes)."""
+    if not dtype.is_integral:
+        return None
+    info = torch.iinfo(dtype.torch_dtype)
+    return info.min, info.max
+
+
+def check_scalar_in_range(value: object, dtype: DataType, what: str) -> None:
+    """ValueError naming ``what`` when a Python int does not fit integral ``dtype`` (``2**70`` as an
+    int64_t), which torch would report as an overflow deep inside an op."""
+    bounds = integer_range(dtype)
+    if bounds is not None and isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
+        raise ValueError(f"{what}: {value} does not fit {dtype} (valid: {bounds[0]}..{bounds[1]})")
+
+
 def data_type_of_python(value: object) -> DataType:
     """The DataType a Python number is defined with (nvFuser: double / int64 / bool)."""
     if isinstance(value, bool):

@@ -9,6 +9,8 @@ from pyfuser.ir.tensor_domain import Contiguity
 
 def check_stride_order(stride_order: Sequence[int], rank: int, what: str) -> list[int]:
     """Validate ``stride_order`` (dim i's place counted from the innermost dim = 0)."""
+    if isinstance(stride_order, (str, bytes)) or not isinstance(stride_order, Sequence):
+        raise TypeError(f"{what}: stride_order must be a list of ints, got {stride_order!r}")
     order = list(stride_order)
     if not all(isinstance(o, int) and not isinstance(o, bool) for o in order):
         raise TypeError(f"{what}: stride_order must be a list of ints, got {stride_order!r}")
@@ -45,14 +47,16 @@ def dense_strides(sizes: Sequence[int], perm: Sequence[int]) -> list[int]:
 def contiguity_of_strides(sizes: Sequence[int], strides: Sequence[int], perm: Sequence[int],
                           broadcast: Sequence[bool]) -> Contiguity:
     """nvFuser contiguity, in allocation order: dim is contiguous when its stride is the next
-    non-broadcast dim's stride times that dim's size (the innermost: stride 1)."""
+    non-broadcast dim's stride times that dim's size (the innermost: stride 1). As in torch, a
+    size-1 dim is contiguous whatever its stride, and every dim of an empty tensor is."""
+    empty = 0 in sizes
     result: Contiguity = []
     expected_next = 1
     for dim in reversed(perm):
         if broadcast[dim]:
             result.append(None)
             continue
-        result.append(strides[dim] == expected_next or sizes[dim] == 1)
+        result.append(empty or strides[dim] == expected_next or sizes[dim] == 1)
         if sizes[dim] != 1:
             expected_next = strides[dim] * sizes[dim]
     return list(reversed(result))
@@ -60,11 +64,19 @@ def contiguity_of_strides(sizes: Sequence[int], strides: Sequence[int], perm: Se
 
 def check_strides(name: str, sizes: Sequence[int], strides: Sequence[int], perm: Sequence[int],
                   contiguity: Contiguity, broadcast: Sequence[bool], stride_order_declared: bool) -> None:
-    """Raise ValueError naming the tensor and axis when strides violate the declared layout."""
+    """Raise ValueError naming the tensor and axis when strides violate the declared layout.
+
+    Torch's rule: strides of size-1 axes address nothing, and an empty tensor addresses nothing
+    at all, so neither constrains the layout (``torch.zeros(5, 0, 1) / 4`` has strides
+    ``(0, 1, 0)`` and is contiguous). An expanded axis (stride 0) has no place in a stride order
+    either (as in ``memory_order``); declared contiguous, it is still rejected.
+    """
+    if 0 in sizes:
+        return
     if stride_order_declared:
         previous = None
         for dim in perm:
-            if broadcast[dim] or sizes[dim] <= 1:
+            if broadcast[dim] or sizes[dim] <= 1 or strides[dim] == 0:
                 continue
             if previous is not None and strides[dim] > strides[previous]:
                 raise ValueError(
@@ -90,9 +102,11 @@ def memory_order(sizes: Sequence[int], strides: Sequence[int]) -> list[int]:
 
     Axes of size <= 1 or stride 0 (broadcast / expanded) say nothing about the layout: they keep
     their logical place relative to the other axes, so a plain tensor always gives ``0..n-1`` and
-    ``[1, C, H, W]`` channels-last the same order as ``[N, C, H, W]`` channels-last.
+    ``[1, C, H, W]`` channels-last the same order as ``[N, C, H, W]`` channels-last. Neither does
+    any axis of an empty tensor: it has the logical order.
     """
-    trivial = [n <= 1 or s == 0 for n, s in zip(sizes, strides, strict=True)]
+    empty = 0 in sizes
+    trivial = [empty or n <= 1 or s == 0 for n, s in zip(sizes, strides, strict=True)]
     order = sorted((d for d in range(len(sizes)) if not trivial[d]), key=lambda d: (-strides[d], d))
     for d in (d for d in range(len(sizes)) if trivial[d]):
         at = next((k for k, e in enumerate(order) if e > d), len(order))

@@ -6,6 +6,7 @@ sizes, run the compiled program. Validation and compilation happen on a signatur
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -34,12 +35,18 @@ class Program(Protocol):
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
 
 
+#: How many exact input signatures a FusionExecutorCache remembers (least recently used dropped first).
+#: A miss only costs validation when the layout was seen: programs stay keyed by layout.
+SIGNATURE_CACHE_SIZE = 256
+
+
 class FusionExecutorCache:
-    def __init__(self, fusion: Fusion) -> None:
+    def __init__(self, fusion: Fusion, signature_cache_size: int = SIGNATURE_CACHE_SIZE) -> None:
         self.fusion = fusion
         self._version = -1
         self._binder: InputBinder | None = None
-        self._by_signature: dict[tuple[Any, ...], Program] = {}
+        self._signature_cache_size = signature_cache_size
+        self._by_signature: OrderedDict[tuple[Any, ...], Program] = OrderedDict()
         self._by_layout: dict[tuple[Any, ...], Program] = {}
         #: (output position, input position) of outputs written in place into an input
         self._aliases: list[tuple[int, int]] = []
@@ -84,12 +91,22 @@ class FusionExecutorCache:
             self._reset()
         binder = self._binder
         assert binder is not None  # set by _reset
-        target = _resolve_device(device, args)
-        key = (signature(args), target, tuple(enable_options), tuple(disable_options), backend)
-        program = self._by_signature.get(key)
+        target = _resolve_device(device, args, binder)
+        try:
+            sig = signature(args)
+        except RuntimeError:  # an input without strides (sparse): validation names it
+            binder.check(args)
+            raise
+        key = (sig, target, tuple(enable_options), tuple(disable_options), backend)
+        by_signature = self._by_signature
+        program = by_signature.get(key)
         if program is None:
             program = self._compile_for(args, binder, target, enable_options, disable_options, comm_backend(backend))
-            self._by_signature[key] = program
+            by_signature[key] = program
+            if len(by_signature) > self._signature_cache_size:
+                by_signature.popitem(last=False)
+        else:
+            by_signature.move_to_end(key)
         self.last_program = program
         if binder.has_scalars:
             args = binder.coerce(list(args))
@@ -123,7 +140,10 @@ class FusionExecutorCache:
 
     def target_device(self, args: Sequence[Any], device: torch.device | str | int | None = None) -> torch.device:
         """Where ``run(args, device=device)`` computes: ``device``, else the first non-scalar tensor's."""
-        return _resolve_device(device, args)
+        if self._version != self.fusion.version:
+            self._reset()
+        assert self._binder is not None  # set by _reset
+        return _resolve_device(device, args, self._binder)
 
     def _compile_for(self, args: Sequence[Any], binder: InputBinder, target: torch.device,
                      enable_options: Sequence[str], disable_options: Sequence[str],
@@ -174,15 +194,25 @@ def _layout_key(args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(key)
 
 
-def _resolve_device(device: torch.device | str | int | None, args: Sequence[Any]) -> torch.device:
+def _resolve_device(device: torch.device | str | int | None, args: Sequence[Any], binder: InputBinder) -> torch.device:
     if device is not None:
-        resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
+            raise TypeError(f"execute(device={device!r}): expected a torch.device, a device string or a CUDA index")
+        try:
+            resolved = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"execute(device={device!r}) is not a device: {e}") from None
+        if resolved.type not in ("cpu", "cuda"):
+            raise ValueError(f"execute(device={device!r}): pyfuser runs on CPU or CUDA devices")
         if resolved.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"execute(device={device!r}): CUDA is not available on this machine")
         if resolved.type == "cuda" and resolved.index is None:
             resolved = torch.device("cuda", torch.cuda.current_device())
         return resolved
-    for a in args:
+    for pos, a in enumerate(args):
         if isinstance(a, torch.Tensor) and not (a.device.type == "cpu" and a.dim() == 0):
+            if a.device.type not in ("cpu", "cuda"):
+                name = binder.specs[pos].name if pos < len(binder.specs) else "an extra input"
+                raise ValueError(f"input {pos} ({name}) is on {a.device}; pyfuser runs on CPU or CUDA devices")
             return a.device
     return torch.device("cpu")

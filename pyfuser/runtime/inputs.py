@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +10,7 @@ import torch
 
 from pyfuser.ir.analysis.sharding import local_static_size, shard_factors
 from pyfuser.ir.base import Scalar, Val
-from pyfuser.ir.dtypes import DataType, python_scalar_type
+from pyfuser.ir.dtypes import DataType, check_scalar_in_range, python_scalar_type
 from pyfuser.ir.layout import check_strides
 from pyfuser.ir.symbolic import SymVar
 from pyfuser.ir.tensor_view import TensorView
@@ -57,6 +57,9 @@ class TensorSpec:
     def check(self, t: Any, position: int) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"input {position} ({self.name}) must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise ValueError(f"input {position} ({self.name}): expected a dense (strided) tensor, got layout "
+                             f"{t.layout}; convert it with .to_dense()")
         if t.dtype != self.dtype.torch_dtype:
             raise ValueError(f"input {position} ({self.name}): expected dtype {self.dtype.torch_dtype}, got {t.dtype}")
         if t.dim() != len(self.static_sizes):
@@ -97,6 +100,18 @@ class ScalarSpec:
                    complex: (bool, int, float, complex)}[kind]
         if not isinstance(value, allowed):
             raise TypeError(f"input {position} ({self.name}): expected a {self.dtype} scalar, got {value!r}")
+        check_scalar_value(value, self.dtype, position, self.name)
+
+
+def check_scalar_value(value: Any, dtype: DataType, position: int, name: str) -> Any:
+    """``value`` converted to ``dtype``'s Python type; ValueError when it does not fit (``2**70`` for an
+    int64_t, ``10**400`` for a double), which torch would report as an overflow inside an op."""
+    what = f"input {position} ({name})"
+    check_scalar_in_range(value, dtype, what)
+    try:
+        return python_scalar_type(dtype)(value)
+    except OverflowError:
+        raise ValueError(f"{what}: {value} does not fit {dtype}") from None
 
 
 class InputBinder:
@@ -109,8 +124,9 @@ class InputBinder:
         self._tensor_symbols: list[tuple[int, int, str, int]] = []
         #: (input position, symbol) for each input scalar
         self._scalar_symbols: list[tuple[int, str]] = []
-        #: (input position, Python type) of each input scalar: values are converted to it each run
-        self._scalar_types: list[tuple[int, type]] = []
+        #: (input position, Python type, dtype, name) of each input scalar: values are converted to it
+        #: (and checked to fit it) each run
+        self._scalar_types: list[tuple[int, type, DataType, str]] = []
         #: (input position, scalar name, minimum, use) for each input scalar used as a size, slice
         #: index or split factor
         self._bounded: list[tuple[int, str, int, str]] = []
@@ -124,7 +140,7 @@ class InputBinder:
             elif isinstance(val, Scalar):
                 self.specs.append(ScalarSpec(str(val), val.dtype))
                 self._scalar_symbols.append((pos, val.symbol))
-                self._scalar_types.append((pos, python_scalar_type(val.dtype)))
+                self._scalar_types.append((pos, python_scalar_type(val.dtype), val.dtype, str(val)))
                 if val.lower_bound is not None:
                     self._bounded.append((pos, str(val), *val.lower_bound))
 
@@ -142,11 +158,14 @@ class InputBinder:
     def coerce(self, args: list[Any]) -> list[Any]:
         """``args`` with each scalar input converted to its declared Python type (``2`` for a Double
         scalar computes as ``2.0``; a 0-dim tensor becomes a number), so ops see the dtypes the
-        fusion was defined with. Validation (``check``) has accepted the values already."""
-        for pos, kind in self._scalar_types:
+        fusion was defined with. Validation (``check``) has accepted their kinds; values are not in the
+        signature, so an int's range is checked here, on every run."""
+        for pos, kind, dtype, name in self._scalar_types:
             value = args[pos]
-            if type(value) is not kind:
-                args[pos] = kind(value.item() if isinstance(value, torch.Tensor) else value)
+            if isinstance(value, torch.Tensor):
+                value = value.item()
+            if type(value) is not kind or kind is int:
+                args[pos] = check_scalar_value(value, dtype, pos, name)
         return args
 
     def bind(self, args: Sequence[Any]) -> dict[str, int]:
@@ -161,6 +180,17 @@ class InputBinder:
             if value < minimum:
                 raise ValueError(f"input {pos} ({name}) is used as {use} and must be at least {minimum}, got {value}")
         return env
+
+
+def input_list(inputs: Any) -> list[Any]:
+    """The inputs of an execute call as a list; TypeError for what is no list of inputs (``None``, or
+    one tensor, which would be taken row by row)."""
+    if isinstance(inputs, torch.Tensor):
+        raise TypeError("execute: inputs must be a list of tensors and scalars, got one torch.Tensor; pass "
+                        "[tensor] for a single input")
+    if isinstance(inputs, (str, bytes, Mapping)) or not isinstance(inputs, Iterable):
+        raise TypeError(f"execute: inputs must be a list of tensors and scalars, got {type(inputs).__name__}")
+    return list(inputs)
 
 
 def signature(args: Sequence[Any]) -> tuple[Any, ...]:

@@ -13,6 +13,7 @@ from pyfuser.ir.analysis.sharding import check_meshes_fit
 from pyfuser.ir.fusion import Fusion
 from pyfuser.options import CommunicatorBackend, comm_backend
 from pyfuser.runtime.executor import FusionExecutorCache
+from pyfuser.runtime.inputs import input_list
 
 
 @dataclass(slots=True)
@@ -54,7 +55,7 @@ class MultiDeviceExecutor:
         return self.communicator.device()
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        return self._cache.run(list(inputs), device=self.device, backend=self._backend)
+        return self._cache.run(input_list(inputs), device=self.device, backend=self._backend)
 
     def host_ir(self) -> str:
         """This rank's Host IR of the latest run (as ``PYFUSER_DUMP=host_ir`` prints it)."""

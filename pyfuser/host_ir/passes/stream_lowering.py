@@ -24,8 +24,9 @@ from pyfuser.ir.analysis.stream_axes import (
     StreamAxis,
     expr_stream_axis,
     inherited_stream_axes,
-    producer_id,
+    operand_id,
     stream_axis_of,
+    tensor_operands,
 )
 from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.fusion import Fusion
@@ -56,11 +57,11 @@ class _OpenLoop:
         if not axis.maps_to(self.axis):
             return False
         linked = False
-        for p in expr.tensor_inputs:
+        for position, p in tensor_operands(expr):
             entry = self.chunks.get(p)
             if entry is None:
                 continue
-            mapped = producer_id(expr, p, axis.logical)
+            mapped = operand_id(expr, position, axis.logical)
             if mapped is entry[0]:
                 linked = True
             elif mapped is not None or p in self.produced:
@@ -107,20 +108,25 @@ class _StreamLowering:
                 if isinstance(v, TensorView) and v in loop.chunks}
 
     def _add(self, loop: _OpenLoop, node: HostNode, expr: Expr, axis: StreamAxis) -> None:
-        mapping: dict[Val, Val] = {}
         for p in node.whole_inputs:
             if p in loop.chunks:
                 _read_whole_and_chunked(p, axis)
             loop.read_whole.add(p)
-        for p in expr.tensor_inputs:
-            mapped = producer_id(expr, p, axis.logical)
+        #: the expr's inputs, position by position, as this iteration reads them
+        operands: list[Val] = list(expr.inputs)
+        for position, p in tensor_operands(expr):
+            mapped = operand_id(expr, position, axis.logical)
             if mapped is None or p in node.whole_inputs:
                 continue  # read whole: e.g. the weight of a row-chunked matmul
             if p not in loop.chunks:
                 if p in loop.read_whole:
                     _read_whole_and_chunked(p, axis)
                 self._select(loop, p, mapped)
-            mapping[p] = loop.chunks[p][1]
+            operands[position] = loop.chunks[p][1]
+        # A tensor read chunked at one position and whole at another (``matmul(x, x)`` by rows) is
+        # substituted position by position.
+        mapping: dict[Val, Val] = {p: c for p, c in zip(expr.inputs, operands, strict=True) if c is not p}
+        by_position = any(mapping.get(p, p) is not c for p, c in zip(expr.inputs, operands, strict=True))
         for out in expr.tensor_outputs:  # outputs of one expr (var_mean) are chunked at the same position
             ids = out.get_logical_domain(no_reductions=True)
             if axis.dim >= len(ids) or ids[axis.dim].extent != axis.logical.extent:
@@ -133,7 +139,8 @@ class _StreamLowering:
             self._select(loop, out, logical)
             loop.produced.add(out)
             mapping[out] = loop.chunks[out][1]
-        loop.body.append(node.substitute(mapping, loop.index))
+        loop.body.append(node.substitute(mapping, loop.index, operands=operands) if by_position
+                         else node.substitute(mapping, loop.index))
 
     @staticmethod
     def _select(loop: _OpenLoop, tv: TensorView, logical: IterDomain) -> None:

@@ -39,6 +39,10 @@ class FusedExprs:
     def op_description(self) -> str:
         return "kernel of " + ", ".join(e.op_description for e in self.exprs)
 
+    def operand_map(self, position: int) -> dict[IterDomain, IterDomain]:
+        """The map of the input at ``position`` (a kernel reads each of its inputs once)."""
+        return self.logical_map(self.inputs[position])  # type: ignore[arg-type]
+
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         """``producer`` logical ID -> first output's logical ID, composed through the exprs."""
         origin: dict[int, IterDomain] = {id(i): i for i in producer.get_logical_domain()}

@@ -118,6 +118,21 @@ def producer_id(expr: Expr | FusedExprs, producer: TensorView, consumer_id: Iter
     return None
 
 
+def operand_id(expr: Expr | FusedExprs, position: int, consumer_id: IterDomain) -> IterDomain | None:
+    """The non-broadcast logical ID of ``expr``'s input at ``position`` that ``expr`` maps to
+    ``consumer_id``, if any. By position, not by tensor: ``matmul(x, x)`` chunked by rows reads
+    the first ``x`` by rows and the second whole."""
+    for p, c in expr.operand_map(position).items():
+        if c is consumer_id and not p.is_broadcast and not p.is_reduction:
+            return p
+    return None
+
+
+def tensor_operands(expr: Expr | FusedExprs) -> list[tuple[int, TensorView]]:
+    """``(position, tensor)`` of each tensor input of ``expr`` (a tensor read twice appears twice)."""
+    return [(k, v) for k, v in enumerate(expr.inputs) if isinstance(v, TensorView)]
+
+
 def expr_stream_axis(expr: Expr | FusedExprs, inherited: Mapping[int, StreamAxis] | None = None) -> StreamAxis | None:
     """The stream chunking of ``expr``'s first output: its own schedule, or propagated from a fusion
     input scheduled on stream (scheduling an input's axis puts its consumers in the loop), and from
@@ -134,19 +149,23 @@ def expr_stream_axis(expr: Expr | FusedExprs, inherited: Mapping[int, StreamAxis
         axis = stream_axis_of(o)
         if axis is not None:
             candidates.append(axis if o is out else _on_first_output(expr, axis))
-    for p in expr.tensor_inputs:
+    for p in dict.fromkeys(v for _, v in tensor_operands(expr)):
         if not p.is_fusion_input:
             continue
         axis = stream_axis_of(p)
         if axis is None:
             continue
-        target = expr.logical_map(p).get(axis.logical)
-        if target is None or target.is_reduction:
+        # A tensor read at several positions (``matmul(x, x)``) is chunked where the consumer keeps
+        # the axis and read whole where it contracts it.
+        targets = [expr.operand_map(k).get(axis.logical) for k, v in tensor_operands(expr) if v is p]
+        kept = [t for t in targets if t is not None and not t.is_reduction]
+        if not kept:
+            target = targets[0]
             what = f"the reduction ID {target}" if target is not None else "no axis"
             raise ValueError(f"{axis.describe()} is parallelized on stream, but its consumer {out.short_name} "
                              f"({expr.op_description}) maps it to {what}; only an axis the consumer keeps can "
                              "be iterated by a stream loop")
-        candidates.append(axis.on(out, target))
+        candidates.extend(axis.on(out, t) for t in kept)
     if not candidates:
         return _inherited(expr, out, inherited or {})
     first = candidates[0]

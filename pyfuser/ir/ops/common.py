@@ -6,10 +6,28 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pyfuser.ir.base import indent_str
+from pyfuser.ir.dtypes import INT64_MAX
 
 if TYPE_CHECKING:
     from pyfuser.ir.iter_domain import IterDomain
     from pyfuser.ir.tensor_view import TensorView
+
+
+def checked_sizes(what: str, sizes: Sequence[int], itemsize: int = 1) -> Sequence[int]:
+    """``sizes`` of a tensor about to be created, checked for what torch would report as a raw error:
+    each size non-negative, and the element count (times ``itemsize`` bytes when memory is
+    allocated; 1 for a view) within int64. ``what`` names the op and tensor (``full T2``)."""
+    total = itemsize
+    for d, size in enumerate(sizes):
+        if size < 0:
+            raise ValueError(f"{what}: axis {d} would have size {size} (sizes {list(sizes)}); sizes must be >= 0")
+        if size > INT64_MAX:
+            raise ValueError(f"{what}: axis {d} would have size {size}, more than 2**63 - 1")
+        total *= size
+    if total > INT64_MAX:
+        raise ValueError(f"{what}: sizes {list(sizes)} overflow: {'the element count' if itemsize == 1 else 'the byte size'} "
+                         f"exceeds 2**63 - 1")
+    return sizes
 
 
 def header(out: Any, indent: int) -> str:

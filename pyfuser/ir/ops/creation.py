@@ -8,7 +8,7 @@ import torch
 
 from pyfuser.ir.base import Expr, PythonCall, Val
 from pyfuser.ir.eval_context import EvalContext
-from pyfuser.ir.ops.common import call_string
+from pyfuser.ir.ops.common import call_string, checked_sizes
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
@@ -23,8 +23,10 @@ class FullOp(Expr):
         self._extents = [i.extent for i in out.get_logical_domain()]
 
     def evaluate(self, ctx: EvalContext, value: Any) -> list[Any]:
-        sizes = [e.evaluate(ctx.env) for e in self._extents]
-        return [torch.full(sizes, value, dtype=self.output.dtype.torch_dtype, device=ctx.device)]
+        dtype = self.output.dtype
+        sizes = checked_sizes(f"full {self.output.short_name}", [e.evaluate(ctx.env) for e in self._extents],
+                              dtype.itemsize)
+        return [torch.full(sizes, value, dtype=dtype.torch_dtype, device=ctx.device)]
 
     def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, value: Any) -> None:
         """``out`` may be one chunk of the output (stream loop), so fill it rather than build a full tensor."""
@@ -49,6 +51,7 @@ class IotaOp(Expr):
 
     def evaluate(self, ctx: EvalContext, length: int, start: Any, step: Any) -> list[Any]:
         dtype = self.output.dtype.torch_dtype
+        checked_sizes(f"iota {self.output.short_name}", [int(length)], dtype.itemsize)
         index = torch.arange(int(length), device=ctx.device, dtype=dtype)
         return [(index * step + start).to(dtype)]
 

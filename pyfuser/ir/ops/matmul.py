@@ -37,6 +37,19 @@ def _align_right(producer_ids: list[IterDomain], consumer_ids: list[IterDomain])
     return {p: consumer_ids[offset + k] for k, p in enumerate(producer_ids) if offset + k >= 0}
 
 
+def _matmul_writes_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether ``torch.matmul(a, b, out=out)`` writes ``out`` in place. Some of its paths do not: a
+    batched ``a`` times a matrix or vector is folded into one GEMM, and a vector times a batched
+    ``b`` is unsqueezed into one, whose result is viewed into ``out``, which fails on a strided
+    ``out`` (a stream chunk of a column-major output); a vector times a matrix resizes ``out``
+    (deprecated, and a chunk would stop being a view)."""
+    if a.dim() == 1 and b.dim() == 2:
+        return False
+    if (a.dim() >= 3 and b.dim() <= 2) or (a.dim() == 1 and b.dim() >= 3):
+        return out.is_contiguous()
+    return True
+
+
 class MatmulOp(Expr):
     """``torch.matmul`` semantics for 1-D to N-D operands."""
 
@@ -57,15 +70,21 @@ class MatmulOp(Expr):
     def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         if self._checks:
             check_same_sizes("matmul", self._checks, self.defined_inputs, (a, b))
-        torch.matmul(a, b, out=out)
+        if _matmul_writes_into(a, b, out):
+            torch.matmul(a, b, out=out)
+        else:
+            out.copy_(torch.matmul(a, b))
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        return self.agreed_map(producer)
+
+    def operand_map(self, position: int) -> dict[IterDomain, IterDomain]:
         a, b = self.inputs
         out_ids = self.output.get_logical_domain()
         rk, kept = out_ids[-1], out_ids[:-1]
-        ids = producer.get_logical_domain(no_reductions=True)
+        ids = self.inputs[position].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
         mapping: dict[IterDomain, IterDomain] = {}
-        if producer is a:
+        if position == 0:
             k = ids[-1]
             if len(ids) >= 2:
                 n_present = b.ndim >= 2  # type: ignore[attr-defined]
@@ -73,14 +92,13 @@ class MatmulOp(Expr):
                 mapping.update(_align_right(ids[:-2], kept[:m_pos]))
                 mapping[ids[-2]] = kept[m_pos]
             mapping[k] = rk
-        if producer is b:
-            if len(ids) == 1:
-                mapping[ids[0]] = rk
-            else:
-                mapping[ids[-2]] = rk
-                mapping[ids[-1]] = kept[-1]
-                batch_end = len(kept) - 1 - (1 if a.ndim >= 2 else 0)  # type: ignore[attr-defined]
-                mapping.update(_align_right(ids[:-2], kept[:batch_end]))
+        elif len(ids) == 1:
+            mapping[ids[0]] = rk
+        else:
+            mapping[ids[-2]] = rk
+            mapping[ids[-1]] = kept[-1]
+            batch_end = len(kept) - 1 - (1 if a.ndim >= 2 else 0)  # type: ignore[attr-defined]
+            mapping.update(_align_right(ids[:-2], kept[:batch_end]))
         return mapping
 
     def python_call(self) -> PythonCall:
@@ -142,17 +160,20 @@ class LinearOp(Expr):
             torch.addmm(bias, rows, w.t(), out=out_rows)
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        x, w = self.inputs[0], self.inputs[1]
+        return self.agreed_map(producer)
+
+    def operand_map(self, position: int) -> dict[IterDomain, IterDomain]:
+        w = self.inputs[1]
         out_ids = self.output.get_logical_domain()
         rk, kept = out_ids[-1], out_ids[:-1]
-        ids = producer.get_logical_domain(no_reductions=True)
+        ids = self.inputs[position].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
         n_present = w.ndim >= 2  # type: ignore[attr-defined]
         wb = self.weight_batch
-        if producer is x:
+        if position == 0:
             mapping = {p: c for p, c in zip(ids[:-1], kept[wb:], strict=False)}
             mapping[ids[-1]] = rk
             return mapping
-        if producer is w:
+        if position == 1:
             if not n_present:
                 return {ids[0]: rk}
             return {**dict(zip(ids[:wb], kept[:wb], strict=True)), ids[-2]: kept[-1], ids[-1]: rk}

@@ -52,6 +52,9 @@ class PointwiseSpec:
     printed: Callable[[str, DataType], str] | None = None
     triton: str | None = None
     floating_only: bool = False
+    #: On integer operands, the values torch raises for (division by zero): reported as a ValueError
+    #: naming the operands.
+    integer_domain: str | None = None
 
 
 def _float_suffixed(name: str, out: DataType) -> str:
@@ -147,7 +150,24 @@ def _div(a: Any, b: Any) -> Any:
 def _trunc_div(a: Any, b: Any) -> Any:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return torch.div(a, b, rounding_mode="trunc")
-    return int(a / b)
+    quotient = abs(a) // abs(b)  # exact for any int (``int(a / b)`` rounds through a double)
+    return quotient if (a < 0) == (b < 0) else -quotient
+
+
+def _naming_integer_domain(fn: Callable[[Any, Any], Any], kind: BinaryOpType, lhs: Val,
+                           rhs: Val) -> Callable[[Any, Any], Any]:
+    """``fn`` with torch's errors for integer values outside the op's domain (``x // 0``) turned
+    into a ValueError naming the operands; free until one is raised."""
+    names = f"{getattr(lhs, 'short_name', lhs)} and {getattr(rhs, 'short_name', rhs)}"
+
+    def apply(a: Any, b: Any) -> Any:
+        try:
+            return fn(a, b)
+        except (RuntimeError, ZeroDivisionError) as e:
+            raise ValueError(f"{kind.name}: on the integer operands {names}, {kind.spec.integer_domain}; torch "
+                             f"raises for that ({e})") from None
+
+    return apply
 
 
 def _tensor_or_scalar(fn: Callable[[Any, Any], Any], scalar_fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -199,9 +219,10 @@ class BinaryOpType(Enum):
     sub = PointwiseSpec(operator.sub, torch.sub, inline="-", triton="{0} - {1}")
     mul = PointwiseSpec(operator.mul, torch.mul, inline="*", triton="{0} * {1}")
     #: true division for floating operands, truncation for integers (decided per op from the dtypes)
-    div = PointwiseSpec(_div, inline="/", triton="_div({0}, {1})")
+    div = PointwiseSpec(_div, inline="/", triton="_div({0}, {1})", integer_domain="a divisor is 0")
     truediv = PointwiseSpec(_true_div, torch.true_divide, inline="/", triton="{0} / {1}")
-    pow = PointwiseSpec(operator.pow, triton="_pow({0}, {1})", floating_only=True)
+    pow = PointwiseSpec(operator.pow, triton="_pow({0}, {1})", floating_only=True,
+                       integer_domain="an exponent is negative")
     maximum = PointwiseSpec(_tensor_or_scalar(torch.maximum, max), printed=_fmax_or_max,
                             triton="tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)")
     minimum = PointwiseSpec(_tensor_or_scalar(torch.minimum, min), printed=_fmax_or_max,
@@ -405,10 +426,13 @@ class BinaryOp(Expr):
         self._checks = size_checks((lhs, rhs), 0, 1)
         self._fn = kind.spec.fn
         out_fn = kind.spec.out_fn
+        integral = not any(v.dtype.is_floating or v.dtype.is_complex for v in (lhs, rhs))
         if kind is BinaryOpType.div:  # integer or true division is decided by the operand dtypes, once
-            integral = not any(v.dtype.is_floating or v.dtype.is_complex for v in (lhs, rhs))
             self._fn = _trunc_div if integral else _true_div
             out_fn = None if integral else BinaryOpType.truediv.spec.out_fn
+        if integral and kind.spec.integer_domain is not None:
+            self._fn = _naming_integer_domain(self._fn, kind, lhs, rhs)  # type: ignore[arg-type]
+            out_fn = None
         #: a torch function with an ``out=`` overload taking a tensor first and a tensor or number second
         self._out_fn = out_fn
         #: Operands that were 0-dim tensors before the frontend broadcast them (see ``as_numbers``).

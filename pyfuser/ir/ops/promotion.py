@@ -22,7 +22,9 @@ def _dtype_of(x: Val | complex) -> DataType:
 
 def _probe(val: Val | complex) -> Any:
     if not isinstance(val, Val):
-        return val
+        # Torch promotes a Python number by its kind, never its value: a stand-in of the same kind
+        # keeps value errors (``x_int // 0``) for execution, where they are reported as such.
+        return _PROBE_VALUES[python_scalar_type(data_type_of_python(val))]
     if val.is_tensor:
         # Real rank: a 0-dim tensor promotes like a number in torch, at definition as at execution.
         return torch.ones((1,) * val.ndim, dtype=val.dtype.torch_dtype)  # type: ignore[attr-defined]
@@ -31,7 +33,7 @@ def _probe(val: Val | complex) -> Any:
 
 def result_dtype(fn: Callable[..., Any], vals: Sequence[Val | complex]) -> DataType:
     """Result dtype of ``fn`` under torch's promotion, found by running it on tiny tensors
-    (Python numbers stand for themselves)."""
+    (Python numbers by a number of their kind)."""
     probes = [_probe(v) for v in vals]
     if not any(isinstance(p, torch.Tensor) for p in probes):
         # Scalars only: promote as 0-dim tensors of the scalars' dtypes would.

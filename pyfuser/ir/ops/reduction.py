@@ -17,6 +17,7 @@ import torch
 from pyfuser.ir.base import Expr, PythonCall
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header, int_list, positional_map
+from pyfuser.ir.ops.shape import describe_axis
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
@@ -33,19 +34,21 @@ def _prod(x: torch.Tensor, dims: tuple[int, ...], dtype: torch.dtype | None) -> 
 @dataclass(frozen=True, eq=False)
 class ReductionSpec:
     """``fn(x, dims, dtype)``: the torch reference; ``printed`` / ``init``: nvFuser's kernel-math
-    op name and initial value; ``combine``: how partial results combine (a ``ReduceOp`` name)."""
+    op name and initial value; ``combine``: how partial results combine (a ``ReduceOp`` name);
+    ``needs_elements``: torch has no result for an empty reduced axis (max, min)."""
 
     fn: Callable[[torch.Tensor, tuple[int, ...], torch.dtype], torch.Tensor]
     printed: str
     init: str
     combine: str
+    needs_elements: bool = False
 
 
 class ReductionOpType(Enum):
     sum = ReductionSpec(lambda x, dims, dtype: torch.sum(x, dims, dtype=dtype), "add", "0", "sum")
     prod = ReductionSpec(_prod, "mul", "1", "prod")
-    max = ReductionSpec(lambda x, dims, dtype: torch.amax(x, dims).to(dtype), "max", "-inf", "max")
-    min = ReductionSpec(lambda x, dims, dtype: torch.amin(x, dims).to(dtype), "min", "inf", "min")
+    max = ReductionSpec(lambda x, dims, dtype: torch.amax(x, dims).to(dtype), "max", "-inf", "max", True)
+    min = ReductionSpec(lambda x, dims, dtype: torch.amin(x, dims).to(dtype), "min", "inf", "min", True)
     #: partial means of equal-sized shards average like sums divided by the shard count
     mean = ReductionSpec(lambda x, dims, dtype: torch.mean(x, dims, dtype=dtype), "mean", "0", "mean")
 
@@ -65,6 +68,7 @@ class ReductionOp(Expr):
         #: a mean that finishes an rfactored one divides by the extents of these IDs (the reduced IDs
         #: of the whole reduction), not by its own reduced extents
         self.count_ids = count_ids
+        self._needs_elements = kind.spec.needs_elements
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         dtype = self.output.dtype.torch_dtype
@@ -76,6 +80,11 @@ class ReductionOp(Expr):
                      / count).to(dtype)]
         if not self.axes:
             return [x.to(dtype)]
+        if self._needs_elements:
+            for d in self.axes:
+                if x.shape[d] == 0:
+                    raise ValueError(f"{self.kind.name}: {describe_axis(self.defined_inputs[0], d)} has size 0; "
+                                     f"the {self.kind.name} of an empty axis is undefined")
         return [self.kind.spec.fn(x, self.axes, dtype)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from pyfuser.ir.base import Expr, PythonCall, Val
 from pyfuser.ir.eval_context import EvalContext
-from pyfuser.ir.ops.common import bool_flags, call_string, header, int_list, positional_map
+from pyfuser.ir.ops.common import bool_flags, call_string, checked_sizes, header, int_list, positional_map
 from pyfuser.ir.symbolic import SymExpr
 
 if TYPE_CHECKING:
@@ -128,21 +128,24 @@ class ExpandOp(Expr):
         #: (axis, size) of non-broadcast axes the user gave a size whose equality with the axis's
         #: extent is only known at execution
         self.size_checks = list(size_checks)
+        #: (axis, the axis's extent, size): compared on bound extents, not on the tensor the op gets,
+        #: which may be one chunk of a stream loop
+        self._extent_checks = [(d, in_ids[d].extent, size) for d, size in self.size_checks]
 
     def _check_sizes(self, ctx: EvalContext, x: torch.Tensor) -> None:
-        for d, size in self.size_checks:
-            want = size.evaluate(ctx.env)
-            if x.shape[d] != want:
-                raise ValueError(f"expand: {self.defined_inputs[0].short_name} axis {d} has size {x.shape[d]} and "  # type: ignore[attr-defined]
+        for d, extent, size in self._extent_checks:
+            have, want = extent.evaluate(ctx.env), size.evaluate(ctx.env)
+            if have != want:
+                raise ValueError(f"expand: {self.defined_inputs[0].short_name} axis {d} has size {have} and "  # type: ignore[attr-defined]
                                  f"is not a broadcast axis; cannot expand it to {want}")
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         if self.size_checks:
             self._check_sizes(ctx, x)
-        sizes = [-1] * x.dim()
+        sizes = list(x.shape)
         for d, extent in self._expanded:
             sizes[d] = extent.evaluate(ctx.env)
-        return [x.expand(sizes)]
+        return [x.expand(checked_sizes(f"expand {self.output.short_name}", sizes))]
 
     def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, x: torch.Tensor) -> None:
         """``out`` may be a chunk of the expanded axis (stream loop): broadcasting fills it."""
@@ -292,6 +295,16 @@ class PadOp(Expr):
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, value: Any) -> list[Any]:
         pads = [w.evaluate(ctx.env) for w in self.widths]
+        what = f"pad {self.output.short_name} (of {self.defined_inputs[0].short_name} with widths {pads})"  # type: ignore[attr-defined]
+        sizes = list(x.shape)
+        for k in range(0, len(pads), 2):
+            d, left, right = len(sizes) - 1 - k // 2, pads[k], pads[k + 1]
+            crop = -min(left, 0) - min(right, 0)
+            if crop > sizes[d]:  # torch crops before it pads
+                raise ValueError(f"{what}: axis {d} has size {sizes[d]}; widths {left}, {right} would crop "
+                                 f"{crop - sizes[d]} elements more than it has")
+            sizes[d] += left + right
+        checked_sizes(what, sizes, self.output.dtype.itemsize)
         return [F.pad(x, pads, value=value)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:

@@ -1,0 +1,340 @@
+"""Running a fuzz case under execution modes, classifying what happened, and shrinking failures.
+
+Each case runs once per ``ExecutionMode`` (the ``_enable_options`` / ``_disable_options`` of every
+execute call), so a new execution path is covered by adding a mode to ``MODES``: generated kernels
+through Triton's interpreter will be ``ExecutionMode("triton_interpreter", enable=("triton_interpreter",))``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+import torch
+
+from .case import Case, Output, TensorInput
+
+
+@dataclass(frozen=True)
+class ExecutionMode:
+    """Options of every ``fd.execute`` of a run."""
+
+    name: str
+    enable: tuple[str, ...] = ()
+    disable: tuple[str, ...] = ()
+
+
+#: Every mode the fuzzer knows; ``--modes`` (and the CI test) pick from these by name.
+MODES: dict[str, ExecutionMode] = {m.name: m for m in [
+    ExecutionMode("default"),
+    ExecutionMode("no_ring_buffers", disable=("stream_ring_buffers",)),
+    ExecutionMode("stream_overlap", enable=("stream_overlap",)),
+    ExecutionMode("no_infer_contiguity", disable=("infer_contiguity",)),
+]}
+DEFAULT_MODES = ("default",)
+
+
+class Category(Enum):
+    match = "match"
+    #: a ValueError / TypeError naming a tensor (or input): pyfuser refuses the program or its inputs
+    rejected = "valid rejection"
+    wrong = "wrong result"
+    #: any other exception, or an error that names nothing
+    internal = "internal error"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    category: Category
+    mode: str
+    detail: str = ""
+    #: for a rejection: eager torch ran the program (pyfuser is stricter, or wrong to refuse)
+    torch_runs_it: bool = False
+    #: for a match: how many stream loops the compiled program ran
+    stream_loops: int = 0
+
+    @property
+    def failed(self) -> bool:
+        return self.category in (Category.wrong, Category.internal)
+
+    def signature(self) -> str:
+        """What identifies the defect: the category and the message without names and numbers."""
+        return f"{self.category.value}: {normalize(self.detail)[:90]}"
+
+
+_NAMES = re.compile(r"\bT\d+\b|\b[isdb]\d+\b|\binput \d+\b")
+_NUMBERS = re.compile(r"-?\d+(\.\d+)?(e-?\d+)?")
+
+
+def normalize(message: str) -> str:
+    """A message with tensor names and numbers replaced, to group messages of one kind."""
+    return _NUMBERS.sub("N", _NAMES.sub("T", message.splitlines()[0] if message else ""))
+
+
+def names_a_tensor(message: str) -> bool:
+    """``T3`` (also as in ``T3_g_float[...]``) or ``input 2``."""
+    return re.search(r"\bT\d+(?![0-9a-zA-Z])|\binput \d+\b", message) is not None
+
+
+def tolerance(dtype: torch.dtype, low_precision: bool = False) -> dict[str, float]:
+    """How close floats must be: the last bits of inexact ops (``INEXACT_OPS``) may differ, at the
+    precision of the lowest-precision dtype the values went through (float32 at best, as Python
+    numbers compute in float32 with integer tensors)."""
+    if not (dtype.is_floating_point or dtype.is_complex):
+        return {"rtol": 0.0, "atol": 0.0}
+    if low_precision or dtype in (torch.float16, torch.bfloat16):
+        return {"rtol": 2e-2, "atol": 2e-2}
+    return {"rtol": 1e-4, "atol": 1e-5}
+
+
+def low_precision(case: Case) -> bool:
+    """Whether values of ``case`` pass through a 16-bit float."""
+    text = case.repro()
+    return any(name in text for name in ("float16", "bfloat16", "DataType.Half", "DataType.BFloat16"))
+
+
+def compare(out: Any, want: torch.Tensor, low_precision: bool = False) -> str | None:
+    """None when ``out`` is ``want`` (shape, dtype and values within the dtype's tolerance)."""
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, expected a tensor"
+    if out.shape != want.shape:
+        return f"shape {tuple(out.shape)}, expected {tuple(want.shape)}"
+    if out.dtype != want.dtype:
+        return f"dtype {out.dtype}, expected {want.dtype}"
+    if out.dtype.is_floating_point or out.dtype.is_complex:
+        # Where both are inf or nan, which one depends on torch's kernel (vectorized or not: a chunk
+        # of a stream loop may take the other): not a difference of pyfuser's.
+        both = ~torch.isfinite(out) & ~torch.isfinite(want)
+        out, want = out.masked_fill(both, 0), want.masked_fill(both, 0)
+    try:
+        torch.testing.assert_close(out, want, equal_nan=True, **tolerance(want.dtype, low_precision))
+    except AssertionError as e:
+        return "values differ: " + " ".join(str(e).split())[:300]
+    return None
+
+
+def _dense_strides(shape: Sequence[int], stride_order: Sequence[int]) -> list[int]:
+    strides, stride = [0] * len(shape), 1
+    for d in sorted(range(len(shape)), key=lambda d: stride_order[d]):
+        strides[d] = stride
+        stride *= max(shape[d], 1)
+    return strides
+
+
+def check_outputs(case: Case, outs: Sequence[Any], wants: Sequence[torch.Tensor], args: Sequence[Any],
+                  originals: Sequence[Any]) -> str | None:
+    """Values, required layouts, no shared memory, inputs untouched: the executor's promises."""
+    if len(outs) != len(wants):
+        return f"{len(outs)} outputs, expected {len(wants)}"
+    low = low_precision(case)
+    for k, (out, want, spec) in enumerate(zip(outs, wants, case.outputs, strict=True)):
+        problem = compare(out, want, low)
+        if problem is not None:
+            return f"output {k} ({spec.name}): {problem}"
+        if spec.stride_order is not None and out.numel() > 1:
+            want_strides = _dense_strides(out.shape, spec.stride_order)
+            if any(s != w for s, w, n in zip(out.stride(), want_strides, out.shape, strict=True) if n > 1):
+                return f"output {k} ({spec.name}): strides {out.stride()}, but stride_order {list(spec.stride_order)} " \
+                       f"requires {want_strides}"
+    storages: dict[int, str] = {}
+    for what, t in [*((f"input {k}", a) for k, a in enumerate(args)), *((f"output {k}", o) for k, o in enumerate(outs))]:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in storages and what.startswith("output"):
+            return f"{what} shares memory with {storages[ptr]}"
+        storages.setdefault(ptr, what)
+    for k, (arg, original) in enumerate(zip(args, originals, strict=True)):
+        if isinstance(arg, torch.Tensor) and not torch.equal(arg, original) and not (
+                arg.dtype.is_floating_point and torch.equal(arg.isnan(), original.isnan())
+                and torch.equal(arg.nan_to_num(), original.nan_to_num())):
+            return f"input {k} was modified"
+    return None
+
+
+def _rejection_or_internal(error: BaseException, mode: str, torch_ok: bool, where: str) -> Outcome:
+    message = f"{type(error).__name__} {where}: {error}"
+    if isinstance(error, (ValueError, TypeError)) and names_a_tensor(str(error)):
+        return Outcome(Category.rejected, mode, message, torch_runs_it=torch_ok)
+    return Outcome(Category.internal, mode, message)
+
+
+def _runs(case: Case) -> list[tuple[str, Callable[[], list[Any]]]]:
+    """The executions of a case: the first (compiles), one with other values (a cached program),
+    and, when no input promises a layout (declared or set as its allocation domain), one with dense
+    inputs (another layout: compiles again).
+    Inputs are rebuilt, never cloned: a clone of a strided or expanded input is dense."""
+    runs: list[tuple[str, Callable[[], list[Any]]]] = [("first run", case.input_values),
+                                                       ("cached run, other values", lambda: case.input_values(1))]
+    tensors = [i for i in case.inputs if isinstance(i, TensorInput)]
+    required = any(line.startswith(f"{i.name}.set_allocation_domain(") for i in tensors for line in case.schedule)
+    if tensors and not required and not any(i.promises_layout for i in tensors) and any(
+            i.strided_axis is not None or i.expanded or list(i.memory_order) != sorted(i.memory_order) for i in tensors):
+        runs.append(("dense inputs", lambda: [v.contiguous() if isinstance(v, torch.Tensor) else v
+                                              for v in case.input_values(2)]))
+    return runs
+
+
+def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | None, torch_error: str | None) -> Outcome:
+    """One case under one mode; ``wants`` are torch's outputs (None when torch raised ``torch_error``)."""
+    try:
+        fd, _ = case.build()
+    except Exception as e:
+        return _rejection_or_internal(e, mode.name, wants is not None, "at definition")
+    stream_loops = 0
+    for k, (attempt, make_inputs) in enumerate(_runs(case)):
+        if k > 0:  # the reference of other inputs
+            try:
+                wants = case.reference(make_inputs())
+            except Exception:
+                continue  # torch rejects these values (a division by zero): nothing to compare
+        args, originals = make_inputs(), make_inputs()
+        try:
+            outs = fd.execute(args, _enable_options=list(mode.enable), _disable_options=list(mode.disable))
+        except Exception as e:
+            where = "compiling" if fd.fec.last_program is None else f"executing ({attempt})"
+            outcome = _rejection_or_internal(e, mode.name, wants is not None, where)
+            if k > 0 and outcome.category is Category.rejected:  # torch runs these inputs, of the accepted shapes
+                return replace(outcome, category=Category.internal,
+                               detail=f"rejected after accepting the first inputs: {outcome.detail}")
+            return outcome
+        if wants is None:
+            return Outcome(Category.wrong, mode.name, f"torch raised {torch_error}, but pyfuser returned outputs")
+        problem = check_outputs(case, outs, wants, args, originals)
+        if problem is not None:
+            return Outcome(Category.wrong, mode.name, f"{attempt}: {problem}")
+        stream_loops = stream_loops or str(fd.fec.last_program).count("FOR StreamIdx")
+    return Outcome(Category.match, mode.name, stream_loops=stream_loops)
+
+
+def reference(case: Case) -> tuple[list[torch.Tensor] | None, str | None]:
+    try:
+        return case.reference(case.input_values()), None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+
+
+def run_case(case: Case, modes: Sequence[ExecutionMode]) -> list[Outcome]:
+    """The outcome of ``case`` under each mode.
+
+    A rejection while executing a scheduled program, of inputs torch runs, is checked once more
+    without the schedule: a schedule decides how a program runs, never which inputs are valid, so
+    if the unscheduled program matches torch the rejection is a defect.
+    """
+    wants, torch_error = reference(case)
+    outcomes = []
+    for mode in modes:
+        outcome = run_mode(case, mode, wants, torch_error)
+        if (outcome.category is Category.rejected and outcome.torch_runs_it and case.schedule
+                and " executing " in outcome.detail):
+            plain = run_mode(case.with_(schedule=()), mode, wants, torch_error)
+            if plain.category is Category.match:
+                outcome = Outcome(Category.internal, mode.name, f"rejected only when scheduled: {outcome.detail}")
+        outcomes.append(outcome)
+    return outcomes
+
+
+# --- shrinking -------------------------------------------------------------------------------------------------
+def _names(code: str) -> set[str]:
+    return set(re.findall(r"\b[ts]\d+\b", code))
+
+
+def prune(case: Case) -> Case:
+    """Only the steps, inputs and schedule lines the outputs depend on."""
+    needed = {o.name for o in case.outputs}
+    steps = []
+    for step in reversed(case.steps):
+        if needed & set(step.outs):
+            steps.append(step)
+            needed |= _names(step.fd) | _names(step.ref)
+    steps.reverse()
+    defined = needed | {o for s in steps for o in s.outs}
+    inputs = tuple(i for i in case.inputs if i.name in needed)
+    schedule = tuple(line for line in case.schedule if _names(line) <= defined)
+    return case.with_(inputs=inputs, steps=tuple(steps), schedule=schedule)
+
+
+def shrink(case: Case, still_fails: Callable[[Case], bool], budget: int = 150) -> Case:
+    """A smaller case for which ``still_fails`` holds: fewer outputs, steps, schedule lines, plainer inputs."""
+    calls = 0
+
+    def attempt(candidate: Case) -> bool:
+        nonlocal calls
+        if calls >= budget:
+            return False
+        calls += 1
+        try:
+            return still_fails(candidate)
+        except Exception:
+            return False
+
+    best = case
+    if attempt(prune(case)):
+        best = prune(case)
+    for out in case.outputs:
+        candidate = prune(best.with_(outputs=(out,)))
+        if len(best.outputs) > 1 and attempt(candidate):
+            best = candidate
+            break
+    changed = True
+    while changed and calls < budget:
+        changed = False
+        for k in range(len(best.schedule)):
+            candidate = best.with_(schedule=best.schedule[:k] + best.schedule[k + 1:])
+            if attempt(candidate):
+                best, changed = candidate, True
+                break
+        else:
+            for candidate in _plainer_inputs(best):
+                if attempt(candidate):
+                    best, changed = candidate, True
+                    break
+            else:
+                for candidate in _earlier_outputs(best):
+                    if attempt(candidate):
+                        best, changed = candidate, True
+                        break
+    return best
+
+
+def _plainer_inputs(case: Case) -> list[Case]:
+    """The case with one input's layout made plainer (one change per candidate)."""
+    candidates = []
+    for k, inp in enumerate(case.inputs):
+        if not isinstance(inp, TensorInput):
+            continue
+        simpler = []
+        if inp.strided_axis is not None:
+            simpler.append(replace(inp, strided_axis=None))
+        if inp.expanded:
+            simpler.append(replace(inp, expanded=()))
+        if list(inp.memory_order) != sorted(inp.memory_order):
+            simpler.append(replace(inp, memory_order=tuple(sorted(inp.memory_order))))
+        for s in simpler:
+            if "from_pytorch" in s.declaration:
+                s = replace(s, declaration=f"fd.from_pytorch({s.make_code()})")
+            candidates.append(case.with_(inputs=(*case.inputs[:k], s, *case.inputs[k + 1:])))
+    return candidates
+
+
+def _earlier_outputs(case: Case) -> list[Case]:
+    """The case ending at an earlier step (its first output moved to that step's result)."""
+    if len(case.outputs) != 1:
+        return []
+    return [prune(case.with_(outputs=(Output(step.outs[0]),), schedule=()))
+            for step in case.steps[:-1][::-1] if step.outs[0] != case.outputs[0].name][:4]
+
+
+def minimal_repro(case: Case, outcome: Outcome, modes: Sequence[ExecutionMode]) -> tuple[Case, Outcome]:
+    """``case`` shrunk while it fails the same way; with the outcome of the shrunk case."""
+    mode = [m for m in modes if m.name == outcome.mode]
+    target = outcome.signature()
+
+    def still_fails(candidate: Case) -> bool:
+        return run_case(candidate, mode)[0].signature() == target
+
+    small = shrink(case, still_fails)
+    return small, run_case(small, mode)[0]

@@ -1,0 +1,85 @@
+"""The CI-sized fuzz run (fixed seeds) and the fuzzer's own checks: it must catch what it claims to."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from .campaign import Campaign
+from .case import Case, Output, Step, TensorInput
+from .generator import GeneratorConfig, generate
+from .runner import MODES, Category, ExecutionMode, compare, run_case, shrink
+
+#: seeds per chunk and chunks: every mode on each seed (about 30 s on one core)
+CHUNK, CHUNKS = 400, 4
+
+
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_fuzz_ci(chunk: int) -> None:
+    campaign = Campaign(list(MODES.values()), GeneratorConfig(max_ops=14))
+    campaign.run(range(chunk * CHUNK, (chunk + 1) * CHUNK))
+    counts = campaign.counts()
+    assert counts[Category.match] > counts[Category.rejected], campaign.table()  # mostly valid programs
+    assert campaign.failed == 0, f"\n{campaign.table()}\n{campaign.failure_report()}"
+
+
+def test_cases_are_deterministic() -> None:
+    assert generate(7).repro() == generate(7).repro()
+    values = [v for v in generate(7).input_values() if isinstance(v, torch.Tensor)]
+    assert all(torch.equal(a, b) for a, b in zip(values, [v for v in generate(7).input_values()
+                                                         if isinstance(v, torch.Tensor)], strict=True))
+
+
+def _one_op_case(fd: str, ref: str, shape: tuple[int, ...] = (3, 4)) -> Case:
+    x = TensorInput("t0", shape, torch.float32, 1, tuple(range(len(shape))),
+                    declaration=f"fd.define_tensor({[-1] * len(shape)})")
+    return Case(0, (x,), (Step(("t1",), fd, ref),), (Output("t1"),))
+
+
+def test_a_wrong_result_is_caught_and_printed_as_a_runnable_repro() -> None:
+    case = _one_op_case("fd.ops.exp(t0)", "torch.exp(t0) + 1e-3")  # a reference that disagrees
+    (outcome,) = run_case(case, [MODES["default"]])
+    assert outcome.category is Category.wrong and "values differ" in outcome.detail
+    namespace: dict[str, object] = {}
+    with pytest.raises(AssertionError, match="not close"):
+        exec(case.repro(), namespace)  # the printed repro reproduces it
+
+
+def test_a_rejection_must_name_a_tensor() -> None:
+    (named,) = run_case(_one_op_case("fd.ops.squeeze(t0, [0])", "t0.squeeze(0)"), [MODES["default"]])
+    assert named.category is Category.rejected and re.search(r"\bT0 axis 0\b", named.detail)
+    (internal,) = run_case(_one_op_case("fd.ops.exp(t0, 1)", "torch.exp(t0)"), [MODES["default"]])
+    assert internal.category is Category.internal  # a TypeError that names no tensor
+
+
+def test_the_executor_promises_are_checked() -> None:
+    assert compare(torch.ones(2), torch.ones(2, dtype=torch.float64)) == "dtype torch.float32, expected torch.float64"
+    assert compare(torch.tensor([float("inf")]), torch.tensor([float("nan")])) is None  # kernel-dependent
+    assert compare(torch.tensor([1.0]), torch.tensor([float("nan")])) is not None
+    case = _one_op_case("fd.ops.exp(t0)", "torch.exp(t0)").with_(outputs=(Output("t1", (0, 1)),))
+    (outcome,) = run_case(case, [MODES["default"]])
+    assert outcome.category is Category.match  # strides of stride_order=[0, 1] are checked, and met
+
+
+def test_modes_pass_their_options() -> None:
+    bogus = ExecutionMode("bogus", enable=("no_such_option",))
+    (outcome,) = run_case(_one_op_case("fd.ops.exp(t0)", "torch.exp(t0)"), [bogus])
+    assert outcome.category is Category.internal and "no_such_option" in outcome.detail
+
+
+def test_shrinking_keeps_the_failure_and_drops_the_rest() -> None:
+    x = TensorInput("t0", (3, 4), torch.float32, 1, (1, 0), strided_axis=1, declaration="fd.define_tensor([-1, -1])")
+    steps = (Step(("t1",), "fd.ops.exp(t0)", "torch.exp(t0)"), Step(("t2",), "fd.ops.neg(t1)", "torch.neg(t1)"),
+             Step(("t3",), "fd.ops.sin(t0)", "torch.sin(t0) * 2"))
+    case = Case(0, (x,), steps, (Output("t2"), Output("t3")), ("t2.split(0, 2)",))
+    (outcome,) = run_case(case, [MODES["default"]])
+    assert outcome.category is Category.wrong
+
+    def still_fails(c: Case) -> bool:
+        return run_case(c, [MODES["default"]])[0].signature() == outcome.signature()
+
+    small = shrink(case, still_fails)
+    assert [s.outs for s in small.steps] == [("t3",)] and small.schedule == ()
+    assert small.inputs[0].strided_axis is None and small.inputs[0].memory_order == (0, 1)
