@@ -14,10 +14,11 @@ from pyfuser import DataType, FusionDefinition
 from tests.test_python_definition import rebuild
 
 
-def run(build: Callable[[FusionDefinition], Any], inputs: list[Any], device: str = "cpu") -> list[torch.Tensor]:
-    with FusionDefinition() as fd:
-        build(fd)
+def run(build: Callable[..., Any], inputs: list[Any], device: str = "cpu") -> list[torch.Tensor]:
+    """``build(fd, *inputs on device)`` defines the fusion (``from_pytorch`` of the device tensors)."""
     args = [x.to(device) for x in inputs]
+    with FusionDefinition() as fd:
+        build(fd, *args)
     outputs = fd.execute(args)
     for a, b in zip(outputs, rebuild(fd).execute(args), strict=True):
         torch.testing.assert_close(a, b)
@@ -27,7 +28,7 @@ def run(build: Callable[[FusionDefinition], Any], inputs: list[Any], device: str
 def test_welford(device: str) -> None:
     x = torch.randn(4, 6, 5).permute(2, 0, 1)  # non-contiguous [5, 4, 6]
 
-    def build(fd: FusionDefinition) -> None:
+    def build(fd: FusionDefinition, x: torch.Tensor) -> None:
         for t in fd.ops.welford(fd.from_pytorch(x), [0, 2]):
             fd.add_output(t)
 
@@ -43,7 +44,8 @@ def test_welford(device: str) -> None:
 ])
 def test_matmul_of_every_rank(shape_a: tuple[int, ...], shape_b: tuple[int, ...], device: str) -> None:
     a, b = torch.randn(shape_a), torch.randn(shape_b)
-    (out,) = run(lambda fd: fd.add_output(fd.ops.matmul(fd.from_pytorch(a), fd.from_pytorch(b))), [a, b], device)
+    (out,) = run(lambda fd, a, b: fd.add_output(fd.ops.matmul(fd.from_pytorch(a), fd.from_pytorch(b))), [a, b],
+                 device)
     want = torch.matmul(a, b)
     assert out.shape == want.shape
     torch.testing.assert_close(out, want)
@@ -54,9 +56,9 @@ def test_linear_with_a_rank_3_weight(bias_rank: int | None, device: str) -> None
     x, w = torch.randn(2, 3, 8), torch.randn(4, 5, 8)  # weight [E, N, K]
     bias = None if bias_rank is None else torch.randn(5) if bias_rank == 1 else torch.randn(4, 5)
 
-    def build(fd: FusionDefinition) -> None:
+    def build(fd: FusionDefinition, x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor) -> None:
         tx, tw = fd.from_pytorch(x), fd.from_pytorch(w)
-        fd.add_output(fd.ops.linear(tx, tw, None if bias is None else fd.from_pytorch(bias)))
+        fd.add_output(fd.ops.linear(tx, tw, fd.from_pytorch(bias[0]) if bias else None))
 
     (out,) = run(build, [x, w] + ([] if bias is None else [bias]), device)
     want = torch.stack([F.linear(x, w[e], None if bias is None else bias if bias_rank == 1 else bias[e])
@@ -81,8 +83,9 @@ def test_grouped_mm(case: str, device: str) -> None:
         want = torch.zeros(9, 4)
         for g, (s, e) in enumerate(((0, 2), (2, 2), (2, 7))):
             want[s:e] = a[s:e] @ b[g]
-    (out,) = run(lambda fd: fd.add_output(fd.ops.grouped_mm(fd.from_pytorch(a), fd.from_pytorch(b),
-                                                            fd.from_pytorch(offsets))), [a, b, offsets], device)
+    (out,) = run(lambda fd, a, b, offsets: fd.add_output(fd.ops.grouped_mm(fd.from_pytorch(a), fd.from_pytorch(b),
+                                                                            fd.from_pytorch(offsets))),
+                 [a, b, offsets], device)
     torch.testing.assert_close(out, want)
 
 

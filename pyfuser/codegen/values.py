@@ -200,7 +200,9 @@ class ValueLowering:
                            if not i.is_broadcast and not i.is_reduction))
         if code.recall(key) is not None:
             return
-        acc_dtype = DataType.Float if isinstance(expr, VarMeanOp) else accumulator_dtype(out.dtype)
+        # var_mean accumulates in float32, or float64 for double data (the output's precision)
+        acc_dtype = (DataType.Double if out.dtype is DataType.Double else DataType.Float) \
+            if isinstance(expr, VarMeanOp) else accumulator_dtype(out.dtype)
         acc_ty = triton_dtype(acc_dtype)
         shape = f"[{', '.join(self.tile_shape)}]"
         welford = isinstance(expr, VarMeanOp)
@@ -263,8 +265,8 @@ class ValueLowering:
             correction = expr.correction
             var = code.assign("v", f"{m2} / (({count}) - {correction})" if correction else f"{m2} / ({count})",
                               cse=False)
-            results = [self.convert(var, DataType.Float, compute_dtype(expr.outputs[0].dtype)),
-                       self.convert(mean, DataType.Float, compute_dtype(expr.outputs[1].dtype))]
+            results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
+                       self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         elif welford:
             mean, m2, count = names
             for axis in axes:
@@ -272,8 +274,8 @@ class ValueLowering:
                 code.emit(f"{mean}, {m2}, {count} = tl.reduce(({mean}, {m2}, {count}), {axis}, _welford_combine{keep})")
             correction = expr.correction
             var = code.assign("v", f"{m2} / ({count} - {correction})" if correction else f"{m2} / {count}", cse=False)
-            results = [self.convert(var, DataType.Float, compute_dtype(expr.outputs[0].dtype)),
-                       self.convert(mean, DataType.Float, compute_dtype(expr.outputs[1].dtype))]
+            results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
+                       self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         else:
             (acc,) = names
             assert kind is not None

@@ -134,3 +134,17 @@ def test_welford_var_mean_with_a_large_mean(device: str, run_kernels) -> None:
     naive = (x * x).mean(1) - x.mean(1) * x.mean(1)  # E[x^2] - E[x]^2 with fp16 values: overflows / cancels
     assert not torch.isclose(naive.double(), ref_var, rtol=0.1).any(), "the naive formula should fail on this data"
     assert kernel_schedulers(fd) == ["reduction"]
+
+
+def test_var_mean_in_double_precision(device: str, run_kernels) -> None:
+    """Double data accumulates in double (a float32 accumulator loses the digits torch keeps)."""
+    for cols in (50, 3000):  # on chip, and looped (Welford)
+        x = 1e3 + torch.randn(6, cols, device=device, dtype=torch.float64)
+        with FusionDefinition() as fd:
+            var, mean = fd.ops.var_mean(fd.from_pytorch(x), [1])
+            fd.add_output(var)
+            fd.add_output(mean)
+        var, mean = run_kernels(fd, [x])
+        ref_var, ref_mean = torch.var_mean(x, 1)
+        torch.testing.assert_close(var, ref_var)
+        torch.testing.assert_close(mean, ref_mean)
