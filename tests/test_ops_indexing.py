@@ -28,22 +28,23 @@ def run(build: Callable[[FusionDefinition], Any], inputs: list[Any], device: str
 def test_index_select(device: str) -> None:
     x = torch.randn(5, 7).t()  # non-contiguous [7, 5]
     index = torch.tensor([4, 0, 4, 2])
+    x, index = x.to(device), index.to(device)  # declared from the tensors the fusion runs on
     def build(fd: FusionDefinition) -> None:
         t, i = fd.from_pytorch(x), fd.from_pytorch(index)
         fd.add_output(fd.ops.index_select(t, i, 0))
         fd.add_output(fd.ops.index_select(fd.ops.exp(t), i, -1))
 
     out0, out1 = run(build, [x, index], device)
-    torch.testing.assert_close(out0.cpu(), x.index_select(0, index))
-    torch.testing.assert_close(out1.cpu(), x.exp().index_select(1, index))
+    torch.testing.assert_close(out0.cpu(), (x.index_select(0, index)).cpu())
+    torch.testing.assert_close(out1.cpu(), (x.exp().index_select(1, index)).cpu())
     (empty,) = run(lambda fd: fd.add_output(fd.ops.index_select(fd.define_tensor([-1, -1]),
                                                                 fd.define_tensor([-1], dtype=DataType.Int), 0)),
-                   [x, torch.zeros(0, dtype=torch.long)], device)
+                   [x, torch.zeros(0, dtype=torch.long, device=device)], device)
     assert empty.shape == (0, 5)
 
 
 def test_select_with_a_constant_and_an_input_index(device: str) -> None:
-    x = torch.randn(3, 4, 5)
+    x = torch.randn(3, 4, 5, device=device)
 
     def build(fd: FusionDefinition) -> None:
         t = fd.from_pytorch(x)
@@ -52,15 +53,16 @@ def test_select_with_a_constant_and_an_input_index(device: str) -> None:
         fd.add_output(fd.ops.select(t, -1, dim=0))
 
     a, b, c = run(build, [x, 3], device)
-    torch.testing.assert_close(a.cpu(), x[:, 1])
-    torch.testing.assert_close(b.cpu(), x[..., 3])
-    torch.testing.assert_close(c.cpu(), x[-1])
+    torch.testing.assert_close(a.cpu(), (x[:, 1]).cpu())
+    torch.testing.assert_close(b.cpu(), (x[..., 3]).cpu())
+    torch.testing.assert_close(c.cpu(), (x[-1]).cpu())
 
 
 def test_gather_and_take_along_axis(device: str) -> None:
     x = torch.randn(4, 6)
     small = torch.randint(0, 6, (3, 2))  # gather: smaller than x off dim
     full = torch.randint(0, 6, (4, 9))   # take_along_axis: equal off dim
+    x, small, full = x.to(device), small.to(device), full.to(device)
 
     def build(fd: FusionDefinition) -> None:
         t = fd.from_pytorch(x)
@@ -70,15 +72,16 @@ def test_gather_and_take_along_axis(device: str) -> None:
                                                                           [1, 0]), 1))
 
     a, b, c = run(build, [x, small, full, full[:, :4].t().contiguous()], device)
-    torch.testing.assert_close(a.cpu(), torch.gather(x, 1, small))
-    torch.testing.assert_close(b.cpu(), torch.take_along_dim(x, full, 1))
-    torch.testing.assert_close(c.cpu(), torch.take_along_dim(x.exp(), full[:, :4], 1))
+    torch.testing.assert_close(a.cpu(), (torch.gather(x, 1, small)).cpu())
+    torch.testing.assert_close(b.cpu(), (torch.take_along_dim(x, full, 1)).cpu())
+    torch.testing.assert_close(c.cpu(), (torch.take_along_dim(x.exp(), full[:, :4], 1)).cpu())
 
 
 def test_scatter_with_a_tensor_and_a_number(device: str) -> None:
     x = torch.zeros(3, 5)
     index = torch.tensor([[0, 1, 2], [4, 3, 2]])
     src = torch.randn(2, 4)
+    x, index, src = x.to(device), index.to(device), src.to(device)
 
     def build(fd: FusionDefinition) -> None:
         t, i = fd.from_pytorch(x), fd.from_pytorch(index)
@@ -86,14 +89,15 @@ def test_scatter_with_a_tensor_and_a_number(device: str) -> None:
         fd.add_output(fd.ops.scatter(t, i, 7.5, 1))
 
     a, b = run(build, [x, index, src], device)
-    torch.testing.assert_close(a.cpu(), torch.scatter(x, 1, index, src))
-    torch.testing.assert_close(b.cpu(), torch.scatter(x, 1, index, 7.5))
+    torch.testing.assert_close(a.cpu(), (torch.scatter(x, 1, index, src)).cpu())
+    torch.testing.assert_close(b.cpu(), (torch.scatter(x, 1, index, 7.5)).cpu())
 
 
 def test_embedding_and_its_backward(device: str) -> None:
     weight = torch.randn(10, 4)
     tokens = torch.tensor([[1, 2, 0], [9, 1, 1]])
     grad = torch.randn(6, 4)
+    weight, tokens, grad = weight.to(device), tokens.to(device), grad.to(device)
 
     def build(fd: FusionDefinition) -> None:
         w, ids = fd.from_pytorch(weight), fd.from_pytorch(tokens)
@@ -104,11 +108,11 @@ def test_embedding_and_its_backward(device: str) -> None:
 
     before = weight.clone()
     a, b, c = run(build, [weight, tokens, grad], device)
-    torch.testing.assert_close(a.cpu(), F.embedding(tokens, weight))
-    torch.testing.assert_close(b.cpu(), F.embedding(tokens, weight.clone(), padding_idx=1, max_norm=1.0))
+    torch.testing.assert_close(a.cpu(), (F.embedding(tokens, weight)).cpu())
+    torch.testing.assert_close(b.cpu(), (F.embedding(tokens, weight.clone(), padding_idx=1, max_norm=1.0)).cpu())
     torch.testing.assert_close(weight, before), "max_norm renormalizes a copy, never the input"
-    want = torch.zeros(10, 4).index_put((tokens.reshape(-1),), grad, accumulate=True)
-    torch.testing.assert_close(c.cpu(), want)
+    want = torch.zeros(10, 4, device=weight.device).index_put((tokens.reshape(-1),), grad, accumulate=True)
+    torch.testing.assert_close(c.cpu(), (want).cpu())
 
 
 @pytest.mark.parametrize(("build", "inputs", "pattern"), [

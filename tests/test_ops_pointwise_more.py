@@ -63,7 +63,7 @@ def assert_same(actual: torch.Tensor, expected: torch.Tensor) -> None:
 @pytest.mark.parametrize("name", sorted(UNARY))
 def test_unary(name: str, device: str) -> None:
     ref, make = UNARY[name]
-    x = make()
+    x = make().to(device)  # declared from the tensor the fusion runs on
     (out,) = run(lambda fd: fd.add_output(getattr(fd.ops, name)(fd.from_pytorch(x))), [x], device)
     assert_same(out, ref(x))
 
@@ -99,6 +99,7 @@ def test_integer_binary(name: str, ref: Callable[..., torch.Tensor], dtype: torc
     if name == "logical_right_shift":
         b[0] = 0
         b[1] = a.element_size() * 8  # a shift by the full width gives 0
+    a, b = a.to(device), b.to(device)
     (out,) = run(lambda fd: fd.add_output(getattr(fd.ops, name)(fd.from_pytorch(a), fd.from_pytorch(b))), [a, b], device)
     assert_same(out, ref(a, b.expand(4, 6)))
 

@@ -27,7 +27,7 @@ def run(build: Callable[[FusionDefinition], Any], inputs: list[Any], device: str
 @pytest.mark.parametrize("name", ["cumsum", "cumprod", "cummin", "cummax"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
 def test_scans(name: str, dtype: torch.dtype, device: str) -> None:
-    x = (torch.randn(5, 4) * 3).to(dtype).t()  # non-contiguous
+    x = (torch.randn(5, 4, device=device) * 3).to(dtype).t()  # non-contiguous
 
     def build(fd: FusionDefinition) -> None:
         t = fd.from_pytorch(x)
@@ -40,7 +40,7 @@ def test_scans(name: str, dtype: torch.dtype, device: str) -> None:
     want = [w[0] if name in ("cummin", "cummax") else w for w in want]  # (values, indices)
     for got, w in zip(outs, want, strict=True):
         assert got.dtype == w.dtype
-        torch.testing.assert_close(got.cpu(), w)
+        torch.testing.assert_close(got.cpu(), w.cpu())
 
 
 def test_scan_tolerance_grows_with_the_scanned_axis() -> None:
@@ -53,14 +53,15 @@ def test_scan_tolerance_grows_with_the_scanned_axis() -> None:
 
 @pytest.mark.parametrize(("largest", "sorted_"), [(True, True), (False, True), (True, False)])
 def test_topk(largest: bool, sorted_: bool, device: str) -> None:
-    x = torch.randn(4, 9)
+    x = torch.randn(4, 9, device=device)
     with FusionDefinition() as fd:
         t = fd.from_pytorch(x)
         k = fd.define_scalar(dtype=DataType.Int)
         values, indices = fd.ops.topk(t, k, dim=1, largest=largest, sorted=sorted_)
         fd.add_output(values)
         fd.add_output(indices)
-    v, i = fd.execute([x.to(device), 3])
+    v, i = fd.execute([x, 3])
+    x = x.cpu()
     want = torch.topk(x, 3, 1, largest, True)
     if not sorted_:  # unspecified order: compare as sets
         v, order = torch.sort(v.cpu(), 1, descending=largest)
@@ -72,7 +73,7 @@ def test_topk(largest: bool, sorted_: bool, device: str) -> None:
 
 
 def test_argsort_argmax_argmin_and_triu(device: str) -> None:
-    x = torch.randn(3, 5, 4)
+    x = torch.randn(3, 5, 4, device=device)
 
     def build(fd: FusionDefinition) -> None:
         t = fd.from_pytorch(x)
@@ -84,6 +85,7 @@ def test_argsort_argmax_argmin_and_triu(device: str) -> None:
         fd.add_output(fd.ops.triu(t, fd.define_scalar(dtype=DataType.Int)))
 
     outs = run(build, [x, 2], device)
+    x = x.cpu()
     wants = [torch.argsort(x, 1, descending=True), x.argmax(1), x.argmin(-1, keepdim=True), x.argmax(),
              torch.triu(x, -1), torch.triu(x, 2)]
     for got, want in zip(outs, wants, strict=True):

@@ -68,12 +68,16 @@ class Indices:
 
 class KernelBuilder(ValueLowering):
     def __init__(self, fusion: Fusion, name: str, target: str, layouts: Layouts,
-                 reference: TensorView | None = None, loop_stages: int = 0) -> None:
+                 reference: TensorView | None = None, loop_stages: int = 0, chunked: bool = False) -> None:
+        """``chunked``: the kernel runs in a stream loop on chunks of its tensors, so an extent the
+        fusion knows statically (an ``expand`` target) is not the extent of what it gets: extents
+        come from the tensors, and static ones are checked against the whole tensors' sizes."""
         """``layouts``: per tensor name, (allocation order of its non-reduction logical dims, nvFuser
         contiguity flags in that order) that hold for every tensor the kernel will be given."""
         self.fusion = fusion
         self.name = name
         self.target = target
+        self.chunked = chunked
         # Serial loops software-pipelined by Triton (loads of the next steps issued early) when > 1.
         self.range = loop_range(target)
         self.loop_stages = loop_stages if target == "cuda" else 0
@@ -100,11 +104,10 @@ class KernelBuilder(ValueLowering):
     def size_symbol(self, logical: IterDomain) -> SymExpr:
         """The runtime extent of a non-broadcast logical ID: a constant (of any member of its class:
         the launch checks the others), or its class's size argument."""
-        if logical.extent.value is not None:
-            return logical.extent
-        constant = next((m.extent for m in self.exact.members(logical)
-                         if not m.is_broadcast and m.extent.value is not None), None)
-        if constant is not None:
+        constant = logical.extent if logical.extent.value is not None else \
+            next((m.extent for m in self.exact.members(logical) if not m.is_broadcast and m.extent.value is not None),
+                 None)
+        if constant is not None and not (self.chunked and self._held_by_a_tensor(logical)):
             return constant
         root = self.exact.class_of(logical)
         symbol = self._class_symbol.get(root)
@@ -112,6 +115,11 @@ class KernelBuilder(ValueLowering):
             symbol = self._class_symbol[root] = f"ks{len(self._class_symbol)}"
             self._sizes.append(self._size_source(logical, symbol))
         return SymVar(symbol)
+
+    def _held_by_a_tensor(self, logical: IterDomain) -> bool:
+        members = {id(m) for m in self.exact.members(logical)}
+        return any(id(i) in members for tv in (*self.inputs, *self.outputs)
+                   for i in tv.get_logical_domain(no_reductions=True) if not i.is_broadcast)
 
     def _size_source(self, logical: IterDomain, symbol: str) -> SizeSource:
         members = {id(m) for m in self.exact.members(logical)}
@@ -520,9 +528,9 @@ class KernelBuilder(ValueLowering):
         perms = tuple(self.layouts.get(tv.name, (tuple(range(tv.ndim)), []))[0] for tv in self.outputs)
         return KernelSource(
             self.name, source, tensor_positions, scalar_positions, tuple(self._strides), tuple(self._sizes),
-            grid[:used], self._size_checks(), self._constant_checks(), output_shapes, perms,
+            grid[:used], self._size_checks(), () if self.chunked else self._constant_checks(), output_shapes, perms,
             tuple(tv.dtype for tv in self.outputs), tuple(tv.short_name for tv in (*self.inputs, *self.outputs)),
-            tuple(self._divisibility), tuple(self._dynamic_tiles))
+            tuple(self._divisibility), tuple(self._dynamic_tiles), self._extent_checks() if self.chunked else ())
 
     def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
         """Input dims of symbolic extent in a class of constant extent (``expand(x, [6, 4])`` of an
@@ -536,6 +544,21 @@ class KernelBuilder(ValueLowering):
                                  if not m.is_broadcast and m.extent.value is not None), None)
                 if constant is not None:
                     checks.append((k, d, constant))
+        return tuple(checks)
+
+    def _extent_checks(self) -> tuple[tuple[SymExpr, int, str], ...]:
+        """The constant checks of a chunked kernel, on the whole tensors' bound extents."""
+        checks = []
+        for tv in self.inputs:
+            for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
+                if i.is_broadcast or i.extent.value is not None:
+                    continue
+                constant = next((m.extent.value for m in self.exact.members(i)
+                                 if not m.is_broadcast and m.extent.value is not None), None)
+                if constant is not None:
+                    checks.append((i.extent, constant, f"{tv.short_name} axis {d} has size {{}}, but the fusion takes "
+                                                       f"it as {constant} (an expand or an operand of static size "
+                                                       f"{constant})"))
         return tuple(checks)
 
     def _size_checks(self) -> tuple[tuple[int, int, int, int], ...]:

@@ -51,11 +51,12 @@ class KernelSequence:
 
 
 def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
-                  finish: FinishStep | None = None, loop_stages: int = 0) -> list[tuple[Fusion, KernelSource]]:
+                  finish: FinishStep | None = None, loop_stages: int = 0, chunked: bool = False,
+                  ) -> list[tuple[Fusion, KernelSource]]:
     """The kernels of scheduled ``fusion``, in launch order, with the fusion each one computes."""
     parts = split_at_grid_reductions(fusion, reference, finish)
     if len(parts) == 1:
-        return [(fusion, KernelBuilder(fusion, name, target, layouts, reference, loop_stages).build())]
+        return [(fusion, KernelBuilder(fusion, name, target, layouts, reference, loop_stages, chunked).build())]
     result = []
     for k, part in enumerate(parts):
         part_layouts = dict(layouts)
@@ -66,15 +67,15 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, refe
         kind = "final" if k == len(parts) - 1 else f"partial{k}"
         stages = loop_stages if k == 0 else 0  # the final step is small
         result.append((part.fusion, KernelBuilder(part.fusion, f"{name}_{kind}", target, part_layouts,
-                                                  part.reference, stages).build()))
+                                                  part.reference, stages, chunked).build()))
     return result
 
 
 def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
                    num_warps: int = 4, finish: FinishStep | None = None, loop_stages: int = 0,
-                   ) -> CompiledKernel | KernelSequence:
-    """Build and compile the kernel(s) of scheduled ``fusion``."""
-    built = build_sources(fusion, name, target, layouts, reference, finish, loop_stages)
+                   chunked: bool = False) -> CompiledKernel | KernelSequence:
+    """Build and compile the kernel(s) of scheduled ``fusion`` (``chunked``: it runs in a stream loop)."""
+    built = build_sources(fusion, name, target, layouts, reference, finish, loop_stages, chunked)
     if len(built) == 1:
         return CompiledKernel(built[0][1], num_warps)
     slot_of = {_key(v): k for k, v in enumerate(fusion.inputs())}

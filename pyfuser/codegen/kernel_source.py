@@ -56,3 +56,6 @@ class KernelSource:
     #: (constexpr parameter, extent over the size symbols, largest allowed power of two, message):
     #: a tile axis as wide as a runtime extent (a persistent row), sized at launch
     dynamic_tiles: tuple[tuple[str, SymExpr, int, str], ...] = ()
+    #: (extent over the fusion's bound sizes, constant, message with ``{}`` for the size): static
+    #: extents a kernel in a stream loop checks on the whole tensors, not on its chunks
+    extent_checks: tuple[tuple[SymExpr, int, str], ...] = ()

@@ -110,6 +110,10 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
     for a, da, size in s.constant_checks:
         body.append(f"if t{a}.shape[{da}] != {size}:")
         body.append(f"    raise _constant_error(names, {a}, {da}, t{a}.shape[{da}], {size})")
+    for k, (extent, constant, message) in enumerate(s.extent_checks):
+        env[f"_whole{k}"], env[f"_whole_message{k}"] = extent, message
+        body.append(f"if _whole{k}.evaluate(ctx.env) != {constant}:")
+        body.append(f"    raise ValueError(_whole_message{k}.format(_whole{k}.evaluate(ctx.env)))")
     for k, (param, extent, limit, message) in enumerate(s.dynamic_tiles):
         env[f"_tile_message{k}"] = message
         body.append(f"{param} = _next_pow2({host_int_expr(extent)})")
