@@ -130,7 +130,7 @@ def test_integer_scalars() -> None:
 def test_complex_and_threshold(device: str) -> None:
     re, im = torch.randn(3, 4), torch.randn(4)
     with FusionDefinition() as fd:
-        r, i = fd.from_pytorch(re), fd.from_pytorch(im)
+        r, i = fd.from_pytorch(re.to(device)), fd.from_pytorch(im.to(device))
         fd.add_output(fd.ops.complex(r, i))
         fd.add_output(fd.ops.threshold(r, 0.1, -2.0))
         fd.add_output(fd.ops.complex(fd.define_scalar(1.5), fd.define_scalar(dtype=DataType.Double)))
@@ -144,7 +144,7 @@ def test_lerp_and_addcmul(device: str) -> None:
     start, end = torch.randn(3, 4), torch.randn(4)
     weight = torch.rand(3, 1)
     with FusionDefinition() as fd:
-        s, e, w = fd.from_pytorch(start), fd.from_pytorch(end), fd.from_pytorch(weight)
+        s, e, w = (fd.from_pytorch(t.to(device)) for t in (start, end, weight))
         fd.add_output(fd.ops.lerp(s, e, w))
         fd.add_output(fd.ops.lerp(s, e, 0.25))
         fd.add_output(fd.ops.lerp(fd.ops.cast(s, DataType.Half), e, 0.75))  # mixed dtypes promote
