@@ -252,10 +252,13 @@ class KernelBuilder(ValueLowering):
         known: dict[int, str] = {}
         bounded: dict[int, bool] = {}
         taken: dict[int, int] = {}
+        # A copy of a reduction's result may keep its reduction IDs (partial sums before an
+        # allreduce): they are not stored, so nothing indexes them.
+        kept_reduction = not isinstance(tv.definition, ReductionOp | VarMeanOp)
         for pos, i in enumerate(tv.get_loop_domain()):
             index = self.index_of_loop_id(i, taken)
             if index is None:
-                if i.is_broadcast:
+                if i.is_broadcast or (i.is_reduction and kept_reduction):
                     known[id(i)], bounded[id(i)] = "0", True
                     continue
                 if partial:
@@ -294,7 +297,7 @@ class KernelBuilder(ValueLowering):
                 result.groups.append((merged[id(t.out)], out))
         for pos, i in enumerate(start):
             if id(i) not in known:
-                if i.is_broadcast:
+                if i.is_broadcast or (i.is_reduction and kept_reduction):
                     known[id(i)] = "0"
                 elif not partial:
                     raise KernelError(f"{tv.short_name} logical axis {pos} ({i}) is not reached from its loop domain "
@@ -470,8 +473,11 @@ class KernelBuilder(ValueLowering):
         """
         opened = 0
         taken: dict[int, int] = {}
+        reduces = isinstance(tv.definition, ReductionOp | VarMeanOp)
         for pos, i in enumerate(tv.get_loop_domain()):
             if i.is_broadcast or (reduction is not None and i.is_reduction != reduction):
+                continue
+            if i.is_reduction and not reduces:  # a reduction ID kept by a copy: nothing to iterate
                 continue
             own_loop = reduction and i.parallel_type is ParallelType.serial
             if not own_loop and self.index_of_loop_id(i, taken) is not None:

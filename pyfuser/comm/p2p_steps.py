@@ -102,7 +102,7 @@ def build_p2p_communication(node: P2PCommunication, cc: CompileContext) -> Step:
     def send(frame: Frame) -> None:
         values = frame.values
         slot = values[index] if index is not None else 0
-        stream = frame.streams.current if frame.streams is not None else None
+        stream = _current_stream(frame)
         values[pending] = values[channel].send(values[buffer], values[remote], peer, slot, step_key, events, stream)
 
     return send
@@ -119,7 +119,7 @@ def build_p2p_wait(node: P2PWait, cc: CompileContext) -> Step:
         finish = frame.values[pending]
         frame.values[pending] = None
         try:
-            finish(frame.streams.current if frame.streams is not None else None)
+            finish(_current_stream(frame))
         except RuntimeError as e:  # a peer failed or never joined: say which transfer, keep the cause
             raise RuntimeError(f"{what} on rank {rank} failed; the peer did not complete it within the {timeout:g}s "
                                f"timeout (PYFUSER_DIST_TIMEOUT) or failed: {e}") from e
@@ -131,7 +131,7 @@ def build_p2p_release(node: P2PRelease, cc: CompileContext) -> Step:
     channel = cc.slot(_ChannelSlot(node.channel))
 
     def step(frame: Frame) -> None:
-        frame.values[channel].release(frame.streams.current if frame.streams is not None else None)
+        frame.values[channel].release(_current_stream(frame))
 
     return step
 
@@ -154,3 +154,11 @@ P2P_STEP_BUILDERS: dict[type, StepBuilder] = {
     P2PRelease: build_p2p_release,
     Accumulate: build_accumulate,
 }
+
+
+def _current_stream(frame: Frame) -> Any:
+    """The stream the program runs on: the stream loop's, or torch's current one (a program without
+    stream loops keeps no stream state)."""
+    if frame.streams is not None and frame.streams.current is not None:
+        return frame.streams.current
+    return torch.cuda.current_stream() if torch.cuda.is_available() else None

@@ -62,8 +62,10 @@ def _check(result: Any, what: str) -> None:
         raise RuntimeError(f"pyfuser CUDA P2P transport: {what} failed: {err!r}")
 
 
-def wait_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
-    """``stream`` waits (on the GPU) until the int32 at ``address`` equals ``value``."""
+def wait_value(stream: torch.cuda.Stream | None, address: int, value: int) -> None:
+    """``stream`` (None: the current one, a program without stream loops) waits on the GPU until
+    the int32 at ``address`` equals ``value``."""
+    stream = stream if stream is not None else torch.cuda.current_stream()
     flag = _cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
     _check(_cu.cuStreamWaitValue32(_cu.CUstream(stream.cuda_stream), _cu.CUdeviceptr(address), value, flag),
            "cuStreamWaitValue32")

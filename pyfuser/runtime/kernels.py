@@ -45,7 +45,11 @@ def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
 
 def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_kernel: set[int],
                   options: CompileOptions) -> CompiledKernel | KernelSequence | SizeDispatchedKernel:
-    chunked = any(expr_stream_axis(e) is not None for e in group.exprs)
+    # In a stream loop a kernel gets chunks, and on many devices shards: either way not the extents
+    # the fusion knows statically.
+    chunked = any(expr_stream_axis(e) is not None for e in group.exprs) or any(
+        i.is_device_dim for tv in (*group.inputs, *group.outputs) if isinstance(tv, TensorView)
+        for i in (*tv.get_loop_domain(), *tv.get_allocation_domain()))
     layouts: dict[int, Layout] = {}
     for original in (*group.inputs, *group.outputs):
         if isinstance(original, TensorView):

@@ -94,8 +94,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] = ()) -> Pointw
 
 def schedule(fusion: Fusion, params: PointwiseParams) -> None:
     ref = next(tv for tv in fusion.outputs() if isinstance(tv, TensorView) and tv.name == params.reference)
-    flatten_in_memory_order(ref)
-    n = len(ref.get_loop_domain())
+    n = flatten_in_memory_order(ref)
     if n == 0:  # a 0-dim output: one program computes its one element
         propagate(ref)
         return
@@ -118,11 +117,16 @@ def schedule(fusion: Fusion, params: PointwiseParams) -> None:
     propagate(ref)
 
 
-def flatten_in_memory_order(ref: TensorView) -> None:
-    """Reorder ``ref``'s loop domain (still its logical domain) into its allocation order."""
-    order = logical_order(ref)
+def flatten_in_memory_order(ref: TensorView) -> int:
+    """Reorder ``ref``'s loop domain (still its logical domain) into its allocation order, its
+    reduction IDs last (a tensor a pointwise kernel copies may keep the reduction IDs of the
+    reduction it comes from, e.g. partial sums before an allreduce: nothing iterates them); returns
+    how many iterating IDs lead."""
+    order = [i for i in logical_order(ref) if not i.is_reduction]
+    order += [i for i in ref.get_loop_domain() if i.is_reduction]
     loop = ref.get_loop_domain()
     ref.reorder({loop.index(i): k for k, i in enumerate(order) if i in loop})
+    return sum(not i.is_reduction for i in loop)
 
 
 def merge_range(tv: TensorView, start: int, stop: int) -> None:

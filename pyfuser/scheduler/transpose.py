@@ -73,8 +73,9 @@ def schedule(fusion: Fusion, params: TransposeParams) -> None:
     axis_in, axis_out = logical[params.axis_in], logical[params.axis_out]
     flatten_in_memory_order(ref)
     loop = ref.get_loop_domain()
-    others = [i for i in loop if i is not axis_in and i is not axis_out]
-    ref.reorder({loop.index(i): k for k, i in enumerate([*others, axis_in, axis_out])})
+    others = [i for i in loop if i is not axis_in and i is not axis_out and not i.is_reduction]
+    reductions = [i for i in loop if i.is_reduction]  # not iterated (see flatten_in_memory_order), kept last
+    ref.reorder({loop.index(i): k for k, i in enumerate([*others, axis_in, axis_out, *reductions])})
     n = len(others)
     ref.split(n + 1, params.tile_out)          # [others, in, out/T, T]
     ref.split(n, params.tile_in)               # [others, in/T, T, out/T, T]

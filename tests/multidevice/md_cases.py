@@ -154,7 +154,9 @@ def row_parallel_linear_stream_pipelined() -> None:
     (got,) = fd.execute([shard_tensor(xf, x), shard_tensor(wf, w), bf])
     assert_close(got, F.linear(xf, wf, bf), "stream-pipelined row-parallel linear")
     text = host_ir(fd)
-    _check_structure(text, [r"FOR StreamIdx", r"= linear\(", r"type=Allreduce", r"Wait Communication", r"\+"])
+    # the add: an ATen call, or a generated kernel where kernels run (CUDA)
+    _check_structure(text, [r"FOR StreamIdx", r"= linear\(", r"type=Allreduce", r"Wait Communication",
+                            r"\+|LaunchKernel"])
     if text.count("FOR StreamIdx") != 1:
         raise AssertionError(f"expected linear, Allreduce and bias add in one stream loop:\n{text}")
 
@@ -360,8 +362,8 @@ def mlp_tensor_and_sequence_parallel() -> None:
             randn(hidden)]
     (got,) = fd.execute([shard_tensor(t, tv) for t, tv in zip(full, (x, w1, b1, w2, b2), strict=True)])
     assert_close(got, mlp_reference(*full).chunk(d, 0)[rank], "MLP under TP + SP", atol=1e-4)
-    _check_structure(host_ir(fd), [r"type=Allgather", r"= linear\(", r"gelu", r"= linear\(",
-                                   r"type=ReduceScatter", r"\+"])
+    _check_structure(host_ir(fd), [r"type=Allgather", r"= linear\(", r"gelu|LaunchKernel", r"= linear\(",
+                                   r"type=ReduceScatter", r"\+|LaunchKernel"])
 
 
 @case(min_world=4)

@@ -116,3 +116,16 @@ def test_failing_rank_does_not_block_p2p_peers() -> None:
                          r"on rank 0 failed", result.stdout)
     assert survivor, output[-6000:]
     assert float(survivor.group(1)) < timeout_s * 3, f"rank 0 waited {survivor.group(1)}s for a dead peer"
+
+
+def test_multidevice_cases_with_generated_kernels() -> None:
+    """The 2-rank cases with generated kernels (Triton's interpreter on CPU): kernels of sharded
+    segments see shards, in stream loops chunks, never the global extents."""
+    env = {**_backend_env(2), "PYFUSER_ENABLE": "triton_interpreter"}
+    if not env.get("PYFUSER_DIST_BACKEND"):
+        pytest.skip("on GPUs the 2-rank cases already run with generated kernels")
+    result = torchrun("md_cases.py", 2, env=env)
+    failed = sorted(set(re.findall(r"FAIL (\w+) rank", result.stdout)))
+    assert not failed and result.returncode == 0, f"failed cases {failed}:\n{(result.stdout + result.stderr)[-12000:]}"
+    for name in CASES_2:
+        assert len(re.findall(rf"PASS {name} rank \d", result.stdout)) == 2, name
