@@ -58,6 +58,12 @@ class CodeWriter:
             self._scopes[-1].exprs[expr] = name
         return name
 
+    def reduced(self, name: str, axes: list[int | None]) -> None:
+        """``name`` was reduced over tile ``axes`` (kept as size 1; None: all): it no longer varies
+        along them."""
+        dims = self.dims.get(name, frozenset())
+        self.dims[name] = frozenset() if None in axes else dims - {a for a in axes if a is not None}
+
     def dims_of(self, *names: str) -> frozenset[int]:
         return frozenset().union(*(self.dims.get(n, frozenset()) for n in names))
 

@@ -98,6 +98,7 @@ class KernelBuilder(ValueLowering):
         self._divisibility: list[tuple[SymExpr, int, str]] = []
         self._dynamic_tiles: list[tuple[str, SymExpr, int, str]] = []
         self._stored: set[int] = set()
+        self._tile_index: dict[int, str] = {}
         self.tile_shape: list[str] = []
 
     # --- sizes ------------------------------------------------------------------------------------
@@ -342,8 +343,13 @@ class KernelBuilder(ValueLowering):
         and the tile axes the address varies along."""
         dims = tv.get_logical_domain(no_reductions=True)
         dim_of = {id(i): d for d, i in enumerate(dims)}
-        live = [d for d, i in enumerate(dims) if not i.is_broadcast]
         order, contiguity = self.layouts.get(tv.name, (tuple(range(len(dims))), [False] * len(dims)))
+        # An expanded axis (stride 0) or one of size 1 (contiguity None) takes part in no merged
+        # group: a group's index times its innermost stride is only its address when every axis
+        # of it is laid out densely.
+        expanded = {d for d, c in zip(order, contiguity, strict=False) if c is None} | \
+            {d for d, i in enumerate(dims) if i.expanded}
+        live = [d for d, i in enumerate(dims) if not i.is_broadcast]
         alloc = [d for d in order if d in live]
         contig = {d: bool(c) for d, c in zip(order, contiguity, strict=False)}
         covered: set[int] = set()
@@ -351,7 +357,7 @@ class KernelBuilder(ValueLowering):
         used: list[str] = []
         for group, index in sorted(indices.groups, key=lambda g: -len(g[0])):
             ds = [dim_of.get(k) for k in group]
-            if any(d is None or d not in live or d in covered for d in ds):
+            if any(d is None or d not in live or d in covered or d in expanded for d in ds):
                 continue
             start = alloc.index(ds[0])  # type: ignore[arg-type]
             if alloc[start:start + len(ds)] != ds or not all(contig.get(d) for d in ds[:-1]):  # type: ignore[misc]
@@ -412,6 +418,7 @@ class KernelBuilder(ValueLowering):
                 size = loop.tile_size or loop.tile_param
                 loop.index = code.assign("r", f"tl.arange(0, {size})" + (f"[{shape}]" if len(tiles) > 1 else ""),
                                          frozenset({loop.tile_pos}))
+                self._tile_index[loop.tile_pos] = loop.index
                 if loop.tile_size != loop.extent.value:
                     code.add_condition(f"({loop.index} < {int_expr(loop.extent)})", frozenset({loop.tile_pos}))
             if loop.kind != "serial":
@@ -507,6 +514,13 @@ class KernelBuilder(ValueLowering):
         code = self.code
         branched = code.branch(code.uniform())  # the same for the whole tile: a branch, not a mask
         offset, dims = self.offset(tv, position, indices)
+        # A value that varies along tile axes the address does not (an output broadcast along them)
+        # is stored from every lane of those axes to the one address: the pointer spans them too,
+        # and the mask keeps lanes past the extent from writing.
+        extra = sorted(code.dims_of(value) - dims)
+        if extra:
+            offset += "".join(f" + 0 * {self._tile_index[a]}" for a in extra)
+            dims = dims | frozenset(extra)
         mask = code.mask(dims, uses=offset)
         code.emit(f"tl.store(T{position} + {offset}, {self.store_value(value, tv)}{', mask=' + mask if mask else ''})")
         if branched:

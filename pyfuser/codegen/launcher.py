@@ -140,7 +140,9 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
     for k in range(len(s.output_shapes)):
         body.append(f"    o{k} = out[{k}]")
     outputs = ", ".join(f"o{k}" for k in range(len(s.output_shapes)))
-    empty = " or ".join(f"o{k}.numel() == 0" for k in range(len(s.output_shapes)))
+    # Nothing to compute only when every output is empty (an empty one beside others is written by
+    # no program, the others still are).
+    empty = " and ".join(f"o{k}.numel() == 0" for k in range(len(s.output_shapes)))
     tensors = [*(f"t{k}" for k in range(n_in)), *(f"o{k}" for k in range(len(s.output_shapes)))]
     # One stride() call per tensor (a call costs as much as reading every element of the tuple).
     strided = sorted({k for k, _ in s.stride_args})
@@ -155,6 +157,8 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
     grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")
     env["_dense"] = dense_strides
     env["_next_pow2"] = next_power_of_2
+    empty_grid = " or ".join(f"{host_int_expr(e)} == 0" for e in s.grid) or "False"
+    empty = f"({empty}) or {empty_grid}"
     prepare = [*body, f"if {empty}:", f"    return [{outputs}], None, []", f"return [{outputs}], ({grid}), [{params}]"]
     if direct:
         names = [*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles]

@@ -155,9 +155,11 @@ from triton.runtime.interpreter import InterpretedFunction as _jit
 
 
 def _range(n):
-    """A loop over a size argument: interpreters before Triton 3.9 pass it as a 1-element array."""
+    """A loop over a size argument (interpreters before Triton 3.9 pass it as a 1-element array),
+    its index an int32 tensor as in a compiled kernel (a plain int has no ``.to``)."""
     handle = getattr(n, "handle", None)
-    return range(int(handle.data.reshape(-1)[0]) if handle is not None else int(n))
+    count = int(handle.data.reshape(-1)[0]) if handle is not None else int(n)
+    return (tl.full([], i, tl.int32) for i in range(count))
 
 
 @_jit

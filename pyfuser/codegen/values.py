@@ -156,6 +156,8 @@ class ValueLowering:
         if isinstance(expr, IotaOp):
             assert indices is not None and isinstance(out, TensorView)
             index = indices.of[id(out.get_logical_domain()[0])]
+            if index.isdigit():  # an iota of one element: a typed 0 (a bare 0 has no .to)
+                index = f"tl.full([], {index}, tl.int64)"
             start, step = (operand(v) for v in expr.inputs[1:])
             dtype = compute_dtype(out.dtype)
             return code.assign("v", f"({start} + ({index}){_to(DataType.Int, dtype)} * {step}){_to(dtype, dtype)}")
@@ -166,10 +168,16 @@ class ValueLowering:
                 raise KernelError(f"{out}: {kind.name} has no Triton lowering")
             dtype = op_dtype(expr)
             args = []
+            # A helper function of the prelude (``_div``) or a logical op reads its operands' dtype:
+            # a constant operand is a typed 0-dim value there, not a bare Python number.
+            typed = "_" in template or kind in _LOGICAL
             for k, v in enumerate(expr.inputs):
                 raw = kind in _LOGICAL or (kind is TernaryOpType.where and k == 0)
-                if isinstance(v, Scalar) and v.is_const and not raw:
-                    args.append(literal(v.value, dtype))  # typed in the op's dtype: no conversion
+                if isinstance(v, Scalar) and v.is_const:
+                    const_dtype = compute_dtype(v.dtype) if raw else dtype
+                    text = literal(v.value, const_dtype)  # typed in the op's dtype: no conversion
+                    args.append(f"tl.full([], {text}, {triton_dtype(const_dtype)})" if typed and
+                                not text.startswith("tl.") else text)
                     continue
                 value = operand(v)
                 args.append(value if raw else self.convert(value, v.dtype, dtype))
@@ -215,6 +223,7 @@ class ValueLowering:
         identity = 0 if welford else _identity(expr.kind, acc_dtype)
         for name in names:
             code.emit(f"{name} = tl.full({shape}, {literal(identity, acc_dtype)}, {acc_ty})")
+            code.dims[name] = frozenset(range(len(self.tile_shape)))  # varies along every tile axis
         opened = self.open_loops_for(out, reduction=True)
         indices = self.walk_back(out)
         # Conditions the same for the whole tile (a row past the end): a branch around the reads.
@@ -223,10 +232,15 @@ class ValueLowering:
         assert isinstance(producer, TensorView)
         value = self.convert(self.value(producer, self.producer_indices(expr, producer, indices)), producer.dtype,
                              acc_dtype)
-        mask = code.mask(frozenset(range(len(self.tile_shape))), uses=value)
+        # The bounds of the value's own indices and of the reduction's loops: a bound of an
+        # enclosing pass over a chunk of the same axis is not this reduction's (it iterates the
+        # axis itself).
+        own = " ".join(indices.of[id(i)] for i in out.get_loop_domain() if i.is_reduction and id(i) in indices.of)
+        mask = code.mask(frozenset(range(len(self.tile_shape))), uses=f"{value} {own}")
         if on_chip:
             values, valid = names
-            code.emit(f"{values} = tl.where({mask}, {value}, 0.0)" if mask else f"{values} = {value}")
+            # ``+ values``: a value the same for every lane (a constant) still fills the tile
+            code.emit(f"{values} = tl.where({mask}, {value}, 0.0)" if mask else f"{values} = {values} + {value}")
             code.emit(f"{valid} = tl.where({mask}, 1.0, 0.0)" if mask else f"{valid} = {valid} + 1.0")
         elif welford:
             mean, m2, count = names
@@ -255,6 +269,7 @@ class ValueLowering:
             for axis in axes:
                 keep = ", keep_dims=True" if axis is not None else ""
                 code.emit(f"{total} = tl.reduce({total}, {axis}, _add{keep})")
+            code.reduced(total, axes)
             count = " * ".join(int_expr(self.extent(i)) for i in out.get_logical_domain() if i.is_reduction) or "1"
             mean = code.assign("v", f"{total} / ({count})", cse=False)
             m2 = code.assign("d", f"({values} - {mean}) * {valid}", cse=False)
@@ -262,9 +277,11 @@ class ValueLowering:
             for axis in axes:
                 keep = ", keep_dims=True" if axis is not None else ""
                 code.emit(f"{m2} = tl.reduce({m2}, {axis}, _add{keep})")
+            code.reduced(m2, axes)
             correction = expr.correction
-            var = code.assign("v", f"{m2} / (({count}) - {correction})" if correction else f"{m2} / ({count})",
-                              cse=False)
+            # torch divides by max(0, n - correction): 0 / 0 is NaN, never a negative count
+            var = code.assign("v", f"{m2} / tl.maximum(({count}) - {correction}, 0)" if correction else
+                              f"{m2} / ({count})", cse=False)
             results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                        self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         elif welford:
@@ -272,8 +289,11 @@ class ValueLowering:
             for axis in axes:
                 keep = ", keep_dims=True" if axis is not None else ""
                 code.emit(f"{mean}, {m2}, {count} = tl.reduce(({mean}, {m2}, {count}), {axis}, _welford_combine{keep})")
+            for name in (mean, m2, count):
+                code.reduced(name, axes)
             correction = expr.correction
-            var = code.assign("v", f"{m2} / ({count} - {correction})" if correction else f"{m2} / {count}", cse=False)
+            var = code.assign("v", f"{m2} / tl.maximum({count} - {correction}, 0.0)" if correction else f"{m2} / {count}",
+                              cse=False)
             results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                        self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         else:
@@ -282,6 +302,7 @@ class ValueLowering:
             for axis in axes:
                 keep = ", keep_dims=True" if axis is not None else ""
                 code.emit(f"{acc} = tl.reduce({acc}, {axis}, {_COMBINE[kind]}{keep})")
+            code.reduced(acc, axes)
             result = acc
             if kind is ReductionOpType.mean:
                 counted = expr.count_ids or [i for i in out.get_logical_domain() if i.is_reduction]

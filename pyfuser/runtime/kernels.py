@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
-from pyfuser.ir.analysis.stream_axes import expr_stream_axis
+from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_axes
 from pyfuser.ir.domain_replay import is_permutation_of_logical
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
@@ -37,17 +37,20 @@ def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
     fusion = segmented.fusion
     written_by_kernel = {id(t) for g in segmented.groups if g.scheduler.is_kernel for t in g.outputs}
     kernels: dict[int, CompiledKernel | KernelSequence | SizeDispatchedKernel] = {}
+    inherited = inherited_stream_axes(fusion.exprs())  # chunking propagated from stream-parallel inputs
     for k, group in enumerate(segmented.groups):
         if group.scheduler.is_kernel:
-            kernels[id(group)] = compile_group(fusion, group, k, written_by_kernel, options)
+            chunked = any(expr_stream_axis(e, inherited) is not None for e in group.exprs)
+            kernels[id(group)] = compile_group(fusion, group, k, written_by_kernel, options, chunked)
     return kernels
 
 
 def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_kernel: set[int],
-                  options: CompileOptions) -> CompiledKernel | KernelSequence | SizeDispatchedKernel:
+                  options: CompileOptions, in_stream_loop: bool = False,
+                  ) -> CompiledKernel | KernelSequence | SizeDispatchedKernel:
     # In a stream loop a kernel gets chunks, and on many devices shards: either way not the extents
     # the fusion knows statically.
-    chunked = any(expr_stream_axis(e) is not None for e in group.exprs) or any(
+    chunked = in_stream_loop or any(
         i.is_device_dim for tv in (*group.inputs, *group.outputs) if isinstance(tv, TensorView)
         for i in (*tv.get_loop_domain(), *tv.get_allocation_domain()))
     layouts: dict[int, Layout] = {}

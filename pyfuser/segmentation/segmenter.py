@@ -12,7 +12,7 @@ inside a kernel segment stay local.
 from __future__ import annotations
 
 from pyfuser.ir.analysis.sharding import is_resharding
-from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, producer_id
+from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, inherited_stream_axes, producer_id
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import LoadStoreOp, LoadStoreOpType, PermuteOp
@@ -34,7 +34,10 @@ class _Segmenter:
         self.live = {id(e) for e in self.exprs}
         self.position = {id(e): k for k, e in enumerate(self.exprs)}
         self.group_of: dict[int, SegmentedGroup] = {}
-        self.stream: dict[int, StreamAxis | None] = {id(e): expr_stream_axis(e) for e in self.exprs}
+        # Each expr's chunking as stream lowering will see it: its own, or propagated from a stream-
+        # parallel input through consumers without a schedule of their own.
+        inherited = inherited_stream_axes(self.exprs)
+        self.stream: dict[int, StreamAxis | None] = {id(e): expr_stream_axis(e, inherited) for e in self.exprs}
         self.fixed: set[int] = set()  # groups that never merge (communications, segment_set)
 
     def run(self) -> list[SegmentedGroup]:
@@ -91,6 +94,8 @@ class _Segmenter:
         """A kernel segment of ``exprs`` if a kernel scheduler accepts them."""
         if not self.kernels or not self._one_mesh(exprs):
             return None
+        if self._selects_an_axis(exprs):
+            return None
         view = self._view(exprs)
         for scheduler in KERNEL_SCHEDULERS:
             ok, _ = scheduler.can_schedule(view)
@@ -98,9 +103,17 @@ class _Segmenter:
                 return SegmentedGroup(exprs, scheduler.type)
         return None
 
+    def _selects_an_axis(self, exprs: list[Expr]) -> bool:
+        """Whether a stream loop runs ``exprs`` one index of an unsplit axis at a time: its chunks
+        drop that axis, which a kernel compiled for the whole tensors' rank cannot take."""
+        return any(self.stream[id(e)] is not None and not self.stream[id(e)].splits for e in exprs)  # type: ignore[union-attr]
+
     def _rejection(self, exprs: list[Expr]) -> str:
         if not self.kernels:
             return KERNELS_OFF
+        if self._selects_an_axis(exprs):
+            return ("in a stream loop over single indices of an unsplit axis (chunks drop the axis); split the "
+                    "axis (outer_split) for kernels in the loop")
         view = self._view(exprs)
         reasons = [f"{s.type.name}: {s.can_schedule(view)[1]}" for s in KERNEL_SCHEDULERS]
         return "; ".join(reasons)

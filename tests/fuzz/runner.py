@@ -33,6 +33,7 @@ MODES: dict[str, ExecutionMode] = {m.name: m for m in [
     ExecutionMode("no_ring_buffers", disable=("stream_ring_buffers",)),
     ExecutionMode("stream_overlap", enable=("stream_overlap",)),
     ExecutionMode("no_infer_contiguity", disable=("infer_contiguity",)),
+    ExecutionMode("triton_interpreter", enable=("triton_interpreter",)),
 ]}
 DEFAULT_MODES = ("default",)
 

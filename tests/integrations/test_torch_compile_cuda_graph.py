@@ -86,3 +86,14 @@ def test_tiny_llama_with_cuda_graphs_matches_eager() -> None:
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["plain", "graphs"])
+def test_region_without_inputs_runs_on_its_device(cuda_graph: bool) -> None:
+    """A region of factory ops only (a model's position ids) has no input to take a device from: it
+    runs where its FX nodes say, not on the CPU."""
+    backend = PyfuserBackend(cuda_graph=cuda_graph)
+    compiled = torch.compile(lambda n: torch.arange(16, device="cuda").view(2, 8) * n, backend=backend)
+    out = compiled(3)
+    assert out.device.type == "cuda"
+    torch.testing.assert_close(out, torch.arange(16, device="cuda").view(2, 8) * 3)

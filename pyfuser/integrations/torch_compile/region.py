@@ -59,7 +59,7 @@ class FusionRegion:
             self._graphs = CudaGraphRunner(self._execute, static, name=f"pyfuser region {name}")
 
     def _execute(self, inputs: list[Any]) -> list[torch.Tensor]:
-        return self.fec.run(inputs, enable_options=self._enable, disable_options=self._disable)
+        return self.fec.run(inputs, device=self.device, enable_options=self._enable, disable_options=self._disable)
 
     def __call__(self, *args: Any) -> list[torch.Tensor]:
         inputs = [args[k] for k in self._positions]
@@ -67,7 +67,7 @@ class FusionRegion:
             if self._graphs is not None:
                 outputs = self._replay(inputs)
             else:
-                outputs = self.fec.run(inputs, enable_options=self._enable, disable_options=self._disable)
+                outputs = self._execute(inputs)
         except Exception as e:
             outputs = self._without_kernels(inputs, e)
         return outputs if self._in_order else [outputs[k] for k in self._slots]
@@ -79,7 +79,7 @@ class FusionRegion:
         if "kernel_codegen" in self._disable:
             raise self._error(error) from error
         try:
-            outputs = self.fec.run(inputs, enable_options=self._enable,
+            outputs = self.fec.run(inputs, device=self.device, enable_options=self._enable,
                                    disable_options=(*self._disable, "kernel_codegen"))
         except Exception:
             raise self._error(error) from error

@@ -234,9 +234,9 @@ class BinaryOpType(Enum):
     gt = PointwiseSpec(operator.gt, inline=">", triton="{0} > {1}")
     ge = PointwiseSpec(operator.ge, inline=">=", triton="{0} >= {1}")
     logical_and = PointwiseSpec(_tensor_or_scalar(torch.logical_and, lambda a, b: bool(a) and bool(b)), inline="&&",
-                                triton="({0} != 0) & ({1} != 0)")
+                                triton="tl.where({0} != 0, {1} != 0, False)")
     logical_or = PointwiseSpec(_tensor_or_scalar(torch.logical_or, lambda a, b: bool(a) or bool(b)), inline="||",
-                               triton="({0} != 0) | ({1} != 0)")
+                               triton="tl.where({0} != 0, True, {1} != 0)")
     bitwise_and = PointwiseSpec(operator.and_, torch.bitwise_and, inline="&")
     bitwise_or = PointwiseSpec(operator.or_, torch.bitwise_or, inline="|")
     bitwise_xor = PointwiseSpec(operator.xor, torch.bitwise_xor, inline="^")
