@@ -101,6 +101,11 @@ class CodeWriter:
         scope.loop_index[loop_id] = index
         scope.class_indices.setdefault(root, []).append(index)
 
+    def alias_loop(self, loop_id: int, index: str) -> None:
+        """Loop ID ``loop_id`` iterates with the index of a loop already bound in this scope (a sibling
+        reduction sharing another's loop); its class's list of loops is unchanged."""
+        self._scopes[-1].loop_index[loop_id] = index
+
     def loop_index(self, loop_id: int) -> str | None:
         for scope in reversed(self._scopes):
             if loop_id in scope.loop_index:

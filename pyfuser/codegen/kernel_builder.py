@@ -28,12 +28,14 @@ from dataclasses import dataclass, field
 from pyfuser.codegen.code_writer import CodeWriter
 from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
-from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, next_power_of_2, prelude
+from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, next_power_of_2, prelude, triton_dtype
 from pyfuser.codegen.values import ValueLowering
-from pyfuser.ir.base import Scalar
+from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
+from pyfuser.ir.ops.shape import describe_axis
 from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
@@ -94,7 +96,11 @@ class KernelBuilder(ValueLowering):
         self._sizes: list[SizeSource] = []
         self._strides: list[tuple[int, int]] = []
         self._stride_names: dict[tuple[int, int], str] = {}
-        self._scalars: dict[str, str] = {}
+        #: (tensor position, dim) -> the dims allocated just outside it, nearest first, of a merged group
+        #: whose index is multiplied by that dim's stride (see ``stride_fallbacks``)
+        self._group_strides: dict[tuple[int, int], tuple[int, ...]] = {}
+        #: scalar fusion inputs the kernel reads: symbol -> (argument name, dtype it is computed in)
+        self._scalars: dict[str, tuple[str, DataType]] = {}
         self._divisibility: list[tuple[SymExpr, int, str]] = []
         self._dynamic_tiles: list[tuple[str, SymExpr, int, str]] = []
         self._stored: set[int] = set()
@@ -363,6 +369,9 @@ class KernelBuilder(ValueLowering):
             if alloc[start:start + len(ds)] != ds or not all(contig.get(d) for d in ds[:-1]):  # type: ignore[misc]
                 continue
             terms.append(self._stride_term(index, position, ds[-1]))  # type: ignore[arg-type]
+            outer = tuple(reversed(ds[:-1]))
+            if len(outer) > len(self._group_strides.get((position, ds[-1]), ())):  # type: ignore[arg-type]
+                self._group_strides[(position, ds[-1])] = outer  # type: ignore[assignment]
             used.append(index)
             covered.update(ds)  # type: ignore[arg-type]
         for d in live:
@@ -498,6 +507,83 @@ class KernelBuilder(ValueLowering):
             opened += 1
         return opened
 
+    # --- one pass over a reduction's loops for everything that can share it ---------------------------
+    def _serial_reduction_classes(self, tv: TensorView) -> list[int]:
+        return [self.exact.class_of(i) for i in tv.get_loop_domain()
+                if i.is_reduction and i.parallel_type is ParallelType.serial]
+
+    def _reductions_feeding(self, val: Val) -> list[ReductionOp | VarMeanOp]:
+        """The kernel's reductions whose results ``val`` is computed from (its own definition too)."""
+        found: dict[int, ReductionOp | VarMeanOp] = {}
+        seen: set[int] = set()
+        stack = [val]
+        while stack:
+            v = stack.pop()
+            if id(v) in seen or v in self.inputs or v.definition is None:
+                continue
+            seen.add(id(v))
+            if isinstance(v.definition, ReductionOp | VarMeanOp):
+                found[id(v.definition)] = v.definition
+            stack.extend(v.definition.inputs)
+        return list(found.values())
+
+    def _outside_the_pass(self, val: Val, group: list[ReductionOp | VarMeanOp], classes: set[int]) -> bool:
+        """Whether ``val`` can be computed inside a pass of ``group``'s loops (of ID classes ``classes``):
+        it reads no reduction of the group and none that iterates those loops itself."""
+        members = {id(e) for e in group}
+        return all(id(r) not in members and not classes & set(self._serial_reduction_classes(r.outputs[0]))
+                   for r in self._reductions_feeding(val))
+
+    def sibling_reductions(self, expr: ReductionOp | VarMeanOp) -> list[ReductionOp | VarMeanOp]:
+        """Reductions that can accumulate in ``expr``'s serial loops: the same serial reduction loops,
+        their iteration indices already here, and a producer that reads none of the group."""
+        leader = expr.outputs[0]
+        assert isinstance(leader, TensorView)
+        classes = sorted(self._serial_reduction_classes(leader))
+        if not classes:
+            return []
+        group: list[ReductionOp | VarMeanOp] = [expr]
+        for e in self.exprs:
+            if e is expr or not isinstance(e, ReductionOp | VarMeanOp):
+                continue
+            out = e.outputs[0]
+            assert isinstance(out, TensorView)
+            if sorted(self._serial_reduction_classes(out)) != classes or not self._indexed_here(out):
+                continue
+            if self._outside_the_pass(e.inputs[0], group, set(classes)):
+                group.append(e)
+        return group[1:]
+
+    def share_reduction_loops(self, leader: TensorView, others: list[TensorView]) -> None:
+        """Bind the serial reduction loop IDs of ``others`` to the loops just opened for ``leader``'s."""
+        opened: dict[int, list[str]] = {}
+        for i in leader.get_loop_domain():
+            if i.is_reduction and i.parallel_type is ParallelType.serial:
+                index = self.code.loop_index(id(i))
+                assert index is not None  # opened by open_loops_for
+                opened.setdefault(self.exact.class_of(i), []).append(index)
+        for tv in others:
+            taken: dict[int, int] = {}
+            for i in tv.get_loop_domain():
+                if i.is_reduction and i.parallel_type is ParallelType.serial:
+                    root = self.exact.class_of(i)
+                    k = taken[root] = taken.get(root, -1) + 1
+                    self.code.alias_loop(id(i), opened[root][k])
+
+    def outputs_of_the_pass(self, leader: TensorView,
+                            group: list[ReductionOp | VarMeanOp]) -> list[tuple[int, TensorView]]:
+        """Outputs that would need a pass of their own over ``leader``'s serial reduction loops and
+        can be computed in the reduction's pass instead (they read none of its results)."""
+        classes = set(self._serial_reduction_classes(leader))
+        found = []
+        for position, tv in enumerate(self.outputs, start=len(self.inputs)):
+            if id(tv) in self._stored or tv in self.inputs or isinstance(tv.definition, ReductionOp | VarMeanOp):
+                continue
+            iterated = {self.exact.class_of(i) for i in tv.get_loop_domain() if not i.is_reduction and not i.is_broadcast}
+            if iterated & classes and self._indexed_here(tv) and self._outside_the_pass(tv, group, classes):
+                found.append((position, tv))
+        return found
+
     def _store(self, tv: TensorView, position: int) -> None:
         code = self.code
         reduced = isinstance(tv.definition, ReductionOp | VarMeanOp)
@@ -527,7 +613,26 @@ class KernelBuilder(ValueLowering):
             code.close()
         self._stored.add(id(tv))
 
+    def _nonempty_checks(self) -> tuple[tuple[SymExpr, str], ...]:
+        """The reduced axes of each max / min, which must not be empty at launch: ATen raises for
+        those (no identity is the result), so a kernel must not return its accumulator's -inf.
+        A reduced ID at position k of the output's root (or logical) domain is axis k of its input."""
+        checks = []
+        for expr in self.exprs:
+            if not isinstance(expr, ReductionOp) or not expr.kind.spec.needs_elements:
+                continue
+            out, producer = expr.output, expr.inputs[0]
+            assert isinstance(out, TensorView) and isinstance(producer, TensorView)
+            dims = producer.get_logical_domain(no_reductions=True)
+            for k, i in enumerate(out.domain().root or out.get_logical_domain()):
+                if i.is_reduction and k < len(dims) and not dims[k].is_broadcast:
+                    name = expr.kind.name
+                    checks.append((self.extent(dims[k]), f"{name}: {describe_axis(producer, k)} has size 0; the "
+                                                         f"{name} of an empty axis is undefined"))
+        return tuple(checks)
+
     def _source(self, loops: list[Loop]) -> KernelSource:
+        nonempty = self._nonempty_checks()  # first: it may add size arguments
         output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.extent(i)
                                     for i in tv.get_logical_domain(no_reductions=True)) for tv in self.outputs)
         tensors = [f"T{k}" for k in range(len(self.inputs) + len(self.outputs))]
@@ -538,8 +643,10 @@ class KernelBuilder(ValueLowering):
         scalar_positions = tuple(next(k for k, v in enumerate(all_inputs) if isinstance(v, Scalar) and v.symbol == sym)
                                  for sym in scalar_symbols)
         tile_params = [f"{param}: tl.constexpr" for param, *_ in self._dynamic_tiles]
-        params = ", ".join([*tensors, *strides, *sizes, *(self._scalars[sym] for sym in scalar_symbols), *tile_params])
-        body = "\n".join(self.code.lines) or "    pass"
+        params = ", ".join([*tensors, *strides, *sizes, *(self._scalars[sym][0] for sym in scalar_symbols),
+                            *tile_params])
+        typed = [f"    s_{sym} = tl.full([], {arg}, {triton_dtype(dtype)})" for sym, (arg, dtype) in self._scalars.items()]
+        body = "\n".join([*typed, *self.code.lines]) or "    pass"
         source = f"{prelude(self.target)}\n\n@_jit\ndef {self.name}({params}):\n{body}\n"
         grid = tuple(next((loop.extent for loop in loops if loop.kind == "grid" and loop.index == f"pid{a}"),
                           SymConst(1)) for a in range(3))
@@ -550,7 +657,8 @@ class KernelBuilder(ValueLowering):
             self.name, source, tensor_positions, scalar_positions, tuple(self._strides), tuple(self._sizes),
             grid[:used], self._size_checks(), () if self.chunked else self._constant_checks(), output_shapes, perms,
             tuple(tv.dtype for tv in self.outputs), tuple(tv.short_name for tv in (*self.inputs, *self.outputs)),
-            tuple(self._divisibility), tuple(self._dynamic_tiles), self._extent_checks() if self.chunked else ())
+            tuple(self._divisibility), tuple(self._dynamic_tiles), self._extent_checks() if self.chunked else (),
+            nonempty, tuple((k, d, outer) for (k, d), outer in self._group_strides.items()))
 
     def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
         """Input dims of symbolic extent in a class of constant extent (``expand(x, [6, 4])`` of an

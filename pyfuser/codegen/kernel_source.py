@@ -59,3 +59,12 @@ class KernelSource:
     #: (extent over the fusion's bound sizes, constant, message with ``{}`` for the size): static
     #: extents a kernel in a stream loop checks on the whole tensors, not on its chunks
     extent_checks: tuple[tuple[SymExpr, int, str], ...] = ()
+    #: (extent over the size symbols, message): a reduced axis of a max / min, which ATen refuses
+    #: when empty (there is no identity to return); checked at launch, before the early return
+    #: of empty outputs
+    nonempty_checks: tuple[tuple[SymExpr, str], ...] = ()
+    #: (tensor position, dim, the dims allocated just outside it, nearest first): the stride argument
+    #: of ``dim`` multiplies the index of a merged group of those dims. Contiguity ignores the stride
+    #: of a size-1 dim (torch gives it any value), so when ``dim`` has size 1 the launcher passes the
+    #: stride of the nearest of them that has not, which is what the group's index steps by.
+    stride_fallbacks: tuple[tuple[int, int, tuple[int, ...]], ...] = ()

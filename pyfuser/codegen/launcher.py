@@ -114,6 +114,10 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         env[f"_whole{k}"], env[f"_whole_message{k}"] = extent, message
         body.append(f"if _whole{k}.evaluate(ctx.env) != {constant}:")
         body.append(f"    raise ValueError(_whole_message{k}.format(_whole{k}.evaluate(ctx.env)))")
+    for k, (extent, message) in enumerate(s.nonempty_checks):
+        env[f"_empty_message{k}"] = message
+        body.append(f"if {host_int_expr(extent)} == 0:")
+        body.append(f"    raise ValueError(_empty_message{k})")
     for k, (param, extent, limit, message) in enumerate(s.dynamic_tiles):
         env[f"_tile_message{k}"] = message
         body.append(f"{param} = _next_pow2({host_int_expr(extent)})")
@@ -150,6 +154,12 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         body.append(f"_st{k} = {tensors[k]}.stride()")
     for k, d in s.stride_args:
         body.append(f"st{k}_{d} = _st{k}[{d}]")
+    for k, d, outer in s.stride_fallbacks:
+        fallback = f"st{k}_{d}"
+        for o in reversed(outer):
+            fallback = f"_st{k}[{o}] if {tensors[k]}.shape[{o}] != 1 else {fallback}"
+        body.append(f"if {tensors[k]}.shape[{d}] == 1:")
+        body.append(f"    st{k}_{d} = {fallback}")
     strides = [f"st{k}_{d}" for k, d in s.stride_args]
     scalars = [f"args[{p}]" for p in s.scalar_inputs]
     tiles = [param for param, *_ in s.dynamic_tiles]

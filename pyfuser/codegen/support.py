@@ -8,6 +8,7 @@ from pyfuser.ir.base import Expr, Scalar
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.ops import (
     BinaryOp,
+    BinaryOpType,
     FullOp,
     IotaOp,
     LoadStoreOp,
@@ -42,12 +43,23 @@ def unsupported_in_pointwise_kernel(expr: Expr) -> str | None:
             return f"{name}: {expr.kind.name} has no Triton lowering"
         if spec.floating_only and not compute_dtype(expr.outputs[0].dtype).is_floating:
             return f"{name}: {expr.kind.name} on {expr.outputs[0].dtype} is only exact as an ATen call"
+        if isinstance(expr, BinaryOp) and expr.kind is BinaryOpType.div and _divides_integers_by_maybe_zero(expr):
+            return f"{name}: integer division by a value that may be 0, for which ATen raises and a kernel cannot"
         for v in expr.inputs:
             if isinstance(v, Scalar) and v.is_fusion_input and v.dtype is DataType.Double and \
                     compute_dtype(expr.outputs[0].dtype) is DataType.Double:
                 return f"{name}: a double-precision scalar argument would be passed to Triton as float32"
         return None
     return f"{name}: {expr.op_description} is not computed by a pointwise kernel"
+
+
+def _divides_integers_by_maybe_zero(expr: BinaryOp) -> bool:
+    """Integer ``div`` whose divisor is not a non-zero constant: ATen raises for a 0 divisor (the
+    default path's ValueError), a kernel would return garbage, so such a division runs as ATen."""
+    lhs, rhs = expr.inputs
+    if any(v.dtype.is_floating or v.dtype.is_complex for v in (lhs, rhs)):
+        return False
+    return not (isinstance(rhs, Scalar) and rhs.is_const and rhs.value != 0)
 
 
 def unsupported_in_reduction_kernel(expr: Expr) -> str | None:

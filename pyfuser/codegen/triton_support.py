@@ -29,6 +29,10 @@ def compute_dtype(dtype: DataType) -> DataType:
     return DataType.Float if dtype in (DataType.Half, DataType.BFloat16) else dtype
 
 
+#: NaN in kernel source
+NAN = "(_INF - _INF)"
+
+
 def literal(value: object, dtype: DataType) -> str:
     """A constant in the kernel, typed as ``dtype`` (a bare float literal would be float32)."""
     if isinstance(value, bool) or dtype is DataType.Bool:
@@ -36,7 +40,9 @@ def literal(value: object, dtype: DataType) -> str:
     if dtype.is_integral:
         return str(int(value))  # type: ignore[call-overload]
     number = float(value)  # type: ignore[arg-type]
-    text = repr(number) if math.isfinite(number) else ("_NAN" if math.isnan(number) else
+    # NaN as ``_INF - _INF`` (folded at compile time): a NaN global would fail Triton's check that a
+    # kernel's globals are unchanged at each launch (NaN != NaN).
+    text = repr(number) if math.isfinite(number) else (NAN if math.isnan(number) else
                                                        ("_INF" if number > 0 else "-_INF"))
     if dtype is DataType.Double:
         return f"tl.full([], {text}, tl.float64)"
@@ -81,7 +87,6 @@ def next_power_of_2(n: int) -> int:
 
 _PRELUDE_COMMON = '''
 _INF = tl.constexpr(float("inf"))
-_NAN = tl.constexpr(float("nan"))
 
 
 @_jit
@@ -147,6 +152,21 @@ def _tanh(x):
 @_jit
 def _pow(a, b):
     return libdevice.pow(a, b)
+
+
+@_jit
+def _round_bf16(x):
+    return x.to(tl.bfloat16).to(tl.float32)
+
+
+@_jit
+def _to_bf16(x):
+    return x.to(tl.bfloat16)
+
+
+@_jit
+def _from_bf16(x):
+    return x.to(tl.float32)
 ''' + _PRELUDE_COMMON
 
 _PRELUDE_INTERPRETER = '''import triton
@@ -173,17 +193,40 @@ def _tanh(x):
     return tl.where(a < 0.0625, small, tl.where(x < 0, -t, t))
 
 
+# The interpreter's own float32 <-> bfloat16 conversions truncate and mangle subnormals: these
+# work on the bits (bfloat16 is the high half of a float32), rounding to nearest even.
+@_jit
+def _round_bf16(x):
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536
+    return tl.where(x != x, (_INF - _INF), bits.to(tl.float32, bitcast=True))
+
+
+@_jit
+def _to_bf16(x):
+    bits = _round_bf16(x).to(tl.int32, bitcast=True) >> 16
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@_jit
+def _from_bf16(x):
+    return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
 @_jit
 def _pow(a, b):
-    # |a| ** b with the sign of a negative base for integral exponents, NaN for fractional ones.
+    # |a| ** b with the sign of a negative base for integral exponents, NaN for fractional ones
+    # (C's pow: -inf ** b is 0 or inf for any b, 1 ** b and (-1) ** +-inf are 1).
     magnitude = tl.exp2(b * tl.log2(tl.abs(a)))
     integral = tl.floor(b) == b
     odd = integral & (tl.abs(b - 2.0 * tl.floor(b * 0.5)) == 1.0)
     signed = tl.where(odd, -magnitude, magnitude)
-    negative = tl.where(integral, signed, _NAN)
-    zero = tl.where(b == 0, 1.0, tl.where(b > 0, 0.0, _INF))
+    negative = tl.where(a == -_INF, signed, tl.where(integral, signed, (_INF - _INF)))
+    zero = tl.where(b > 0, 0.0, tl.where(b < 0, _INF, (_INF - _INF)))
+    zero = tl.where(1.0 / a < 0, tl.where(odd, -zero, zero), zero)  # -0.0 ** odd keeps the sign
     result = tl.where(a < 0, negative, tl.where(a == 0, zero, magnitude))
-    return tl.where(b == 0, 1.0, result)
+    result = tl.where(a == -1.0, tl.where(tl.abs(b) == _INF, 1.0, result), result)
+    return tl.where(b == 0, 1.0, tl.where(a == 1.0, 1.0, result))
 ''' + _PRELUDE_COMMON
 
 

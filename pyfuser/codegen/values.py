@@ -11,15 +11,16 @@ nvFuser does. Reductions accumulate in float32 for floating inputs (the output's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from pyfuser.codegen.kernel_source import KernelError
-from pyfuser.codegen.triton_support import compute_dtype, int_expr, literal, triton_dtype
+from pyfuser.codegen.triton_support import NAN, compute_dtype, int_expr, literal, triton_dtype
 from pyfuser.ir.base import Expr, Scalar, Val
 from pyfuser.ir.dtypes import DataType
-from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.iter_domain import IterDomain, ParallelType
 from pyfuser.ir.ops import (
     BinaryOp,
     BinaryOpType,
@@ -39,6 +40,7 @@ from pyfuser.ir.ops import (
     VarMeanOp,
 )
 from pyfuser.ir.ops.promotion import result_dtype
+from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
@@ -52,6 +54,14 @@ _LOGICAL = frozenset({BinaryOpType.logical_and, BinaryOpType.logical_or, UnaryOp
 #: reduction kind -> (combine function of the prelude, identity as a function of the accumulator dtype)
 _COMBINE = {ReductionOpType.sum: "_add", ReductionOpType.mean: "_add", ReductionOpType.prod: "_mul",
             ReductionOpType.max: "_max", ReductionOpType.min: "_min"}
+
+
+def _domain_ids(tv: TensorView) -> list[IterDomain]:
+    """Every ID of ``tv``'s domain from its root (or logical) domain to its loop domain."""
+    start = tv.domain().root or tv.get_logical_domain()
+    loop = tv.get_loop_domain()
+    between = [i for t in transforms_between(start, loop) for i in (*t.inputs, *t.outputs)]
+    return list({id(i): i for i in (*start, *between, *loop)}.values())
 
 
 def _identity(kind: ReductionOpType, dtype: DataType) -> object:
@@ -73,6 +83,24 @@ def _to(src: DataType, dst: DataType) -> str:
     return f".to({triton_dtype(dst)})"
 
 
+def _rounded(value: str, dtype: DataType) -> str:
+    """``value`` (float32) rounded to ``dtype`` when that is half or bfloat16, which are computed in
+    float32: every tensor of those dtypes holds rounded values, as in ATen and in nvFuser's
+    registers, so a comparison or a steep op after it sees what they see."""
+    if dtype is DataType.BFloat16:
+        return f"_round_bf16({value})"
+    if dtype is DataType.Half:
+        return f"({value}).to(tl.float16).to(tl.float32)"
+    return value
+
+
+def _widened(value: str, dtype: DataType) -> str:
+    """A loaded ``value`` of ``dtype`` in the dtype it is computed in (half and bfloat16: float32)."""
+    if dtype is DataType.BFloat16:
+        return f"_from_bf16({value})"  # the prelude's conversion (the interpreter's own mangles subnormals)
+    return f"{value}{_to(dtype, compute_dtype(dtype))}"
+
+
 def accumulator_dtype(out: DataType) -> DataType:
     """Floating reductions accumulate in float32 (or double); integers and bools in their output type
     (a bool max / min in int32, then compared)."""
@@ -80,15 +108,45 @@ def accumulator_dtype(out: DataType) -> DataType:
     return DataType.Int32 if dtype is DataType.Bool else dtype
 
 
-def op_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
-    """The dtype an op computes in: its output's, except comparisons (the operands' common type,
-    by torch's promotion) and bool arithmetic (torch saturates True + True: computed wide, then != 0)."""
+def promoted_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
+    """The dtype torch converts an op's operands to: its output's, except for comparisons (the
+    operands' common type, by torch's promotion)."""
     if expr.kind in _COMPARISONS:
-        return compute_dtype(result_dtype(torch.add, expr.inputs))
+        return result_dtype(torch.add, expr.inputs)
+    return expr.outputs[0].dtype
+
+
+def op_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
+    """The dtype an op computes in: the promoted one (half and bfloat16 in float32), except bool
+    arithmetic (torch saturates True + True: computed wide, then != 0)."""
+    if expr.kind in _COMPARISONS:
+        return compute_dtype(promoted_dtype(expr))
     out = compute_dtype(expr.outputs[0].dtype)
     if out is DataType.Bool and expr.kind not in _LOGICAL and expr.kind is not UnaryOpType.cast:
         return DataType.Int32
     return out
+
+
+@dataclass
+class _Accumulation:
+    """One reduction being computed: its accumulators (one, Welford's three, or the on-chip
+    var_mean's values and valid lanes) and the key its results are remembered by."""
+
+    expr: ReductionOp | VarMeanOp
+    out: TensorView
+    key: tuple[object, ...]
+    dtype: DataType
+    welford: bool
+    on_chip: bool
+    names: list[str]
+
+    def declare(self, builder: KernelBuilder) -> None:
+        code = builder.code
+        identity = 0 if self.welford else _identity(self.expr.kind, self.dtype)  # type: ignore[union-attr]
+        shape = f"[{', '.join(builder.tile_shape)}]"
+        for name in self.names:
+            code.emit(f"{name} = tl.full({shape}, {literal(identity, self.dtype)}, {triton_dtype(self.dtype)})")
+            code.dims[name] = frozenset(range(len(builder.tile_shape)))  # varies along every tile axis
 
 
 class ValueLowering:
@@ -111,7 +169,7 @@ class ValueLowering:
             mask = self.code.mask(dims, uses=offset)
             load = f"tl.load(T{position} + {offset}, mask={mask}, other=0)" if mask else \
                 f"tl.load(T{position} + {offset})"
-            result = self.code.assign("v", f"{load}{_to(val.dtype, compute_dtype(val.dtype))}", cse=False)
+            result = self.code.assign("v", _widened(load, val.dtype), cse=False)
         elif isinstance(definition, ReductionOp | VarMeanOp):
             self.reduce(definition)  # first read at this loop point: reduce here
             reduced = self.code.recall(key)
@@ -129,7 +187,11 @@ class ValueLowering:
         if val.is_const:
             return literal(val.value, compute_dtype(val.dtype))
         if val.is_fusion_input:
-            return self._scalars.setdefault(val.symbol, f"arg_{val.symbol}")
+            # The argument as a typed 0-dim value, bound at the kernel's entry: Triton's interpreter
+            # passes a float argument as a Python float (no ``.to``), a compiled kernel an int
+            # argument as int32 when it fits (arithmetic on it would wrap).
+            self._scalars.setdefault(val.symbol, (f"arg_{val.symbol}", compute_dtype(val.dtype)))
+            return f"s_{val.symbol}"
         assert val.definition is not None
         key = (val.name,)
         cached = self.code.recall(key)
@@ -152,15 +214,17 @@ class ValueLowering:
             # A typed scalar: a bare 3 would be int32, a bare True no tensor at all.
             fill, dtype = expr.inputs[0], compute_dtype(out.dtype)
             value = literal(fill.value, dtype) if isinstance(fill, Scalar) and fill.is_const else operand(fill)
-            return code.assign("v", f"tl.full([], {value}, {triton_dtype(dtype)})")
+            return code.assign("v", _rounded(f"tl.full([], {value}, {triton_dtype(dtype)})", out.dtype))
         if isinstance(expr, IotaOp):
             assert indices is not None and isinstance(out, TensorView)
             index = indices.of[id(out.get_logical_domain()[0])]
             if index.isdigit():  # an iota of one element: a typed 0 (a bare 0 has no .to)
                 index = f"tl.full([], {index}, tl.int64)"
-            start, step = (operand(v) for v in expr.inputs[1:])
             dtype = compute_dtype(out.dtype)
-            return code.assign("v", f"({start} + ({index}){_to(DataType.Int, dtype)} * {step}){_to(dtype, dtype)}")
+            # start and step in the output's dtype (a double constant would make the sum float64)
+            start, step = (literal(v.value, dtype) if isinstance(v, Scalar) and v.is_const else
+                           self.convert(operand(v), v.dtype, dtype) for v in expr.inputs[1:])
+            return code.assign("v", _rounded(f"({start} + ({index}){_to(DataType.Int, dtype)} * {step})", out.dtype))
         if isinstance(expr, UnaryOp | BinaryOp | TernaryOp):
             kind = expr.kind
             template = kind.spec.triton
@@ -171,6 +235,10 @@ class ValueLowering:
             # A helper function of the prelude (``_div``) or a logical op reads its operands' dtype:
             # a constant operand is a typed 0-dim value there, not a bare Python number.
             typed = "_" in template or kind in _LOGICAL
+            # A tensor operand of a wider dtype than a half or bfloat16 op (a 0-dim float tensor: torch
+            # does not promote to it) is rounded to the op's dtype first, as torch converts it.
+            promoted = promoted_dtype(expr)
+            narrow = kind is not UnaryOpType.cast and compute_dtype(promoted) is not promoted
             for k, v in enumerate(expr.inputs):
                 raw = kind in _LOGICAL or (kind is TernaryOpType.where and k == 0)
                 if isinstance(v, Scalar) and v.is_const:
@@ -180,10 +248,13 @@ class ValueLowering:
                                 not text.startswith("tl.") else text)
                     continue
                 value = operand(v)
-                args.append(value if raw else self.convert(value, v.dtype, dtype))
+                if not raw and narrow and isinstance(v, TensorView) and v.dtype is not promoted:
+                    args.append(_rounded(self.convert(value, v.dtype, DataType.Float), promoted))
+                else:
+                    args.append(value if raw else self.convert(value, v.dtype, dtype))
             produced = DataType.Bool if kind in _COMPARISONS or kind in _LOGICAL else dtype
             text = template.format(*(f"({a})" for a in args))
-            return code.assign("v", f"({text}){_to(produced, compute_dtype(out.dtype))}")
+            return code.assign("v", _rounded(f"({text}){_to(produced, compute_dtype(out.dtype))}", out.dtype))
         raise KernelError(f"{out.short_name if isinstance(out, TensorView) else out}: {expr.op_description} has no "
                           "Triton lowering")
 
@@ -193,49 +264,83 @@ class ValueLowering:
         return f"({value}){_to(src, dst)}" if src is not dst else value
 
     def store_value(self: KernelBuilder, value: str, tv: TensorView) -> str:
+        if tv.dtype is DataType.BFloat16:
+            return f"_to_bf16({value})"  # the prelude's conversion (the interpreter's own truncates)
         return f"({value}){_to(compute_dtype(tv.dtype), tv.dtype)}"
 
     # --- reductions -------------------------------------------------------------------------------------
     def reduce(self: KernelBuilder, expr: ReductionOp | VarMeanOp) -> None:
         """Compute ``expr`` at the nest's iteration point: open its serial reduction loops (if any),
         accumulate per lane, then reduce across its reduction tile axes (kept as size-1 axes, so the
-        result broadcasts against later tiles)."""
+        result broadcasts against later tiles).
+
+        One pass over the serial loops serves every reduction that iterates the same ones and reads
+        none of them (``sibling_reductions``: layernorm backward's two sums across rows), and stores
+        the outputs that would otherwise need a pass of their own over those loops
+        (``outputs_of_the_pass``: its ``dx``), so the kernel reads its inputs once.
+        """
         code = self.code
+        leader = self._accumulation(expr)
+        if leader is None:
+            return
+        group = [leader, *(a for a in map(self._accumulation, self.sibling_reductions(expr)) if a is not None)]
+        for acc in group:
+            acc.declare(self)
+        out = leader.out
+        opened = self.open_loops_for(out, reduction=True)
+        self.share_reduction_loops(out, [a.out for a in group[1:]])
+        self.walk_back(out)
+        # Conditions the same for the whole tile (a row past the end): a branch around the reads.
+        branched = code.branch(code.uniform())
+        for acc in group:
+            self._accumulate(acc)
+        if opened:
+            for position, tv in self.outputs_of_the_pass(out, [a.expr for a in group]):
+                self._store(tv, position)
+        self.store_computed_outputs()
+        if branched:
+            code.close()
+        for _ in range(opened):
+            code.close()
+        for acc in group:
+            self._finish(acc)
+
+    def _accumulation(self: KernelBuilder, expr: ReductionOp | VarMeanOp) -> _Accumulation | None:
+        """How ``expr`` accumulates at this loop point; None when its value is already here."""
         out = expr.outputs[0]
         assert isinstance(out, TensorView)
         outer = self.walk_back(out, partial=True)  # iteration indices, assigned in this scope
         key = (out.name, *(outer.of.get(id(i), "0") for i in out.get_logical_domain()
                            if not i.is_broadcast and not i.is_reduction))
-        if code.recall(key) is not None:
-            return
+        if self.code.recall(key) is not None:
+            return None
         # var_mean accumulates in float32, or float64 for double data (the output's precision)
         acc_dtype = (DataType.Double if out.dtype is DataType.Double else DataType.Float) \
             if isinstance(expr, VarMeanOp) else accumulator_dtype(out.dtype)
-        acc_ty = triton_dtype(acc_dtype)
-        shape = f"[{', '.join(self.tile_shape)}]"
         welford = isinstance(expr, VarMeanOp)
         # var_mean over tile axes only (the row on chip): two exact passes over registers, mean then
         # squared deviations; Welford's update is for rows read in a loop.
         on_chip = welford and not any(i.is_reduction and i.parallel_type is ParallelType.serial
                                       for i in out.get_loop_domain())
-        names = [code.fresh("acc") for _ in range(2 if on_chip else 3 if welford else 1)]
+        names = [self.code.fresh("acc") for _ in range(2 if on_chip else 3 if welford else 1)]
+        return _Accumulation(expr, out, key, acc_dtype, welford, on_chip, names)
+
+    def _accumulate(self: KernelBuilder, acc: _Accumulation) -> None:
+        """Add this loop point's values into the accumulators of ``acc``."""
+        code = self.code
+        expr, out, names, acc_dtype, on_chip, welford = acc.expr, acc.out, acc.names, acc.dtype, acc.on_chip, acc.welford
         kind = None if welford else expr.kind
-        identity = 0 if welford else _identity(expr.kind, acc_dtype)
-        for name in names:
-            code.emit(f"{name} = tl.full({shape}, {literal(identity, acc_dtype)}, {acc_ty})")
-            code.dims[name] = frozenset(range(len(self.tile_shape)))  # varies along every tile axis
-        opened = self.open_loops_for(out, reduction=True)
         indices = self.walk_back(out)
-        # Conditions the same for the whole tile (a row past the end): a branch around the reads.
-        branched = code.branch(code.uniform())
         producer = expr.inputs[0]
         assert isinstance(producer, TensorView)
         value = self.convert(self.value(producer, self.producer_indices(expr, producer, indices)), producer.dtype,
                              acc_dtype)
-        # The bounds of the value's own indices and of the reduction's loops: a bound of an
+        # The bounds of the value's own indices and of the reduction's indices, from its loops to
+        # its logical IDs (a split that overshoots the reduced extent is bounded there, also where
+        # the value does not vary along the axis: a sum over an expanded axis); a bound of an
         # enclosing pass over a chunk of the same axis is not this reduction's (it iterates the
         # axis itself).
-        own = " ".join(indices.of[id(i)] for i in out.get_loop_domain() if i.is_reduction and id(i) in indices.of)
+        own = " ".join(indices.of[id(i)] for i in _domain_ids(out) if i.is_reduction and id(i) in indices.of)
         mask = code.mask(frozenset(range(len(self.tile_shape))), uses=f"{value} {own}")
         if on_chip:
             values, valid = names
@@ -254,11 +359,13 @@ class ValueLowering:
             assert kind is not None
             combined = f"{_COMBINE[kind]}({acc}, {value})"
             code.emit(f"{acc} = tl.where({mask}, {combined}, {acc})" if mask else f"{acc} = {combined}")
-        self.store_computed_outputs()
-        if branched:
-            code.close()
-        for _ in range(opened):
-            code.close()
+
+    def _finish(self: KernelBuilder, acc: _Accumulation) -> None:
+        """Reduce the accumulators of ``acc`` across its tile axes and remember the results."""
+        code = self.code
+        expr, out, names, acc_dtype, on_chip, welford, key = (acc.expr, acc.out, acc.names, acc.dtype, acc.on_chip,
+                                                              acc.welford, acc.key)
+        kind = None if welford else expr.kind
         axes: list[int | None] = sorted({self._tile_pos_of(i) for i in out.get_loop_domain()
                                          if i.is_reduction} - {None})  # type: ignore[type-var]
         if axes and len(axes) == len(self.tile_shape):
@@ -294,6 +401,8 @@ class ValueLowering:
             correction = expr.correction
             var = code.assign("v", f"{m2} / tl.maximum({count} - {correction}, 0.0)" if correction else f"{m2} / {count}",
                               cse=False)
+            # the mean of no elements is 0 / 0 (NaN), not the accumulator's initial 0
+            mean = code.assign("v", f"tl.where({count} > 0, {mean}, {NAN})", cse=False)
             results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                        self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         else:
@@ -312,7 +421,8 @@ class ValueLowering:
         for tv, result in zip(expr.outputs, results, strict=True):
             assert isinstance(tv, TensorView)
             out_key = (tv.name, *key[1:])
-            code.remember(out_key, code.assign("v", result, cse=False) if result.startswith("(") else result)
+            result = _rounded(result, tv.dtype)
+            code.remember(out_key, result if result.isidentifier() else code.assign("v", result, cse=False))
 
     def _tile_pos_of(self: KernelBuilder, i: object) -> int | None:
         """The tile axis a reduction loop ID of a reduction tensor iterates (None: a serial loop)."""

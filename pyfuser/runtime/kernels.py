@@ -13,7 +13,7 @@ from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_axes
-from pyfuser.ir.domain_replay import is_permutation_of_logical
+from pyfuser.ir.domain_replay import is_permutation_of_logical, logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, DumpOption, dump
@@ -95,9 +95,20 @@ def scheduled_ir(fusion: Fusion) -> str:
 
 
 def _layout(fusion: Fusion, tv: TensorView, dense: bool, chunked: bool) -> Layout:
-    perm = allocation_perm(fusion, tv)
+    # A fusion input is read as it was given (its allocation domain); a stride order required of it
+    # as a fusion output is the layout of the copy the executor returns, not of the input.
+    perm = _given_perm(tv) if tv.is_fusion_input else allocation_perm(fusion, tv)
     if dense:
         return perm, [None if tv.get_logical_domain(no_reductions=True)[d].is_broadcast else True for d in perm]
     if chunked or not tv.is_fusion_input or not is_permutation_of_logical(tv, tv.get_allocation_domain()):
         return perm, [False] * len(perm)
     return perm, list(tv.contiguity)
+
+
+def _given_perm(tv: TensorView) -> tuple[int, ...]:
+    """The allocation order of a fusion input's logical dims (without reductions), outermost first."""
+    logical = tv.get_logical_domain(no_reductions=True)
+    if not tv.has_allocation_domain():
+        return tuple(range(len(logical)))
+    position = {id(i): d for d, i in enumerate(logical)}
+    return tuple(position[id(i)] for i in logical_order(tv) if not i.is_reduction)

@@ -90,10 +90,17 @@ def test_layernorm_and_rmsnorm(dtype: torch.dtype, cols: int, device: str, run_k
     assert kernel_schedulers(fd) == ["inner_persistent"]
 
 
+def _kernel_body(code: str, suffix: str) -> str:
+    """The source of the kernel whose name ends in ``suffix`` (up to the next file's imports)."""
+    start = code.index(f"{suffix}(")
+    return code[start:code.find("\nimport ", start) % (len(code) + 1)]
+
+
 @pytest.mark.parametrize("cols", [40, 1300])
 def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels) -> None:
     """dx per row (inner reductions) and dw, db across rows (outer ones): one inner-outer kernel,
-    whose partial results across rows a second launch finishes."""
+    whose partial results across rows a second launch finishes; dx, dw and db share one pass over
+    the rows."""
     n = 11
     x = torch.randn(n, cols, device=device, requires_grad=True)
     w, b = torch.randn(cols, device=device, requires_grad=True), torch.randn(cols, device=device, requires_grad=True)
@@ -118,6 +125,9 @@ def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels) -> 
     _close(db, b.grad)
     assert kernel_schedulers(fd) == ["inner_outer_persistent"]
     assert "_partial0" in fd.last_kernel_code() and "_final" in fd.last_kernel_code()
+    if cols <= 128:  # the row as one tile: one pass over the rows reads each input once
+        partial = _kernel_body(fd.last_kernel_code(), "_partial0")
+        assert partial.count("for ") == 1 and partial.count("tl.load(T0 ") == 1, partial
 
     # rmsnorm backward: dx per row and dw across rows
     xd = x.detach().requires_grad_()

@@ -44,16 +44,38 @@ class FusedExprs:
         return self.logical_map(self.inputs[position])  # type: ignore[arg-type]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        """``producer`` logical ID -> first output's logical ID, composed through the exprs."""
+        """``producer`` logical ID -> first output's logical ID, composed through the exprs; an ID
+        that reaches the first output only through another one (``t9 = set(x); t11 = ne(t9, y)``: y's
+        axis meets t9's at t11) maps to the first output's ID exactly mapped to it (both iterate
+        one axis: a host loop chunks them together)."""
         origin: dict[int, IterDomain] = {id(i): i for i in producer.get_logical_domain()}
+        parent: dict[int, int] = {}
+
+        def root(k: int) -> int:
+            while parent.get(k, k) != k:
+                k = parent[k]
+            return k
+
+        def link(a: IterDomain, b: IterDomain) -> None:
+            if not (a.is_broadcast or b.is_broadcast):  # exact: a broadcast maps to any extent
+                parent[root(id(a))] = root(id(b))
+
         for expr in self.exprs:
             for operand in expr.tensor_inputs:
                 for p, c in expr.logical_map(operand).items():
+                    link(p, c)
                     if id(p) in origin:
                         origin.setdefault(id(c), origin[id(p)])
             outs = expr.tensor_outputs
             for other in outs[1:]:
                 for a, b in zip(outs[0].get_logical_domain(), other.get_logical_domain(), strict=True):
+                    link(a, b)
                     if id(a) in origin:
                         origin.setdefault(id(b), origin[id(a)])
-        return {origin[id(c)]: c for c in self.output.get_logical_domain() if id(c) in origin}
+        result = {origin[id(c)]: c for c in self.output.get_logical_domain() if id(c) in origin}
+        by_class = {root(id(c)): c for c in reversed(self.output.get_logical_domain())}
+        for p in producer.get_logical_domain():
+            c = by_class.get(root(id(p)))
+            if p not in result and c is not None and not p.is_broadcast and c not in result.values():
+                result[p] = c
+        return result

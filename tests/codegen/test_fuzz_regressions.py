@@ -1,0 +1,191 @@
+"""Generated kernels against torch on what the differential fuzzer's interpreter mode found wrong:
+one focused case per defect, named by what the kernel got wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyfuser import DataType, FusionDefinition, ParallelType
+from tests.codegen.conftest import execute_with_aten
+
+
+def test_float_scalar_argument_converted_in_the_kernel(device: str, run_kernels) -> None:
+    """A Double scalar input divided by an int tensor (computed in float32): the argument is a typed
+    value in the kernel (the interpreter passes a Python float, which has no ``.to``)."""
+    x = torch.tensor([1, -2, 3, 4, -5], dtype=torch.int32, device=device)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        s = fd.define_scalar(dtype=DataType.Double)
+        fd.add_output(fd.ops.truediv(s, fd.ops.slice(t, [1], [5], [2])))
+    (out,) = run_kernels(fd, [x, -0.5])
+    torch.testing.assert_close(out, -0.5 / x[1:5:2])
+
+
+def test_iota_with_double_start_and_step_cast_to_bfloat16(device: str) -> None:
+    """Double constants of an iota are typed like its output (float64 arithmetic stored as bf16 gave NaN)."""
+    with FusionDefinition() as fd:
+        n = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.cast(fd.ops.iota(n, 1.0, -0.5, DataType.Float), DataType.BFloat16))
+    (out,) = fd.execute([5], device=device, _enable_options=[] if device == "cuda" else ["triton_interpreter"])
+    assert fd.last_kernel_code()
+    torch.testing.assert_close(out, torch.tensor([1.0 - 0.5 * i for i in range(5)], device=device).bfloat16())
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_min_of_an_empty_axis_raise_like_aten(op: str, device: str, run_kernels) -> None:
+    """torch has no max / min of an empty axis: the kernel's launcher raises the ATen path's error
+    instead of returning the accumulator's initial value."""
+    x = torch.randn(3, 0, device=device)
+    with FusionDefinition() as fd:
+        fd.add_output(getattr(fd.ops, op)(fd.from_pytorch(x), [0, 1], keepdim=True))
+    with pytest.raises(ValueError) as aten:
+        execute_with_aten(fd, [x])
+    with pytest.raises(ValueError) as kernel:
+        run_kernels(fd, [x])
+    assert str(kernel.value) == str(aten.value) == f"{op}: T0 axis 1 has size 0; the {op} of an empty axis is undefined"
+    y = torch.randn(3, 2, device=device)  # the same program with elements: computed by the kernel
+    (out,) = run_kernels(fd, [y])
+    torch.testing.assert_close(out, (torch.amax if op == "max" else torch.amin)(y, [0, 1], keepdim=True))
+
+
+def test_var_mean_of_an_empty_looped_axis_is_nan(device: str, run_kernels) -> None:
+    """Welford's mean of no elements is 0 / 0, not the accumulator's initial 0."""
+    x = torch.randn(2, 0, 7, 2, device=device)
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.from_pytorch(x), [0, 1], 0, keepdim=False)
+        fd.add_output(var)
+        fd.add_output(mean)
+    var_out, mean_out = run_kernels(fd, [x])
+    assert var_out.isnan().all() and mean_out.isnan().all() and mean_out.shape == (7, 2)
+
+
+def test_half_and_bfloat16_intermediates_are_rounded(device: str, run_kernels) -> None:
+    """A bf16 cast rounds inside the kernel (to nearest even), so a comparison after it sees what
+    torch sees; a float32 0-dim operand of a bf16 op is rounded to bf16 first, as torch does."""
+    x = (torch.randn(6, 1, 2, device=device) * 3).half()
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        doubled = fd.ops.add(t, t)
+        fd.add_output(fd.ops.gt(doubled, fd.ops.cast(fd.ops.cat([doubled, doubled], 1), DataType.BFloat16)))
+    (out,) = run_kernels(fd, [x])
+    doubled_ref = x + x
+    assert torch.equal(out, doubled_ref > torch.cat([doubled_ref, doubled_ref], 1).bfloat16())
+
+    base = torch.tensor([-1.2344, 0.8203, -1.5938], dtype=torch.bfloat16, device=device)
+    exponent = torch.tensor(-0.99966, device=device)  # rounds to -1 in bf16: an integral exponent
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.pow(fd.from_pytorch(base), fd.from_pytorch(exponent)))
+    (out,) = run_kernels(fd, [base, exponent])
+    torch.testing.assert_close(out, torch.pow(base, exponent))
+
+
+def test_bfloat16_conversions_round_to_nearest_even(device: str, run_kernels) -> None:
+    """Every float32 -> bf16 store rounds to nearest even (the interpreter's own conversion
+    truncates), also subnormals, infinities and NaN."""
+    x = torch.cat([torch.randn(500, device=device) * 10.0 ** torch.randint(-40, 38, (500,), device=device),
+                   torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, 1e-40, 1.00390625, 3.3961e38],
+                                device=device)])
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.cast(fd.from_pytorch(x), DataType.BFloat16))
+    (out,) = run_kernels(fd, [x])
+    torch.testing.assert_close(out, x.bfloat16(), rtol=0, atol=0, equal_nan=True)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.cast(fd.from_pytorch(out), DataType.Float))
+    (back,) = run_kernels(fd, [out])
+    torch.testing.assert_close(back, out.float(), rtol=0, atol=0, equal_nan=True)
+
+
+def test_integer_div_by_a_tensor_runs_as_aten_and_raises_for_zero(device: str) -> None:
+    """A kernel cannot raise for an integer division by 0 as ATen does: that division stays ATen;
+    one by a non-zero constant is a kernel."""
+    x = torch.tensor([4, -7, 9], dtype=torch.int32, device=device)
+    options = [] if device == "cuda" else ["triton_interpreter"]
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.div(t, t))
+    with pytest.raises(ValueError, match="a divisor is 0"):
+        fd.execute([torch.zeros_like(x)], _enable_options=options)
+    (out,) = fd.execute([x], _enable_options=options)
+    assert torch.equal(out, torch.ones_like(x))
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.div(fd.from_pytorch(x), 2))
+    (out,) = fd.execute([x], _enable_options=options)
+    assert fd.last_kernel_code() and torch.equal(out, torch.div(x, 2, rounding_mode="trunc"))
+
+
+@pytest.mark.parametrize("op", ["var_mean", "sum"])
+def test_size_one_axis_with_any_stride_in_a_merged_index(op: str, device: str, run_kernels) -> None:
+    """Contiguity ignores the stride of a size-1 axis, which torch leaves at any value (a permute):
+    a merged index of axes ending in one steps by the next outer axis' stride."""
+    x = torch.randn(1, 3, 3, 3, device=device).permute(1, 0, 3, 2)  # strides (9, 27, 1, 3)
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1, -1, -1], dtype=DataType.Float)
+        if op == "var_mean":
+            var, mean = fd.ops.var_mean(t, None, 2, keepdim=False)
+            fd.add_output(var)
+            fd.add_output(mean)
+        else:
+            fd.add_output(fd.ops.sum(t, [2], keepdim=False))
+    outs = run_kernels(fd, [x])
+    wants = torch.var_mean(x, [0, 1, 2, 3], correction=2) if op == "var_mean" else (x.sum(2),)
+    for out, want in zip(outs, wants, strict=True):
+        torch.testing.assert_close(out, want)
+
+
+def test_sum_over_an_expanded_axis_masks_the_padded_tile(device: str, run_kernels) -> None:
+    """A value the same along the reduced axis (expanded) is still masked past the axis' extent (3
+    on a tile of 4): the reduction's bound is on its own split index, not on the value's."""
+    x = torch.randn(1, 1, dtype=torch.float64, device=device)
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([1, -1], contiguity=True, dtype=DataType.Double)
+        expanded = fd.ops.expand(fd.ops.broadcast(t, [True, False, False]), [3, 3, 1])
+        fd.add_output(fd.ops.sum(fd.ops.permute(expanded, [1, 0, 2]), [0], keepdim=False))
+    (out,) = run_kernels(fd, [x])
+    torch.testing.assert_close(out, x[None].expand(3, 3, 1).permute(1, 0, 2).sum(0))
+
+
+def test_stream_loop_chunks_an_input_that_meets_the_first_output_through_another(device: str) -> None:
+    """``t9 = set(x); t11 = ne(t9, y)`` in one kernel of a stream loop: y's axis maps to t9's through
+    t11, so the loop passes y's chunks, not the whole y."""
+    x = torch.randn(5, dtype=torch.float64, device=device)
+    y = torch.randint(0, 2, (5,), device=device).bool()
+    with FusionDefinition() as fd:
+        tx, ty = fd.from_pytorch(x), fd.from_pytorch(y)
+        copy = fd.ops.set(tx)
+        ne = fd.ops.ne(copy, ty)
+        fd.add_output(ne)
+        fd.add_output(copy)
+    for tv in (copy, ne):
+        tv.outer_split(0, 3)
+        tv.axis(0).parallelize(ParallelType.stream)
+    ne_out, copy_out = fd.execute([x, y], _enable_options=[] if device == "cuda" else ["triton_interpreter"])
+    assert fd.last_kernel_code() and "FOR StreamIdx" in str(fd.fec.last_program)
+    assert torch.equal(ne_out, x != y) and torch.equal(copy_out, x)
+
+
+def test_input_also_returned_with_a_stride_order_is_read_as_given(device: str, run_kernels) -> None:
+    """An input that is also an output with a required stride order is read in its own layout (the
+    required order is that of the returned copy)."""
+    x = torch.randn(3, 3, 2, device=device).bfloat16()  # dense, row-major
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, 3, -1], dtype=DataType.BFloat16)
+        fd.add_output(fd.ops.rsqrt(t), stride_order=[1, 2, 0])
+        fd.add_output(t, stride_order=[1, 2, 0])
+    out, same = run_kernels(fd, [x])
+    torch.testing.assert_close(out, torch.rsqrt(x), equal_nan=True)
+    assert torch.equal(same, x)
+
+
+def test_pow_follows_c_at_infinities_zeros_and_ones(device: str, run_kernels) -> None:
+    """The interpreter's pow (no libdevice) agrees with C's pow where the formula would not:
+    -inf ** -1.5 is 0, -0.0 ** -1 is -inf, 1 ** nan and (-1) ** inf are 1, 0 ** nan is nan."""
+    values = [float("-inf"), float("inf"), -1.0, 1.0, 0.0, -0.0, -2.0, 0.5, float("nan"), 3.0, -1.5]
+    a = torch.tensor([x for x in values for _ in values], device=device)
+    b = torch.tensor([y for _ in values for y in values], device=device)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.pow(fd.from_pytorch(a), fd.from_pytorch(b)))
+    (out,) = run_kernels(fd, [a, b])
+    want = torch.pow(a, b)
+    torch.testing.assert_close(out, want, equal_nan=True)
+    assert torch.equal(torch.signbit(out[want == 0]), torch.signbit(want[want == 0]))
