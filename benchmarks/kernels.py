@@ -245,8 +245,9 @@ def _variants(case: Case, params: Any) -> list[Any]:
         loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w) for t in (2048, 4096) for w in (8,)]
         return tiles + loops
     if case.scheduler is SchedulerType.inner_outer_persistent:
-        return [dataclasses.replace(params, split=g, rows=r, num_warps=w, num_stages=st)
-                for g, r, w in ((264, 1, 16), (264, 2, 8), (528, 1, 8), (132, 1, 16)) for st in (0, 2, 3)]
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        return [dataclasses.replace(params, split=waves * sms, rows=r, num_warps=w, num_stages=3)
+                for waves in (1, 2, 4) for r in (1, 2) for w in (4, 8, 16)]
     if case.scheduler is SchedulerType.transpose:
         return [dataclasses.replace(params, tile_in=t, tile_out=t, num_warps=w) for t in (32, 64) for w in (4, 8)]
     if params.break_point:

@@ -286,7 +286,7 @@ class KernelBuilder(ValueLowering):
                 stride = int_expr(self.extent(t.inner))
                 index = known[id(t.in_id)] = code.assign(
                     "ix", f"{outer} * {stride} + {inner}" if stride != "1" else f"{outer} + {inner}")
-                if not (t.is_divisible() and bounded[id(t.outer)] and bounded[id(t.inner)]):
+                if not (self._divides(t) and bounded[id(t.outer)] and bounded[id(t.inner)]):
                     code.add_condition(f"({index} < {int_expr(self.extent(t.in_id))})", code.dims_of(index))
                 bounded[id(t.in_id)] = True
             elif isinstance(t, Merge):
@@ -313,6 +313,13 @@ class KernelBuilder(ValueLowering):
         logical_ids = {id(i) for i in start}
         result.groups = [(g, e) for g, e in result.groups if all(k in logical_ids for k in g)]
         return result
+
+    def _divides(self, split: Split) -> bool:
+        """Whether ``split`` divides the extent the kernel iterates, not the one the fusion states: in
+        a stream loop a tensor's extents are its chunk's (``size_symbol``), so a split that divides
+        the whole tensor's static extent (``Split.is_divisible``) may overshoot a chunk."""
+        extent, factor = self.extent(split.in_id).value, split.factor.value
+        return extent is not None and factor is not None and extent % factor == 0
 
     def index_of_loop_id(self, i: IterDomain, taken: dict[int, int]) -> str | None:
         """The nest index ``i`` takes: its own if it is a loop ID of the nest, else that of the nest's

@@ -3,8 +3,14 @@ one focused case per defect, named by what the kernel got wrong."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import numpy as np
 import pytest
 import torch
+from triton.runtime import interpreter
 
 from pyfuser import DataType, FusionDefinition, ParallelType
 from tests.codegen.conftest import execute_with_aten
@@ -97,15 +103,19 @@ def test_bfloat16_conversions_round_to_nearest_even(device: str, run_kernels) ->
 
 
 def test_integer_div_by_a_tensor_runs_as_aten_and_raises_for_zero(device: str) -> None:
-    """A kernel cannot raise for an integer division by 0 as ATen does: that division stays ATen;
-    one by a non-zero constant is a kernel."""
+    """A kernel cannot raise for an integer division by 0 as ATen on a CPU does: that division stays
+    ATen; one by a non-zero constant is a kernel."""
     x = torch.tensor([4, -7, 9], dtype=torch.int32, device=device)
     options = [] if device == "cuda" else ["triton_interpreter"]
     with FusionDefinition() as fd:
         t = fd.from_pytorch(x)
         fd.add_output(fd.ops.div(t, t))
-    with pytest.raises(ValueError, match="a divisor is 0"):
-        fd.execute([torch.zeros_like(x)], _enable_options=options)
+    zeros = torch.zeros_like(x)
+    if device == "cuda":  # CUDA's integer division by 0 does not raise: the result is torch's own
+        assert torch.equal(fd.execute([zeros])[0], torch.div(zeros, zeros, rounding_mode="trunc"))
+    else:
+        with pytest.raises(ValueError, match="a divisor is 0"):
+            fd.execute([zeros], _enable_options=options)
     (out,) = fd.execute([x], _enable_options=options)
     assert torch.equal(out, torch.ones_like(x))
     with FusionDefinition() as fd:
@@ -189,3 +199,67 @@ def test_pow_follows_c_at_infinities_zeros_and_ones(device: str, run_kernels) ->
     want = torch.pow(a, b)
     torch.testing.assert_close(out, want, equal_nan=True)
     assert torch.equal(torch.signbit(out[want == 0]), torch.signbit(want[want == 0]))
+
+
+@contextmanager
+def interpreter_bounds_checked() -> Iterator[list[str]]:
+    """Triton's interpreter with every unmasked lane of a load or store checked against the storages
+    of the launch's tensor arguments (an access past them corrupts the heap, or a GPU's memory):
+    yields the list of violations; the lanes outside are masked off, so the process survives them."""
+    storages: list[tuple[int, int]] = []
+    violations: list[str] = []
+    init_args = interpreter.GridExecutor._init_args_hst
+    load, store = interpreter.InterpreterBuilder.create_masked_load, interpreter.InterpreterBuilder.create_masked_store
+
+    def recording_init_args(self: Any, args_dev: Any, kwargs: Any) -> Any:
+        storages.clear()
+        for arg in (*args_dev, *kwargs.values()):
+            if isinstance(arg, torch.Tensor):
+                storages.append((arg.untyped_storage().data_ptr(), arg.untyped_storage().nbytes()))
+        return init_args(self, args_dev, kwargs)
+
+    def checked(kind: str, ptrs: Any, mask: Any) -> Any:
+        """``mask`` less the lanes outside every storage (recorded, and kept from the heap)."""
+        size = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
+        shape = np.broadcast_shapes(ptrs.data.shape, mask.data.shape)
+        addresses = np.broadcast_to(ptrs.data, shape).astype(np.int64)
+        inside = np.zeros(shape, dtype=bool)
+        for start, nbytes in storages:
+            inside |= (addresses >= start) & (addresses + size <= start + nbytes)
+        live = np.broadcast_to(mask.data, shape)
+        if (live & ~inside).any():
+            violations.append(f"{kind} of {int((live & ~inside).sum())} lanes outside every argument's storage")
+        return interpreter.TensorHandle(live & inside, mask.dtype)
+
+    def checked_load(self: Any, ptrs: Any, mask: Any, *args: Any) -> Any:
+        return load(self, ptrs, checked("load", ptrs, mask), *args)
+
+    def checked_store(self: Any, ptrs: Any, value: Any, mask: Any, *args: Any) -> Any:
+        return store(self, ptrs, value, checked("store", ptrs, mask), *args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(interpreter.GridExecutor, "_init_args_hst", recording_init_args)
+        patch.setattr(interpreter.InterpreterBuilder, "create_masked_load", checked_load)
+        patch.setattr(interpreter.InterpreterBuilder, "create_masked_store", checked_store)
+        yield violations
+
+
+def test_stream_loop_chunk_masks_a_split_that_divides_only_the_whole_extent(device: str) -> None:
+    """An expand to [2, 2, n] in a stream loop over its axis 1: the kernel's tile of 4 covers axis 0
+    merged with a chunk of axis 1 (2 x 1 = 2 in a chunk, not the fusion's static 2 x 2 = 4), so the
+    split that divides the static extent overshoots the chunk and needs its mask (it wrote past the
+    tensor, a double free in the interpreter)."""
+    x = torch.randn(1, 1, 5, device=device)
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([1, 1, -1], dtype=DataType.Float)
+        expanded = fd.ops.expand(t, [2, 2, -1])
+        fd.add_output(expanded)
+    expanded.split(0, 3, inner_split=False)
+    expanded.outer_split(2, 2)
+    expanded.axis(2).parallelize(ParallelType.stream)
+    checked = interpreter_bounds_checked() if device != "cuda" else nullcontext([])
+    with checked as violations:
+        (out,) = fd.execute([x], _enable_options=[] if device == "cuda" else ["triton_interpreter"])
+    assert fd.last_kernel_code() and "FOR StreamIdx" in str(fd.fec.last_program)
+    assert violations == []
+    assert torch.equal(out, x.expand(2, 2, 5))
