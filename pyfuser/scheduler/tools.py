@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.ir.domain_replay import logical_ancestors, replay
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.iter_domain import IterDomain, ParallelType
+from pyfuser.ir.iter_domain import IdTransform, IterDomain, ParallelType
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
 
@@ -53,9 +53,25 @@ def transform_like(ref: TensorView, tvs: Sequence[TensorView] | None = None) -> 
                 taken.add(id(match))
         replay(transforms, id_map, tv, partial=True, copy_parallel=False)
         loop = [id_map[id(i)] for i in ref.get_loop_domain() if id(i) in id_map]
+        loop += _unused_pieces(transforms, id_map, loop)
         covered = {id(a) for i in loop for a in logical_ancestors(i, tv.get_logical_domain())}
         loop += [i for i in tv.get_logical_domain() if id(i) not in covered]
         tv.set_loop_domain(loop)
+
+
+def _unused_pieces(transforms: Sequence[IdTransform], id_map: dict[int, IterDomain],
+                   loop: list[IterDomain]) -> list[IterDomain]:
+    """Outputs of replayed transforms that no later replayed transform consumes and that are not in
+    ``loop``: the outer piece of a split whose merge with an ID the target lacks was skipped (a 1-D
+    tensor under a 2-D tiling) must stay in the target's loop domain, or it would not cover its axis."""
+    consumed: set[int] = set()
+    produced: list[IterDomain] = []
+    for t in transforms:
+        if all(id(o) in id_map for o in t.outputs) and all(id(i) in id_map for i in t.inputs):
+            consumed.update(id(id_map[id(i)]) for i in t.inputs)
+            produced += [id_map[id(o)] for o in t.outputs]
+    in_loop = {id(i) for i in loop}
+    return [i for i in dict.fromkeys(produced) if id(i) not in consumed and id(i) not in in_loop]
 
 
 def parallelize_like(ref: TensorView, tvs: Sequence[TensorView] | None = None,

@@ -263,3 +263,21 @@ def test_stream_loop_chunk_masks_a_split_that_divides_only_the_whole_extent(devi
     assert fd.last_kernel_code() and "FOR StreamIdx" in str(fd.fec.last_program)
     assert violations == []
     assert torch.equal(out, x.expand(2, 2, 5))
+
+
+def test_transform_like_keeps_the_split_piece_whose_merge_a_lower_rank_tensor_lacks(device: str, run_kernels) -> None:
+    """The transpose scheduler tiles a 3-D output (split, then merge with the other axes); a 1-D
+    producer (a cat of a slice and an iota) has the split's axis but not the merge's partner, so it
+    keeps both pieces of the split in its loop domain (it was left with the inner one, and rejected)."""
+    x = torch.randint(-4, 5, [4, 2, 1], dtype=torch.int32, device=device).permute(1, 2, 0)
+    y = torch.randn(1, dtype=torch.float64, device=device)
+    with FusionDefinition() as fd:
+        t1 = fd.define_tensor([-1, -1, -1], dtype=DataType.Int32)
+        t7 = fd.define_tensor([1], dtype=DataType.Double)
+        head = fd.ops.slice(fd.ops.relu(t7), [-1], [0], [1])
+        row = fd.ops.cat([head, fd.ops.iota(4, 0, -1, DataType.Int)], 0)
+        fd.add_output(fd.ops.le(row, fd.ops.cast(t1, DataType.Half)), stride_order=[0, 1, 2])
+    row_ref = torch.cat([torch.relu(y)[-1:0], torch.arange(0, -4, -1, device=device)])
+    for layout in (x, x.contiguous()):  # the contiguous input goes to the transpose scheduler
+        (out,) = run_kernels(fd, [layout, y])
+        assert torch.equal(out, row_ref <= x.to(torch.float16))
