@@ -21,27 +21,19 @@ programs at the first size on every rank, a summary and a timeline PNG (compute 
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from overlap_common import (
-    SIZES,
     Timer,
-    draw_timeline,
-    gpu_events,
-    host_profile,
-    machine,
-    profile_program,
+    main,
+    profile_variants,
     relative_error,
-    summarize,
     symm_mem_group,
-    write_report,
 )
 
 from pyfuser import FusionDefinition, ParallelType
@@ -147,37 +139,19 @@ def _nccl_chunks(x: torch.Tensor, w: torch.Tensor, d: int, chunks: int) -> Any:
 
 
 def profile(m: int, k: int, n: int, dtype: torch.dtype, directory: Path, host: bool) -> dict[str, Any]:
-    """Traces of pyfuser's S = 1 and S = 2 programs (both backends) on every rank, and with ``host`` where their
-    host time goes; rank 0 reads them all and draws the timeline."""
+    """Traces (and with ``host`` host profiles) of pyfuser's programs; rank 0 draws the timeline."""
     comm = Communicator.instance()
-    d, rank, device = comm.size(), comm.rank(), comm.device()
+    d, device = comm.size(), comm.device()
     rows = m // d
     x = torch.randn(rows, k, device=device, dtype=dtype)
     w = torch.randn(n, k, device=device, dtype=dtype) / k**0.5
-    variants = [(name, s) for s in (1, 2) for name in BACKENDS]
-    hosts = {}
-    for name, s in variants:
-        executor = pyfuser_program(d, dtype, name)
-        local = x.view(s, 1, rows // s, k)
-        run = lambda executor=executor, local=local: executor.run([local, w])  # noqa: E731
-        profile_program(run, directory / f"ag_{m}_{name}_S{s}_rank{rank}.json")
-        if host:
-            hosts[f"{name}_S{s}"] = host_profile(run)
-    comm.barrier()
-    if rank != 0:
-        return {}
-    summary: dict[str, Any] = {"host": hosts}
-    lanes = []
-    for name, s in variants:
-        for r in range(d):
-            events = gpu_events(directory / f"ag_{m}_{name}_S{s}_rank{r}.json")
-            summary[f"{name}_S{s}_rank{r}"] = summarize(events)
-            if s == 1 or name == "p2p":
-                lanes.append((f"{name} S={s} rank {r}", events))
-    draw_timeline(lanes, directory / f"ag_linear_timeline_{m}.png",
-                  f"all-gather + linear, M=K={m}, N={n}/rank, d={d}: pyfuser programs per rank and CUDA stream")
-    (directory / f"ag_linear_profile_{m}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    return summary
+
+    def runner(backend: str, s: int) -> Callable[[], object]:
+        executor, local = pyfuser_program(d, dtype, backend), x.view(s, 1, rows // s, k)
+        return lambda: executor.run([local, w])
+
+    return profile_variants("ag_linear", m, runner, list(BACKENDS), directory, host,
+                            f"all-gather + linear, M=K={m}, N={n}/rank")
 
 
 COLUMNS = [("size", "M, K, N per rank"), ("gemm_ms", "GEMM"), ("allgather_ms", "all-gather"),
@@ -188,42 +162,5 @@ COLUMNS = [("size", "M, K, N per rank"), ("gemm_ms", "GEMM"), ("allgather_ms", "
            ("pyfuser_best_ms", "pyfuser best"), ("ideal_ms", "ideal max(GEMM, AG)"), ("best_vs_ideal", "best / ideal")]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="PREFIX: rank 0 writes PREFIX.json and PREFIX.md")
-    parser.add_argument("--smoke", action="store_true", help="tiny fp32 sizes that run on CPUs with gloo")
-    parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--profile", type=Path, help="directory for traces, their summary and the timeline PNG")
-    args = parser.parse_args()
-    sizes, dtype = SIZES, torch.bfloat16
-    if args.smoke:
-        sizes, dtype, args.warmup, args.iters = [(64, 32, 16), (32, 16, 8)], torch.float32, 1, 3
-    comm = Communicator.instance()
-    comm.barrier()  # initializes the process group
-    timer = Timer(comm.device(), args.warmup, args.iters)
-    rows = [measure(m, k, n, args.streams, dtype, timer) for m, k, n in sizes]
-    if args.profile is not None and comm.device().type == "cuda":
-        for m, k, n in sizes:
-            profile(m, k, n, dtype, args.profile, host=m == min(size[0] for size in sizes))
-    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
-    failed = [f"{row['size']}: {key} = {value:.2e}" for row in rows for key, value in row.items()
-              if key.endswith("_error") and not (isinstance(value, float) and value < tolerance)]
-    if comm.rank() == 0:
-        config = {"world": comm.size(), "dtype": str(dtype).removeprefix("torch."), "backend": comm.backend,
-                  "machine": machine(comm.device()), "iters": args.iters, "warmup": args.warmup, "smoke": args.smoke}
-        notes = ["All ms. pyfuser errors (‖out − ref‖ / ‖ref‖ against an fp32 reference, max over ranks) are in "
-                 "the JSON; every one is below 2e-2 (bf16) unless listed here: " + ("; ".join(failed) or "none") + "."]
-        write_report(args.out, "All-gather + linear (seed 004)", config, rows, COLUMNS, notes)
-        for row in rows:
-            print(" | ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}"
-                             for key, value in row.items() if not key.endswith("_error")), flush=True)
-        if failed:
-            print("WRONG RESULTS: " + "; ".join(failed), flush=True)
-    comm.shutdown()
-    return 1 if failed or any(math.isnan(v) for row in rows for v in row.values() if isinstance(v, float)) else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, "All-gather + linear (seed 004)", COLUMNS, measure, profile))

@@ -1,5 +1,5 @@
-"""What the overlap benchmarks (``ag_linear.py``, ``linear_rs.py``) share: timing across ranks, the report
-files, profiling one program and drawing its timeline.
+"""What the overlap benchmarks (``ag_linear.py``, ``linear_rs.py``) share: the command line, timing across
+ranks, the report files, profiling their programs and drawing the timeline.
 
 Times are medians over iterations of CUDA events around one call (wall clock on CPUs), after a barrier
 and a device synchronization, then the max over ranks. Rank 0 writes ``PREFIX.json`` and ``PREFIX.md``.
@@ -7,10 +7,12 @@ and a device synchronization, then the max over ranks. Rank 0 writes ``PREFIX.js
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import datetime
 import io
 import json
+import math
 import os
 import pstats
 import statistics
@@ -240,3 +242,80 @@ def draw_timeline(lanes: list[tuple[str, list[dict[str, Any]]]], path: Path, tit
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+#: A program to profile: (backend name, number of stream chunks S) -> a call that runs it once
+ProgramRunner = Callable[[str, int], Callable[[], object]]
+
+
+def profile_variants(name: str, m: int, runner: ProgramRunner, backends: Sequence[str], directory: Path, host: bool,
+                     title: str) -> dict[str, Any]:
+    """Traces of pyfuser's S = 1 and S = 2 programs (every backend) on every rank, and with ``host`` where their
+    host time goes; rank 0 reads them all, writes ``{name}_profile_{m}.json`` and draws the timeline."""
+    comm = Communicator.instance()
+    d, rank = comm.size(), comm.rank()
+    variants = [(backend, s) for s in (1, 2) for backend in backends]
+    hosts = {}
+    for backend, s in variants:
+        run = runner(backend, s)
+        profile_program(run, directory / f"{name}_{m}_{backend}_S{s}_rank{rank}.json")
+        if host:
+            hosts[f"{backend}_S{s}"] = host_profile(run)
+    comm.barrier()
+    if rank != 0:
+        return {}
+    summary: dict[str, Any] = {"host": hosts}
+    lanes = []
+    for backend, s in variants:
+        for r in range(d):
+            events = gpu_events(directory / f"{name}_{m}_{backend}_S{s}_rank{r}.json")
+            summary[f"{backend}_S{s}_rank{r}"] = summarize(events)
+            if s == 1 or backend == "p2p":
+                lanes.append((f"{backend} S={s} rank {r}", events))
+    draw_timeline(lanes, directory / f"{name}_timeline_{m}.png", f"{title}, d={d}: pyfuser programs per rank and "
+                  "CUDA stream")
+    (directory / f"{name}_profile_{m}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+Measure = Callable[[int, int, int, list[int], torch.dtype, Timer], dict[str, Any]]
+Profile = Callable[[int, int, int, torch.dtype, Path, bool], dict[str, Any]]
+
+
+def main(doc: str | None, title: str, columns: list[tuple[str, str]], measure: Measure, profile: Profile) -> int:
+    """The command line both benchmarks share: measure every size, profile on GPUs when asked, check the
+    results against the fp32 reference, and (rank 0) write the report; exit 1 on a wrong or missing result."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="PREFIX: rank 0 writes PREFIX.json and PREFIX.md")
+    parser.add_argument("--smoke", action="store_true", help="tiny fp32 sizes that run on CPUs with gloo")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--profile", type=Path, help="directory for traces, their summary and the timeline PNG")
+    args = parser.parse_args()
+    sizes, dtype = SIZES, torch.bfloat16
+    if args.smoke:
+        sizes, dtype, args.warmup, args.iters = [(64, 32, 16), (32, 16, 8)], torch.float32, 1, 3
+    comm = Communicator.instance()
+    comm.barrier()  # initializes the process group
+    timer = Timer(comm.device(), args.warmup, args.iters)
+    rows = [measure(m, k, n, args.streams, dtype, timer) for m, k, n in sizes]
+    if args.profile is not None and comm.device().type == "cuda":
+        for m, k, n in sizes:
+            profile(m, k, n, dtype, args.profile, m == min(size[0] for size in sizes))
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    failed = [f"{row['size']}: {key} = {value:.2e}" for row in rows for key, value in row.items()
+              if key.endswith("_error") and not (isinstance(value, float) and value < tolerance)]
+    if comm.rank() == 0:
+        config = {"world": comm.size(), "dtype": str(dtype).removeprefix("torch."), "backend": comm.backend,
+                  "machine": machine(comm.device()), "iters": args.iters, "warmup": args.warmup, "smoke": args.smoke}
+        notes = ["All ms. pyfuser errors (‖out − ref‖ / ‖ref‖ against an fp32 reference, max over ranks) are in "
+                 "the JSON; every one is below 2e-2 (bf16) unless listed here: " + ("; ".join(failed) or "none") + "."]
+        write_report(args.out, title, config, rows, columns, notes)
+        for row in rows:
+            print(" | ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}"
+                             for key, value in row.items() if not key.endswith("_error")), flush=True)
+        if failed:
+            print("WRONG RESULTS: " + "; ".join(failed), flush=True)
+    comm.shutdown()
+    return 1 if failed or any(math.isnan(v) for row in rows for v in row.values() if isinstance(v, float)) else 0
