@@ -74,39 +74,41 @@ def test_multidevice_cases(script: str, nproc: int, expected: list[str]) -> None
         assert passed == nproc, f"{name} passed on {passed} of {nproc} ranks:\n{output[-6000:]}"
 
 
-def test_failing_rank_does_not_block_the_others() -> None:
-    timeout_s = 8
+FAULT_TIMEOUT_S = 8
+
+
+def _launch_with_a_failing_rank(extra_env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """``md_fault.py`` on 2 ranks, rank 1 raising on a bad input: rank 1 names the error, rank 0 never
+    finishes, and the whole launch ends within a few timeouts (no hang)."""
     start = time.monotonic()
-    env = {"PYFUSER_DIST_TIMEOUT": str(timeout_s), **_backend_env(2)}
+    env = {"PYFUSER_DIST_TIMEOUT": str(FAULT_TIMEOUT_S), **extra_env, **_backend_env(2)}
     result = torchrun("md_fault.py", 2, env=env, timeout=120)
     elapsed = time.monotonic() - start
     output = result.stdout + result.stderr
     assert result.returncode != 0, output[-6000:]
     assert re.search(r"RANK 1 FAILED after \d+\.\ds: ValueError: input 0 \(T0\)", result.stdout), output[-6000:]
     assert "RANK 0 finished" not in result.stdout, output[-6000:]
-    assert elapsed < timeout_s * 3 + 60, f"the launch took {elapsed:.0f}s"
+    assert elapsed < FAULT_TIMEOUT_S * 3 + 60, f"the launch took {elapsed:.0f}s"
+    return result, env
+
+
+def test_failing_rank_does_not_block_the_others() -> None:
+    result, env = _launch_with_a_failing_rank({})
+    output = result.stdout + result.stderr
     if "PYFUSER_DIST_BACKEND" not in env and torch.cuda.is_available():
         return  # NCCL's watchdog aborts the waiting rank's process: no Python error to read
     survivor = re.search(r"RANK 0 FAILED after (\d+\.\d)s: RuntimeError: Communication \d+ \(Allgather",
                          result.stdout)
     assert survivor, output[-6000:]
-    assert float(survivor.group(1)) < timeout_s * 3, f"rank 0 waited {survivor.group(1)}s for a dead peer"
+    assert float(survivor.group(1)) < FAULT_TIMEOUT_S * 3, f"rank 0 waited {survivor.group(1)}s for a dead peer"
 
 
 def test_failing_rank_does_not_block_p2p_peers() -> None:
     """One rank raises before its copy in a P2P pipeline: the other exits with an error within the timeout
     (gloo: the receive fails; CUDA: the stream waits on a signal that never comes, and the watchdog ends
     the process), never waiting forever."""
-    timeout_s = 8
-    start = time.monotonic()
-    env = {"PYFUSER_DIST_TIMEOUT": str(timeout_s), "PYFUSER_FAULT_P2P": "1", **_backend_env(2)}
-    result = torchrun("md_fault.py", 2, env=env, timeout=120)
-    elapsed = time.monotonic() - start
+    result, env = _launch_with_a_failing_rank({"PYFUSER_FAULT_P2P": "1"})
     output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-6000:]
-    assert re.search(r"RANK 1 FAILED after \d+\.\ds: ValueError: input 0 \(T0\)", result.stdout), output[-6000:]
-    assert "RANK 0 finished" not in result.stdout, output[-6000:]
-    assert elapsed < timeout_s * 3 + 60, f"the launch took {elapsed:.0f}s"
     if "PYFUSER_DIST_BACKEND" not in env and torch.cuda.is_available():
         watchdog = re.search(r"pyfuser: rank 0: the P2P transfers into T\d+ over team \(0 1\) in execution 2 did not "
                              r"complete within 8s \(PYFUSER_DIST_TIMEOUT\)", result.stderr)
@@ -115,7 +117,7 @@ def test_failing_rank_does_not_block_p2p_peers() -> None:
     survivor = re.search(r"RANK 0 FAILED after (\d+\.\d)s: RuntimeError: P2PCommunication [\d.]+ \(recv with rank 1\) "
                          r"on rank 0 failed", result.stdout)
     assert survivor, output[-6000:]
-    assert float(survivor.group(1)) < timeout_s * 3, f"rank 0 waited {survivor.group(1)}s for a dead peer"
+    assert float(survivor.group(1)) < FAULT_TIMEOUT_S * 3, f"rank 0 waited {survivor.group(1)}s for a dead peer"
 
 
 def test_multidevice_cases_with_generated_kernels() -> None:
