@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition
+from pyfuser.ir.base import Expr
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.ops.common import positional_map
 
 RunDumped = Callable[..., tuple[list[torch.Tensor], str]]
 
@@ -71,3 +74,22 @@ def run_seed_dumped(run_dumped: RunDumped) -> RunDumped:
 @pytest.fixture
 def normalize() -> Callable[[str], list[str]]:
     return normalize_dump
+
+
+class DoublingOp(Expr):
+    """A test-only op computing ``2 * x`` whose lowering a test chooses: subclass it (a lowering is
+    registered per class) and set ``printed_as``, how it prints."""
+
+    printed_as = "double"
+
+    def __init__(self, fusion: Any, out: Any, inp: Any) -> None:
+        super().__init__(fusion, [inp], [out])
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        return [x * 2]
+
+    def logical_map(self, producer: Any) -> dict:
+        return positional_map(producer, self.output)
+
+    def to_string(self, indent: int = 0) -> str:
+        return f"{'  ' * indent}{self.output} = {self.printed_as}({self.inputs[0]})\n"

@@ -16,9 +16,9 @@ from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.ir.base import Expr
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.iter_domain import ParallelType
-from pyfuser.ir.ops.common import positional_map
 from pyfuser.ir.tensor_view import new_like
 from pyfuser.runtime.backends import register_lowering, register_step_builder
+from tests.host_ir.conftest import DoublingOp
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -152,20 +152,8 @@ def test_cuda_stream_pool_reused_and_user_stream_restored():
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
 
 
-class _DoubleOp(Expr):
+class _DoubleOp(DoublingOp):
     """A test-only chunkable op whose lowering appends a node bound to it (like Wait after Communication)."""
-
-    def __init__(self, fusion: Any, out: Any, inp: Any) -> None:
-        super().__init__(fusion, [inp], [out])
-
-    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
-        return [x * 2]
-
-    def logical_map(self, producer: Any) -> dict:
-        return positional_map(producer, self.output)
-
-    def to_string(self, indent: int = 0) -> str:
-        return f"{'  ' * indent}{self.output} = double({self.inputs[0]})\n"
 
 
 class _Record(HostNode):

@@ -17,6 +17,7 @@ from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops.common import positional_map
 from pyfuser.ir.tensor_view import new_like
 from pyfuser.runtime.backends import EXPR_LOWERINGS
+from tests.host_ir.conftest import DoublingOp
 
 STREAM = ParallelType.stream
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -64,20 +65,10 @@ def test_overlap_can_be_disabled(run_dumped, normalize):
                           "} // %HostIrContainer"]
 
 
-class _CarryOp(Expr):
+class _CarryOp(DoublingOp):
     """Test-only op with effects outside its chunks (as far as the compiler knows): not ``chunk_local``."""
 
-    def __init__(self, fusion: Any, out: Any, inp: Any) -> None:
-        super().__init__(fusion, [inp], [out])
-
-    def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
-        return [x * 2]
-
-    def logical_map(self, producer: Any) -> dict:
-        return positional_map(producer, self.output)
-
-    def to_string(self, indent: int = 0) -> str:
-        return f"{'  ' * indent}{self.output} = carry({self.inputs[0]})\n"
+    printed_as = "carry"
 
 
 class _CarryNode(AtenCall):
