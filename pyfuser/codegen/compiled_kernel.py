@@ -81,6 +81,8 @@ class CompiledKernel:
         self._fn = fn
         self._prepare = namespace["prepare"]
         self._run = namespace["run"]
+        if not self._interpreted:  # the hot path: Host IR calls the generated launcher itself
+            self.run = self._run  # type: ignore[method-assign]
 
     @property
     def code(self) -> str:

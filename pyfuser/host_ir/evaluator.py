@@ -80,7 +80,9 @@ class HostIrEvaluator:
         #: the compiled fusion's output tensors, in order (their shardings are final)
         self.output_tvs = [v for v in container.outputs if isinstance(v, TensorView)]
         self.device = device
+        self._on_cuda = device.type == "cuda"
         self.num_streams = num_streams
+        self._streams_symbol = NUMBER_OF_STREAMS.name
         self.layouts = list(layouts)
         self._builders = step_builders
         self._slots: dict[object, int] = {}
@@ -134,17 +136,17 @@ class HostIrEvaluator:
 
     # --- execution -------------------------------------------------------------------------------
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]:
-        values = list(self._initial)
+        values = self._initial.copy()
         for slot, arg in zip(self._input_slots, args, strict=True):
             values[slot] = arg
-        ctx.env[NUMBER_OF_STREAMS.name] = self.num_streams
-        if self.device.type == "cuda" and not self._uses_streams:
+        ctx.env[self._streams_symbol] = self.num_streams
+        if self._on_cuda and not self._uses_streams:
             if torch.cuda.current_device() == self.device.index:
                 self._execute(Frame(values, ctx, None))
             else:
                 with torch.cuda.device(self.device):
                     self._execute(Frame(values, ctx, None))
-        elif self.device.type == "cuda":
+        elif self._on_cuda:
             # torch.cuda.set_stream also makes the stream's device current: keep the caller's device.
             with torch.cuda.device(self.device):
                 user = torch.cuda.current_stream(self.device)

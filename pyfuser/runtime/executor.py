@@ -45,8 +45,10 @@ class FusionExecutorCache:
         self.fusion = fusion
         self._version = -1
         self._binder: InputBinder | None = None
+        self._has_scalars = False
         self._signature_cache_size = signature_cache_size
-        self._by_signature: OrderedDict[tuple[Any, ...], Program] = OrderedDict()
+        #: exact input signature -> (program, the device it runs on)
+        self._by_signature: OrderedDict[tuple[Any, ...], tuple[Program, torch.device]] = OrderedDict()
         self._by_layout: dict[tuple[Any, ...], Program] = {}
         #: (output position, input position) of outputs written in place into an input
         self._aliases: list[tuple[int, int]] = []
@@ -75,6 +77,7 @@ class FusionExecutorCache:
     def _reset(self) -> None:
         self._version = self.fusion.version
         self._binder = InputBinder(self.fusion.inputs())
+        self._has_scalars = self._binder.has_scalars
         self._by_signature.clear()
         self._by_layout.clear()
         inputs = self.fusion.inputs()
@@ -91,27 +94,32 @@ class FusionExecutorCache:
             self._reset()
         binder = self._binder
         assert binder is not None  # set by _reset
-        target = _resolve_device(device, args, binder)
         try:
             sig = signature(args)
         except RuntimeError:  # an input without strides (sparse): validation names it
             binder.check(args)
             raise
+        # Without ``device`` the target follows from the inputs' devices, which the signature holds:
+        # it is resolved on a miss only. A given device is resolved each call ("cuda" means the
+        # current device, which may change between calls).
+        target = None if device is None else _resolve_device(device, args, binder)
         key = (sig, target, tuple(enable_options), tuple(disable_options), backend)
         by_signature = self._by_signature
-        program = by_signature.get(key)
-        if program is None:
-            program = self._compile_for(args, binder, target, enable_options, disable_options, comm_backend(backend))
-            by_signature[key] = program
+        entry = by_signature.get(key)
+        if entry is None:
+            resolved = target if target is not None else _resolve_device(None, args, binder)
+            entry = (self._compile_for(args, binder, resolved, enable_options, disable_options,
+                                       comm_backend(backend)), resolved)
+            by_signature[key] = entry
             if len(by_signature) > self._signature_cache_size:
                 by_signature.popitem(last=False)
         else:
             by_signature.move_to_end(key)
+        program, resolved = entry
         self.last_program = program
-        if binder.has_scalars:
+        if self._has_scalars:
             args = binder.coerce(list(args))
-        ctx = EvalContext(binder.bind(args), target)
-        outputs = program.run(args, ctx)
+        outputs = program.run(args, EvalContext(binder.bind(args), resolved))
         return self._write_aliases(args, outputs) if self._aliases else outputs
 
     def _write_aliases(self, args: Sequence[Any], outputs: list[torch.Tensor]) -> list[torch.Tensor]:

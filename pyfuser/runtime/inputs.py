@@ -143,6 +143,13 @@ class InputBinder:
                 self._scalar_types.append((pos, python_scalar_type(val.dtype), val.dtype, str(val)))
                 if val.lower_bound is not None:
                     self._bounded.append((pos, str(val), *val.lower_bound))
+        #: ``bind`` of a fusion whose symbols are all tensor sizes, as one generated expression (it runs
+        #: on every execute)
+        self._bind_sizes = None
+        if not self._scalar_symbols:
+            items = ", ".join(f"{name!r}: args[{pos}].shape[{d}]" + (f" * {factor}" if factor != 1 else "")
+                              for pos, d, name, factor in self._tensor_symbols)
+            self._bind_sizes = eval(f"lambda args: {{{items}}}")  # noqa: S307 (source built from ints and names)
 
     def check(self, args: Sequence[Any]) -> None:
         if len(args) != len(self.specs):
@@ -169,6 +176,8 @@ class InputBinder:
         return args
 
     def bind(self, args: Sequence[Any]) -> dict[str, int]:
+        if self._bind_sizes is not None:
+            return self._bind_sizes(args)
         env: dict[str, int] = {}
         for pos, d, name, factor in self._tensor_symbols:
             env[name] = args[pos].shape[d] * factor  # symbols are global extents
@@ -185,6 +194,8 @@ class InputBinder:
 def input_list(inputs: Any) -> list[Any]:
     """The inputs of an execute call as a list; TypeError for what is no list of inputs (``None``, or
     one tensor, which would be taken row by row)."""
+    if type(inputs) is list:  # the common case, checked first: it is on every execute's path
+        return inputs.copy()
     if isinstance(inputs, torch.Tensor):
         raise TypeError("execute: inputs must be a list of tensors and scalars, got one torch.Tensor; pass "
                         "[tensor] for a single input")
@@ -195,4 +206,4 @@ def input_list(inputs: Any) -> list[Any]:
 
 def signature(args: Sequence[Any]) -> tuple[Any, ...]:
     """A hashable key of everything input validation looks at."""
-    return tuple((a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else type(a) for a in args)
+    return tuple([(a.dtype, a.shape, a.stride(), a.device) if isinstance(a, torch.Tensor) else type(a) for a in args])
