@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,11 +145,11 @@ class InputBinder:
                     self._bounded.append((pos, str(val), *val.lower_bound))
         #: ``bind`` of a fusion whose symbols are all tensor sizes, as one generated expression (it runs
         #: on every execute)
-        self._bind_sizes = None
+        self._bind_sizes: Callable[[Sequence[Any]], dict[str, int]] | None = None
         if not self._scalar_symbols:
             items = ", ".join(f"{name!r}: args[{pos}].shape[{d}]" + (f" * {factor}" if factor != 1 else "")
                               for pos, d, name, factor in self._tensor_symbols)
-            self._bind_sizes = eval(f"lambda args: {{{items}}}")  # noqa: S307 (source built from ints and names)
+            self._bind_sizes = eval(f"lambda args: {{{items}}}")  # source built from ints and symbol names
 
     def check(self, args: Sequence[Any]) -> None:
         if len(args) != len(self.specs):

@@ -94,3 +94,41 @@ def test_stream_loop_body_is_a_generated_kernel(monkeypatch, capsys, device, run
     body = dump[dump.index("FOR StreamIdx"):]
     assert body.count("LaunchKernel(") == 1, "mul and relu fused, launched on each chunk"
     assert "HirAliasSelect" in body.split("LaunchKernel(")[0]
+
+
+def _rope_like(fd: FusionDefinition, x: torch.Tensor, w: torch.Tensor, v: torch.Tensor, *,
+               explicit: bool, broadcast_is_output: bool = False) -> None:
+    """``v`` broadcast to ``x``'s shape (an explicit broadcast_in_dim: broadcast + expand; else the
+    implicit broadcast of a pointwise op), read before and after an ATen matmul."""
+    tx, tw, tv = fd.from_pytorch(x), fd.from_pytorch(w), fd.from_pytorch(v)
+    c = fd.ops.broadcast_in_dim(tv, list(x.shape), [1]) if explicit else tv
+    m = fd.ops.matmul(fd.ops.mul(tx, c), tw)
+    fd.add_output(fd.ops.add(m, c))
+    if broadcast_is_output:
+        fd.add_output(c)
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_input_broadcast_read_by_two_kernels_is_computed_in_each(monkeypatch, capsys, device, run_kernels,
+                                                                  explicit) -> None:
+    """Before the matmul and after it: each kernel broadcasts the input itself (one copy of the
+    broadcast per reader), no kernel writes the broadcast out and nothing else is launched."""
+    x, w, v = torch.randn(4, 6, device=device), torch.randn(6, 6, device=device), torch.randn(6, device=device)
+    with FusionDefinition() as fd:
+        _rope_like(fd, x, w, v, explicit=explicit)
+    (out,), dump = _dump(monkeypatch, capsys, fd, [x, w, v], run_kernels)
+    torch.testing.assert_close(out, (x * v) @ w + v, atol=1e-5, rtol=1e-5)
+    segments = [line.split()[1] for line in dump.splitlines() if line.startswith("  g")]
+    assert segments == ["pointwise", "expr_eval", "pointwise"]
+    assert sum(type(e).__name__ == "BroadcastOp" for e in fd.fusion.exprs()) == 1, "the user's fusion is unchanged"
+
+
+def test_input_broadcast_that_is_an_output_is_not_forwarded(monkeypatch, capsys, device, run_kernels) -> None:
+    x, w, v = torch.randn(4, 6, device=device), torch.randn(6, 6, device=device), torch.randn(6, device=device)
+    with FusionDefinition() as fd:
+        _rope_like(fd, x, w, v, explicit=True, broadcast_is_output=True)
+    (out, c), dump = _dump(monkeypatch, capsys, fd, [x, w, v], run_kernels)
+    torch.testing.assert_close(out, (x * v) @ w + v, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(c, v.expand(4, 6))
+    host = dump[dump.index("%HostIrContainer"):]
+    assert host.count("LaunchKernel(") == 2, "the broadcast is written once, by the kernel that also multiplies"

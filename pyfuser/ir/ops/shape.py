@@ -197,8 +197,14 @@ class ReshapeOp(Expr):
         self._extents = [i.extent for i in out.get_logical_domain()]
         #: the shape as given (None: the -1 entry), printed by the Python definition
         self.new_shape = list(new_shape) if new_shape is not None else list(self._extents)
+        #: the output sizes when all are constant (shapes torch.compile marks static), and their product
+        values = [e.value for e in self._extents]
+        self._static = tuple(values) if all(v is not None for v in values) else None
+        self._static_numel = math.prod(values) if self._static is not None else -1  # type: ignore[arg-type]
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
+        if self._static is not None and x.numel() == self._static_numel:  # the hot path of a static shape
+            return [x.reshape(self._static)]
         try:
             sizes = [e.evaluate(ctx.env) for e in self._extents]
         except ZeroDivisionError:  # a -1 entry next to sizes that multiply to 0
