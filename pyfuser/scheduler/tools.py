@@ -77,15 +77,21 @@ def _unused_pieces(transforms: Sequence[IdTransform], id_map: dict[int, IterDoma
 def parallelize_like(ref: TensorView, tvs: Sequence[TensorView] | None = None,
                      parallel_types: Sequence[ParallelType] | None = None) -> None:
     """Give every loop ID of ``tvs`` mapped to a loop ID of ``ref`` that ID's parallel type (only
-    kernel parallel types, or those listed)."""
+    kernel parallel types, or those listed). Two IDs of one tensor can map to one class (``x * x.t()``:
+    both axes have ``x``'s extent): the k-th of them takes the k-th loop ID of ``ref`` mapped to it,
+    as the code generator indexes them, so no parallel type binds two IDs of a tensor."""
     fusion = ref.fusion
     graph = IdGraph(fusion.tensors(), fusion.exprs(), map_broadcast=True)
     allowed = frozenset(parallel_types) if parallel_types is not None else KERNEL_PARALLEL_TYPES
     ref_loop = ref.get_loop_domain()
     for tv in _targets(ref, tvs):
+        taken: set[int] = set()
         for i in tv.get_loop_domain():
-            match = next((r for r in ref_loop if graph.mapped(r, i)), None)
-            if match is not None and match.parallel_type in allowed and i.parallel_type is not match.parallel_type:
+            match = next((r for r in ref_loop if id(r) not in taken and graph.mapped(r, i)), None)
+            if match is None:
+                continue
+            taken.add(id(match))
+            if match.parallel_type in allowed and i.parallel_type is not match.parallel_type:
                 i.parallelize(match.parallel_type)
 
 

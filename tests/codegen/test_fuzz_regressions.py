@@ -281,3 +281,22 @@ def test_transform_like_keeps_the_split_piece_whose_merge_a_lower_rank_tensor_la
     for layout in (x, x.contiguous()):  # the contiguous input goes to the transpose scheduler
         (out,) = run_kernels(fd, [layout, y])
         assert torch.equal(out, row_ref <= x.to(torch.float16))
+
+
+def test_parallelize_like_binds_each_reference_axis_once_per_tensor(device: str, run_kernels) -> None:
+    """``x[:, None] * x`` makes both axes of the product one ID class; a reduction over the size-1
+    broadcast axis of ``x[:, None]`` then has two loop IDs mapped to the reference's one
+    block-parallel axis. Each takes its own reference axis (the broadcast none), as the code
+    generator indexes them; both were given block_x, which was rejected."""
+    x = torch.randint(0, 2, [7], device=device).bool()
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1], contiguity=True, dtype=DataType.Bool)
+        column = fd.ops.broadcast(t0, [False, True])
+        fd.add_output(fd.ops.cast(fd.ops.max(t0, [0], keepdim=True), DataType.Double))
+        fd.add_output(fd.ops.mul(t0, column))
+        fd.add_output(fd.ops.mean(fd.ops.cast(column, DataType.Float), [1], keepdim=False))
+    top, outer, mean = run_kernels(fd, [x])
+    assert fd.last_kernel_code()
+    assert torch.equal(top, torch.amax(x, [0], keepdim=True).double())
+    assert torch.equal(outer, x * x[:, None])
+    torch.testing.assert_close(mean, x[:, None].float().mean(1))

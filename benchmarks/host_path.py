@@ -1,0 +1,197 @@
+"""pyfuser's host path alone, on a CPU: what a cached call costs besides the kernels it launches.
+
+Every generated kernel's Triton call is replaced by a no-op after the first (real) execution, so
+what is timed is pyfuser's Python (signature lookup, size binding, the Host IR program, the
+generated launchers, output allocation) plus the ATen calls a program makes itself. Cases:
+
+* ``one_kernel_fd_execute`` / ``one_kernel_fec_run``: a cached bias + relu fusion, one kernel
+  (issue 14's "host overhead of a cached one-kernel region");
+* ``llama_layer_pyfuser``: a Llama-style decoder layer (``compile_llama.DecoderLayer``, hidden 64,
+  4 heads, MLP 128, sequence 8) through ``torch.compile(backend="pyfuser")``, forward without grad;
+  its anchor ``llama_layer_eager`` is the same layer in eager torch (real CPU math, tiny shapes).
+
+``--compare REV`` measures git revision ``REV`` too (in a temporary worktree, same machine, same
+run) and writes both side by side. Not a test: numbers depend on the machine.
+
+    python benchmarks/host_path.py --compare HEAD~3 [--repeats 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _median_us(fn: Callable[[], Any], repeats: int) -> float:
+    for _ in range(min(100, repeats)):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e6
+
+
+class _NoLaunch:
+    """Stands in for a jitted kernel: ``fn[grid](*args)`` does nothing."""
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def _compiled_kernels(segment: Any) -> list[Any]:
+    """The ``CompiledKernel``s behind a launch: itself, a sequence's, or every size bucket's."""
+    found = list(getattr(segment, "_by_bucket", {}).values()) or [segment]
+    return [k for s in found for k in getattr(s, "kernels", [s])]
+
+
+def _stub_launches(programs: list[Any]) -> tuple[int, int]:
+    """Replace the Triton call of every kernel the programs launch; returns (kernels, ATen calls)."""
+    kernels = aten = 0
+    for program in programs:
+        for node in program.container.walk():
+            kind = type(node).__name__
+            if kind == "LaunchKernel":
+                for kernel in _compiled_kernels(node.segment):
+                    kernel._run.__globals__["fn"] = _NoLaunch()
+                    kernel._interpreted = False  # no numpy error state to set around a no-op
+                    kernels += 1
+            elif kind == "AtenCall":
+                aten += 1
+    return kernels, aten
+
+
+def one_kernel(repeats: int) -> dict[str, float]:
+    from pyfuser import DataType, FusionDefinition
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True, dtype=DataType.Float)
+        b = fd.define_tensor([-1], contiguity=True, dtype=DataType.Float)
+        fd.add_output(fd.ops.relu(fd.ops.add(x, fd.ops.broadcast_in_dim(b, [x.size(0), x.size(1)], [1]))))
+    args, options = [torch.randn(64, 64), torch.randn(64)], ["triton_interpreter"]
+    fd.execute(args, _enable_options=options)
+    kernels, _ = _stub_launches([fd.fec.last_program])
+    assert kernels == 1
+    fec, enabled = fd.fec, tuple(options)
+    return {"one_kernel_fd_execute_us": _median_us(lambda: fd.execute(args, _enable_options=options), repeats),
+            "one_kernel_fec_run_us": _median_us(lambda: fec.run(args, enable_options=enabled), repeats),
+            "torch_empty_us": _median_us(lambda: torch.empty(64, 64), repeats)}
+
+
+def llama_layer(repeats: int) -> dict[str, float]:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from compile_llama import DecoderLayer, rotary
+
+    from pyfuser.integrations.torch_compile import PyfuserBackend
+
+    torch.manual_seed(0)
+    layer = DecoderLayer(64, 4, 128)
+    x = torch.randn(1, 8, 64)
+    cos, sin = rotary(8, 16, "cpu", torch.float32)
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(layer, backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, cos, sin), layer(x, cos, sin), atol=1e-5, rtol=1e-5)
+    regions = [r for g in backend.graphs for r in g.regions]
+    kernels, aten = _stub_launches([r.fec.last_program for r in regions])
+
+    def call(fn: Callable[..., Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with torch.no_grad():
+                return fn(x, cos, sin)
+        return run
+
+    return {"llama_layer_pyfuser_us": _median_us(call(compiled), max(repeats // 10, 50)),
+            "llama_layer_eager_us": _median_us(call(layer), max(repeats // 10, 50)),
+            "llama_layer_regions": len(regions), "llama_layer_kernels": kernels, "llama_layer_aten_calls": aten,
+            "llama_layer_eager_ops": sum(len(g.eager) for g in backend.graphs)}
+
+
+def measure(repeats: int) -> dict[str, float]:
+    torch.set_num_threads(1)
+    return {**one_kernel(repeats), **llama_layer(repeats)}
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def measure_revision(rev: str, repeats: int) -> dict[str, float]:
+    """``measure`` run on revision ``rev``'s pyfuser (a temporary worktree), this script's code."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        _git("worktree", "add", "--detach", str(tree), rev)
+        try:
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            code = (f"import sys, json; sys.path.insert(0, {str(tree)!r}); sys.path.insert(1, {str(ROOT / 'benchmarks')!r}); "
+                    f"import host_path; print(json.dumps(host_path.measure({repeats})))")
+            out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True,
+                                 cwd=tree).stdout
+            return json.loads(out.strip().splitlines()[-1])
+        finally:
+            _git("worktree", "remove", "--force", str(tree))
+
+
+ROWS = [("one_kernel_fd_execute_us", "one-kernel fusion, cached `fd.execute`"),
+        ("one_kernel_fec_run_us", "one-kernel fusion, cached `FusionExecutorCache.run`"),
+        ("torch_empty_us", "anchor: one `torch.empty` of the output"),
+        ("llama_layer_pyfuser_us", "Llama layer, `torch.compile(backend=\"pyfuser\")` forward"),
+        ("llama_layer_eager_us", "anchor: the same layer in eager torch (real math)")]
+COUNTS = ["llama_layer_regions", "llama_layer_kernels", "llama_layer_aten_calls", "llama_layer_eager_ops"]
+
+
+def write(results: dict[str, dict[str, float]], machine: str, out: Path) -> None:
+    meta = {"machine": machine, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "python": sys.version.split()[0], "load_average_1min": round(os.getloadavg()[0], 2)}
+    out.with_suffix(".json").write_text(json.dumps({**meta, "results": results}, indent=2) + "\n")
+    labels = list(results)
+    lines = [f"# pyfuser host path on a CPU ({meta['date']})", "",
+             f"Machine: {machine}; torch {meta['torch']}, Python {meta['python']}; one torch thread; load average "
+             f"{meta['load_average_1min']} (a shared machine: expect +-15% run to run). Generated kernels' Triton "
+             "calls are no-ops, so the times are pyfuser's host path (and a program's own ATen calls).", "",
+             "| what (us, median) | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels)]
+    for key, text in ROWS:
+        lines.append(f"| {text} | " + " | ".join(f"{results[r][key]:.1f}" for r in labels) + " |")
+    for key in COUNTS:
+        lines.append(f"| {key.removeprefix('llama_layer_').replace('_', ' ')} of the layer | "
+                     + " | ".join(str(results[r][key]) for r in labels) + " |")
+    lines += ["", f"Command: `python benchmarks/host_path.py {' '.join(sys.argv[1:])}`"]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3000)
+    parser.add_argument("--compare", default=None, help="a git revision to measure beside the working tree")
+    parser.add_argument("--machine", default="2-core CPU dev machine")
+    parser.add_argument("--out", default=None, help="output path without suffix (default results/host_path_cpu_<date>)")
+    args = parser.parse_args()
+    results: dict[str, dict[str, float]] = {}
+    if args.compare:
+        results[f"at {args.compare} ({_git('rev-parse', '--short', args.compare)})"] = \
+            measure_revision(args.compare, args.repeats)
+    results["this tree"] = measure(args.repeats)
+    print(json.dumps(results, indent=2))
+    out = Path(args.out) if args.out else RESULTS / f"host_path_cpu_{datetime.date.today().isoformat()}"
+    write(results, args.machine, out)
+    print(f"wrote {out}.md")
+
+
+if __name__ == "__main__":
+    main()
