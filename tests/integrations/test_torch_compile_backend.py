@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch._dynamo
 
+from pyfuser.host_ir.nodes import AtenCall
 from pyfuser.integrations.torch_compile import LOWERINGS, PyfuserBackend, pyfuser_backend
+from pyfuser.integrations.torch_compile.backend import CompiledGraph
 from pyfuser.integrations.torch_compile.lowering import Lowering
 from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
 from pyfuser.runtime.executor import FusionExecutorCache
@@ -291,3 +293,41 @@ def test_registered_as_a_dynamo_backend() -> None:
     x = torch.randn(3, 4)
     torch.testing.assert_close(torch.compile(lambda x: torch.cos(x) * 2, backend="pyfuser")(x), torch.cos(x) * 2)
     assert "pyfuser" in torch._dynamo.list_backends()
+
+
+def _aten_calls(graph: CompiledGraph) -> list[str]:
+    """The exprs a compiled graph's regions ran as ATen calls, by class name."""
+    return [type(n.expr).__name__ for r in graph.regions for n in r.fec.last_program.container.walk()
+            if isinstance(n, AtenCall)]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_on_a_3d_input_reads_it_without_reshapes(bias: bool) -> None:
+    """AOTAutograd lowers ``linear`` of a ``[B, S, K]`` input to ``view -> mm -> _unsafe_view`` (or
+    ``addmm``'s decomposition): the region's GEMM reads the 3-D tensor and no reshape runs around it,
+    forward and backward, and the results match eager."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 6, bias=bias)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(layer(torch.sigmoid(x)) * 2)
+
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    backend = PyfuserBackend()
+    got = torch.compile(fn, backend=backend)(x)
+    want = fn(x)
+    torch.testing.assert_close(got, want)
+    grad = torch.randn_like(want)
+    (got_dx,) = torch.autograd.grad(got, x, grad)
+    (want_dx,) = torch.autograd.grad(want, x, grad)
+    torch.testing.assert_close(got_dx, want_dx)
+    (forward,) = [g for g in backend.graphs if g.kind == "forward"]
+    calls = _aten_calls(forward)
+    assert calls.count("ReshapeOp") <= 1, f"at most the flattened input saved for the weight's gradient: {calls}"
+    assert any(c in ("MatmulOp", "LinearOp") for c in calls), calls
+    with torch.no_grad():
+        torch._dynamo.reset()
+        backend = PyfuserBackend()
+        torch.testing.assert_close(torch.compile(fn, backend=backend)(x), want)
+    (inference,) = backend.graphs
+    assert "ReshapeOp" not in _aten_calls(inference), _aten_calls(inference)

@@ -36,8 +36,24 @@ def _check_clone(node: Node) -> str | None:
     return None
 
 
+def static_sizes(tv: Any) -> list[int] | None:
+    """A pyfuser tensor's sizes when all are constant (None when one is symbolic)."""
+    sizes = [i.extent.value for i in tv.get_logical_domain(no_reductions=True)]
+    return sizes if all(s is not None for s in sizes) else None  # type: ignore[return-value]
+
+
 def _reshape(ctx: LoweringContext, x: Any, size: Any) -> Any:
-    return ctx.ops.reshape(x, list(size))
+    """A reshape back to the shape its operand was reshaped from is that tensor, and a reshape to
+    the operand's own shape is the operand (AOTAutograd's ``view -> mm -> _unsafe_view`` of a
+    linear, once the matmul reads the N-D input: see ``tensor_lowerings._mm``)."""
+    target = list(size)
+    if all(isinstance(s, int) and s >= 0 for s in target):
+        if static_sizes(x) == target:
+            return x
+        source = x.definition.inputs[0] if type(x.definition).__name__ == "ReshapeOp" else None
+        if source is not None and static_sizes(source) == target:
+            return source
+    return ctx.ops.reshape(x, target)
 
 
 def _expand(ctx: LoweringContext, x: Any, size: Any, implicit: bool = False) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -160,9 +161,34 @@ def _transposed_matrix(ctx: LoweringContext, operand: Any) -> Any | None:
     return ctx.value_of(source) if transposed and source in ctx._env else None
 
 
+def _flattened_rows(ctx: LoweringContext, operand: Any) -> Any | None:
+    """The N-D tensor ``x`` when ``operand`` is ``x.view(-1, K)`` (static sizes, rank of ``x`` >= 3):
+    AOTAutograd lowers a linear on ``[B, S, K]`` to ``view -> mm -> _unsafe_view``; the matmul reads
+    ``x`` itself, and the two reshapes around it cancel (``shape_lowerings._reshape``), so no ATen
+    reshape runs on either side of the GEMM."""
+    if not isinstance(operand, Node) or operand.op != "call_function" or operand not in ctx._env:
+        return None
+    if operand.target not in (aten.view.default, aten._unsafe_view.default, aten.reshape.default):
+        return None
+    source = operand.args[0] if operand.args else None
+    if not isinstance(source, Node) or source not in ctx._env:
+        return None
+    flat, full = meta_of(operand), meta_of(source)
+    if flat is None or full is None or flat.dim() != 2 or full.dim() < 3:
+        return None
+    if not all(isinstance(s, int) for s in (*flat.shape, *full.shape)):
+        return None
+    if full.shape[-1] != flat.shape[1] or math.prod(full.shape[:-1]) != flat.shape[0]:
+        return None
+    return ctx.value_of(source)
+
+
 def _mm(ctx: LoweringContext, a: Any, b: Any) -> Any:
     weight = _transposed_matrix(ctx, ctx.node.args[1])
-    return ctx.ops.linear(a, weight) if weight is not None else ctx.ops.matmul(a, b)
+    rows = _flattened_rows(ctx, ctx.node.args[0])
+    x = a if rows is None else rows
+    product = ctx.ops.linear(x, weight) if weight is not None else ctx.ops.matmul(x, b)
+    return product if rows is None else ctx.ops.reshape(product, list(ctx.meta.shape))
 
 
 def _bmm(ctx: LoweringContext, a: Any, b: Any) -> Any:
@@ -171,11 +197,17 @@ def _bmm(ctx: LoweringContext, a: Any, b: Any) -> Any:
 
 def _addmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     weight = _transposed_matrix(ctx, ctx.node.args[2])
+    rows = _flattened_rows(ctx, ctx.node.args[1])
+    x = a if rows is None else rows
     if weight is not None and beta == 1 and alpha == 1 and bias.ndim == 1:
-        return ctx.ops.linear(a, weight, bias)
-    product = ctx.ops.matmul(a, b)
-    product = product if alpha == 1 else ctx.ops.mul(product, alpha)
-    return ctx.ops.add(bias if beta == 1 else ctx.ops.mul(bias, beta), product)
+        result = ctx.ops.linear(x, weight, bias)
+    else:
+        if bias.ndim == 2 and rows is not None:  # a [M, N] bias does not broadcast against [..., N]
+            x, rows = a, None
+        product = ctx.ops.matmul(x, b)
+        product = product if alpha == 1 else ctx.ops.mul(product, alpha)
+        result = ctx.ops.add(bias if beta == 1 else ctx.ops.mul(bias, beta), product)
+    return result if rows is None else ctx.ops.reshape(result, list(ctx.meta.shape))
 
 
 # --- indexing ----------------------------------------------------------------------------------------
