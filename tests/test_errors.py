@@ -438,6 +438,19 @@ def test_cuda_device_without_cuda() -> None:
         fd.execute([torch.randn(2, 3), torch.randn(3)], device="cuda")
 
 
+def test_a_resolved_device_argument_is_remembered_but_not_for_other_values() -> None:
+    """``device=`` is resolved once per value naming one device (a torch.compile region passes its
+    device on every call); a bool, which hashes like an int, is still refused every time."""
+    fd = pointwise_fd()
+    args = [torch.randn(2, 3), torch.randn(3)]
+    want = fd.execute(args)
+    for device in ("cpu", torch.device("cpu"), "cpu", torch.device("cpu")):
+        torch.testing.assert_close(fd.execute(args, device=device), want)
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"execute\(device=True\): expected a torch.device"):
+            fd.execute(args, device=True)  # type: ignore[arg-type]
+
+
 def test_one_output_listed_twice_with_different_stride_orders() -> None:
     """The second requirement silently replaced the first, so one listing came back wrong."""
     with FusionDefinition() as fd:

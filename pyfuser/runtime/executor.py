@@ -46,6 +46,8 @@ class FusionExecutorCache:
         self._version = -1
         self._binder: InputBinder | None = None
         self._has_scalars = False
+        #: ``device`` arguments already resolved (those naming one device for good)
+        self._devices: dict[torch.device | str | int, torch.device] = {}
         self._signature_cache_size = signature_cache_size
         #: exact input signature -> (program, the device it runs on)
         self._by_signature: OrderedDict[tuple[Any, ...], tuple[Program, torch.device]] = OrderedDict()
@@ -102,7 +104,7 @@ class FusionExecutorCache:
         # Without ``device`` the target follows from the inputs' devices, which the signature holds:
         # it is resolved on a miss only. A given device is resolved each call ("cuda" means the
         # current device, which may change between calls).
-        target = None if device is None else _resolve_device(device, args, binder)
+        target = None if device is None else self._target(device, args, binder)
         key = (sig, target, tuple(enable_options), tuple(disable_options), backend)
         by_signature = self._by_signature
         entry = by_signature.get(key)
@@ -121,6 +123,17 @@ class FusionExecutorCache:
             args = binder.coerce(list(args))
         outputs = program.run(args, EvalContext(binder.bind(args), resolved))
         return self._write_aliases(args, outputs) if self._aliases else outputs
+
+    def _target(self, device: torch.device | str | int, args: Sequence[Any], binder: InputBinder) -> torch.device:
+        """``device`` resolved; remembered when it names one device for good (an index, or the CPU):
+        a torch.compile region passes its device on every call."""
+        fixed = type(device) in (torch.device, str, int)  # not bool, whose True hashes like 1
+        target = self._devices.get(device) if fixed else None
+        if target is None:
+            target = _resolve_device(device, args, binder)
+            if fixed and (target.type == "cpu" or isinstance(device, int) or ":" in str(device)):
+                self._devices[device] = target
+        return target
 
     def _write_aliases(self, args: Sequence[Any], outputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Copy each in-place output into its input (any strides) and return only the others."""
