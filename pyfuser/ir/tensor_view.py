@@ -10,7 +10,7 @@ from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.domain_replay import replay_allocation
 from pyfuser.ir.dtypes import DataType
-from pyfuser.ir.iter_domain import IterDomain, Merge, Split
+from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
 from pyfuser.ir.ops.rfactor import rfactor
 from pyfuser.ir.ops.shape import LoadStoreOp
 from pyfuser.ir.ops.sizes import SizeOp
@@ -333,6 +333,14 @@ class TensorView(Val):
                 d.allocation = [renewed[id(i)] for i in d.allocation if not i.is_reduction]
         LoadStoreOp(self.fusion, self, cache)
         return cache
+
+
+def user_scheduled(tv: TensorView) -> bool:
+    """True when the loop domain differs from the logical domain or has a parallelized ID."""
+    loop, logical = tv.get_loop_domain(), tv.get_logical_domain()
+    if len(loop) != len(logical) or any(a is not b for a, b in zip(loop, logical, strict=True)):
+        return True
+    return any(i.parallel_type is not ParallelType.serial for i in loop)
 
 
 def new_like(tv: TensorView) -> TensorView:

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import BroadcastOp, ExpandOp
-from pyfuser.ir.tensor_view import TensorView, new_like
+from pyfuser.ir.tensor_view import TensorView, new_like, user_scheduled
 from pyfuser.options import CompileOptions
 
 
 def _as_defined(tv: TensorView) -> bool:
-    loop, logical = tv.get_loop_domain(), tv.get_logical_domain()
     return (not tv.is_fusion_output and not tv.has_allocation_domain() and tv.compute_at_pos == 0
-            and len(loop) == len(logical) and all(a is b for a, b in zip(loop, logical, strict=True))
-            and all(i.parallel_type is ParallelType.serial for i in loop))
+            and not user_scheduled(tv))
 
 
 def _copy_chain(tv: TensorView, fusion: Fusion) -> TensorView:

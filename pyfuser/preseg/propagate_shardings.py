@@ -21,7 +21,7 @@ from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import LinearOp, MatmulOp
-from pyfuser.ir.tensor_view import TensorView
+from pyfuser.ir.tensor_view import TensorView, user_scheduled
 from pyfuser.options import CompileOptions
 
 
@@ -40,14 +40,6 @@ def propagate_shardings(fusion: Fusion, options: CompileOptions | None = None) -
         for out in expr.tensor_outputs:
             if out not in annotated:
                 shard(out, _propagated_axes(expr, out))
-
-
-def user_scheduled(tv: TensorView) -> bool:
-    """True when the loop domain differs from the logical domain or has a parallelized ID."""
-    loop, logical = tv.get_loop_domain(), tv.get_logical_domain()
-    if len(loop) != len(logical) or any(a is not b for a, b in zip(loop, logical, strict=True)):
-        return True
-    return any(i.parallel_type is not ParallelType.serial for i in loop)
 
 
 def _propagate_meshes(exprs: list[Expr]) -> None:

@@ -15,12 +15,15 @@ from pyfuser.ir.analysis.sharding import is_resharding
 from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, inherited_stream_axes, producer_id
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import LoadStoreOp, LoadStoreOpType, PermuteOp
-from pyfuser.ir.tensor_view import MemoryType, TensorView
+from pyfuser.ir.ops import BroadcastOp, ExpandOp, LoadStoreOp, LoadStoreOpType, PermuteOp, SqueezeOp
+from pyfuser.ir.tensor_view import MemoryType, TensorView, user_scheduled
 from pyfuser.options import CompileOptions, DisableOption, EnableOption
 from pyfuser.scheduler.registry import SchedulerType, SegmentView
 from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, boundaries
+
+#: Exprs that only change how an input is viewed: a segment of nothing else computes nothing.
+INPUT_VIEW_OPS = (BroadcastOp, ExpandOp, SqueezeOp)
 
 #: Why an ATen segment is not a kernel when kernels are off.
 KERNELS_OFF = "generated kernels are off (they run on CUDA, or with _enable_options=['triton_interpreter'])"
@@ -48,6 +51,7 @@ class _Segmenter:
             self._merge_producers_into_consumers()
             self._merge_siblings()
             self._permutes_read_by_aten_as_views()
+            self._input_broadcasts_as_views()
         groups = self._topological(list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs)))
         for group in groups:
             group.inputs, group.outputs = boundaries(self.fusion, group.exprs, self.live)
@@ -145,6 +149,25 @@ class _Segmenter:
             self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval,
                                                      reason="a permute only ATen calls read: a view")
 
+    def _is_input_broadcast(self, group: SegmentedGroup) -> bool:
+        """Whether ``group`` only broadcasts, expands or squeezes fusion inputs, as defined (a schedule
+        the user gave them is kept as a kernel): it computes nothing."""
+        inside = {id(t) for e in group.exprs for t in e.outputs}
+        return all(isinstance(e, INPUT_VIEW_OPS) and all(v.is_fusion_input or id(v) in inside for v in e.inputs)
+                   and not any(user_scheduled(t) for t in e.tensor_outputs) for e in group.exprs)
+
+    def _input_broadcasts_as_views(self) -> None:
+        """A broadcast of a fusion input that no kernel took in as a producer is read by ATen calls or
+        returned: as a kernel it would copy the input out for nothing (a view is free), and the
+        kernel it joined as a sibling would have to write it although its grid, shaped by the other
+        outputs, does not cover it (no program at all when they are empty)."""
+        for group in dict.fromkeys(self.group_of[id(e)] for e in self.exprs):
+            if self._mergeable(group) and self._is_input_broadcast(group):
+                view = SegmentedGroup(group.exprs, SchedulerType.expr_eval,
+                                      reason="a broadcast of a fusion input that no kernel reads: a view")
+                for e in group.exprs:
+                    self.group_of[id(e)] = view
+
     # --- merging --------------------------------------------------------------------------------------
     def _merge_producers_into_consumers(self) -> None:
         for expr in self.exprs:
@@ -167,7 +190,8 @@ class _Segmenter:
     def _merge_siblings(self) -> None:
         for tv in self.fusion.tensors():
             readers = [self.group_of[id(e)] for e in tv.uses if id(e) in self.live]
-            readers = [g for g in dict.fromkeys(readers) if self._mergeable(g)]
+            # A broadcast of an input joins the kernels that read it (as a producer), never a sibling.
+            readers = [g for g in dict.fromkeys(readers) if self._mergeable(g) and not self._is_input_broadcast(g)]
             while len(readers) > 1:
                 first = readers.pop(0)
                 for other in list(readers):

@@ -300,3 +300,22 @@ def test_parallelize_like_binds_each_reference_axis_once_per_tensor(device: str,
     assert torch.equal(top, torch.amax(x, [0], keepdim=True).double())
     assert torch.equal(outer, x * x[:, None])
     torch.testing.assert_close(mean, x[:, None].float().mean(1))
+
+
+def test_input_broadcast_beside_a_reduction_of_an_empty_tensor_is_returned(device: str, run_kernels) -> None:
+    """A broadcast of an input that no kernel reads joined the reduction kernel reading the same input
+    as a sibling output; with an empty reduction input the kernel has no program, so the broadcast
+    was never written (uninitialized memory returned). It is a view now, and the kernel makes no
+    access outside its arguments."""
+    for flag in (True, False, True, False):
+        checked = interpreter_bounds_checked() if device != "cuda" else nullcontext([])
+        with FusionDefinition() as fd:
+            t0 = fd.define_tensor([-1, -1], contiguity=True)
+            t1 = fd.define_tensor([], dtype=DataType.Bool)
+            fd.add_output(fd.ops.ne(t1, fd.ops.sum(t0, [1])))
+            fd.add_output(fd.ops.broadcast(t1, [True, True]))
+        with checked as violations:
+            ne, column = run_kernels(fd, [torch.randn(0, 3, device=device), torch.tensor(flag, device=device)])
+        assert violations == []
+        assert fd.last_kernel_code() and ne.shape == (0,)
+        assert column.shape == (1, 1) and column.item() is flag
