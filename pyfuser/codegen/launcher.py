@@ -11,6 +11,7 @@ import torch
 
 from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
+from pyfuser.ir.eval_context import NoPrograms
 from pyfuser.ir.layout import dense_strides
 
 
@@ -167,9 +168,13 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
     grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")
     env["_dense"] = dense_strides
     env["_next_pow2"] = next_power_of_2
-    empty_grid = " or ".join(f"{host_int_expr(e)} == 0" for e in s.grid) or "False"
-    empty = f"({empty}) or {empty_grid}"
-    prepare = [*body, f"if {empty}:", f"    return [{outputs}], None, []", f"return [{outputs}], ({grid}), [{params}]"]
+    empty_grid = " or ".join(f"{host_int_expr(e)} == 0" for e in s.grid if e.value is None or e.value == 0)
+    env["_NoPrograms"] = NoPrograms
+    # No output to write: nothing to launch. Outputs but no program to write them (a reduction of an
+    # empty axis, or a broadcast, beside an empty output): the caller computes them with ATen.
+    no_programs = [f"if {empty_grid}:", "    raise _NoPrograms()"] if empty_grid else []
+    prepare = [*body, f"if {empty}:", f"    return [{outputs}], None, []", *no_programs,
+               f"return [{outputs}], ({grid}), [{params}]"]
     if direct:
         names = [*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles]
         kinds = [*(["tensor"] * len(tensors)), *(["int"] * (len(strides) + len(s.sizes))),
@@ -178,7 +183,7 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         call = f"launches.launch({_specialization(names, kinds)}, ({grid3}), [{params}], o0.get_device())"
     else:
         call = f"fn[({grid})]({params}, num_warps={num_warps})"
-    run = [*body, f"if {empty}:", f"    return [{outputs}]", call, f"return [{outputs}]"]
+    run = [*body, f"if {empty}:", f"    return [{outputs}]", *no_programs, call, f"return [{outputs}]"]
     source = ("def prepare(ctx, args, out):\n" + "\n".join("    " + line for line in prepare) + "\n\n\n"
               "def run(ctx, *args, out=None):\n" + "\n".join("    " + line for line in run) + "\n")
     return source, env

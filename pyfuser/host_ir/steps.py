@@ -26,6 +26,8 @@ from pyfuser.host_ir.nodes import (
     NotOnThisRank,
 )
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotRelease, SlotWait, Synchronize
+from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.layout import dense_strides
 from pyfuser.ir.ops.common import checked_sizes
 
@@ -117,20 +119,65 @@ def build_aten_call(node: AtenCall, cc: CompileContext) -> Step:
     return step
 
 
+def _aten_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list[Any] | None], list[Any]]:
+    """The segment's exprs evaluated by ATen, results written like the kernel's (dense in its output
+    orders, or into the given buffers): for sizes where the kernel has no program (``NoPrograms``)."""
+    source = node.source_expr
+    exprs = list(getattr(source, "exprs", ()))
+    perms = getattr(node.segment, "output_perms", None)
+    names = ", ".join(str(v) for v in node.outputs)
+
+    def evaluate(ctx: EvalContext, args: list[Any], out: list[Any] | None) -> list[Any]:
+        env: dict[int, Any] = {id(v): a for v, a in zip(node.inputs, args, strict=True)}
+
+        def value(v: Val) -> Any:
+            if id(v) in env:
+                return env[id(v)]
+            if isinstance(v, Scalar) and v.is_const:
+                return v.value
+            raise ValueError(f"{node.segment.name} has no program for these sizes and its outputs ({names}) "
+                             f"cannot be computed without it: {v} is not known here")
+
+        for expr in exprs:
+            for o, r in zip(expr.outputs, expr.evaluate(ctx, *[value(v) for v in expr.inputs]), strict=True):
+                env[id(o)] = r
+        results = [value(v) for v in node.outputs]
+        if out is not None:
+            for buffer, r in zip(out, results, strict=True):
+                buffer.copy_(r)
+            return out
+        if perms is None:
+            return results
+        return [torch.empty_strided(r.shape, dense_strides(list(r.shape), perm), dtype=r.dtype, device=r.device).copy_(r)
+                for r, perm in zip(results, perms, strict=True)]
+
+    return evaluate
+
+
 def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
     run = node.segment.run
+    fallback = _aten_fallback(node)
     ins = [cc.slot(v) for v in node.inputs]
     outs = [cc.slot(v) for v in node.outputs]
     if node.into:
         def step_into(frame: Frame) -> None:
             values = frame.values
-            run(frame.ctx, *[values[i] for i in ins], out=[values[o] for o in outs])
+            args, buffers = [values[i] for i in ins], [values[o] for o in outs]
+            try:
+                run(frame.ctx, *args, out=buffers)
+            except NoPrograms:
+                fallback(frame.ctx, args, buffers)
 
         return step_into
 
     def step(frame: Frame) -> None:
         values = frame.values
-        for o, r in zip(outs, run(frame.ctx, *[values[i] for i in ins]), strict=True):
+        args = [values[i] for i in ins]
+        try:
+            results = run(frame.ctx, *args)
+        except NoPrograms:
+            results = fallback(frame.ctx, args, None)
+        for o, r in zip(outs, results, strict=True):
             values[o] = r
 
     return step

@@ -1,4 +1,5 @@
-"""What an op needs at execution besides its operands: bound sizes and the device."""
+"""What an op needs at execution besides its operands: bound sizes and the device; and what a
+compiled segment signals when it cannot compute a launch."""
 
 from __future__ import annotations
 
@@ -12,3 +13,9 @@ class EvalContext:
     #: Values of symbolic extents and input scalars, by name (``i0`` -> 128).
     env: dict[str, int] = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+class NoPrograms(Exception):  # a signal to the caller, not an error
+    """A kernel's grid has no program for these sizes (an extent it spans is 0) while an output it
+    writes is not empty (a reduction of an empty axis, or a broadcast, beside an empty tensor): the
+    caller computes the segment's exprs with ATen instead."""

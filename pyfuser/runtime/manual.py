@@ -17,7 +17,7 @@ import torch
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence, build_sources, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
-from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.layout import contiguity_of_strides, memory_order
@@ -76,7 +76,13 @@ class ManualKernels:
         self.last = kernel
         if binder.has_scalars:
             args = binder.coerce(args)
-        return kernel.run(EvalContext(binder.bind(args), device), *args)
+        try:
+            return kernel.run(EvalContext(binder.bind(args), device), *args)
+        except NoPrograms:
+            outputs = ", ".join(o.short_name for o in self.fusion.outputs() if isinstance(o, TensorView))
+            raise ValueError(f"manual_execute: the schedule's grid has no program for these sizes (an extent it spans "
+                             f"is 0), but not every output ({outputs}) is empty, so no program would write them; "
+                             "fd.execute computes them for such sizes") from None
 
     def _compile(self, args: Sequence[Any], device: torch.device, reference: int | None,
                  num_warps: int, loop_stages: int) -> CompiledKernel | KernelSequence:

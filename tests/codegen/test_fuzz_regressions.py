@@ -3,6 +3,7 @@ one focused case per defect, named by what the kernel got wrong."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -319,3 +320,47 @@ def test_input_broadcast_beside_a_reduction_of_an_empty_tensor_is_returned(devic
         assert violations == []
         assert fd.last_kernel_code() and ne.shape == (0,)
         assert column.shape == (1, 1) and column.item() is flag
+
+
+def test_an_output_no_program_covers_is_computed_by_aten(device: str, run_kernels) -> None:
+    """A broadcast the user scheduled (so it stays in the kernel) beside a reduction of an empty
+    tensor: the kernel's grid, shaped by the reduction's empty output, has no program, so nothing
+    wrote the broadcast (uninitialized memory returned). The launch now reports that it has no
+    program and the segment's exprs run as ATen calls for these sizes."""
+    for flag in (True, False, True, False):
+        with FusionDefinition() as fd:
+            t0 = fd.define_tensor([-1, -1], contiguity=True)
+            t1 = fd.define_tensor([], dtype=DataType.Bool)
+            fd.add_output(fd.ops.ne(t1, fd.ops.sum(t0, [1])))
+            column = fd.ops.broadcast(t1, [True, True])
+            fd.add_output(column)
+        column.merge(0)
+        checked = interpreter_bounds_checked() if device != "cuda" else nullcontext([])
+        with checked as violations:
+            ne, out = run_kernels(fd, [torch.randn(0, 3, device=device), torch.tensor(flag, device=device)])
+        assert violations == []
+        assert str(fd.fec.last_program).count("LaunchKernel(") == 1, "both outputs in one kernel"
+        assert ne.shape == (0,) and out.shape == (1, 1) and out.item() is flag
+    (ne, out) = run_kernels(fd, [torch.randn(2, 3, device=device), torch.tensor(True, device=device)])
+    assert out.item() is True and ne.shape == (2,)
+
+
+def test_a_reduction_result_stored_across_an_empty_tile_axis(device: str, run_kernels) -> None:
+    """The variance of no elements (NaN) was computed in the kernel but stored under the mask of the
+    tile it is broadcast across (the sum's lanes over the same, empty, input): no lane wrote it. The
+    first lane of such an axis always stores."""
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1, 6], contiguity=True, dtype=DataType.Float)
+        t1 = fd.ops.broadcast(t0, [True, False, False, True])
+        fd.add_output(fd.ops.sum(t1, [1, 2], keepdim=True, dtype=DataType.Double))
+        fd.add_output(fd.ops.var(t0, None, 2, keepdim=True))
+        fd.add_output(fd.ops.lt(t1, t1))
+    for rows in (0, 1, 4):
+        x = torch.randn(rows, 6, device=device)
+        total, var, less = run_kernels(fd, [x])
+        assert fd.last_kernel_code()
+        torch.testing.assert_close(total, x[None, :, :, None].double().sum([1, 2], keepdim=True))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns of degrees of freedom <= 0
+            torch.testing.assert_close(var, torch.var(x, [0, 1], correction=2, keepdim=True), equal_nan=True)
+        assert less.shape == (1, rows, 6, 1) and not less.any()
