@@ -13,6 +13,7 @@ import torch
 from torch.fx import Node
 
 from pyfuser.integrations.torch_compile.lowering import Lowering, LoweringContext, OpClass, arg, meta_of
+from pyfuser.ir.ops import ReshapeOp
 
 aten = torch.ops.aten
 
@@ -50,7 +51,7 @@ def _reshape(ctx: LoweringContext, x: Any, size: Any) -> Any:
     if all(isinstance(s, int) and s >= 0 for s in target):
         if static_sizes(x) == target:
             return x
-        source = x.definition.inputs[0] if type(x.definition).__name__ == "ReshapeOp" else None
+        source = x.definition.inputs[0] if isinstance(x.definition, ReshapeOp) else None
         if source is not None and static_sizes(source) == target:
             return source
     return ctx.ops.reshape(x, target)
