@@ -22,11 +22,9 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,18 +32,15 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from cpu_overhead import median_seconds  # noqa: E402 (the benchmarks folder is not a package)
+
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _median_us(fn: Callable[[], Any], repeats: int) -> float:
-    for _ in range(min(100, repeats)):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e6
+    return median_seconds(fn, repeats) * 1e6
 
 
 class _NoLaunch:
@@ -95,7 +90,6 @@ def one_kernel(repeats: int) -> dict[str, float]:
 
 
 def llama_layer(repeats: int) -> dict[str, float]:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     from compile_llama import DecoderLayer, rotary
 
     from pyfuser.integrations.torch_compile import PyfuserBackend
@@ -139,7 +133,10 @@ def measure_revision(rev: str, repeats: int) -> dict[str, float]:
         _git("worktree", "add", "--detach", str(tree), rev)
         try:
             env = {**os.environ, "PYTHONPATH": str(tree)}
-            code = (f"import sys, json; sys.path.insert(0, {str(tree)!r}); sys.path.insert(1, {str(ROOT / 'benchmarks')!r}); "
+            # pyfuser is imported from the worktree before anything of this tree can put its own first
+            code = (f"import sys, json; sys.path.insert(0, {str(tree)!r}); import pyfuser; "
+                    f"sys.path.insert(1, {str(ROOT / 'benchmarks')!r}); "
+                    f"assert pyfuser.__file__.startswith({str(tree)!r}), pyfuser.__file__; "
                     f"import host_path; print(json.dumps(host_path.measure({repeats})))")
             out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True,
                                  cwd=tree).stdout
