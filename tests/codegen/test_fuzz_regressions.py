@@ -364,3 +364,30 @@ def test_a_reduction_result_stored_across_an_empty_tile_axis(device: str, run_ke
             warnings.simplefilter("ignore")  # torch warns of degrees of freedom <= 0
             torch.testing.assert_close(var, torch.var(x, [0, 1], correction=2, keepdim=True), equal_nan=True)
         assert less.shape == (1, rows, 6, 1) and not less.any()
+
+
+def test_stream_loop_refuses_a_kernel_reading_one_input_along_two_chunked_axes(device: str, run_kernels) -> None:
+    """``where(t.permute(...), t, ...)`` in a stream loop over the output's axis 1, which is ``t``'s axis 0
+    through the permute and ``t``'s axis 1 directly: one chunk of ``t`` cannot serve both reads (the
+    kernel got the chunk along axis 0 for both, a wrong result). Refused, naming both axes; without
+    the stream split the same fusion computes."""
+    x = torch.randn(2, 2, 2, 2, device=device)
+
+    def define(stream: bool) -> FusionDefinition:
+        with FusionDefinition() as fd:
+            t0 = fd.define_tensor([2, -1, -1, -1], dtype=DataType.Float)
+            t2 = fd.ops.ne(fd.ops.cast(t0, DataType.Int32), fd.define_scalar(3))
+            t5 = fd.ops.permute(t2, [2, 0, 3, 1])
+            out = fd.ops.where(t5, t2, t5)
+            fd.add_output(out)
+        if stream:
+            for tv in (out, t5):
+                tv.outer_split(1, 3)
+                tv.axis(1).parallelize(ParallelType.stream)
+        return fd
+
+    with pytest.raises(ValueError, match=r"reads T\d+ along axes .* a chunk of one is not a chunk of the others"):
+        run_kernels(define(True), [x])
+    mask = x.to(torch.int32) != 3
+    (out,) = run_kernels(define(False), [x])
+    assert torch.equal(out, torch.where(mask.permute(2, 0, 3, 1), mask, mask.permute(2, 0, 3, 1)))

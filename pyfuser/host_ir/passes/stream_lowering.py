@@ -19,6 +19,7 @@ from __future__ import annotations
 from pyfuser.host_ir.nodes import Allocate, ForLoop, HirAliasSelect, HostIrContainer, HostNode, LoopIndex
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, Synchronize
 from pyfuser.ir.analysis.allocation_order import allocation_perm
+from pyfuser.ir.analysis.fused_exprs import FusedExprs
 from pyfuser.ir.analysis.sharding import sharding_of
 from pyfuser.ir.analysis.stream_axes import (
     StreamAxis,
@@ -115,6 +116,11 @@ class _StreamLowering:
         #: the expr's inputs, position by position, as this iteration reads them
         operands: list[Val] = list(expr.inputs)
         for position, p in tensor_operands(expr):
+            if isinstance(expr, FusedExprs) and len(reaching := expr.producer_ids_reaching(p, axis.logical)) > 1:
+                raise ValueError(f"{axis.describe()} is parallelized on stream, but the {expr.op_description} reads "
+                                 f"{p.short_name} along axes {', '.join(map(str, reaching))}, which all map to it: a "
+                                 f"chunk of one is not a chunk of the others; copy {p.short_name} (segment_set) for "
+                                 "one of the reads, or split another axis on stream")
             mapped = operand_id(expr, position, axis.logical)
             if mapped is None or p in node.whole_inputs:
                 continue  # read whole: e.g. the weight of a row-chunked matmul

@@ -43,6 +43,19 @@ class FusedExprs:
         """The map of the input at ``position`` (a kernel reads each of its inputs once)."""
         return self.logical_map(self.inputs[position])  # type: ignore[arg-type]
 
+    def producer_ids_reaching(self, producer: TensorView, consumer_id: IterDomain) -> list[IterDomain]:
+        """Every non-broadcast logical ID of ``producer`` that the exprs map onto ``consumer_id`` (an ID
+        of the first output): two when the kernel reads ``producer`` both directly and transposed
+        (``where(t.permute(1, 0), t, ...)``), so no single chunk of ``producer`` serves both reads."""
+        reach: dict[int, list[IterDomain]] = {id(i): [i] for i in producer.get_logical_domain() if not i.is_broadcast}
+        for expr in self.exprs:
+            for operand in expr.tensor_inputs:
+                for p, c in expr.logical_map(operand).items():
+                    if id(p) in reach and not c.is_broadcast:
+                        found = reach.setdefault(id(c), [])
+                        found.extend(i for i in reach[id(p)] if all(i is not j for j in found))
+        return reach.get(id(consumer_id), [])
+
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         """``producer`` logical ID -> first output's logical ID, composed through the exprs; an ID
         that reaches the first output only through another one (``t9 = set(x); t11 = ne(t9, y)``: y's
