@@ -34,7 +34,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cpu_overhead import median_seconds  # noqa: E402 (the benchmarks folder is not a package)
+from compile_llama import DecoderLayer, rotary  # noqa: E402 (the benchmarks folder is not a package)
+from cpu_overhead import median_seconds  # noqa: E402
+
+from pyfuser import DataType, FusionDefinition  # noqa: E402
+from pyfuser.integrations.torch_compile import PyfuserBackend  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -73,8 +77,6 @@ def _stub_launches(programs: list[Any]) -> tuple[int, int]:
 
 
 def one_kernel(repeats: int) -> dict[str, float]:
-    from pyfuser import DataType, FusionDefinition
-
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], contiguity=True, dtype=DataType.Float)
         b = fd.define_tensor([-1], contiguity=True, dtype=DataType.Float)
@@ -90,10 +92,6 @@ def one_kernel(repeats: int) -> dict[str, float]:
 
 
 def llama_layer(repeats: int) -> dict[str, float]:
-    from compile_llama import DecoderLayer, rotary
-
-    from pyfuser.integrations.torch_compile import PyfuserBackend
-
     torch.manual_seed(0)
     layer = DecoderLayer(64, 4, 128)
     x = torch.randn(1, 8, 64)

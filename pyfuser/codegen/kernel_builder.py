@@ -611,16 +611,14 @@ class KernelBuilder(ValueLowering):
         # is stored from every lane of those axes to the one address: the pointer spans them too,
         # and the mask keeps lanes past the extent from writing, except the first lane of each, so
         # the value is stored even when those axes are empty (a var_mean of no elements, NaN).
+        mask = code.mask(dims, uses=offset)
         extra = sorted(code.dims_of(value) - dims)
         if extra:
-            own = code.mask(dims, uses=offset)
             offset += "".join(f" + 0 * {self._tile_index[a]}" for a in extra)
             spanned = code.mask(dims | frozenset(extra), uses=offset)
-            first = " & ".join(f"({self._tile_index[a]} == 0)" for a in extra)
-            mask = own if not spanned or spanned == own else \
-                code.assign("mask", f"{spanned} | ({own + ' & ' if own else ''}{first})", dims | frozenset(extra))
-        else:
-            mask = code.mask(dims, uses=offset)
+            if spanned and spanned != mask:
+                first = " & ".join(f"({self._tile_index[a]} == 0)" for a in extra)
+                mask = code.assign("mask", f"{spanned} | ({mask + ' & ' if mask else ''}{first})", dims | frozenset(extra))
         code.emit(f"tl.store(T{position} + {offset}, {self.store_value(value, tv)}{', mask=' + mask if mask else ''})")
         if branched:
             code.close()

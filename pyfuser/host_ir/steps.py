@@ -26,7 +26,7 @@ from pyfuser.host_ir.nodes import (
     NotOnThisRank,
 )
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotRelease, SlotWait, Synchronize
-from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.base import Val
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.layout import dense_strides
 from pyfuser.ir.ops.common import checked_sizes
@@ -125,18 +125,13 @@ def _aten_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list
     source = node.source_expr
     exprs = list(getattr(source, "exprs", ()))
     perms = getattr(node.segment, "output_perms", None)
-    names = ", ".join(str(v) for v in node.outputs)
 
     def evaluate(ctx: EvalContext, args: list[Any], out: list[Any] | None) -> list[Any]:
         env: dict[int, Any] = {id(v): a for v, a in zip(node.inputs, args, strict=True)}
 
         def value(v: Val) -> Any:
-            if id(v) in env:
-                return env[id(v)]
-            if isinstance(v, Scalar) and v.is_const:
-                return v.value
-            raise ValueError(f"{node.segment.name} has no program for these sizes and its outputs ({names}) "
-                             f"cannot be computed without it: {v} is not known here")
+            # Given (a segment input) or computed by an earlier expr; else a constant scalar.
+            return env[id(v)] if id(v) in env else v.value  # type: ignore[attr-defined]
 
         for expr in exprs:
             for o, r in zip(expr.outputs, expr.evaluate(ctx, *[value(v) for v in expr.inputs]), strict=True):

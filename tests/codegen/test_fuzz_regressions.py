@@ -391,3 +391,24 @@ def test_stream_loop_refuses_a_kernel_reading_one_input_along_two_chunked_axes(d
     mask = x.to(torch.int32) != 3
     (out,) = run_kernels(define(False), [x])
     assert torch.equal(out, torch.where(mask.permute(2, 0, 3, 1), mask, mask.permute(2, 0, 3, 1)))
+
+
+def test_manual_schedule_whose_grid_has_no_program_for_a_nonempty_output(device: str) -> None:
+    """A hand-scheduled kernel whose grid spans an empty axis cannot write an output beside it (a
+    broadcast): ``manual_execute`` says so instead of returning uninitialized memory."""
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1, -1], contiguity=True)
+        t1 = fd.define_tensor([], dtype=DataType.Bool)
+        total = fd.ops.sum(t0, [1])
+        differs = fd.ops.ne(t1, total)
+        fd.add_output(differs)
+        fd.add_output(fd.ops.broadcast(t1, [True, True]))
+    for tv in (total, differs):
+        tv.axis(0).parallelize(ParallelType.grid_x)
+    x = torch.randn(3, 4, device=device)
+    flag = torch.tensor(True, device=device)
+    differs_out, column = fd.manual_execute([x, flag])
+    assert torch.equal(differs_out, flag != x.sum(1)) and column.item() is True
+    with pytest.raises(ValueError, match=r"manual_execute: the schedule's grid has no program for these sizes "
+                                         r"\(an extent it spans is 0\), but not every output \(T\d+, T\d+\) is empty"):
+        fd.manual_execute([torch.randn(0, 4, device=device), flag])

@@ -4,7 +4,7 @@ the way they take one expr's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pyfuser.ir.base import Expr, Val
@@ -43,25 +43,10 @@ class FusedExprs:
         """The map of the input at ``position`` (a kernel reads each of its inputs once)."""
         return self.logical_map(self.inputs[position])  # type: ignore[arg-type]
 
-    def producer_ids_reaching(self, producer: TensorView, consumer_id: IterDomain) -> list[IterDomain]:
-        """Every non-broadcast logical ID of ``producer`` that the exprs map onto ``consumer_id`` (an ID
-        of the first output): two when the kernel reads ``producer`` both directly and transposed
-        (``where(t.permute(1, 0), t, ...)``), so no single chunk of ``producer`` serves both reads."""
-        reach: dict[int, list[IterDomain]] = {id(i): [i] for i in producer.get_logical_domain() if not i.is_broadcast}
-        for expr in self.exprs:
-            for operand in expr.tensor_inputs:
-                for p, c in expr.logical_map(operand).items():
-                    if id(p) in reach and not c.is_broadcast:
-                        found = reach.setdefault(id(c), [])
-                        found.extend(i for i in reach[id(p)] if all(i is not j for j in found))
-        return reach.get(id(consumer_id), [])
-
-    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        """``producer`` logical ID -> first output's logical ID, composed through the exprs; an ID
-        that reaches the first output only through another one (``t9 = set(x); t11 = ne(t9, y)``: y's
-        axis meets t9's at t11) maps to the first output's ID exactly mapped to it (both iterate
-        one axis: a host loop chunks them together)."""
-        origin: dict[int, IterDomain] = {id(i): i for i in producer.get_logical_domain()}
+    def _trace(self, producer: TensorView) -> tuple[dict[int, list[IterDomain]], Callable[[int], int]]:
+        """Through the exprs: every ID's logical IDs of ``producer`` it comes from (in the order they
+        reach it), and the exact classes of the IDs (``root``: an ID's class by ``id``)."""
+        origins: dict[int, list[IterDomain]] = {id(i): [i] for i in producer.get_logical_domain()}
         parent: dict[int, int] = {}
 
         def root(k: int) -> int:
@@ -69,23 +54,36 @@ class FusedExprs:
                 k = parent[k]
             return k
 
-        def link(a: IterDomain, b: IterDomain) -> None:
+        def follow(a: IterDomain, b: IterDomain) -> None:
             if not (a.is_broadcast or b.is_broadcast):  # exact: a broadcast maps to any extent
                 parent[root(id(a))] = root(id(b))
+            if id(a) in origins:
+                found = origins.setdefault(id(b), [])
+                found.extend(i for i in origins[id(a)] if all(i is not j for j in found))
 
         for expr in self.exprs:
             for operand in expr.tensor_inputs:
                 for p, c in expr.logical_map(operand).items():
-                    link(p, c)
-                    if id(p) in origin:
-                        origin.setdefault(id(c), origin[id(p)])
+                    follow(p, c)
             outs = expr.tensor_outputs
             for other in outs[1:]:
                 for a, b in zip(outs[0].get_logical_domain(), other.get_logical_domain(), strict=True):
-                    link(a, b)
-                    if id(a) in origin:
-                        origin.setdefault(id(b), origin[id(a)])
-        result = {origin[id(c)]: c for c in self.output.get_logical_domain() if id(c) in origin}
+                    follow(a, b)
+        return origins, root
+
+    def producer_ids_reaching(self, producer: TensorView, consumer_id: IterDomain) -> list[IterDomain]:
+        """Every non-broadcast logical ID of ``producer`` that the exprs map onto ``consumer_id`` (an ID
+        of the first output): two when the kernel reads ``producer`` both directly and transposed
+        (``where(t.permute(1, 0), t, ...)``), so no single chunk of ``producer`` serves both reads."""
+        return [i for i in self._trace(producer)[0].get(id(consumer_id), []) if not i.is_broadcast]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        """``producer`` logical ID -> first output's logical ID, composed through the exprs (the first
+        ID that reaches it); an ID that reaches the first output only through another one (``t9 =
+        set(x); t11 = ne(t9, y)``: y's axis meets t9's at t11) maps to the first output's ID exactly
+        mapped to it (both iterate one axis: a host loop chunks them together)."""
+        origins, root = self._trace(producer)
+        result = {origins[id(c)][0]: c for c in self.output.get_logical_domain() if id(c) in origins}
         by_class = {root(id(c)): c for c in reversed(self.output.get_logical_domain())}
         for p in producer.get_logical_domain():
             c = by_class.get(root(id(p)))
