@@ -104,6 +104,18 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
                           "iterates one space")
     if any(not r for r in groups):
         return None, "a reduction over no axis"
+    # The kernel's programs tile the kept axes; an output that lacks one of them (a broadcast of a
+    # smaller tensor) would be written by every program along it, from loops that do not follow the
+    # reference's: it belongs to a kernel of its own shape.
+    kept = full - frozenset().union(*groups)
+    for out in fusion.outputs():
+        if isinstance(out, TensorView) and out.definition is not None and not isinstance(
+                out.definition, ReductionOp | VarMeanOp):
+            missing = kept - _classes(exact, out.get_logical_domain())
+            if missing:
+                return None, (f"output {out.short_name} does not iterate every axis the reduction "
+                              f"{reductions[0].output.short_name} keeps; one reduction kernel writes "
+                              "outputs over its kept axes")
     orders = infer_allocation_orders(fusion)  # type: ignore[arg-type]
     kinds = {id(e): _kind(e, orders[id(e.tensor_inputs[0])]) for e in reductions}
     first = reductions[0]

@@ -14,7 +14,7 @@ import torch
 from triton.runtime import interpreter
 
 from pyfuser import DataType, FusionDefinition, ParallelType
-from tests.codegen.conftest import execute_with_aten
+from tests.codegen.conftest import execute_with_aten, kernel_schedulers
 
 
 def test_float_scalar_argument_converted_in_the_kernel(device: str, run_kernels) -> None:
@@ -323,10 +323,11 @@ def test_input_broadcast_beside_a_reduction_of_an_empty_tensor_is_returned(devic
 
 
 def test_an_output_no_program_covers_is_computed_by_aten(device: str, run_kernels) -> None:
-    """A broadcast the user scheduled (so it stays in the kernel) beside a reduction of an empty
-    tensor: the kernel's grid, shaped by the reduction's empty output, has no program, so nothing
-    wrote the broadcast (uninitialized memory returned). The launch now reports that it has no
-    program and the segment's exprs run as ATen calls for these sizes."""
+    """A broadcast the user scheduled (so it stays a kernel) beside a reduction of an empty tensor:
+    in the reduction's kernel, whose grid is shaped by the reduction's empty output, no program wrote
+    it (uninitialized memory returned). An output that lacks an axis the reduction keeps is a kernel
+    of its own now (a launch with no program while an output is not empty would still fall back to
+    ATen calls)."""
     for flag in (True, False, True, False):
         with FusionDefinition() as fd:
             t0 = fd.define_tensor([-1, -1], contiguity=True)
@@ -339,7 +340,7 @@ def test_an_output_no_program_covers_is_computed_by_aten(device: str, run_kernel
         with checked as violations:
             ne, out = run_kernels(fd, [torch.randn(0, 3, device=device), torch.tensor(flag, device=device)])
         assert violations == []
-        assert str(fd.fec.last_program).count("LaunchKernel(") == 1, "both outputs in one kernel"
+        assert str(fd.fec.last_program).count("LaunchKernel(") == 2, "the broadcast is a kernel of its own"
         assert ne.shape == (0,) and out.shape == (1, 1) and out.item() is flag
     (ne, out) = run_kernels(fd, [torch.randn(2, 3, device=device), torch.tensor(True, device=device)])
     assert out.item() is True and ne.shape == (2,)
@@ -412,3 +413,26 @@ def test_manual_schedule_whose_grid_has_no_program_for_a_nonempty_output(device:
     with pytest.raises(ValueError, match=r"manual_execute: the schedule's grid has no program for these sizes "
                                          r"\(an extent it spans is 0\), but not every output \(T\d+, T\d+\) is empty"):
         fd.manual_execute([torch.randn(0, 4, device=device), flag])
+
+
+def test_broadcast_output_beside_an_outer_reduction_is_written(device: str, run_kernels) -> None:
+    """A Llama backward region: the rotary table ``sin[None]`` is an output beside a reduction over
+    the heads' axis whose result it multiplies. In the reduction's kernel its loop merged a broadcast
+    with an axis the reference iterates (a loop of another extent) and the kernel failed to build, so
+    the whole region fell back to ATen calls. It is a kernel of its own now."""
+    with FusionDefinition() as fd:
+        grads = fd.define_tensor([2, 2, 2, 16, 16], contiguity=True, stride_order=[4, 2, 1, 3, 0])
+        angles = fd.define_tensor([1, 16, 16], contiguity=[None, True, True])
+        table = fd.ops.broadcast(fd.ops.sin(angles), [False, True, False, False])
+        rotated = fd.ops.mul(fd.ops.sum(grads, [2]), table)
+        half = fd.ops.pad(fd.ops.slice(rotated, [0, 0, 0, 0], [2, 2, 16, 8]), [8, 0])
+        fd.add_output(table)
+        fd.add_output(fd.ops.reshape(fd.ops.permute(half, [0, 2, 1, 3]), [2, 16, 32]))
+    g = torch.randn(2048, device=device).as_strided((2, 2, 2, 16, 16), (1024, 32, 16, 64, 1))
+    a = torch.randn(1, 16, 16, device=device)
+    table_out, out = run_kernels(fd, [g, a])
+    assert "reduction" in kernel_schedulers(fd)
+    expected_table = a.sin()[:, None]
+    half_ref = torch.nn.functional.pad((g.sum(2) * expected_table)[..., :8], [8, 0])
+    torch.testing.assert_close(table_out, expected_table.expand_as(table_out))
+    torch.testing.assert_close(out, half_ref.permute(0, 2, 1, 3).reshape(2, 16, 32))

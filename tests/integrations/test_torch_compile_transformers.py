@@ -73,3 +73,16 @@ def test_llama_new_sequence_length_recompiles_nothing() -> None:
     check_against_eager(model, compiled, torch.randint(0, 64, (3, 12)))
     assert len(backend.graphs) == graphs
     assert [r.fec.compile_count for g in backend.graphs for r in g.regions] == counts
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+def test_llama_regions_run_generated_kernels() -> None:
+    """Every region of a Llama training step runs its generated kernels (the Triton interpreter here):
+    none falls back to ATen calls (the backward's rotary region once did, its kernel failing to build)."""
+    torch.manual_seed(0)
+    model = tiny_llama()
+    backend = PyfuserBackend(triton_interpreter=True)
+    check_against_eager(model, torch.compile(model, backend=backend), torch.randint(0, 64, (2, 8)))
+    regions = [r for g in backend.graphs for r in g.regions]
+    assert {g.kind for g in backend.graphs} == {"forward", "backward"}
+    assert sum(" kernel " in r.summary() for r in regions) >= 3
