@@ -163,11 +163,18 @@ def run_case(name: str, shape: dict[str, int], training: bool, variants: list[st
                 regions = [r for g in backend.graphs for r in g.regions]
                 entry["regions"] = len(regions)
                 entry["eager_ops"] = sum(len(g.eager) for g in backend.graphs)
+                runners = [g.replay.runner for g in backend.graphs if g.replay is not None and g.replay.runner]
+                runners += [r._graphs for r in regions if r._graphs is not None]
+                if runners:  # replicas captured, and calls that found every replica's results held
+                    entry["cuda_graphs_captured"] = sum(g.graphs_captured for g in runners)
+                    entry["calls_without_graph"] = sum(g.plain_runs for g in runners)
         except Exception as e:  # a failing variant is reported, the others still run
             entry["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         result["variants"][variant] = entry
         print(f"{name:>6} {'fwd+bwd' if training else 'fwd':>7} {variant:>26}: "
-              + (f"{entry['ms']:8.3f} ms" if "ms" in entry else entry.get("error", "")), flush=True)
+              + (f"{entry['ms']:8.3f} ms" if "ms" in entry else entry.get("error", ""))
+              + (f"  (graphs {entry['cuda_graphs_captured']}, calls without one {entry['calls_without_graph']})"
+                 if "cuda_graphs_captured" in entry else ""), flush=True)
     return result
 
 
@@ -208,9 +215,12 @@ def host_overhead(device: str, iters: int) -> dict[str, float]:
         backend = PyfuserBackend(cuda_graph=graphs)
         compiled_kernel = torch.compile(kernel, backend=backend)
         compiled_kernel(x)
-        region = backend.graphs[0].regions[0]
+        graph = backend.graphs[0]
         results[f"{name}_compiled_us"] = per_call_us(lambda f=compiled_kernel: f(x))
-        results[f"{name}_region_call_us"] = per_call_us(lambda r=region: r(x))
+        if graph.replay is not None:  # the compiled graph's replay, called as AOTAutograd calls it
+            results[f"{name}_graph_replay_us"] = per_call_us(lambda r=graph.replay: r([x]))
+        else:
+            results[f"{name}_region_call_us"] = per_call_us(lambda r=graph.regions[0]: r(x))
     return results
 
 

@@ -94,3 +94,61 @@ def test_replay_of_permuted_and_expanded_inputs() -> None:
         got = fd.execute([x, w, 1.5], _enable_options=["cuda_graph"])
         for g, want in zip(got, reference(x, w, 1.5), strict=True):
             torch.testing.assert_close(g, want)
+
+
+def test_parameters_views_and_graph_results_are_keyed_by_address() -> None:
+    runner = CudaGraphRunner(lambda args: [])
+    weight = torch.nn.Parameter(torch.randn(3, 2))
+    assert runner.in_place([weight, weight.t(), torch.randn(3), 2.0]) == frozenset({0, 1})
+    assert runner.key([weight.t()]) != runner.key([torch.nn.Parameter(torch.randn(3, 2)).t()])
+    assert runner.key([torch.randn(2, 3)]) == runner.key([torch.randn(2, 3)])
+
+
+@cuda
+def test_results_are_graph_buffers_replayed_once_let_go() -> None:
+    """A result is the graph's buffer, not a copy; while the caller holds it the next call replays a
+    second replica, and with both held a call runs without a graph; held results never change."""
+    weight = torch.nn.Parameter(torch.randn(64, 64, device="cuda"))
+    runner = CudaGraphRunner(lambda args: [args[0] @ args[1].t() + 1, args[0][:, :4]], hand_out_bytes=0)
+    xs = [torch.randn(32, 64, device="cuda") for _ in range(6)]
+    out = None
+    for x in xs:  # a loop: the previous result is alive during the next call
+        out = runner([x, weight.t()])
+        torch.testing.assert_close(out[0], x @ weight + 1)
+        torch.testing.assert_close(out[1], x[:, :4])
+    assert (runner.captures, runner.graphs_captured, runner.plain_runs) == (1, 2, 0)
+    graph = runner._graphs[runner.key([xs[0], weight.t()])][0]
+    assert [k for k, _ in graph.copies] == [0]  # the weight's transpose is read where it lives
+    del out
+    held = [runner([x, weight.t()]) for x in xs[:3]]  # the third call finds both replicas' results held
+    assert runner.plain_runs == 1 and runner.graphs_captured == 2
+    for x, (y, head) in zip(xs[:3], held, strict=True):
+        torch.testing.assert_close(y, x @ weight + 1)
+        torch.testing.assert_close(head, x[:, :4])  # a view of the input's buffer: not overwritten either
+    with torch.no_grad():
+        weight.mul_(2)  # an in-place update is read by the next replay, with no capture
+    del held
+    result = runner([xs[0], weight.t()])
+    torch.testing.assert_close(result[0], xs[0] @ weight + 1)
+    assert runner.graphs_captured == 2
+    consumer = CudaGraphRunner(lambda args: [args[0].sum(1)])  # 128 bytes: copied out
+    total = consumer([result[0]])
+    assert consumer._graphs[consumer.key([result[0]])][0].copies == []  # another graph's result: read in place
+    del result
+    kept = runner([xs[1], weight.t()])  # the consumer's graph does not pin the buffer it read
+    runner([xs[2], weight.t()])  # one replica's results held: the other replays
+    assert runner.graphs_captured == 2 and runner.plain_runs == 1
+    torch.testing.assert_close(kept[0], xs[1] @ weight + 1)
+    torch.testing.assert_close(total[0], (xs[0] @ weight + 1).sum(1))
+
+
+@cuda
+def test_result_on_an_input_read_in_place_is_that_input() -> None:
+    weight = torch.nn.Parameter(torch.randn(8, 4, device="cuda"))
+    runner = CudaGraphRunner(lambda args: [args[0] * 2, args[1][2:]], hand_out_bytes=0)
+    x = torch.randn(8, 4, device="cuda")
+    for _ in range(3):
+        doubled, rows = runner([x, weight])
+        torch.testing.assert_close(doubled, x * 2)
+        assert rows.data_ptr() == weight[2:].data_ptr() and rows.shape == (6, 4)
+    assert runner.graphs_captured == 2 and runner.plain_runs == 0

@@ -1,16 +1,26 @@
 """CUDA-graph replay of compiled programs: a program's kernels, ATen calls and stream switches are
 captured once per input signature and replayed, so a cached execution costs one graph launch plus
-the copies in and out instead of one host dispatch per node.
+the copies of its inputs instead of one host dispatch per node.
 
 A graph reads fixed addresses, so each captured graph owns static copies of its inputs (one
-batched copy before each replay), except the inputs the caller declares *static* (a model's
-parameters): those are read where they live, and their addresses are part of the graph's key (a
-moved parameter is a new capture, never a stale read). Outputs are copied out of the graph's
-buffers after each replay (one batched copy), so a result never changes under the caller when the
-graph runs again. Scalar inputs are baked into the captured kernels' arguments: their values are
-part of the key too. One graph per key, so a new input size (or bucket of sizes the caller rounds
-to) captures once and replays from then on; at most ``max_graphs`` are kept (least recently used
-dropped, freeing its memory).
+batched copy before each replay), except the inputs read *in place*: those the caller declares
+static, and parameters (``nn.Parameter``) and views of them, wherever they come from (a weight's
+transpose that an eager op took between regions, a weight the backward saved): those are read where
+they live, and their addresses are part of the graph's key (a moved parameter is a new capture,
+never a stale read). So are results of another captured graph (the activations a forward region's
+graph hands the backward's): their buffers last as long as that graph.
+
+Large results are the graph's own output buffers, handed out without a copy (a layer's activations
+are hundreds of megabytes); small ones (a loss the caller keeps a history of) are copied out, so
+holding them pins nothing. A replay overwrites the buffers, so a graph replays only once the caller has let
+go of every result of its last replay (the buffers' storages are referenced by the graph alone
+again); while the caller holds them (a loop's previous result, activations saved for the
+backward), the next call replays another *replica* of the graph, captured the first time it is
+needed, and with every replica's results held the call runs without a graph. Scalar inputs are
+baked into the captured kernels' arguments: their values are part of the key too. One set of
+replicas per key, so a new input size (or bucket of sizes the caller rounds to) captures once and
+replays from then on; at most ``max_graphs`` keys are kept (least recently used dropped, freeing
+their memory once the caller drops their results).
 """
 
 from __future__ import annotations
@@ -38,6 +48,17 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
 
 
+#: Addresses of the storages captured graphs hand out as results (while the graph is kept).
+_graph_results: set[int] = set()
+
+
+def _lasting(t: torch.Tensor) -> bool:
+    """Whether ``t``'s address lasts across calls: a parameter or a view of one (the optimizer updates
+    it in place), or a result of a captured graph."""
+    return (isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
+            or t.untyped_storage().data_ptr() in _graph_results)
+
+
 class _StaticInput:
     """A graph-owned buffer with an input's sizes and strides, refreshed before each replay."""
 
@@ -56,14 +77,19 @@ class _StaticInput:
         return arg
 
 
+#: A storage's reference count (what CUDA-graph trees read too); without it results are copied out.
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
 class CapturedGraph:
     """One captured execution: static inputs, the graph, its output buffers."""
 
-    def __init__(self, run: Run, args: Sequence[Any], static_inputs: frozenset[int], pool: Any, name: str) -> None:
+    def __init__(self, run: Run, args: Sequence[Any], in_place: frozenset[int], pool: Any, name: str,
+                 hand_out_bytes: int = 0) -> None:
         self.inputs: list[Any] = []
         self.copies: list[tuple[int, _StaticInput]] = []
         for k, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and k not in static_inputs and a.device.type == "cuda":
+            if isinstance(a, torch.Tensor) and k not in in_place and a.device.type == "cuda":
                 buffer = _StaticInput(a)
                 buffer.flat.copy_(buffer.source(a))
                 self.copies.append((k, buffer))
@@ -81,38 +107,95 @@ class CapturedGraph:
         torch.cuda.current_stream(device).wait_stream(side)
         try:
             with torch.cuda.graph(self.graph, pool=pool):
-                self.outputs = run(list(self.inputs))
+                self.outputs: list[torch.Tensor | None] = run(list(self.inputs))
         except RuntimeError as e:
             raise CaptureError(f"{name}: the program cannot be captured into a CUDA graph: {e}") from e
         self._copy_dst = [b.flat for _, b in self.copies]
+        # An output on an input read in place is rebuilt on the call's argument at each replay: the
+        # graph keeps no reference to the caller's memory (another graph's results among it, which
+        # would stay pinned).
+        callers = {self.inputs[k].untyped_storage().data_ptr(): k for k in in_place}
+        self._on_inputs: list[tuple[int, int, tuple[int, ...], tuple[int, ...], int]] = []
+        #: outputs that are no tensor (a size the backward needs, None): fixed by the key's inputs
+        self._fixed: list[tuple[int, Any]] = []
+        for j, o in enumerate(self.outputs):
+            if not isinstance(o, torch.Tensor):
+                self._fixed.append((j, o))
+                self.outputs[j] = None
+                continue
+            if o.device.type != "cuda":
+                raise CaptureError(f"{name}: output {j} is a {o.device.type} tensor, computed once at capture")
+            k = callers.get(o.untyped_storage().data_ptr())
+            if k is not None:
+                self._on_inputs.append((j, k, tuple(o.shape), o.stride(), o.storage_offset()))
+                self.outputs[j] = None
+        self.inputs = []
+        own = [(j, o) for j, o in enumerate(self.outputs) if o is not None]
+        # Results copied out: small ones, and all without a way to tell when the caller lets go.
+        self._copied = [j for j, o in own if _use_count is None or o.numel() * o.element_size() < hand_out_bytes]
+        self._copied_outputs = [self.outputs[j] for j in self._copied]
+        # The storages a replay writes that handed-out results alias (outputs, and inputs' buffers an
+        # output views).
+        copied = set(self._copied)
+        storages = {o.untyped_storage().data_ptr(): o.untyped_storage() for j, o in own if j not in copied}
+        self._storages = list(storages.values())
+        self._free_counts = [_use_count(st._cdata) for st in self._storages] if _use_count else []
+        if _use_count is not None:  # results are the buffers themselves: a reader may key on them
+            _graph_results.update(storages)
+
+    def release(self) -> None:
+        """The graph is dropped: its buffers' addresses no longer last."""
+        _graph_results.difference_update(st.data_ptr() for st in self._storages)
+
+    def free(self) -> bool:
+        """Whether no result of the last replay is held outside the graph (a replay may overwrite them)."""
+        if _use_count is None:
+            return True
+        return all(_use_count(st._cdata) == n for st, n in zip(self._storages, self._free_counts, strict=True))
 
     def replay(self, args: Sequence[Any]) -> list[torch.Tensor]:
         if self.copies:
             sources = [b.source(args[k]) if b.overlapping else args[k] for k, b in self.copies]
             torch._foreach_copy_(self._copy_dst, sources)
         self.graph.replay()
-        results = [torch.empty_like(o) for o in self.outputs]
-        if results:
-            torch._foreach_copy_(results, self.outputs)
+        # New tensors on the buffers: each holds its storage while the caller holds it.
+        results = [o.detach() if o is not None else o for o in self.outputs]
+        for j, k, size, stride, offset in self._on_inputs:
+            results[j] = args[k].as_strided(size, stride, offset)
+        for j, value in self._fixed:
+            results[j] = value
+        if self._copied:
+            copies = [torch.empty_like(o) for o in self._copied_outputs]
+            torch._foreach_copy_(copies, self._copied_outputs)
+            for k, c in zip(self._copied, copies, strict=True):
+                results[k] = c
         return results
 
 
 class CudaGraphRunner:
     """Runs ``run(args)`` by replaying a CUDA graph captured for the arguments' signature."""
 
-    def __init__(self, run: Run, static_inputs: Sequence[int] = (), max_graphs: int = 8, name: str = "program") -> None:
+    def __init__(self, run: Run, static_inputs: Sequence[int] = (), max_graphs: int = 8, name: str = "program",
+                 replicas: int = 2, hand_out_bytes: int = 1 << 20) -> None:
         self.run = run
+        #: results at least this large are handed out as the graph's buffers, smaller ones copied
+        self.hand_out_bytes = hand_out_bytes
         self.static_inputs = frozenset(static_inputs)
         self.max_graphs = max_graphs
+        self.replicas = replicas
         self.name = name
-        self._graphs: OrderedDict[Hashable, CapturedGraph] = OrderedDict()
+        self._graphs: OrderedDict[Hashable, list[CapturedGraph]] = OrderedDict()
         self._pool: Any = None
-        #: how many graphs were captured (a test counts re-captures with it)
+        #: how many signatures were captured (a test counts re-captures with it)
         self.captures = 0
+        #: graphs captured in all, replicas included
+        self.graphs_captured = 0
+        #: calls that ran without a graph, every replica's results being held
+        self.plain_runs = 0
 
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        """What a captured graph depends on: every tensor's signature, a static input's address, and
-        the values the kernels take as arguments (scalars, 0-dim CPU tensors)."""
+        """What a captured graph depends on: every tensor's signature, the address of an input read in
+        place, and the values the kernels take as arguments (scalars, 0-dim CPU tensors)."""
         return tuple(self._entry(k, a) for k, a in enumerate(args))
 
     def _entry(self, k: int, a: Any) -> Hashable:
@@ -120,21 +203,35 @@ class CudaGraphRunner:
             return type(a), a
         if a.device.type == "cpu" and a.dim() == 0:
             return a.dtype, a.device, a.item()
-        return a.dtype, a.shape, a.stride(), a.device, a.data_ptr() if k in self.static_inputs else None
+        in_place = k in self.static_inputs or _lasting(a)
+        return a.dtype, a.shape, a.stride(), a.device, a.data_ptr() if in_place else None
+
+    def in_place(self, args: Sequence[Any]) -> frozenset[int]:
+        """The positions of the inputs a graph captured for ``args`` reads where they live."""
+        return frozenset(k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and (
+            k in self.static_inputs or _lasting(a)))
 
     def __call__(self, args: Sequence[Any]) -> list[torch.Tensor]:
         key = self.key(args)
-        graph = self._graphs.get(key)
-        if graph is None:
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = CapturedGraph(self.run, args, self.static_inputs, self._pool, self.name)
+        replicas = self._graphs.get(key)
+        if replicas is None:
+            replicas = self._graphs[key] = []
             self.captures += 1
-            self._graphs[key] = graph
             if len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
+                for dropped in self._graphs.popitem(last=False)[1]:
+                    dropped.release()
         else:
             self._graphs.move_to_end(key)
+        graph = next((g for g in replicas if g.free()), None)
+        if graph is None:
+            if len(replicas) >= self.replicas:
+                self.plain_runs += 1
+                return self.run(list(args))
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = CapturedGraph(self.run, args, self.in_place(args), self._pool, self.name, self.hand_out_bytes)
+            self.graphs_captured += 1
+            replicas.append(graph)
         return graph.replay(args)
 
 

@@ -9,6 +9,7 @@ import torch
 import torch._dynamo
 
 from pyfuser.integrations.torch_compile import PyfuserBackend
+from pyfuser.integrations.torch_compile.graph_replay import GraphReplay
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -53,8 +54,12 @@ def test_training_steps_match_plain_regions() -> None:
     want = steps(plain_model, torch.compile(plain_model, backend=PyfuserBackend()), inputs)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
-    regions = [r for g in backend.graphs for r in g.regions]
-    assert regions and all(r.captures == 1 for r in regions)  # in-place parameter updates: no re-capture
+    assert {g.kind for g in backend.graphs} == {"forward", "backward"}
+    for graph in backend.graphs:  # each graph whole, one capture: in-place parameter updates need none
+        assert graph.replay is not None and graph.replay.captures == 1, graph.kind
+        assert graph.regions and all(r.captures == 0 for r in graph.regions)  # captured in the graph's
+        runner = graph.replay.runner
+        assert runner is not None and runner.plain_runs == 0 and runner.graphs_captured == 1
 
 
 def test_new_size_captures_a_new_graph() -> None:
@@ -64,7 +69,8 @@ def test_new_size_captures_a_new_graph() -> None:
         x = torch.randn(rows, 16, device="cuda")
         torch.testing.assert_close(compiled(x), torch.sigmoid(x) * x + 1)
     (region,) = backend.graphs[0].regions
-    assert region.captures == 2 and region.fec.compile_count == 1
+    replay = backend.graphs[0].replay
+    assert replay is not None and replay.captures == 2 and region.fec.compile_count == 1
 
 
 def test_tiny_llama_with_cuda_graphs_matches_eager() -> None:
@@ -97,3 +103,16 @@ def test_region_without_inputs_runs_on_its_device(cuda_graph: bool) -> None:
     out = compiled(3)
     assert out.device.type == "cuda"
     torch.testing.assert_close(out, torch.arange(16, device="cuda").view(2, 8) * 3)
+
+
+def test_uncapturable_graph_runs_its_ops_as_they_come() -> None:
+    """An op that waits for the host (``nonzero``) cannot be captured: the graph runs its ops as they
+    come (each region replayed from CUDA graphs of its own), with a warning."""
+    replay = GraphReplay(lambda x: (x.nonzero(), x * 2), [], "a graph")
+    x = torch.randn(4, 4, device="cuda")
+    with pytest.warns(UserWarning, match="cannot be captured"):
+        nonzero, doubled = replay([x])
+    assert replay.runner is None and replay.captures == 0
+    for _ in range(2):
+        nonzero, doubled = replay([x])
+        assert torch.equal(nonzero, x.nonzero()) and torch.equal(doubled, x * 2)

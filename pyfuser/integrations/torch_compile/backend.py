@@ -8,8 +8,10 @@ which partitions it into pyfuser regions and eager ops.
 
 Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):
 
-* ``cuda_graph`` (bool): replay each region from CUDA graphs, one per input signature, with the
-  model's parameters read in place; ``mode="reduce-overhead"`` turns it on too;
+* ``cuda_graph`` (bool): replay each compiled graph (its regions and the eager ops between them)
+  from CUDA graphs, one per input signature, with the model's parameters read in place; a graph
+  that cannot be captured replays each region from graphs of its own (``graph_replay.py``);
+  ``mode="reduce-overhead"`` turns it on too;
 * ``triton_interpreter`` (bool): run generated kernels through Triton's interpreter, so regions on
   CPU tensors run fused kernels (slow: for tests);
 * ``enable_options`` / ``disable_options`` (lists of names): any ``fd.execute`` option, for every region.
@@ -30,6 +32,7 @@ from torch.fx import GraphModule, Node
 
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
+from pyfuser.integrations.torch_compile.graph_replay import GraphReplay, capturable
 from pyfuser.integrations.torch_compile.partition import finish, plan_regions, splice_region
 from pyfuser.integrations.torch_compile.region import FusionRegion
 from pyfuser.options import DumpOption, check_options, dump
@@ -46,6 +49,8 @@ class CompiledGraph:
     regions: list[FusionRegion]
     #: FX node name -> why it stays in eager
     eager: dict[str, str] = field(default_factory=dict)
+    #: the whole graph replayed from CUDA graphs (the ``cuda_graph`` option, when it can be captured)
+    replay: GraphReplay | None = None
 
 
 class PyfuserBackend:
@@ -91,6 +96,8 @@ class PyfuserBackend:
         def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             static = _static_input_indices() if kind != "backward" else []
             compiled = self.compile_aten_graph(gm, kind, static)
+            if compiled.replay is not None:
+                return compiled.replay
             return make_boxed_func(compiled.graph_module.forward)
         return compile_graph
 
@@ -111,6 +118,12 @@ class PyfuserBackend:
             splice_region(gm, nodes, translated, region, replaced)
             regions.append(region)
         compiled = CompiledGraph(kind, finish(gm), regions, eager)
+        if self.cuda_graph and any(r.device.type == "cuda" for r in regions):
+            why = capturable(compiled.graph_module)
+            if why is None:
+                compiled.replay = GraphReplay(compiled.graph_module.forward, regions, f"pyfuser {title}")
+            else:
+                dump(DumpOption.fx_graph, lambda: f"{title}: each region replays its own CUDA graphs ({why})\n")
         self.graphs.append(compiled)
         return compiled
 

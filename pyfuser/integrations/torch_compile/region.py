@@ -54,9 +54,16 @@ class FusionRegion:
         self._enable = tuple(enable_options)
         self._disable = tuple(disable_options)
         self._graphs: CudaGraphRunner | None = None
-        if cuda_graph and self.device.type == "cuda":
-            static = [j for j, k in enumerate(self._positions) if translated.inputs[k] in static_inputs]
-            self._graphs = CudaGraphRunner(self._execute, static, name=f"pyfuser region {name}")
+        self._static = [j for j, k in enumerate(self._positions) if translated.inputs[k] in static_inputs]
+        self.use_cuda_graphs(cuda_graph)
+
+    def use_cuda_graphs(self, on: bool) -> None:
+        """Replay the region from CUDA graphs of its own (on a CUDA device), or not (a graph that
+        captures the whole compiled graph captures the region's launches itself)."""
+        if not on or self.device.type != "cuda":
+            self._graphs = None
+        elif self._graphs is None:
+            self._graphs = CudaGraphRunner(self._execute, self._static, name=f"pyfuser region {self.name}")
 
     def _execute(self, inputs: list[Any]) -> list[torch.Tensor]:
         return self.fec.run(inputs, device=self.device, enable_options=self._enable, disable_options=self._disable)
