@@ -52,11 +52,19 @@ def _span(t: torch.Tensor) -> int:
 _graph_results: set[int] = set()
 
 
+def _is_parameter(t: torch.Tensor) -> bool:
+    # A plain tensor is decided without Parameter's metaclass instance check (5x a type test).
+    return type(t) is torch.nn.Parameter or (type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter))
+
+
 def _lasting(t: torch.Tensor) -> bool:
     """Whether ``t``'s address lasts across calls: a parameter or a view of one (the optimizer updates
     it in place), or a result of a captured graph."""
-    return (isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
-            or t.untyped_storage().data_ptr() in _graph_results)
+    base = t._base
+    if _is_parameter(t) or (base is not None and _is_parameter(base)):
+        return True
+    # The storage's address without building its Python object (a call's key reads every input).
+    return t.data_ptr() - t.storage_offset() * t.element_size() in _graph_results
 
 
 class _StaticInput:
@@ -141,7 +149,7 @@ class CapturedGraph:
         self._storages = list(storages.values())
         self._free_counts = [_use_count(st._cdata) for st in self._storages] if _use_count else []
         if _use_count is not None:  # results are the buffers themselves: a reader may key on them
-            _graph_results.update(storages)
+            _graph_results.update(ptr for ptr in storages if ptr)  # an empty buffer has no address
 
     def release(self) -> None:
         """The graph is dropped: its buffers' addresses no longer last."""
@@ -201,10 +209,11 @@ class CudaGraphRunner:
     def _entry(self, k: int, a: Any) -> Hashable:
         if not isinstance(a, torch.Tensor):
             return type(a), a
-        if a.device.type == "cpu" and a.dim() == 0:
-            return a.dtype, a.device, a.item()
+        device = a.get_device()  # an int (-1: the CPU): cheaper than building a torch.device
+        if device < 0 and a.dim() == 0:
+            return a.dtype, device, a.item()
         in_place = k in self.static_inputs or _lasting(a)
-        return a.dtype, a.shape, a.stride(), a.device, a.data_ptr() if in_place else None
+        return a.dtype, a.shape, a.stride(), device, a.data_ptr() if in_place else None
 
     def in_place(self, args: Sequence[Any]) -> frozenset[int]:
         """The positions of the inputs a graph captured for ``args`` reads where they live."""
