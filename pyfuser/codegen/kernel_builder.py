@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from pyfuser.codegen.code_writer import CodeWriter
 from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
+from pyfuser.codegen.resize import RESIZE_OPS, resized_axes
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, next_power_of_2, prelude, triton_dtype
 from pyfuser.codegen.values import ValueLowering
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
-from pyfuser.ir.ops import ReductionOp, VarMeanOp
+from pyfuser.ir.ops import CatOp, PadOp, ReductionOp, SliceOp, VarMeanOp
 from pyfuser.ir.ops.shape import describe_axis
 from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div
 from pyfuser.ir.tensor_domain import transforms_between
@@ -66,6 +67,9 @@ class Indices:
 
     of: dict[int, str] = field(default_factory=dict)
     groups: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    #: conditions under which the indices address an element (a pad's or cat's operand read inside
+    #: its part of the consumer); a load is masked by them
+    valid: tuple[str, ...] = ()
 
 
 class KernelBuilder(ValueLowering):
@@ -94,6 +98,7 @@ class KernelBuilder(ValueLowering):
         self.code = CodeWriter()
         self._class_symbol: dict[int, str] = {}
         self._sizes: list[SizeSource] = []
+        self._size_arguments: dict[str, str] = {}
         self._strides: list[tuple[int, int]] = []
         self._stride_names: dict[tuple[int, int], str] = {}
         #: (tensor position, dim) -> the dims allocated just outside it, nearest first, of a merged group
@@ -334,10 +339,46 @@ class KernelBuilder(ValueLowering):
         taken[root] = k + 1
         return candidates[k] if k < len(candidates) else None
 
-    def producer_indices(self, expr: object, producer: TensorView, consumer: Indices) -> Indices:
-        """A producer read at its consumer's loop point: its indices through the expr's logical map."""
+    def size_argument(self, e: SymExpr) -> str:
+        """``e`` (over the fusion's sizes) as a kernel expression: a constant, or an argument the launch
+        evaluates (a slice's start, a pad's width)."""
+        if e.value is not None:
+            return str(e.value)
+        key = str(e)
+        symbol = self._size_arguments.get(key)
+        if symbol is None:
+            symbol = self._size_arguments[key] = f"kr{len(self._size_arguments)}"
+            self._sizes.append(SizeSource(symbol, extent=e))
+        return symbol
+
+    def resize_indices(self, expr: SliceOp | PadOp | CatOp, operand: int, consumer: Indices) -> Indices:
+        """The ``operand``-th tensor input of a resize op read at its consumer's indices: shifted (and
+        strided) on the resized axes, with the in-range condition of each bounded one."""
+        producer = expr.inputs[operand]
+        assert isinstance(producer, TensorView)
+        result = self.producer_indices(expr, producer, consumer, resized=False)
+        p_ids = producer.get_logical_domain(no_reductions=True)
+        c_ids = expr.outputs[0].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+        conditions = list(result.valid)
+        for axis in resized_axes(expr, operand):
+            c_index = consumer.of.get(id(c_ids[axis.dim]), "0")
+            index = f"{c_index}" if axis.step == 1 else f"({c_index}) * {axis.step}"
+            offset = self.size_argument(axis.offset)
+            index = f"({index} + {offset})" if offset != "0" else index
+            result.of[id(p_ids[axis.dim])] = index
+            if axis.bounded:
+                extent = int_expr(self.size_symbol(p_ids[axis.dim]))
+                conditions.append(f"({index} >= 0) & ({index} < {extent})")
+        result.valid = tuple(conditions)
+        return result
+
+    def producer_indices(self, expr: object, producer: TensorView, consumer: Indices, resized: bool = True) -> Indices:
+        """A producer read at its consumer's loop point: its indices through the expr's logical map
+        (through a resize op's index shift, unless ``resized`` is False)."""
+        if resized and isinstance(expr, RESIZE_OPS):
+            return self.resize_indices(expr, expr.inputs.index(producer), consumer)
         mapping = expr.logical_map(producer)  # type: ignore[attr-defined]
-        result = Indices()
+        result = Indices(valid=consumer.valid)
         inverse: dict[int, int] = {}
         for p in producer.get_logical_domain():
             c = mapping.get(p)
@@ -642,8 +683,27 @@ class KernelBuilder(ValueLowering):
                                                          f"{name} of an empty axis is undefined"))
         return tuple(checks)
 
+    def _pad_checks(self) -> tuple[tuple[SymExpr, str], ...]:
+        """Each padded axis of a pad, whose size must not be negative at launch (widths that crop more
+        than the axis has: ATen raises)."""
+        checks = []
+        for expr in self.exprs:
+            if not isinstance(expr, PadOp):
+                continue
+            out, producer = expr.outputs[0], expr.inputs[0]
+            assert isinstance(out, TensorView) and isinstance(producer, TensorView)
+            ids = out.get_logical_domain(no_reductions=True)
+            for axis in resized_axes(expr, 0):
+                k = (out.ndim - 1 - axis.dim) * 2
+                widths = f"{expr.widths[k]}, {expr.widths[k + 1]}"
+                checks.append((self.extent(ids[axis.dim]),
+                               f"pad {out.short_name} (of {producer.short_name}): {describe_axis(producer, axis.dim)} "
+                               f"would have size {{}} after widths {widths}, which crop more elements than it has"))
+        return tuple(checks)
+
     def _source(self, loops: list[Loop]) -> KernelSource:
         nonempty = self._nonempty_checks()  # first: it may add size arguments
+        nonnegative = self._pad_checks()
         output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.extent(i)
                                     for i in tv.get_logical_domain(no_reductions=True)) for tv in self.outputs)
         tensors = [f"T{k}" for k in range(len(self.inputs) + len(self.outputs))]
@@ -669,7 +729,8 @@ class KernelBuilder(ValueLowering):
             grid[:used], self._size_checks(), () if self.chunked else self._constant_checks(), output_shapes, perms,
             tuple(tv.dtype for tv in self.outputs), tuple(tv.short_name for tv in (*self.inputs, *self.outputs)),
             tuple(self._divisibility), tuple(self._dynamic_tiles), self._extent_checks() if self.chunked else (),
-            nonempty, tuple((k, d, outer) for (k, d), outer in self._group_strides.items()))
+            nonempty, nonnegative_checks=nonnegative,
+            stride_fallbacks=tuple((k, d, outer) for (k, d), outer in self._group_strides.items()))
 
     def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
         """Input dims of symbolic extent in a class of constant extent (``expand(x, [6, 4])`` of an

@@ -63,6 +63,9 @@ class KernelSource:
     #: when empty (there is no identity to return); checked at launch, before the early return
     #: of empty outputs
     nonempty_checks: tuple[tuple[SymExpr, str], ...] = ()
+    #: (extent over the size symbols, message with ``{}`` for it): a pad's output axis, negative when
+    #: the widths crop more than the axis has (ATen's error, before any allocation)
+    nonnegative_checks: tuple[tuple[SymExpr, str], ...] = ()
     #: (tensor position, dim, the dims allocated just outside it, nearest first): the stride argument
     #: of ``dim`` multiplies the index of a merged group of those dims. Contiguity ignores the stride
     #: of a size-1 dim (torch gives it any value), so when ``dim`` has size 1 the launcher passes the

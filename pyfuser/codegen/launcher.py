@@ -119,6 +119,10 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         env[f"_empty_message{k}"] = message
         body.append(f"if {host_int_expr(extent)} == 0:")
         body.append(f"    raise ValueError(_empty_message{k})")
+    for k, (extent, message) in enumerate(s.nonnegative_checks):
+        env[f"_negative_message{k}"] = message
+        body.append(f"if {host_int_expr(extent)} < 0:")
+        body.append(f"    raise ValueError(_negative_message{k}.format({host_int_expr(extent)}))")
     for k, (param, extent, limit, message) in enumerate(s.dynamic_tiles):
         env[f"_tile_message{k}"] = message
         body.append(f"{param} = _next_pow2({host_int_expr(extent)})")

@@ -25,13 +25,16 @@ from pyfuser.ir.ops import (
     BinaryOp,
     BinaryOpType,
     BroadcastOp,
+    CatOp,
     ExpandOp,
     FullOp,
     IotaOp,
     LoadStoreOp,
+    PadOp,
     PermuteOp,
     ReductionOp,
     ReductionOpType,
+    SliceOp,
     SqueezeOp,
     TernaryOp,
     TernaryOpType,
@@ -158,7 +161,7 @@ class ValueLowering:
             return self.scalar(val)
         assert isinstance(val, TensorView) and indices is not None
         key = (val.name, *(indices.of.get(id(i), "0") for i in val.get_logical_domain()
-                           if not i.is_broadcast and not i.is_reduction))
+                           if not i.is_broadcast and not i.is_reduction), *indices.valid)
         cached = self.code.recall(key)
         if cached is not None:
             return cached
@@ -167,6 +170,13 @@ class ValueLowering:
             position = self.inputs.index(val)
             offset, dims = self.offset(val, position, indices)
             mask = self.code.mask(dims, uses=offset)
+            if indices.valid:  # read inside a pad's or cat's operand part only
+                inside = self.code.assign("inside", " & ".join(indices.valid))
+                # ``!= 0``: the interpreter's ``&`` of a loop index's 0-dim condition with a tile gives
+                # a mask of a dtype its load refuses; a compiled kernel folds it away
+                mask = self.code.assign("mask", f"({mask} & {inside}) != 0" if mask else inside)
+                if self.code.dims_of(inside) - dims:  # the address varies along fewer tile axes: widen it
+                    offset = f"{offset} + {inside}.to(tl.int32) * 0"
             load = f"tl.load(T{position} + {offset}, mask={mask}, other=0)" if mask else \
                 f"tl.load(T{position} + {offset})"
             result = self.code.assign("v", _widened(load, val.dtype), cse=False)
@@ -182,6 +192,34 @@ class ValueLowering:
             result = self.compute(definition, val, indices)
         self.code.remember(key, result)
         return result
+
+    def resized(self: KernelBuilder, expr: PadOp | CatOp, out: TensorView, indices: Indices) -> str:
+        """A pad (its operand inside, its value on the border) or a cat (each operand in its part):
+        ``tl.where`` over the in-range conditions, each operand read masked to its part."""
+        dtype = compute_dtype(out.dtype)
+        if isinstance(expr, PadOp):
+            fill = expr.inputs[1]
+            assert isinstance(fill, Scalar)
+            # a typed 0-dim value: the interpreter's tl.where calls .to on its operands
+            value = f"tl.full([], {literal(fill.value, dtype)}, {triton_dtype(dtype)})" if fill.is_const else \
+                self.convert(self.value(fill, None), fill.dtype, dtype)
+            value = _rounded(value, out.dtype)  # the border holds the value as the output's dtype stores it
+            parts = [expr.inputs[0]]
+        else:
+            value = None
+            parts = list(expr.inputs)
+        for k in reversed(range(len(parts))):
+            part = parts[k]
+            assert isinstance(part, TensorView)
+            inner = self.resize_indices(expr, k, indices)
+            read = self.convert(self.value(part, inner), part.dtype, dtype)
+            inside = " & ".join(inner.valid[len(indices.valid):])
+            # The last operand of a cat needs no condition (the others' parts are decided before it),
+            # nor does the operand of a pad of zero widths.
+            value = read if value is None or not inside else self.code.assign(
+                "v", f"tl.where({inside}, {read}, {value})")
+        assert value is not None
+        return value
 
     def scalar(self: KernelBuilder, val: Scalar) -> str:
         if val.is_const:
@@ -208,8 +246,11 @@ class ValueLowering:
             return self.value(v, None)
 
         code = self.code
-        if isinstance(expr, INDEX_ONLY_OPS):
+        if isinstance(expr, (*INDEX_ONLY_OPS, SliceOp)):
             return operand(expr.inputs[0])
+        if isinstance(expr, PadOp | CatOp):
+            assert indices is not None and isinstance(out, TensorView)
+            return self.resized(expr, out, indices)
         if isinstance(expr, FullOp):
             # A typed scalar: a bare 3 would be int32, a bare True no tensor at all.
             fill, dtype = expr.inputs[0], compute_dtype(out.dtype)

@@ -5,6 +5,7 @@ tensor has innermost in memory."""
 from __future__ import annotations
 
 from pyfuser.codegen.id_graph import IdGraph
+from pyfuser.codegen.resize import resized_classes
 from pyfuser.codegen.support import unsupported_in_pointwise_kernel
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.iter_domain import IterDomain
@@ -41,9 +42,11 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
     exact = IdGraph(fusion.tensors(), exprs, map_broadcast=False, through_transforms=False)
     ref = reference_output(fusion)
     ref_classes = {exact.class_of(i) for i in ref.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
+    # A producer's axis a slice, pad or cat shifts into one of the reference's is read at shifted indices.
+    readable = resized_classes(exprs, exact.class_of, ref_classes)
     for tv in fusion.tensors():
         for pos, i in enumerate(tv.get_logical_domain()):
-            if not i.is_broadcast and not i.is_reduction and exact.class_of(i) not in ref_classes:
+            if not i.is_broadcast and not i.is_reduction and exact.class_of(i) not in readable:
                 return False, (f"{tv.short_name} axis {pos} ({i}) is not an axis of {ref.short_name}, the reference "
                                "output: one pointwise kernel iterates over one output's axes"), None
     for out in outputs:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyfuser.codegen.resize import RESIZE_OPS
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.tensor_view import TensorView
@@ -45,6 +46,9 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     if not ok:
         return False, reason
     assert exact is not None
+    resize = next((e for e in fusion.exprs() if isinstance(e, RESIZE_OPS)), None)
+    if resize is not None:  # its shifted reads are left to the pointwise scheduler's 1-D / 2-D tiles
+        return False, f"{resize.op_description} producing {resize.outputs[0]}: slices, pads and cats are pointwise kernels"
     if len(innermost_classes(fusion, exact)) < 2:
         return False, "every input and output has the same innermost axis: no transpose to tile"
     return True, ""

@@ -15,7 +15,7 @@ from pyfuser.ir.analysis.sharding import is_resharding
 from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, inherited_stream_axes, producer_id
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import BroadcastOp, ExpandOp, LoadStoreOp, LoadStoreOpType, PermuteOp, SqueezeOp
+from pyfuser.ir.ops import BroadcastOp, ExpandOp, LoadStoreOp, LoadStoreOpType, PermuteOp, SliceOp, SqueezeOp
 from pyfuser.ir.tensor_view import MemoryType, TensorView, user_scheduled
 from pyfuser.options import CompileOptions, DisableOption, EnableOption
 from pyfuser.scheduler.registry import SchedulerType, SegmentView
@@ -23,7 +23,7 @@ from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, boundaries
 
 #: Exprs that only change how an input is viewed: a segment of nothing else computes nothing.
-INPUT_VIEW_OPS = (BroadcastOp, ExpandOp, SqueezeOp)
+INPUT_VIEW_OPS = (BroadcastOp, ExpandOp, SqueezeOp, SliceOp)
 
 #: Why an ATen segment is not a kernel when kernels are off.
 KERNELS_OFF = "generated kernels are off (they run on CUDA, or with _enable_options=['triton_interpreter'])"
@@ -50,6 +50,12 @@ class _Segmenter:
         if self.kernels:
             self._merge_producers_into_consumers()
             self._merge_siblings()
+            # Siblings merged may now take their producer, which neither took alone (a value that two
+            # slices of a rotary backward read: with one of them it had two outputs of other axes).
+            groups = len(set(map(id, self.group_of.values())))
+            self._merge_producers_into_consumers()
+            if len(set(map(id, self.group_of.values()))) < groups:
+                self._merge_siblings()
             self._permutes_read_by_aten_as_views()
             self._input_broadcasts_as_views()
         groups = self._topological(list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs)))
@@ -150,8 +156,8 @@ class _Segmenter:
                                                      reason="a permute only ATen calls read: a view")
 
     def _is_input_broadcast(self, group: SegmentedGroup) -> bool:
-        """Whether ``group`` only broadcasts, expands or squeezes fusion inputs, as defined (a schedule
-        the user gave them is kept as a kernel): it computes nothing."""
+        """Whether ``group`` only broadcasts, expands, squeezes or slices fusion inputs, as defined (a
+        schedule the user gave them is kept as a kernel): it computes nothing."""
         inside = {id(t) for e in group.exprs for t in e.outputs}
         return all(isinstance(e, INPUT_VIEW_OPS) and all(v.is_fusion_input or id(v) in inside for v in e.inputs)
                    and not any(user_scheduled(t) for t in e.tensor_outputs) for e in group.exprs)

@@ -1,0 +1,70 @@
+"""Slice, pad and cat in a generated kernel: ops that move a producer's elements along an axis.
+
+A consumer's index on a resized axis becomes its producer's through the op: a slice reads
+``start + index * step``, a pad and each operand of a cat read ``index - offset``. Where the
+producer has no element there (a pad's border, the other operands' part of a cat) the read is
+masked off and the op chooses another value with ``tl.where`` over the in-range condition, as
+nvFuser lowers its resize ops. The rotary embedding (``cat(-x2, x1)``) and its backward (``pad``)
+so become part of the kernel around them instead of ATen copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyfuser.ir.ops import CatOp, PadOp, SliceOp
+from pyfuser.ir.symbolic import SymConst, SymExpr
+from pyfuser.ir.tensor_view import TensorView
+
+RESIZE_OPS = (SliceOp, PadOp, CatOp)
+
+
+@dataclass(frozen=True)
+class ResizedAxis:
+    """Producer axis ``dim`` read at ``consumer index * step + offset``; ``bounded``: the result may
+    fall outside the producer (a pad or cat: the read needs the in-range condition)."""
+
+    dim: int
+    step: int
+    offset: SymExpr
+    bounded: bool
+
+
+def resized_axes(expr: SliceOp | PadOp | CatOp, operand: int) -> list[ResizedAxis]:
+    """How the consumer's indices reach the ``operand``-th tensor input of ``expr`` on the axes it resizes."""
+    producer = expr.inputs[operand]
+    assert isinstance(producer, TensorView)
+    if isinstance(expr, SliceOp):
+        untouched = set(expr._untouched)
+        return [ResizedAxis(d, step, start, False) for d, (start, _, step) in enumerate(expr.ranges)
+                if d not in untouched]
+    if isinstance(expr, PadOp):
+        rank = producer.ndim
+        axes = []
+        for k in range(0, len(expr.widths), 2):
+            left, right = expr.widths[k], expr.widths[k + 1]
+            if left.value == 0 and right.value == 0:
+                continue
+            axes.append(ResizedAxis(rank - 1 - k // 2, 1, SymConst(0) - left, True))
+        return axes
+    offset: SymExpr = SymConst(0)
+    for earlier in expr.inputs[:operand]:
+        assert isinstance(earlier, TensorView)
+        offset = offset + earlier.get_logical_domain(no_reductions=True)[expr.dim].extent
+    return [ResizedAxis(expr.dim, 1, SymConst(0) - offset, True)]
+
+
+def resized_classes(exprs: list[object], class_of: object, allowed: set[int]) -> set[int]:
+    """``allowed`` (ID classes of a kernel's reference) grown by the producer axes resize ops read
+    into them, producers before consumers undone (exprs in definition order)."""
+    grown = set(allowed)
+    for expr in reversed(exprs):
+        if not isinstance(expr, RESIZE_OPS):
+            continue
+        out_ids = expr.outputs[0].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+        for k, v in enumerate(expr.tensor_inputs):
+            p_ids = v.get_logical_domain(no_reductions=True)
+            for axis in resized_axes(expr, k):
+                if class_of(out_ids[axis.dim]) in grown:  # type: ignore[operator]
+                    grown.add(class_of(p_ids[axis.dim]))  # type: ignore[operator]
+    return grown

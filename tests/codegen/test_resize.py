@@ -1,0 +1,190 @@
+"""Slice, pad and cat inside generated kernels: a consumer's indices shifted into each producer, reads
+masked to the producer's part, against torch on shapes with symbolic sizes, steps, negative pads,
+other dtypes and empty parts; the rotary embedding forward and backward as one kernel each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pyfuser import DataType, FusionDefinition
+from tests.codegen.conftest import execute_with_aten, kernel_schedulers
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1)
+
+
+def test_rotary_embedding_is_one_kernel(device: str, run_kernels) -> None:
+    """``x * cos + cat(-x2, x1) * sin`` on a permuted input (heads moved out of a projection's output)."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1, -1], stride_order=[3, 1, 2, 0])
+        cos = fd.define_tensor([-1, -1], contiguity=True)
+        sin = fd.define_tensor([-1, -1], contiguity=True)
+        half = fd.ops.div(fd.ops.size(x, 3), 2)
+        b, h, s, d = (fd.ops.size(x, k) for k in range(4))
+        upper = fd.ops.slice(x, [0, 0, 0, half], [b, h, s, d])
+        lower = fd.ops.slice(x, [0, 0, 0, 0], [b, h, s, half])
+        rotated = fd.ops.cat([fd.ops.neg(upper), lower], 3)
+        fd.add_output(fd.ops.add(fd.ops.mul(x, cos), fd.ops.mul(rotated, sin)))
+    for seq in (5, 9):
+        x = torch.randn(2, seq, 3, 16, device=device).transpose(1, 2)
+        cos, sin = torch.randn(seq, 16, device=device), torch.randn(seq, 16, device=device)
+        (out,) = run_kernels(fd, [x, cos, sin])
+        torch.testing.assert_close(out, x * cos + rotate_half(x) * sin)
+        assert kernel_schedulers(fd) == ["pointwise"]
+    assert fd.fec.compile_count == 1  # a new sequence length: the same kernel
+
+
+def test_rotary_backward_pads_are_one_kernel(device: str, run_kernels) -> None:
+    """The gradient of ``rotate_half``: two slices, a negation and two pads, added (slice_backward)."""
+    with FusionDefinition() as fd:
+        g = fd.define_tensor([-1, -1, 16], contiguity=True)
+        sin = fd.define_tensor([-1, 16], contiguity=True)
+        gs = fd.ops.mul(g, sin)
+        b, s = fd.ops.size(g, 0), fd.ops.size(g, 1)
+        first = fd.ops.pad(fd.ops.neg(fd.ops.slice(gs, [0, 0, 0], [b, s, 8])), [8, 0])
+        second = fd.ops.pad(fd.ops.slice(gs, [0, 0, 8], [b, s, 16]), [0, 8])
+        fd.add_output(fd.ops.add(first, second))
+    g, sin = torch.randn(3, 7, 16, device=device), torch.randn(7, 16, device=device)
+    (out,) = run_kernels(fd, [g, sin])
+    gs = g * sin
+    torch.testing.assert_close(out, F.pad(-gs[..., :8], [8, 0]) + F.pad(gs[..., 8:], [0, 8]))
+    assert kernel_schedulers(fd) == ["pointwise"]
+
+
+@pytest.mark.parametrize("ranges", [
+    ((0, 4, 1), (1, 9, 3)),  # a step
+    ((1, 3, 1), (0, 9, 1)),  # the outer axis
+    ((2, 2, 1), (0, 9, 1)),  # empty
+], ids=["step", "outer", "empty"])
+def test_slice_of_a_computed_value(device: str, run_kernels, ranges: tuple[tuple[int, int, int], ...]) -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True)
+        y = fd.ops.exp(x)
+        sliced = fd.ops.slice(y, [r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges])
+        fd.add_output(fd.ops.mul(sliced, 2.0))
+    x = torch.randn(4, 9, device=device)
+    (out,) = run_kernels(fd, [x])
+    index = tuple(slice(*r) for r in ranges)
+    torch.testing.assert_close(out, x.exp()[index] * 2)
+
+
+@pytest.mark.parametrize("widths", [[2, 3], [0, 0, 1, 2], [-2, 1], [3, -4, 1, 0]], ids=["last", "outer", "crop",
+                                                                                       "both"])
+def test_pad_of_a_computed_value(device: str, run_kernels, widths: list[int]) -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True)
+        fd.add_output(fd.ops.pad(fd.ops.sin(x), widths, value=0.5))
+    x = torch.randn(5, 6, device=device)
+    (out,) = run_kernels(fd, [x])
+    torch.testing.assert_close(out, F.pad(x.sin(), widths, value=0.5))
+
+
+def test_pad_value_is_rounded_to_bfloat16(device: str, run_kernels) -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], contiguity=True, dtype=DataType.BFloat16)
+        fd.add_output(fd.ops.mul(fd.ops.pad(fd.ops.abs(x), [1, 1], value=0.1), 3.0))
+    x = torch.randn(6, device=device, dtype=torch.bfloat16)
+    (out,) = run_kernels(fd, [x])
+    assert torch.equal(out, F.pad(x.abs(), [1, 1], value=0.1) * 3.0)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cat_of_three_with_broadcast_and_int_operands(device: str, run_kernels, dim: int) -> None:
+    """Operands of other sizes along the axis, one of them a broadcast row, one of integers (promoted)."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], contiguity=True)
+        b = fd.define_tensor([-1, -1], contiguity=True)
+        c = fd.define_tensor([-1], contiguity=True, dtype=DataType.Int32)
+        row = fd.ops.broadcast(fd.ops.cast(c, DataType.Float), [True, False] if dim == 0 else [False, True])
+        fd.add_output(fd.ops.relu(fd.ops.cat([fd.ops.exp(a), row, fd.ops.neg(b)], dim)))
+    if dim == 0:
+        a, b, c = torch.randn(2, 5), torch.randn(3, 5), torch.arange(-2, 3, dtype=torch.int32)
+    else:
+        a, b, c = torch.randn(4, 2), torch.randn(4, 3), torch.arange(-2, 2, dtype=torch.int32)
+    a, b, c = a.to(device), b.to(device), c.to(device)
+    (out,) = run_kernels(fd, [a, b, c])
+    row = c.float().unsqueeze(dim)
+    torch.testing.assert_close(out, torch.relu(torch.cat([a.exp(), row, -b], dim)))
+    assert kernel_schedulers(fd) == ["pointwise"]
+
+
+def test_cat_with_an_empty_operand(device: str, run_kernels) -> None:
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], contiguity=True)
+        b = fd.define_tensor([-1, -1], contiguity=True)
+        fd.add_output(fd.ops.mul(fd.ops.cat([a, fd.ops.abs(b)], 1), 2.0))
+    for width in (0, 3):
+        a, b = torch.randn(4, width, device=device), torch.randn(4, 5, device=device)
+        (out,) = run_kernels(fd, [a, b])
+        torch.testing.assert_close(out, torch.cat([a, b.abs()], 1) * 2)
+
+
+def test_slice_of_an_input_read_only_by_aten_stays_a_view(device: str) -> None:
+    """A slice of an input that nothing fuses with is an ATen view, not a copy kernel."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True)
+        fd.add_output(fd.ops.slice(x, [0, 2], [4, 6]))
+    x = torch.randn(4, 8, device=device)
+    (out,) = fd.execute([x], _enable_options=["triton_interpreter"] if device == "cpu" else [])
+    assert torch.equal(out, x[:, 2:6])
+    assert kernel_schedulers(fd) == []
+
+
+def test_kernels_match_aten_on_random_resizes(device: str, run_kernels) -> None:
+    """Slices feeding pads feeding a cat, at several sizes: kernels against the ATen evaluator."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True)
+        y = fd.define_tensor([-1, -1], contiguity=True)
+        n = fd.ops.size(x, 1)
+        left = fd.ops.pad(fd.ops.slice(fd.ops.tanh(x), [0, 1], [fd.ops.size(x, 0), n]), [1, 0], value=-1.0)
+        fd.add_output(fd.ops.cat([left, fd.ops.mul(y, 3.0)], 0))
+    generator = torch.Generator().manual_seed(0)
+    for rows, cols, extra in ((1, 2, 1), (3, 5, 2), (6, 1, 4)):
+        x = torch.randn(rows, cols, generator=generator).to(device)
+        y = torch.randn(extra, cols, generator=generator).to(device)
+        (got,) = run_kernels(fd, [x, y])
+        (want,) = execute_with_aten(fd, [x, y])
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, torch.cat([F.pad(x.tanh()[:, 1:], [1, 0], value=-1.0), y * 3], 0))
+
+
+def test_pad_of_zero_widths_and_an_empty_slice(device: str, run_kernels) -> None:
+    """Fuzz seed 209: a pad that moves nothing needs no condition (an empty one was emitted)."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], contiguity=True)
+        padded = fd.ops.pad(x, [0, 0], 1.5)
+        fd.add_output(fd.ops.slice(fd.ops.sin(padded), [6], [9], [1]))
+        fd.add_output(padded)
+    x = torch.randn(8, device=device)
+    tail, padded = run_kernels(fd, [x])
+    torch.testing.assert_close(tail, x.sin()[6:9])
+    torch.testing.assert_close(padded, x)
+
+
+def test_cat_of_size_one_parts_in_a_loop(device: str, run_kernels) -> None:
+    """Fuzz seed 959: a cat along a size-1 axis whose consumer the kernel computes in a serial loop
+    (its index a 0-dim value there): the part's condition masks each read."""
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([1, -1], dtype=DataType.Double)
+        both = fd.ops.cat([t0, fd.ops.mul(t0, 2.0)], 0)
+        fd.add_output(fd.ops.eq(fd.ops.neg(fd.ops.broadcast(both, [True, False, False])), both))
+        fd.add_output(fd.ops.neg(both))
+    x = torch.randn(1, 7, dtype=torch.float64, device=device)
+    flags, negated = run_kernels(fd, [x])
+    both = torch.cat([x, x * 2], 0)
+    assert torch.equal(flags, -both[None] == both) and torch.equal(negated, -both)
+
+
+def test_pad_cropping_more_than_an_axis_has_is_a_clear_error(device: str, run_kernels) -> None:
+    """Fuzz seed 1206: the kernel's launch refuses it as ATen does, before allocating a negative size."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([1, 1, -1], contiguity=True)
+        fd.add_output(fd.ops.mul(fd.ops.pad(x, [-1, 0, 0, 0, -1, 1], 1.5), 2.0))
+    with pytest.raises(ValueError, match=r"pad T\d+ \(of T\d+\): T\d+ axis 2 would have size -1 after widths -1, 0"):
+        run_kernels(fd, [torch.randn(1, 1, 0, device=device)])
+    (out,) = run_kernels(fd, [torch.ones(1, 1, 3, device=device)])
+    torch.testing.assert_close(out, F.pad(torch.ones(1, 1, 3, device=device), [-1, 0, 0, 0, -1, 1], value=1.5) * 2)
