@@ -684,21 +684,28 @@ class KernelBuilder(ValueLowering):
         return tuple(checks)
 
     def _pad_checks(self) -> tuple[tuple[SymExpr, str], ...]:
-        """Each padded axis of a pad, whose size must not be negative at launch (widths that crop more
-        than the axis has: ATen raises)."""
+        """Each padded axis of a pad, which its negative widths must not crop by more than it has (ATen
+        raises, even where the padding after the crop would leave a size of 0 or more)."""
         checks = []
         for expr in self.exprs:
             if not isinstance(expr, PadOp):
                 continue
             out, producer = expr.outputs[0], expr.inputs[0]
             assert isinstance(out, TensorView) and isinstance(producer, TensorView)
-            ids = out.get_logical_domain(no_reductions=True)
+            out_ids, in_ids = out.get_logical_domain(no_reductions=True), producer.get_logical_domain(no_reductions=True)
             for axis in resized_axes(expr, 0):
                 k = (out.ndim - 1 - axis.dim) * 2
-                widths = f"{expr.widths[k]}, {expr.widths[k + 1]}"
-                checks.append((self.extent(ids[axis.dim]),
-                               f"pad {out.short_name} (of {producer.short_name}): {describe_axis(producer, axis.dim)} "
-                               f"would have size {{}} after widths {widths}, which crop more elements than it has"))
+                left, right = expr.widths[k], expr.widths[k + 1]
+                what = f"pad {out.short_name} (of {producer.short_name}): {describe_axis(producer, axis.dim)}"
+                if left.value is not None and right.value is not None:
+                    crop = -min(left.value, 0) - min(right.value, 0)
+                    if crop:
+                        checks.append((self.extent(in_ids[axis.dim]) - SymConst(crop),
+                                       f"{what} is cropped by {crop} (widths {left.value}, {right.value}), more "
+                                       "than its size ({} left)"))
+                else:  # symbolic widths: at least no negative size
+                    checks.append((self.extent(out_ids[axis.dim]),
+                                   f"{what} would have size {{}} after widths {left}, {right}"))
         return tuple(checks)
 
     def _source(self, loops: list[Loop]) -> KernelSource:

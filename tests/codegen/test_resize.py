@@ -184,7 +184,13 @@ def test_pad_cropping_more_than_an_axis_has_is_a_clear_error(device: str, run_ke
     with FusionDefinition() as fd:
         x = fd.define_tensor([1, 1, -1], contiguity=True)
         fd.add_output(fd.ops.mul(fd.ops.pad(x, [-1, 0, 0, 0, -1, 1], 1.5), 2.0))
-    with pytest.raises(ValueError, match=r"pad T\d+ \(of T\d+\): T\d+ axis 2 would have size -1 after widths -1, 0"):
+    with pytest.raises(ValueError, match=r"pad T\d+ \(of T\d+\): T\d+ axis 2 is cropped by 1 \(widths -1, 0\), more "
+                                         r"than its size \(-1 left\)"):
         run_kernels(fd, [torch.randn(1, 1, 0, device=device)])
     (out,) = run_kernels(fd, [torch.ones(1, 1, 3, device=device)])
     torch.testing.assert_close(out, F.pad(torch.ones(1, 1, 3, device=device), [-1, 0, 0, 0, -1, 1], value=1.5) * 2)
+    with FusionDefinition() as fd:  # fuzz case 5520: cropped by 1 and padded by 1, a size of 0: still refused
+        x = fd.define_tensor([-1, -1], contiguity=True)
+        fd.add_output(fd.ops.pad(fd.ops.tanh(x), [-1, 1, 2, 2], value=0.5))
+    with pytest.raises(ValueError, match=r"axis 1 is cropped by 1 \(widths -1, 1\)"):
+        run_kernels(fd, [torch.randn(3, 0, device=device)])
