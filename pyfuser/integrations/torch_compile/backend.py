@@ -121,7 +121,8 @@ class PyfuserBackend:
         if self.cuda_graph and any(r.device.type == "cuda" for r in regions):
             why = capturable(compiled.graph_module)
             if why is None:
-                compiled.replay = GraphReplay(compiled.graph_module.forward, regions, f"pyfuser {title}")
+                compiled.replay = GraphReplay(compiled.graph_module.forward, regions, f"pyfuser {title}",
+                                              static_input_indices)
             else:
                 dump(DumpOption.fx_graph, lambda: f"{title}: each region replays its own CUDA graphs ({why})\n")
         self.graphs.append(compiled)

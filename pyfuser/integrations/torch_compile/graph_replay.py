@@ -36,13 +36,16 @@ def capturable(gm: GraphModule) -> str | None:
 class GraphReplay:
     """A boxed callable (``fn(args)``, AOTAutograd's convention) running ``forward`` by replay."""
 
-    def __init__(self, forward: Callable[..., Any], regions: Sequence[FusionRegion], name: str) -> None:
+    def __init__(self, forward: Callable[..., Any], regions: Sequence[FusionRegion], name: str,
+                 static_inputs: Sequence[int] = ()) -> None:
+        """``static_inputs``: positions AOTAutograd knows keep their address (buffers too, which are no
+        parameters), read in place."""
         # On the instance: wrappers AOTAutograd puts around the backward copy the instance's __dict__.
         self._boxed_call = True
         self.forward = forward
         self.regions = list(regions)
         self.name = name
-        self.runner: CudaGraphRunner | None = CudaGraphRunner(self._run, name=name)
+        self.runner: CudaGraphRunner | None = CudaGraphRunner(self._run, static_inputs, name=name)
         for region in self.regions:
             region.use_cuda_graphs(False)
 
