@@ -164,7 +164,7 @@ def run_case(name: str, shape: dict[str, int], training: bool, variants: list[st
                 entry["regions"] = len(regions)
                 entry["eager_ops"] = sum(len(g.eager) for g in backend.graphs)
                 runners = [g.replay.runner for g in backend.graphs if g.replay is not None and g.replay.runner]
-                runners += [r._graphs for r in regions if r._graphs is not None]
+                runners += [r.graph_runner for r in regions if r.graph_runner is not None]
                 if runners:  # replicas captured, and calls that found every replica's results held
                     entry["cuda_graphs_captured"] = sum(g.graphs_captured for g in runners)
                     entry["calls_without_graph"] = sum(g.plain_runs for g in runners)

@@ -356,7 +356,7 @@ class KernelBuilder(ValueLowering):
         strided) on the resized axes, with the in-range condition of each bounded one."""
         producer = expr.inputs[operand]
         assert isinstance(producer, TensorView)
-        result = self.producer_indices(expr, producer, consumer, resized=False)
+        result = self._mapped_indices(expr, producer, consumer)
         p_ids = producer.get_logical_domain(no_reductions=True)
         c_ids = expr.outputs[0].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
         conditions = list(result.valid)
@@ -372,11 +372,14 @@ class KernelBuilder(ValueLowering):
         result.valid = tuple(conditions)
         return result
 
-    def producer_indices(self, expr: object, producer: TensorView, consumer: Indices, resized: bool = True) -> Indices:
-        """A producer read at its consumer's loop point: its indices through the expr's logical map
-        (through a resize op's index shift, unless ``resized`` is False)."""
-        if resized and isinstance(expr, RESIZE_OPS):
+    def producer_indices(self, expr: object, producer: TensorView, consumer: Indices) -> Indices:
+        """A producer read at its consumer's loop point: its indices through the expr's logical map,
+        shifted on the axes a resize op moves."""
+        if isinstance(expr, RESIZE_OPS):
             return self.resize_indices(expr, expr.inputs.index(producer), consumer)
+        return self._mapped_indices(expr, producer, consumer)
+
+    def _mapped_indices(self, expr: object, producer: TensorView, consumer: Indices) -> Indices:
         mapping = expr.logical_map(producer)  # type: ignore[attr-defined]
         result = Indices(valid=consumer.valid)
         inverse: dict[int, int] = {}
@@ -694,8 +697,7 @@ class KernelBuilder(ValueLowering):
             assert isinstance(out, TensorView) and isinstance(producer, TensorView)
             out_ids, in_ids = out.get_logical_domain(no_reductions=True), producer.get_logical_domain(no_reductions=True)
             for axis in resized_axes(expr, 0):
-                k = (out.ndim - 1 - axis.dim) * 2
-                left, right = expr.widths[k], expr.widths[k + 1]
+                left, right = expr.axis_widths(axis.dim)
                 what = f"pad {out.short_name} (of {producer.short_name}): {describe_axis(producer, axis.dim)}"
                 if left.value is not None and right.value is not None:
                     crop = -min(left.value, 0) - min(right.value, 0)

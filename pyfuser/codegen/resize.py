@@ -10,8 +10,11 @@ so become part of the kernel around them instead of ATen copies.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pyfuser.ir.base import Expr
+from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops import CatOp, PadOp, SliceOp
 from pyfuser.ir.symbolic import SymConst, SymExpr
 from pyfuser.ir.tensor_view import TensorView
@@ -31,32 +34,26 @@ class ResizedAxis:
 
 
 def resized_axes(expr: SliceOp | PadOp | CatOp, operand: int) -> list[ResizedAxis]:
-    """How the consumer's indices reach the ``operand``-th tensor input of ``expr`` on the axes it resizes."""
+    """How the consumer's indices reach the ``operand``-th tensor input of ``expr`` on the axes it
+    resizes: those its logical map leaves out."""
     producer = expr.inputs[operand]
     assert isinstance(producer, TensorView)
+    mapped = expr.logical_map(producer)
+    dims = [d for d, i in enumerate(producer.get_logical_domain(no_reductions=True)) if i not in mapped]
     if isinstance(expr, SliceOp):
-        untouched = set(expr._untouched)
-        return [ResizedAxis(d, step, start, False) for d, (start, _, step) in enumerate(expr.ranges)
-                if d not in untouched]
+        return [ResizedAxis(d, expr.ranges[d][2], expr.ranges[d][0], False) for d in dims]
     if isinstance(expr, PadOp):
-        rank = producer.ndim
-        axes = []
-        for k in range(0, len(expr.widths), 2):
-            left, right = expr.widths[k], expr.widths[k + 1]
-            if left.value == 0 and right.value == 0:
-                continue
-            axes.append(ResizedAxis(rank - 1 - k // 2, 1, SymConst(0) - left, True))
-        return axes
+        return [ResizedAxis(d, 1, SymConst(0) - expr.axis_widths(d)[0], True) for d in dims]
     offset: SymExpr = SymConst(0)
     for earlier in expr.inputs[:operand]:
         assert isinstance(earlier, TensorView)
         offset = offset + earlier.get_logical_domain(no_reductions=True)[expr.dim].extent
-    return [ResizedAxis(expr.dim, 1, SymConst(0) - offset, True)]
+    return [ResizedAxis(d, 1, SymConst(0) - offset, True) for d in dims]
 
 
-def resized_classes(exprs: list[object], class_of: object, allowed: set[int]) -> set[int]:
+def resized_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int], allowed: set[int]) -> set[int]:
     """``allowed`` (ID classes of a kernel's reference) grown by the producer axes resize ops read
-    into them, producers before consumers undone (exprs in definition order)."""
+    into them, consumers before producers (``exprs`` in definition order, walked backwards)."""
     grown = set(allowed)
     for expr in reversed(exprs):
         if not isinstance(expr, RESIZE_OPS):
@@ -65,6 +62,6 @@ def resized_classes(exprs: list[object], class_of: object, allowed: set[int]) ->
         for k, v in enumerate(expr.tensor_inputs):
             p_ids = v.get_logical_domain(no_reductions=True)
             for axis in resized_axes(expr, k):
-                if class_of(out_ids[axis.dim]) in grown:  # type: ignore[operator]
-                    grown.add(class_of(p_ids[axis.dim]))  # type: ignore[operator]
+                if class_of(out_ids[axis.dim]) in grown:
+                    grown.add(class_of(p_ids[axis.dim]))
     return grown

@@ -94,16 +94,16 @@ class CapturedGraph:
 
     def __init__(self, run: Run, args: Sequence[Any], in_place: frozenset[int], pool: Any, name: str,
                  hand_out_bytes: int = 0) -> None:
-        self.inputs: list[Any] = []
+        inputs: list[Any] = []  # what the capture reads: held only while capturing (see below)
         self.copies: list[tuple[int, _StaticInput]] = []
         for k, a in enumerate(args):
             if isinstance(a, torch.Tensor) and k not in in_place and a.device.type == "cuda":
                 buffer = _StaticInput(a)
                 buffer.flat.copy_(buffer.source(a))
                 self.copies.append((k, buffer))
-                self.inputs.append(buffer.view)
+                inputs.append(buffer.view)
             else:
-                self.inputs.append(a)
+                inputs.append(a)
         device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
         if device is None:
             raise CaptureError(f"{name}: no CUDA tensor among the inputs; only CUDA programs are captured")
@@ -111,18 +111,18 @@ class CapturedGraph:
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm up: lazy initialization, kernel compilation, workspaces
-            run(list(self.inputs))
+            run(list(inputs))
         torch.cuda.current_stream(device).wait_stream(side)
         try:
             with torch.cuda.graph(self.graph, pool=pool):
-                self.outputs: list[torch.Tensor | None] = run(list(self.inputs))
+                self.outputs: list[torch.Tensor | None] = run(list(inputs))
         except RuntimeError as e:
             raise CaptureError(f"{name}: the program cannot be captured into a CUDA graph: {e}") from e
         self._copy_dst = [b.flat for _, b in self.copies]
         # An output on an input read in place is rebuilt on the call's argument at each replay: the
         # graph keeps no reference to the caller's memory (another graph's results among it, which
         # would stay pinned).
-        callers = {self.inputs[k].untyped_storage().data_ptr(): k for k in in_place}
+        callers = {inputs[k].untyped_storage().data_ptr(): k for k in in_place}
         self._on_inputs: list[tuple[int, int, tuple[int, ...], tuple[int, ...], int]] = []
         #: outputs that are no tensor (a size the backward needs, None): fixed by the key's inputs
         self._fixed: list[tuple[int, Any]] = []
@@ -137,7 +137,6 @@ class CapturedGraph:
             if k is not None:
                 self._on_inputs.append((j, k, tuple(o.shape), o.stride(), o.storage_offset()))
                 self.outputs[j] = None
-        self.inputs = []
         own = [(j, o) for j, o in enumerate(self.outputs) if o is not None]
         # Results copied out: small ones, and all without a way to tell when the caller lets go.
         self._copied = [j for j, o in own if _use_count is None or o.numel() * o.element_size() < hand_out_bytes]
@@ -212,13 +211,14 @@ class CudaGraphRunner:
         device = a.get_device()  # an int (-1: the CPU): cheaper than building a torch.device
         if device < 0 and a.dim() == 0:
             return a.dtype, device, a.item()
-        in_place = k in self.static_inputs or _lasting(a)
-        return a.dtype, a.shape, a.stride(), device, a.data_ptr() if in_place else None
+        return a.dtype, a.shape, a.stride(), device, a.data_ptr() if self._reads_in_place(k, a) else None
+
+    def _reads_in_place(self, k: int, a: torch.Tensor) -> bool:
+        return k in self.static_inputs or _lasting(a)
 
     def in_place(self, args: Sequence[Any]) -> frozenset[int]:
         """The positions of the inputs a graph captured for ``args`` reads where they live."""
-        return frozenset(k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and (
-            k in self.static_inputs or _lasting(a)))
+        return frozenset(k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and self._reads_in_place(k, a))
 
     def __call__(self, args: Sequence[Any]) -> list[torch.Tensor]:
         key = self.key(args)

@@ -136,6 +136,11 @@ class FusionRegion:
         return "\n".join(lines)
 
     @property
+    def graph_runner(self) -> CudaGraphRunner | None:
+        """The region's own CUDA graphs (None without them, or inside a whole-graph replay)."""
+        return self._graphs
+
+    @property
     def captures(self) -> int:
         """CUDA graphs captured so far (0 without CUDA graphs)."""
         return self._graphs.captures if self._graphs is not None else 0

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pyfuser.ir.base import Expr, PythonCall, Val
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import bool_flags, call_string, checked_sizes, header, int_list, positional_map
-from pyfuser.ir.symbolic import SymExpr
+from pyfuser.ir.symbolic import SymConst, SymExpr
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
@@ -312,6 +312,11 @@ class PadOp(Expr):
             sizes[d] += left + right
         checked_sizes(what, sizes, self.output.dtype.itemsize)
         return [F.pad(x, pads, value=value)]
+
+    def axis_widths(self, dim: int) -> tuple[SymExpr, SymExpr]:
+        """The (left, right) widths of axis ``dim`` (0 for an axis ``widths`` does not reach)."""
+        k = (self.inputs[0].ndim - 1 - dim) * 2  # type: ignore[attr-defined]
+        return (self.widths[k], self.widths[k + 1]) if k + 1 < len(self.widths) else (SymConst(0), SymConst(0))
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         rank = producer.ndim
