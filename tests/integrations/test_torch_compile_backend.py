@@ -9,10 +9,12 @@ import re
 import pytest
 import torch
 import torch._dynamo
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from pyfuser.host_ir.nodes import AtenCall
 from pyfuser.integrations.torch_compile import LOWERINGS, PyfuserBackend, pyfuser_backend
 from pyfuser.integrations.torch_compile.backend import CompiledGraph
+from pyfuser.integrations.torch_compile.graph_replay import capturable
 from pyfuser.integrations.torch_compile.lowering import Lowering
 from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
 from pyfuser.runtime.executor import FusionExecutorCache
@@ -331,3 +333,10 @@ def test_linear_on_a_3d_input_reads_it_without_reshapes(bias: bool) -> None:
         torch.testing.assert_close(torch.compile(fn, backend=backend)(x), want)
     (inference,) = backend.graphs
     assert "ReshapeOp" not in _aten_calls(inference), _aten_calls(inference)
+
+
+def test_a_graph_with_a_cpu_tensor_is_not_captured_whole() -> None:
+    """A CPU tensor in a graph would be computed once, at capture: the backend does not replay such a
+    graph whole (its regions replay graphs of their own), and the reason names the node."""
+    gm = make_fx(lambda x: x * 2, tracing_mode="fake")(torch.randn(2))
+    assert capturable(gm) == "x_1 is a cpu tensor"
