@@ -111,6 +111,19 @@ def accumulator_dtype(out: DataType) -> DataType:
     return DataType.Int32 if dtype is DataType.Bool else dtype
 
 
+#: ``x ** c`` for the constant exponents ATen computes without ``pow`` (its ``pow_tensor_scalar``
+#: kernels): a multiplication or a root, not the general ``exp2(c * log2(x))`` with its special cases.
+_POW_BY_CONSTANT = {1.0: "{0}", 2.0: "{0} * {0}", 3.0: "{0} * {0} * {0}", 0.5: "tl.sqrt({0})", -0.5: "tl.rsqrt({0})",
+                    -1.0: "1.0 / {0}", -2.0: "1.0 / ({0} * {0})"}
+
+
+def _pow_by_constant(expr: UnaryOp | BinaryOp | TernaryOp) -> str | None:
+    exponent = expr.inputs[1]
+    if not (isinstance(exponent, Scalar) and exponent.is_const) or isinstance(exponent.value, complex):
+        return None
+    return _POW_BY_CONSTANT.get(float(exponent.value))
+
+
 def promoted_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
     """The dtype torch converts an op's operands to: its output's, except for comparisons (the
     operands' common type, by torch's promotion)."""
@@ -272,6 +285,8 @@ class ValueLowering:
             if template is None:
                 raise KernelError(f"{out}: {kind.name} has no Triton lowering")
             dtype = op_dtype(expr)
+            if kind is BinaryOpType.pow:
+                template = _pow_by_constant(expr) or template
             args = []
             # A helper function of the prelude (``_div``) or a logical op reads its operands' dtype:
             # a constant operand is a typed 0-dim value there, not a bare Python number.

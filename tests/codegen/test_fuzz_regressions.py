@@ -436,3 +436,34 @@ def test_broadcast_output_beside_an_outer_reduction_is_written(device: str, run_
     half_ref = torch.nn.functional.pad((g.sum(2) * expected_table)[..., :8], [8, 0])
     torch.testing.assert_close(table_out, expected_table.expand_as(table_out))
     torch.testing.assert_close(out, half_ref.permute(0, 2, 1, 3).reshape(2, 16, 32))
+
+
+@pytest.mark.parametrize("exponent", [2, 3.0, 1.0, 0.5, -0.5, -1, -2.0, 1.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pow_by_a_constant_is_atens(device: str, run_kernels, exponent: float, dtype: torch.dtype) -> None:
+    """``x ** 2`` (Llama's RMSNorm; ``x ** 1`` in its backward) is a multiplication, as ATen computes
+    it, not the general pow (``libdevice.pow`` made the norm 3x slower than Inductor's); the roots and reciprocals ATen
+    takes for 0.5, -0.5, -1 and -2 give its values at zeros, infinities and negative bases too."""
+    special = [float("-inf"), float("inf"), float("nan"), -0.0, 0.0, -1.0, -2.5, 1e-20]
+    x = torch.cat([torch.tensor(special), torch.randn(40) * 3]).to(device=device, dtype=dtype)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.pow(fd.from_pytorch(x), fd.define_scalar(exponent)))
+    (out,) = run_kernels(fd, [x])
+    want = torch.pow(x, exponent)
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype is torch.float32 else {}
+    torch.testing.assert_close(out, want, equal_nan=True, **tolerance)
+    assert torch.equal(torch.signbit(out[want == 0]), torch.signbit(want[want == 0]))
+    assert ("_pow(" in fd.last_kernel_code().split("def pointwise_kernel")[-1]) == (exponent == 1.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gelu_tanh_as_a_sigmoid_matches_torch_everywhere(device: str, run_kernels, dtype: torch.dtype) -> None:
+    """The kernel computes gelu(tanh) as ``x * sigmoid(2u)``: torch's values at infinities, NaN, values
+    whose cube overflows, deep in both tails and around 0."""
+    special = [float("-inf"), float("inf"), float("nan"), -1e20, 1e20, -30.0, 30.0, -0.0, 1e-30, -5.0]
+    x = torch.cat([torch.tensor(special), torch.linspace(-8, 8, 161)]).to(device=device, dtype=dtype)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.gelu(fd.from_pytorch(x), approximate="tanh"))
+    (out,) = run_kernels(fd, [x])
+    tolerance = {"atol": 1e-6, "rtol": 1e-5} if dtype is torch.float32 else {}
+    torch.testing.assert_close(out, torch.nn.functional.gelu(x, approximate="tanh"), equal_nan=True, **tolerance)
