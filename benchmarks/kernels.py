@@ -250,11 +250,13 @@ def _variants(case: Case, params: Any) -> list[Any]:
                 for waves in (1, 2, 4) for r in (1, 2) for w in (4, 8, 16)]
     if case.scheduler is SchedulerType.transpose:
         return [dataclasses.replace(params, tile_in=t, tile_out=t, num_warps=w) for t in (32, 64) for w in (4, 8)]
-    if params.break_point:
-        inner = params.block[1]
-        return [dataclasses.replace(params, block=(o, i), num_warps=w)
-                for i in (inner // 2, inner, inner * 2) for o in (1, 2, 4, 8) for w in (4, 8)]
-    return [dataclasses.replace(params, block=(b,), num_warps=w) for b in (512, 1024, 2048, 4096) for w in (4, 8)]
+    flat = [dataclasses.replace(params, block=(b,), num_warps=w) for b in (512, 1024, 2048, 4096) for w in (4, 8)]
+    if case.inputs[0].dim() < 2:
+        return flat
+    # The 2-D schedule (outer x inner axes), which the heuristics leave to manual schedules.
+    inner = params.block[0] // 4
+    return flat + [dataclasses.replace(params, break_point=1, block=(o, i), num_warps=w)
+                   for i in (inner // 2, inner, inner * 2) for o in (1, 2, 4, 8) for w in (4, 8)]
 
 
 def sweep_case(case: Case) -> list[dict[str, Any]]:

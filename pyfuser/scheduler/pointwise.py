@@ -1,13 +1,16 @@
 """The pointwise scheduler: one kernel over the reference output's iteration space.
 
 The reference's logical axes are put in its allocation (memory) order and flattened; the flat axis
-is split into a block-sized tile (``block_x``) and a grid of programs (``grid_x``). When an input
-is broadcast along the outer axes (a bias ``[N]`` added to ``[M, N]``), the schedule is 2-D
-instead: outer axes x inner axes, tiled ``[block_y, block_x]``, so the broadcast input is read
-once per tile row and every access stays contiguous along the inner axis. Tile sizes come from
-the widest element type: a thread's share of a row is one 16-byte access or two. Triton vectorizes
-the contiguous, aligned accesses itself (the code generator keeps contiguous merged axes as one
-index so it can see them).
+is split into a block-sized tile (``block_x``) and a grid of programs (``grid_x``). An input
+broadcast along the outer axes (a bias ``[N]`` added to ``[M, N]``) is read at the flat index
+modulo its extent: Triton still sees its reads contiguous and aligned when ``N`` is a multiple of
+16. ``break_point`` > 0 asks for a 2-D schedule instead (outer axes x inner axes, tiled
+``[block_y, block_x]``); the heuristics do not pick it: on an H200 the 1-D tile beat every 2-D
+tile swept for a row broadcast (bias + gelu bf16 3958 GB/s vs 3913 at best, the 4-input chain
+4343 vs 4215; ``benchmarks/results/kernels_notes_2026-11-23.md``). Tile sizes come from the
+widest element type: a thread's share is one 16-byte access or two. Triton vectorizes the
+contiguous, aligned accesses itself (the code generator keeps contiguous merged axes as one index
+so it can see them).
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
@@ -62,33 +64,12 @@ def element_bytes(fusion: FusionLike) -> int:
                 if isinstance(v, TensorView)), default=4)
 
 
-def _break_point(fusion: FusionLike, ref: TensorView, exact: IdGraph) -> int:
-    """Outer axes (in ``ref``'s memory order) some input is broadcast along while iterating the rest."""
-    order = [i for i in logical_order(ref) if not i.is_reduction]
-    best = 0
-    for tv in fusion.inputs():
-        if not isinstance(tv, TensorView):
-            continue
-        classes = {exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast}
-        present = [not i.is_broadcast and exact.class_of(i) in classes for i in order]
-        for k in range(1, len(order)):
-            if not any(present[:k]) and any(present[k:]):
-                best = max(best, k)
-    return best
-
-
 def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] = ()) -> PointwiseParams:
     ok, reason = can_schedule(fusion)
     if not ok:
         raise ValueError(f"the pointwise scheduler cannot schedule this fusion: {reason}")
-    _, _, exact = check_pointwise(fusion)
-    assert exact is not None
     ref = reference_output(fusion)
     vec = max(1, 16 // element_bytes(fusion))
-    break_point = _break_point(fusion, ref, exact)
-    if break_point:
-        inner = 64 * vec
-        return PointwiseParams(ref.name, break_point, (max(1, 1024 * vec // 4 // inner), inner))
     return PointwiseParams(ref.name, 0, (256 * vec,))
 
 

@@ -3,6 +3,8 @@ schedule tools, and the scheduler API (``pyfuser.schedule``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -135,3 +137,19 @@ def test_manual_validate_reports_a_wrong_reference(device: str) -> None:
     t0 = torch.randn(3, 3, device=device)
     with pytest.raises(AssertionError, match="output 0"):
         fd.manual_validate([t0], [t0 + 1])
+
+
+@pytest.mark.parametrize("block", [(2, 8), (1, 16), (4, 4)])
+def test_pointwise_2d_schedule_of_a_row_broadcast(device: str, block: tuple[int, int]) -> None:
+    """The pointwise scheduler's 2-D schedule (``break_point``), which its heuristics leave to manual
+    parameters: outer x inner axes, a bias read along the inner tile, non-divisible extents masked."""
+    inputs = [torch.randn(3, 5, 7, device=device), torch.randn(7, device=device)]
+    with FusionDefinition() as fd:
+        x, b = fd.from_pytorch(inputs[0]), fd.from_pytorch(inputs[1])
+        fd.add_output(fd.ops.mul(fd.ops.add(x, fd.ops.broadcast(b, [True, True, False])), 2.0))
+        params = schedule.compute_heuristics(fd.fusion, SchedulerType.pointwise, inputs)
+        assert params.break_point == 0  # the heuristics' choice: 1-D, the bias read modulo its extent
+        params = dataclasses.replace(params, break_point=2, block=block)
+        schedule.schedule(fd.fusion, SchedulerType.pointwise, params)
+    torch.testing.assert_close(fd.manual_execute(inputs, params)[0], (inputs[0] + inputs[1]) * 2)
+    assert "tl.program_id(1)" in fd.last_kernel_code()
