@@ -4,9 +4,9 @@ the copies of its inputs instead of one host dispatch per node.
 
 A graph reads fixed addresses, so each captured graph owns static copies of its inputs (one
 batched copy before each replay), except the inputs read *in place*: those the caller declares
-static, and parameters (``nn.Parameter``) and views of them, wherever they come from (a weight's
-transpose that an eager op took between regions, a weight the backward saved): those are read where
-they live, and their addresses are part of the graph's key (a moved parameter is a new capture,
+static, and parameters (``nn.Parameter``) and tensors on their storage, wherever they come from (a
+weight's transpose that an eager op took between regions, a weight the backward saved): those are
+read where they live, and their addresses are part of the graph's key (a moved parameter is a new capture,
 never a stale read). So are results of another captured graph (the activations a forward region's
 graph hands the backward's): their buffers last as long as that graph.
 
@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.tensor_view import TensorView
@@ -57,14 +58,31 @@ def _is_parameter(t: torch.Tensor) -> bool:
     return type(t) is torch.nn.Parameter or (type(t) is not torch.Tensor and isinstance(t, torch.nn.Parameter))
 
 
-def _lasting(t: torch.Tensor) -> bool:
-    """Whether ``t``'s address lasts across calls: a parameter or a view of one (the optimizer updates
-    it in place), or a result of a captured graph."""
-    base = t._base
-    if _is_parameter(t) or (base is not None and _is_parameter(base)):
-        return True
+#: The storages of the parameters and static inputs graphs were called with, by address: a tensor on
+#: one of them is read in place even when nothing says it is a parameter's view (a weight the
+#: forward saved comes back to the backward as a plain tensor, its transpose without its ``_base``).
+_parameter_storages: dict[int, StorageWeakRef] = {}
+_MAX_PARAMETER_STORAGES = 1 << 14
+
+
+def _lasting(t: torch.Tensor, declared: bool = False) -> bool:
+    """Whether ``t``'s address lasts across calls: ``declared`` so (a static input), a parameter or a
+    view of one (the optimizer updates it in place), a tensor on such a storage, or a result of a
+    captured graph."""
     # The storage's address without building its Python object (a call's key reads every input).
-    return t.data_ptr() - t.storage_offset() * t.element_size() in _graph_results
+    address = t.data_ptr() - t.storage_offset() * t.element_size()
+    known = _parameter_storages.get(address)
+    if known is not None and not known.expired():  # a storage freed since is expired, whatever took its address
+        return True
+    if address in _graph_results:
+        return True
+    if declared or _is_parameter(t) or ((base := t._base) is not None and _is_parameter(base)):
+        if len(_parameter_storages) >= _MAX_PARAMETER_STORAGES:  # models come and go: drop the freed
+            for freed in [a for a, ref in _parameter_storages.items() if ref.expired()]:
+                del _parameter_storages[freed]
+        _parameter_storages[address] = StorageWeakRef(t.untyped_storage())
+        return True
+    return False
 
 
 class _StaticInput:
@@ -93,9 +111,9 @@ class CapturedGraph:
     """One captured execution: static inputs, the graph, its output buffers."""
 
     def __init__(self, run: Run, args: Sequence[Any], in_place: frozenset[int], pool: Any, name: str,
-                 hand_out_bytes: int = 0) -> None:
+                 hands_out: Callable[[int, torch.Tensor], bool] = lambda j, o: True) -> None:
         inputs: list[Any] = []  # what the capture reads: held only while capturing (see below)
-        self.copies: list[tuple[int, _StaticInput]] = []
+        self.copies: list[tuple[int, _StaticInput]] = []  # inputs copied into the graph's buffers
         for k, a in enumerate(args):
             if isinstance(a, torch.Tensor) and k not in in_place and a.device.type == "cuda":
                 buffer = _StaticInput(a)
@@ -116,9 +134,21 @@ class CapturedGraph:
         try:
             with torch.cuda.graph(self.graph, pool=pool):
                 self.outputs: list[torch.Tensor | None] = run(list(inputs))
+                self._sort_outputs(inputs, in_place, name, hands_out)
+        except CaptureError:
+            raise
         except RuntimeError as e:
             raise CaptureError(f"{name}: the program cannot be captured into a CUDA graph: {e}") from e
-        self._copy_dst = [b.flat for _, b in self.copies]
+        # Inputs refreshed by one batched copy per dtype (torch's fast path takes one dtype at a time).
+        groups: dict[torch.dtype, list[tuple[int, _StaticInput]]] = {}
+        for k, buffer in self.copies:
+            groups.setdefault(buffer.flat.dtype, []).append((k, buffer))
+        self._copy_groups = [([b.flat for _, b in members], members) for members in groups.values()]
+
+    def _sort_outputs(self, inputs: list[Any], in_place: frozenset[int], name: str,
+                      hands_out: Callable[[int, torch.Tensor], bool]) -> None:
+        """Decide, inside the capture, how each output reaches the caller: rebuilt on an input it lives
+        on, a fixed non-tensor value, handed out (the graph's buffer), or staged for a copy."""
         # An output on an input read in place is rebuilt on the call's argument at each replay: the
         # graph keeps no reference to the caller's memory (another graph's results among it, which
         # would stay pinned).
@@ -126,6 +156,8 @@ class CapturedGraph:
         self._on_inputs: list[tuple[int, int, tuple[int, ...], tuple[int, ...], int]] = []
         #: outputs that are no tensor (a size the backward needs, None): fixed by the key's inputs
         self._fixed: list[tuple[int, Any]] = []
+        handed: list[tuple[int, torch.Tensor]] = []
+        copied: list[tuple[int, torch.Tensor]] = []
         for j, o in enumerate(self.outputs):
             if not isinstance(o, torch.Tensor):
                 self._fixed.append((j, o))
@@ -137,18 +169,39 @@ class CapturedGraph:
             if k is not None:
                 self._on_inputs.append((j, k, tuple(o.shape), o.stride(), o.storage_offset()))
                 self.outputs[j] = None
-        own = [(j, o) for j, o in enumerate(self.outputs) if o is not None]
-        # Results copied out: small ones, and all without a way to tell when the caller lets go.
-        self._copied = [j for j, o in own if _use_count is None or o.numel() * o.element_size() < hand_out_bytes]
-        self._copied_outputs = [self.outputs[j] for j in self._copied]
+            elif _use_count is None or not hands_out(j, o):
+                copied.append((j, o))  # and all without a way to tell when the caller lets go
+            else:
+                handed.append((j, o))
+        self._handed = handed
+        self._stage(copied)
         # The storages a replay writes that handed-out results alias (outputs, and inputs' buffers an
         # output views).
-        copied = set(self._copied)
-        storages = {o.untyped_storage().data_ptr(): o.untyped_storage() for j, o in own if j not in copied}
+        storages = {o.untyped_storage().data_ptr(): o.untyped_storage() for _, o in handed}
         self._storages = list(storages.values())
         self._free_counts = [_use_count(st._cdata) for st in self._storages] if _use_count else []
         if _use_count is not None:  # results are the buffers themselves: a reader may key on them
             _graph_results.update(ptr for ptr in storages if ptr)  # an empty buffer has no address
+
+    def _stage(self, copied: list[tuple[int, torch.Tensor]]) -> None:
+        """Copy the outputs a caller gets copies of into one staging buffer per dtype, in the graph: a
+        replay then copies each staging buffer once (one copy, not one per output and a host dispatch
+        each) and the results are views of that copy with the outputs' strides."""
+        by_dtype: dict[torch.dtype, list[tuple[int, torch.Tensor]]] = {}
+        for j, o in copied:
+            by_dtype.setdefault(o.dtype, []).append((j, o))
+        self._staged: list[tuple[torch.Tensor, list[tuple[int, tuple[int, ...], tuple[int, ...], int]]]] = []
+        for dtype, members in by_dtype.items():
+            spans = [_span(o) for _, o in members]
+            staging = torch.empty(sum(spans), dtype=dtype, device=members[0][1].device)
+            layout, offset = [], 0
+            for (j, o), span in zip(members, spans, strict=True):
+                if span:  # the addressed span, so any strides (expanded, transposed) view it the same way
+                    staging[offset:offset + span].copy_(o.as_strided((span,), (1,), o.storage_offset()))
+                layout.append((j, tuple(o.shape), o.stride(), offset))
+                offset += span
+            self._staged.append((staging, layout))
+        self._keep = [o for _, o in copied]  # the staged buffers stay the graph's: its pool must not reuse them
 
     def release(self) -> None:
         """The graph is dropped: its buffers' addresses no longer last."""
@@ -161,21 +214,25 @@ class CapturedGraph:
         return all(_use_count(st._cdata) == n for st, n in zip(self._storages, self._free_counts, strict=True))
 
     def replay(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        if self.copies:
-            sources = [b.source(args[k]) if b.overlapping else args[k] for k, b in self.copies]
-            torch._foreach_copy_(self._copy_dst, sources)
+        for destinations, members in self._copy_groups:
+            sources = [b.source(args[k]) if b.overlapping else args[k] for k, b in members]
+            if len(sources) == 1:
+                destinations[0].copy_(sources[0])
+            else:
+                torch._foreach_copy_(destinations, sources)
         self.graph.replay()
+        results: list[Any] = [None] * len(self.outputs)
         # New tensors on the buffers: each holds its storage while the caller holds it.
-        results = [o.detach() if o is not None else o for o in self.outputs]
+        for j, o in self._handed:
+            results[j] = o.detach()
         for j, k, size, stride, offset in self._on_inputs:
             results[j] = args[k].as_strided(size, stride, offset)
         for j, value in self._fixed:
             results[j] = value
-        if self._copied:
-            copies = [torch.empty_like(o) for o in self._copied_outputs]
-            torch._foreach_copy_(copies, self._copied_outputs)
-            for k, c in zip(self._copied, copies, strict=True):
-                results[k] = c
+        for staging, layout in self._staged:
+            copy = staging.clone()
+            for j, size, stride, offset in layout:  # detached: results, not views of one another
+                results[j] = copy.as_strided(size, stride, offset).detach()
         return results
 
 
@@ -183,10 +240,13 @@ class CudaGraphRunner:
     """Runs ``run(args)`` by replaying a CUDA graph captured for the arguments' signature."""
 
     def __init__(self, run: Run, static_inputs: Sequence[int] = (), max_graphs: int = 8, name: str = "program",
-                 replicas: int = 2, hand_out_bytes: int = 1 << 20) -> None:
+                 replicas: int = 2, hand_out_bytes: int = 1 << 20, handed_from: int | None = None) -> None:
         self.run = run
         #: results at least this large are handed out as the graph's buffers, smaller ones copied
         self.hand_out_bytes = hand_out_bytes
+        #: outputs from this position on are handed out whatever their size: a training forward's
+        #: activations saved for its backward (whose graph reads them in place, not a copy of a copy)
+        self.handed_from = handed_from
         self.static_inputs = frozenset(static_inputs)
         self.max_graphs = max_graphs
         self.replicas = replicas
@@ -203,18 +263,28 @@ class CudaGraphRunner:
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """What a captured graph depends on: every tensor's signature, the address of an input read in
         place, and the values the kernels take as arguments (scalars, 0-dim CPU tensors)."""
-        return tuple(self._entry(k, a) for k, a in enumerate(args))
-
-    def _entry(self, k: int, a: Any) -> Hashable:
-        if not isinstance(a, torch.Tensor):
-            return type(a), a
-        device = a.get_device()  # an int (-1: the CPU): cheaper than building a torch.device
-        if device < 0 and a.dim() == 0:
-            return a.dtype, device, a.item()
-        return a.dtype, a.shape, a.stride(), device, a.data_ptr() if self._reads_in_place(k, a) else None
+        # On every call, for every input (~50 per training step): one loop, no helper calls.
+        static = self.static_inputs
+        entries: list[Hashable] = []
+        for k, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                entries.append((type(a), a))
+                continue
+            device = a.get_device()  # an int (-1: the CPU): cheaper than building a torch.device
+            if device < 0 and a.dim() == 0:
+                entries.append((a.dtype, device, a.item()))
+                continue
+            entries.append((a.dtype, a.shape, a.stride(), device, a.data_ptr() if _lasting(a, k in static) else None))
+        return tuple(entries)
 
     def _reads_in_place(self, k: int, a: torch.Tensor) -> bool:
-        return k in self.static_inputs or _lasting(a)
+        return _lasting(a, k in self.static_inputs)
+
+    def hands_out(self, position: int, output: torch.Tensor) -> bool:
+        """Whether a result is the graph's buffer itself (else a copy the caller may keep for good)."""
+        if self.handed_from is not None and position >= self.handed_from:
+            return True
+        return output.numel() * output.element_size() >= self.hand_out_bytes
 
     def in_place(self, args: Sequence[Any]) -> frozenset[int]:
         """The positions of the inputs a graph captured for ``args`` reads where they live."""
@@ -238,7 +308,7 @@ class CudaGraphRunner:
                 return self.run(list(args))
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graph = CapturedGraph(self.run, args, self.in_place(args), self._pool, self.name, self.hand_out_bytes)
+            graph = CapturedGraph(self.run, args, self.in_place(args), self._pool, self.name, self.hands_out)
             self.graphs_captured += 1
             replicas.append(graph)
         return graph.replay(args)

@@ -60,6 +60,11 @@ def test_training_steps_match_plain_regions() -> None:
         assert graph.regions and all(r.captures == 0 for r in graph.regions)  # captured in the graph's
         runner = graph.replay.runner
         assert runner is not None and runner.plain_runs == 0 and runner.graphs_captured == 1
+        (captured,) = (g for replicas in runner._graphs.values() for g in replicas)
+        if graph.kind == "backward":
+            # Only the incoming gradient is copied in: the activations the forward saved (small ones
+            # too) are its graph's buffers, the saved weights are parameters' storage, read in place.
+            assert len(captured.copies) == 1, [tuple(b.view.shape) for _, b in captured.copies]
 
 
 def test_new_size_captures_a_new_graph() -> None:

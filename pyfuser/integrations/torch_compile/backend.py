@@ -95,14 +95,16 @@ class PyfuserBackend:
     def _compiler(self, kind: str) -> Callable[[GraphModule, Sequence[Any]], Callable[..., Any]]:
         def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             static = _static_input_indices() if kind != "backward" else []
-            compiled = self.compile_aten_graph(gm, kind, static)
+            compiled = self.compile_aten_graph(gm, kind, static, _saved_outputs_start() if kind == "forward" else None)
             if compiled.replay is not None:
                 return compiled.replay
             return make_boxed_func(compiled.graph_module.forward)
         return compile_graph
 
-    def compile_aten_graph(self, gm: GraphModule, kind: str, static_input_indices: Sequence[int] = ()) -> CompiledGraph:
-        """Partition ``gm`` (an ATen graph) in place into regions and eager ops."""
+    def compile_aten_graph(self, gm: GraphModule, kind: str, static_input_indices: Sequence[int] = (),
+                           saved_from: int | None = None) -> CompiledGraph:
+        """Partition ``gm`` (an ATen graph) in place into regions and eager ops; ``saved_from``: the first
+        output a forward saves for its backward."""
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
         plan = plan_regions(gm)
         dump(DumpOption.fx_graph, lambda: format_plan(gm, plan, title))
@@ -122,11 +124,21 @@ class PyfuserBackend:
             why = capturable(compiled.graph_module)
             if why is None:
                 compiled.replay = GraphReplay(compiled.graph_module.forward, regions, f"pyfuser {title}",
-                                              static_input_indices)
+                                              static_input_indices, saved_from)
             else:
                 dump(DumpOption.fx_graph, lambda: f"{title}: each region replays its own CUDA graphs ({why})\n")
         self.graphs.append(compiled)
         return compiled
+
+
+def _saved_outputs_start() -> int | None:
+    """Where the outputs a training forward saves for its backward start (after its effect tokens,
+    mutated inputs, outputs and their bases, and the RNG offset), as AOTAutograd lays them out."""
+    context = TracingContext.try_get()
+    meta = context.fw_metadata if context is not None else None
+    if meta is None:
+        return None
+    return len(getattr(meta, "tokens", None) or ()) + meta.num_forward
 
 
 def _static_input_indices() -> list[int]:

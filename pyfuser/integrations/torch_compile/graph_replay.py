@@ -37,15 +37,17 @@ class GraphReplay:
     """A boxed callable (``fn(args)``, AOTAutograd's convention) running ``forward`` by replay."""
 
     def __init__(self, forward: Callable[..., Any], regions: Sequence[FusionRegion], name: str,
-                 static_inputs: Sequence[int] = ()) -> None:
+                 static_inputs: Sequence[int] = (), saved_from: int | None = None) -> None:
         """``static_inputs``: positions AOTAutograd knows keep their address (buffers too, which are no
-        parameters), read in place."""
+        parameters), read in place; ``saved_from``: where a training forward's outputs saved for the
+        backward start (handed out as the graph's buffers, even small ones)."""
         # On the instance: wrappers AOTAutograd puts around the backward copy the instance's __dict__.
         self._boxed_call = True
         self.forward = forward
         self.regions = list(regions)
         self.name = name
-        self.runner: CudaGraphRunner | None = CudaGraphRunner(self._run, static_inputs, name=name)
+        self.runner: CudaGraphRunner | None = CudaGraphRunner(self._run, static_inputs, name=name,
+                                                               handed_from=saved_from)
         for region in self.regions:
             region.use_cuda_graphs(False)
 
