@@ -220,10 +220,11 @@ def _pow(a, b):
     magnitude = tl.exp2(b * tl.log2(tl.abs(a)))
     integral = tl.floor(b) == b
     odd = integral & (tl.abs(b - 2.0 * tl.floor(b * 0.5)) == 1.0)
-    signed = tl.where(odd, -magnitude, magnitude)
+    # ``* -1.0``, not a negation: interpreters before Triton 3.9 negate as ``0 - x``, which loses -0.0
+    signed = tl.where(odd, magnitude * -1.0, magnitude)
     negative = tl.where(a == -_INF, signed, tl.where(integral, signed, (_INF - _INF)))
     zero = tl.where(b > 0, 0.0, tl.where(b < 0, _INF, (_INF - _INF)))
-    zero = tl.where(1.0 / a < 0, tl.where(odd, -zero, zero), zero)  # -0.0 ** odd keeps the sign
+    zero = tl.where(1.0 / a < 0, tl.where(odd, zero * -1.0, zero), zero)  # -0.0 ** odd keeps the sign
     result = tl.where(a < 0, negative, tl.where(a == 0, zero, magnitude))
     result = tl.where(a == -1.0, tl.where(tl.abs(b) == _INF, 1.0, result), result)
     return tl.where(b == 0, 1.0, tl.where(a == 1.0, 1.0, result))
