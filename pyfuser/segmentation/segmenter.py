@@ -136,15 +136,21 @@ class _Segmenter:
     def _permutes_read_by_aten_as_views(self) -> None:
         """A permute at the end of a kernel whose result only ATen calls read (a matmul of a
         transpose, as every weight gradient of a backward pass) is a view of the kernel's output,
-        not a transposed copy: it leaves the kernel as an ATen call of its own."""
+        not a transposed copy: it leaves the kernel as an ATen call of its own. So is a permute that
+        is a kernel of its own (a transpose kernel copying a tensor for a matmul that reads either
+        layout)."""
         outputs = {id(v) for v in self.fusion.outputs()}
         for expr in self.exprs:
             group = self.group_of[id(expr)]
-            if not isinstance(expr, PermuteOp) or not self._mergeable(group) or len(group.exprs) == 1:
+            if not isinstance(expr, PermuteOp) or not self._mergeable(group) or not group.scheduler.is_kernel:
                 continue
             out = expr.outputs[0]
             readers = [self.group_of[id(u)] for u in out.uses if id(u) in self.live]
             if id(out) in outputs or not readers or any(g.scheduler.is_kernel for g in readers):
+                continue
+            if len(group.exprs) == 1:
+                self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval,
+                                                         reason="a permute only ATen calls read: a view")
                 continue
             rest = [e for e in group.exprs if e is not expr]
             remaining = self._scheduled(rest)

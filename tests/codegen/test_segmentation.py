@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import FusionDefinition, ParallelType
+from tests.codegen.conftest import kernel_segments
 
 
 def _dump(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fd: FusionDefinition, inputs,
@@ -132,3 +133,32 @@ def test_input_broadcast_that_is_an_output_is_not_forwarded(monkeypatch, capsys,
     torch.testing.assert_close(c, v.expand(4, 6))
     host = dump[dump.index("%HostIrContainer"):]
     assert host.count("LaunchKernel(") == 2, "the broadcast is written once, by the kernel that also multiplies"
+
+
+def test_a_head_merge_reshape_is_a_view_of_the_kernels_output(device: str, run_kernels) -> None:
+    """``[b, h, s, d]`` computed, permuted to ``[b, s, h, d]``, reshaped to ``[b * s, h * d]``: the kernel
+    writes the permuted order (``preseg.view_friendly_layouts``), so ATen's reshape copies nothing."""
+    x = torch.randn(2, 3, 4, 5, device=device)
+    y = torch.randn(2, 4, 3, 5, device=device).transpose(1, 2)  # an input in the other order too
+    with FusionDefinition() as fd:
+        grad = fd.ops.add(fd.ops.mul(fd.from_pytorch(x), 2.0), fd.from_pytorch(y))
+        fd.add_output(fd.ops.reshape(fd.ops.permute(grad, [0, 2, 1, 3]), [8, 15]))
+    run_kernels(fd, [x, y])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        (out,) = run_kernels(fd, [x, y])
+    torch.testing.assert_close(out, (x * 2 + y).permute(0, 2, 1, 3).reshape(8, 15))
+    # (the interpreter's own copies in and out of its buffers are no ATen clones)
+    copies = [e.name for e in prof.events() if e.name in ("aten::clone", "aten::_reshape_copy", "aten::contiguous")]
+    assert not copies and len(kernel_segments(fd)) == 1, copies
+
+
+def test_a_transpose_only_a_matmul_reads_is_a_view(monkeypatch, capsys, device) -> None:
+    """A permute that would be a kernel of its own (a transpose kernel) for a matmul, which reads either
+    layout, is a view: no kernel, no copy."""
+    x, w = torch.randn(6, 8, device=device), torch.randn(6, 5, device=device)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.matmul(fd.ops.permute(fd.from_pytorch(x), [1, 0]), fd.from_pytorch(w)))
+    kernels_on = ["triton_interpreter"] if device == "cpu" else []
+    (out,), dump = _dump(monkeypatch, capsys, fd, [x, w], lambda fd, i: fd.execute(i, _enable_options=kernels_on))
+    torch.testing.assert_close(out, x.t() @ w, atol=1e-5, rtol=1e-5)
+    assert "LaunchKernel(" not in dump and "a permute only ATen calls read: a view" in dump
