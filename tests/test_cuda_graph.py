@@ -104,6 +104,25 @@ def test_parameters_views_and_graph_results_are_keyed_by_address() -> None:
     assert runner.key([torch.randn(2, 3)]) == runner.key([torch.randn(2, 3)])
 
 
+def test_a_call_fits_the_last_signature_without_building_its_key() -> None:
+    """The last call's key is checked against the next call's arguments cheaply: sizes, strides,
+    dtypes, scalar values and in-place addresses must match; whether a copied input lasts is not
+    asked (it is copied either way)."""
+    runner = CudaGraphRunner(lambda args: [])
+    weight = torch.nn.Parameter(torch.randn(4, 3))
+    x = torch.randn(2, 3)
+    key = runner.key([x, weight.t(), 2.0, torch.tensor(1.5)])
+    assert runner.fits(key, [torch.randn(2, 3), weight.t(), 2.0, torch.tensor(1.5)])
+    assert runner.fits(key, [torch.nn.Parameter(torch.randn(2, 3)), weight.t(), 2.0, torch.tensor(1.5)])
+    for other in ([torch.randn(3, 2).t(), weight.t(), 2.0, torch.tensor(1.5)],  # strides
+                  [torch.randn(2, 4)[:, :3], weight.t(), 2.0, torch.tensor(1.5)],  # strides again
+                  [torch.randn(2, 3, dtype=torch.float64), weight.t(), 2.0, torch.tensor(1.5)],
+                  [x, torch.nn.Parameter(torch.randn(4, 3)).t(), 2.0, torch.tensor(1.5)],  # another address
+                  [x, weight.t(), 3.0, torch.tensor(1.5)], [x, weight.t(), 2, torch.tensor(1.5)],
+                  [x, weight.t(), 2.0, torch.tensor(2.5)], [x, weight.t(), 2.0], [x, weight.t(), x, x]):
+        assert not runner.fits(key, other)
+
+
 def test_a_detached_view_of_a_seen_parameter_is_read_in_place() -> None:
     """The weight transpose a forward saved reaches the backward detached (no ``_base``): it is on the
     storage of a parameter a graph was called with, so it is read in place, not copied per replay

@@ -259,6 +259,8 @@ class CudaGraphRunner:
         self.graphs_captured = 0
         #: calls that ran without a graph, every replica's results being held
         self.plain_runs = 0
+        #: the last call's key and replicas: most calls repeat it
+        self._recent: tuple[tuple[Any, ...], list[CapturedGraph]] | None = None
 
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """What a captured graph depends on: every tensor's signature, the address of an input read in
@@ -290,17 +292,42 @@ class CudaGraphRunner:
         """The positions of the inputs a graph captured for ``args`` reads where they live."""
         return frozenset(k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and self._reads_in_place(k, a))
 
+    @staticmethod
+    def fits(key: tuple[Any, ...], args: Sequence[Any]) -> bool:
+        """Whether ``args`` have the signature ``key`` (the last call's), checked with fewer reads than
+        building their key: an input the graph copies is not asked whether its address lasts now
+        (copying it is right either way); one it reads in place must be at the same address."""
+        if len(args) != len(key):
+            return False
+        for a, entry in zip(args, key, strict=True):
+            if not isinstance(a, torch.Tensor):
+                if len(entry) != 2 or entry[0] is not type(a) or entry[1] != a:
+                    return False
+            elif len(entry) == 5:
+                dtype, shape, stride, device, address = entry
+                if (a.dtype != dtype or a.shape != shape or a.stride() != stride or a.get_device() != device
+                        or (address is not None and a.data_ptr() != address)):
+                    return False
+            elif len(entry) != 3 or a.get_device() >= 0 or a.dim() or a.dtype != entry[0] or a.item() != entry[2]:
+                return False
+        return True
+
     def __call__(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        key = self.key(args)
-        replicas = self._graphs.get(key)
-        if replicas is None:
-            replicas = self._graphs[key] = []
-            self.captures += 1
-            if len(self._graphs) > self.max_graphs:
-                for dropped in self._graphs.popitem(last=False)[1]:
-                    dropped.release()
+        recent = self._recent
+        if recent is not None and self.fits(recent[0], args):
+            replicas = recent[1]
         else:
-            self._graphs.move_to_end(key)
+            key = self.key(args)
+            replicas = self._graphs.get(key)
+            if replicas is None:
+                replicas = self._graphs[key] = []
+                self.captures += 1
+                if len(self._graphs) > self.max_graphs:
+                    for dropped in self._graphs.popitem(last=False)[1]:
+                        dropped.release()
+            else:
+                self._graphs.move_to_end(key)
+            self._recent = (key, replicas)
         graph = next((g for g in replicas if g.free()), None)
         if graph is None:
             if len(replicas) >= self.replicas:
