@@ -5,9 +5,10 @@ The pattern is a backward pass's head merge: the kernel computing a query's grad
 ``[b, h, s, d]``, the graph permutes it to ``[b, s, h, d]`` and reshapes it to ``[b * s, h * d]``
 for the weight-gradient matmul; with the logical order as its layout the reshape copied the whole
 tensor (ATen's ``reshape`` of a non-viewable layout: 2 x 107 us per Llama layer step at seq 2048).
-Written in the permuted order by the kernel that computes it (its innermost axis is unchanged, so
-its reads stay contiguous), the tensor costs nothing more. nvFuser's allocation-domain pass makes
-the same choice for the tensors it can.
+Written in the permuted order by the kernel that computes it, the tensor costs nothing more when
+the permute keeps the innermost axis (as there: the kernel's reads stay contiguous), and one tiled
+transpose kernel instead of a kernel and a copy when it does not. nvFuser's allocation-domain pass
+makes the same choice for the tensors it can.
 
 Only computed intermediates (no fusion input or output, no layout given, not sharded) whose one
 reader is the permute, and whose permuted value only reshapes read, receive the layout, as a hint.

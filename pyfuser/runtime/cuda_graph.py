@@ -3,24 +3,28 @@ captured once per input signature and replayed, so a cached execution costs one 
 the copies of its inputs instead of one host dispatch per node.
 
 A graph reads fixed addresses, so each captured graph owns static copies of its inputs (one
-batched copy before each replay), except the inputs read *in place*: those the caller declares
-static, and parameters (``nn.Parameter``) and tensors on their storage, wherever they come from (a
-weight's transpose that an eager op took between regions, a weight the backward saved): those are
-read where they live, and their addresses are part of the graph's key (a moved parameter is a new capture,
-never a stale read). So are results of another captured graph (the activations a forward region's
-graph hands the backward's): their buffers last as long as that graph.
+batched copy per dtype before each replay), except the inputs read *in place*: those the caller
+declares static, parameters (``nn.Parameter``) and any tensor on the storage of a parameter or
+static input, wherever it comes from (a weight's transpose that an eager op took between regions,
+a weight the backward saved): those are read where they live, and their addresses are part of the
+graph's key (a moved parameter is a new capture, never a stale read). So are results of another
+captured graph (the activations a forward region's graph hands the backward's): their buffers last
+as long as that graph.
 
-Large results are the graph's own output buffers, handed out without a copy (a layer's activations
-are hundreds of megabytes); small ones (a loss the caller keeps a history of) are copied out, so
-holding them pins nothing. A replay overwrites the buffers, so a graph replays only once the caller has let
-go of every result of its last replay (the buffers' storages are referenced by the graph alone
-again); while the caller holds them (a loop's previous result, activations saved for the
+Large results, and those the caller says go to another graph (a training forward's activations
+saved for its backward), are the graph's own output buffers, handed out without a copy (a layer's
+activations are hundreds of megabytes); other small ones (a loss the caller keeps a history of) are
+copies, so holding them pins nothing: the graph stages them into one buffer per dtype and a replay
+copies that buffer once. A replay overwrites the buffers, so a graph replays only once the caller
+has let go of every result of its last replay (the buffers' storages are referenced by the graph
+alone again); while the caller holds them (a loop's previous result, activations saved for the
 backward), the next call replays another *replica* of the graph, captured the first time it is
 needed, and with every replica's results held the call runs without a graph. Scalar inputs are
 baked into the captured kernels' arguments: their values are part of the key too. One set of
 replicas per key, so a new input size (or bucket of sizes the caller rounds to) captures once and
 replays from then on; at most ``max_graphs`` keys are kept (least recently used dropped, freeing
-their memory once the caller drops their results).
+their memory once the caller drops their results). Most calls repeat the last call's signature,
+checked first without building a key.
 """
 
 from __future__ import annotations
@@ -107,6 +111,24 @@ class _StaticInput:
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
+def _warm_up(run: Run, inputs: list[Any], name: str) -> None:
+    """Run the program once before capturing it, with torch's synchronizing calls made errors: a
+    program that waits for the host (``nonzero``, ``.item()``) is refused here. Failing inside the
+    capture instead leaves torch's CUDA generator in capture mode, and every later random op of the
+    process raises."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run(list(inputs))
+    except RuntimeError as e:
+        if "synchronizing" not in str(e):
+            raise
+        raise CaptureError(f"{name}: the program cannot be captured into a CUDA graph: it waits for the host "
+                           f"({e})") from e
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
 class CapturedGraph:
     """One captured execution: static inputs, the graph, its output buffers."""
 
@@ -129,7 +151,7 @@ class CapturedGraph:
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm up: lazy initialization, kernel compilation, workspaces
-            run(list(inputs))
+            _warm_up(run, inputs, name)
         torch.cuda.current_stream(device).wait_stream(side)
         try:
             with torch.cuda.graph(self.graph, pool=pool):

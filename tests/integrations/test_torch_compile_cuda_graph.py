@@ -112,7 +112,8 @@ def test_region_without_inputs_runs_on_its_device(cuda_graph: bool) -> None:
 
 def test_uncapturable_graph_runs_its_ops_as_they_come() -> None:
     """An op that waits for the host (``nonzero``) cannot be captured: the graph runs its ops as they
-    come (each region replayed from CUDA graphs of its own), with a warning."""
+    come (each region replayed from CUDA graphs of its own), with a warning, and the process's random
+    numbers are unharmed."""
     replay = GraphReplay(lambda x: (x.nonzero(), x * 2), [], "a graph")
     x = torch.randn(4, 4, device="cuda")
     with pytest.warns(UserWarning, match="cannot be captured"):
@@ -121,3 +122,9 @@ def test_uncapturable_graph_runs_its_ops_as_they_come() -> None:
     for _ in range(2):
         nonzero, doubled = replay([x])
         assert torch.equal(nonzero, x.nonzero()) and torch.equal(doubled, x * 2)
+    # Refused before the capture began: a capture failing midway leaves torch's CUDA generator in
+    # capture mode, and random ops raised from then on.
+    torch.manual_seed(3)
+    first = torch.rand(4, device="cuda")
+    torch.manual_seed(3)
+    assert torch.equal(first, torch.rand(4, device="cuda"))
