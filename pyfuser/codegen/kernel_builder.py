@@ -37,7 +37,7 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
 from pyfuser.ir.ops import CatOp, PadOp, ReductionOp, SliceOp, VarMeanOp
 from pyfuser.ir.ops.shape import describe_axis
-from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div
+from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div, sym_min
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
 
@@ -695,7 +695,7 @@ class KernelBuilder(ValueLowering):
                 continue
             out, producer = expr.outputs[0], expr.inputs[0]
             assert isinstance(out, TensorView) and isinstance(producer, TensorView)
-            out_ids, in_ids = out.get_logical_domain(no_reductions=True), producer.get_logical_domain(no_reductions=True)
+            in_ids = producer.get_logical_domain(no_reductions=True)
             for axis in resized_axes(expr, 0):
                 left, right = expr.axis_widths(axis.dim)
                 what = f"pad {out.short_name} (of {producer.short_name}): {describe_axis(producer, axis.dim)}"
@@ -705,9 +705,10 @@ class KernelBuilder(ValueLowering):
                         checks.append((self.extent(in_ids[axis.dim]) - SymConst(crop),
                                        f"{what} is cropped by {crop} (widths {left.value}, {right.value}), more "
                                        "than its size ({} left)"))
-                else:  # symbolic widths: at least no negative size
-                    checks.append((self.extent(out_ids[axis.dim]),
-                                   f"{what} would have size {{}} after widths {left}, {right}"))
+                else:  # symbolic widths (evaluated by the launch): what is left after the negative ones crop
+                    lw, rw = (w if w.value is not None else SymVar(self.size_argument(w)) for w in (left, right))
+                    checks.append((self.extent(in_ids[axis.dim]) + sym_min(lw, 0) + sym_min(rw, 0),
+                                   f"{what} is cropped by widths {left}, {right}, more than its size ({{}} left)"))
         return tuple(checks)
 
     def _source(self, loops: list[Loop]) -> KernelSource:

@@ -11,6 +11,7 @@ nvFuser does. Reductions accumulate in float32 for floating inputs (the output's
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -111,6 +112,9 @@ def accumulator_dtype(out: DataType) -> DataType:
     return DataType.Int32 if dtype is DataType.Bool else dtype
 
 
+#: An index expression with no variable in it (``0``, ``(0 + 2)``): a Python int in the kernel.
+_CONSTANT = re.compile(r"[\d\s+\-*()]+")
+
 #: ``x ** c`` for the constant exponents ATen computes without ``pow`` (its ``pow_tensor_scalar``
 #: kernels): a multiplication or a root, not the general ``exp2(c * log2(x))`` with its special cases.
 _POW_BY_CONSTANT = {1.0: "{0}", 2.0: "{0} * {0}", 3.0: "{0} * {0} * {0}", 0.5: "tl.sqrt({0})", -0.5: "tl.rsqrt({0})",
@@ -187,7 +191,7 @@ class ValueLowering:
                 inside = self.code.assign("inside", " & ".join(indices.valid))
                 # ``!= 0``: the interpreter's ``&`` of a loop index's 0-dim condition with a tile gives
                 # a mask of a dtype its load refuses; a compiled kernel folds it away
-                mask = self.code.assign("mask", f"({mask} & {inside}) != 0" if mask else inside)
+                mask = self.code.assign("mask", f"({mask} & {inside}) != 0" if mask else f"{inside} != 0")
                 if self.code.dims_of(inside) - dims:  # the address varies along fewer tile axes: widen it
                     offset = f"{offset} + {inside}.to(tl.int32) * 0"
             load = f"tl.load(T{position} + {offset}, mask={mask}, other=0)" if mask else \
@@ -272,7 +276,7 @@ class ValueLowering:
         if isinstance(expr, IotaOp):
             assert indices is not None and isinstance(out, TensorView)
             index = indices.of[id(out.get_logical_domain()[0])]
-            if index.isdigit():  # an iota of one element: a typed 0 (a bare 0 has no .to)
+            if _CONSTANT.fullmatch(index):  # one element (or a slice of one): typed (a bare int has no .to)
                 index = f"tl.full([], {index}, tl.int64)"
             dtype = compute_dtype(out.dtype)
             # start and step in the output's dtype (a double constant would make the sum float64)

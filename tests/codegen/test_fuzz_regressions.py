@@ -467,3 +467,44 @@ def test_gelu_tanh_as_a_sigmoid_matches_torch_everywhere(device: str, run_kernel
     (out,) = run_kernels(fd, [x])
     tolerance = {"atol": 1e-6, "rtol": 1e-5} if dtype is torch.float32 else {}
     torch.testing.assert_close(out, torch.nn.functional.gelu(x, approximate="tanh"), equal_nan=True, **tolerance)
+
+
+def test_a_symbolic_pad_that_crops_an_empty_axis_is_refused(device: str, run_kernels) -> None:
+    """Fuzz seed 11817: a pad whose width is a scalar input crops more than an empty axis has; ATen
+    raises, and so does the kernel's launch (it only checked that the padded size stays >= 0)."""
+    x = torch.randn(0, 2, 7, device=device, dtype=torch.float64)
+    with FusionDefinition() as fd:
+        tx = fd.from_pytorch(x)
+        left = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.pad(fd.ops.reshape(tx, [3, 0]), [left, 1]))
+    with pytest.raises(RuntimeError):
+        torch.nn.functional.pad(x.reshape(3, 0), [-1, 1])
+    with pytest.raises(ValueError, match=r"pad T\d+ \(of T\d+\): T\d+ axis 1 is cropped by widths .*more than its size"):
+        run_kernels(fd, [x, -1])
+    (out,) = run_kernels(fd, [x, 0])  # a width of 0 crops nothing
+    assert out.shape == (3, 1) and bool((out == 0).all())
+
+
+def test_a_pad_read_only_through_its_padding_conditions(device: str, run_kernels) -> None:
+    """Fuzz seed 15050: a pad of a [6, 1, 1] tensor whose load has no mask besides the pad's own
+    conditions (the interpreter refused the mask's dtype)."""
+    x = torch.randn(6, 1, 1, device=device)
+    with FusionDefinition() as fd:
+        tx = fd.from_pytorch(x)
+        lo, mid = fd.define_scalar(dtype=DataType.Int), fd.define_scalar(dtype=DataType.Int)
+        t = fd.ops.pad(tx, [lo, 1, mid, 0, 1, -1], -2.0)
+        fd.add_output(fd.ops.expand(t, [6, -1, 1]))
+    (out,) = run_kernels(fd, [x, -1, 1])
+    torch.testing.assert_close(out, torch.nn.functional.pad(x, [-1, 1, 1, 0, 1, -1], value=-2.0))
+
+
+def test_an_iota_sliced_to_one_element_beside_a_slice(device: str, run_kernels) -> None:
+    """Fuzz seed 17744: the iota's index after a slice to one element is a constant expression
+    (``(0 + 2)``), a Python int in the kernel."""
+    x = torch.randn(2, 7, device=device)
+    with FusionDefinition() as fd:
+        t = fd.ops.slice(fd.from_pytorch(x), [0, -1], [-1, 7], [1, 1])
+        i = fd.ops.slice(fd.ops.iota(4, 1, 2, DataType.Int32), [-2], [-1], [1])
+        fd.add_output(fd.ops.ge(t, i))
+    (out,) = run_kernels(fd, [x])
+    assert torch.equal(out, x[0:-1, -1:7] >= torch.tensor([5], dtype=torch.int32, device=device))
