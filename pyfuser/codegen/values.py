@@ -114,6 +114,8 @@ def accumulator_dtype(out: DataType) -> DataType:
 
 #: An index expression with no variable in it (``0``, ``(0 + 2)``): a Python int in the kernel.
 _CONSTANT = re.compile(r"[\d\s+\-*()]+")
+#: A name in an expression (a variable, a function): its absence makes the expression a constant.
+_NAME = re.compile(r"[A-Za-z_]")
 
 #: ``x ** c`` for the constant exponents ATen computes without ``pow`` (its ``pow_tensor_scalar``
 #: kernels): a multiplication or a root, not the general ``exp2(c * log2(x))`` with its special cases.
@@ -188,7 +190,10 @@ class ValueLowering:
             offset, dims = self.offset(val, position, indices)
             mask = self.code.mask(dims, uses=offset)
             if indices.valid:  # read inside a pad's or cat's operand part only
-                inside = self.code.assign("inside", " & ".join(indices.valid))
+                condition = " & ".join(indices.valid)
+                if not _NAME.search(condition):  # constant offsets: a Python bool, made a mask of the address's shape
+                    condition = f"(({offset}) * 0 == 0) & ({condition})"
+                inside = self.code.assign("inside", condition)
                 # ``!= 0``: the interpreter's ``&`` of a loop index's 0-dim condition with a tile gives
                 # a mask of a dtype its load refuses; a compiled kernel folds it away
                 mask = self.code.assign("mask", f"({mask} & {inside}) != 0" if mask else f"{inside} != 0")

@@ -508,3 +508,18 @@ def test_an_iota_sliced_to_one_element_beside_a_slice(device: str, run_kernels) 
         fd.add_output(fd.ops.ge(t, i))
     (out,) = run_kernels(fd, [x])
     assert torch.equal(out, x[0:-1, -1:7] >= torch.tensor([5], dtype=torch.int32, device=device))
+
+
+def test_a_pad_operand_read_at_constant_offsets(device: str, run_kernels) -> None:
+    """Fuzz seed 42908: a slice with constant starts reads a pad's operand at constant offsets: the
+    in-range condition is a Python bool, made a mask of the address's shape (the interpreter refused
+    a 0-dim one)."""
+    x = torch.randint(-4, 5, [7, 1], dtype=torch.int32, device=device)
+    with FusionDefinition() as fd:
+        tx = fd.from_pytorch(x)
+        lo, hi = fd.define_scalar(dtype=DataType.Int), fd.define_scalar(dtype=DataType.Int)
+        both = fd.ops.logical_or(fd.ops.pad(tx, [2, 2, 0, 0], 1.5), tx)
+        fd.add_output(fd.ops.slice(fd.ops.broadcast(both, [True, False, False]), [-1, lo, -2], [4, hi, 4], [3, 1, 1]))
+    (out,) = run_kernels(fd, [x, 1, 7])
+    want = torch.logical_or(torch.nn.functional.pad(x, [2, 2, 0, 0], value=1.5), x)[None][-1:4:3, 1:7, -2:4]
+    assert torch.equal(out, want)
