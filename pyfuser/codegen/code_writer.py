@@ -67,6 +67,10 @@ class CodeWriter:
     def dims_of(self, *names: str) -> frozenset[int]:
         return frozenset().union(*(self.dims.get(n, frozenset()) for n in names))
 
+    def dims_in(self, expr: str) -> frozenset[int]:
+        """The tile axes an expression varies along (those of the names in it)."""
+        return self.dims_of(*_names_in(expr))
+
     # --- scopes ---------------------------------------------------------------------------------------
     def open(self, header: str, branch_on: list[str] | tuple[str, ...] = ()) -> None:
         """Emit ``header`` (a ``for`` or an ``if``) and enter its body; ``branch_on``: the uniform

@@ -191,9 +191,12 @@ class ValueLowering:
             mask = self.code.mask(dims, uses=offset)
             if indices.valid:  # read inside a pad's or cat's operand part only
                 condition = " & ".join(indices.valid)
-                if not _NAME.search(condition):  # constant offsets: a Python bool, made a mask of the address's shape
-                    condition = f"(({offset}) * 0 == 0) & ({condition})"
                 inside = self.code.assign("inside", condition)
+                # constant or scalar offsets beside a varying address: a mask of the address's shape
+                if self.code.dims_in(offset) - self.code.dims_of(inside):
+                    inside = self.code.assign("inside", f"(({offset}) * 0 == 0) & {inside}")
+                elif not _NAME.search(condition):  # a Python bool beside a scalar address: a typed one
+                    inside = self.code.assign("inside", f"tl.full([], {condition}, tl.int1)")
                 # ``!= 0``: the interpreter's ``&`` of a loop index's 0-dim condition with a tile gives
                 # a mask of a dtype its load refuses; a compiled kernel folds it away
                 mask = self.code.assign("mask", f"({mask} & {inside}) != 0" if mask else f"{inside} != 0")

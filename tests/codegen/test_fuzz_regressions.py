@@ -523,3 +523,18 @@ def test_a_pad_operand_read_at_constant_offsets(device: str, run_kernels) -> Non
     (out,) = run_kernels(fd, [x, 1, 7])
     want = torch.logical_or(torch.nn.functional.pad(x, [2, 2, 0, 0], value=1.5), x)[None][-1:4:3, 1:7, -2:4]
     assert torch.equal(out, want)
+
+
+def test_a_pad_operand_read_at_a_scalar_offset_beside_a_varying_one(device: str, run_kernels) -> None:
+    """Fuzz seed 94309: the pad's in-range condition depends on a size argument only (a 0-dim value)
+    while the address varies along the tile: the mask takes the address's shape."""
+    e = torch.randint(-4, 5, [2, 5], dtype=torch.int32, device=device)
+    x = torch.randn(1, 5, dtype=torch.float16, device=device)
+    with FusionDefinition() as fd:
+        te, tx = fd.from_pytorch(e), fd.from_pytorch(x)
+        start = fd.define_scalar(dtype=DataType.Int)
+        padded = fd.ops.pad(fd.ops.pow(tx, fd.ops.pow(tx, te)), [1, 2], -2)
+        fd.add_output(fd.ops.slice(fd.ops.expand(padded, [2, 8]), [start, -2], [2, 8], [1, 3]))
+    (out,) = run_kernels(fd, [e, x, 1])
+    want = torch.nn.functional.pad(torch.pow(x, torch.pow(x, e)), [1, 2], value=-2).expand(2, 8)[1:2, -2:8:3]
+    torch.testing.assert_close(out, want, equal_nan=True)
