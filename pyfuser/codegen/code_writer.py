@@ -71,6 +71,11 @@ class CodeWriter:
         """The tile axes an expression varies along (those of the names in it)."""
         return self.dims_of(*_names_in(expr))
 
+    @staticmethod
+    def is_constant(expr: str) -> bool:
+        """Whether ``expr`` names nothing (``(0 + 2)``, ``3 >= 0``): a plain Python value in the kernel."""
+        return not _names_in(expr)
+
     # --- scopes ---------------------------------------------------------------------------------------
     def open(self, header: str, branch_on: list[str] | tuple[str, ...] = ()) -> None:
         """Emit ``header`` (a ``for`` or an ``if``) and enter its body; ``branch_on``: the uniform

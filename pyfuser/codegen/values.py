@@ -11,7 +11,6 @@ nvFuser does. Reductions accumulate in float32 for floating inputs (the output's
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -112,11 +111,6 @@ def accumulator_dtype(out: DataType) -> DataType:
     return DataType.Int32 if dtype is DataType.Bool else dtype
 
 
-#: An index expression with no variable in it (``0``, ``(0 + 2)``): a Python int in the kernel.
-_CONSTANT = re.compile(r"[\d\s+\-*()]+")
-#: A name in an expression (a variable, a function): its absence makes the expression a constant.
-_NAME = re.compile(r"[A-Za-z_]")
-
 #: ``x ** c`` for the constant exponents ATen computes without ``pow`` (its ``pow_tensor_scalar``
 #: kernels): a multiplication or a root, not the general ``exp2(c * log2(x))`` with its special cases.
 _POW_BY_CONSTANT = {1.0: "{0}", 2.0: "{0} * {0}", 3.0: "{0} * {0} * {0}", 0.5: "tl.sqrt({0})", -0.5: "tl.rsqrt({0})",
@@ -195,7 +189,7 @@ class ValueLowering:
                 # constant or scalar offsets beside a varying address: a mask of the address's shape
                 if self.code.dims_in(offset) - self.code.dims_of(inside):
                     inside = self.code.assign("inside", f"(({offset}) * 0 == 0) & {inside}")
-                elif not _NAME.search(condition):  # a Python bool beside a scalar address: a typed one
+                elif self.code.is_constant(condition):  # a Python bool beside a scalar address: a typed one
                     inside = self.code.assign("inside", f"tl.full([], {condition}, tl.int1)")
                 # ``!= 0``: the interpreter's ``&`` of a loop index's 0-dim condition with a tile gives
                 # a mask of a dtype its load refuses; a compiled kernel folds it away
@@ -284,7 +278,7 @@ class ValueLowering:
         if isinstance(expr, IotaOp):
             assert indices is not None and isinstance(out, TensorView)
             index = indices.of[id(out.get_logical_domain()[0])]
-            if _CONSTANT.fullmatch(index):  # one element (or a slice of one): typed (a bare int has no .to)
+            if self.code.is_constant(index):  # one element (or a slice of one): typed (a bare int has no .to)
                 index = f"tl.full([], {index}, tl.int64)"
             dtype = compute_dtype(out.dtype)
             # start and step in the output's dtype (a double constant would make the sum float64)

@@ -192,7 +192,9 @@ class CapturedGraph:
                 self._on_inputs.append((j, k, tuple(o.shape), o.stride(), o.storage_offset()))
                 self.outputs[j] = None
             elif _use_count is None or not hands_out(j, o):
-                copied.append((j, o))  # and all without a way to tell when the caller lets go
+                # (and all without a way to tell when the caller lets go); ``self.outputs`` keeps the
+                # buffer the staging copy reads, so the graph's pool never hands it to another graph
+                copied.append((j, o))
             else:
                 handed.append((j, o))
         self._handed = handed
@@ -223,7 +225,6 @@ class CapturedGraph:
                 layout.append((j, tuple(o.shape), o.stride(), offset))
                 offset += span
             self._staged.append((staging, layout))
-        self._keep = [o for _, o in copied]  # the staged buffers stay the graph's: its pool must not reuse them
 
     def release(self) -> None:
         """The graph is dropped: its buffers' addresses no longer last."""
