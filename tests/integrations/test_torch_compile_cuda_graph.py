@@ -4,10 +4,17 @@ uncapturable region falls back to plain execution."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch._dynamo
 
+from pyfuser import DataType, FusionDefinition
 from pyfuser.integrations.torch_compile import PyfuserBackend
 from pyfuser.integrations.torch_compile.graph_replay import GraphReplay
 
@@ -85,12 +92,17 @@ def test_tiny_llama_with_cuda_graphs_matches_eager() -> None:
                                       num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
     model = transformers.LlamaForCausalLM(config).cuda()
     ids = torch.randint(0, 128, (2, 16), device="cuda")
-    compiled = torch.compile(model, backend=PyfuserBackend(cuda_graph=True))
+    backend = PyfuserBackend(cuda_graph=True)
+    compiled = torch.compile(model, backend=backend)
     for _ in range(2):
         model.zero_grad()
         out = compiled(ids, labels=ids, use_cache=False)
         out.loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    # Every graph captured whole: the embedding's index check is a device-side assert there, not a
+    # read of the indices' range on the host.
+    assert backend.graphs and all(g.replay is not None and g.replay.captures == 1 for g in backend.graphs), [
+        (g.kind, g.replay and g.replay.captures) for g in backend.graphs]
     model.zero_grad()
     ref = model(ids, labels=ids, use_cache=False)
     ref.loss.backward()
@@ -128,3 +140,43 @@ def test_uncapturable_graph_runs_its_ops_as_they_come() -> None:
     first = torch.rand(4, device="cuda")
     torch.manual_seed(3)
     assert torch.equal(first, torch.rand(4, device="cuda"))
+
+
+def test_index_check_waits_for_nothing_where_the_host_may_not_wait() -> None:
+    """Under torch's sync debug mode (a capture's warm-up run) the embedding's index check is a
+    device-side assert: an in-range call runs without synchronizing."""
+    with FusionDefinition() as fd:
+        ids = fd.define_tensor([-1], dtype=DataType.Int)
+        weight = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.embedding_fwd(ids, weight))
+    ids, weight = torch.tensor([0, 5, 9], device="cuda"), torch.randn(10, 4, device="cuda")
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        (out,) = fd.execute([ids, weight])
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    torch.testing.assert_close(out, weight[ids])
+
+
+def test_index_out_of_range_under_capture_is_a_device_assert(tmp_path: pathlib.Path) -> None:
+    """Out of range there stops the program with a device-side assert, as ATen's CUDA indexing does
+    (in a child process: a device assert leaves the CUDA context unusable)."""
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from pyfuser import DataType, FusionDefinition
+        with FusionDefinition() as fd:
+            ids = fd.define_tensor([-1], dtype=DataType.Int)
+            weight = fd.define_tensor([-1, -1])
+            fd.add_output(fd.ops.embedding_fwd(ids, weight))
+        inputs = [torch.tensor([0, 10], device="cuda"), torch.randn(10, 4, device="cuda")]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        fd.execute(inputs)
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode != 0 and "device-side assert" in done.stderr, (done.returncode, done.stderr[-3000:])

@@ -3,8 +3,10 @@ index_put_accumulate, evaluated with ATen.
 
 Every index is checked against the extent it indexes before ATen reads with it: an out-of-range
 index is a ValueError naming the tensor, the axis, the valid range and the offending value, never
-an out-of-bounds read (on a GPU that check synchronizes with the device, as a correct answer needs
-the index values).
+an out-of-bounds read. On a GPU that check reads the index's range back to the host, except where
+nothing may wait for the device (a CUDA-graph capture, or torch's sync debug mode on: the
+capture's warm-up run): there it is a device-side assert, the check ATen's own CUDA indexing
+kernels make (the program stops with CUDA's "device-side assert triggered"; CUDA drops the message).
 """
 
 from __future__ import annotations
@@ -24,14 +26,25 @@ if TYPE_CHECKING:
     from pyfuser.ir.tensor_view import TensorView
 
 
+def _no_host_reads() -> bool:
+    """Whether reading a CUDA value back would break the caller: a stream capturing a CUDA graph, or
+    torch's sync debug mode (set by the capture's warm-up run to refuse programs that synchronize)."""
+    return torch.cuda.is_current_stream_capturing() or torch.cuda.get_sync_debug_mode() != 0
+
+
 def check_indices(op: str, index: torch.Tensor, index_tv: Any, size: int, target: Any, dim: int,
                   allow_negative: bool = False) -> None:
     """Raise ValueError when a value of ``index`` is outside ``[0, size)`` (``[-size, size)`` with
     ``allow_negative``), the extent of ``target``'s axis ``dim``."""
     if index.numel() == 0:
         return
-    low, high = (int(v) for v in torch.aminmax(index))
     lower = -size if allow_negative else 0
+    if index.is_cuda and _no_host_reads():
+        in_range = ((index >= lower) & (index < size)).all()
+        torch._assert_async(in_range, f"{op}: index {index_tv.short_name} holds a value out of range for "
+                                      f"{target.short_name} axis {dim} of size {size} (valid: {lower}..{size - 1})")
+        return
+    low, high = (int(v) for v in torch.aminmax(index))
     if low < lower or high >= size:
         bad = low if low < lower else high
         raise ValueError(f"{op}: index {index_tv.short_name} holds {bad}, out of range for {target.short_name} axis "
