@@ -25,7 +25,10 @@ class _Scope:
 
 
 class CodeWriter:
-    def __init__(self) -> None:
+    def __init__(self, masked_uniform: bool = False) -> None:
+        #: conditions the same for the whole tile go into the masks instead of an ``if`` around the
+        #: accesses: Triton does not software-pipeline a loop whose body branches
+        self.masked_uniform = masked_uniform
         self.lines: list[str] = []
         self.indent = 1
         self._counter = 0
@@ -138,8 +141,12 @@ class CodeWriter:
         it computes) only those on indices it is computed from: a reduction nested in a pass over a
         chunk of its axis iterates the axis itself and ignores the chunk's bound. Conditions on no
         tile axis are the same for the whole tile: the code around the access branches on them
-        (``uniform``)."""
-        conds = [c for c, d in self.conditions() if d and d <= dims]
+        (``uniform``), or with ``masked_uniform`` they join the mask."""
+        if self.masked_uniform:
+            branched = {c for scope in self._scopes for c in scope.branched}
+            conds = [c for c, d in self.conditions() if (d and d <= dims) or (not d and c not in branched)]
+        else:
+            conds = [c for c, d in self.conditions() if d and d <= dims]
         if uses is not None:
             names = self._closure(uses)
             conds = [c for c in conds if any(n in names for n in _names_in(c) if n in self._deps)]
@@ -156,7 +163,10 @@ class CodeWriter:
         return seen
 
     def uniform(self) -> list[str]:
-        """Conditions on no tile axis that no enclosing ``if`` already tests."""
+        """Conditions on no tile axis that no enclosing ``if`` already tests (none when they are
+        masks)."""
+        if self.masked_uniform:
+            return []
         branched = {c for scope in self._scopes for c in scope.branched}
         return [c for c, d in self.conditions() if not d and c not in branched]
 

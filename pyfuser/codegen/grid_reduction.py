@@ -84,7 +84,7 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
         p.memory_type = MemoryType.Global  # type: ignore[attr-defined]
     independent = [memo[id(o)] for o in fusion.outputs() if not any(_depends_on(o, tv) for tv, _ in split)]
     first.restrict(_used_inputs(first, [*partials, *independent]), [*partials, *independent])  # type: ignore[list-item]
-    parts = [KernelPart(first, partials[0])]  # type: ignore[arg-type]
+    parts = [KernelPart(first, _widest(first, partials[0]))]  # type: ignore[arg-type]
     rest = [o for o in fusion.outputs() if any(_depends_on(o, tv) for tv, _ in split)]
     owners = [[tv for tv, _ in split if _depends_on(o, tv)] for o in rest]
     if finish is not None and all(len(owner) == 1 for owner in owners):
@@ -95,6 +95,14 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
         return parts
     return [*parts, *_final_step(fusion, rest, [p for _, p in split],
                                  lambda f, m: _keep_schedule(f, m, [tv for tv, _ in split], reference))]
+
+
+def _widest(fusion: Fusion, partial: TensorView) -> TensorView:
+    """The first launch's loop nest: the partial results', unless a tensor it computes iterates more
+    loops (a reduction of a step's tile axis inside the loop, rfactored out of the partial)."""
+    depth = len(partial.get_loop_domain())
+    wider = [tv for tv in fusion.tensors() if tv.definition is not None and len(tv.get_loop_domain()) > depth]
+    return max(wider, key=lambda tv: len(tv.get_loop_domain()), default=partial)
 
 
 def _final_step(fusion: Fusion, outputs: list[Val], partials: list[TensorView],

@@ -95,7 +95,8 @@ class KernelBuilder(ValueLowering):
         self.loop_graph = IdGraph(self.tensors, self.exprs, map_broadcast=True)
         self.exact = IdGraph(self.tensors, self.exprs, map_broadcast=False)
         self.reference = reference or self.outputs[0]
-        self.code = CodeWriter()
+        # Compiled Triton only: the interpreter's ``block & scalar`` is no boolean mask.
+        self.code = CodeWriter(masked_uniform=self.loop_stages > 1)
         self._class_symbol: dict[int, str] = {}
         self._sizes: list[SizeSource] = []
         self._size_arguments: dict[str, str] = {}

@@ -4,11 +4,15 @@ the scheduler the issue names (read from the kernels that ran)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pyfuser import DataType, FusionDefinition
+from pyfuser import DataType, FusionDefinition, schedule
+from pyfuser.scheduler.registry import SchedulerType
 from tests.codegen.conftest import kernel_schedulers, kernel_segments
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
@@ -128,6 +132,10 @@ def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels) -> 
     if cols <= 128:  # the row as one tile: one pass over the rows reads each input once
         partial = _kernel_body(fd.last_kernel_code(), "_partial0")
         assert partial.count("for ") == 1 and partial.count("tl.load(T0 ") == 1, partial
+        # A step's rows are added up before they accumulate across steps (rfactor of the step's
+        # axis): each accumulator kept over the row loop is one row, not one per row of the step.
+        kept = re.findall(r"acc\d+ = tl\.full\(\[([^\]]*)\]", partial.split("for ")[0])
+        assert len(kept) == 2 and all(shape.startswith("1, ") for shape in kept), partial
 
     # rmsnorm backward: dx per row and dw across rows
     xd = x.detach().requires_grad_()
@@ -147,6 +155,34 @@ def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels) -> 
     _close(dx, xd.grad)
     _close(dw, wd.grad)
     assert kernel_schedulers(fd) == ["inner_outer_persistent"]
+
+
+@pytest.mark.parametrize("rows_per_step", [1, 2])
+def test_pipelined_inner_outer_kernel_masks_rows_past_the_end(rows_per_step: int, device: str) -> None:
+    """A software-pipelined row loop (``num_stages`` > 1, compiled) has no ``if`` in its body (Triton
+    does not pipeline a loop that branches): a row past the end of a program's block is masked
+    instead, in its loads, its sums and its stores. 11 rows over 3 programs: the last block ends
+    early."""
+    cols, n = 40, 11
+    x, dy = torch.randn(n, cols, device=device), torch.randn(n, cols, device=device)
+    w = torch.randn(cols, device=device)
+    inputs = [dy, x, w]
+    with FusionDefinition() as fd:
+        tdy, tx, tw = (fd.from_pytorch(t) for t in inputs)
+        g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
+        c = fd.ops.sum(fd.ops.mul(g, tx), [1], keepdim=True)
+        fd.add_output(fd.ops.sub(g, fd.ops.mul(tx, c)))
+        fd.add_output(fd.ops.sum(fd.ops.mul(tdy, tx), [0]))
+        params = schedule.compute_heuristics(fd.fusion, SchedulerType.inner_outer_persistent, inputs)
+        params = dataclasses.replace(params, rows=rows_per_step, split=3, num_stages=3)
+        schedule.schedule(fd.fusion, SchedulerType.inner_outer_persistent, params)
+    dx, dw = fd.manual_execute(inputs, params)
+    g_ref = dy * w
+    _close(dx, g_ref - x * (g_ref * x).sum(1, keepdim=True))
+    _close(dw, (dy * x).sum(0))
+    if device == "cuda":  # Triton's interpreter neither pipelines nor takes a scalar & block mask
+        partial = _kernel_body(fd.last_kernel_code(), "_partial0")
+        assert "num_stages=3" in partial and "if " not in partial, partial
 
 
 @pytest.mark.parametrize("rows", [30, 700])
