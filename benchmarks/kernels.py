@@ -7,7 +7,7 @@ Also measured: the first call of a new fusion (compile included) and the host ti
 hand-edited heuristics through ``schedule.compute_heuristics`` + ``fd.manual_execute`` (to tune the
 defaults). Writes JSON and Markdown to ``--out`` (default: benchmarks/results).
 
-    python benchmarks/kernels.py [--sweep] [--cases all|pointwise|normalization] [--out DIR]
+    python benchmarks/kernels.py [--sweep] [--cases all|pointwise|normalization|looped] [--match A,B] [--out DIR]
 """
 
 from __future__ import annotations
@@ -151,6 +151,31 @@ def _eager_rmsnorm_backward(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tenso
     return dx.to(dy.dtype), (dyf * xf * rstd).sum(0).to(dy.dtype)
 
 
+def _row_sum(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
+    fd.add_output(fd.ops.sum(fd.from_pytorch(inputs[0]), [1]))
+
+
+def _column_sum(fd: FusionDefinition, inputs: list[torch.Tensor]) -> None:
+    fd.add_output(fd.ops.sum(fd.from_pytorch(inputs[0]), [0]))
+
+
+def looped_cases(dev: str) -> list[Case]:
+    """Rows too long to stay on chip (a vocabulary's softmax) and plain sums: looped reductions."""
+    bf = torch.bfloat16
+    wide = torch.randn(4096, 65536, device=dev, dtype=bf)
+    vocab = torch.randn(8192, 32000, device=dev, dtype=bf)
+    rows, columns = torch.randn(4096, 65536, device=dev), torch.randn(65536, 4096, device=dev)
+    return [
+        Case("softmax_bf16_4096x65536", lambda x: torch.softmax(x.float(), -1).to(bf), _softmax, [wide],
+             2 * wide.numel() * 2, SchedulerType.inner_persistent),
+        Case("softmax_bf16_8192x32000", lambda x: torch.softmax(x.float(), -1).to(bf), _softmax, [vocab],
+             2 * vocab.numel() * 2, SchedulerType.inner_persistent),
+        Case("row_sum_f32_4096x65536", lambda x: x.sum(1), _row_sum, [rows], rows.numel() * 4, SchedulerType.reduction),
+        Case("column_sum_f32_65536x4096", lambda x: x.sum(0), _column_sum, [columns], columns.numel() * 4,
+             SchedulerType.reduction),
+    ]
+
+
 def normalization_cases(dev: str) -> list[Case]:
     bf = torch.bfloat16
     m, n = 16384, 8192
@@ -242,7 +267,8 @@ def run_case(case: Case, sweep: bool) -> dict[str, Any]:
 def _variants(case: Case, params: Any) -> list[Any]:
     if case.scheduler in (SchedulerType.inner_persistent, SchedulerType.reduction):
         tiles = [dataclasses.replace(params, shape="tile", rows=r, num_warps=w) for r in (1, 2) for w in (4, 8, 16)]
-        loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w) for t in (2048, 4096) for w in (8,)]
+        loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w, num_stages=st)
+                 for t in (2048, 4096, 8192) for w in (2, 4, 8) for st in (0, 3)]
         return tiles + loops
     if case.scheduler is SchedulerType.inner_outer_persistent:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -337,7 +363,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", action="store_true")
-    parser.add_argument("--cases", choices=["all", "pointwise", "normalization"], default="all")
+    parser.add_argument("--cases", choices=["all", "pointwise", "normalization", "looped"], default="all")
     parser.add_argument("--match", default="", help="comma-separated parts of case names: run only those")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = parser.parse_args()
@@ -348,6 +374,8 @@ def main() -> None:
     chosen = cases(dev) if args.cases in ("all", "pointwise") else []
     if args.cases in ("all", "normalization"):
         chosen += normalization_cases(dev)
+    if args.cases in ("all", "looped"):
+        chosen += looped_cases(dev)
     if args.match:
         chosen = [c for c in chosen if any(part in c.name for part in args.match.split(","))]
     for case in chosen:

@@ -13,7 +13,6 @@ from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
 from pyfuser.scheduler.reduction_schedule import (
     ReductionParams,
     checked_analysis,
-    element_bytes,
     inner_params,
     schedule_segment,
     size_hints,
@@ -35,7 +34,7 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
 def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ReductionParams:
     analysis = checked_analysis(fusion, KINDS)
     hints = size_hints(fusion, analysis, inputs)
-    return inner_params(SchedulerType.inner_persistent, analysis.reference, hints, False, element_bytes(fusion))
+    return inner_params(SchedulerType.inner_persistent, analysis.reference, hints, False)
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:

@@ -40,7 +40,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     # Welford's partial results are not finished across programs: var_mean is never split.
     splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     if analysis.inner:
-        return inner_params(SchedulerType.reduction, analysis.reference, hints, splittable, element_bytes(fusion))
+        return inner_params(SchedulerType.reduction, analysis.reference, hints, splittable)
     return outer_params(SchedulerType.reduction, analysis.reference, hints, False, splittable, element_bytes(fusion))
 
 
@@ -56,7 +56,7 @@ def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView:
     reduced, _ = analysis.extents()
     hints = SizeHints(reduced.value, None, machine)
     if analysis.inner:
-        params = inner_params(SchedulerType.reduction, analysis.reference, hints, False, element_bytes(fusion))
+        params = inner_params(SchedulerType.reduction, analysis.reference, hints, False)
     else:
         params = outer_params(SchedulerType.reduction, analysis.reference, hints, False, False, element_bytes(fusion))
     schedule_segment(fusion, params, KINDS)

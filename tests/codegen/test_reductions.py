@@ -4,10 +4,14 @@ inner and outer layouts, permuted / sliced / expanded inputs, empty and size-1 a
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 import torch
 
-from pyfuser import DataType, FusionDefinition
+from pyfuser import DataType, FusionDefinition, schedule
+from pyfuser.scheduler.registry import SchedulerType
 from tests.codegen.conftest import kernel_schedulers, kernel_segments
 
 DTYPES = {torch.float32: DataType.Float, torch.float16: DataType.Half, torch.bfloat16: DataType.BFloat16,
@@ -148,3 +152,29 @@ def test_var_mean_in_double_precision(device: str, run_kernels) -> None:
         ref_var, ref_mean = torch.var_mean(x, 1)
         torch.testing.assert_close(var, ref_var)
         torch.testing.assert_close(mean, ref_mean)
+
+
+@pytest.mark.parametrize("shape, params", [
+    ((13, 1000), {"shape": "loop", "tile": 64}),
+    ((3, 1000), {"shape": "split", "tile": 64, "split": 4}),
+    ((1000, 40), {"shape": "outer", "tile": 16, "tile_reduced": 8, "split": 3}),
+    ((1000, 40), {"shape": "outer", "tile": 16, "tile_reduced": 8, "split": 1}),
+], ids=["loop", "split", "outer-split", "outer"])
+def test_pipelined_reduction_loops(shape: tuple[int, int], params: dict[str, object], device: str) -> None:
+    """Every looped reduction shape, software-pipelined (``num_stages`` 3: compiled, with no branch in
+    the loop body), on extents no tile divides: max, and a sum whose value is read back per row."""
+    x = torch.randn(shape, device=device)
+    dim = 0 if params["shape"] == "outer" else 1
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.max(t, [dim]))
+        fd.add_output(fd.ops.sum(fd.ops.mul(t, t), [dim]))
+        base = schedule.compute_heuristics(fd.fusion, SchedulerType.reduction, [x])
+        chosen = dataclasses.replace(base, num_stages=3, **params)  # type: ignore[arg-type]
+        schedule.schedule(fd.fusion, SchedulerType.reduction, chosen)
+    top, squares = fd.manual_execute([x], chosen)
+    torch.testing.assert_close(top, x.amax(dim))
+    torch.testing.assert_close(squares, (x * x).sum(dim), rtol=1e-4, atol=1e-4)
+    if device == "cuda":
+        code = fd.last_kernel_code()
+        assert "num_stages=3" in code and not re.search(r"\n {8,}if ", code), code  # none in a kernel body
