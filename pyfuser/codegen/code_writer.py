@@ -142,11 +142,9 @@ class CodeWriter:
         chunk of its axis iterates the axis itself and ignores the chunk's bound. Conditions on no
         tile axis are the same for the whole tile: the code around the access branches on them
         (``uniform``), or with ``masked_uniform`` they join the mask."""
+        conds = [c for c, d in self.conditions() if d and d <= dims]
         if self.masked_uniform:
-            branched = {c for scope in self._scopes for c in scope.branched}
-            conds = [c for c, d in self.conditions() if (d and d <= dims) or (not d and c not in branched)]
-        else:
-            conds = [c for c, d in self.conditions() if d and d <= dims]
+            conds += self._unbranched()
         if uses is not None:
             names = self._closure(uses)
             conds = [c for c in conds if any(n in names for n in _names_in(c) if n in self._deps)]
@@ -165,8 +163,9 @@ class CodeWriter:
     def uniform(self) -> list[str]:
         """Conditions on no tile axis that no enclosing ``if`` already tests (none when they are
         masks)."""
-        if self.masked_uniform:
-            return []
+        return [] if self.masked_uniform else self._unbranched()
+
+    def _unbranched(self) -> list[str]:
         branched = {c for scope in self._scopes for c in scope.branched}
         return [c for c, d in self.conditions() if not d and c not in branched]
 

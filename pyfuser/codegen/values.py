@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pyfuser.codegen.grid_reduction import GRID_TYPES
 from pyfuser.codegen.kernel_source import KernelError
 from pyfuser.codegen.triton_support import NAN, compute_dtype, int_expr, literal, triton_dtype
 from pyfuser.ir.base import Expr, Scalar, Val
@@ -68,8 +69,6 @@ def _domain_ids(tv: TensorView) -> list[IterDomain]:
 
 
 _EVICT_LAST = ", eviction_policy='evict_last'"
-
-_LOOPS = frozenset({ParallelType.serial, ParallelType.grid_x, ParallelType.grid_y, ParallelType.grid_z})
 
 
 def _identity(kind: ReductionOpType, dtype: DataType) -> object:
@@ -407,7 +406,7 @@ class ValueLowering:
         axes: set[int] = set()
         taken: dict[int, int] = {}
         for i in out.get_loop_domain():
-            if i.parallel_type in _LOOPS:  # a loop or the program id, not a tile axis
+            if i.parallel_type is ParallelType.serial or i.parallel_type in GRID_TYPES:  # a loop or the program id
                 continue
             index = self.index_of_loop_id(i, taken)
             dims = self.code.dims.get(index) if index is not None else None

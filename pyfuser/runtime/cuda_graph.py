@@ -302,9 +302,6 @@ class CudaGraphRunner:
             entries.append((a.dtype, a.shape, a.stride(), device, a.data_ptr() if _lasting(a, k in static) else None))
         return tuple(entries)
 
-    def _reads_in_place(self, k: int, a: torch.Tensor) -> bool:
-        return _lasting(a, k in self.static_inputs)
-
     def hands_out(self, position: int, output: torch.Tensor) -> bool:
         """Whether a result is the graph's buffer itself (else a copy the caller may keep for good)."""
         if self.handed_from is not None and position >= self.handed_from:
@@ -313,7 +310,7 @@ class CudaGraphRunner:
 
     def in_place(self, args: Sequence[Any]) -> frozenset[int]:
         """The positions of the inputs a graph captured for ``args`` reads where they live."""
-        return frozenset(k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and self._reads_in_place(k, a))
+        return frozenset(k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and _lasting(a, k in self.static_inputs))
 
     @staticmethod
     def fits(key: tuple[Any, ...], args: Sequence[Any]) -> bool:
