@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -259,6 +260,16 @@ def run_case(case: Case, sweep: bool) -> dict[str, Any]:
         "pyfuser_first_call_s": first_call_s, "inductor_compile_s": compile_s,
         "kernels": len(fd.fec.kernel_codes()),
     }
+    if case.scheduler is SchedulerType.inner_outer_persistent:
+        # A grid reduction: one cooperative launch against a launch per step, measured in turns (the
+        # variant measured first in a row ran up to 30% slower on the H200 host).
+        two = lambda: fd.execute(case.inputs, _disable_options=["cooperative_launch"])  # noqa: E731
+        two()
+        turns = [(bench(lambda: fd.execute(case.inputs)), bench(two)) for _ in range(3)]
+        row["pyfuser_cooperative_ms"] = statistics.median(t[0] for t in turns)
+        row["pyfuser_two_launches_ms"] = statistics.median(t[1] for t in turns)
+        row["pyfuser_cooperative_GBps"] = gbps(case.nbytes, row["pyfuser_cooperative_ms"])
+        row["pyfuser_two_launches_GBps"] = gbps(case.nbytes, row["pyfuser_two_launches_ms"])
     if sweep:
         row["sweep"] = sweep_case(case)
     return row
@@ -353,6 +364,11 @@ def markdown(result: dict[str, Any]) -> str:
     h = result["host"]
     lines += ["", f"Host time of a cached one-kernel `fd.execute`: {h['execute_us']:.1f} us; direct Triton launch of "
               f"the same kernel: {h['triton_launch_us']:.1f} us; overhead {h['overhead_us']:.1f} us."]
+    for r in result["cases"]:
+        if "pyfuser_two_launches_GBps" in r:
+            lines.append(f"- {r['case']}: grid reduction in one cooperative launch "
+                         f"{r['pyfuser_cooperative_GBps']:.0f} GB/s, a launch per step "
+                         f"{r['pyfuser_two_launches_GBps']:.0f} GB/s (medians of three turns each)")
     for r in result["cases"]:
         if "sweep" in r:
             best = r["sweep"][0]

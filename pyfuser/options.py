@@ -50,6 +50,7 @@ class DisableOption(StrEnum):
     stream_ring_buffers = "stream_ring_buffers"
     stream_overlap = "stream_overlap"
     kernel_codegen = "kernel_codegen"
+    cooperative_launch = "cooperative_launch"
 
 
 class CommunicatorBackend(StrEnum):
@@ -88,6 +89,8 @@ DESCRIPTIONS: dict[StrEnum, str] = {
     DisableOption.stream_overlap: "concurrent stream-loop iterations (seed 002's program: each iteration joins the user's "
                                   "stream)",
     DisableOption.kernel_codegen: "generated kernels (every segment runs as ATen calls)",
+    DisableOption.cooperative_launch: "a grid reduction's steps in one cooperative launch with a grid synchronization "
+                                      "(each step a launch of its own instead)",
 }
 
 

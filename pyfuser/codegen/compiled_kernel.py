@@ -38,23 +38,24 @@ def cache_dir() -> Path:
     return path
 
 
-def _load(source: KernelSource) -> Any:
-    """The jitted function of ``source`` (written to the cache directory and imported once)."""
+def load_kernel(name: str, source: str) -> Any:
+    """The jitted function ``name`` of module ``source`` (written to the cache directory and
+    imported once)."""
     global compile_count
-    fn = _LOADED.get(source.source)
+    fn = _LOADED.get(source)
     if fn is not None:
         return fn
-    digest = hashlib.sha256(source.source.encode()).hexdigest()[:20]
-    path = cache_dir() / f"{source.name}_{digest}.py"
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    path = cache_dir() / f"{name}_{digest}.py"
     if not path.exists():
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-            f.write(source.source)
+            f.write(source)
         os.replace(f.name, path)
     spec = importlib.util.spec_from_file_location(f"pyfuser_kernel_{digest}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    fn = _LOADED[source.source] = getattr(module, source.name)
+    fn = _LOADED[source] = getattr(module, name)
     compile_count += 1
     return fn
 
@@ -67,7 +68,7 @@ class CompiledKernel:
         self.name = source.name
         self.num_warps = num_warps
         self.output_perms = source.output_perms
-        fn = _load(source)
+        fn = load_kernel(source.name, source.source)
         self._interpreted = "InterpretedFunction" in source.source
         host, namespace = launcher_source(source, num_warps, direct=not self._interpreted)
         namespace["fn"] = fn
@@ -81,6 +82,8 @@ class CompiledKernel:
         self._fn = fn
         self._prepare = namespace["prepare"]
         self._run = namespace["run"]
+        #: ``key(params)``: the compiled variant of the parameters ``prepare`` returned
+        self.key = namespace["key"]
         if not self._interpreted:  # the hot path: Host IR calls the generated launcher itself
             self.run = self._run  # type: ignore[method-assign]
 

@@ -1,9 +1,10 @@
 """Grid reductions: a reduction whose reduction axis is parallelized across programs.
 
-Programs of one Triton launch cannot wait for each other, so a grid reduction is two launches
-(nvFuser does it in one, with a grid synchronization): the first computes each program's partial
-result into a global buffer, the second finishes the reduction over the programs' partials, in
-program order (deterministic), together with everything downstream of it.
+A grid reduction is two kernels: the first computes each program's partial result into a global
+buffer, the second finishes the reduction over the programs' partials, in program order
+(deterministic), together with everything downstream of it. They run as two launches, or, where the
+device holds every program of the first at once, as one cooperative launch with a grid
+synchronization between them (``cooperative.py``; nvFuser's grid sync).
 
 The partial is the reduction's producer: when the reduction also reduces axes that are not on the
 grid, those are factored out first (``rfactor``), so each program reduces them itself. In the

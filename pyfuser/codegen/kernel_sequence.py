@@ -1,17 +1,21 @@
 """Turning a scheduled fusion into what runs it: one generated kernel, or the launches of a
-grid reduction in order (``KernelSequence``), each compiled."""
+grid reduction in order (``KernelSequence``), each compiled, which run as one cooperative launch
+where the device holds all programs of the first at once."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from pyfuser.codegen.compiled_kernel import CompiledKernel
+from pyfuser.codegen.compiled_kernel import CompiledKernel, load_kernel
+from pyfuser.codegen.cooperative import cooperative_source
 from pyfuser.codegen.grid_reduction import FinishStep, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelSource
+from pyfuser.codegen.launcher import DirectLaunches
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
@@ -42,12 +46,107 @@ class KernelSequence:
         slots: list[Any] = list(args)
         for kernel, reads in zip(self.kernels, self._reads, strict=True):
             slots.extend(kernel.run(ctx, *[slots[s] for s in reads]))
-        results = [slots[s] for s in self._outputs]
-        if out is None:
-            return results
-        for buffer, result in zip(out, results, strict=True):
-            buffer.copy_(result)
-        return list(out)
+        return _deliver([slots[s] for s in self._outputs], out)
+
+
+def _deliver(results: list[torch.Tensor], out: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
+    """The results, or ``out`` with them copied in."""
+    if out is None:
+        return results
+    for buffer, result in zip(out, results, strict=True):
+        buffer.copy_(result)
+    return list(out)
+
+
+#: Per (device, stream): the counter of the grid synchronizations of the kernels launched there.
+_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
+_SM_COUNT: dict[int, int] = {}
+#: Cooperative launches by this process (tests count them).
+cooperative_launches = 0
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def resident_programs(device: torch.device) -> int:
+    """Programs that surely run at once: one per SM on a GPU (any kernel that compiles fits one);
+    one in Triton's interpreter, which runs programs one after another."""
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def _counter(device: torch.device) -> torch.Tensor:
+    """The grid synchronizations' counter of the current stream: launches on one stream run one
+    after another, and each leaves the counter usable by the next."""
+    stream = _raw_stream(device.index) if device.type == "cuda" and _raw_stream is not None else 0
+    key = (str(device), stream)
+    counter = _COUNTERS.get(key)
+    if counter is None:
+        counter = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return counter
+
+
+class CooperativeSequence(KernelSequence):
+    """A grid reduction's kernels as one launch: the steps of ``cooperative_source``, separated by
+    grid synchronizations. Launched so when the first step's programs fit on the device at once,
+    else (or when a step has nothing to run) as the sequence of launches."""
+
+    def __init__(self, name: str, kernels: list[CompiledKernel], reads: list[list[int]], outputs: list[int],
+                 output_perms: tuple[tuple[int, ...], ...], target: str, inputs: int) -> None:
+        """``inputs``: how many inputs the segment has (the slots before the kernels' outputs)."""
+        super().__init__(name, kernels, reads, outputs, output_perms)
+        # A step synchronizes with every program first when it reads what a step since the last
+        # synchronization wrote.
+        made_by, slot = {}, inputs
+        for k, kernel in enumerate(kernels):
+            for _ in kernel.source.output_shapes:
+                made_by[slot], slot = k, slot + 1
+        barriers, phase = [], {0}
+        for k in range(1, len(kernels)):
+            needs = any(made_by.get(s) in phase for s in reads[k])
+            barriers.append(needs)
+            phase = {k} if needs else phase | {k}
+        self.cooperative_code = cooperative_source(name, [k.source for k in kernels], target, barriers)
+        self._fn = load_kernel(name, self.cooperative_code)
+        self._num_warps = kernels[0].num_warps
+        self._launches = DirectLaunches(self._fn, self._num_warps, cooperative=True) if target == "cuda" else None
+
+    @property
+    def code(self) -> str:
+        """The steps, then what joins them into one launch (the grid synchronization and the kernel
+        that calls the steps as device functions)."""
+        joined = self.cooperative_code[self.cooperative_code.index("@_jit\ndef _grid_sync"):]
+        return super().code + "\n# As one cooperative launch where the first step's programs fit on the device:\n" + joined
+
+    def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        global cooperative_launches
+        slots: list[Any] = list(args)
+        steps = []
+        for kernel, reads in zip(self.kernels, self._reads, strict=True):
+            outputs, grid, params = kernel.prepare(ctx, *[slots[s] for s in reads])
+            if grid is None:  # empty outputs: the plain sequence knows what to skip
+                return super().run(ctx, *args, out=out)
+            slots.extend(outputs)
+            steps.append((kernel, (*grid, *(1,) * (3 - len(grid))), params))
+        device = slots[len(args)].device
+        first = steps[0][1]
+        if math.prod(first) > resident_programs(device):
+            for kernel, grid, params in steps:
+                kernel.launch(grid, params)
+        else:
+            params = [p for _, _, step_params in steps for p in step_params]
+            params += [g for _, grid, _ in steps[1:] for g in grid]
+            params.append(_counter(device))
+            if self._launches is not None:
+                key = (tuple(k.key(p) for k, _, p in steps), tuple((g == 1, g % 16 == 0) for _, grid, _ in steps[1:]
+                                                               for g in grid))
+                self._launches.launch(key, first, params, device.index)
+            else:
+                self._fn[first](*params, num_warps=self._num_warps)
+            cooperative_launches += 1
+        return _deliver([slots[s] for s in self._outputs], out)
 
 
 def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
@@ -73,8 +172,9 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, refe
 
 def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
                    num_warps: int = 4, finish: FinishStep | None = None, loop_stages: int = 0,
-                   chunked: bool = False) -> CompiledKernel | KernelSequence:
-    """Build and compile the kernel(s) of scheduled ``fusion`` (``chunked``: it runs in a stream loop)."""
+                   chunked: bool = False, cooperative: bool = True) -> CompiledKernel | KernelSequence:
+    """Build and compile the kernel(s) of scheduled ``fusion`` (``chunked``: it runs in a stream loop;
+    ``cooperative``: a grid reduction's launches become one where its programs fit on the device)."""
     built = build_sources(fusion, name, target, layouts, reference, finish, loop_stages, chunked)
     if len(built) == 1:
         return CompiledKernel(built[0][1], num_warps)
@@ -90,7 +190,10 @@ def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, ref
             perm_of[next_slot] = tuple(perm)
             next_slot += 1
     outputs = [slot_of[_key(v)] for v in fusion.outputs()]
-    return KernelSequence(name, kernels, reads, outputs, tuple(perm_of[s] for s in outputs))
+    perms = tuple(perm_of[s] for s in outputs)
+    if cooperative:
+        return CooperativeSequence(name, kernels, reads, outputs, perms, target, len(fusion.inputs()))
+    return KernelSequence(name, kernels, reads, outputs, perms)
 
 
 def _key(v: Any) -> Any:

@@ -45,9 +45,11 @@ class DirectLaunches:
     goes through Triton, which compiles it and returns it.
     """
 
-    def __init__(self, fn: Any, num_warps: int) -> None:
+    def __init__(self, fn: Any, num_warps: int, cooperative: bool = False) -> None:
         self.fn = fn
         self.num_warps = num_warps
+        #: Triton's launch option: all programs resident at once (a kernel with grid synchronizations)
+        self.options = {"launch_cooperative_grid": True} if cooperative else {}
         self.variants: dict[tuple[Any, ...], Any] = {}
         self.direct = True
 
@@ -56,7 +58,7 @@ class DirectLaunches:
         if kernel is not None:
             kernel[grid](*params, stream=_raw_stream(device) if _raw_stream is not None else None)
             return
-        compiled = self.fn[grid](*params, num_warps=self.num_warps)
+        compiled = self.fn[grid](*params, num_warps=self.num_warps, **self.options)
         if self.direct and callable(getattr(compiled, "__getitem__", None)) and hasattr(compiled, "run"):
             self.variants[key] = compiled
         else:  # a Triton without a compiled kernel's runner: always dispatch through it
@@ -82,8 +84,9 @@ def _specialization(names: list[str], kinds: list[str]) -> str:
 
 
 def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tuple[str, dict[str, Any]]:
-    """Python source of ``prepare(ctx, args, out) -> (outputs, grid, params)`` and ``run(ctx, *args,
-    out=None)`` for kernel ``s``, and the globals they need (``fn``: the jitted kernel, set by the caller;
+    """Python source of ``prepare(ctx, args, out) -> (outputs, grid, params)``, ``run(ctx, *args,
+    out=None)`` and ``key(params)`` (the compiled variant's key of ``prepare``'s arguments) for
+    kernel ``s``, and the globals they need (``fn``: the jitted kernel, set by the caller;
     ``launches``: a ``DirectLaunches`` of it when ``direct``, which launches compiled variants itself)."""
     env: dict[str, Any] = {"torch": torch, "_size_error": _size_error, "_constant_error": _constant_error,
                            "_unknown": _unknown_output_size, "names": s.tensor_names}
@@ -185,10 +188,14 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
                  *(["scalar"] * len(scalars)), *(["tile"] * len(tiles))]
         grid3 = ", ".join([*(host_int_expr(e) for e in s.grid), *(["1"] * (3 - len(s.grid)))])  # the runner's x, y, z
         call = f"launches.launch({_specialization(names, kinds)}, ({grid3}), [{params}], o0.get_device())"
+        # The same key from what ``prepare`` returned (a launch that takes the arguments over).
+        key = ["def key(params):", f"    {', '.join(names)}, = params", f"    return {_specialization(names, kinds)}"]
     else:
         call = f"fn[({grid})]({params}, num_warps={num_warps})"
+        key = ["def key(params):", "    return None"]
     run = [*body, f"if {empty}:", f"    return [{outputs}]", *no_programs, call, f"return [{outputs}]"]
     source = ("def prepare(ctx, args, out):\n" + "\n".join("    " + line for line in prepare) + "\n\n\n"
-              "def run(ctx, *args, out=None):\n" + "\n".join("    " + line for line in run) + "\n")
+              "def run(ctx, *args, out=None):\n" + "\n".join("    " + line for line in run) + "\n\n\n"
+              + "\n".join(key) + "\n")
     return source, env
 

@@ -174,12 +174,11 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction as _jit
 
 
-def _range(n):
-    """A loop over a size argument (interpreters before Triton 3.9 pass it as a 1-element array),
+def _range(*bounds):
+    """A loop over size arguments (interpreters before Triton 3.9 pass them as 1-element arrays),
     its index an int32 tensor as in a compiled kernel (a plain int has no ``.to``)."""
-    handle = getattr(n, "handle", None)
-    count = int(handle.data.reshape(-1)[0]) if handle is not None else int(n)
-    return (tl.full([], i, tl.int32) for i in range(count))
+    ints = [int(b.handle.data.reshape(-1)[0]) if getattr(b, "handle", None) is not None else int(b) for b in bounds]
+    return (tl.full([], i, tl.int32) for i in range(*ints))
 
 
 @_jit

@@ -16,7 +16,7 @@ from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_a
 from pyfuser.ir.domain_replay import is_permutation_of_logical, logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.options import CompileOptions, DumpOption, dump
+from pyfuser.options import CompileOptions, DisableOption, DumpOption, dump
 from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
 from pyfuser.scheduler.reduction import schedule_final_step
 from pyfuser.scheduler.reduction_analysis import analyze
@@ -71,7 +71,8 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
                                 finish=lambda f: schedule_final_step(f, machine),
-                                loop_stages=getattr(params, "num_stages", 0), chunked=chunked)
+                                loop_stages=getattr(params, "num_stages", 0), chunked=chunked,
+                                cooperative=DisableOption.cooperative_launch not in options.disabled)
         kernel.scheduled_ir = scheduled_ir(copy)  # after rfactor: the partial results are in it
         kernel.scheduler_params = params
         dump(DumpOption.scheduled_fusion, lambda: f"Scheduled segment g{index} ({group.scheduler.name}):\n"

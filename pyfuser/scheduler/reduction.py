@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pyfuser.codegen.triton_support import next_power_of_2
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
@@ -18,11 +19,14 @@ from pyfuser.scheduler.reduction_schedule import (
     outer_params,
     schedule_segment,
     size_hints,
+    warps_for,
 )
 from pyfuser.scheduler.registry import FusionLike, Machine, Scheduler, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import reset_schedule
 
 KINDS = (NormalizationKind.reduction,)
+#: Elements a program of a grid reduction's final step reads at once.
+FINAL_TILE = 8192
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
@@ -57,6 +61,14 @@ def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView:
     hints = SizeHints(reduced.value, None, machine)
     if analysis.inner:
         params = inner_params(SchedulerType.reduction, analysis.reference, hints, False)
+    elif reduced.value is not None and next_power_of_2(reduced.value) * 32 <= FINAL_TILE:
+        # One partial row per program of the first launch (132 on an H200): all of them in one tile,
+        # 32 columns of them (whole 128-byte lines of float32) per program, so each program issues all
+        # its loads at once. Seed 003's final step had 32 programs loop over [32, 128] tiles.
+        rows = next_power_of_2(reduced.value)
+        columns = min(32 * max(1, 16 // element_bytes(fusion)), FINAL_TILE // rows)
+        params = ReductionParams(SchedulerType.reduction, analysis.reference.name, "outer", tile=columns,
+                                 num_warps=warps_for(rows * columns))
     else:
         params = outer_params(SchedulerType.reduction, analysis.reference, hints, False, False, element_bytes(fusion))
     schedule_segment(fusion, params, KINDS)

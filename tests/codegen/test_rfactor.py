@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition, ParallelType
+from pyfuser.codegen import kernel_sequence
 from pyfuser.codegen.kernel_source import KernelError
+from pyfuser.scheduler.registry import Machine
 
 
 def _sum(rank: int = 2, dims: tuple[int, ...] = (1,)) -> tuple[FusionDefinition, object]:
@@ -52,8 +54,9 @@ def test_tutorial_rfactor_per_thread_then_block(device: str) -> None:
         torch.testing.assert_close(fd.execute([x])[0], ref(x))
 
 
-def test_tutorial_rfactor_two_level_grid(device: str) -> None:
-    """[r/1024/100, r100, r1024]: per-thread, block, then a grid reduction finished by a second launch."""
+def _two_level_grid_sum() -> FusionDefinition:
+    """[r/1024/100, r100, r1024]: per-thread, block, then a grid reduction of one partial result
+    per program (each program sums 102,400 elements)."""
     fd, t1 = _sum(1, (0,))
     t1.split(0, 1024)
     t1.split(0, 100)
@@ -63,10 +66,32 @@ def test_tutorial_rfactor_two_level_grid(device: str) -> None:
         tv.axis(0).parallelize(ParallelType.grid_x)
     t2.axis(2).parallelize(ParallelType.block_x)
     t3.axis(1).parallelize(ParallelType.block_x)
+    return fd
+
+
+def test_tutorial_rfactor_two_level_grid(device: str) -> None:
+    fd = _two_level_grid_sum()
     x = torch.randn(300_000, device=device)
     fd.manual_validate([x], [x.sum()])
     code = fd.last_kernel_code()
     assert "manual_kernel_partial0" in code and "manual_kernel_final" in code
+
+
+def test_grid_reduction_in_one_launch_when_its_programs_fit(device: str) -> None:
+    """The partial and the final step run as one cooperative launch, a grid synchronization between
+    them, when the device runs all the partial step's programs at once (one per SM on a GPU; one in
+    Triton's interpreter, which runs programs one after another); with one program more, as two
+    launches. The barrier's counter is left as found (up to its flipped bit) for the next launch."""
+    fd = _two_level_grid_sum()
+    resident = kernel_sequence.resident_programs(torch.device(device))
+    for programs, cooperative in ((resident, True), (resident + 1, False)):
+        for trial in range(3):  # the counter flips at every launch: each must still synchronize
+            x = torch.randn(programs * 102_400 - 3 * trial, device=device)
+            before = kernel_sequence.cooperative_launches
+            fd.manual_validate([x], [x.sum()])
+            assert kernel_sequence.cooperative_launches - before == (1 if cooperative else 0), (programs, trial)
+    counters = [c for (d, _), c in kernel_sequence._COUNTERS.items() if d == str(x.device)]
+    assert counters and all(int(c) & ((1 << 30) - 1) == 0 for c in counters)
 
 
 def test_rfactor_of_merged_non_divisible_axes_and_its_aten_evaluation(device: str) -> None:
@@ -128,3 +153,59 @@ def test_grid_reduction_without_a_legal_final_step(device: str) -> None:
         var.axis(1).parallelize(ParallelType.grid_x)
     with pytest.raises(KernelError, match=r"T1 axis 1 .* reduces var_mean across programs \(grid_x\)"):
         fd.manual_execute([torch.randn(4, 8, device=device)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and streams")
+def test_cooperative_grid_reduction_in_a_cuda_graph_and_on_concurrent_streams() -> None:
+    """A captured cooperative launch replays its grid synchronization (the counter is left usable);
+    launches on two streams at once synchronize on counters of their own."""
+    fd = _two_level_grid_sum()
+    x = torch.randn(8 * 102_400 - 5, device="cuda")  # eight programs
+    fd.manual_validate([x], [x.sum()])
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fd.manual_execute([x])  # warm-up on the capture's side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        (captured,) = fd.manual_execute([x])
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.testing.assert_close(captured, x.sum(), rtol=1e-4, atol=1e-2)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    inputs = [torch.randn(8 * 102_400, device="cuda") + k for k in range(2)]
+    torch.cuda.synchronize()
+    before = kernel_sequence.cooperative_launches
+    results = []
+    for _ in range(5):
+        for s, xi in zip(streams, inputs, strict=True):
+            with torch.cuda.stream(s):
+                results.append(fd.manual_execute([xi])[0])
+    torch.cuda.synchronize()
+    assert kernel_sequence.cooperative_launches - before == 10
+    for k, r in enumerate(results):
+        torch.testing.assert_close(r, inputs[k % 2].sum(), rtol=1e-4, atol=1e-2)
+
+
+def test_independent_final_steps_share_one_synchronization(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two reductions across rows (layernorm backward's shape): their final steps read only the first
+    step's partials, so the cooperative kernel synchronizes once and runs both after it; results
+    match torch. One program per machine, so the interpreter runs it cooperatively too."""
+    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(1, 1024, 128)))
+    x = torch.randn(37, 96, device=device)
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(x)
+        y = fd.ops.sub(t0, fd.ops.sum(t0, [1], keepdim=True))
+        fd.add_output(y)
+        fd.add_output(fd.ops.sum(y, [0]))
+        fd.add_output(fd.ops.sum(fd.ops.mul(t0, t0), [0]))
+    before = kernel_sequence.cooperative_launches
+    y, dy_sum, sq_sum = fd.execute([x], _enable_options=["triton_interpreter"] if device == "cpu" else [])
+    assert kernel_sequence.cooperative_launches - before == 1
+    ref = x - x.sum(1, keepdim=True)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(dy_sum, ref.sum(0), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sq_sum, (x * x).sum(0))
+    joined = fd.last_kernel_code().split("# As one cooperative launch")[1]
+    assert joined.count("\n    _grid_sync(counter, programs)\n") == 1 and "_step2(" in joined
