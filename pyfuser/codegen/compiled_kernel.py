@@ -72,7 +72,8 @@ class CompiledKernel:
         self._interpreted = "InterpretedFunction" in source.source
         host, namespace = launcher_source(source, num_warps, direct=not self._interpreted)
         namespace["fn"] = fn
-        namespace["launches"] = DirectLaunches(fn, num_warps)
+        launches = namespace["launches"] = DirectLaunches(fn, num_warps)
+        namespace["variants"] = launches.variants
         exec(compile(host, f"<launcher of {source.name}>", "exec"), namespace)
         self.launcher_code = host
         #: the scheduled fusion the kernel was generated from (set by the runtime, for inspection)

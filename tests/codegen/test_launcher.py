@@ -1,13 +1,15 @@
 """The generated host launcher's direct path (CUDA): compiled variants are keyed by Triton's
-argument specializations and launched through the compiled kernel's runner after the first call."""
+argument specializations and launched directly after the first call (through torch's static CUDA
+launcher where it applies)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
-from pyfuser import FusionDefinition, ParallelType
+from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.codegen.kernel_builder import KernelBuilder
 from pyfuser.codegen.launcher import DirectLaunches, launcher_source
 from pyfuser.ir.eval_context import EvalContext
@@ -51,7 +53,8 @@ def test_variants_by_specialization_then_direct_launches() -> None:
     code, namespace = launcher_source(source, 4, direct=True)
     fn = _JitFunction()
     namespace["fn"] = fn
-    namespace["launches"] = DirectLaunches(fn, 4)
+    launches = namespace["launches"] = DirectLaunches(fn, 4)
+    namespace["variants"] = launches.variants
     exec(compile(code, "<launcher>", "exec"), namespace)
     run = namespace["run"]
     ctx = EvalContext(device=torch.device("cpu"))
@@ -61,3 +64,22 @@ def test_variants_by_specialization_then_direct_launches() -> None:
     run(ctx, torch.randn(64, 32))  # a size now a multiple of 16: another variant
     run(ctx, torch.randn(64, 34)[:, 1:])  # an unaligned tensor (and a stride of 34): another variant
     assert fn.log == ["dispatch (17, 1, 1)", "direct (17, 1, 1)", "dispatch (16, 1, 1)", "dispatch (17, 1, 1)"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels")
+def test_cuda_variants_launch_through_torchs_static_launcher() -> None:
+    """Compiled variants launch through torch's static CUDA launcher with the arguments Triton kept
+    (it drops constexprs and integers it specialized to 1) and a float scalar."""
+    if getattr(torch._C, "_StaticCudaLauncher", None) is None:
+        pytest.skip("this torch has no static CUDA launcher")
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        s = fd.define_scalar(dtype=DataType.Float)
+        fd.add_output(fd.ops.mul(fd.ops.exp(x), s))
+    for shape in ((64, 33), (1, 7), (5, 1), (64, 33)):  # sizes and strides of 1: specialized away
+        t = torch.randn(*shape, device="cuda")
+        (out,) = fd.execute([t, 2.5])
+        torch.testing.assert_close(out, t.exp() * 2.5)
+    kernel = fd.fec.last_program.container.nodes[0].segment
+    variants = kernel._run.__globals__["variants"]
+    assert variants and all(run.__qualname__.startswith("_static_launch") for run in variants.values())
