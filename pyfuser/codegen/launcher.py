@@ -6,7 +6,7 @@ cached launch runs straight-line code instead of interpreting the kernel's descr
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +31,12 @@ def _unknown_output_size(name: str, tensor: str, dim: int) -> ValueError:
     return ValueError(f"{name}: the size of {tensor} axis {dim} is not known before the kernel runs; pass the output "
                       "buffer")
 
+
+#: An empty CUDA tensor of given sizes, strides and dtype on the current device, allocated without
+#: the dispatcher (what Inductor's wrappers call); None where this torch lacks it.
+_empty_cuda = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+_empty_cuda = getattr(_empty_cuda, "_empty_strided_cuda", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 #: The current CUDA stream of a device as a raw handle, without torch's Python-level device lookups
 #: (Inductor's launchers use it too); None in CPU builds of torch.
@@ -128,6 +134,18 @@ def _static_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any],
     return run
 
 
+def _dense_stride_exprs(shape: str, rank: int, perm: Sequence[int]) -> str:
+    """The strides of a dense tensor of shape ``shape`` (a tuple's name) in allocation order
+    ``perm``, as a tuple expression (``dense_strides`` written out)."""
+    strides = [""] * rank
+    stride = "1"
+    for dim in reversed(perm):
+        strides[dim] = stride
+        extent = f"max({shape}[{dim}], 1)"
+        stride = extent if stride == "1" else f"{stride} * {extent}"
+    return "(" + ", ".join(strides) + ("," if rank == 1 else "") + ")"
+
+
 def _specialization(names: list[str], kinds: list[str]) -> str:
     """The key expression of an argument list: alignment of tensors, 1 / multiple of 16 / 64-bit of
     integers (Triton's specializations), the value of tile sizes, the type of scalars."""
@@ -202,16 +220,26 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         body.append(f"    raise ValueError(_message{k} + ', but it is ' + str({host_int_expr(extent)}))")
     device = "t0.device" if n_in else "ctx.device"
     body.append("if out is None:")
+    # On the current CUDA device, outputs come from torch's allocator without the dispatcher
+    # (Inductor's ``empty_strided_cuda``: 1 us less per output on a 2 us call).
+    fast = direct and n_in > 0 and _empty_cuda is not None and _current_device is not None
+    if fast:
+        env["_empty_cuda"], env["_current_device"] = _empty_cuda, _current_device
+        body.append("    _here = t0.get_device() == _current_device()")
     for k, (shape, perm, dtype) in enumerate(zip(s.output_shapes, s.output_perms, s.output_dtypes, strict=True)):
         env[f"_dtype{k}"] = dtype.torch_dtype
         sizes = ", ".join(host_int_expr(e) for e in shape)
         env[f"_perm{k}"] = perm
         body.append(f"    _shape{k} = ({sizes}{',' if len(shape) == 1 else ''})")
         if tuple(perm) == tuple(range(len(shape))):  # row-major: torch.empty is the cheaper call
-            body.append(f"    o{k} = torch.empty(_shape{k}, dtype=_dtype{k}, device={device})")
+            general = f"torch.empty(_shape{k}, dtype=_dtype{k}, device={device})"
         else:
-            body.append(f"    o{k} = torch.empty_strided(_shape{k}, _dense(_shape{k}, _perm{k}), dtype=_dtype{k}, "
-                        f"device={device})")
+            general = f"torch.empty_strided(_shape{k}, _dense(_shape{k}, _perm{k}), dtype=_dtype{k}, device={device})"
+        if fast:
+            strides = _dense_stride_exprs(f"_shape{k}", len(shape), perm)
+            body.append(f"    o{k} = _empty_cuda(_shape{k}, {strides}, _dtype{k}) if _here else {general}")
+        else:
+            body.append(f"    o{k} = {general}")
     body.append("else:")
     for k in range(len(s.output_shapes)):
         body.append(f"    o{k} = out[{k}]")
