@@ -2,8 +2,7 @@
 (nvFuser's grid sync; Inductor's cooperative reductions do the same).
 
 ``split_at_grid_reductions`` cuts a fusion into kernels where one step reads what every program of
-the step before wrote. On a GPU the cut costs a dependent launch: the final step waits for the last
-program of the first to retire and for its own launch (seed 003: 38 us of kernels, 46 us a call).
+the step before wrote. On a GPU the cut costs a dependent launch, and the host the launch's time.
 Here the steps become device functions of one kernel: every program runs the first step on its own
 program ids, waits at a barrier until all programs have written their partial results, then takes
 its share of the next step's programs, one after another. The barrier is safe only when all

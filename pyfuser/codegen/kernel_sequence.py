@@ -59,7 +59,7 @@ def _deliver(results: list[torch.Tensor], out: Sequence[torch.Tensor] | None) ->
 
 
 #: Per (device, stream): the counter of the grid synchronizations of the kernels launched there.
-_COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
+_COUNTERS: dict[tuple[str, int | None, int], torch.Tensor] = {}
 _SM_COUNT: dict[int, int] = {}
 #: Cooperative launches by this process (tests count them).
 cooperative_launches = 0
@@ -81,7 +81,7 @@ def _counter(device: torch.device) -> torch.Tensor:
     """The grid synchronizations' counter of the current stream: launches on one stream run one
     after another, and each leaves the counter usable by the next."""
     stream = _raw_stream(device.index) if device.type == "cuda" and _raw_stream is not None else 0
-    key = (str(device), stream)
+    key = (device.type, device.index, stream)
     counter = _COUNTERS.get(key)
     if counter is None:
         counter = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
@@ -132,20 +132,18 @@ class CooperativeSequence(KernelSequence):
             steps.append((kernel, (*grid, *(1,) * (3 - len(grid))), params))
         device = slots[len(args)].device
         first = steps[0][1]
-        if math.prod(first) > resident_programs(device):
-            for kernel, grid, params in steps:
-                kernel.launch(grid, params)
+        if math.prod(first) > resident_programs(device):  # a launch per step, each by its own launcher
+            return super().run(ctx, *args, out=out)
+        params = [p for _, _, step_params in steps for p in step_params]
+        params += [g for _, grid, _ in steps[1:] for g in grid]
+        params.append(_counter(device))
+        if self._launches is not None:
+            key = (tuple(k.key(p) for k, _, p in steps), tuple((g == 1, g % 16 == 0) for _, grid, _ in steps[1:]
+                                                           for g in grid))
+            self._launches.launch(key, first, params, device.index)
         else:
-            params = [p for _, _, step_params in steps for p in step_params]
-            params += [g for _, grid, _ in steps[1:] for g in grid]
-            params.append(_counter(device))
-            if self._launches is not None:
-                key = (tuple(k.key(p) for k, _, p in steps), tuple((g == 1, g % 16 == 0) for _, grid, _ in steps[1:]
-                                                               for g in grid))
-                self._launches.launch(key, first, params, device.index)
-            else:
-                self._fn[first](*params, num_warps=self._num_warps)
-            cooperative_launches += 1
+            self._fn[first](*params, num_warps=self._num_warps)
+        cooperative_launches += 1
         return _deliver([slots[s] for s in self._outputs], out)
 
 

@@ -207,6 +207,11 @@ def build_for_loop(node: ForLoop, cc: CompileContext) -> Step | None:
         alone = cc.compile_body([n for n in nodes if not isinstance(n, _STREAM_SWITCHES)])
     index = node.index
     views = [(cc.slot(n.src), cc.slot(n.out), n.dim, n.ring) for n in selects]
+    # Every tensor the loop chunks spans its extent along the chunked axis: extents that map but are
+    # not provably equal (a pad's static 1 beside an input's i0) are compared before the loop, so a
+    # mismatch is an error, not a buffer the loop leaves partly unwritten.
+    spans = [(cc.slot(n.src), n.dim, f"{n.src.short_name} axis {n.dim}") for n in selects if not n.ring]
+    loop_name = str(node.iter_domain)
     idx, begin, length, chunk, slots = (cc.slot(index), cc.slot(_ChunkSlot(index, "begin")),
                                         cc.slot(_ChunkSlot(index, "length")),
                                         cc.slot(_ChunkSlot(index, "chunk")), cc.slot(NUMBER_OF_STREAMS_SLOT))
@@ -215,6 +220,11 @@ def build_for_loop(node: ForLoop, cc: CompileContext) -> Step | None:
     def step(frame: Frame) -> None:
         env, values = frame.ctx.env, frame.values
         n, size, ring_slots = extent.evaluate(env), chunk_expr.evaluate(env), values[slots]
+        for src, dim, name in spans:
+            if values[src].shape[dim] != n:
+                raise ValueError(f"{name} has size {values[src].shape[dim]}, but the stream loop over {loop_name} "
+                                 f"that chunks it runs over {n}; they must be equal (declare an axis with size 1 to "
+                                 "broadcast it)")
         values[chunk] = size
         first_i, stop_i = start.evaluate(env), stop.evaluate(env)
         steps = alone if stop_i - first_i == 1 else body

@@ -90,7 +90,8 @@ def test_grid_reduction_in_one_launch_when_its_programs_fit(device: str) -> None
             before = kernel_sequence.cooperative_launches
             fd.manual_validate([x], [x.sum()])
             assert kernel_sequence.cooperative_launches - before == (1 if cooperative else 0), (programs, trial)
-    counters = [c for (d, _), c in kernel_sequence._COUNTERS.items() if d == str(x.device)]
+    counters = [c for (kind, index, _), c in kernel_sequence._COUNTERS.items()
+                if (kind, index) == (x.device.type, x.device.index)]
     assert counters and all(int(c) & ((1 << 30) - 1) == 0 for c in counters)
 
 

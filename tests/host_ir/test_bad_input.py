@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyfuser import FusionDefinition
+from pyfuser import DataType, FusionDefinition
 from pyfuser.ir.iter_domain import ParallelType
 
 STREAM = ParallelType.stream
@@ -109,3 +109,25 @@ def test_bad_number_of_streams(monkeypatch):
     monkeypatch.setenv("PYFUSER_NUM_STREAMS", "0")
     with pytest.raises(ValueError, match="numberOfStreams must be a positive int, got 0"):
         fd.execute([torch.randn(2, 3)])
+
+
+@pytest.mark.parametrize("size", [0, 3])
+def test_stream_loop_over_extents_that_differ_at_run_time(size):
+    """A pad's static extent 1 maps to an input's symbolic one through a where, both chunked by one
+    stream loop: sizes other than 1 are an error naming the tensor, not an output the loop leaves
+    unwritten (found by the fuzzer: seed 247057 returned shape (1,) where torch gives (0,))."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1], contiguity=True, dtype=DataType.Int)
+        y = fd.define_tensor([1], contiguity=True, dtype=DataType.Float)
+        flag = fd.ops.pad(fd.ops.slice(fd.ops.lt(2, x), [-1], [-1], [2]), [0, 1], 1.5)  # always one element
+        t = fd.ops.maximum(x, y)
+        out = fd.ops.where(flag, t, y)
+        fd.add_output(out)
+        out.axis(0).parallelize(ParallelType.stream)
+        t.axis(0).parallelize(ParallelType.stream)
+    with pytest.raises(ValueError, match=r"axis 0 has size 1, but the stream loop over iStreamIdx\d+\{i0\} that chunks "
+                                         rf"it runs over {size}; they must be equal"):
+        fd.execute([torch.zeros(size, dtype=torch.int64), torch.ones(1)])
+    x = torch.tensor([5])  # sizes agree
+    (result,) = fd.execute([x, torch.ones(1)])
+    torch.testing.assert_close(result, torch.where(torch.tensor([True]), torch.maximum(x, torch.ones(1)), torch.ones(1)))
