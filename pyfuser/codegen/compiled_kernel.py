@@ -72,7 +72,7 @@ class CompiledKernel:
         self._interpreted = "InterpretedFunction" in source.source
         host, namespace = launcher_source(source, num_warps, direct=not self._interpreted)
         namespace["fn"] = fn
-        launches = namespace["launches"] = DirectLaunches(fn, num_warps)
+        launches = self._launches = namespace["launches"] = DirectLaunches(fn, num_warps)
         namespace["variants"] = launches.variants
         exec(compile(host, f"<launcher of {source.name}>", "exec"), namespace)
         self.launcher_code = host
@@ -106,5 +106,10 @@ class CompiledKernel:
         return self._prepare(ctx, args, out)
 
     def launch(self, grid: tuple[int, ...], params: Sequence[Any]) -> None:
-        """Call the Triton kernel with what ``prepare`` returned."""
-        self._fn[grid](*params, num_warps=self.num_warps)
+        """Launch the kernel with what ``prepare`` returned (its compiled variant directly, as ``run``
+        does, or through Triton's interpreter)."""
+        if self._interpreted:
+            self._fn[grid](*params, num_warps=self.num_warps)
+            return
+        device = next(p for p in params if isinstance(p, torch.Tensor)).get_device()
+        self._launches.launch(self.key(params), (*grid, *(1,) * (3 - len(grid))), list(params), device)

@@ -15,7 +15,7 @@ from pyfuser.codegen.cooperative import cooperative_source
 from pyfuser.codegen.grid_reduction import FinishStep, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelSource
-from pyfuser.codegen.launcher import DirectLaunches
+from pyfuser.codegen.launcher import DirectLaunches, raw_stream
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
@@ -63,7 +63,6 @@ _COUNTERS: dict[tuple[str, int | None, int], torch.Tensor] = {}
 _SM_COUNT: dict[int, int] = {}
 #: Cooperative launches by this process (tests count them).
 cooperative_launches = 0
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def resident_programs(device: torch.device) -> int:
@@ -80,7 +79,7 @@ def resident_programs(device: torch.device) -> int:
 def _counter(device: torch.device) -> torch.Tensor:
     """The grid synchronizations' counter of the current stream: launches on one stream run one
     after another, and each leaves the counter usable by the next."""
-    stream = _raw_stream(device.index) if device.type == "cuda" and _raw_stream is not None else 0
+    stream = raw_stream(device.index) if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
     counter = _COUNTERS.get(key)
     if counter is None:

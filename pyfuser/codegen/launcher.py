@@ -6,6 +6,7 @@ cached launch runs straight-line code instead of interpreting the kernel's descr
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,7 +41,7 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 #: The current CUDA stream of a device as a raw handle, without torch's Python-level device lookups
 #: (Inductor's launchers use it too); None in CPU builds of torch.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda _device: None)
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda _device: None)
 
 
 class DirectLaunches:
@@ -66,7 +67,7 @@ class DirectLaunches:
     def launch(self, key: tuple[Any, ...], grid: tuple[int, ...], params: list[Any], device: int) -> None:
         run = self.variants.get((device, key)) if self.direct else None  # a variant is loaded on one device
         if run is not None:
-            run(grid, params, _raw_stream(device))
+            run(grid, params, raw_stream(device))
             return
         compiled = self.fn[grid](*params, num_warps=self.num_warps, **self.options)
         if self.direct and callable(getattr(compiled, "__getitem__", None)) and hasattr(compiled, "run"):
@@ -97,12 +98,14 @@ def _static_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any],
     It takes the arguments the compiled kernel keeps (Triton drops constexprs and the integers it
     specialized to 1) and a None per scratch parameter the kernel declares."""
     launcher = getattr(torch._C, "_StaticCudaLauncher", None)
+    # Loaded already: Triton has just compiled the variant (a Triton without it: hooks unknown).
+    knobs = sys.modules.get("triton.knobs")
+    if launcher is None or knobs is None:
+        return None
     try:
-        from triton import knobs
-
         hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
         metadata, source = compiled.metadata, compiled.src
-        if (launcher is None or any(h is not None and getattr(h, "calls", True) for h in hooks)
+        if (any(h is not None and getattr(h, "calls", True) for h in hooks)
                 or getattr(metadata, "num_ctas", 1) != 1 or getattr(metadata, "launch_cooperative_grid", False)
                 or getattr(metadata, "launch_pdl", False)):
             return None
@@ -124,7 +127,7 @@ def _static_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any],
                 scratch, types = (*scratch, None), types + "O"
         compiled._init_handles()
         function, warps, shared = compiled.function, metadata.num_warps, metadata.shared
-    except (ImportError, AttributeError, KeyError, ValueError, TypeError):
+    except (AttributeError, KeyError, ValueError, TypeError):
         return None
     pick = operator.itemgetter(*kept) if len(kept) > 1 else (lambda p: (p[kept[0]],)) if kept else (lambda p: ())
     call = launcher._launch_kernel
@@ -286,7 +289,7 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         call = "\n".join(["_device = o0.get_device()", f"_variant = variants.get((_device, {spec}))",
                           "if _variant is not None:", f"    _variant(({grid3}), [{params}], _raw_stream(_device))",
                           "else:", f"    launches.launch({spec}, ({grid3}), [{params}], _device)"])
-        env["_raw_stream"] = _raw_stream
+        env["_raw_stream"] = raw_stream
         # The same key from what ``prepare`` returned (a launch that takes the arguments over).
         key = ["def key(params):", f"    {', '.join(names)}, = params", f"    return {_specialization(names, kinds)}"]
     else:
