@@ -76,4 +76,10 @@ def main() -> None:
             print(f"FAIL {name} rank {c.rank()}\n{traceback.format_exc()}", flush=True)
         c.barrier()
     c.shutdown()
-    sys.exit(1 if failed else 0)
+    # Skip the interpreter's finalization: with the groups destroyed and every result printed, what is
+    # left is torch's C++ teardown, where a gloo worker thread that outlives the interpreter now and then
+    # aborts the process ("terminate called without an active exception", CI 2026-11-24) after every
+    # case passed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if failed else 0)
