@@ -210,3 +210,34 @@ def test_expanded_inputs_new_ops_and_in_place_outputs_next_to_generated_kernels(
     torch.testing.assert_close(selected, torch.sin((want * 2).index_select(0, idx)))
     torch.testing.assert_close(gcd, torch.gcd(want.long(), torch.tensor(3)))
     torch.testing.assert_close(acc, before + want)
+
+
+def test_bound_program_runs_what_the_cache_ran(device: str) -> None:
+    """``fec.bound_program(args)``: after a run with ``args``, their program with the sizes bound (a
+    torch.compile region of static shapes calls it); None before, and for fusions with per-call work
+    (scalar inputs, outputs written in place)."""
+    x, y = torch.randn(7, 3, device=device)[:, :2], torch.randn(2, device=device)
+    with FusionDefinition() as fd:
+        t, u = fd.define_tensor([-1, -1]), fd.define_tensor([-1], contiguity=True)
+        fd.add_output(fd.ops.sum(fd.ops.mul(t, u), [1]))
+    assert fd.fec.bound_program([x, y]) is None
+    (want,) = fd.execute([x, y])
+    bound = fd.fec.bound_program([x, y])
+    assert bound is not None and sorted(bound.env.values()) == [2, 2, 7]  # the three symbolic extents
+    (got,) = bound.run([x, y])
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, (x * y).sum(1))
+    assert fd.fec.bound_program([torch.randn(5, 2, device=device), y]) is None  # never run with these
+
+    with FusionDefinition() as scaled:
+        t, s = scaled.define_tensor([-1]), scaled.define_scalar(dtype=DataType.Double)
+        scaled.add_output(scaled.ops.mul(t, s))
+    scaled.execute([y, 2.0])
+    assert scaled.fec.bound_program([y, 2.0]) is None
+
+    with FusionDefinition() as in_place:
+        t = in_place.define_tensor([-1])
+        in_place.add_output(in_place.ops.add(t, 1.0), alias_input=t)
+    z = y.clone()
+    in_place.execute([z])
+    assert in_place.fec.bound_program([z]) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -33,6 +34,20 @@ class Program(Protocol):
     output_tvs: list[TensorView]
 
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BoundProgram:
+    """A compiled program with its symbolic sizes bound: ``run(args)`` skips the signature, its lookup
+    and the binding, which the caller vouches for (a torch.compile region of a graph with static
+    shapes, whose inputs dynamo's guards and the graph itself fix)."""
+
+    program: Program
+    env: dict[str, int]
+    device: torch.device
+
+    def run(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        return self.program.run(args, EvalContext(self.env.copy(), self.device))
 
 
 #: How many exact input signatures a FusionExecutorCache remembers (least recently used dropped first).
@@ -96,16 +111,7 @@ class FusionExecutorCache:
             self._reset()
         binder = self._binder
         assert binder is not None  # set by _reset
-        try:
-            sig = signature(args)
-        except RuntimeError:  # an input without strides (sparse): validation names it
-            binder.check(args)
-            raise
-        # Without ``device`` the target follows from the inputs' devices, which the signature holds:
-        # it is resolved on a miss only. A given device is resolved each call ("cuda" means the
-        # current device, which may change between calls).
-        target = None if device is None else self._target(device, args, binder)
-        key = (sig, target, tuple(enable_options), tuple(disable_options), backend)
+        sig, target, key = self._key(args, binder, device, enable_options, disable_options, backend)
         by_signature = self._by_signature
         entry = by_signature.get(key)
         if entry is None:
@@ -121,8 +127,41 @@ class FusionExecutorCache:
         self.last_program = program
         if self._has_scalars:
             args = binder.coerce(list(args))
-        outputs = program.run(args, EvalContext(binder.bind(args), resolved))
+        env = binder.bind(args) if self._has_scalars else binder.bind_signature(sig, args)
+        outputs = program.run(args, EvalContext(env, resolved))
         return self._write_aliases(args, outputs) if self._aliases else outputs
+
+    def _key(self, args: Sequence[Any], binder: InputBinder, device: torch.device | str | int | None,
+             enable_options: Sequence[str], disable_options: Sequence[str],
+             backend: CommunicatorBackend | str | None) -> tuple[tuple[Any, ...], torch.device | None, tuple[Any, ...]]:
+        """(the inputs' signature, the resolved ``device`` or None, the key of the program for them)."""
+        try:
+            sig = signature(args)
+        except RuntimeError:  # an input without strides (sparse): validation names it
+            binder.check(args)
+            raise
+        # Without ``device`` the target follows from the inputs' devices, which the signature holds:
+        # it is resolved on a miss only. A given device is resolved each call ("cuda" means the
+        # current device, which may change between calls).
+        target = None if device is None else self._target(device, args, binder)
+        return sig, target, (sig, target, tuple(enable_options), tuple(disable_options), backend)
+
+    def bound_program(self, args: Sequence[Any], *, device: torch.device | str | int | None = None,
+                      enable_options: Sequence[str] = (), disable_options: Sequence[str] = ()) -> BoundProgram | None:
+        """The program that ``run`` with these arguments executed, its sizes bound to theirs: for a caller
+        that knows every later call has the same input signature. None before such a run, and for a
+        fusion whose every call has work of its own (input scalars to convert and bind, outputs
+        written in place into inputs)."""
+        if self._version != self.fusion.version or self._has_scalars or self._aliases:
+            return None
+        binder = self._binder
+        assert binder is not None  # set by _reset
+        sig, _, key = self._key(args, binder, device, enable_options, disable_options, None)
+        entry = self._by_signature.get(key)
+        if entry is None:
+            return None
+        program, resolved = entry
+        return BoundProgram(program, binder.bind_signature(sig, args), resolved)
 
     def _target(self, device: torch.device | str | int, args: Sequence[Any], binder: InputBinder) -> torch.device:
         """``device`` resolved; remembered when it names one device for good (an index, or the CPU):

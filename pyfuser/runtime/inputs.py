@@ -146,10 +146,15 @@ class InputBinder:
         #: ``bind`` of a fusion whose symbols are all tensor sizes, as one generated expression (it runs
         #: on every execute)
         self._bind_sizes: Callable[[Sequence[Any]], dict[str, int]] | None = None
+        #: the same, reading the sizes off the inputs' ``signature`` (built anyway on every execute)
+        self._bind_signature: Callable[[tuple[Any, ...]], dict[str, int]] | None = None
         if not self._scalar_symbols:
-            items = ", ".join(f"{name!r}: args[{pos}].shape[{d}]" + (f" * {factor}" if factor != 1 else "")
-                              for pos, d, name, factor in self._tensor_symbols)
-            self._bind_sizes = eval(f"lambda args: {{{items}}}")  # source built from ints and symbol names
+            def items(size: str) -> str:
+                return ", ".join(f"{name!r}: {size.format(pos=pos)}[{d}]" + (f" * {factor}" if factor != 1 else "")
+                                 for pos, d, name, factor in self._tensor_symbols)
+            # sources built from ints and symbol names
+            self._bind_sizes = eval(f"lambda args: {{{items('args[{pos}].shape')}}}")
+            self._bind_signature = eval(f"lambda sig: {{{items('sig[{pos}][1]')}}}")
 
     def check(self, args: Sequence[Any]) -> None:
         if len(args) != len(self.specs):
@@ -174,6 +179,13 @@ class InputBinder:
             if type(value) is not kind or kind is int:
                 args[pos] = check_scalar_value(value, dtype, pos, name)
         return args
+
+    def bind_signature(self, sig: tuple[Any, ...], args: Sequence[Any]) -> dict[str, int]:
+        """``bind(args)`` where ``sig`` is ``signature(args)``: sizes come from the shapes the signature
+        holds (reading a tensor's ``shape`` builds a new ``torch.Size`` each time)."""
+        if self._bind_signature is not None:
+            return self._bind_signature(sig)
+        return self.bind(args)
 
     def bind(self, args: Sequence[Any]) -> dict[str, int]:
         if self._bind_sizes is not None:
