@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, Step, StepBuilder
-from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, HostIrContainer, HostNode, HostVal, LaunchKernel
+from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, AtenCall, HostIrContainer, HostNode, HostVal, LaunchKernel
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.steps import CORE_STEP_BUILDERS
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
@@ -70,6 +70,39 @@ def _fresh_buffers(container: HostIrContainer) -> dict[Val, tuple[int, ...]]:
     return {tv: perm for tv, perm in fresh.items() if written.get(tv) == 1}
 
 
+_UNKNOWN = object()  # a root standing for memory the analysis cannot follow
+
+
+def _outputs_with_own_memory(container: HostIrContainer) -> set[int]:
+    """Positions of outputs whose memory neither an input nor another output can share: each derives,
+    through the program's top-level nodes (views included), only from memory the program obtained
+    itself (an allocation, a kernel's results, an op that returns new memory), and no other output
+    derives from the same memory. Their per-call aliasing check is skipped."""
+    unknown = frozenset([_UNKNOWN])
+    roots: dict[Val, frozenset[object]] = {v: frozenset([v]) for v in container.inputs}
+    for node in container.nodes:
+        into = getattr(node, "into", False)
+        if _allocations(node) or (isinstance(node, AtenCall) and not into and node.expr.returns_new_memory):
+            derived = None  # each output is new memory of its own
+        elif isinstance(node, AtenCall) and not into:  # may return a view of a tensor operand
+            operands = [roots.get(v, unknown) for v in node.inputs if isinstance(v, TensorView)]
+            # Without tensor operands (iota, full): memory the analysis has no name for.
+            derived = frozenset().union(*operands) if operands else unknown
+        else:  # writes into given buffers, loops, communications: not followed
+            derived = unknown
+        for v in node.outputs:
+            roots[v] = frozenset([v]) if derived is None else derived  # type: ignore[index]
+    inputs = set(container.inputs)
+    outputs = [roots.get(v, unknown) for v in container.outputs]  # type: ignore[call-overload]
+    own = set()
+    for pos, mine in enumerate(outputs):
+        if _UNKNOWN in mine or mine & inputs:
+            continue
+        if all(not (mine & other) and _UNKNOWN not in other for q, other in enumerate(outputs) if q != pos):
+            own.add(pos)
+    return own
+
+
 class HostIrEvaluator:
     """A compiled Host IR program; ``run(args, ctx)`` returns the fusion outputs."""
 
@@ -97,20 +130,24 @@ class HostIrEvaluator:
         #: (position, layout) of outputs that may alias an input or another output, or have another
         #: layout (conformed per run); a value returned twice (``add_output(y)`` twice) is copied
         #: the second time
-        self._conform: list[tuple[int, OutputLayout]] = []
+        self._conform: list[tuple[int, OutputLayout, bool]] = []
         #: outputs written into buffers allocated by this program: they own their memory
         self._fresh_output_slots: list[int] = []
         self._repeated_outputs: set[int] = set()
         seen: set[int] = set()
+        own_memory = _outputs_with_own_memory(container)
         for pos, (v, slot, layout) in enumerate(zip(container.outputs, self._output_slots, self.layouts, strict=True)):
             if slot in seen:
                 self._repeated_outputs.add(pos)
-                self._conform.append((pos, layout))
+                self._conform.append((pos, layout, True))
             elif fresh.get(v) != layout.perm:
-                self._conform.append((pos, layout))
+                self._conform.append((pos, layout, pos not in own_memory))  # (position, layout, may share memory)
             else:
                 self._fresh_output_slots.append(slot)
             seen.add(slot)
+        #: whether any conformed output may share memory with an input or another output (then each
+        #: run collects the storages of the inputs and outputs)
+        self._check_sharing = any(shared for _, _, shared in self._conform)
         self._slot_events: dict[tuple[int, int], torch.cuda.Event] = {}
         #: a program without stream nodes runs on the caller's stream: no stream state to set up
         self._uses_streams = any(isinstance(n, GetCurrentStream | SetCurrentStream | Synchronize | SlotWait)
@@ -197,16 +234,19 @@ class HostIrEvaluator:
         if self._conform:
             # An output never shares memory with an input or with another output (``b`` and ``set(b)``
             # both returned, or one tensor returned twice): the caller may write to any of them.
-            taken = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-            taken.update(values[s].untyped_storage().data_ptr() for s in self._fresh_output_slots)
-            for pos, layout in self._conform:
+            taken: set[int] | None = None
+            if self._check_sharing:
+                taken = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+                taken.update(values[s].untyped_storage().data_ptr() for s in self._fresh_output_slots)
+            for pos, layout, shared in self._conform:
                 result = outputs[pos]
                 if pos in self._repeated_outputs:
                     result = layout.copy(result)
                 else:
-                    result = layout.conform(result, taken)
+                    result = layout.conform(result, taken if shared else None)
                 outputs[pos] = result
-                taken.add(result.untyped_storage().data_ptr())
+                if taken is not None:
+                    taken.add(result.untyped_storage().data_ptr())
         return outputs
 
     def _execute(self, frame: Frame) -> None:

@@ -29,18 +29,21 @@ class OutputLayout:
     def empty(self, sizes: torch.Size | list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty_strided(sizes, dense_strides(sizes, self.perm), dtype=dtype, device=device)
 
-    def conform(self, result: torch.Tensor, input_storages: set[int]) -> torch.Tensor:
+    def conform(self, result: torch.Tensor, input_storages: set[int] | None) -> torch.Tensor:
         """``result`` itself when it already has this layout and owns its memory, else a copy.
+        ``input_storages``: storages ``result`` must not share (None: it cannot share any).
 
         A required layout is met stride for stride: strides of size-1 axes, which address
         nothing, are rewritten in a view rather than left as the producing op chose them.
         """
-        want = dense_strides(result.shape, self.perm)
-        same = all(s == w or n <= 1 for s, w, n in zip(result.stride(), want, result.shape, strict=True))
+        shape = result.shape
+        want = dense_strides(shape, self.perm)
+        strides = result.stride()
+        same = strides == tuple(want) or all(s == w or n <= 1 for s, w, n in zip(strides, want, shape, strict=True))
         # Empty tensors may all report address 0: copying one costs nothing, returning an input does.
-        aliases_input = result.untyped_storage().data_ptr() in input_storages
+        aliases_input = input_storages is not None and result.untyped_storage().data_ptr() in input_storages
         if same and not aliases_input:
-            if self.required and list(result.stride()) != want:
+            if self.required and list(strides) != want:
                 return result.as_strided(result.shape, want, result.storage_offset())
             return result
         return self.copy(result)

@@ -119,6 +119,9 @@ class Expr(ABC):
     #: False for ops whose attributes depend on the full extent of every axis (reshape, ...);
     #: such an op cannot run on chunks of a stream-parallel loop.
     chunkable: ClassVar[bool] = True
+    #: True for ops whose torch reference always returns new memory, never a view of an operand (the
+    #: Host IR evaluator then needs no aliasing check for a fusion output derived from it).
+    returns_new_memory: ClassVar[bool] = False
 
     def __init__(self, fusion: Fusion, inputs: list[Val], outputs: list[Val]) -> None:
         self.fusion = fusion

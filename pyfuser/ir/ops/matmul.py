@@ -53,6 +53,8 @@ def _matmul_writes_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> 
 class MatmulOp(Expr):
     """``torch.matmul`` semantics for 1-D to N-D operands."""
 
+    returns_new_memory = True
+
 
     def __init__(self, fusion: Fusion, out: TensorView, a: TensorView, b: TensorView) -> None:
         super().__init__(fusion, [a, b], [out])
@@ -117,6 +119,7 @@ class LinearOp(Expr):
     or ``[n]``.
     """
 
+    returns_new_memory = True
 
     def __init__(self, fusion: Fusion, out: TensorView, x: TensorView, weight: TensorView,
                  bias: TensorView | None) -> None:

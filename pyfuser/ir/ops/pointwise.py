@@ -423,6 +423,8 @@ class UnaryOp(Expr):
 
 
 class BinaryOp(Expr):
+    returns_new_memory = True  # every binary torch function computes into a new tensor
+
     def __init__(self, fusion: Fusion, kind: BinaryOpType, out: Val, lhs: Val, rhs: Val) -> None:
         super().__init__(fusion, [lhs, rhs], [out])
         self.kind = kind
