@@ -11,9 +11,11 @@ import torch
 import torch._dynamo
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import AtenCall
 from pyfuser.integrations.torch_compile import LOWERINGS, PyfuserBackend, pyfuser_backend
 from pyfuser.integrations.torch_compile.backend import CompiledGraph
+from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.graph_replay import capturable
 from pyfuser.integrations.torch_compile.lowering import Lowering
 from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
@@ -222,13 +224,14 @@ def test_translation_failure_leaves_the_node_eager(monkeypatch: pytest.MonkeyPat
 
 
 def test_runtime_error_names_region_and_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fail(self: FusionExecutorCache, *args: object, **kwargs: object) -> object:
+    def fail(self: HostIrEvaluator, *args: object, **kwargs: object) -> object:
         raise ValueError("input 0 (T0) axis 1: something is off with T1")
 
     x = torch.randn(3, 4)
     compiled = torch.compile(lambda x: torch.sin(x) * 2, backend=PyfuserBackend())
     compiled(x)
-    monkeypatch.setattr(FusionExecutorCache, "run", fail)
+    # The program fails: on the region's second call it runs bound to its sizes, without the cache.
+    monkeypatch.setattr(HostIrEvaluator, "run", fail)
     with pytest.raises(ValueError, match=r"pyfuser region pyfuser_region_0 \(FX nodes: sin \(aten\.sin\.default\), "
                                          r"mul \(aten\.mul\.Tensor\)\) failed: input 0 \(T0\) axis 1: something is "
                                          r"off with T1 \[T0 is arg0_1 \(input\); T1 is sin \(aten\.sin\.default\)\]"):
@@ -356,3 +359,99 @@ def test_the_compiled_graph_is_called_without_module_dispatch() -> None:
     gm.register_forward_pre_hook(lambda module, args: calls.append(1))
     torch.testing.assert_close(compiled(x), x * 2 + 1)
     assert calls == []
+
+
+def _count_cache_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Calls of ``FusionExecutorCache.run`` from now on (one element each)."""
+    calls: list[int] = []
+    run = FusionExecutorCache.run
+
+    def counted(self: FusionExecutorCache, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FusionExecutorCache, "run", counted)
+    return calls
+
+
+def test_static_regions_run_their_bound_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a graph of static shapes, a region's calls after the first skip the executor cache (its
+    signature, lookup and binding) and still match eager, forward and backward; inputs of other
+    strides go back through the cache, which validates them."""
+    calls = _count_cache_runs(monkeypatch)
+    backend = PyfuserBackend()
+    compiled = torch.compile(pointwise_and_reduce, backend=backend)
+    x, y = torch.randn(5, 6), torch.randn(6)
+    for grad in (torch.randn(5, 6), torch.randn(5, 6), torch.randn(6, 5).t()):
+        xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
+        got = compiled(xs, ys)
+        got.backward(grad)
+        xe, ye = x.clone().requires_grad_(), y.clone().requires_grad_()
+        want = pointwise_and_reduce(xe, ye)
+        want.backward(grad)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(xs.grad, xe.grad)
+        torch.testing.assert_close(ys.grad, ye.grad)
+    regions = [r for g in backend.graphs for r in g.regions]
+    assert [g.kind for g in backend.graphs] == ["forward", "backward"] and len(regions) == 2
+    assert all(r._bound is not None for r in regions)
+    # Forward: the first call only. Backward: the first, and the transposed gradient's unless AOTAutograd
+    # made it contiguous as traced.
+    assert 2 <= len(calls) <= 3, len(calls)
+    graph = backend.graphs[0]
+    (call,) = [n for n in graph.graph_module.graph.nodes if n.target is graph.regions[0]]
+    values = [a.meta["val"] for a in call.args]
+    column_major = [torch.randn(v.shape[::-1]).t() if v.dim() == 2 else torch.randn(v.shape) for v in values]
+    assert any(t.stride() != v.stride() for t, v in zip(column_major, values, strict=True))
+    before = len(calls)
+    with pytest.raises(ValueError, match=r"input 0 \(T0\) axis 1: declared contiguous, so its stride must be 1"):
+        graph.regions[0](*column_major)  # the cache's path validates what the bound program would misread
+    assert len(calls) > before
+
+
+def test_dynamic_regions_keep_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With symbolic sizes every call goes through the executor cache (sizes are bound per call)."""
+    calls = _count_cache_runs(monkeypatch)
+    backend = PyfuserBackend()
+    compiled = torch.compile(pointwise_and_reduce, backend=backend, dynamic=True)
+    for n in (4, 7, 7):
+        x, y = torch.randn(n, 6), torch.randn(6)
+        torch.testing.assert_close(compiled(x, y), pointwise_and_reduce(x, y))
+    (region,) = backend.graphs[0].regions
+    assert region._bound is None and len(calls) == 3
+
+
+def test_eager_views_are_tensor_method_calls() -> None:
+    """Views left in eager between regions are called as tensor methods (the same ATen ops, without
+    ``OpOverload.__call__``); the graph still matches eager."""
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = torch.sigmoid(x) @ w.t()
+        q = h.view(2, 3, 4).transpose(1, 2).unsqueeze(0)
+        return torch.exp(q.permute(0, 1, 3, 2).squeeze(0)).sum(-1)
+
+    backend = PyfuserBackend()
+    x, w = torch.randn(6, 5), torch.randn(4, 5)
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x, w), fn(x, w))
+    gm = backend.graphs[0].graph_module
+    methods = {n.target for n in gm.graph.nodes if n.op == "call_method"}
+    assert "t" in methods, gm.code
+    assert not any(n.target in METHODS for n in gm.graph.nodes if n.op == "call_function"), gm.code
+
+
+@pytest.mark.parametrize("op, args", [
+    (aten.view.default, ([3, 4],)), (aten.t.default, ()), (aten.transpose.int, (0, 1)),
+    (aten.permute.default, ([1, 0],)), (aten.unsqueeze.default, (1,)), (aten.squeeze.dim, (1,)),
+    (aten.select.int, (1, 2)), (aten.expand.default, ([2, 12, 4],)), (aten.detach.default, ()),
+])
+def test_view_methods_are_their_ops(op: torch._ops.OpOverload, args: tuple[object, ...]) -> None:
+    """Each method the rewrite calls gives what its ATen op gives: values, sizes, strides, offset, storage."""
+    base = torch.randn(3, 12, 4)[1:, :, 1] if op is not aten.expand.default else torch.randn(12, 4)[::1]
+    if op is aten.view.default:
+        base = torch.randn(12)
+    if op is aten.squeeze.dim:
+        base = torch.randn(6, 1, 2)
+    want = op(base, *args)
+    got = getattr(base, METHODS[op])(*args)
+    assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+    assert got.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    torch.testing.assert_close(got, want)

@@ -4,7 +4,8 @@ Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) tra
 with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
 backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
 backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
-which partitions it into pyfuser regions and eager ops.
+which partitions it into pyfuser regions and eager ops (the views among them called as tensor
+methods, ``eager_methods.py``).
 
 Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):
 
@@ -32,6 +33,7 @@ from torch.fx import GraphModule, Node
 
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
+from pyfuser.integrations.torch_compile.eager_methods import call_views_as_methods
 from pyfuser.integrations.torch_compile.graph_replay import GraphReplay, capturable
 from pyfuser.integrations.torch_compile.partition import finish, plan_regions, splice_region
 from pyfuser.integrations.torch_compile.region import FusionRegion
@@ -119,6 +121,7 @@ class PyfuserBackend:
                                   static_inputs=static_nodes)
             splice_region(gm, nodes, translated, region, replaced)
             regions.append(region)
+        call_views_as_methods(gm)
         compiled = CompiledGraph(kind, finish(gm), regions, eager)
         if self.cuda_graph and any(r.device.type == "cuda" for r in regions):
             why = capturable(compiled.graph_module)
