@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import statistics
 import sys
@@ -114,6 +115,9 @@ def time_ms(fn: Callable[[], Any], device: str, warmup: int, iters: int) -> floa
 
 
 def compiled(variant: str, layer: torch.nn.Module) -> tuple[Callable[..., Any], Any]:
+    # Nothing of the previous variant may outlive it: an autograd graph it left to the garbage collector
+    # holds the parameters' AccumulateGrad nodes, whose stream then differs from a CUDA-graph capture's.
+    gc.collect()
     torch._dynamo.reset()
     if variant == "eager":
         return layer, None
