@@ -431,7 +431,7 @@ class KernelBuilder(ValueLowering):
                 index = indices.of[id(dims[d])]
                 terms.append(self._stride_term(index, position, d))
                 used.append(index)
-        return (" + ".join(terms) if terms else "0"), self.code.dims_of(*used)
+        return (" + ".join(terms) if terms else "0"), self.code.dims_in(" ".join(used))  # indices may be expressions
 
     def _stride_term(self, index: str, position: int, dim: int) -> str:
         key = (position, dim)

@@ -538,3 +538,18 @@ def test_a_pad_operand_read_at_a_scalar_offset_beside_a_varying_one(device: str,
     (out,) = run_kernels(fd, [e, x, 1])
     want = torch.nn.functional.pad(torch.pow(x, torch.pow(x, e)), [1, 2], value=-2).expand(2, 8)[1:2, -2:8:3]
     torch.testing.assert_close(out, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_loads_at_strided_slice_indices_are_masked(device: str, run_kernels, step: int) -> None:
+    """A strided slice's index is an expression (``ix * 2 + start``): the load's tile axes are read
+    from the names in it, so the load is masked like the store (unmasked, the lanes past the end read
+    out of bounds: fuzz seed 310066 crashed the interpreter)."""
+    x = torch.randn(5, 37, device=device)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.slice(fd.ops.neg(t), [1, 1], [4, 37], [1, step]))
+    (out,) = run_kernels(fd, [x])
+    torch.testing.assert_close(out, -x[1:4, 1:37:step])
+    loads = [line for line in fd.last_kernel_code().splitlines() if "tl.load(" in line]
+    assert loads and all("mask=" in line for line in loads), loads
