@@ -713,7 +713,8 @@ class KernelBuilder(ValueLowering):
         return tuple(checks)
 
     def _source(self, loops: list[Loop]) -> KernelSource:
-        nonempty = self._nonempty_checks()  # first: it may add size arguments
+        nonempty = self._nonempty_checks()  # first: they may add size arguments
+        mapped = () if self.chunked else self._mapped_extent_checks()
         nonnegative = self._pad_checks()
         output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.extent(i)
                                     for i in tv.get_logical_domain(no_reductions=True)) for tv in self.outputs)
@@ -740,7 +741,7 @@ class KernelBuilder(ValueLowering):
             grid[:used], self._size_checks(), () if self.chunked else self._constant_checks(), output_shapes, perms,
             tuple(tv.dtype for tv in self.outputs), tuple(tv.short_name for tv in (*self.inputs, *self.outputs)),
             tuple(self._divisibility), tuple(self._dynamic_tiles), self._extent_checks() if self.chunked else (),
-            nonempty, nonnegative_checks=nonnegative,
+            nonempty, nonnegative_checks=nonnegative, mapped_extent_checks=mapped,
             stride_fallbacks=tuple((k, d, outer) for (k, d), outer in self._group_strides.items()))
 
     def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
@@ -770,6 +771,31 @@ class KernelBuilder(ValueLowering):
                     checks.append((i.extent, constant, f"{tv.short_name} axis {d} has size {{}}, but the fusion takes "
                                                        f"it as {constant} (an expand or an operand of static size "
                                                        f"{constant})"))
+        return tuple(checks)
+
+    def _mapped_extent_checks(self) -> tuple[tuple[SymExpr, SymExpr, str], ...]:
+        """Computed extents (a slice's, a pad's, a cat's: expressions, not an input's size) that the
+        kernel iterates as one loop with other axes, to compare with the loop's extent at launch:
+        where they differ (a slice of one element beside an axis of three), the loop would index
+        past the smaller one and give the output the wrong shape. Input sizes are compared by
+        ``_size_checks`` and ``_constant_checks``."""
+        checks = []
+        seen: set[tuple[int, str]] = set()
+        for tv in self.tensors:
+            for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
+                if i.is_broadcast or i.extent.value is not None or isinstance(i.extent, SymVar):
+                    continue
+                key = (self.exact.class_of(i), str(i.extent))
+                if key in seen:
+                    continue
+                seen.add(key)
+                loop = self.size_symbol(i)
+                source = next((src.extent for src in self._sizes if src.symbol == str(loop)), None)
+                if loop.value is None and source is not None and str(source) == str(i.extent):
+                    continue  # the loop's size is this very extent
+                checks.append((i.extent, loop, f"{describe_axis(tv, d)} has size {{}}, but the kernel iterates it "
+                                               "with the axes it maps to, of size {}; they must be equal (declare an "
+                                               "axis with size 1 to broadcast it)"))
         return tuple(checks)
 
     def _size_checks(self) -> tuple[tuple[int, int, int, int], ...]:

@@ -66,6 +66,10 @@ class KernelSource:
     #: (extent over the size symbols, message with ``{}`` for it): a pad's output axis, negative when
     #: the widths crop more than the axis has (ATen's error, before any allocation)
     nonnegative_checks: tuple[tuple[SymExpr, str], ...] = ()
+    #: (extent over the fusion's bound sizes, the loop's extent over the size symbols, message with
+    #: ``{}`` for both): a computed extent (a slice's, a pad's) the kernel iterates as one loop with
+    #: other axes, which must have the loop's size at launch
+    mapped_extent_checks: tuple[tuple[SymExpr, SymExpr, str], ...] = ()
     #: (tensor position, dim, the dims allocated just outside it, nearest first): the stride argument
     #: of ``dim`` multiplies the index of a merged group of those dims. Contiguity ignores the stride
     #: of a size-1 dim (torch gives it any value), so when ``dim`` has size 1 the launcher passes the

@@ -194,6 +194,10 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
                 body.append(f"    raise _unknown({s.name!r}, names[{n_in + src.index}], {src.dim})")
         else:
             body.append(f"{src.symbol} = _extent{k}.evaluate(ctx.env)")
+    for k, (extent, loop, message) in enumerate(s.mapped_extent_checks):
+        env[f"_mapped{k}"], env[f"_mapped_message{k}"] = extent, message
+        body.append(f"if _mapped{k}.evaluate(ctx.env) != {host_int_expr(loop)}:")
+        body.append(f"    raise ValueError(_mapped_message{k}.format(_mapped{k}.evaluate(ctx.env), {host_int_expr(loop)}))")
     for a, da, b, db in s.size_checks:
         body.append(f"if t{a}.shape[{da}] != t{b}.shape[{db}]:")
         body.append(f"    raise _size_error(names, {a}, {da}, t{a}.shape[{da}], {b}, {db}, t{b}.shape[{db}])")

@@ -553,3 +553,19 @@ def test_loads_at_strided_slice_indices_are_masked(device: str, run_kernels, ste
     torch.testing.assert_close(out, -x[1:4, 1:37:step])
     loads = [line for line in fd.last_kernel_code().splitlines() if "tl.load(" in line]
     assert loads and all("mask=" in line for line in loads), loads
+
+
+def test_a_computed_extent_is_compared_with_the_loop_it_shares(device: str, run_kernels) -> None:
+    """A slice whose symbolic bounds leave one element, added to a tensor of three: the kernel iterates
+    both as one loop, so the launch compares the slice's extent with the loop's and refuses the
+    mismatch naming the axis (it gave the output the other tensor's shape: fuzz seed 317863)."""
+    x, y = torch.randn(5, 4, device=device), torch.randn(3, 4, device=device)
+    with FusionDefinition() as fd:
+        tx, ty = fd.from_pytorch(x), fd.from_pytorch(y)
+        stop = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.add(fd.ops.slice(tx, [1, 0], [stop, 4]), ty))
+    (out,) = run_kernels(fd, [x, y, 4])
+    torch.testing.assert_close(out, x[1:4] + y)
+    with pytest.raises(ValueError, match=r"axis 0 has size 1, but the kernel iterates it with the axes it maps to, "
+                                         r"of size 3; they must be equal"):
+        run_kernels(fd, [x, y, 2])
