@@ -8,7 +8,9 @@ generated launchers, output allocation) plus the ATen calls a program makes itse
   (issue 14's "host overhead of a cached one-kernel region");
 * ``llama_layer_pyfuser``: a Llama-style decoder layer (``compile_llama.DecoderLayer``, hidden 64,
   4 heads, MLP 128, sequence 8) through ``torch.compile(backend="pyfuser")``, forward without grad;
-  its anchor ``llama_layer_eager`` is the same layer in eager torch (real CPU math, tiny shapes).
+  its anchor ``llama_layer_eager`` is the same layer in eager torch (real CPU math, tiny shapes);
+* ``llama_training_pyfuser``: the same layer's training step (forward and backward graphs, the
+  autograd engine between them), beside the eager step.
 
 ``--compare REV`` measures git revision ``REV`` too (in a temporary worktree, same machine, same
 run) and writes both side by side. Not a test: numbers depend on the machine.
@@ -109,10 +111,34 @@ def llama_layer(repeats: int) -> dict[str, float]:
                 return fn(x, cos, sin)
         return run
 
-    return {"llama_layer_pyfuser_us": _median_us(call(compiled), max(repeats // 10, 50)),
-            "llama_layer_eager_us": _median_us(call(layer), max(repeats // 10, 50)),
-            "llama_layer_regions": len(regions), "llama_layer_kernels": kernels, "llama_layer_aten_calls": aten,
-            "llama_layer_eager_ops": sum(len(g.eager) for g in backend.graphs)}
+    results = {"llama_layer_pyfuser_us": _median_us(call(compiled), max(repeats // 10, 50)),
+               "llama_layer_eager_us": _median_us(call(layer), max(repeats // 10, 50)),
+               "llama_layer_regions": len(regions), "llama_layer_kernels": kernels, "llama_layer_aten_calls": aten,
+               "llama_layer_eager_ops": sum(len(g.eager) for g in backend.graphs)}
+    return {**results, **llama_training_step(layer, x, cos, sin, repeats)}
+
+
+def llama_training_step(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        repeats: int) -> dict[str, float]:
+    """The layer's forward and backward (AOTAutograd's two graphs), as a training step calls them."""
+    torch._dynamo.reset()
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(layer, backend=backend)
+    grad = torch.randn_like(x)
+
+    def step(fn: Callable[..., Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            layer.zero_grad(set_to_none=True)
+            fn(x.detach().requires_grad_(), cos, sin).backward(grad)
+        return run
+
+    step(compiled)()
+    regions = [r for g in backend.graphs for r in g.regions]
+    kernels, aten = _stub_launches([r.fec.last_program for r in regions])
+    return {"llama_training_pyfuser_us": _median_us(step(compiled), max(repeats // 20, 30)),
+            "llama_training_eager_us": _median_us(step(layer), max(repeats // 20, 30)),
+            "llama_training_regions": len(regions), "llama_training_kernels": kernels,
+            "llama_training_aten_calls": aten, "llama_training_eager_ops": sum(len(g.eager) for g in backend.graphs)}
 
 
 def measure(repeats: int) -> dict[str, float]:
@@ -147,8 +173,11 @@ ROWS = [("one_kernel_fd_execute_us", "one-kernel fusion, cached `fd.execute`"),
         ("one_kernel_fec_run_us", "one-kernel fusion, cached `FusionExecutorCache.run`"),
         ("torch_empty_us", "anchor: one `torch.empty` of the output"),
         ("llama_layer_pyfuser_us", "Llama layer, `torch.compile(backend=\"pyfuser\")` forward"),
-        ("llama_layer_eager_us", "anchor: the same layer in eager torch (real math)")]
-COUNTS = ["llama_layer_regions", "llama_layer_kernels", "llama_layer_aten_calls", "llama_layer_eager_ops"]
+        ("llama_layer_eager_us", "anchor: the same layer in eager torch (real math)"),
+        ("llama_training_pyfuser_us", "Llama layer, training step (forward + backward) through pyfuser"),
+        ("llama_training_eager_us", "anchor: the same training step in eager torch (real math)")]
+COUNTS = ["llama_layer_regions", "llama_layer_kernels", "llama_layer_aten_calls", "llama_layer_eager_ops",
+          "llama_training_regions", "llama_training_kernels", "llama_training_aten_calls", "llama_training_eager_ops"]
 
 
 def write(results: dict[str, dict[str, float]], machine: str, out: Path) -> None:
@@ -162,10 +191,12 @@ def write(results: dict[str, dict[str, float]], machine: str, out: Path) -> None
              "calls are no-ops, so the times are pyfuser's host path (and a program's own ATen calls).", "",
              "| what (us, median) | " + " | ".join(labels) + " |", "| --- |" + " ---: |" * len(labels)]
     for key, text in ROWS:
-        lines.append(f"| {text} | " + " | ".join(f"{results[r][key]:.1f}" for r in labels) + " |")
+        lines.append(f"| {text} | " + " | ".join(f"{results[r][key]:.1f}" if key in results[r] else "-" for r in labels)
+                     + " |")
     for key in COUNTS:
-        lines.append(f"| {key.removeprefix('llama_layer_').replace('_', ' ')} of the layer | "
-                     + " | ".join(str(results[r][key]) for r in labels) + " |")
+        what = "training step" if key.startswith("llama_training_") else "layer"
+        name = key.removeprefix("llama_layer_").removeprefix("llama_training_").replace("_", " ")
+        lines.append(f"| {name} of the {what} | " + " | ".join(str(results[r].get(key, "-")) for r in labels) + " |")
     lines += ["", f"Command: `python benchmarks/host_path.py {' '.join(sys.argv[1:])}`"]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
