@@ -91,6 +91,8 @@ class FusionRegion:
             self._bound = self.fec.bound_program(inputs, device=self.device, enable_options=self._enable,
                                                  disable_options=self._disable)
             self._bound_strides = [t.stride() for t in inputs]
+            # A fusion with work of its own on every call (outputs written into inputs) is not asked again.
+            self._fixed_signature = self._bound is not None
         return outputs
 
     def __call__(self, *args: Any) -> list[torch.Tensor]:
@@ -116,7 +118,9 @@ class FusionRegion:
         except Exception:
             raise self._error(error) from error
         self._disable = (*self._disable, "kernel_codegen")
-        self._bound = None  # bound to the program with kernels
+        if self._bound is not None:  # bound to the program with kernels: bind the one without
+            self._bound = None
+            self._fixed_signature = True
         warnings.warn(KernelFallbackWarning(f"{self._error(error)}; the region runs its ops as ATen calls from now "
                                             "on"), stacklevel=3)
         return outputs
