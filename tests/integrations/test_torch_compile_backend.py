@@ -19,6 +19,7 @@ from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.graph_replay import capturable
 from pyfuser.integrations.torch_compile.lowering import Lowering
 from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
+from pyfuser.integrations.torch_compile.view_pairs import drop_transpose_pairs
 from pyfuser.runtime.executor import FusionExecutorCache
 from tests.conftest import devices
 
@@ -455,3 +456,42 @@ def test_view_methods_are_their_ops(op: torch._ops.OpOverload, args: tuple[objec
     assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
     assert got.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
     torch.testing.assert_close(got, want)
+
+
+def test_transposes_that_undo_each_other_are_dropped() -> None:
+    """``t(t(w))`` and ``transpose(transpose(x, 0, -1), 2, 0)`` read ``w`` and ``x``; a pair the graph
+    returns stays when outputs are kept; a single transpose stays."""
+    def fn(w: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x.transpose(0, -1).transpose(2, 0) + 1, w.t().t() * 2, w.t().t(), w.t())
+
+    w, x = torch.randn(3, 4), torch.randn(2, 3, 5)
+    want = fn(w, x)
+    for outputs in (True, False):
+        gm = make_fx(fn, tracing_mode="fake")(w, x)
+        dropped = drop_transpose_pairs(gm, outputs=outputs)
+        gm.recompile()
+        assert dropped == (3 if outputs else 2), gm.code
+        for got, expected in zip(gm(w, x), want, strict=True):
+            torch.testing.assert_close(got, expected)
+            assert got.stride() == expected.stride()
+        transposes = [n for n in gm.graph.nodes if n.target in (aten.t.default, aten.transpose.int)]
+        assert len(transposes) == (1 if outputs else 3), gm.code
+
+
+def test_a_training_step_keeps_no_transpose_pairs_in_eager() -> None:
+    """The backward of linear layers reads the weights the forward transposed without transposing
+    them back in eager, and its gradients match eager's."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.GELU(), torch.nn.Linear(16, 8))
+    backend = PyfuserBackend()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(4, 8)
+    compiled(x).square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).square().sum().backward()
+    for g, p in zip(got, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+    backward = next(g for g in backend.graphs if g.kind == "backward").graph_module
+    transposes = [n for n in backward.graph.nodes if n.op == "call_method" and n.target == "t"]
+    pairs = [n for n in transposes if isinstance(n.args[0], torch.fx.Node) and n.args[0] in transposes]
+    assert not pairs, backward.code

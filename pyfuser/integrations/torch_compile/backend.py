@@ -4,8 +4,8 @@ Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) tra
 with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
 backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
 backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
-which partitions it into pyfuser regions and eager ops (the views among them called as tensor
-methods, ``eager_methods.py``).
+which partitions it into pyfuser regions and eager ops (transposes that undo each other dropped,
+``view_pairs.py``; the views left called as tensor methods, ``eager_methods.py``).
 
 Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):
 
@@ -37,6 +37,7 @@ from pyfuser.integrations.torch_compile.eager_methods import call_views_as_metho
 from pyfuser.integrations.torch_compile.graph_replay import GraphReplay, capturable
 from pyfuser.integrations.torch_compile.partition import finish, plan_regions, splice_region
 from pyfuser.integrations.torch_compile.region import FusionRegion
+from pyfuser.integrations.torch_compile.view_pairs import drop_transpose_pairs
 from pyfuser.options import DumpOption, check_options, dump
 
 _OPTION_NAMES = ("cuda_graph", "triton_interpreter", "enable_options", "disable_options")
@@ -121,6 +122,9 @@ class PyfuserBackend:
                                   static_inputs=static_nodes)
             splice_region(gm, nodes, translated, region, replaced)
             regions.append(region)
+        if drop_transpose_pairs(gm, outputs=kind == "backward"):
+            kept = {n.name for n in gm.graph.nodes}
+            eager = {name: why for name, why in eager.items() if name in kept}
         call_views_as_methods(gm)
         compiled = CompiledGraph(kind, finish(gm), regions, eager)
         if self.cuda_graph and any(r.device.type == "cuda" for r in regions):
