@@ -425,17 +425,17 @@ def test_dynamic_regions_keep_the_cache(monkeypatch: pytest.MonkeyPatch) -> None
 def test_eager_views_are_tensor_method_calls() -> None:
     """Views left in eager between regions are called as tensor methods (the same ATen ops, without
     ``OpOverload.__call__``); the graph still matches eager."""
-    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        h = torch.sigmoid(x) @ w.t()
-        q = h.view(2, 3, 4).transpose(1, 2).unsqueeze(0)
-        return torch.exp(q.permute(0, 1, 3, 2).squeeze(0)).sum(-1)
+    def fn(x: torch.Tensor) -> torch.Tensor:  # attention stays eager: the head views around it too
+        q = torch.sigmoid(x).view(2, 6, 2, 4).transpose(1, 2)
+        attention = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        return torch.exp(attention.transpose(1, 2).reshape(2, 6, 8)).sum(-1)
 
     backend = PyfuserBackend()
-    x, w = torch.randn(6, 5), torch.randn(4, 5)
-    torch.testing.assert_close(torch.compile(fn, backend=backend)(x, w), fn(x, w))
+    x = torch.randn(2, 6, 8)
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(x), fn(x))
     gm = backend.graphs[0].graph_module
     methods = {n.target for n in gm.graph.nodes if n.op == "call_method"}
-    assert "t" in methods, gm.code
+    assert {"view", "transpose"} <= methods, gm.code
     assert not any(n.target in METHODS for n in gm.graph.nodes if n.op == "call_function"), gm.code
 
 
@@ -495,3 +495,22 @@ def test_a_training_step_keeps_no_transpose_pairs_in_eager() -> None:
     transposes = [n for n in backward.graph.nodes if n.op == "call_method" and n.target == "t"]
     pairs = [n for n in transposes if isinstance(n.args[0], torch.fx.Node) and n.args[0] in transposes]
     assert not pairs, backward.code
+
+
+def test_a_weight_transposed_at_a_region_edge_is_read_by_the_region() -> None:
+    """The weight's ``t`` (and the input's flattening view) at a region's edge that only the region's
+    matmul reads stay in the region, whose translation folds them (``linear(x, w)``): no eager op runs
+    for them, and the layer matches eager, with and without a bias."""
+    torch.manual_seed(0)
+    for bias in (False, True):
+        torch._dynamo.reset()
+        layer = torch.nn.Linear(8, 6, bias=bias)
+        x = torch.randn(2, 5, 8)
+        backend = PyfuserBackend()
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(lambda t, f=layer: torch.relu(f(t)), backend=backend)(x),
+                                       torch.relu(layer(x)))
+        (graph,) = backend.graphs
+        assert not graph.eager, graph.graph_module.code
+        (region,) = graph.regions
+        assert "linear(" in repr(region.fd) and "permute(" not in repr(region.fd), repr(region.fd)

@@ -4,8 +4,8 @@ Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) tra
 with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
 backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
 backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
-which partitions it into pyfuser regions and eager ops (transposes that undo each other dropped,
-``view_pairs.py``; the views left called as tensor methods, ``eager_methods.py``).
+which drops the transposes that undo each other (``view_pairs.py``), partitions it into pyfuser
+regions and eager ops and calls the views left in eager as tensor methods (``eager_methods.py``).
 
 Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):
 
@@ -109,6 +109,7 @@ class PyfuserBackend:
         """Partition ``gm`` (an ATen graph) in place into regions and eager ops; ``saved_from``: the first
         output a forward saves for its backward."""
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
+        drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         plan = plan_regions(gm)
         dump(DumpOption.fx_graph, lambda: format_plan(gm, plan, title))
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -122,9 +123,6 @@ class PyfuserBackend:
                                   static_inputs=static_nodes)
             splice_region(gm, nodes, translated, region, replaced)
             regions.append(region)
-        if drop_transpose_pairs(gm, outputs=kind == "backward"):
-            kept = {n.name for n in gm.graph.nodes}
-            eager = {name: why for name, why in eager.items() if name in kept}
         call_views_as_methods(gm)
         compiled = CompiledGraph(kind, finish(gm), regions, eager)
         if self.cuda_graph and any(r.device.type == "cuda" for r in regions):

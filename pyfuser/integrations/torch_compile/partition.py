@@ -1,7 +1,9 @@
 """Partition an ATen graph into pyfuser regions and splice each in as one call.
 
 torch.fx's ``CapabilityBasedPartitioner`` proposes the largest convex groups of supported nodes;
-views at a group's edge are dropped (they are free in eager, and a region would copy them), and a
+views at a group's edge are dropped (they are free in eager, and a region would copy them) unless
+only a matmul of the group reads them, as an operand its translation folds (``mm(x, w.t())`` is
+``linear(x, w)``, reading ``w`` as laid out), and a
 group with nothing to fuse (only views, or only matmuls, which run as ATen calls in pyfuser too)
 stays in eager. Each group is translated; a node that fails to translate is refused and the graph
 partitioned again, so an unforeseen argument combination costs a region boundary, never an error.
@@ -15,15 +17,18 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import torch
 from torch.fx import GraphModule, Node
 from torch.fx.node import _get_qualified_name
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.tools_common import legalize_graph
 
 from pyfuser.integrations.torch_compile.lowering import OpClass
 from pyfuser.integrations.torch_compile.region import FusionRegion
 from pyfuser.integrations.torch_compile.support import LOWERINGS, PyfuserSupport, op_class
 from pyfuser.integrations.torch_compile.translator import RegionTranslator, TranslatedRegion, TranslationError
+
+aten = torch.ops.aten
 
 #: qualified names of the view ops the partitioner may trim from a region's edges
 VIEW_OPS = tuple(_get_qualified_name(op) for op, lowering in LOWERINGS.items() if lowering.op_class is OpClass.view)
@@ -44,6 +49,29 @@ def _worth_compiling(nodes: list[Node]) -> bool:
     return any(op_class(n) is OpClass.compute for n in nodes)
 
 
+#: matmuls whose translation reads an operand's source instead of the view (``tensor_lowerings._mm``):
+#: position of the operand -> the view ops it folds (a transposed weight -> ``linear``; rows
+#: flattened from an N-D tensor -> the N-D tensor)
+_TRANSPOSES = (aten.t.default, aten.transpose.int, aten.permute.default)
+_FLATTENINGS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+FOLDED_OPERANDS = {aten.mm.default: {1: _TRANSPOSES, 0: _FLATTENINGS},
+                   aten.addmm.default: {2: _TRANSPOSES, 1: _FLATTENINGS}}
+
+
+def _keep_folded_operands(partitions: list[Partition], support: PyfuserSupport) -> None:
+    """Put back into its partition a view at the edge that only a matmul of the partition reads as an
+    operand its translation folds (``mm(x, w.t())`` is ``linear(x, w)``): inside, the view costs
+    nothing (the region reads ``w`` as laid out); outside, it is one eager op per call."""
+    for partition in partitions:
+        members = partition.nodes
+        for node in [n for n in members if n.target in FOLDED_OPERANDS]:
+            for position, views in FOLDED_OPERANDS[node.target].items():  # type: ignore[index]
+                operand = node.args[position] if position < len(node.args) else None
+                if (isinstance(operand, Node) and operand not in members and operand.target in views
+                        and all(user in members for user in operand.users) and support.is_node_supported({}, operand)):
+                    partition.add_node(operand)
+
+
 def plan_regions(gm: GraphModule) -> RegionPlan:
     """The regions of ``gm`` and the reasons for what stays eager (``gm`` is not changed)."""
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
@@ -54,6 +82,7 @@ def plan_regions(gm: GraphModule) -> RegionPlan:
                                                  non_compute_ops=VIEW_OPS)
         partitions = partitioner.propose_partitions()
         partitioner.remove_bookend_non_compute_ops(partitions)
+        _keep_folded_operands(partitions, support)
         regions: list[tuple[list[Node], TranslatedRegion]] = []
         dropped: dict[Node, str] = {}
         refused = False

@@ -1,9 +1,9 @@
-"""Transposes that undo each other, left in eager between regions, dropped.
+"""Transposes that undo each other, dropped from an ATen graph before it is partitioned.
 
 AOTAutograd's backward reads a weight the forward transposed as ``t(t(w))`` and hands gradients
-back as ``t(t(g))``: in a partitioned Llama layer's backward graph 28 of its 33 eager transposes are
+back as ``t(t(g))``: in a Llama layer's backward graph 28 of the 33 transposes left in eager were
 such pairs. A pair is the tensor it started from (same sizes, strides and offset), so its uses read
-that tensor; the transposes nothing reads any more are erased.
+that tensor (a region then reads the weight itself); the transposes nothing reads any more are erased.
 """
 
 from __future__ import annotations
