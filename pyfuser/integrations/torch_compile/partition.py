@@ -58,17 +58,18 @@ FOLDED_OPERANDS = {aten.mm.default: {1: _TRANSPOSES, 0: _FLATTENINGS},
                    aten.addmm.default: {2: _TRANSPOSES, 1: _FLATTENINGS}}
 
 
-def _keep_folded_operands(partitions: list[Partition], support: PyfuserSupport) -> None:
-    """Put back into its partition a view at the edge that only a matmul of the partition reads as an
-    operand its translation folds (``mm(x, w.t())`` is ``linear(x, w)``): inside, the view costs
-    nothing (the region reads ``w`` as laid out); outside, it is one eager op per call."""
-    for partition in partitions:
+def _keep_folded_operands(partitions: list[Partition], proposed: list[set[Node]]) -> None:
+    """Put back into its partition a view at the edge (``proposed``: each partition before its edges
+    were trimmed) that only a matmul of the partition reads as an operand its translation folds
+    (``mm(x, w.t())`` is ``linear(x, w)``): inside, the view costs nothing (the region reads ``w`` as
+    laid out); outside, it is one eager op per call."""
+    for partition, before in zip(partitions, proposed, strict=True):
         members = partition.nodes
         for node in [n for n in members if n.target in FOLDED_OPERANDS]:
             for position, views in FOLDED_OPERANDS[node.target].items():  # type: ignore[index]
                 operand = node.args[position] if position < len(node.args) else None
-                if (isinstance(operand, Node) and operand not in members and operand.target in views
-                        and all(user in members for user in operand.users) and support.is_node_supported({}, operand)):
+                if (isinstance(operand, Node) and operand in before and operand not in members
+                        and operand.target in views and all(user in members for user in operand.users)):
                     partition.add_node(operand)
 
 
@@ -81,8 +82,9 @@ def plan_regions(gm: GraphModule) -> RegionPlan:
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True,
                                                  non_compute_ops=VIEW_OPS)
         partitions = partitioner.propose_partitions()
+        proposed = [set(partition.nodes) for partition in partitions]
         partitioner.remove_bookend_non_compute_ops(partitions)
-        _keep_folded_operands(partitions, support)
+        _keep_folded_operands(partitions, proposed)
         regions: list[tuple[list[Node], TranslatedRegion]] = []
         dropped: dict[Node, str] = {}
         refused = False
