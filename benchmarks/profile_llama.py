@@ -6,6 +6,7 @@ time (name, calls and microseconds per iteration), plus what pyfuser's regions r
 calls by kind). Profile first, optimize second (the closing notes quote this output).
 
     python benchmarks/profile_llama.py --cases small --variants inductor_reduce_overhead,pyfuser_cuda_graph
+    python benchmarks/profile_llama.py --cases small --passes fwd+bwd --variants pyfuser --steps
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import pstats
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -75,8 +78,82 @@ def host_profile(call, iters: int, top: int) -> list[str]:
     return lines
 
 
+def _step_label(step: Any) -> str:
+    """What a Host IR step runs: an ATen call (by the expr's type), a kernel launch (its generated
+    launcher's kernel, or the segment's type: size-dispatched, a sequence of launches), or the kind
+    of step."""
+    cells = [c.cell_contents for c in (step.__closure__ or ()) if not isinstance(c.cell_contents, (int, list, str))]
+    for value in cells:
+        owner = getattr(value, "__self__", None)
+        if owner is not None and type(owner).__name__.endswith("Op"):
+            return f"aten {type(owner).__name__}"
+    for value in cells:
+        owner = getattr(value, "__self__", None)
+        if owner is not None and hasattr(owner, "name"):
+            return f"launch {type(owner).__name__} {owner.name}"
+        code = getattr(value, "__code__", None)
+        if code is not None and code.co_filename.startswith("<launcher of"):
+            return f"launch {code.co_filename.strip('<>').removeprefix('launcher of ')}"
+    return step.__qualname__.split(".<locals>")[0] + "." + step.__name__
+
+
+def step_breakdown(call: Callable[[], None], iters: int, top: int) -> list[str]:
+    """Host time per Host IR step kind, per region call and per program run (``perf_counter`` around
+    each: a few hundred ns each of overhead), in microseconds per iteration."""
+    from pyfuser.host_ir.evaluator import HostIrEvaluator
+    from pyfuser.integrations.torch_compile.region import FusionRegion
+
+    total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    labels: dict[int, list[str]] = {}
+    real_execute, real_run, real_region = HostIrEvaluator._execute, HostIrEvaluator.run, FusionRegion.__call__
+
+    def execute(self: Any, frame: Any) -> None:
+        names = labels.get(id(self))
+        if names is None:
+            names = labels[id(self)] = [_step_label(step) for step in self._steps]
+        clock = time.perf_counter
+        start = clock()
+        for name, step in zip(names, self._steps, strict=True):
+            step(frame)
+            now = clock()
+            total[name] += now - start
+            calls[name] += 1
+            start = now
+
+    def timed(key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                total[key] += time.perf_counter() - start
+                calls[key] += 1
+        return wrapper
+
+    HostIrEvaluator._execute = execute  # type: ignore[method-assign]
+    HostIrEvaluator.run = timed("(program runs, steps included)", real_run)  # type: ignore[method-assign]
+    FusionRegion.__call__ = timed("(region calls, programs included)", real_region)  # type: ignore[method-assign]
+    try:
+        call()
+        total.clear()
+        calls.clear()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) / iters * 1e6
+    finally:
+        HostIrEvaluator._execute, HostIrEvaluator.run, FusionRegion.__call__ = real_execute, real_run, real_region
+    lines = [f"  host time per Host IR step kind ({iters} iterations, {wall:.0f} us each with the timers):"]
+    for name, seconds in sorted(total.items(), key=lambda kv: -kv[1])[:2 * top]:
+        lines.append(f"    {seconds / iters * 1e6:8.1f} us  x{calls[name] / iters:5.1f}  {name[:100]}")
+    return lines
+
+
 def profile_variant(variant: str, shape: dict[str, int], training: bool, iters: int, top: int,
-                    host: bool = False) -> str:
+                    host: bool = False, steps: bool = False) -> str:
     torch.manual_seed(0)
     layer = DecoderLayer(shape["hidden"], shape["heads"], shape["mlp"]).to(device="cuda", dtype=torch.bfloat16)
     x = torch.randn(shape["batch"], shape["seq"], shape["hidden"], device="cuda", dtype=torch.bfloat16)
@@ -117,6 +194,8 @@ def profile_variant(variant: str, shape: dict[str, int], training: bool, iters: 
     lines.extend(launchers(prof, {name for name, _ in ranked if is_copy(name)}, iters))
     if host:
         lines.extend(host_profile(call, iters, 2 * top))
+    if steps and backend is not None:
+        lines.extend(step_breakdown(call, max(iters, 20), top))
     if backend is not None:
         for graph in backend.graphs:
             for region in graph.regions:
@@ -135,6 +214,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--out", default=None, help="also write the report to this file")
     parser.add_argument("--host", action="store_true", help="add a cProfile of the host's Python functions")
+    parser.add_argument("--steps", action="store_true", help="add pyfuser's host time per Host IR step kind")
     args = parser.parse_args()
     unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
     if unknown:
@@ -146,7 +226,7 @@ def main() -> None:
             for variant in args.variants.split(","):
                 try:
                     text = profile_variant(variant, SHAPES[case], kind == "fwd+bwd", args.iters, args.top,
-                                           args.host)
+                                           args.host, args.steps)
                 except Exception as e:  # one failing variant does not stop the others
                     text = f"## {kind} {variant}: failed: {type(e).__name__}: {str(e)[:300]}"
                 print(text, flush=True)
