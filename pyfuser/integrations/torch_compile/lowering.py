@@ -77,5 +77,24 @@ def meta_of(value: Any) -> Any:
     return value.meta.get("val") if isinstance(value, Node) else value
 
 
+def swapped_dims(node: Any) -> tuple[int, int] | None:
+    """The two dims a transposing node exchanges, smaller first: ``t``, ``transpose``, or a
+    ``permute`` that moves exactly two dims; None for any other value."""
+    if not isinstance(node, Node) or node.op != "call_function" or node.kwargs or not node.args:
+        return None
+    ops = torch.ops.aten
+    if node.target is ops.t.default:
+        return (0, 1)
+    value = meta_of(node)
+    rank = value.dim() if isinstance(value, torch.Tensor) else 0
+    if node.target is ops.transpose.int and rank and all(isinstance(d, int) for d in node.args[1:]):
+        a, b = sorted(d % rank for d in node.args[1:3])
+        return (a, b)
+    if node.target is ops.permute.default and rank and all(isinstance(d, int) for d in node.args[1]):
+        moved = [k for k, d in enumerate(node.args[1]) if d % rank != k]
+        return (moved[0], moved[1]) if len(moved) == 2 else None
+    return None
+
+
 def is_tensor_meta(value: Any) -> bool:
     return isinstance(value, torch.Tensor)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from pyfuser.integrations.torch_compile.lowering import Lowering, LoweringContext, OpClass, meta_of
+from pyfuser.integrations.torch_compile.lowering import Lowering, LoweringContext, OpClass, meta_of, swapped_dims
 
 aten = torch.ops.aten
 
@@ -149,16 +149,12 @@ def _cumsum(ctx: LoweringContext, x: Any, dim: int, **kwargs: Any) -> Any:
 def _transposed_matrix(ctx: LoweringContext, operand: Any) -> Any | None:
     """``w`` when ``operand`` is ``w.t()`` (or the same by transpose / permute) of a 2-D ``w``: ``mm(x,
     w.t())`` is ``linear(x, w)``, which reads ``w`` as it is laid out instead of copying its transpose."""
-    if not isinstance(operand, Node) or operand.op != "call_function" or operand not in ctx._env:
+    if not isinstance(operand, Node) or operand not in ctx._env or swapped_dims(operand) != (0, 1):
         return None
-    source = operand.args[0] if operand.args else None
+    source = operand.args[0]
     if not isinstance(source, Node) or meta_of(source) is None or meta_of(source).dim() != 2:
         return None
-    target = operand.target
-    transposed = target is aten.t.default or (target is aten.transpose.int and {
-        _normalize(d, 2) for d in operand.args[1:3]} == {0, 1}) or (
-        target is aten.permute.default and [_normalize(d, 2) for d in operand.args[1]] == [1, 0])
-    return ctx.value_of(source) if transposed and source in ctx._env else None
+    return ctx.value_of(source) if source in ctx._env else None
 
 
 def _flattened_rows(ctx: LoweringContext, operand: Any) -> Any | None:

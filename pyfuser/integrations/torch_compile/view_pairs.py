@@ -1,4 +1,5 @@
-"""Transposes that undo each other, dropped from an ATen graph before it is partitioned.
+"""Transposes (``t``, ``transpose``, a ``permute`` of two dims) that undo each other, dropped from
+an ATen graph before it is partitioned.
 
 AOTAutograd's backward reads a weight the forward transposed as ``t(t(w))`` and hands gradients
 back as ``t(t(g))``: in a Llama layer's backward graph 28 of the 33 transposes left in eager were
@@ -8,36 +9,20 @@ that tensor (a region then reads the weight itself); the transposes nothing read
 
 from __future__ import annotations
 
-import torch
 from torch.fx import GraphModule, Node
 
-aten = torch.ops.aten
-
-
-def _swap(node: Node) -> tuple[int, int] | None:
-    """The two dims a transpose node swaps (normalized), or None for anything else."""
-    if node.op != "call_function" or node.kwargs:
-        return None
-    if node.target is aten.t.default and len(node.args) == 1:
-        return (0, 1)
-    if node.target is aten.transpose.int and len(node.args) == 3:
-        value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor) or not all(isinstance(d, int) for d in node.args[1:]):
-            return None
-        a, b = (d % value.dim() for d in node.args[1:])  # type: ignore[operator]
-        return (min(a, b), max(a, b))
-    return None
+from pyfuser.integrations.torch_compile.lowering import swapped_dims
 
 
 def drop_transpose_pairs(gm: GraphModule, *, outputs: bool = True) -> int:
-    """Make every use of ``transpose(transpose(x))`` (the same two dims) read ``x``, in place (the
-    caller regenerates the code); ``outputs=False`` keeps the pair where the graph returns it (a
+    """Make every use of two transposes of the same two dims in a row (``t(t(x))``) read ``x``, in
+    place (the caller regenerates the code); ``outputs=False`` keeps the pair where the graph returns it (a
     forward's outputs carry AOTAutograd's aliasing metadata). Returns how many pairs were dropped."""
     dropped = 0
     for node in list(gm.graph.nodes):
-        swap = _swap(node)
+        swap = swapped_dims(node)
         inner = node.args[0] if swap is not None else None
-        if not isinstance(inner, Node) or _swap(inner) != swap or not isinstance(inner.args[0], Node):
+        if swap is None or swapped_dims(inner) != swap or not isinstance(inner.args[0], Node):
             continue
         base = inner.args[0]
         if node.replace_all_uses_with(base, delete_user_cb=lambda user: outputs or user.op != "output"):
