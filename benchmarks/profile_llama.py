@@ -30,6 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compile_llama import VARIANTS, DecoderLayer, compiled, rotary
 
+from pyfuser.host_ir.evaluator import HostIrEvaluator
+from pyfuser.integrations.torch_compile.region import FusionRegion
+
 SHAPES = {"large": {"hidden": 4096, "heads": 32, "mlp": 11008, "seq": 2048, "batch": 4},
           "small": {"hidden": 4096, "heads": 32, "mlp": 11008, "seq": 128, "batch": 1}}
 
@@ -100,9 +103,6 @@ def _step_label(step: Any) -> str:
 def step_breakdown(call: Callable[[], None], iters: int, top: int) -> list[str]:
     """Host time per Host IR step kind, per region call and per program run (``perf_counter`` around
     each: a few hundred ns each of overhead), in microseconds per iteration."""
-    from pyfuser.host_ir.evaluator import HostIrEvaluator
-    from pyfuser.integrations.torch_compile.region import FusionRegion
-
     total: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     labels: dict[int, list[str]] = {}
