@@ -19,7 +19,7 @@ from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.graph_replay import capturable
 from pyfuser.integrations.torch_compile.lowering import Lowering
 from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
-from pyfuser.integrations.torch_compile.view_pairs import drop_transpose_pairs
+from pyfuser.integrations.torch_compile.view_pairs import drop_detaches, drop_transpose_pairs
 from pyfuser.runtime.executor import FusionExecutorCache
 from tests.conftest import devices
 
@@ -476,6 +476,26 @@ def test_transposes_that_undo_each_other_are_dropped() -> None:
             assert got.stride() == expected.stride()
         transposes = [n for n in gm.graph.nodes if n.target in (aten.t.default, aten.transpose.int)]
         assert len(transposes) == (1 if outputs else 3), gm.code
+
+
+def test_detaches_are_dropped_and_a_returned_one_reads_the_tensor_itself() -> None:
+    """Uses of ``detach(detach(x))`` read ``x``; a returned ``detach`` stays when outputs are kept,
+    as one ``detach`` of ``x``."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        d = aten.detach.default(aten.detach.default(x * 2))
+        return d + 1, aten.detach.default(d)
+
+    x = torch.randn(3, 4)
+    want = fn(x)
+    for outputs in (True, False):
+        gm = make_fx(fn, tracing_mode="fake")(x)
+        dropped = drop_detaches(gm, outputs=outputs)
+        gm.recompile()
+        detaches = [n for n in gm.graph.nodes if n.target is aten.detach.default]
+        assert dropped == (3 if outputs else 2) and len(detaches) == (0 if outputs else 1), gm.code
+        assert all(n.args[0].target is aten.mul.Tensor for n in detaches), gm.code
+        for got, expected in zip(gm(x), want, strict=True):
+            torch.testing.assert_close(got, expected)
 
 
 def test_a_training_step_keeps_no_transpose_pairs_in_eager() -> None:
