@@ -51,6 +51,41 @@ def test_matmul_of_every_rank(shape_a: tuple[int, ...], shape_b: tuple[int, ...]
     torch.testing.assert_close(out, want)
 
 
+_ROWS = {  # x [*lead, 8] in layouts whose rows merge into one GEMM operand, and some whose rows do not
+    "contiguous": lambda: torch.randn(2, 3, 8),
+    "one_row": lambda: torch.randn(1, 1, 8),
+    "offset_rows": lambda: torch.randn(4, 3, 2, 8)[:, :, 1],
+    "strided_k": lambda: torch.randn(2, 3, 16)[..., ::2],
+    "rank_4": lambda: torch.randn(2, 1, 3, 8),
+    "empty_rows": lambda: torch.randn(0, 3, 8),
+    "leading_transposed": lambda: torch.randn(3, 2, 8).transpose(0, 1),
+    "expanded_rows": lambda: torch.randn(3, 8).expand(2, 3, 8),
+    "matrix": lambda: torch.randn(5, 8).t().contiguous().t(),
+}
+_WEIGHTS = {"contiguous": lambda: torch.randn(4, 8), "column_major": lambda: torch.randn(8, 4).t(),
+            "offset": lambda: torch.randn(6, 8)[2:]}
+
+
+@pytest.mark.parametrize("weight", sorted(_WEIGHTS))
+@pytest.mark.parametrize("rows", sorted(_ROWS))
+def test_linear_and_matmul_on_row_and_weight_layouts(rows: str, weight: str, device: str) -> None:
+    """linear and matmul with a 2-D weight on inputs whose rows merge into one GEMM operand and on
+    inputs whose rows do not (ATen folds or copies them), weights of every layout: as torch."""
+    x, w, bias = _ROWS[rows](), _WEIGHTS[weight](), torch.randn(4)
+
+    def build(fd: FusionDefinition, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> None:
+        tx, tw = fd.from_pytorch(x), fd.from_pytorch(w)
+        fd.add_output(fd.ops.linear(tx, tw))
+        fd.add_output(fd.ops.linear(tx, tw, fd.from_pytorch(bias)))
+        fd.add_output(fd.ops.matmul(tx, fd.ops.permute(tw, [1, 0])))
+
+    with torch.no_grad():  # as torch.compile's graphs run
+        got = run(build, [x, w, bias], device)
+    for out, want in zip(got, [F.linear(x, w), F.linear(x, w, bias), torch.matmul(x, w.t())], strict=True):
+        assert out.shape == want.shape
+        torch.testing.assert_close(out, want)
+
+
 @pytest.mark.parametrize("bias_rank", [None, 1, 2])
 def test_linear_with_a_rank_3_weight(bias_rank: int | None, device: str) -> None:
     x, w = torch.randn(2, 3, 8), torch.randn(4, 5, 8)  # weight [E, N, K]
