@@ -15,7 +15,7 @@ import hashlib
 import importlib.util
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from pyfuser.codegen.kernel_source import KernelSource
-from pyfuser.codegen.launcher import DirectLaunches, launcher_source
+from pyfuser.codegen.launcher import BoundParam, BoundRun, DirectLaunches, bound_launch, launcher_source
 from pyfuser.ir.eval_context import EvalContext
 
 _LOADED: dict[str, Any] = {}
@@ -113,3 +113,51 @@ class CompiledKernel:
             return
         device = next(p for p in params if isinstance(p, torch.Tensor)).get_device()
         self._launches.launch(self.key(params), (*grid, *(1,) * (3 - len(grid))), list(params), device)
+
+    def variant_launch(self, params: Sequence[Any]) -> Callable[[tuple[int, ...], list[Any], Any], None] | None:
+        """``launch(grid, params, stream)`` of the compiled variant ``params`` select (compiled by a
+        launch before), or None where there is none to call directly."""
+        if self._interpreted:
+            fn, warps = self._fn, self.num_warps
+
+            def interpreted(grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
+                with np.errstate(all="ignore"):
+                    fn[grid](*params, num_warps=warps)
+
+            return interpreted
+        device = next(p for p in params if isinstance(p, torch.Tensor)).get_device()
+        return self._launches.variants.get((device, self.key(params))) if self._launches.direct else None
+
+    def bound_params(self, reads: Sequence[int], first_output: int, params: Sequence[Any]) -> list[BoundParam] | None:
+        """``prepare``'s parameters as a bound launch's: the tensors it reads from ``reads`` (slots of
+        its arguments, in order), its outputs from slot ``first_output`` on, the rest as they were;
+        None when a parameter comes from a scalar argument (its value may change)."""
+        if self.source.scalar_inputs:
+            return None
+        n_in, n_out = len(self.source.tensor_inputs), len(self.source.output_shapes)
+        entries: list[BoundParam] = [("slot", reads[p]) for p in self.source.tensor_inputs]
+        entries += [("slot", first_output + j) for j in range(n_out)]
+        entries += [("value", v) for v in params[n_in + n_out:]]
+        return entries
+
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+        """Run on ``args``, and return with the outputs a ``bound_launch`` for later calls of a bound
+        program (None where there can be none: nothing launched, a scalar parameter, no variant to
+        call directly)."""
+        outputs, grid, params = self._prepare(ctx, args, None)
+        if grid is None:
+            return outputs, None
+        if not self._interpreted:
+            self.launch(grid, params)
+            grid = (*grid, *(1,) * (3 - len(grid)))  # the compiled variant's x, y, z
+        launch = self.variant_launch(params)
+        if self._interpreted:
+            launch(grid, list(params), None)  # type: ignore[misc]
+        entries = self.bound_params(range(len(args)), len(args), params)
+        if launch is None or entries is None or any(o.data_ptr() % 16 for o in outputs):
+            return outputs, None
+        aligned = {v: args[v].data_ptr() % 16 == 0 for kind, v in entries if kind == "slot" and v < len(args)}
+        allocations = [(tuple(o.shape), o.stride(), o.dtype) for o in outputs]
+        device = outputs[0].device
+        return outputs, bound_launch(len(args), aligned, allocations, entries, range(len(args), len(args) + len(outputs)),
+                                     grid, launch, device)

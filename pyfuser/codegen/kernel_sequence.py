@@ -5,7 +5,7 @@ where the device holds all programs of the first at once."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -15,7 +15,7 @@ from pyfuser.codegen.cooperative import cooperative_source
 from pyfuser.codegen.grid_reduction import FinishStep, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelSource
-from pyfuser.codegen.launcher import DirectLaunches, raw_stream
+from pyfuser.codegen.launcher import BoundParam, BoundRun, DirectLaunches, bound_launch, raw_stream
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
@@ -47,6 +47,31 @@ class KernelSequence:
         for kernel, reads in zip(self.kernels, self._reads, strict=True):
             slots.extend(kernel.run(ctx, *[slots[s] for s in reads]))
         return _deliver([slots[s] for s in self._outputs], out)
+
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+        """Run on ``args``, and return with the outputs the launches bound for a bound program's later
+        calls, one after another (None unless every kernel's binds: see ``CompiledKernel.bind``)."""
+        slots: list[Any] = list(args)
+        runs = []
+        for kernel, reads in zip(self.kernels, self._reads, strict=True):
+            outputs, run = kernel.bind(ctx, [slots[s] for s in reads])
+            slots.extend(outputs)
+            runs.append(run)
+        results = [slots[s] for s in self._outputs]
+        if any(run is None for run in runs):
+            return results, None
+        steps, kept = list(zip(runs, self._reads, strict=True)), self._outputs
+
+        def run_bound(args: Sequence[Any]) -> list[torch.Tensor] | None:
+            slots = list(args)
+            for run, reads in steps:
+                outputs = run([slots[s] for s in reads])  # type: ignore[misc]
+                if outputs is None:  # an argument's alignment changed: the caller runs the launchers
+                    return None
+                slots.extend(outputs)
+            return [slots[s] for s in kept]
+
+        return results, run_bound
 
 
 def _deliver(results: list[torch.Tensor], out: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
@@ -119,31 +144,90 @@ class CooperativeSequence(KernelSequence):
         joined = self.cooperative_code[self.cooperative_code.index("@_jit\ndef _grid_sync"):]
         return super().code + "\n# As one cooperative launch where the first step's programs fit on the device:\n" + joined
 
-    def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        global cooperative_launches
+    def _prepared(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[Any], list[Any]] | None:
+        """(slots: the arguments then every step's outputs, (kernel, grid, params) per step) for one
+        cooperative launch, or None where the steps run as a sequence of launches: a step with
+        nothing to run, or more programs in the first than the device holds at once."""
         slots: list[Any] = list(args)
         steps = []
         for kernel, reads in zip(self.kernels, self._reads, strict=True):
             outputs, grid, params = kernel.prepare(ctx, *[slots[s] for s in reads])
             if grid is None:  # empty outputs: the plain sequence knows what to skip
-                return super().run(ctx, *args, out=out)
+                return None
             slots.extend(outputs)
             steps.append((kernel, (*grid, *(1,) * (3 - len(grid))), params))
-        device = slots[len(args)].device
-        first = steps[0][1]
-        if math.prod(first) > resident_programs(device):  # a launch per step, each by its own launcher
-            return super().run(ctx, *args, out=out)
+        if math.prod(steps[0][1]) > resident_programs(slots[len(args)].device):
+            return None
+        return slots, steps
+
+    def _launch(self, steps: list[Any], device: torch.device,
+                ) -> Callable[[tuple[int, ...], list[Any], Any], None] | None:
+        """Launch the steps as one cooperative launch; returns ``launch(grid, params, stream)`` of the
+        variant launched, for a bound launch (None: no variant to call directly)."""
         params = [p for _, _, step_params in steps for p in step_params]
         params += [g for _, grid, _ in steps[1:] for g in grid]
         params.append(_counter(device))
+        first = steps[0][1]
+        fn, warps = self._fn, self._num_warps
         if self._launches is not None:
             key = (tuple(k.key(p) for k, _, p in steps), tuple((g == 1, g % 16 == 0) for _, grid, _ in steps[1:]
                                                            for g in grid))
             self._launches.launch(key, first, params, device.index)
+            variant = self._launches.variants.get((device.index, key))
         else:
-            self._fn[first](*params, num_warps=self._num_warps)
+            fn[first](*params, num_warps=warps)
+            variant = None
+
+        global cooperative_launches
         cooperative_launches += 1
+        if self._launches is not None and variant is None:
+            return None
+
+        def launch(grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
+            global cooperative_launches
+            if variant is not None:
+                variant(grid, params, stream)
+            else:  # Triton's interpreter
+                fn[grid](*params, num_warps=warps)
+            cooperative_launches += 1
+
+        return launch
+
+    def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        prepared = self._prepared(ctx, args)
+        if prepared is None:  # a launch per step, each by its own launcher
+            return super().run(ctx, *args, out=out)
+        slots, steps = prepared
+        self._launch(steps, slots[len(args)].device)
         return _deliver([slots[s] for s in self._outputs], out)
+
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+        """``KernelSequence.bind`` for one cooperative launch: the steps' parameters, grids and counter
+        recorded as one bound launch."""
+        prepared = self._prepared(ctx, args)
+        if prepared is None:
+            return super().bind(ctx, args)
+        slots, steps = prepared
+        device = slots[len(args)].device
+        launch = self._launch(steps, device)
+        entries: list[BoundParam] = []
+        first_output = len(args)
+        for (kernel, _, params), reads in zip(steps, self._reads, strict=True):
+            step_entries = kernel.bound_params(reads, first_output, params)
+            if step_entries is None or launch is None:
+                return [slots[s] for s in self._outputs], None
+            entries += step_entries
+            first_output += len(kernel.source.output_shapes)
+        entries += [("value", g) for _, grid, _ in steps[1:] for g in grid]
+        entries.append(("counter", None))
+        made = slots[len(args):]
+        results = [slots[s] for s in self._outputs]
+        if any(t.data_ptr() % 16 for t in made):
+            return results, None
+        aligned = {v: slots[v].data_ptr() % 16 == 0 for kind, v in entries if kind == "slot" and v < len(args)}
+        allocations = [(tuple(t.shape), t.stride(), t.dtype) for t in made]
+        return results, bound_launch(len(args), aligned, allocations, entries, self._outputs, steps[0][1], launch,
+                                     device, counter=lambda stream: _counter(device))
 
 
 def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,

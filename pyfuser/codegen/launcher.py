@@ -305,3 +305,56 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
               + "\n".join(key) + "\n")
     return source, env
 
+
+
+#: What a parameter of a bound launch is: ("slot", k) the value in slot k (the arguments first,
+#: then each allocated output), ("value", v) the constant v, ("counter", None) the grid
+#: synchronizations' counter of the launch's stream.
+BoundParam = tuple[str, Any]
+BoundRun = Callable[[Sequence[Any]], "list[torch.Tensor] | None"]
+
+
+def bound_launch(n_args: int, aligned: dict[int, bool], allocations: Sequence[tuple[tuple[int, ...], tuple[int, ...],
+                 torch.dtype]], params: Sequence[BoundParam], results: Sequence[int], grid: tuple[int, ...],
+                 launch: Callable[[tuple[int, ...], list[Any], Any], None], device: torch.device,
+                 counter: Callable[[Any], torch.Tensor] | None = None) -> BoundRun:
+    """``run(args) -> results``: a launch recorded on a bound program's first call, replayed on its
+    later calls, whose sizes and strides are those of the first (the caller vouches for that): it
+    allocates the outputs as they were, fills the recorded parameters in and launches, with none of
+    the reading of sizes and strides, checks, grid and variant key of the generated launcher (a
+    dozen calls into torch fewer per launch). Returns None when an argument's 16-byte alignment
+    (part of the compiled variant) differs from the first call's: the caller runs the launcher then.
+
+    ``aligned``: argument slot -> its alignment on the first call, for each argument the kernel
+    reads; ``allocations``: (sizes, strides, dtype) of the outputs, slots ``n_args`` on;
+    ``launch(grid, params, stream)``: the compiled variant's; ``counter(stream)``: the counter for
+    ("counter", None) parameters."""
+    env: dict[str, Any] = {"_launch": launch, "_grid": grid, "_counter": counter}
+    body = [f"a{k} = args[{k}]" for k in sorted(aligned)]
+    mismatch = [f"a{k}.data_ptr() % 16" + (" != 0" if ok else " == 0") for k, ok in sorted(aligned.items())]
+    if mismatch:
+        body += [f"if {' or '.join(mismatch)}:", "    return None"]
+    cuda = device.type == "cuda" and _empty_cuda is not None
+    env["_alloc"] = _empty_cuda if cuda else (
+        lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype, device=device))
+    for j, (sizes, strides, dtype) in enumerate(allocations):
+        env[f"_sizes{j}"], env[f"_strides{j}"], env[f"_dtype{j}"] = sizes, strides, dtype
+        body.append(f"a{n_args + j} = _alloc(_sizes{j}, _strides{j}, _dtype{j})")
+    env["_raw_stream"], env["_device"] = raw_stream, device.index
+    body.append("_stream = _raw_stream(_device)" if device.type == "cuda" else "_stream = None")
+    names = []
+    for k, (kind, value) in enumerate(params):
+        if kind == "slot":
+            names.append(f"a{value}")
+        elif kind == "counter":
+            names.append("_counter(_stream)")
+        else:
+            env[f"_v{k}"] = value
+            names.append(f"_v{k}")
+    body.append(f"_launch(_grid, [{', '.join(names)}], _stream)")
+    body.append(f"return [{', '.join(f'a{s}' for s in results)}]")
+    source = "def run(args):\n" + "\n".join("    " + line for line in body) + "\n"
+    exec(compile(source, "<bound launch>", "exec"), env)
+    run: BoundRun = env["run"]
+    run.source = source  # type: ignore[attr-defined]
+    return run

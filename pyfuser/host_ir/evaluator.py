@@ -25,7 +25,7 @@ import torch
 from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, Step, StepBuilder
 from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, AtenCall, HostIrContainer, HostNode, HostVal, LaunchKernel
 from pyfuser.host_ir.outputs import OutputLayout
-from pyfuser.host_ir.steps import CORE_STEP_BUILDERS
+from pyfuser.host_ir.steps import CORE_STEP_BUILDERS, BoundLaunches
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
@@ -122,6 +122,8 @@ class HostIrEvaluator:
         self._builders = step_builders
         self._slots: dict[object, int] = {}
         self._initial: list[Any] = []
+        #: how many bodies are being compiled, one in another (1: the program's own nodes)
+        self._nesting = 0
         self._initial[self.slot(NUMBER_OF_STREAMS_SLOT)] = num_streams
         self._input_slots = [self.slot(v) for v in container.inputs]
         self._steps = self.compile_body(container.nodes)
@@ -148,14 +150,17 @@ class HostIrEvaluator:
         #: whether any conformed output may share memory with an input or another output (then each
         #: run collects the storages of the inputs and outputs)
         self._check_sharing = any(shared for _, _, shared in self._conform)
+        #: bindings (``EvalContext.binding``) whose runs return outputs that already have their layouts
+        self._conforming: set[object] = set()
         self._slot_events: dict[tuple[int, int], torch.cuda.Event] = {}
         #: a program without stream nodes runs on the caller's stream: no stream state to set up
         self._uses_streams = any(isinstance(n, GetCurrentStream | SetCurrentStream | Synchronize | SlotWait)
                                  for n in container.walk())
         self._direct = self._direct_launch(container)
 
-    def _direct_launch(self, container: HostIrContainer) -> tuple[Any, list[int], list[int]] | None:
-        """(the kernel's run, input position of each of its arguments, kernel result of each output)
+    def _direct_launch(self, container: HostIrContainer) -> tuple[Any, list[int], list[int], BoundLaunches] | None:
+        """(the kernel's run, input position of each of its arguments, kernel result of each output,
+        its bound launches)
         for a program that is one kernel launch on the caller's stream returning its fresh results
         (every single-kernel fusion): run directly, without value slots and steps (a third of a
         cached call's host time on the H200's host)."""
@@ -169,7 +174,7 @@ class HostIrEvaluator:
         results = [next((k for k, v in enumerate(node.outputs) if v is o), -1) for o in container.outputs]
         if -1 in pick or -1 in results:
             return None
-        return node.segment.run, pick, results
+        return node.segment.run, pick, results, BoundLaunches(node.segment)
 
     # --- CompileContext ------------------------------------------------------------------------
     def slot(self, val: HostVal | Hashable) -> int:
@@ -179,8 +184,16 @@ class HostIrEvaluator:
             self._initial.append(val.value if isinstance(val, Scalar) and val.is_const else None)
         return slot
 
+    @property
+    def top_level(self) -> bool:
+        return self._nesting == 1
+
     def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]:
-        steps = [self._builder(node)(node, self) for node in nodes]
+        self._nesting += 1
+        try:
+            steps = [self._builder(node)(node, self) for node in nodes]
+        finally:
+            self._nesting -= 1
         return [s for s in steps if s is not None]
 
     def _builder(self, node: HostNode) -> StepBuilder:
@@ -195,10 +208,13 @@ class HostIrEvaluator:
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]:
         direct = self._direct
         if direct is not None and (not self._on_cuda or _current_device() == self.device.index):
-            launch, pick, results = direct
+            launch, pick, results, bound = direct
             ctx.env[self._streams_symbol] = self.num_streams
             try:
-                outputs = launch(ctx, *[args[k] for k in pick])
+                picked = [args[k] for k in pick]
+                outputs = bound.run(ctx, picked) if ctx.binding is not None else None
+                if outputs is None:
+                    outputs = launch(ctx, *picked)
             except NoPrograms:  # the steps know the ATen fallback
                 pass
             else:
@@ -231,22 +247,29 @@ class HostIrEvaluator:
         else:
             self._execute(Frame(values, ctx, None))
         outputs = [values[s] for s in self._output_slots]
-        if self._conform:
+        if self._conform and ctx.binding not in self._conforming:
             # An output never shares memory with an input or with another output (``b`` and ``set(b)``
             # both returned, or one tensor returned twice): the caller may write to any of them.
             taken: set[int] | None = None
             if self._check_sharing:
                 taken = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
                 taken.update(values[s].untyped_storage().data_ptr() for s in self._fresh_output_slots)
+            unchanged = taken is None and not self._repeated_outputs
             for pos, layout, shared in self._conform:
                 result = outputs[pos]
                 if pos in self._repeated_outputs:
                     result = layout.copy(result)
                 else:
                     result = layout.conform(result, taken if shared else None)
+                unchanged = unchanged and result is outputs[pos]
                 outputs[pos] = result
                 if taken is not None:
                     taken.add(result.untyped_storage().data_ptr())
+            if unchanged and ctx.binding is not None:
+                # A bound program's outputs have the layouts of its first run: these need nothing.
+                if len(self._conforming) >= 8:
+                    self._conforming.clear()
+                self._conforming.add(ctx.binding)
         return outputs
 
     def _execute(self, frame: Frame) -> None:

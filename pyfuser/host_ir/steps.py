@@ -149,6 +149,40 @@ def _aten_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list
     return evaluate
 
 
+_UNBOUND = object()
+
+
+class BoundLaunches:
+    """A launch's bound launches, one per binding (``EvalContext.binding``): the first run under a
+    binding binds the segment (``bind(ctx, args) -> (outputs, bound run or None)``), later runs
+    replay what it recorded. Only for launches that run once per program run (not in a loop's body,
+    whose chunks differ from one iteration to the next)."""
+
+    __slots__ = ("by_binding", "segment")
+
+    #: bindings remembered per launch (a region binds one program; more only through repeated binding)
+    LIMIT = 8
+
+    def __init__(self, segment: Any) -> None:
+        self.segment = segment
+        self.by_binding: dict[object, Any] = {}
+
+    def run(self, ctx: EvalContext, args: list[Any]) -> list[Any] | None:
+        """The outputs, or None where the caller runs the segment itself (nothing bound for this
+        binding, or an argument whose alignment changed)."""
+        launch = self.by_binding.get(ctx.binding, _UNBOUND)
+        if launch is _UNBOUND:
+            bind = getattr(self.segment, "bind", None)
+            if bind is None:
+                self.by_binding[ctx.binding] = None
+                return None
+            if len(self.by_binding) >= self.LIMIT:
+                self.by_binding.clear()
+            outputs, self.by_binding[ctx.binding] = bind(ctx, args)
+            return outputs
+        return launch(args) if launch is not None else None
+
+
 def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
     run = node.segment.run
     fallback = _aten_fallback(node)
@@ -164,14 +198,17 @@ def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
                 fallback(frame.ctx, args, buffers)
 
         return step_into
+    bound = BoundLaunches(node.segment) if cc.top_level else None
 
     def step(frame: Frame) -> None:
-        values = frame.values
+        values, ctx = frame.values, frame.ctx
         args = [values[i] for i in ins]
         try:
-            results = run(frame.ctx, *args)
+            results = bound.run(ctx, args) if bound is not None and ctx.binding is not None else None
+            if results is None:
+                results = run(ctx, *args)
         except NoPrograms:
-            results = fallback(frame.ctx, args, None)
+            results = fallback(ctx, args, None)
         for o, r in zip(outs, results, strict=True):
             values[o] = r
 

@@ -13,6 +13,10 @@ class EvalContext:
     #: Values of symbolic extents and input scalars, by name (``i0`` -> 128).
     env: dict[str, int] = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    #: A bound program's token (``runtime.executor.BoundProgram``): every run under it has the same
+    #: sizes, input strides and layouts, which its caller vouches for, so a kernel launch recorded on
+    #: its first run replays (``codegen.launcher.bound_launch``). None: each run may differ.
+    binding: object | None = None
 
 
 class NoPrograms(Exception):  # a signal to the caller, not an error

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -45,9 +45,11 @@ class BoundProgram:
     program: Program
     env: dict[str, int]
     device: torch.device
+    #: the ``EvalContext.binding`` of its runs: their kernel launches replay what the first recorded
+    binding: object = field(default_factory=object, compare=False)
 
     def run(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        return self.program.run(args, EvalContext(self.env.copy(), self.device))
+        return self.program.run(args, EvalContext(self.env.copy(), self.device, self.binding))
 
 
 #: How many exact input signatures a FusionExecutorCache remembers (least recently used dropped first).

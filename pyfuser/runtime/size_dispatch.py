@@ -16,6 +16,7 @@ import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence
+from pyfuser.codegen.launcher import BoundRun
 from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.symbolic import SymBinary, SymExpr, SymVar
@@ -62,6 +63,11 @@ class SizeDispatchedKernel:
     def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         kernel = self.last = self.kernel_for(ctx.env)
         return kernel.run(ctx, *args, out=out)
+
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+        """The bucket's kernel's ``bind`` (a bound program's sizes keep it in the bucket)."""
+        kernel = self.last = self.kernel_for(ctx.env)
+        return kernel.bind(ctx, args)
 
 
 def _symbols(e: SymExpr) -> set[str]:
