@@ -126,6 +126,9 @@ class HostIrEvaluator:
         self._nesting = 0
         self._initial[self.slot(NUMBER_OF_STREAMS_SLOT)] = num_streams
         self._input_slots = [self.slot(v) for v in container.inputs]
+        #: the inputs take the slots right after the first one (distinct inputs): a run's slots are
+        #: built in one list display, not stored one by one
+        self._inputs_in_order = self._input_slots == list(range(1, len(self._input_slots) + 1))
         self._steps = self.compile_body(container.nodes)
         self._output_slots = [self.slot(v) for v in container.outputs]
         fresh = _fresh_buffers(container)
@@ -219,9 +222,13 @@ class HostIrEvaluator:
                 pass
             else:
                 return [outputs[k] for k in results]
-        values = self._initial.copy()
-        for slot, arg in zip(self._input_slots, args, strict=True):
-            values[slot] = arg
+        if self._inputs_in_order and len(args) == len(self._input_slots):
+            initial = self._initial
+            values = [initial[0], *args, *initial[len(args) + 1:]]
+        else:
+            values = self._initial.copy()
+            for slot, arg in zip(self._input_slots, args, strict=True):
+                values[slot] = arg
         ctx.env[self._streams_symbol] = self.num_streams
         if self._on_cuda and not self._uses_streams:
             if _current_device() == self.device.index:

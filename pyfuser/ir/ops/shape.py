@@ -203,8 +203,8 @@ class ReshapeOp(Expr):
         self._static_numel = math.prod(values) if self._static is not None else -1  # type: ignore[arg-type]
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
-        if self._static is not None and x.numel() == self._static_numel:  # the hot path of a static shape
-            return [x.reshape(self._static)]
+        if self._static is not None and (ctx.binding is not None or x.numel() == self._static_numel):
+            return [x.reshape(self._static)]  # the hot path of a static shape (a binding fixes the sizes)
         try:
             sizes = [e.evaluate(ctx.env) for e in self._extents]
         except ZeroDivisionError:  # a -1 entry next to sizes that multiply to 0
