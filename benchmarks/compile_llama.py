@@ -10,6 +10,7 @@ The layer is written here in plain torch (RMSNorm, rotary embeddings, causal SDP
 math of Hugging Face's ``LlamaDecoderLayer``, so the benchmark needs no ``transformers``.
 
     python benchmarks/compile_llama.py --out benchmarks/results/compile_llama_h100   # on a GPU
+    python benchmarks/compile_llama.py --cases small --interleave 12                 # host-bound A/B
     python benchmarks/compile_llama.py --device cpu --quick                          # CPU smoke run
 
 Not a test: numbers depend on the machine. Writes ``<out>.json`` and ``<out>.md``.
@@ -114,11 +115,14 @@ def time_ms(fn: Callable[[], Any], device: str, warmup: int, iters: int) -> floa
     return statistics.median(samples)
 
 
-def compiled(variant: str, layer: torch.nn.Module) -> tuple[Callable[..., Any], Any]:
+def compiled(variant: str, layer: torch.nn.Module, reset: bool = True) -> tuple[Callable[..., Any], Any]:
+    """``reset=False`` keeps the variants compiled before (for interleaved turns; the CUDA-graph
+    variants are never interleaved)."""
     # Nothing of the previous variant may outlive it: an autograd graph it left to the garbage collector
     # holds the parameters' AccumulateGrad nodes, whose stream then differs from a CUDA-graph capture's.
     gc.collect()
-    torch._dynamo.reset()
+    if reset:
+        torch._dynamo.reset()
     if variant == "eager":
         return layer, None
     if variant == "inductor":
@@ -129,8 +133,29 @@ def compiled(variant: str, layer: torch.nn.Module) -> tuple[Callable[..., Any], 
     return torch.compile(layer, backend=backend), backend
 
 
+#: Variants that can share a process without resets between them (no CUDA-graph pools or trees).
+INTERLEAVABLE = ("eager", "inductor", "pyfuser")
+
+
+def interleaved_ms(calls: dict[str, Callable[[], Any]], device: str, turns: int, iters: int) -> dict[str, float]:
+    """Median wall milliseconds per call of each variant over ``turns`` turns of ``iters`` calls, the
+    variants' order rotated each turn, in one process: on the H200's host a host-bound step drifts by
+    a third between runs, which sequential medians attribute to whichever variant ran then."""
+    names = list(calls)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for turn in range(turns):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                calls[name]()
+            synchronize(device)
+            samples[name].append((time.perf_counter() - t0) / iters * 1e3)
+    return {n: statistics.median(s) for n, s in samples.items()}
+
+
 def run_case(name: str, shape: dict[str, int], training: bool, variants: list[str], device: str, dtype: torch.dtype,
-             warmup: int, iters: int) -> dict[str, Any]:
+             warmup: int, iters: int, interleave: int = 0) -> dict[str, Any]:
     torch.manual_seed(0)
     layer = DecoderLayer(shape["hidden"], shape["heads"], shape["mlp"]).to(device=device, dtype=dtype)
     x = torch.randn(shape["batch"], shape["seq"], shape["hidden"], device=device, dtype=dtype)
@@ -139,11 +164,9 @@ def run_case(name: str, shape: dict[str, int], training: bool, variants: list[st
     with torch.no_grad():
         reference = layer(x, cos, sin)
     result: dict[str, Any] = {"case": name, "shape": shape, "training": training, "variants": {}}
-    for variant in variants:
-        fn, backend = compiled(variant, layer)
-        mark_step = variant == "inductor_reduce_overhead"
 
-        def call(fn: Callable[..., Any] = fn, mark_step: bool = mark_step) -> torch.Tensor:
+    def make_call(fn: Callable[..., Any], mark_step: bool) -> Callable[[], torch.Tensor]:
+        def call() -> torch.Tensor:
             if mark_step:
                 torch.compiler.cudagraph_mark_step_begin()
             if training:
@@ -153,6 +176,12 @@ def run_case(name: str, shape: dict[str, int], training: bool, variants: list[st
                 return out.detach()
             with torch.no_grad():
                 return fn(x, cos, sin).clone()
+
+        return call
+
+    for variant in variants:
+        fn, backend = compiled(variant, layer)
+        call = make_call(fn, variant == "inductor_reduce_overhead")
 
         entry: dict[str, Any] = {}
         try:
@@ -179,6 +208,17 @@ def run_case(name: str, shape: dict[str, int], training: bool, variants: list[st
               + (f"{entry['ms']:8.3f} ms" if "ms" in entry else entry.get("error", ""))
               + (f"  (graphs {entry['cuda_graphs_captured']}, calls without one {entry['calls_without_graph']})"
                  if "cuda_graphs_captured" in entry else ""), flush=True)
+    together = [v for v in variants if v in INTERLEAVABLE and "ms" in result["variants"][v]]
+    if interleave and len(together) > 1:
+        torch._dynamo.reset()
+        calls = {}
+        for variant in together:
+            calls[variant] = make_call(compiled(variant, layer, reset=False)[0], False)
+            for _ in range(warmup):
+                calls[variant]()
+        for variant, ms in interleaved_ms(calls, device, interleave, max(1, iters // 2)).items():
+            result["variants"][variant]["interleaved_ms"] = ms
+            print(f"{name:>6} {'fwd+bwd' if training else 'fwd':>7} {variant:>26}: {ms:8.3f} ms interleaved", flush=True)
     return result
 
 
@@ -248,6 +288,18 @@ def markdown(report: dict[str, Any]) -> str:
             lines.append(f"| {case['case']} | {kind} | {name} | {ms:.3f} | {entry['tokens_per_s']:.0f} | "
                          f"{eager / ms:.2f}x | {(inductor / ms) if inductor else float('nan'):.2f}x | "
                          f"{entry['max_abs_diff_vs_eager']:.3g} |")
+    turns = meta.get("interleave", 0)
+    if turns:
+        lines += ["", f"### Interleaved in one process ({turns} turns, variants rotated; wall ms per iteration)", "",
+                  "| case | pass | variant | ms / iteration | vs inductor |", "| --- | --- | --- | --- | --- |"]
+        for case in report["cases"]:
+            variants = case["variants"]
+            inductor = variants.get("inductor", {}).get("interleaved_ms")
+            for name, entry in variants.items():
+                if "interleaved_ms" in entry:
+                    ms = entry["interleaved_ms"]
+                    lines.append(f"| {case['case']} | {'fwd+bwd' if case['training'] else 'fwd'} | {name} | {ms:.3f} | "
+                                 f"{(inductor / ms) if inductor else float('nan'):.2f}x |")
     shapes = {c["case"]: c["shape"] for c in report["cases"]}
     lines += ["", "Shapes: " + "; ".join(f"{k}: {v}" for k, v in shapes.items()), "",
               "## Host overhead of a cached one-kernel computation (`x * 2 + 1`, 1024 elements)", "",
@@ -267,6 +319,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--out", default=None, help="path prefix of the .json and .md results")
+    parser.add_argument("--interleave", type=int, default=0, metavar="TURNS",
+                        help=f"also time {', '.join(INTERLEAVABLE)} together in TURNS rotated turns (host-bound cases)")
     args = parser.parse_args()
     device = args.device
     quick = args.quick or device == "cpu"
@@ -286,14 +340,15 @@ def main() -> None:
     cases = []
     for name in args.cases.split(","):
         for training in (False, True):
-            cases.append(run_case(name, shapes[name], training, variants, device, dtype, warmup, iters))
+            cases.append(run_case(name, shapes[name], training, variants, device, dtype, warmup, iters,
+                                  args.interleave))
     overhead = host_overhead(device, 200 if quick else 2000)
     for key, value in overhead.items():
         print(f"host overhead {key}: {value:.1f}")
     report = {"meta": {"date": datetime.date.today().isoformat(), "device": device, "dtype": str(dtype),
                        "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU",
                        "torch": torch.__version__, "python": sys.version.split()[0], "warmup": warmup,
-                       "iters": iters, "command": " ".join(["python", *sys.argv])},
+                       "iters": iters, "interleave": args.interleave, "command": " ".join(["python", *sys.argv])},
               "cases": cases, "host_overhead": overhead}
     if args.out:
         out = Path(args.out)
