@@ -306,7 +306,6 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
     return source, env
 
 
-
 #: What a parameter of a bound launch is: ("slot", k) the value in slot k (the arguments first,
 #: then each allocated output), ("value", v) the constant v, ("counter", None) the grid
 #: synchronizations' counter of the launch's stream.
