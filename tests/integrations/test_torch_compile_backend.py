@@ -517,6 +517,30 @@ def test_a_training_step_keeps_no_transpose_pairs_in_eager() -> None:
     assert not pairs, backward.code
 
 
+def test_views_of_returned_values_are_taken_in_eager() -> None:
+    """A region that would return a value and views of it (a chain, too) returns the value only: the
+    views are taken outside from it, share its memory as in eager, and its program copies nothing."""
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.sigmoid(x) * w + 1
+        flat = y.view(12, 4)
+        return y, flat, flat.t(), (flat * 2).sum(0)
+
+    backend = PyfuserBackend()
+    x, w = torch.randn(3, 4, 4), torch.randn(4)
+    compiled = torch.compile(fn, backend=backend)
+    for _ in range(2):
+        got, want = compiled(x, w), fn(x, w)
+        for g, e in zip(got, want, strict=True):
+            torch.testing.assert_close(g, e)
+            assert g.stride() == e.stride()
+        assert len({t.untyped_storage().data_ptr() for t in got[:3]}) == 1  # as eager's views
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    assert not region.fec.last_program._check_sharing, str(region.fec.last_program)
+    eager = [n.target for n in graph.graph_module.graph.nodes if n.op == "call_method"]
+    assert "view" in eager and "t" in eager, graph.graph_module.code
+
+
 def test_a_weight_transposed_at_a_region_edge_is_read_by_the_region() -> None:
     """The weight's ``t`` (and the input's flattening view) at a region's edge that only the region's
     matmul reads stay in the region, whose translation folds them (``linear(x, w)``): no eager op runs

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.fx import GraphModule, Node
-from torch.fx.node import _get_qualified_name
+from torch.fx.node import _get_qualified_name, map_arg
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
 from torch.fx.passes.tools_common import legalize_graph
 
@@ -134,6 +134,14 @@ def splice_region(gm: GraphModule, nodes: list[Node], translated: TranslatedRegi
     for node, item in replacements:
         node.replace_all_uses_with(item, delete_user_cb=lambda user: user not in nodes)
         replaced[node] = item
+    last = replacements[-1][1] if replacements else call
+    for view in translated.rederived:  # in eager, from the returned value it views (``finish`` orders them)
+        with graph.inserting_after(last):
+            rest = map_arg(view.args[1:], lambda a: replaced.get(a, a))
+            last = graph.call_function(view.target, (replaced[view.args[0]], *rest), dict(view.kwargs))
+        last.meta.update(view.meta)
+        view.replace_all_uses_with(last, delete_user_cb=lambda user: user not in nodes)
+        replaced[view] = last
     for node in reversed(nodes):
         graph.erase_node(node)
 

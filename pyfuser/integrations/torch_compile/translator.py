@@ -57,6 +57,9 @@ class TranslatedRegion:
     device: torch.device
     #: ``T3`` -> ``mul_1 (aten.mul.Tensor)``: what each tensor of the fusion is in the FX graph
     names: dict[str, str] = field(default_factory=dict)
+    #: the region's views of values it returns, used outside it: taken there, in eager, from the
+    #: returned values (see ``rederived_views``), in graph order
+    rederived: list[Node] = field(default_factory=list)
 
 
 def _hint(size: Any) -> int | None:
@@ -102,7 +105,10 @@ class RegionTranslator:
                 if a not in members:
                     inputs.setdefault(a, None)
         self.inputs = list(inputs)
-        self.outputs = [n for n in self.nodes if any(u not in members for u in n.users)]
+        used_outside = [n for n in self.nodes if any(u not in members for u in n.users)]
+        self.rederived = rederived_views(used_outside, members)
+        taken_outside = set(self.rederived)
+        self.outputs = [n for n in used_outside if n not in taken_outside]
         self.device = region_device(self.inputs, self.nodes)
         self.fd = FusionDefinition()
         self.env: dict[Node, Any] = {}
@@ -118,7 +124,8 @@ class RegionTranslator:
         for node in self.nodes:
             self.env[node] = self._translate_node(node)
         slots = self._add_outputs()
-        return TranslatedRegion(self.fd, self.inputs, fusion_inputs, self.outputs, slots, self.device, self.names)
+        return TranslatedRegion(self.fd, self.inputs, fusion_inputs, self.outputs, slots, self.device, self.names,
+                                self.rederived)
 
     # --- inputs ----------------------------------------------------------------------------------------
     def _define_inputs(self) -> list[int]:
@@ -213,6 +220,30 @@ class RegionTranslator:
             slots.append(count)
             count += 1
         return slots
+
+
+#: Views whose eager call returns a view of its input (never a copy), taken again outside a region.
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.t.default,
+          torch.ops.aten.transpose.int, torch.ops.aten.permute.default, torch.ops.aten.unsqueeze.default,
+          torch.ops.aten.squeeze.dim, torch.ops.aten.expand.default)
+
+
+def rederived_views(used_outside: Sequence[Node], members: set[Node]) -> list[Node]:
+    """Of the region's nodes used outside it, the views of another such node (one it returns, or
+    another of these): the graph has them share memory with what they view, and a program's outputs
+    each own their memory, so returned from the region one would be copied on every call (with a check
+    of every input's storage); taken outside, in eager, from the returned value, each is one view, as
+    in the graph."""
+    exported: set[Node] = set()
+    views: list[Node] = []
+    for node in used_outside:  # graph order: what a view reads is decided before it
+        base = node.args[0] if node.args else None
+        others = [a for a in node.all_input_nodes if a is not base]
+        if (node.op == "call_function" and node.target in _VIEWS and isinstance(base, Node) and base in exported
+                and not any(a in members for a in others)):
+            views.append(node)
+        exported.add(node)
+    return views
 
 
 def _required_order(meta: torch.Tensor) -> list[int] | None:
