@@ -147,17 +147,14 @@ class CompiledKernel:
         outputs, grid, params = self._prepare(ctx, args, None)
         if grid is None:
             return outputs, None
-        if not self._interpreted:
-            self.launch(grid, params)
-            grid = (*grid, *(1,) * (3 - len(grid)))  # the compiled variant's x, y, z
-        launch = self.variant_launch(params)
         if self._interpreted:
+            launch = self.variant_launch(params)
             launch(grid, list(params), None)  # type: ignore[misc]
+        else:
+            self.launch(grid, params)  # compiles the variant on its first launch
+            launch = self.variant_launch(params)
+            grid = (*grid, *(1,) * (3 - len(grid)))  # the compiled variant's x, y, z
         entries = self.bound_params(range(len(args)), len(args), params)
-        if launch is None or entries is None or any(o.data_ptr() % 16 for o in outputs):
+        if launch is None or entries is None:
             return outputs, None
-        aligned = {v: args[v].data_ptr() % 16 == 0 for kind, v in entries if kind == "slot" and v < len(args)}
-        allocations = [(tuple(o.shape), o.stride(), o.dtype) for o in outputs]
-        device = outputs[0].device
-        return outputs, bound_launch(len(args), aligned, allocations, entries, range(len(args), len(args) + len(outputs)),
-                                     grid, launch, device)
+        return outputs, bound_launch(args, outputs, entries, range(len(args), len(args) + len(outputs)), grid, launch)

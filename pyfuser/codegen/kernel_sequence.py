@@ -220,14 +220,8 @@ class CooperativeSequence(KernelSequence):
             first_output += len(kernel.source.output_shapes)
         entries += [("value", g) for _, grid, _ in steps[1:] for g in grid]
         entries.append(("counter", None))
-        made = slots[len(args):]
-        results = [slots[s] for s in self._outputs]
-        if any(t.data_ptr() % 16 for t in made):
-            return results, None
-        aligned = {v: slots[v].data_ptr() % 16 == 0 for kind, v in entries if kind == "slot" and v < len(args)}
-        allocations = [(tuple(t.shape), t.stride(), t.dtype) for t in made]
-        return results, bound_launch(len(args), aligned, allocations, entries, self._outputs, steps[0][1], launch,
-                                     device, counter=lambda stream: _counter(device))
+        return [slots[s] for s in self._outputs], bound_launch(
+            args, slots[len(args):], entries, self._outputs, steps[0][1], launch, lambda stream: _counter(device))
 
 
 def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,

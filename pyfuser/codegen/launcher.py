@@ -313,31 +313,35 @@ BoundParam = tuple[str, Any]
 BoundRun = Callable[[Sequence[Any]], "list[torch.Tensor] | None"]
 
 
-def bound_launch(n_args: int, aligned: dict[int, bool], allocations: Sequence[tuple[tuple[int, ...], tuple[int, ...],
-                 torch.dtype]], params: Sequence[BoundParam], results: Sequence[int], grid: tuple[int, ...],
-                 launch: Callable[[tuple[int, ...], list[Any], Any], None], device: torch.device,
-                 counter: Callable[[Any], torch.Tensor] | None = None) -> BoundRun:
+def bound_launch(args: Sequence[Any], made: Sequence[torch.Tensor], params: Sequence[BoundParam],
+                 results: Sequence[int], grid: tuple[int, ...], launch: Callable[[tuple[int, ...], list[Any], Any], None],
+                 counter: Callable[[Any], torch.Tensor] | None = None) -> BoundRun | None:
     """``run(args) -> results``: a launch recorded on a bound program's first call, replayed on its
     later calls, whose sizes and strides are those of the first (the caller vouches for that): it
     allocates the outputs as they were, fills the recorded parameters in and launches, with none of
     the reading of sizes and strides, checks, grid and variant key of the generated launcher (a
-    dozen calls into torch fewer per launch). Returns None when an argument's 16-byte alignment
-    (part of the compiled variant) differs from the first call's: the caller runs the launcher then.
+    dozen calls into torch fewer per launch). ``run`` returns None when an argument's 16-byte
+    alignment (part of the compiled variant) differs from the first call's: the caller runs the
+    launcher then. None instead of ``run`` when an output the first call allocated was not aligned.
 
-    ``aligned``: argument slot -> its alignment on the first call, for each argument the kernel
-    reads; ``allocations``: (sizes, strides, dtype) of the outputs, slots ``n_args`` on;
-    ``launch(grid, params, stream)``: the compiled variant's; ``counter(stream)``: the counter for
-    ("counter", None) parameters."""
+    ``args``: the first call's arguments (slots ``0..``); ``made``: the outputs it allocated (slots
+    ``len(args)..``); ``launch(grid, params, stream)``: the compiled variant's; ``counter(stream)``:
+    the counter for ("counter", None) parameters."""
+    if any(t.data_ptr() % 16 for t in made):
+        return None
+    n_args, device = len(args), made[0].device
+    read = sorted({value for kind, value in params if kind == "slot" and value < n_args})
+    aligned = {k: args[k].data_ptr() % 16 == 0 for k in read}
     env: dict[str, Any] = {"_launch": launch, "_grid": grid, "_counter": counter}
-    body = [f"a{k} = args[{k}]" for k in sorted(aligned)]
-    mismatch = [f"a{k}.data_ptr() % 16" + (" != 0" if ok else " == 0") for k, ok in sorted(aligned.items())]
+    body = [f"a{k} = args[{k}]" for k in read]
+    mismatch = [f"a{k}.data_ptr() % 16" + (" != 0" if aligned[k] else " == 0") for k in read]
     if mismatch:
         body += [f"if {' or '.join(mismatch)}:", "    return None"]
     cuda = device.type == "cuda" and _empty_cuda is not None
     env["_alloc"] = _empty_cuda if cuda else (
         lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype, device=device))
-    for j, (sizes, strides, dtype) in enumerate(allocations):
-        env[f"_sizes{j}"], env[f"_strides{j}"], env[f"_dtype{j}"] = sizes, strides, dtype
+    for j, t in enumerate(made):
+        env[f"_sizes{j}"], env[f"_strides{j}"], env[f"_dtype{j}"] = tuple(t.shape), t.stride(), t.dtype
         body.append(f"a{n_args + j} = _alloc(_sizes{j}, _strides{j}, _dtype{j})")
     env["_raw_stream"], env["_device"] = raw_stream, device.index
     body.append("_stream = _raw_stream(_device)" if device.type == "cuda" else "_stream = None")

@@ -4,7 +4,7 @@ Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) tra
 with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
 backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
 backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
-which drops the transposes that undo each other (``view_pairs.py``), partitions it into pyfuser
+which drops the transposes that undo each other and the detaches (``view_pairs.py``), partitions it into pyfuser
 regions and eager ops and calls the views left in eager as tensor methods (``eager_methods.py``).
 
 Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):

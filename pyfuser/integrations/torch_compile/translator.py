@@ -26,6 +26,7 @@ from torch.fx import Node
 from torch.fx.node import map_aggregate
 
 from pyfuser.frontend.fusion_definition import FusionDefinition
+from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.lowering import LoweringContext, is_tensor_meta, meta_of
 from pyfuser.integrations.torch_compile.support import LOWERINGS, op_name
 from pyfuser.ir.base import Scalar
@@ -223,9 +224,7 @@ class RegionTranslator:
 
 
 #: Views whose eager call returns a view of its input (never a copy), taken again outside a region.
-_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.t.default,
-          torch.ops.aten.transpose.int, torch.ops.aten.permute.default, torch.ops.aten.unsqueeze.default,
-          torch.ops.aten.squeeze.dim, torch.ops.aten.expand.default)
+_VIEWS = frozenset((*METHODS, torch.ops.aten._unsafe_view.default))
 
 
 def rederived_views(used_outside: Sequence[Node], members: set[Node]) -> list[Node]:
