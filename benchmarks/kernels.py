@@ -258,7 +258,8 @@ def run_case(case: Case, sweep: bool) -> dict[str, Any]:
         "pyfuser_ms": pyfuser_ms, "eager_GBps": gbps(case.nbytes, eager_ms),
         "inductor_GBps": gbps(case.nbytes, inductor_ms), "pyfuser_GBps": gbps(case.nbytes, pyfuser_ms),
         "pyfuser_first_call_s": first_call_s, "inductor_compile_s": compile_s,
-        "kernels": len(fd.fec.kernel_codes()), "copy_same_bytes_GBps": copy_bandwidth("cuda", case.nbytes),
+        "kernels": len(fd.fec.kernel_codes()),
+        "copy_same_bytes_GBps": copy_bandwidth(str(case.inputs[0].device), case.nbytes),
     }
     if case.scheduler is SchedulerType.inner_outer_persistent:
         # A grid reduction: one cooperative launch against a launch per step, measured in turns (the
