@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition
+from pyfuser.scheduler.registry import Machine
 
 RunKernels = Callable[..., list[torch.Tensor]]
 
@@ -37,6 +38,13 @@ def run_kernels() -> RunKernels:
 @pytest.fixture
 def run_aten() -> RunKernels:
     return execute_with_aten
+
+
+@pytest.fixture
+def one_program_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Schedulers size grids for a machine of one program at a time: a grid reduction's steps then run
+    as one cooperative launch, also in Triton's interpreter (which runs one program at a time)."""
+    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(1, 1024, 128)))
 
 
 def kernel_segments(fd: FusionDefinition) -> list[Any]:

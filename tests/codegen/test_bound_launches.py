@@ -15,7 +15,6 @@ import torch
 from pyfuser import FusionDefinition
 from pyfuser.codegen import compiled_kernel, kernel_sequence, launcher
 from pyfuser.integrations.torch_compile import PyfuserBackend
-from pyfuser.scheduler.registry import Machine
 
 
 @pytest.fixture
@@ -96,10 +95,9 @@ def test_a_size_dispatched_reduction_and_a_program_of_several_steps_replay(devic
 
 
 def test_a_cooperative_grid_reduction_replays_its_one_launch(device: str, replays: list[str],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+                                                             one_program_machine: None) -> None:
     """Seed 003's shape of segment (a reduction per row and across rows) as one cooperative launch:
     the replay fills in every step's parameters, the grids and the counter of its stream."""
-    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(1, 1024, 128)))
     x = torch.randn(37, 96, device=device)
     with FusionDefinition() as fd:
         t0 = fd.from_pytorch(x)

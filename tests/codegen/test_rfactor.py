@@ -10,7 +10,6 @@ import torch
 from pyfuser import FusionDefinition, ParallelType
 from pyfuser.codegen import kernel_sequence
 from pyfuser.codegen.kernel_source import KernelError
-from pyfuser.scheduler.registry import Machine
 
 
 def _sum(rank: int = 2, dims: tuple[int, ...] = (1,)) -> tuple[FusionDefinition, object]:
@@ -189,11 +188,10 @@ def test_cooperative_grid_reduction_in_a_cuda_graph_and_on_concurrent_streams() 
         torch.testing.assert_close(r, inputs[k % 2].sum(), rtol=1e-4, atol=1e-2)
 
 
-def test_independent_final_steps_share_one_synchronization(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_independent_final_steps_share_one_synchronization(device: str, one_program_machine: None) -> None:
     """Two reductions across rows (layernorm backward's shape): their final steps read only the first
     step's partials, so the cooperative kernel synchronizes once and runs both after it; results
     match torch. One program per machine, so the interpreter runs it cooperatively too."""
-    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(1, 1024, 128)))
     x = torch.randn(37, 96, device=device)
     with FusionDefinition() as fd:
         t0 = fd.from_pytorch(x)
