@@ -32,6 +32,7 @@ from compile_llama import VARIANTS, DecoderLayer, compiled, rotary
 
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.integrations.torch_compile.region import FusionRegion
+from pyfuser.runtime.executor import BoundProgram
 
 SHAPES = {"large": {"hidden": 4096, "heads": 32, "mlp": 11008, "seq": 2048, "batch": 4},
           "small": {"hidden": 4096, "heads": 32, "mlp": 11008, "seq": 128, "batch": 1}}
@@ -107,8 +108,12 @@ def step_breakdown(call: Callable[[], None], iters: int, top: int) -> list[str]:
     calls: dict[str, int] = defaultdict(int)
     labels: dict[int, list[str]] = {}
     real_execute, real_run, real_region = HostIrEvaluator._execute, HostIrEvaluator.run, FusionRegion.__call__
+    real_bound = BoundProgram.run
 
-    def execute(self: Any, frame: Any) -> None:
+    def execute(self: Any, frame: Any, recorded: Any = None) -> None:
+        if recorded is not None:  # a binding's first run, recorded for its straight-line function
+            real_execute(self, frame, recorded)
+            return
         names = labels.get(id(self))
         if names is None:
             names = labels[id(self)] = [_step_label(step) for step in self._steps]
@@ -134,6 +139,7 @@ def step_breakdown(call: Callable[[], None], iters: int, top: int) -> list[str]:
     HostIrEvaluator._execute = execute  # type: ignore[method-assign]
     HostIrEvaluator.run = timed("(program runs, steps included)", real_run)  # type: ignore[method-assign]
     FusionRegion.__call__ = timed("(region calls, programs included)", real_region)  # type: ignore[method-assign]
+    BoundProgram.run = timed("(bound program runs: straight-line functions after their first)", real_bound)  # type: ignore[method-assign]
     try:
         call()
         total.clear()
@@ -146,6 +152,7 @@ def step_breakdown(call: Callable[[], None], iters: int, top: int) -> list[str]:
         wall = (time.perf_counter() - start) / iters * 1e6
     finally:
         HostIrEvaluator._execute, HostIrEvaluator.run, FusionRegion.__call__ = real_execute, real_run, real_region
+        BoundProgram.run = real_bound  # type: ignore[method-assign]
     lines = [f"  host time per Host IR step kind ({iters} iterations, {wall:.0f} us each with the timers):"]
     for name, seconds in sorted(total.items(), key=lambda kv: -kv[1])[:2 * top]:
         lines.append(f"    {seconds / iters * 1e6:8.1f} us  x{calls[name] / iters:5.1f}  {name[:100]}")

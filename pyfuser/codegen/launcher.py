@@ -5,9 +5,11 @@ cached launch runs straight-line code instead of interpreting the kernel's descr
 
 from __future__ import annotations
 
+import math
 import operator
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -88,6 +90,21 @@ _STATIC_TYPES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1":
                  "u32": "I", "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f", "f32": "f", "fp64": "d"}
 
 
+@dataclass(frozen=True)
+class StaticLaunch:
+    """A compiled variant's launch through torch's static launcher, in parts: ``call(function, grid x,
+    y, z, warps, shared memory, types, arguments, stream)`` with the parameters at ``kept`` and
+    ``scratch`` Nones."""
+
+    call: Callable[..., None]
+    function: Any
+    warps: int
+    shared: int
+    types: str
+    kept: tuple[int, ...]
+    scratch: int
+
+
 def _static_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any], None] | None:
     """A compiled variant launched by torch's static CUDA launcher (Inductor's: the driver call in
     C++, no Python launcher in between; 4.4 vs 8.0 us per launch on the H200's host), or None where
@@ -135,6 +152,8 @@ def _static_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any],
     def run(grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
         call(function, grid[0], grid[1], grid[2], warps, shared, types, pick(params) + scratch, stream)
 
+    #: what a bound launch writes as one call of its own (``BoundLaunch.write``)
+    run.static = StaticLaunch(call, function, warps, shared, types, tuple(kept), len(scratch))  # type: ignore[attr-defined]
     return run
 
 
@@ -313,51 +332,111 @@ BoundParam = tuple[str, Any]
 BoundRun = Callable[[Sequence[Any]], "list[torch.Tensor] | None"]
 
 
+class BoundLaunch:
+    """A launch recorded on a bound program's first call, replayed on its later calls, whose sizes and
+    strides are those of the first (the caller vouches for that): allocate the outputs as they were,
+    fill the recorded parameters in and launch, with none of the reading of sizes and strides,
+    checks, grid and variant key of the generated launcher (a dozen calls into torch fewer per
+    launch). An argument whose 16-byte alignment (part of the compiled variant) differs from the
+    first call's needs the launcher instead.
+
+    ``write`` renders the replay as lines of Python for a caller's generated code (a bound
+    program's straight-line function inlines its launches); ``run`` is the replay as a function of
+    its own."""
+
+    def __init__(self, args: Sequence[Any], made: Sequence[torch.Tensor], params: Sequence[BoundParam],
+                 results: Sequence[int], grid: tuple[int, ...], launch: Callable[[tuple[int, ...], list[Any], Any], None],
+                 counter: Callable[[Any], torch.Tensor] | None) -> None:
+        self.n_args = len(args)
+        self.device = made[0].device
+        self.reads = sorted({value for kind, value in params if kind == "slot" and value < self.n_args})
+        self.aligned = {k: args[k].data_ptr() % 16 == 0 for k in self.reads}
+        self.made = [(tuple(t.shape), t.stride(), t.dtype) for t in made]
+        self.params = list(params)
+        self.results = list(results)
+        self.grid, self.launch, self.counter = grid, launch, counter
+        self.run: BoundRun = self._function()
+
+    def misaligned(self, names: Sequence[str], fixed: Sequence[bool] = ()) -> str:
+        """A condition on the arguments ``names`` (the launch's argument list): whether one's alignment
+        differs from the recorded call's ("" where no argument is read; none of those ``fixed`` marks,
+        whose alignment cannot change)."""
+        return " or ".join(f"{names[k]}.data_ptr() % 16" + (" != 0" if self.aligned[k] else " == 0")
+                           for k in self.reads if not (k < len(fixed) and fixed[k]))
+
+    def write(self, names: Sequence[str], made: Sequence[str], stream: str, env: dict[str, Any], key: str) -> list[str]:
+        """Lines allocating the outputs into ``made`` and launching on ``stream`` (an expression), for
+        the arguments ``names``; the constants they read go into ``env``, their names prefixed ``key``."""
+        slots = [*names, *made]
+        env[f"{key}launch"], env[f"{key}grid"] = self.launch, self.grid
+        cuda = self.device.type == "cuda" and _empty_cuda is not None
+        device = self.device
+        env[f"{key}alloc"] = _empty_cuda if cuda else (
+            lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype, device=device))
+        lines = []
+        for j, (sizes, strides, dtype) in enumerate(self.made):
+            env[f"{key}dtype{j}"] = dtype
+            lines.append(f"{made[j]} = {key}alloc({sizes}, {strides}, {key}dtype{j})")
+        values = []
+        for k, (kind, value) in enumerate(self.params):
+            if kind == "slot":
+                values.append(slots[value])
+            elif kind == "counter":
+                env[f"{key}counter"] = self.counter
+                values.append(f"{key}counter({stream})")
+            elif type(value) is int or (type(value) is float and math.isfinite(value)):
+                values.append(repr(value))
+            else:
+                env[f"{key}v{k}"] = value
+                values.append(f"{key}v{k}")
+        static: StaticLaunch | None = getattr(self.launch, "static", None)
+        if static is None or len(self.grid) != 3:
+            lines.append(f"{key}launch({key}grid, [{', '.join(values)}], {stream})")
+            return lines
+        env[f"{key}call"], env[f"{key}function"], env[f"{key}types"] = static.call, static.function, static.types
+        arguments = [values[k] for k in static.kept] + ["None"] * static.scratch
+        grid = ", ".join(map(str, self.grid))
+        lines.append(f"{key}call({key}function, {grid}, {static.warps}, {static.shared}, {key}types, "
+                     f"({', '.join(arguments)}{',' if len(arguments) == 1 else ''}), {stream})")
+        return lines
+
+    def stream_expression(self, env: dict[str, Any]) -> str:
+        """The expression of the current stream the launch goes on (names put into ``env``)."""
+        if self.device.type != "cuda":
+            return "None"
+        env["_raw_stream"] = raw_stream
+        return f"_raw_stream({self.device.index})"
+
+    def _function(self) -> BoundRun:
+        env: dict[str, Any] = {}
+        names = [f"a{k}" for k in range(self.n_args)]
+        made = [f"a{self.n_args + j}" for j in range(len(self.made))]
+        body = [f"a{k} = args[{k}]" for k in self.reads]
+        check = self.misaligned(names)
+        if check:
+            body += [f"if {check}:", "    return None"]
+        body.append(f"_stream = {self.stream_expression(env)}")
+        body += self.write(names, made, "_stream", env, "_")
+        slots = [*names, *made]
+        body.append(f"return [{', '.join(slots[s] for s in self.results)}]")
+        source = "def run(args):\n" + "\n".join("    " + line for line in body) + "\n"
+        exec(compile(source, "<bound launch>", "exec"), env)
+        run: BoundRun = env["run"]
+        run.source = source  # type: ignore[attr-defined]
+        run.plan = self  # type: ignore[attr-defined]
+        return run
+
+
 def bound_launch(args: Sequence[Any], made: Sequence[torch.Tensor], params: Sequence[BoundParam],
                  results: Sequence[int], grid: tuple[int, ...], launch: Callable[[tuple[int, ...], list[Any], Any], None],
                  counter: Callable[[Any], torch.Tensor] | None = None) -> BoundRun | None:
-    """``run(args) -> results``: a launch recorded on a bound program's first call, replayed on its
-    later calls, whose sizes and strides are those of the first (the caller vouches for that): it
-    allocates the outputs as they were, fills the recorded parameters in and launches, with none of
-    the reading of sizes and strides, checks, grid and variant key of the generated launcher (a
-    dozen calls into torch fewer per launch). ``run`` returns None when an argument's 16-byte
-    alignment (part of the compiled variant) differs from the first call's: the caller runs the
-    launcher then. None instead of ``run`` when an output the first call allocated was not aligned.
-
-    ``args``: the first call's arguments (slots ``0..``); ``made``: the outputs it allocated (slots
-    ``len(args)..``); ``launch(grid, params, stream)``: the compiled variant's; ``counter(stream)``:
-    the counter for ("counter", None) parameters."""
+    """``run(args) -> results``: the ``BoundLaunch`` of the first call's arguments ``args`` (slots
+    ``0..``), the outputs it allocated ``made`` (slots ``len(args)..``), the launch's parameters,
+    the slots of its results, its grid, ``launch(grid, params, stream)`` (the compiled variant's)
+    and ``counter(stream)`` (the counter for ("counter", None) parameters). ``run`` returns None
+    when an argument's alignment differs from the first call's (the caller runs the launcher
+    then); None instead of ``run`` when an output the first call allocated was not aligned.
+    ``run.plan`` is the ``BoundLaunch``."""
     if any(t.data_ptr() % 16 for t in made):
         return None
-    n_args, device = len(args), made[0].device
-    read = sorted({value for kind, value in params if kind == "slot" and value < n_args})
-    aligned = {k: args[k].data_ptr() % 16 == 0 for k in read}
-    env: dict[str, Any] = {"_launch": launch, "_grid": grid, "_counter": counter}
-    body = [f"a{k} = args[{k}]" for k in read]
-    mismatch = [f"a{k}.data_ptr() % 16" + (" != 0" if aligned[k] else " == 0") for k in read]
-    if mismatch:
-        body += [f"if {' or '.join(mismatch)}:", "    return None"]
-    cuda = device.type == "cuda" and _empty_cuda is not None
-    env["_alloc"] = _empty_cuda if cuda else (
-        lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype, device=device))
-    for j, t in enumerate(made):
-        env[f"_sizes{j}"], env[f"_strides{j}"], env[f"_dtype{j}"] = tuple(t.shape), t.stride(), t.dtype
-        body.append(f"a{n_args + j} = _alloc(_sizes{j}, _strides{j}, _dtype{j})")
-    env["_raw_stream"], env["_device"] = raw_stream, device.index
-    body.append("_stream = _raw_stream(_device)" if device.type == "cuda" else "_stream = None")
-    names = []
-    for k, (kind, value) in enumerate(params):
-        if kind == "slot":
-            names.append(f"a{value}")
-        elif kind == "counter":
-            names.append("_counter(_stream)")
-        else:
-            env[f"_v{k}"] = value
-            names.append(f"_v{k}")
-    body.append(f"_launch(_grid, [{', '.join(names)}], _stream)")
-    body.append(f"return [{', '.join(f'a{s}' for s in results)}]")
-    source = "def run(args):\n" + "\n".join("    " + line for line in body) + "\n"
-    exec(compile(source, "<bound launch>", "exec"), env)
-    run: BoundRun = env["run"]
-    run.source = source  # type: ignore[attr-defined]
-    return run
+    return BoundLaunch(args, made, params, results, grid, launch, counter).run

@@ -17,7 +17,7 @@ stream-ordered after the last use, without ``record_stream``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,12 +26,14 @@ from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, St
 from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, AtenCall, HostIrContainer, HostNode, HostVal, LaunchKernel
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.steps import CORE_STEP_BUILDERS, BoundLaunches
+from pyfuser.host_ir.straight_line import STRAIGHT_LINE_NODES, Seen, StraightLine
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import DEFAULT_NUM_STREAMS
 
+_UNSET = object()
 _POOLS: dict[tuple[int, int], list[torch.cuda.Stream]] = {}
 #: The current CUDA device's index (torch's own call, without ``torch.cuda.current_device``'s checks).
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
@@ -129,7 +131,10 @@ class HostIrEvaluator:
         #: the inputs take the slots right after the first one (distinct inputs): a run's slots are
         #: built in one list display, not stored one by one
         self._inputs_in_order = self._input_slots == list(range(1, len(self._input_slots) + 1))
-        self._steps = self.compile_body(container.nodes)
+        steps = self._compile_nodes(container.nodes)
+        self._steps = [step for _, step in steps]
+        #: the node of each top-level step (what the first run under a binding records the results of)
+        self._step_nodes = [node for node, _ in steps]
         self._output_slots = [self.slot(v) for v in container.outputs]
         fresh = _fresh_buffers(container)
         #: (position, layout) of outputs that may alias an input or another output, or have another
@@ -160,6 +165,12 @@ class HostIrEvaluator:
         self._uses_streams = any(isinstance(n, GetCurrentStream | SetCurrentStream | Synchronize | SlotWait)
                                  for n in container.walk())
         self._direct = self._direct_launch(container)
+        #: per binding, the program's run as one generated function (``straight_line.py``; None: the
+        #: binding's run could not be written so); None for programs that keep their steps
+        self._straight: dict[object, Any] | None = None
+        if self._direct is None and not self._uses_streams \
+                and all(isinstance(n, STRAIGHT_LINE_NODES) for n in container.nodes):
+            self._straight = {}
 
     def _direct_launch(self, container: HostIrContainer) -> tuple[Any, list[int], list[int], BoundLaunches] | None:
         """(the kernel's run, input position of each of its arguments, kernel result of each output,
@@ -192,12 +203,16 @@ class HostIrEvaluator:
         return self._nesting == 1
 
     def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]:
+        return [step for _, step in self._compile_nodes(nodes)]
+
+    def _compile_nodes(self, nodes: Sequence[HostNode]) -> list[tuple[HostNode, Step]]:
+        """Each node with its step (nodes without one, e.g. stream nodes on CPU, left out)."""
         self._nesting += 1
         try:
-            steps = [self._builder(node)(node, self) for node in nodes]
+            steps = [(node, self._builder(node)(node, self)) for node in nodes]
         finally:
             self._nesting -= 1
-        return [s for s in steps if s is not None]
+        return [(node, step) for node, step in steps if step is not None]
 
     def _builder(self, node: HostNode) -> StepBuilder:
         for cls in type(node).__mro__:
@@ -222,6 +237,15 @@ class HostIrEvaluator:
                 pass
             else:
                 return [outputs[k] for k in results]
+        straight, recorded = self._straight, None
+        if straight is not None and ctx.binding is not None:
+            run = straight.get(ctx.binding, _UNSET)
+            if run is _UNSET:
+                recorded = [[Seen.of(a) for a in args]]  # the binding's first run: recorded, then written
+            elif run is not None:
+                outputs = run(args)
+                if outputs is not None:  # None: another current device
+                    return outputs  # type: ignore[no-any-return]
         if self._inputs_in_order and len(args) == len(self._input_slots):
             initial = self._initial
             values = [initial[0], *args, *initial[len(args) + 1:]]
@@ -232,10 +256,10 @@ class HostIrEvaluator:
         ctx.env[self._streams_symbol] = self.num_streams
         if self._on_cuda and not self._uses_streams:
             if _current_device() == self.device.index:
-                self._execute(Frame(values, ctx, None))
+                self._execute(Frame(values, ctx, None), recorded)
             else:
                 with torch.cuda.device(self.device):
-                    self._execute(Frame(values, ctx, None))
+                    self._execute(Frame(values, ctx, None), recorded)
         elif self._on_cuda:
             # torch.cuda.set_stream also makes the stream's device current: keep the caller's device.
             with torch.cuda.device(self.device):
@@ -252,7 +276,7 @@ class HostIrEvaluator:
                     if streams.current != user:
                         torch.cuda.set_stream(user)
         else:
-            self._execute(Frame(values, ctx, None))
+            self._execute(Frame(values, ctx, None), recorded)
         outputs = [values[s] for s in self._output_slots]
         if self._conform and ctx.binding not in self._conforming:
             # An output never shares memory with an input or with another output (``b`` and ``set(b)``
@@ -277,11 +301,38 @@ class HostIrEvaluator:
                 if len(self._conforming) >= 8:
                     self._conforming.clear()
                 self._conforming.add(ctx.binding)
+        if recorded is not None:
+            self._write_straight_line(ctx, recorded)
         return outputs
 
-    def _execute(self, frame: Frame) -> None:
-        for step in self._steps:
+    def _execute(self, frame: Frame, recorded: list[list[Seen | None]] | None = None) -> None:
+        if recorded is None:
+            for step in self._steps:
+                step(frame)
+            return
+        values, slot = frame.values, self._slots
+        for step, node in zip(self._steps, self._step_nodes, strict=True):
             step(frame)
+            recorded.append([Seen.of(values[slot[v]]) for v in node.outputs])
+
+    def _write_straight_line(self, ctx: EvalContext, recorded: list[list[Seen | None]]) -> None:
+        """After the first run under ``ctx.binding``: its later runs as one generated function, where
+        their outputs need no conforming per run."""
+        straight = self._straight
+        assert straight is not None
+        if len(straight) >= 8:
+            straight.clear()
+        run = None
+        if not self._conform or ctx.binding in self._conforming:
+            run = StraightLine(self.slot, self._initial, self.device).build(
+                self.container.inputs, recorded[0], self._step_nodes, self._steps, recorded[1:],
+                self.container.outputs, ctx)
+        straight[ctx.binding] = run
+
+    def straight_line(self, binding: object) -> Callable[[Sequence[Any]], list[Any] | None] | None:
+        """The function runs under ``binding`` take after the first (None: they take the steps); its
+        ``source`` attribute is the code."""
+        return (self._straight or {}).get(binding)
 
     def __str__(self) -> str:
         return str(self.container)

@@ -183,19 +183,29 @@ class BoundLaunches:
         return launch(args) if launch is not None else None
 
 
-def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
+def launch_with_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list[Any] | None], list[Any]]:
+    """``launch(ctx, args, out)``: the segment's launcher (allocating its outputs, or writing into
+    ``out``), with the ATen evaluation of its exprs where its grid has no program (``NoPrograms``)."""
     run = node.segment.run
     fallback = _aten_fallback(node)
+
+    def launch(ctx: EvalContext, args: list[Any], out: list[Any] | None) -> list[Any]:
+        try:
+            return run(ctx, *args, out=out) if out is not None else run(ctx, *args)
+        except NoPrograms:
+            return fallback(ctx, args, out)
+
+    return launch
+
+
+def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
+    launch = launch_with_fallback(node)
     ins = [cc.slot(v) for v in node.inputs]
     outs = [cc.slot(v) for v in node.outputs]
     if node.into:
         def step_into(frame: Frame) -> None:
             values = frame.values
-            args, buffers = [values[i] for i in ins], [values[o] for o in outs]
-            try:
-                run(frame.ctx, *args, out=buffers)
-            except NoPrograms:
-                fallback(frame.ctx, args, buffers)
+            launch(frame.ctx, [values[i] for i in ins], [values[o] for o in outs])
 
         return step_into
     bound = BoundLaunches(node.segment) if cc.top_level else None
@@ -205,13 +215,15 @@ def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
         args = [values[i] for i in ins]
         try:
             results = bound.run(ctx, args) if bound is not None and ctx.binding is not None else None
-            if results is None:
-                results = run(ctx, *args)
         except NoPrograms:
-            results = fallback(ctx, args, None)
+            results = None
+        if results is None:
+            results = launch(ctx, args, None)
         for o, r in zip(outs, results, strict=True):
             values[o] = r
 
+    #: what a straight-line function of a bound program replays (``straight_line.py``)
+    step.bound_launches = bound  # type: ignore[attr-defined]
     return step
 
 

@@ -36,20 +36,32 @@ class Program(Protocol):
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BoundProgram:
     """A compiled program with its symbolic sizes bound: ``run(args)`` skips the signature, its lookup
     and the binding, which the caller vouches for (a torch.compile region of a graph with static
-    shapes, whose inputs dynamo's guards and the graph itself fix)."""
+    shapes, whose inputs dynamo's guards and the graph itself fix). After its first run a Host IR
+    program without loops or streams runs as one generated function (``host_ir/straight_line.py``)."""
 
     program: Program
     env: dict[str, int]
     device: torch.device
     #: the ``EvalContext.binding`` of its runs: their kernel launches replay what the first recorded
     binding: object = field(default_factory=object, compare=False)
+    #: the program's run as one function under ``binding``, once written (False: it has none)
+    function: Any = field(default=None, compare=False)
 
     def run(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        return self.program.run(args, EvalContext(self.env.copy(), self.device, self.binding))
+        function = self.function
+        if function:
+            outputs = function(args)
+            if outputs is not None:  # None: another current device
+                return outputs  # type: ignore[no-any-return]
+        outputs = self.program.run(args, EvalContext(self.env.copy(), self.device, self.binding))
+        if function is None:
+            straight_line = getattr(self.program, "straight_line", None)
+            self.function = (straight_line(self.binding) if straight_line is not None else None) or False
+        return outputs
 
 
 #: How many exact input signatures a FusionExecutorCache remembers (least recently used dropped first).

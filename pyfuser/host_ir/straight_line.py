@@ -1,0 +1,264 @@
+"""A bound program's run as one generated Python function (Inductor's wrapper code, per program).
+
+Under a binding (``EvalContext.binding``) the caller vouches that every run has the same sizes and
+input strides, and the program computes every intermediate the same way from those: so each
+top-level node of a straight-line program does the same thing on every run. The binding's first
+run goes through the steps and records what each node produced (sizes, strides, storage offset,
+which storage); then this module writes the run as one function of the inputs:
+
+* a view (an ATen call whose result shares storage with a tensor operand, with its dtype) becomes one
+  reinterpretation of the nearest tensor that is not a view (Inductor's ``reinterpret_tensor``), so a
+  chain of views costs one call, and a view only other views read costs none;
+* any other ATen call calls its expr's ``evaluate``; a kernel launch its bound launch (recorded by the
+  same first run), or the launcher where an argument's alignment changed;
+* allocations with the recorded sizes and strides; each intermediate is dropped after its last use.
+
+No value slots, steps, frames or per-node dispatch are left on the path: a run is the torch calls and
+the launches. Programs with loops, stream switches or communications keep their steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pyfuser.host_ir.nodes import Allocate, AtenCall, Deallocate, HostNode, LaunchKernel
+from pyfuser.host_ir.steps import launch_with_fallback
+from pyfuser.ir.base import Val
+from pyfuser.ir.eval_context import EvalContext
+
+#: Node types a straight-line function can run (any other one keeps the program on its steps).
+STRAIGHT_LINE_NODES = (AtenCall, LaunchKernel, Allocate, Deallocate)
+
+_guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+#: ``(t, sizes, strides, offset_increment)`` -> a view of ``t``'s storage, without the dispatcher
+#: (Inductor's ``reinterpret_tensor``); an ``as_strided`` where this torch lacks it.
+_reinterpret = getattr(_guards, "_reinterpret_tensor", None) or (
+    lambda t, sizes, strides, delta: t.as_strided(sizes, strides, t.storage_offset() + delta))
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A tensor as a recorded run produced it."""
+
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    storage: int
+    dtype: torch.dtype
+    numel: int
+
+    @staticmethod
+    def of(value: Any) -> Seen | None:
+        if not isinstance(value, torch.Tensor):
+            return None
+        return Seen(tuple(value.shape), value.stride(), value.storage_offset(), value.untyped_storage().data_ptr(),
+                    value.dtype, value.numel())
+
+
+@dataclass
+class _Line:
+    text: str
+    defines: list[str]
+    uses: list[str]
+    #: a view nothing but other views needs is dropped (they read its base instead)
+    view: bool = False
+
+
+class StraightLine:
+    """Writes the function of one program under one binding; ``build`` returns it (None where a node
+    cannot be replayed as straight-line code)."""
+
+    def __init__(self, slot_of: Callable[[Val], int], constants: Sequence[Any], device: torch.device) -> None:
+        self._slot_of = slot_of
+        self._constants = constants
+        self._device = device
+        self._env: dict[str, Any] = {"_reinterpret": _reinterpret}
+        self._lines: list[_Line] = []
+        #: slot -> (the slot of the tensor it is a view of, that tensor's recorded geometry), for
+        #: views and for tensors that are their own base
+        self._base: dict[int, tuple[int, Seen]] = {}
+        self._written: set[int] = set()
+        #: lines run before the body, by what they define
+        self._head: dict[str, str] = {}
+        self._input_storages: set[int] = set()
+
+    def _name(self, v: Val) -> str:
+        slot = self._slot_of(v)
+        if slot in self._written:
+            return f"v{slot}"
+        name = f"_c{slot}"  # not computed by the program: a constant of the program (or None)
+        self._env[name] = self._constants[slot] if slot < len(self._constants) else None
+        return name
+
+    def _constant(self, value: Any, prefix: str) -> str:
+        name = f"_{prefix}{len(self._env)}"
+        self._env[name] = value
+        return name
+
+    def _define(self, v: Val, seen: Seen | None) -> str:
+        slot = self._slot_of(v)
+        self._written.add(slot)
+        self._base.pop(slot, None)
+        if seen is not None:
+            self._base[slot] = (slot, seen)
+        return f"v{slot}"
+
+    def build(self, inputs: Sequence[Val], inputs_seen: Sequence[Seen | None], nodes: Sequence[HostNode],
+              steps: Sequence[Any], seen: Sequence[Sequence[Seen | None]], outputs: Sequence[Val],
+              ctx: EvalContext) -> Callable[[Sequence[Any]], list[Any] | None] | None:
+        self._env["_ctx"] = ctx
+        self._input_storages = {seen.storage for seen in inputs_seen if seen is not None}
+        names = [self._define(v, s) for v, s in zip(inputs, inputs_seen, strict=True)]
+        for node, step, results in zip(nodes, steps, seen, strict=True):
+            if not self._node(node, step, results, ctx):
+                return None
+        returned = [self._name(v) for v in outputs]
+        body = self._release(returned)
+        head = []
+        if self._device.type == "cuda" and _current_device is not None:
+            self._env["_current_device"] = _current_device
+            head = [f"if _current_device() != {self._device.index}:", "    return None"]
+        head += self._head.values()
+        unpack = f"{', '.join(names)}, = args" if names else "del args"
+        source = "\n".join(["def run(args):", *("    " + line for line in [unpack, *head, *body]),
+                            f"    return [{', '.join(returned)}]", ""])
+        exec(compile(source, "<straight-line program>", "exec"), self._env)
+        run = self._env["run"]
+        run.source = source
+        return run  # type: ignore[no-any-return]
+
+    # --- nodes ---------------------------------------------------------------------------------------
+    def _node(self, node: HostNode, step: Any, results: Sequence[Seen | None], ctx: EvalContext) -> bool:
+        if isinstance(node, AtenCall):
+            return self._aten_call(node, results)
+        if isinstance(node, LaunchKernel):
+            return self._launch(node, step, results, ctx)
+        if isinstance(node, Allocate):
+            (result,) = results
+            if result is None:
+                return False
+            fill = ".zero_()" if node.zero_init else ""
+            alloc = self._constant(torch.empty_strided, "empty")
+            device = self._constant(self._device, "device")
+            args = f"{result.sizes}, {result.strides}, dtype={self._constant(result.dtype, 'dtype')}, device={device}"
+            out = self._define(node.tv, result)
+            self._emit(f"{out} = {alloc}({args}){fill}", [out], [])
+            return True
+        if isinstance(node, Deallocate):
+            return True  # every intermediate is dropped after its last use (below)
+        return False
+
+    def _aten_call(self, node: AtenCall, results: Sequence[Seen | None]) -> bool:
+        expr = node.expr
+        ins = [self._name(v) for v in node.inputs]
+        if node.into:
+            if len(node.outputs) != 1:
+                return False
+            out = self._name(node.outputs[0])
+            self._emit(f"{self._constant(expr.evaluate_into, 'into')}(_ctx, {', '.join([out, *ins])})", [], [out, *ins])
+            return True
+        base = self._viewed(node, results)
+        if base is not None:
+            (result,) = results
+            assert result is not None
+            root, root_seen = self._base[base]
+            out = self._define(node.outputs[0], None)
+            self._base[self._slot_of(node.outputs[0])] = (root, root_seen)
+            self._emit(f"{out} = _reinterpret(v{root}, {result.sizes}, {result.strides}, "
+                       f"{result.offset - root_seen.offset})", [out], [f"v{root}"], view=True)
+            return True
+        call = f"{self._constant(expr.evaluate, 'evaluate')}(_ctx, {', '.join(ins)})"
+        outs = [self._define(v, s) for v, s in zip(node.outputs, results, strict=True)]
+        self._emit(f"{outs[0]} = {call}[0]" if len(outs) == 1 else f"{', '.join(outs)}, = {call}", outs, ins)
+        return True
+
+    def _viewed(self, node: AtenCall, results: Sequence[Seen | None]) -> int | None:
+        """The slot of the tensor operand whose storage the call's one result shares (a view), if any."""
+        if len(results) != 1 or results[0] is None or results[0].numel == 0:
+            return None
+        result = results[0]
+        for v in node.inputs:
+            slot = self._slot_of(v)
+            operand = self._base.get(slot)
+            if operand is not None and operand[1].storage == result.storage and operand[1].dtype == result.dtype:
+                return slot
+        return None
+
+    def _launch(self, node: LaunchKernel, step: Any, results: Sequence[Seen | None], ctx: EvalContext) -> bool:
+        ins = [self._name(v) for v in node.inputs]
+        unbound = self._constant(launch_with_fallback(node), "launch")
+        if node.into:
+            outs = [self._name(v) for v in node.outputs]
+            self._emit(f"{unbound}(_ctx, [{', '.join(ins)}], [{', '.join(outs)}])", [], [*ins, *outs])
+            return True
+        bound = getattr(step, "bound_launches", None)
+        replay = bound.by_binding.get(ctx.binding) if bound is not None else None
+        outs = [self._define(v, s) for v, s in zip(node.outputs, results, strict=True)]
+        targets = f"{outs[0]}," if len(outs) == 1 else ", ".join(outs)
+        arguments = f"[{', '.join(ins)}]"
+        if replay is None:
+            self._emit(f"{targets} = {unbound}(_ctx, {arguments}, None)", outs, ins)
+            return True
+        plan = getattr(replay, "plan", None)
+        if plan is None:  # a replay of its own (a sequence of launches): called
+            # It returns None where an argument's 16-byte alignment differs from the recorded run's
+            # (part of the compiled variant): the launcher runs then.
+            self._emit(f"_r = {self._constant(replay, 'bound')}({arguments})\n"
+                       f"if _r is None:\n    _r = {unbound}(_ctx, {arguments}, None)\n{targets} = _r", outs, ins)
+            return True
+        key = f"_k{len(self._lines)}_"
+        n_args = plan.n_args
+        made = [outs[plan.results.index(n_args + j)] if n_args + j in plan.results else f"{key}t{j}"
+                for j in range(len(plan.made))]
+        slots = [*ins, *made]
+        lines = plan.write(ins, made, self._stream(plan), self._env, key)
+        lines += [f"{out} = {slots[r]}" for out, r in zip(outs, plan.results, strict=True) if slots[r] != out]
+        check = plan.misaligned(ins, [self._fixed_alignment(v) for v in node.inputs])
+        if check:  # an argument's alignment differs from the recorded run's: the launcher runs
+            lines = [f"if {check}:", f"    {targets} = {unbound}(_ctx, {arguments}, None)", "else:",
+                     *("    " + line for line in lines)]
+        self._emit("\n".join(lines), outs, ins)
+        return True
+
+    def _fixed_alignment(self, v: Val) -> bool:
+        """Whether ``v`` is memory the program obtains itself (an allocation, a result, a view of one at
+        a recorded offset): aligned the same on every run, unlike an input's offset."""
+        base = self._base.get(self._slot_of(v)) if self._slot_of(v) in self._written else None
+        return base is not None and base[1].storage not in self._input_storages
+
+    def _stream(self, plan: Any) -> str:
+        """``_stream``: the current stream, read once at the function's start (a straight-line program
+        switches none)."""
+        if "_stream" not in self._head:
+            self._head["_stream"] = f"_stream = {plan.stream_expression(self._env)}"
+        return "_stream"
+
+    def _emit(self, text: str, defines: list[str], uses: list[str], view: bool = False) -> None:
+        self._lines.append(_Line(text, defines, uses, view))
+
+    def _release(self, returned: list[str]) -> list[str]:
+        """The lines, without the views no line reads, each intermediate dropped after its last use."""
+        needed = set(returned)
+        kept: list[_Line] = []
+        for line in reversed(self._lines):
+            if line.view and not needed.intersection(line.defines):
+                continue
+            needed.update(line.uses)
+            kept.append(line)
+        kept.reverse()
+        last: dict[str, int] = {}
+        for k, line in enumerate(kept):
+            for name in line.uses:
+                last[name] = k
+        out: list[str] = []
+        for k, line in enumerate(kept):
+            out.extend(line.text.split("\n"))
+            dead = sorted({n for n in line.uses if last.get(n) == k and n not in returned and n.startswith("v")})
+            if dead:
+                out.append(f"del {', '.join(dead)}")
+        return out
