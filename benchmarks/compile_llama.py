@@ -116,8 +116,8 @@ def time_ms(fn: Callable[[], Any], device: str, warmup: int, iters: int) -> floa
 
 
 def compiled(variant: str, layer: torch.nn.Module, reset: bool = True) -> tuple[Callable[..., Any], Any]:
-    """``reset=False`` keeps the variants compiled before (for interleaved turns; the CUDA-graph
-    variants are never interleaved)."""
+    """``reset=False`` keeps the variants compiled before (for interleaved turns, in the groups that can
+    share a process: see ``INTERLEAVABLE``)."""
     # Nothing of the previous variant may outlive it: an autograd graph it left to the garbage collector
     # holds the parameters' AccumulateGrad nodes, whose stream then differs from a CUDA-graph capture's.
     gc.collect()
@@ -133,8 +133,12 @@ def compiled(variant: str, layer: torch.nn.Module, reset: bool = True) -> tuple[
     return torch.compile(layer, backend=backend), backend
 
 
-#: Variants that can share a process without resets between them (no CUDA-graph pools or trees).
+#: Variants timed together in rotated turns, in groups that share a process without resets: the
+#: eager ones, and the CUDA-graph ones (Inductor's graph trees and pyfuser's graphs side by side).
 INTERLEAVABLE = ("eager", "inductor", "pyfuser")
+INTERLEAVABLE_GRAPHS = ("inductor_reduce_overhead", "pyfuser_cuda_graph")
+#: what each interleaved variant is compared with
+INTERLEAVED_ANCHOR = {"inductor_reduce_overhead": "inductor_reduce_overhead", "pyfuser_cuda_graph": "inductor_reduce_overhead"}
 
 
 def interleaved_ms(calls: dict[str, Callable[[], Any]], device: str, turns: int, iters: int) -> dict[str, float]:
@@ -208,12 +212,15 @@ def run_case(name: str, shape: dict[str, int], training: bool, variants: list[st
               + (f"{entry['ms']:8.3f} ms" if "ms" in entry else entry.get("error", ""))
               + (f"  (graphs {entry['cuda_graphs_captured']}, calls without one {entry['calls_without_graph']})"
                  if "cuda_graphs_captured" in entry else ""), flush=True)
-    together = [v for v in variants if v in INTERLEAVABLE and "ms" in result["variants"][v]]
-    if interleave and len(together) > 1:
+    for group in (INTERLEAVABLE, INTERLEAVABLE_GRAPHS):
+        together = [v for v in variants if v in group and "ms" in result["variants"][v]]
+        if not interleave or len(together) < 2:
+            continue
         torch._dynamo.reset()
+        gc.collect()
         calls = {}
         for variant in together:
-            calls[variant] = make_call(compiled(variant, layer, reset=False)[0], False)
+            calls[variant] = make_call(compiled(variant, layer, reset=False)[0], variant == "inductor_reduce_overhead")
             for _ in range(warmup):
                 calls[variant]()
         for variant, ms in interleaved_ms(calls, device, interleave, max(1, iters // 2)).items():
@@ -291,15 +298,16 @@ def markdown(report: dict[str, Any]) -> str:
     turns = meta.get("interleave", 0)
     if turns:
         lines += ["", f"### Interleaved in one process ({turns} turns, variants rotated; wall ms per iteration)", "",
-                  "| case | pass | variant | ms / iteration | vs inductor |", "| --- | --- | --- | --- | --- |"]
+                  "| case | pass | variant | ms / iteration | vs its anchor (inductor; with CUDA graphs reduce-overhead) |",
+                  "| --- | --- | --- | --- | --- |"]
         for case in report["cases"]:
             variants = case["variants"]
-            inductor = variants.get("inductor", {}).get("interleaved_ms")
             for name, entry in variants.items():
                 if "interleaved_ms" in entry:
                     ms = entry["interleaved_ms"]
+                    anchor = variants.get(INTERLEAVED_ANCHOR.get(name, "inductor"), {}).get("interleaved_ms")
                     lines.append(f"| {case['case']} | {'fwd+bwd' if case['training'] else 'fwd'} | {name} | {ms:.3f} | "
-                                 f"{(inductor / ms) if inductor else float('nan'):.2f}x |")
+                                 f"{(anchor / ms) if anchor else float('nan'):.2f}x |")
     shapes = {c["case"]: c["shape"] for c in report["cases"]}
     lines += ["", "Shapes: " + "; ".join(f"{k}: {v}" for k, v in shapes.items()), "",
               "## Host overhead of a cached one-kernel computation (`x * 2 + 1`, 1024 elements)", "",
@@ -320,7 +328,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--out", default=None, help="path prefix of the .json and .md results")
     parser.add_argument("--interleave", type=int, default=0, metavar="TURNS",
-                        help=f"also time {', '.join(INTERLEAVABLE)} together in TURNS rotated turns (host-bound cases)")
+                        help=f"also time {', '.join(INTERLEAVABLE)} together in TURNS rotated turns, and "
+                             f"{', '.join(INTERLEAVABLE_GRAPHS)} (host-bound cases)")
     args = parser.parse_args()
     device = args.device
     quick = args.quick or device == "cpu"

@@ -19,6 +19,7 @@ from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.graph_replay import capturable
 from pyfuser.integrations.torch_compile.lowering import Lowering
 from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
+from pyfuser.integrations.torch_compile.view_chains import ViewChain, collapse_view_chains
 from pyfuser.integrations.torch_compile.view_pairs import drop_detaches, drop_transpose_pairs
 from pyfuser.runtime.executor import FusionExecutorCache
 from tests.conftest import devices
@@ -422,21 +423,76 @@ def test_dynamic_regions_keep_the_cache(monkeypatch: pytest.MonkeyPatch) -> None
     assert region._bound is None and len(calls) == 3
 
 
-def test_eager_views_are_tensor_method_calls() -> None:
+def test_eager_views_are_tensor_method_calls_and_chains_one_call() -> None:
     """Views left in eager between regions are called as tensor methods (the same ATen ops, without
-    ``OpOverload.__call__``); the graph still matches eager."""
-    def fn(x: torch.Tensor) -> torch.Tensor:  # attention stays eager: the head views around it too
-        q = torch.sigmoid(x).view(2, 6, 2, 4).transpose(1, 2)
+    ``OpOverload.__call__``), a chain of them (the head reshape around attention) as one ``ViewChain``
+    call; the graph still matches eager, call after call."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # attention stays eager: the head views around it too
+        s = torch.sigmoid(x)
+        q = s.view(2, 6, 2, 4).transpose(1, 2)
         attention = torch.nn.functional.scaled_dot_product_attention(q, q, q)
-        return torch.exp(attention.transpose(1, 2).reshape(2, 6, 8)).sum(-1)
+        return torch.exp(attention.transpose(1, 2).reshape(2, 6, 8)).sum(-1), s.transpose(0, 2)
 
     backend = PyfuserBackend()
-    x = torch.randn(2, 6, 8)
-    torch.testing.assert_close(torch.compile(fn, backend=backend)(x), fn(x))
+    compiled = torch.compile(fn, backend=backend)
+    for _ in range(3):
+        x = torch.randn(2, 6, 8)
+        for got, want in zip(compiled(x), fn(x), strict=True):
+            torch.testing.assert_close(got, want)
     gm = backend.graphs[0].graph_module
-    methods = {n.target for n in gm.graph.nodes if n.op == "call_method"}
-    assert {"view", "transpose"} <= methods, gm.code
+    chains = [n.target for n in gm.graph.nodes if isinstance(n.target, ViewChain)]
+    assert len(chains) == 2 and all(c._root is not None for c in chains), gm.code
+    assert [n.target for n in gm.graph.nodes if n.op == "call_method"] == ["transpose"], gm.code
     assert not any(n.target in METHODS for n in gm.graph.nodes if n.op == "call_function"), gm.code
+
+
+def test_a_view_chain_reinterprets_its_root_or_runs_its_views() -> None:
+    """After its first call a chain makes its result as one reinterpretation of a root of the same
+    sizes and strides (at any storage offset); a root of other strides runs the views; a chain whose
+    result copied (a reshape of a transpose) runs its views on every call."""
+    chain = ViewChain("c", [(aten.view.default, ([2, 3, 4],)), (aten.transpose.int, (0, 2)),
+                            (aten.select.int, (1, 1))])
+    big = torch.randn(40)
+    for offset in (0, 3, 16):
+        root = big[offset:offset + 24].view(6, 4)
+        got = chain(root)
+        want = root.view(2, 3, 4).transpose(0, 2).select(1, 1)
+        assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+        assert got.untyped_storage().data_ptr() == root.untyped_storage().data_ptr()
+        torch.testing.assert_close(got, want)
+    assert chain._root is not None
+    other = torch.randn(6, 8)[:, 2:6]  # other strides: the views run
+    got, want = chain(other), other.view(2, 3, 4).transpose(0, 2).select(1, 1)
+    assert got.stride() == want.stride() != chain._result[1]
+    torch.testing.assert_close(got, want)
+    copying = ViewChain("c", [(aten.t.default, ()), (aten.reshape.default, ([24],))])
+    for _ in range(2):
+        root = torch.randn(6, 4)
+        torch.testing.assert_close(copying(root), root.t().reshape(24))
+    assert copying._root is None
+
+
+def test_view_chains_end_where_a_value_has_other_readers_or_is_returned() -> None:
+    """A chain ends at a view something else reads too; one ending in a protected output (whose
+    aliasing AOTAutograd tracks) stays as its views; the graph computes what it did."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        a = aten.view.default(x, [4, 6])
+        b = aten.t.default(a)
+        c = aten.unsqueeze.default(b, 0)
+        return aten.expand.default(c, [2, 6, 4]) + 1, b * 2, aten.permute.default(aten.view.default(x, [6, 4]), [1, 0])
+
+    x = torch.randn(24)
+    want = fn(x)
+    gm = make_fx(fn, tracing_mode="fake")(x)
+    protected = {n for n in gm.graph.nodes if n.target is aten.permute.default}
+    assert collapse_view_chains(gm, protected) == 2, gm.code
+    gm.recompile()
+    chains = [n.target for n in gm.graph.nodes if isinstance(n.target, ViewChain)]
+    assert sorted(len(c.ops) for c in chains) == [2, 2], gm.code  # view -> t, then unsqueeze -> expand
+    for _ in range(2):
+        for got, expected in zip(gm(x), want, strict=True):
+            torch.testing.assert_close(got, expected)
+    assert any(n.target is aten.permute.default for n in gm.graph.nodes), gm.code
 
 
 @pytest.mark.parametrize("op, args", [

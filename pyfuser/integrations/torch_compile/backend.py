@@ -5,7 +5,8 @@ with the decomposition table of ``decompositions.py``, splits training graphs in
 backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
 backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
 which drops the transposes that undo each other and the detaches (``view_pairs.py``), partitions it into pyfuser
-regions and eager ops and calls the views left in eager as tensor methods (``eager_methods.py``).
+regions and eager ops, collapses the chains of views left in eager (``view_chains.py``) and calls the other
+views as tensor methods (``eager_methods.py``).
 
 Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):
 
@@ -37,6 +38,7 @@ from pyfuser.integrations.torch_compile.eager_methods import call_views_as_metho
 from pyfuser.integrations.torch_compile.graph_replay import GraphReplay, capturable
 from pyfuser.integrations.torch_compile.partition import finish, plan_regions, splice_region
 from pyfuser.integrations.torch_compile.region import FusionRegion
+from pyfuser.integrations.torch_compile.view_chains import collapse_view_chains
 from pyfuser.integrations.torch_compile.view_pairs import drop_detaches, drop_transpose_pairs
 from pyfuser.options import DumpOption, check_options, dump
 
@@ -124,7 +126,9 @@ class PyfuserBackend:
                                   static_inputs=static_nodes)
             splice_region(gm, nodes, translated, region, replaced)
             regions.append(region)
-        call_views_as_methods(gm)
+        aliasing = _aliasing_outputs(gm, kind, saved_from)
+        collapse_view_chains(gm, aliasing)
+        call_views_as_methods(gm, aliasing)
         compiled = CompiledGraph(kind, finish(gm), regions, eager)
         if self.cuda_graph and any(r.device.type == "cuda" for r in regions):
             why = capturable(compiled.graph_module)
@@ -135,6 +139,17 @@ class PyfuserBackend:
                 dump(DumpOption.fx_graph, lambda: f"{title}: each region replays its own CUDA graphs ({why})\n")
         self.graphs.append(compiled)
         return compiled
+
+
+def _aliasing_outputs(gm: GraphModule, kind: str, saved_from: int | None) -> set[Node]:
+    """The values ``gm`` returns whose aliasing AOTAutograd tracks: a forward's or an inference graph's
+    outputs before those a training forward saves for its backward (a backward's: none)."""
+    if kind == "backward":
+        return set()
+    (returned,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    returned = list(returned) if isinstance(returned, list | tuple) else [returned]
+    end = len(returned) if saved_from is None else saved_from
+    return {v for v in returned[:end] if isinstance(v, Node)}
 
 
 def _saved_outputs_start() -> int | None:
