@@ -9,8 +9,9 @@ which storage); then this module writes the run as one function of the inputs:
 * a view (an ATen call whose result shares storage with a tensor operand, with its dtype) becomes one
   reinterpretation of the nearest tensor that is not a view (Inductor's ``reinterpret_tensor``), so a
   chain of views costs one call, and a view only other views read costs none;
-* any other ATen call calls its expr's ``evaluate``; a kernel launch its bound launch (recorded by the
-  same first run), or the launcher where an argument's alignment changed;
+* any other ATen call calls its torch function without the size checks the first run made (a GEMM:
+  ``torch.matmul``, ``F.linear``), else its expr's ``evaluate``; a kernel launch is its bound launch
+  (recorded by the same first run) inlined, or the launcher where an argument's alignment changed;
 * allocations with the recorded sizes and strides; each intermediate is dropped after its last use.
 
 No value slots, steps, frames or per-node dispatch are left on the path: a run is the torch calls and
@@ -172,8 +173,12 @@ class StraightLine:
             self._emit(f"{out} = _reinterpret(v{root}, {result.sizes}, {result.strides}, "
                        f"{result.offset - root_seen.offset})", [out], [f"v{root}"], view=True)
             return True
-        call = f"{self._constant(expr.evaluate, 'evaluate')}(_ctx, {', '.join(ins)})"
         outs = [self._define(v, s) for v, s in zip(node.outputs, results, strict=True)]
+        unchecked = expr.unchecked_call() if len(outs) == 1 else None
+        if unchecked is not None:  # the recorded run checked these sizes
+            self._emit(f"{outs[0]} = {self._constant(unchecked, 'call')}({', '.join(ins)})", outs, ins)
+            return True
+        call = f"{self._constant(expr.evaluate, 'evaluate')}(_ctx, {', '.join(ins)})"
         self._emit(f"{outs[0]} = {call}[0]" if len(outs) == 1 else f"{', '.join(outs)}, = {call}", outs, ins)
         return True
 

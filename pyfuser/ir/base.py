@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -122,6 +123,13 @@ class Expr(ABC):
     #: True for ops whose torch reference always returns new memory, never a view of an operand (the
     #: Host IR evaluator then needs no aliasing check for a fusion output derived from it).
     returns_new_memory: ClassVar[bool] = False
+
+    def unchecked_call(self) -> Callable[..., Any] | None:
+        """The torch function that computes the expr's one result from its operands (in ``inputs``
+        order) without the checks ``evaluate`` makes of their sizes; None for an expr without one.
+        For a caller that ran ``evaluate`` on operands of the same sizes before (a bound program's
+        straight-line function)."""
+        return None
 
     def __init__(self, fusion: Fusion, inputs: list[Val], outputs: list[Val]) -> None:
         self.fusion = fusion

@@ -55,7 +55,8 @@ def test_a_bound_program_runs_as_one_function_on_new_data(device: str) -> None:
     # three views (reshape, permute, reshape): the permuted one reads the matmul's result directly, the
     # reshape only the permute read is gone
     assert source.count("_reinterpret(") == 2, source
-    assert "_evaluate" in source and ".stride()" not in source
+    # the matmuls call torch without the size checks the recorded run made
+    assert source.count("= _call") == 2 and "_evaluate" not in source and ".stride()" not in source, source
 
 
 def test_views_of_an_input_follow_its_offset(device: str) -> None:
@@ -93,7 +94,7 @@ def test_a_reshape_that_copies_stays_a_copy(device: str) -> None:
         torch.testing.assert_close(flat, (x @ w).t().reshape(60), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ex, x.exp())
     source = bound.function.source
-    assert source.count("_reinterpret(") == 1 and source.count("_evaluate") == 2, source
+    assert source.count("_reinterpret(") == 1 and source.count("_evaluate") == 1, source
 
 
 def test_programs_with_a_loop_or_outputs_to_copy_keep_their_steps(device: str) -> None:

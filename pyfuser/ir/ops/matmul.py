@@ -6,6 +6,7 @@ Outputs keep the contracted K axis as a trailing reduction ID, as nvFuser does:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -68,6 +69,9 @@ class MatmulOp(Expr):
         if self._checks:
             check_same_sizes("matmul", self._checks, self.defined_inputs, (a, b))
         return [torch.matmul(a, b)]
+
+    def unchecked_call(self) -> Callable[..., Any]:
+        return torch.matmul
 
     def evaluate_into(self, ctx: EvalContext, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         if self._checks:
@@ -135,6 +139,9 @@ class LinearOp(Expr):
     @property
     def has_bias(self) -> bool:
         return len(self.inputs) == 3
+
+    def unchecked_call(self) -> Callable[..., Any] | None:
+        return F.linear if not self.weight_batch else None
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> list[Any]:
         if self._checks:
