@@ -20,11 +20,14 @@ from .case import Case, Output, TensorInput
 
 @dataclass(frozen=True)
 class ExecutionMode:
-    """Options of every ``fd.execute`` of a run."""
+    """Options of every ``fd.execute`` of a run; ``bound``: each execution's inputs also run three times
+    through the bound program (a torch.compile region's path: the second run records, the third runs
+    the straight-line function)."""
 
     name: str
     enable: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
+    bound: bool = False
 
 
 #: Every mode the fuzzer knows; ``--modes`` (and the CI test) pick from these by name.
@@ -34,6 +37,7 @@ MODES: dict[str, ExecutionMode] = {m.name: m for m in [
     ExecutionMode("stream_overlap", enable=("stream_overlap",)),
     ExecutionMode("no_infer_contiguity", disable=("infer_contiguity",)),
     ExecutionMode("triton_interpreter", enable=("triton_interpreter",)),
+    ExecutionMode("bound_interpreter", enable=("triton_interpreter",), bound=True),
 ]}
 DEFAULT_MODES = ("default",)
 
@@ -179,6 +183,24 @@ def _runs(case: Case) -> list[tuple[str, Callable[[], list[Any]]]]:
     return runs
 
 
+def _bound_runs(case: Case, fd: Any, mode: ExecutionMode, make_inputs: Callable[[], list[Any]],
+                wants: Sequence[torch.Tensor]) -> Outcome | None:
+    """The inputs of an execution that matched, three times through its bound program (none for a
+    fusion with scalar inputs or outputs written into inputs): None if each run matches too."""
+    options = {"enable_options": list(mode.enable), "disable_options": list(mode.disable)}
+    bound = fd.fec.bound_program(make_inputs(), **options)
+    for k in range(3 if bound is not None else 0):
+        args, originals = make_inputs(), make_inputs()
+        try:
+            outs = bound.run(args)
+        except Exception as e:  # the same inputs ran through fd.execute
+            return Outcome(Category.internal, mode.name, f"bound run {k + 1} raised {type(e).__name__}: {e}")
+        problem = check_outputs(case, outs, wants, args, originals)
+        if problem is not None:
+            return Outcome(Category.wrong, mode.name, f"bound run {k + 1}: {problem}")
+    return None
+
+
 def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | None, torch_error: str | None) -> Outcome:
     """One case under one mode; ``wants`` are torch's outputs (None when torch raised ``torch_error``)."""
     try:
@@ -207,6 +229,10 @@ def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | No
         problem = check_outputs(case, outs, wants, args, originals)
         if problem is not None:
             return Outcome(Category.wrong, mode.name, f"{attempt}: {problem}")
+        if mode.bound:
+            failed = _bound_runs(case, fd, mode, make_inputs, wants)
+            if failed is not None:
+                return replace(failed, detail=f"{attempt}: {failed.detail}")
         stream_loops = stream_loops or str(fd.fec.last_program).count("FOR StreamIdx")
     return Outcome(Category.match, mode.name, stream_loops=stream_loops)
 
