@@ -1,8 +1,10 @@
-"""Shared fixtures: deterministic seeds and the devices tests run on."""
+"""Shared fixtures: deterministic seeds, the devices tests run on, and bound programs on them."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -27,3 +29,22 @@ def devices() -> list[str]:
 @pytest.fixture(params=devices())
 def device(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+@pytest.fixture
+def kernel_options(device: str) -> list[str]:
+    """``_enable_options`` that run generated kernels on ``device`` (through Triton's interpreter on CPU)."""
+    return ["triton_interpreter"] if device == "cpu" else []
+
+
+@pytest.fixture
+def bind(kernel_options: list[str]) -> Callable[[Any, list[torch.Tensor]], Any]:
+    """``bind(fd, args)``: ``fd`` executed once on ``args`` with generated kernels, then its program bound
+    to their signature (``fec.bound_program``: what a static-shape torch.compile region runs)."""
+    def bound_program(fd: Any, args: list[torch.Tensor]) -> Any:
+        fd.execute(args, _enable_options=kernel_options)
+        bound = fd.fec.bound_program(args, enable_options=kernel_options)
+        assert bound is not None
+        return bound
+
+    return bound_program

@@ -7,6 +7,7 @@ run keep their steps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,17 +15,6 @@ import torch
 from pyfuser import FusionDefinition
 from pyfuser.integrations.torch_compile import PyfuserBackend
 from pyfuser.ir.iter_domain import ParallelType
-
-
-def _options(device: str) -> list[str]:
-    return ["triton_interpreter"] if device == "cpu" else []
-
-
-def _bound(fd: FusionDefinition, args: list[torch.Tensor], device: str) -> Any:
-    fd.execute(args, _enable_options=_options(device))
-    bound = fd.fec.bound_program(args, enable_options=_options(device))
-    assert bound is not None
-    return bound
 
 
 def _gemm_between_views(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> FusionDefinition:
@@ -39,10 +29,10 @@ def _gemm_between_views(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> 
     return fd
 
 
-def test_a_bound_program_runs_as_one_function_on_new_data(device: str) -> None:
+def test_a_bound_program_runs_as_one_function_on_new_data(device: str, bind: Callable[..., Any]) -> None:
     x, w1, w2 = torch.randn(6, 8, device=device), torch.randn(8, 16, device=device), torch.randn(16, 5, device=device)
     fd = _gemm_between_views(x, w1, w2)
-    bound = _bound(fd, [x, w1, w2], device)
+    bound = bind(fd, [x, w1, w2])
     assert not bound.function
     for k in range(4):
         x, w1, w2 = torch.randn_like(x) + k, torch.randn_like(w1), torch.randn_like(w2)
@@ -59,7 +49,7 @@ def test_a_bound_program_runs_as_one_function_on_new_data(device: str) -> None:
     assert source.count("= _call") == 2 and "_evaluate" not in source and ".stride()" not in source, source
 
 
-def test_views_of_an_input_follow_its_offset(device: str) -> None:
+def test_views_of_an_input_follow_its_offset(device: str, bind: Callable[..., Any]) -> None:
     """The same strides at another storage offset (a slice of a larger tensor, some not 16-byte
     aligned): an input's views are reinterpreted relative to the input, and a kernel whose argument's
     alignment changed runs through its launcher."""
@@ -70,7 +60,7 @@ def test_views_of_an_input_follow_its_offset(device: str) -> None:
         rows = fd.ops.reshape(tx, [2, 16])
         fd.add_output(fd.ops.matmul(rows, tw))
         fd.add_output(fd.ops.add(fd.ops.mul(tx, 2.0), 1.0))
-    bound = _bound(fd, [x, w], device)
+    bound = bind(fd, [x, w])
     for offset in (0, 4, 1, 8, 3, 0):
         x = big[offset:offset + 32].view(4, 8)
         product, affine = bound.run([x, w])
@@ -79,7 +69,7 @@ def test_views_of_an_input_follow_its_offset(device: str) -> None:
     assert "_reinterpret(v1, (2, 16), (16, 1), 0)" in bound.function.source
 
 
-def test_a_reshape_that_copies_stays_a_copy(device: str) -> None:
+def test_a_reshape_that_copies_stays_a_copy(device: str, bind: Callable[..., Any]) -> None:
     """A reshape of a transposed result cannot be a view: the function reinterprets the matmul's result
     for the permute and evaluates the reshape (a copy)."""
     x, w = torch.randn(6, 4, device=device), torch.randn(4, 10, device=device)
@@ -87,7 +77,7 @@ def test_a_reshape_that_copies_stays_a_copy(device: str) -> None:
         tx, tw = fd.from_pytorch(x), fd.from_pytorch(w)
         fd.add_output(fd.ops.reshape(fd.ops.permute(fd.ops.matmul(tx, tw), [1, 0]), [60]))
         fd.add_output(fd.ops.exp(tx))
-    bound = _bound(fd, [x, w], device)
+    bound = bind(fd, [x, w])
     for _ in range(3):
         x, w = torch.randn_like(x), torch.randn_like(w)
         flat, ex = bound.run([x, w])
@@ -97,14 +87,14 @@ def test_a_reshape_that_copies_stays_a_copy(device: str) -> None:
     assert source.count("_reinterpret(") == 1 and source.count("_evaluate") == 1, source
 
 
-def test_programs_with_a_loop_or_outputs_to_copy_keep_their_steps(device: str) -> None:
+def test_programs_with_a_loop_or_outputs_to_copy_keep_their_steps(device: str, bind: Callable[..., Any]) -> None:
     x, w = torch.randn(6, 4, device=device), torch.randn(4, 10, device=device)
     fd = FusionDefinition()
     out = fd.ops.matmul(fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1]))
     fd.add_output(out)
     out.outer_split(1, 3)
     out.axis(1).parallelize(ParallelType.Stream)
-    bound = _bound(fd, [x, w], device)
+    bound = bind(fd, [x, w])
     for _ in range(3):
         torch.testing.assert_close(bound.run([x, w])[0], x @ w, atol=1e-5, rtol=1e-5)
     assert bound.function is False
@@ -113,20 +103,20 @@ def test_programs_with_a_loop_or_outputs_to_copy_keep_their_steps(device: str) -
         y = fd.ops.matmul(tx, fd.from_pytorch(w))
         fd.add_output(y)
         fd.add_output(y)
-    bound = _bound(fd, [x, w], device)
+    bound = bind(fd, [x, w])
     for _ in range(3):
         a, b = bound.run([x, w])
         assert a.data_ptr() != b.data_ptr()
     assert bound.function is False
 
 
-def test_a_compiled_layer_trains_through_straight_line_regions(device: str) -> None:
+def test_a_compiled_layer_trains_through_straight_line_regions(device: str, kernel_options: list[str]) -> None:
     """A linear + RMSNorm + SiLU block, forward and backward, several steps: from the third call on
     each region with a GEMM runs its function; gradients match eager's."""
     torch.manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.RMSNorm(32), torch.nn.SiLU(),
                                 torch.nn.Linear(32, 16, bias=False)).to(device)
-    backend = PyfuserBackend(enable_options=_options(device))
+    backend = PyfuserBackend(enable_options=kernel_options)
     compiled = torch.compile(layer, backend=backend, dynamic=False)
     for _ in range(4):
         x = torch.randn(3, 5, 16, device=device, requires_grad=True)
