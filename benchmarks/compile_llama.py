@@ -137,8 +137,6 @@ def compiled(variant: str, layer: torch.nn.Module, reset: bool = True) -> tuple[
 #: eager ones, and the CUDA-graph ones (Inductor's graph trees and pyfuser's graphs side by side).
 INTERLEAVABLE = ("eager", "inductor", "pyfuser")
 INTERLEAVABLE_GRAPHS = ("inductor_reduce_overhead", "pyfuser_cuda_graph")
-#: what each interleaved variant is compared with
-INTERLEAVED_ANCHOR = {"inductor_reduce_overhead": "inductor_reduce_overhead", "pyfuser_cuda_graph": "inductor_reduce_overhead"}
 
 
 def interleaved_ms(calls: dict[str, Callable[[], Any]], device: str, turns: int, iters: int) -> dict[str, float]:
@@ -305,7 +303,8 @@ def markdown(report: dict[str, Any]) -> str:
             for name, entry in variants.items():
                 if "interleaved_ms" in entry:
                     ms = entry["interleaved_ms"]
-                    anchor = variants.get(INTERLEAVED_ANCHOR.get(name, "inductor"), {}).get("interleaved_ms")
+                    anchor_name = "inductor_reduce_overhead" if name in INTERLEAVABLE_GRAPHS else "inductor"
+                    anchor = variants.get(anchor_name, {}).get("interleaved_ms")
                     lines.append(f"| {case['case']} | {'fwd+bwd' if case['training'] else 'fwd'} | {name} | {ms:.3f} | "
                                  f"{(anchor / ms) if anchor else float('nan'):.2f}x |")
     shapes = {c["case"]: c["shape"] for c in report["cases"]}

@@ -33,7 +33,6 @@ from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import DEFAULT_NUM_STREAMS
 
-_UNSET = object()
 _POOLS: dict[tuple[int, int], list[torch.cuda.Stream]] = {}
 #: The current CUDA device's index (torch's own call, without ``torch.cuda.current_device``'s checks).
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
@@ -237,15 +236,12 @@ class HostIrEvaluator:
                 pass
             else:
                 return [outputs[k] for k in results]
-        straight, recorded = self._straight, None
-        if straight is not None and ctx.binding is not None:
-            run = straight.get(ctx.binding, _UNSET)
-            if run is _UNSET:
-                recorded = [[Seen.of(a) for a in args]]  # the binding's first run: recorded, then written
-            elif run is not None:
-                outputs = run(args)
-                if outputs is not None:  # None: another current device
-                    return outputs  # type: ignore[no-any-return]
+        # A binding's first run is recorded and written as a straight-line function, which the bound
+        # program calls from then on (``BoundProgram.run``); its later runs come here only when the
+        # function declines (another current device).
+        recorded = None
+        if self._straight is not None and ctx.binding is not None and ctx.binding not in self._straight:
+            recorded = [[Seen.of(a) for a in args]]
         if self._inputs_in_order and len(args) == len(self._input_slots):
             initial = self._initial
             values = [initial[0], *args, *initial[len(args) + 1:]]

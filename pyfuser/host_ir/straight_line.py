@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from pyfuser.codegen.launcher import reinterpret_tensor
 from pyfuser.host_ir.nodes import Allocate, AtenCall, Deallocate, HostNode, LaunchKernel
 from pyfuser.host_ir.steps import launch_with_fallback
 from pyfuser.ir.base import Val
@@ -34,11 +35,6 @@ from pyfuser.ir.eval_context import EvalContext
 #: Node types a straight-line function can run (any other one keeps the program on its steps).
 STRAIGHT_LINE_NODES = (AtenCall, LaunchKernel, Allocate, Deallocate)
 
-_guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
-#: ``(t, sizes, strides, offset_increment)`` -> a view of ``t``'s storage, without the dispatcher
-#: (Inductor's ``reinterpret_tensor``); an ``as_strided`` where this torch lacks it.
-_reinterpret = getattr(_guards, "_reinterpret_tensor", None) or (
-    lambda t, sizes, strides, delta: t.as_strided(sizes, strides, t.storage_offset() + delta))
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
@@ -78,7 +74,7 @@ class StraightLine:
         self._slot_of = slot_of
         self._constants = constants
         self._device = device
-        self._env: dict[str, Any] = {"_reinterpret": _reinterpret}
+        self._env: dict[str, Any] = {"_reinterpret": reinterpret_tensor}
         self._lines: list[_Line] = []
         #: slot -> (the slot of the tensor it is a view of, that tensor's recorded geometry), for
         #: views and for tensors that are their own base
@@ -233,7 +229,8 @@ class StraightLine:
     def _fixed_alignment(self, v: Val) -> bool:
         """Whether ``v`` is memory the program obtains itself (an allocation, a result, a view of one at
         a recorded offset): aligned the same on every run, unlike an input's offset."""
-        base = self._base.get(self._slot_of(v)) if self._slot_of(v) in self._written else None
+        slot = self._slot_of(v)
+        base = self._base.get(slot) if slot in self._written else None
         return base is not None and base[1].storage not in self._input_storages
 
     def _stream(self, plan: Any) -> str:

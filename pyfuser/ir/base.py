@@ -124,13 +124,6 @@ class Expr(ABC):
     #: Host IR evaluator then needs no aliasing check for a fusion output derived from it).
     returns_new_memory: ClassVar[bool] = False
 
-    def unchecked_call(self) -> Callable[..., Any] | None:
-        """The torch function that computes the expr's one result from its operands (in ``inputs``
-        order) without the checks ``evaluate`` makes of their sizes; None for an expr without one.
-        For a caller that ran ``evaluate`` on operands of the same sizes before (a bound program's
-        straight-line function)."""
-        return None
-
     def __init__(self, fusion: Fusion, inputs: list[Val], outputs: list[Val]) -> None:
         self.fusion = fusion
         self.inputs: list[Val] = list(inputs)
@@ -189,6 +182,13 @@ class Expr(ABC):
         override this to skip the copy."""
         (result,) = self.evaluate(ctx, *args)
         out.copy_(result)
+
+    def unchecked_call(self) -> Callable[..., Any] | None:
+        """The torch function that computes the expr's one result from its operands (in ``inputs``
+        order) without the checks ``evaluate`` makes of their sizes; None for an expr without one.
+        For a caller that ran ``evaluate`` on operands of the same sizes before (a bound program's
+        straight-line function)."""
+        return None
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         """Producer logical ID -> consumer (first output) logical ID, for IDs the op preserves."""

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from pyfuser.codegen.launcher import reinterpret_tensor
+
 aten = torch.ops.aten
 
 #: Views a chain may hold: ops whose result is a function of the operand's sizes and strides and the
@@ -26,10 +28,6 @@ CHAIN_OPS = frozenset({
     aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default, aten.expand.default,
     aten.select.int, aten.slice.Tensor, aten.alias.default, aten.detach.default,
 })
-
-_guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
-_reinterpret = getattr(_guards, "_reinterpret_tensor", None) or (
-    lambda t, sizes, strides, delta: t.as_strided(sizes, strides, t.storage_offset() + delta))
 
 
 class ViewChain:
@@ -44,7 +42,7 @@ class ViewChain:
 
     def __call__(self, root: torch.Tensor) -> torch.Tensor:
         if self._root is not None and root.shape == self._root[0] and root.stride() == self._root[1]:
-            return _reinterpret(root, *self._result)  # type: ignore[no-any-return]
+            return reinterpret_tensor(root, *self._result)
         out = root
         for op, args in self.ops:
             out = op(out, *args)
