@@ -139,8 +139,13 @@ INTERLEAVABLE = ("eager", "inductor", "pyfuser")
 INTERLEAVABLE_GRAPHS = ("inductor_reduce_overhead", "pyfuser_cuda_graph")
 
 
-def interleaved_ms(calls: dict[str, Callable[[], Any]], device: str, turns: int, iters: int) -> dict[str, float]:
-    """Median wall milliseconds per call of each variant over ``turns`` turns of ``iters`` calls, the
+def group_anchor(variant: str) -> str:
+    """What a variant timed interleaved is compared with: Inductor, or with CUDA graphs ``reduce-overhead``."""
+    return "inductor_reduce_overhead" if variant in INTERLEAVABLE_GRAPHS else "inductor"
+
+
+def interleaved_samples(calls: dict[str, Callable[[], Any]], device: str, turns: int, iters: int) -> dict[str, list[float]]:
+    """Wall milliseconds per call of each variant in each of ``turns`` turns of ``iters`` calls, the
     variants' order rotated each turn, in one process: on the H200's host a host-bound step drifts by
     a third between runs, which sequential medians attribute to whichever variant ran then."""
     names = list(calls)
@@ -153,7 +158,14 @@ def interleaved_ms(calls: dict[str, Callable[[], Any]], device: str, turns: int,
                 calls[name]()
             synchronize(device)
             samples[name].append((time.perf_counter() - t0) / iters * 1e3)
-    return {n: statistics.median(s) for n, s in samples.items()}
+    return samples
+
+
+def paired_ratios(anchor: list[float], variant: list[float]) -> dict[str, float]:
+    """The anchor's time over the variant's, turn by turn (the host's drift cancels within a turn):
+    median and quartiles."""
+    ratios = sorted(a / v for a, v in zip(anchor, variant, strict=True))
+    return {"median": statistics.median(ratios), "q1": ratios[len(ratios) // 4], "q3": ratios[(3 * len(ratios)) // 4]}
 
 
 def run_case(name: str, shape: dict[str, int], training: bool, variants: list[str], device: str, dtype: torch.dtype,
@@ -221,9 +233,16 @@ def run_case(name: str, shape: dict[str, int], training: bool, variants: list[st
             calls[variant] = make_call(compiled(variant, layer, reset=False)[0], variant == "inductor_reduce_overhead")
             for _ in range(warmup):
                 calls[variant]()
-        for variant, ms in interleaved_ms(calls, device, interleave, max(1, iters // 2)).items():
-            result["variants"][variant]["interleaved_ms"] = ms
-            print(f"{name:>6} {'fwd+bwd' if training else 'fwd':>7} {variant:>26}: {ms:8.3f} ms interleaved", flush=True)
+        samples = interleaved_samples(calls, device, interleave, max(1, iters // 2))
+        anchor = group_anchor(together[0])
+        for variant, times in samples.items():
+            entry = result["variants"][variant]
+            entry["interleaved_ms"] = statistics.median(times)
+            line = f"{name:>6} {'fwd+bwd' if training else 'fwd':>7} {variant:>26}: {entry['interleaved_ms']:8.3f} ms interleaved"
+            if anchor in samples and variant != anchor:
+                entry["interleaved_ratio"] = paired_ratios(samples[anchor], times)
+                line += f", {anchor}/{variant} per turn {entry['interleaved_ratio']['median']:.3f}"
+            print(line, flush=True)
     return result
 
 
@@ -296,17 +315,20 @@ def markdown(report: dict[str, Any]) -> str:
     turns = meta.get("interleave", 0)
     if turns:
         lines += ["", f"### Interleaved in one process ({turns} turns, variants rotated; wall ms per iteration)", "",
-                  "| case | pass | variant | ms / iteration | vs its anchor (inductor; with CUDA graphs reduce-overhead) |",
-                  "| --- | --- | --- | --- | --- |"]
+                  "| case | pass | variant | ms / iteration | vs its anchor (inductor; with CUDA graphs reduce-overhead): "
+                  "ratio of medians | anchor / variant turn by turn: median (quartiles) |",
+                  "| --- | --- | --- | --- | --- | --- |"]
         for case in report["cases"]:
             variants = case["variants"]
             for name, entry in variants.items():
                 if "interleaved_ms" in entry:
                     ms = entry["interleaved_ms"]
-                    anchor_name = "inductor_reduce_overhead" if name in INTERLEAVABLE_GRAPHS else "inductor"
-                    anchor = variants.get(anchor_name, {}).get("interleaved_ms")
+                    anchor = variants.get(group_anchor(name), {}).get("interleaved_ms")
+                    paired = entry.get("interleaved_ratio")
                     lines.append(f"| {case['case']} | {'fwd+bwd' if case['training'] else 'fwd'} | {name} | {ms:.3f} | "
-                                 f"{(anchor / ms) if anchor else float('nan'):.2f}x |")
+                                 f"{(anchor / ms) if anchor else float('nan'):.2f}x | "
+                                 + (f"{paired['median']:.3f}x ({paired['q1']:.3f}-{paired['q3']:.3f})" if paired else "")
+                                 + " |")
     shapes = {c["case"]: c["shape"] for c in report["cases"]}
     lines += ["", "Shapes: " + "; ".join(f"{k}: {v}" for k, v in shapes.items()), "",
               "## Host overhead of a cached one-kernel computation (`x * 2 + 1`, 1024 elements)", "",

@@ -39,11 +39,16 @@ def _unknown_output_size(name: str, tensor: str, dim: int) -> ValueError:
 #: the dispatcher (what Inductor's wrappers call); None where this torch lacks it.
 _empty_cuda = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
 _empty_cuda = getattr(_empty_cuda, "_empty_strided_cuda", None)
+
+
+def _as_strided_view(t: torch.Tensor, sizes: Sequence[int], strides: Sequence[int], delta: int) -> torch.Tensor:
+    return t.as_strided(sizes, strides, t.storage_offset() + delta)
+
+
 #: ``(t, sizes, strides, offset_increment)`` -> a view of ``t``'s storage made without the dispatcher
 #: (Inductor's ``reinterpret_tensor``); an ``as_strided`` where this torch lacks it.
 reinterpret_tensor: Callable[[torch.Tensor, Sequence[int], Sequence[int], int], torch.Tensor] = getattr(
-    getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None) or (
-    lambda t, sizes, strides, delta: t.as_strided(sizes, strides, t.storage_offset() + delta))
+    getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None) or _as_strided_view
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 #: The current CUDA stream of a device as a raw handle, without torch's Python-level device lookups

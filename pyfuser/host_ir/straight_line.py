@@ -74,7 +74,8 @@ class StraightLine:
         self._slot_of = slot_of
         self._constants = constants
         self._device = device
-        self._env: dict[str, Any] = {"_reinterpret": reinterpret_tensor}
+        #: ``__name__``: the module of the functions it writes (how torch.fx names a call of one)
+        self._env: dict[str, Any] = {"_reinterpret": reinterpret_tensor, "__name__": __name__}
         self._lines: list[_Line] = []
         #: slot -> (the slot of the tensor it is a view of, that tensor's recorded geometry), for
         #: views and for tensors that are their own base

@@ -6,7 +6,9 @@ backward (``min_cut_rematerialization_partition``: cheap pointwise values are re
 backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
 which drops the transposes that undo each other and the detaches (``view_pairs.py``), partitions it into pyfuser
 regions and eager ops, collapses the chains of views left in eager (``view_chains.py``) and calls the other
-views as tensor methods (``eager_methods.py``).
+views as tensor methods (``eager_methods.py``). After its first calls a graph of static shapes runs as a
+copy specialized to them: regions as their straight-line functions, eager views as reinterpretations
+(``bound_graph.py``).
 
 Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):
 
@@ -27,11 +29,11 @@ from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import TracingContext
 from torch.fx import GraphModule, Node
 
+from pyfuser.integrations.torch_compile.bound_graph import BoundGraph
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
 from pyfuser.integrations.torch_compile.eager_methods import call_views_as_methods
@@ -56,6 +58,8 @@ class CompiledGraph:
     eager: dict[str, str] = field(default_factory=dict)
     #: the whole graph replayed from CUDA graphs (the ``cuda_graph`` option, when it can be captured)
     replay: GraphReplay | None = None
+    #: what the backend hands AOTAutograd otherwise: the graph, specialized after its first calls
+    bound: BoundGraph | None = None
 
 
 class PyfuserBackend:
@@ -101,9 +105,7 @@ class PyfuserBackend:
         def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             static = _static_input_indices() if kind != "backward" else []
             compiled = self.compile_aten_graph(gm, kind, static, _saved_outputs_start() if kind == "forward" else None)
-            if compiled.replay is not None:
-                return compiled.replay
-            return make_boxed_func(compiled.graph_module.forward)
+            return compiled.replay if compiled.replay is not None else compiled.bound
         return compile_graph
 
     def compile_aten_graph(self, gm: GraphModule, kind: str, static_input_indices: Sequence[int] = (),
@@ -137,6 +139,9 @@ class PyfuserBackend:
                                               static_input_indices, saved_from)
             else:
                 dump(DumpOption.fx_graph, lambda: f"{title}: each region replays its own CUDA graphs ({why})\n")
+        if compiled.replay is None:  # (``finish`` made new nodes: the aliasing outputs are found again)
+            compiled.bound = BoundGraph(compiled.graph_module, regions,
+                                        _aliasing_outputs(compiled.graph_module, kind, saved_from), f"pyfuser {title}")
         self.graphs.append(compiled)
         return compiled
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ from pyfuser.runtime.executor import BoundProgram
 _TENSOR_NAME = re.compile(r"\bT\d+\b")
 
 
-def _static_tensor(value: Any) -> bool:
+def static_tensor(value: Any) -> bool:
     """Whether an FX value is a tensor whose sizes and strides are plain ints (no symbols)."""
     return isinstance(value, torch.Tensor) and all(type(s) is int for s in (*value.shape, *value.stride()))
 
@@ -64,7 +64,7 @@ class FusionRegion:
         self._static = [j for j, k in enumerate(self._positions) if translated.inputs[k] in static_inputs]
         #: every fusion input a tensor of static sizes and strides (a graph without dynamic shapes):
         #: after the first call the region runs its program with the sizes bound then
-        self._fixed_signature = all(_static_tensor(translated.inputs[k].meta.get("val")) for k in self._positions)
+        self._fixed_signature = all(static_tensor(translated.inputs[k].meta.get("val")) for k in self._positions)
         self._bound: BoundProgram | None = None
         self._bound_strides: list[tuple[int, ...]] = []
         self.use_cuda_graphs(cuda_graph)
@@ -105,6 +105,21 @@ class FusionRegion:
         except Exception as e:
             outputs = self._without_kernels(inputs, e)
         return outputs if self._in_order else [outputs[k] for k in self._slots]
+
+    def straight_line(self, arg_strides: Sequence[Any]) -> tuple[Callable[..., Any], list[int], list[int]] | None:
+        """For a caller that vouches every call passes arguments of the strides ``arg_strides`` (the
+        call's arguments' strides, in order; None for a non-tensor): the region's straight-line
+        function (``function(fusion_inputs)`` -> the fusion's outputs), the position of each fusion input
+        among the call's arguments, and each region output's position among the function's outputs.
+        None where the region has no such function (not bound yet, a program that keeps its steps, CUDA
+        graphs of its own) or is bound to other strides."""
+        bound = self._bound
+        function = bound.function if bound is not None else None
+        if not function or self._graphs is not None:
+            return None
+        if [arg_strides[k] for k in self._positions] != self._bound_strides:
+            return None
+        return function, list(self._positions), list(self._slots)
 
     def _without_kernels(self, inputs: list[Any], error: Exception) -> list[torch.Tensor]:
         """After a failure with generated kernels, the same fusion with every op an ATen call: if that

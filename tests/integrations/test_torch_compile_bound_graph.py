@@ -1,0 +1,185 @@
+"""Compiled graphs specialized to their recorded call (``bound_graph.py``): regions as their
+straight-line functions, eager views as reinterpretations; anything else runs the graph as compiled."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+from pyfuser.integrations.torch_compile import PyfuserBackend
+from pyfuser.integrations.torch_compile.bound_graph import WARM_CALLS, BoundGraph
+from pyfuser.integrations.torch_compile.region import FusionRegion
+from pyfuser.integrations.torch_compile.view_chains import ViewChain
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+class AttentionBlock(torch.nn.Module):
+    """Norm, projections, head views around attention (left in eager), an MLP: the views and regions of
+    a Llama layer in small."""
+
+    def __init__(self, hidden: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm = torch.nn.RMSNorm(hidden)
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
+        self.out = torch.nn.Linear(hidden, hidden, bias=False)
+        self.up = torch.nn.Linear(hidden, 2 * hidden, bias=False)
+        self.down = torch.nn.Linear(2 * hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        q, k, v = (t.view(batch, seq, self.heads, -1).transpose(1, 2) for t in self.qkv(self.norm(x)).chunk(3, -1))
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(attention.transpose(1, 2).reshape(batch, seq, hidden))
+        return x + self.down(F.silu(self.up(x)))
+
+
+def _bound_graphs(backend: PyfuserBackend) -> list[BoundGraph]:
+    bound = [g.bound for g in backend.graphs]
+    assert all(b is not None for b in bound), backend.graphs
+    return bound  # type: ignore[return-value]
+
+
+def _region_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the regions called through ``FusionRegion.__call__`` from now on."""
+    calls: list[str] = []
+    call = FusionRegion.__call__
+
+    def counted(self: FusionRegion, *args: Any) -> list[torch.Tensor]:
+        calls.append(self.name)
+        return call(self, *args)
+
+    monkeypatch.setattr(FusionRegion, "__call__", counted)
+    return calls
+
+
+def test_a_training_block_runs_its_specialized_graphs(device: str, kernel_options: list[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward and backward, on new data every step: after the warm-up calls and the recorded one, each
+    graph runs its specialized copy (no region's call, no view method or chain left), and matches
+    eager's outputs and gradients every step."""
+    block = AttentionBlock().to(device)
+    backend = PyfuserBackend(enable_options=kernel_options)
+    compiled = torch.compile(block, backend=backend)
+    calls = _region_calls(monkeypatch)
+    for step in range(WARM_CALLS + 3):
+        x = torch.randn(2, 6, 16, device=device)
+        xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out = compiled(xc)
+        out.backward(torch.ones_like(out))
+        got = [xc.grad, *(p.grad.clone() for p in block.parameters())]
+        block.zero_grad()
+        want = block(xe)
+        want.backward(torch.ones_like(want))
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        for g, w in zip(got, [xe.grad, *(p.grad for p in block.parameters())], strict=True):
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+        block.zero_grad()
+        if step == WARM_CALLS:  # the recorded call
+            calls.clear()
+    assert [g.kind for g in backend.graphs] == ["forward", "backward"]
+    assert not calls, calls  # two specialized steps: no region was called as a region
+    for bound in _bound_graphs(backend):
+        assert bound.specialized is not None and bound.declined is None
+        nodes = list(bound.specialized.graph.nodes)
+        assert not any(isinstance(n.target, FusionRegion | ViewChain) for n in nodes), bound.code
+        assert "_reinterpret_tensor" in bound.code, bound.code
+    # The forward's head views around attention (not returned to autograd) are reinterpretations.
+    assert not any(n.op == "call_method" for n in _bound_graphs(backend)[0].specialized.graph.nodes), \
+        _bound_graphs(backend)[0].code
+
+
+def _attention_of_input(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Eager views of the graph's input (feeding attention), a region after it, and a returned view of
+    an intermediate (aliasing AOTAutograd tracks: it stays a view)."""
+    s = torch.sigmoid(x)
+    q = x.view(x.shape[0], 6, 2, 4).transpose(1, 2)
+    attention = F.scaled_dot_product_attention(q, q, q)
+    return torch.exp(attention.transpose(1, 2).reshape(x.shape)).sum(-1), s.transpose(0, 2)
+
+
+def _check(compiled: Any, x: torch.Tensor) -> None:
+    for got, want in zip(compiled(x), _attention_of_input(x), strict=True):
+        assert got.shape == want.shape and got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+
+
+def test_inputs_at_other_offsets_or_strides() -> None:
+    """A specialized graph reinterprets views of its input relative to the input's storage offset (an
+    input sliced from a larger buffer); a call whose input has other strides (a size-1 axis's, which
+    an incoming gradient may have) runs the graph as compiled, and the specialized copy stays."""
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(_attention_of_input, backend=backend)
+    for _ in range(WARM_CALLS + 1):
+        _check(compiled, torch.randn(1, 6, 8))
+    (bound,) = _bound_graphs(backend)
+    assert bound.specialized is not None, bound.declined
+    assert "transpose" in bound.code, bound.code  # the returned view of ``s`` stays a view
+    assert bound.code.count("_reinterpret_tensor(") == 2, bound.code  # the head views before and after attention
+    big = torch.randn(200)
+    for offset in (5, 17):
+        _check(compiled, big[offset:offset + 48].view(1, 6, 8))
+    other = torch.randn(6, 1, 8).transpose(0, 1)
+    assert other.shape == (1, 6, 8) and other.stride() != (48, 8, 1)
+    got = bound([other])
+    for g, w in zip(got, _attention_of_input(other), strict=True):
+        torch.testing.assert_close(g, w)
+    assert bound.specialized is not None and bound.declined is None
+
+
+def test_a_failing_specialized_graph_runs_as_compiled() -> None:
+    """An error inside the specialized copy: the call runs the graph as compiled (whose regions report
+    errors naming their FX nodes), with a warning, and so do the calls after it."""
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(_attention_of_input, backend=backend)
+    for _ in range(WARM_CALLS + 1):
+        _check(compiled, torch.randn(1, 6, 8))
+    (bound,) = _bound_graphs(backend)
+
+    def failing(*args: Any) -> Any:
+        raise RuntimeError("injected")
+
+    bound._run = failing
+    with pytest.warns(UserWarning, match="the specialized graph failed .*injected.*runs as compiled from now on"):
+        _check(compiled, torch.randn(1, 6, 8))
+    assert bound.specialized is None and "injected" in (bound.declined or "")
+    _check(compiled, torch.randn(1, 6, 8))
+
+
+def test_graphs_of_symbolic_sizes_run_as_compiled() -> None:
+    """Symbolic sizes (sizes are graph inputs, regions bind nothing): not specialized, saying why."""
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(_attention_of_input, backend=backend, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(WARM_CALLS + 2):
+            _check(compiled, torch.randn(1, 6, 8))
+    (bound,) = _bound_graphs(backend)
+    assert bound.specialized is None and bound.declined == "an input that is not a tensor", bound.declined
+
+
+def test_views_of_data_dependent_results_follow_the_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value whose sizes depend on the data (``nonzero``) and a view of it: new data every call gives
+    eager's results (the graph is never specialized to one call's sizes)."""
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.nonzero(x > 0).t()
+        return torch.sigmoid(x) * 2, torch.sort(positions.float() * 3, dim=1).values
+
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(fn, backend=backend, fullgraph=True)
+    for _ in range(WARM_CALLS + 3):
+        x = torch.randn(4, 5)
+        for got, want in zip(compiled(x), fn(x), strict=True):
+            torch.testing.assert_close(got, want)
+    assert _bound_graphs(backend)[0].specialized is None
