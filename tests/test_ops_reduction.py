@@ -42,6 +42,28 @@ def test_reduction(op: str, dims: list[int], keepdim: bool, device: str) -> None
     assert_close(out, torch_reduce(op, x, dims, keepdim, None))
 
 
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "mean"])
+@pytest.mark.parametrize("dims", [[0, 1], [1, 2], [0, 1, 2], [1]])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_reduction_over_broadcast_axes(op: str, dims: list[int], keepdim: bool, device: str) -> None:
+    """Size-1 broadcast axes among the reduced ones are squeezed (a trivial reduction), the others
+    reduced; all of them broadcast: a reduction as before. Values and shapes as torch's."""
+    x = torch.rand(1, 4, 5) + 0.5
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)  # axis 0 (size 1) is a broadcast axis
+        fd.add_output(getattr(fd.ops, op)(t, dims, keepdim=keepdim))
+    reductions = [e for e in fd.fusion.exprs() if type(e).__name__ == "ReductionOp"]
+    assert len(reductions) == 1
+    reduced = [i for i in reductions[0].outputs[0].get_logical_domain() if i.is_reduction]
+    assert len(reduced) == len([d for d in dims if d != 0])
+    (out,) = fd.execute([x.to(device)])
+    assert_close(out, torch_reduce(op, x, dims, keepdim, None))
+    with FusionDefinition() as fd:  # only the broadcast axis: a reduction of it, as before
+        fd.add_output(getattr(fd.ops, op)(fd.from_pytorch(x), [0], keepdim=keepdim))
+    (out,) = fd.execute([x.to(device)])
+    assert_close(out, torch_reduce(op, x, [0], keepdim, None))
+
+
 @pytest.mark.parametrize(("op", "in_dtype", "dtype"), [
     ("sum", torch.float16, DataType.Float),
     ("sum", torch.int32, DataType.Null),  # torch promotes integer sums to int64

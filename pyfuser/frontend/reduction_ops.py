@@ -29,6 +29,16 @@ class ReductionOps(PointwiseOps):
         op = kind.name
         tv = self._tv(x, op)
         axes = _reduction_axes(tv, dims, op)
+        in_ids = tv.get_logical_domain(no_reductions=True)
+        trivial = [d for d in axes if in_ids[d].is_broadcast and in_ids[d].extent.value == 1]
+        if trivial and len(trivial) < len(axes):
+            # Reducing a size-1 broadcast axis is squeezing it (nvFuser's trivial reductions): the
+            # reduction then iterates real axes only, as another reduction of the same tensor does
+            # (a norm's weight gradient, summed over batch and rows, beside its per-row sum).
+            squeezed = self.squeeze(tv, trivial)  # type: ignore[attr-defined]
+            rest = [d - sum(t < d for t in trivial) for d in axes if d not in trivial]
+            out = self._reduce(kind, squeezed, rest, False, dtype)
+            return self.broadcast(out, [d in axes for d in range(tv.ndim)]) if keepdim else out
         probe = _DTYPE_PROBES.get(kind)
         # Probed even when dtype= is given: it rejects what torch cannot reduce (max of complex).
         inferred = result_dtype(lambda t: probe(t, 0) if probe is not None else t, [tv])

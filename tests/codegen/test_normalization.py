@@ -157,6 +157,30 @@ def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels) -> 
     assert kernel_schedulers(fd) == ["inner_outer_persistent"]
 
 
+def test_rmsnorm_backward_of_a_batch_of_one_is_one_inner_outer_kernel(device: str, run_kernels) -> None:
+    """A Llama layer's RMSNorm backward at batch 1 (the weight gradient summed over batch and rows, the
+    batch a size-1 broadcast axis): the batch's reduction is a squeeze, so the per-row and the across-rows
+    reductions iterate one space and run as one inner-outer kernel (they were three kernels)."""
+    rows, cols = 6, 40
+    x, dy = torch.randn(1, rows, cols, device=device), torch.randn(1, rows, cols, device=device)
+    w = torch.randn(cols, device=device)
+    xd, wd = x.clone().requires_grad_(), w.clone().requires_grad_()
+    rms = torch.rsqrt((xd * xd).mean(-1, keepdim=True) + 1e-6)
+    (xd * rms * wd).backward(dy)
+    r = rms.detach()
+    with FusionDefinition() as fd:
+        tdy, tx, tr, tw = (fd.from_pytorch(t) for t in (dy, x, r, w))
+        g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, True, False]))
+        c = fd.ops.sum(fd.ops.mul(g, tx), [2], keepdim=True)
+        r3 = fd.ops.mul(fd.ops.mul(tr, tr), tr)
+        fd.add_output(fd.ops.sub(fd.ops.mul(g, tr), fd.ops.mul(tx, fd.ops.mul(r3, fd.ops.div(c, float(cols))))))
+        fd.add_output(fd.ops.sum(fd.ops.mul(tdy, fd.ops.mul(tx, tr)), [0, 1]))
+    dx, dw = run_kernels(fd, [dy, x, r, w])
+    _close(dx, xd.grad)
+    _close(dw, wd.grad)
+    assert kernel_schedulers(fd) == ["inner_outer_persistent"]
+
+
 @pytest.mark.parametrize("rows_per_step", [1, 2])
 def test_pipelined_inner_outer_kernel_masks_rows_past_the_end(rows_per_step: int, device: str) -> None:
     """A software-pipelined row loop (``num_stages`` > 1, compiled) has no ``if`` in its body (Triton
