@@ -45,10 +45,12 @@ def test_reduction(op: str, dims: list[int], keepdim: bool, device: str) -> None
 @pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "mean"])
 @pytest.mark.parametrize("dims", [[0, 1], [1, 2], [0, 1, 2], [1]])
 @pytest.mark.parametrize("keepdim", [False, True])
-def test_reduction_over_broadcast_axes(op: str, dims: list[int], keepdim: bool, device: str) -> None:
+def test_reduction_over_broadcast_axes(op: str, dims: list[int], keepdim: bool, device: str,
+                                      kernel_options: list[str]) -> None:
     """Size-1 broadcast axes among the reduced ones are squeezed (a trivial reduction), the others
-    reduced; all of them broadcast: a reduction as before. Values and shapes as torch's."""
-    x = torch.rand(1, 4, 5) + 0.5
+    reduced; all of them broadcast: a reduction as before. Values and shapes as torch's, through
+    generated kernels."""
+    x = (torch.rand(1, 4, 5) + 0.5).to(device)
     with FusionDefinition() as fd:
         t = fd.from_pytorch(x)  # axis 0 (size 1) is a broadcast axis
         fd.add_output(getattr(fd.ops, op)(t, dims, keepdim=keepdim))
@@ -56,11 +58,11 @@ def test_reduction_over_broadcast_axes(op: str, dims: list[int], keepdim: bool, 
     assert len(reductions) == 1
     reduced = [i for i in reductions[0].outputs[0].get_logical_domain() if i.is_reduction]
     assert len(reduced) == len([d for d in dims if d != 0])
-    (out,) = fd.execute([x.to(device)])
+    (out,) = fd.execute([x], _enable_options=kernel_options)
     assert_close(out, torch_reduce(op, x, dims, keepdim, None))
     with FusionDefinition() as fd:  # only the broadcast axis: a reduction of it, as before
         fd.add_output(getattr(fd.ops, op)(fd.from_pytorch(x), [0], keepdim=keepdim))
-    (out,) = fd.execute([x.to(device)])
+    (out,) = fd.execute([x], _enable_options=kernel_options)
     assert_close(out, torch_reduce(op, x, [0], keepdim, None))
 
 

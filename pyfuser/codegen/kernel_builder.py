@@ -728,7 +728,9 @@ class KernelBuilder(ValueLowering):
         tile_params = [f"{param}: tl.constexpr" for param, *_ in self._dynamic_tiles]
         params = ", ".join([*tensors, *strides, *sizes, *(self._scalars[sym][0] for sym in scalar_symbols),
                             *tile_params])
-        typed = [f"    s_{sym} = tl.full([], {arg}, {triton_dtype(dtype)})" for sym, (arg, dtype) in self._scalars.items()]
+        # A bool arrives as an integer (the interpreter of Triton 3.6 cannot make an int1 of one): a comparison.
+        typed = [f"    s_{sym} = {arg} != 0" if dtype is DataType.Bool else
+                 f"    s_{sym} = tl.full([], {arg}, {triton_dtype(dtype)})" for sym, (arg, dtype) in self._scalars.items()]
         body = "\n".join([*typed, *self.code.lines]) or "    pass"
         source = f"{prelude(self.target)}\n\n@_jit\ndef {self.name}({params}):\n{body}\n"
         grid = tuple(next((loop.extent for loop in loops if loop.kind == "grid" and loop.index == f"pid{a}"),

@@ -29,6 +29,25 @@ def test_float_scalar_argument_converted_in_the_kernel(device: str, run_kernels)
     torch.testing.assert_close(out, -0.5 / x[1:5:2])
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_bool_scalar_argument_filling_int_and_selecting(value: bool, device: str) -> None:
+    """A Bool scalar input filling an int32 tensor and choosing in a ``where``: the kernel reads it as a
+    comparison of its integer argument (Triton 3.6's interpreter cannot make an int1 of the int32 it is
+    passed: an internal error, fuzz seed 830001 on the GPU machine)."""
+    x = torch.randn(5, 6, device=device)
+    with FusionDefinition() as fd:
+        flag = fd.define_scalar(dtype=DataType.Bool)
+        n = fd.define_scalar(dtype=DataType.Int)
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.full([n, 6, 6], flag, DataType.Int32))
+        fd.add_output(fd.ops.where(flag, t, fd.ops.neg(t)))
+    full, chosen = fd.execute([value, 5, x], device=device,
+                              _enable_options=[] if device == "cuda" else ["triton_interpreter"])
+    assert fd.last_kernel_code()
+    torch.testing.assert_close(full, torch.full([5, 6, 6], value, dtype=torch.int32, device=device))
+    torch.testing.assert_close(chosen, x if value else -x)
+
+
 def test_iota_with_double_start_and_step_cast_to_bfloat16(device: str) -> None:
     """Double constants of an iota are typed like its output (float64 arithmetic stored as bf16 gave NaN)."""
     with FusionDefinition() as fd:
