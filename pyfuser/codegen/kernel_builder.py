@@ -728,7 +728,7 @@ class KernelBuilder(ValueLowering):
         tile_params = [f"{param}: tl.constexpr" for param, *_ in self._dynamic_tiles]
         params = ", ".join([*tensors, *strides, *sizes, *(self._scalars[sym][0] for sym in scalar_symbols),
                             *tile_params])
-        # A bool arrives as an integer (the interpreter of Triton 3.6 cannot make an int1 of one): a comparison.
+        # A bool arrives as an int (``KernelSource.bool_scalars``): a comparison.
         typed = [f"    s_{sym} = {arg} != 0" if dtype is DataType.Bool else
                  f"    s_{sym} = tl.full([], {arg}, {triton_dtype(dtype)})" for sym, (arg, dtype) in self._scalars.items()]
         body = "\n".join([*typed, *self.code.lines]) or "    pass"
@@ -744,7 +744,8 @@ class KernelBuilder(ValueLowering):
             tuple(tv.dtype for tv in self.outputs), tuple(tv.short_name for tv in (*self.inputs, *self.outputs)),
             tuple(self._divisibility), tuple(self._dynamic_tiles), self._extent_checks() if self.chunked else (),
             nonempty, nonnegative_checks=nonnegative, mapped_extent_checks=mapped,
-            stride_fallbacks=tuple((k, d, outer) for (k, d), outer in self._group_strides.items()))
+            stride_fallbacks=tuple((k, d, outer) for (k, d), outer in self._group_strides.items()),
+            bool_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if self._scalars[sym][1] is DataType.Bool))
 
     def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
         """Input dims of symbolic extent in a class of constant extent (``expand(x, [6, 4])`` of an

@@ -75,3 +75,6 @@ class KernelSource:
     #: of a size-1 dim (torch gives it any value), so when ``dim`` has size 1 the launcher passes the
     #: stride of the nearest of them that has not, which is what the group's index steps by.
     stride_fallbacks: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
+    #: positions in ``scalar_inputs`` of Bool scalars, passed as ints (Triton 3.6's interpreter cannot
+    #: take a Python bool argument; the kernel compares the int with 0)
+    bool_scalars: tuple[int, ...] = ()
