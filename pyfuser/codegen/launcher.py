@@ -298,7 +298,9 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         body.append(f"if {tensors[k]}.shape[{d}] == 1:")
         body.append(f"    st{k}_{d} = {fallback}")
     strides = [f"st{k}_{d}" for k, d in s.stride_args]
-    scalars = [f"int(args[{p}])" if k in s.bool_scalars else f"args[{p}]" for k, p in enumerate(s.scalar_inputs)]
+    scalars = [f"sc{k}" for k in range(len(s.scalar_inputs))]
+    for k, p in enumerate(s.scalar_inputs):
+        body.append(f"sc{k} = int(args[{p}])" if k in s.bool_scalars else f"sc{k} = args[{p}]")
     tiles = [param for param, *_ in s.dynamic_tiles]
     params = ", ".join([*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles])
     grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")
