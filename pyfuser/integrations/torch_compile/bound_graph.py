@@ -26,13 +26,13 @@ import copy
 import operator
 import warnings
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.fx import Graph, GraphModule, Interpreter, Node
 
 from pyfuser.codegen.launcher import reinterpret_tensor
+from pyfuser.host_ir.straight_line import Seen
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.region import FusionRegion, static_tensor
 from pyfuser.integrations.torch_compile.view_chains import CHAIN_OPS, ViewChain
@@ -47,35 +47,21 @@ WARM_CALLS = 2
 VIEW_METHODS = frozenset(METHODS.values())
 
 
-@dataclass(frozen=True, slots=True)
-class _Geometry:
-    """A tensor as the recorded call produced it."""
-
-    sizes: tuple[int, ...]
-    strides: tuple[int, ...]
-    offset: int
-    storage: int
-    dtype: torch.dtype
-    requires_grad: bool
-
-    @staticmethod
-    def of(value: Any) -> _Geometry | None:
-        if not isinstance(value, torch.Tensor) or value.layout != torch.strided or value.numel() == 0:
-            return None
-        return _Geometry(tuple(value.shape), value.stride(), value.storage_offset(),
-                         value.untyped_storage().data_ptr(), value.dtype, value.requires_grad)
-
-
 class _Recorder(Interpreter):
-    """Runs the graph once, node by node, keeping each tensor result's geometry."""
+    """Runs the graph once, node by node, keeping each strided tensor result's geometry (and which
+    results require grad: views autograd must see)."""
 
     def __init__(self, gm: GraphModule) -> None:
         super().__init__(gm)
-        self.seen: dict[Node, _Geometry | None] = {}
+        self.seen: dict[Node, Seen | None] = {}
+        self.requires_grad: set[Node] = set()
 
     def run_node(self, n: Node) -> Any:
         value = super().run_node(n)
-        self.seen[n] = _Geometry.of(value)
+        strided = isinstance(value, torch.Tensor) and value.layout == torch.strided
+        self.seen[n] = Seen.of(value) if strided else None
+        if strided and value.requires_grad:
+            self.requires_grad.add(n)
         return value
 
 
@@ -96,7 +82,8 @@ def _view_operand(node: Node) -> Node | None:
     return node.args[0]
 
 
-def specialize(gm: GraphModule, seen: dict[Node, _Geometry | None], protected: Collection[Node]) -> GraphModule | str:
+def specialize(gm: GraphModule, seen: dict[Node, Seen | None], protected: Collection[Node],
+               requires_grad: Collection[Node] = ()) -> GraphModule | str:
     """A copy of ``gm`` specialized to the geometry of a recorded call (see the module's docstring), or
     why it cannot be."""
     graph = Graph()
@@ -129,7 +116,7 @@ def specialize(gm: GraphModule, seen: dict[Node, _Geometry | None], protected: C
         if operand is None or node in protected or not static_tensor(node.meta.get("val")):
             continue  # (sizes the graph does not fix: a view of a data-dependent result)
         result, source = seen.get(node), seen.get(operand)
-        if result is None or source is None or result.requires_grad or source.requires_grad \
+        if result is None or source is None or result.numel == 0 or node in requires_grad or operand in requires_grad \
                 or result.storage != source.storage or result.dtype != source.dtype:
             continue  # not a view after all (a reshape that copied), or one autograd must see
         base = base_of.get(operand, operand)
@@ -195,12 +182,12 @@ class BoundGraph:
     def _record(self, args: list[Any]) -> Any:
         recorder = _Recorder(self.graph_module)
         outputs = recorder.run(*args)
-        why = self._specialize(recorder.seen, args)
+        why = self._specialize(recorder, args)
         if why is not None:
             self.declined = why
         return outputs
 
-    def _specialize(self, seen: dict[Node, _Geometry | None], args: list[Any]) -> str | None:
+    def _specialize(self, recorder: _Recorder, args: list[Any]) -> str | None:
         if not all(isinstance(a, torch.Tensor) for a in args):
             return "an input that is not a tensor"
         devices = {r.device for r in self._regions}
@@ -211,7 +198,7 @@ class BoundGraph:
             if _current_device is None or device.index is None or _current_device() != device.index:
                 return "a call on another device than the regions'"
             self._device = device.index
-        specialized = specialize(self.graph_module, seen, self._protected)
+        specialized = specialize(self.graph_module, recorder.seen, self._protected, recorder.requires_grad)
         if isinstance(specialized, str):
             return specialized
         self.specialized = specialized
