@@ -38,7 +38,7 @@ class ReductionOps(PointwiseOps):
             squeezed = self.squeeze(tv, trivial)  # type: ignore[attr-defined]
             rest = [d - sum(t < d for t in trivial) for d in axes if d not in trivial]
             out = self._reduce(kind, squeezed, rest, False, dtype)
-            return self.broadcast(out, [d in axes for d in range(tv.ndim)]) if keepdim else out
+            return self._keepdim(out, axes, tv.ndim) if keepdim else out
         probe = _DTYPE_PROBES.get(kind)
         # Probed even when dtype= is given: it rejects what torch cannot reduce (max of complex).
         inferred = result_dtype(lambda t: probe(t, 0) if probe is not None else t, [tv])
@@ -52,10 +52,10 @@ class ReductionOps(PointwiseOps):
                             "(pass dtype= or cast first)")
         out = self._new_tv(_reduced_ids(self, tv, axes), out_dtype)
         ReductionOp(self._fusion, kind, out, tv, axes)
-        return self._keepdim(out, axes) if keepdim else out
+        return self._keepdim(out, axes, tv.ndim) if keepdim else out
 
-    def _keepdim(self, tv: TensorView, axes: list[int]) -> TensorView:
-        rank = len(tv.get_logical_domain())
+    def _keepdim(self, tv: TensorView, axes: list[int], rank: int) -> TensorView:
+        """``tv`` (a reduction of a rank-``rank`` tensor over ``axes``) with those axes back as broadcasts."""
         return self.broadcast(tv, [d in axes for d in range(rank)])
 
     def sum(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
@@ -89,7 +89,7 @@ class ReductionOps(PointwiseOps):
         mean = self._new_tv(_reduced_ids(self, tv, axes), tv.dtype)
         VarMeanOp(self._fusion, var, mean, tv, axes, int(correction))
         if keepdim:
-            return self._keepdim(var, axes), self._keepdim(mean, axes)
+            return self._keepdim(var, axes, tv.ndim), self._keepdim(mean, axes, tv.ndim)
         return var, mean
 
     def welford(self, arg: TensorView, dims: Sequence[int] | int) -> tuple[TensorView, TensorView, TensorView]:

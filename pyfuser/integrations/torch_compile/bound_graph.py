@@ -35,7 +35,7 @@ from pyfuser.codegen.launcher import reinterpret_tensor
 from pyfuser.host_ir.straight_line import Seen
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.region import FusionRegion, static_tensor
-from pyfuser.integrations.torch_compile.view_chains import CHAIN_OPS, ViewChain
+from pyfuser.integrations.torch_compile.view_chains import CHAIN_OPS, ViewChain, viewed_operand
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
@@ -69,17 +69,9 @@ def _view_operand(node: Node) -> Node | None:
     """The tensor a node views, for a view left in eager whose other arguments are constants."""
     if node.op == "call_method":
         is_view = node.target in VIEW_METHODS
-    elif node.op == "call_function":
-        is_view = node.target in CHAIN_OPS or isinstance(node.target, ViewChain)
     else:
-        return None
-    if not is_view or node.kwargs or not node.args or not isinstance(node.args[0], Node):
-        return None
-    constants = node.args[1:]
-    if any(isinstance(a, Node) or (isinstance(a, list | tuple) and any(isinstance(x, Node) for x in a))
-           for a in constants):
-        return None
-    return node.args[0]
+        is_view = node.op == "call_function" and (node.target in CHAIN_OPS or isinstance(node.target, ViewChain))
+    return viewed_operand(node) if is_view else None
 
 
 def specialize(gm: GraphModule, seen: dict[Node, Seen | None], protected: Collection[Node],
@@ -174,7 +166,9 @@ class BoundGraph:
             except Exception as e:  # the graph as compiled reports it, naming the region and its FX nodes
                 self._decline(f"the specialized graph failed ({type(e).__name__}: {e})")
                 return self._forward(*args)
-        if self.declined is not None or self._calls < WARM_CALLS:
+        if self.declined is not None:
+            return self._forward(*args)
+        if self._calls < WARM_CALLS:
             self._calls += 1
             return self._forward(*args)
         return self._record(args)

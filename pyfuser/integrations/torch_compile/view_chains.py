@@ -58,10 +58,18 @@ class ViewChain:
 
 def _link(node: Node) -> bool:
     """A view of a chain: one of ``CHAIN_OPS`` on a tensor node, every other argument a constant."""
-    return (node.op == "call_function" and node.target in CHAIN_OPS and not node.kwargs and bool(node.args)
-            and isinstance(node.args[0], Node)
-            and not any(isinstance(a, Node) or (isinstance(a, list | tuple) and any(isinstance(x, Node) for x in a))
-                        for a in node.args[1:]))
+    return node.op == "call_function" and node.target in CHAIN_OPS and viewed_operand(node) is not None
+
+
+def viewed_operand(node: Node) -> Node | None:
+    """A call's first argument, when it is a node and every other argument a constant (what a view
+    needs to be a function of its operand's geometry alone); else None."""
+    if node.kwargs or not node.args or not isinstance(node.args[0], Node):
+        return None
+    if any(isinstance(a, Node) or (isinstance(a, list | tuple) and any(isinstance(x, Node) for x in a))
+           for a in node.args[1:]):
+        return None
+    return node.args[0]
 
 
 def collapse_view_chains(gm: GraphModule, protected: Collection[Node] = ()) -> int:
