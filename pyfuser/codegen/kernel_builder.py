@@ -74,10 +74,12 @@ class Indices:
 
 class KernelBuilder(ValueLowering):
     def __init__(self, fusion: Fusion, name: str, target: str, layouts: Layouts,
-                 reference: TensorView | None = None, loop_stages: int = 0, chunked: bool = False) -> None:
+                 reference: TensorView | None = None, loop_stages: int = 0, chunked: bool = False,
+                 evict_last: bool = True) -> None:
         """``chunked``: the kernel runs in a stream loop on chunks of its tensors, so an extent the
         fusion knows statically (an ``expand`` target) is not the extent of what it gets: extents
-        come from the tensors, and static ones are checked against the whole tensors' sizes."""
+        come from the tensors, and static ones are checked against the whole tensors' sizes.
+        ``evict_last``: loads ask L2 to keep their lines (``eviction_policy='evict_last'``)."""
         """``layouts``: per tensor name, (allocation order of its non-reduction logical dims, nvFuser
         contiguity flags in that order) that hold for every tensor the kernel will be given."""
         self.fusion = fusion
@@ -87,6 +89,7 @@ class KernelBuilder(ValueLowering):
         # Serial loops software-pipelined by Triton (loads of the next steps issued early) when > 1.
         self.range = loop_range(target)
         self.loop_stages = loop_stages if target == "cuda" else 0
+        self.evict_last = evict_last
         self.layouts = layouts
         self.exprs = fusion.exprs()
         self.tensors = fusion.tensors()

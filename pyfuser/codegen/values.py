@@ -206,9 +206,11 @@ class ValueLowering:
             # ``evict_last``: an H200 run of every kernels.py case with and without it on every load:
             # rmsnorm 3966 -> 4126 GB/s, softmax 4011 -> 4158, transpose + add and the cast chain +1%,
             # the others within run-to-run noise (a hand-written rmsnorm kernel: 4005 -> 4142,
-            # ``evict_first`` 3828)
-            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0{_EVICT_LAST})" if mask else \
-                f"tl.load(T{position} + {offset}{_EVICT_LAST})"
+            # ``evict_first`` 3828); those cases move 256 MiB and more. ``KernelBuilder.evict_last``:
+            # the inner persistent scheduler drops it below 256 MiB, where it cost 2-12 %.
+            hint = _EVICT_LAST if self.evict_last else ""
+            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0{hint})" if mask else \
+                f"tl.load(T{position} + {offset}{hint})"
             result = self.code.assign("v", _widened(load, val.dtype), cse=False)
         elif isinstance(definition, ReductionOp | VarMeanOp):
             self.reduce(definition)  # first read at this loop point: reduce here

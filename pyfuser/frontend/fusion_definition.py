@@ -248,7 +248,7 @@ class FusionDefinition:
         if heuristic_params is None:
             return self._manual.run(_flatten(inputs))
         return self._manual.run(_flatten(inputs), heuristic_params.reference, heuristic_params.num_warps,
-                                getattr(heuristic_params, "num_stages", 0))
+                                getattr(heuristic_params, "num_stages", 0), getattr(heuristic_params, "evict_last", True))
 
     def manual_validate(self, inputs: Sequence[Any], reference_outputs: Sequence[torch.Tensor] | None = None,
                         ) -> list[torch.Tensor]:

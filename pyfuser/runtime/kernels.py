@@ -72,7 +72,8 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
                                 finish=lambda f: schedule_final_step(f, machine),
                                 loop_stages=getattr(params, "num_stages", 0), chunked=chunked,
-                                cooperative=DisableOption.cooperative_launch not in options.disabled)
+                                cooperative=DisableOption.cooperative_launch not in options.disabled,
+                                evict_last=getattr(params, "evict_last", True))
         kernel.scheduled_ir = scheduled_ir(copy)  # after rfactor: the partial results are in it
         kernel.scheduler_params = params
         dump(DumpOption.scheduled_fusion, lambda: f"Scheduled segment g{index} ({group.scheduler.name}):\n"

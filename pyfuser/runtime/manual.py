@@ -56,7 +56,7 @@ class ManualKernels:
         self.last: CompiledKernel | KernelSequence | None = None
 
     def run(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4,
-            loop_stages: int = 0) -> list[torch.Tensor]:
+            loop_stages: int = 0, evict_last: bool = True) -> list[torch.Tensor]:
         if self._version != self.fusion.version:
             self._kernels.clear()
             self._binder = InputBinder(self.fusion.inputs())
@@ -69,10 +69,11 @@ class ManualKernels:
         key = (tuple((a.dtype, tuple(memory_order(a.shape, a.stride())), tuple(s == 1 for s in a.shape),
                       tuple(contiguity_of_strides(a.shape, a.stride(), memory_order(a.shape, a.stride()),
                                                   [s == 1 for s in a.shape])))
-                     if isinstance(a, torch.Tensor) else type(a) for a in args), device.type, reference, num_warps, loop_stages)
+                     if isinstance(a, torch.Tensor) else type(a) for a in args), device.type, reference, num_warps, loop_stages,
+               evict_last)
         kernel = self._kernels.get(key)
         if kernel is None:
-            kernel = self._kernels[key] = self._compile(args, device, reference, num_warps, loop_stages)
+            kernel = self._kernels[key] = self._compile(args, device, reference, num_warps, loop_stages, evict_last)
         self.last = kernel
         if binder.has_scalars:
             args = binder.coerce(args)
@@ -85,7 +86,7 @@ class ManualKernels:
                              "fd.execute computes them for such sizes") from None
 
     def _compile(self, args: Sequence[Any], device: torch.device, reference: int | None,
-                 num_warps: int, loop_stages: int) -> CompiledKernel | KernelSequence:
+                 num_warps: int, loop_stages: int, evict_last: bool) -> CompiledKernel | KernelSequence:
         layouts: dict[int, Layout] = {}
         for tv, a in zip(self.fusion.inputs(), args, strict=True):
             if isinstance(tv, TensorView):
@@ -97,7 +98,8 @@ class ManualKernels:
         # for a grid reduction; a hand-written one keeps its own.
         machine = Machine.of(device)
         finish = (lambda f: schedule_final_step(f, machine)) if reference is not None else None
-        return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps, finish, loop_stages)
+        return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps, finish, loop_stages,
+                              evict_last=evict_last)
 
 
 def _prepared(fusion: Fusion, reference: int | None, input_layouts: dict[int, Layout] | None,

@@ -36,6 +36,14 @@ from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_lik
 
 #: Elements of a tile a program holds at once when several rows share it (registers per thread).
 ROWS_TILE = 4096
+#: Elements of a persistent tile of whole rows: rows shorter than this share a program. Small
+#: programs (2 warps) let an SM overlap many rows' loads with others' reductions. H200 sweep,
+#: layernorm / softmax bf16, GB/s against tiles of 4096 (4 warps): rows of 256 2456 / 2570 vs 2231 /
+#: 2422, of 512 2422 / 2533 vs 2089 / 2461, of 1024 2405 / 2618 vs 2114 / 2503 (32768 rows: 3513 /
+#: 3715 vs 3039 / 3699), of 2048 3009 / 3216 vs 2987 / 3163; tiles of 2048 lost at 256 and 512.
+#: Plain reductions of rows (read only) keep ``ROWS_TILE``: a bf16 row sum of 256 ran at 1914 GB/s
+#: with it and 1589 with this, of 1024 1843 and 1580.
+PERSISTENT_ROWS_TILE = 1024
 #: A kept extent at least this many programs' worth keeps every SM busy without a split.
 WAVES = 2
 
@@ -57,6 +65,8 @@ class ReductionParams:
     num_warps: int = 4
     #: software pipelining of the serial loops (Triton's ``num_stages``; 0: none)
     num_stages: int = 0
+    #: loads ask L2 to keep their lines (``eviction_policy='evict_last'``)
+    evict_last: bool = True
 
     def __str__(self) -> str:
         fields = {"tile": f"rows per program: {self.rows}, row as one tile",
@@ -69,12 +79,12 @@ class ReductionParams:
                          "finished by a second launch)" for k, v in fields.items()}
         return (f"===== Reduction Parameters ========\nscheduler: {self.scheduler_type.name}\nreference: "
                 f"T{self.reference}\nshape: {self.shape}\n{fields[self.shape]}\nnum_warps: {self.num_warps}\n"
-                f"num_stages: {self.num_stages}\n"
+                f"num_stages: {self.num_stages}\nevict_last: {self.evict_last}\n"
                 "====================================\n")
 
     def __hash__(self) -> int:
         return hash((self.scheduler_type, self.reference, self.shape, self.rows, self.tile, self.tile_reduced,
-                     self.split, self.num_warps, self.num_stages))
+                     self.split, self.num_warps, self.num_stages, self.evict_last))
 
 
 def size_hints(fusion: FusionLike, analysis: ReductionAnalysis, inputs: Sequence[Any] | SizeHints) -> SizeHints:
@@ -116,9 +126,9 @@ def element_bytes(fusion: FusionLike) -> int:
 
 
 def warps_for(tile: int) -> int:
-    """Warps for a tile of ``tile`` elements: about 32 elements per thread, 2 to 8 warps (an H200
-    sweep of layernorm / rmsnorm / softmax rows of 8192: 8 warps best or within 1%; 16 lost 22% on
-    layernorm)."""
+    """Warps for a tile of ``tile`` elements: 2 to 8 warps, about 32 elements per thread from 2048
+    elements up (an H200 sweep of layernorm / rmsnorm / softmax rows of 8192: 8 warps best or within
+    1%; 16 lost 22% on layernorm; tiles of 1024 on 2 warps beat 1 and 4)."""
     return max(2, min(8, tile // 1024))
 
 
@@ -139,7 +149,8 @@ def inner_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     reduced, kept = hints.reduced, hints.kept
     if reduced is not None and next_power_of_2(reduced) <= m.max_persistent:
         width = next_power_of_2(max(reduced, 1))
-        rows = max(1, min(ROWS_TILE // width, 64))
+        tile = PERSISTENT_ROWS_TILE if scheduler_type is SchedulerType.inner_persistent else ROWS_TILE
+        rows = max(1, min(tile // width, 64))
         if kept is not None:
             # Keep enough programs to fill the machine before packing rows.
             while rows > 1 and -(-kept // rows) < WAVES * m.sm_count:

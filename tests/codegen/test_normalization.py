@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition, schedule
-from pyfuser.scheduler.registry import SchedulerType
+from pyfuser.scheduler import inner_outer_persistent, inner_persistent, reduction
+from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from tests.codegen.conftest import kernel_schedulers, kernel_segments
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
@@ -250,3 +251,59 @@ def test_seed_003_runs_in_the_inner_outer_persistent_kernel(cols: int, device: s
     allocation = next(line for line in cache.splitlines() if "allocation domain" in line)
     assert "iblockIdx.x" in allocation, cache
     assert "reduction( T" in ir and "rfactor" in ir
+
+
+@pytest.mark.parametrize("sm_count", [4, 132])
+def test_inner_outer_programs_all_have_rows(sm_count: int) -> None:
+    """As few programs as keep each block of rows as short as one program per SM makes it: 4096 rows
+    on 132 SMs are 128 blocks of 32, not 132 programs of which four have no row."""
+    fd = _seed003()
+    for rows in [1, 3, 5, 100, 128, 132, 133, 1000, 4096, 16384]:
+        hints = SizeHints(reduced=4096, kept=rows, machine=Machine(sm_count, 16384, 2048))
+        programs = inner_outer_persistent.compute_heuristics(fd.fusion, hints).split
+        block = -(-rows // programs)
+        assert block == -(-rows // min(sm_count, rows)), (rows, programs)
+        assert (programs - 1) * block < rows, (rows, programs)  # the last program has rows
+
+
+def test_rows_share_smaller_programs_in_normalizations_than_in_reductions() -> None:
+    """Rows shorter than a persistent tile share a program: 1024 elements on 2 warps for a
+    normalization (its loads overlap other programs' reductions), 4096 for a plain reduction."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [1], keepdim=True)))
+    with FusionDefinition() as plain:
+        plain.add_output(plain.ops.sum(plain.define_tensor([-1, -1]), [1]))
+    for width in (256, 512, 1024, 2048, 8192):
+        hints = SizeHints(reduced=width, kept=1 << 20, machine=Machine(132, 16384, 2048))
+        norm = inner_persistent.compute_heuristics(fd.fusion, hints)
+        assert (norm.rows * width, norm.num_warps) == (max(width, 1024), max(2, width // 1024)), width
+        assert reduction.compute_heuristics(plain.fusion, hints).rows * width == max(width, 4096), width
+
+
+def test_loads_carry_the_l2_hint_only_when_the_rows_outgrow_it(device: str) -> None:
+    """``evict_last`` on loads costs short tensors (their rows and results fit in L2) and pays on
+    long ones: the inner persistent scheduler sets it from the bytes a read and a write of the rows
+    move; the kernel's loads follow the parameter, and the results do not depend on it."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        xf = fd.ops.cast(x, DataType.Float)
+        fd.add_output(fd.ops.cast(fd.ops.sub(xf, fd.ops.sum(xf, [1], keepdim=True)), DataType.BFloat16))
+    machine = Machine(132, 16384, 2048)
+    for rows, hinted in ((8192, False), (65536, True), (131072, True)):  # 32, 256 and 512 MiB moved
+        hints = SizeHints(reduced=1024, kept=rows, machine=machine)
+        assert inner_persistent.compute_heuristics(fd.fusion, hints).evict_last is hinted, rows
+    data = torch.randn(6, 40, device=device, dtype=torch.bfloat16)
+    ref = (data.float() - data.float().sum(1, keepdim=True)).bfloat16()
+    for hinted in (False, True):
+        params = dataclasses.replace(schedule.compute_heuristics(fd.fusion, SchedulerType.inner_persistent, [data]),
+                                     evict_last=hinted)
+        with FusionDefinition() as run:
+            t = run.from_pytorch(data)
+            tf = run.ops.cast(t, DataType.Float)
+            run.add_output(run.ops.cast(run.ops.sub(tf, run.ops.sum(tf, [1], keepdim=True)), DataType.BFloat16))
+            schedule.schedule(run.fusion, SchedulerType.inner_persistent, params)
+        (out,) = run.manual_execute([data], params)
+        _close(out, ref, torch.bfloat16)
+        kernel = _kernel_body(run.last_kernel_code(), "def manual_kernel")
+        assert ("evict_last" in kernel) is hinted, kernel

@@ -208,3 +208,23 @@ def test_independent_final_steps_share_one_synchronization(device: str, one_prog
     torch.testing.assert_close(sq_sum, (x * x).sum(0))
     joined = fd.last_kernel_code().split("# As one cooperative launch")[1]
     assert joined.count("\n    _grid_sync(counter, programs)\n") == 1 and "_step2(" in joined
+
+
+@pytest.mark.parametrize(("cols", "cooperative"), [(96, True), (384, False)])
+def test_cooperative_launch_only_within_two_rounds_of_later_programs(cols: int, cooperative: bool, device: str,
+                                                                     one_program_machine: None) -> None:
+    """The launch's programs take on the later steps' programs one after another: with more than
+    ``COOPERATIVE_ROUNDS`` per program (two final steps of three programs each, on one program), the
+    steps run as a launch each instead. Results match torch either way."""
+    x = torch.randn(37, cols, device=device)
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(x)
+        y = fd.ops.sub(t0, fd.ops.sum(t0, [1], keepdim=True))
+        fd.add_output(fd.ops.sum(y, [0]))
+        fd.add_output(fd.ops.sum(fd.ops.mul(t0, t0), [0]))
+    before = kernel_sequence.cooperative_launches
+    y_sum, sq_sum = fd.execute([x], _enable_options=["triton_interpreter"] if device == "cpu" else [])
+    assert kernel_sequence.cooperative_launches - before == (1 if cooperative else 0)
+    torch.testing.assert_close(y_sum, (x - x.sum(1, keepdim=True)).sum(0), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sq_sum, (x * x).sum(0))
+    assert "_step2(" in fd.last_kernel_code()  # a partial step and two final steps
