@@ -23,10 +23,10 @@ from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, Siz
 KINDS = (NormalizationKind.inner_persistent,)
 
 #: Below this many bytes moved (a read and a write of the rows), loads carry no L2 eviction hint.
-#: H200, bf16 softmax / layernorm, GB/s with the hint and without: 32 MiB moved 2608 / 2738 and 2399 /
-#: 2675 (rows of 1024; of 256, 2048 and 8192 the same within 1-7 %), 128 MiB 3697 / 3755 and 3488 /
-#: 3610, 256 MiB 3991 / 3987 and 3816 / 3834, 512 MiB 4182 / 4102 and 3905 / 3909 (softmax of 8192:
-#: 4156 / 3973). Inductor hints only loads that every program reads again (weights).
+#: H200, bf16 softmax / layernorm, GB/s with the hint and without: 32 MiB moved, rows of 1024, 2608 /
+#: 2738 and 2399 / 2675 (rows of 256, 2048, 8192: 4-12 % faster without it too); 128 MiB 3697 / 3755
+#: and 3488 / 3610; 256 MiB (rows of 256) 3991 / 3987 and 3816 / 3834; 512 MiB 4182 / 4102 and 3905 /
+#: 3909 (softmax of 8192: 4156 / 3973). Inductor hints only loads that every program reads again.
 EVICT_LAST_MIN_BYTES = 256 << 20
 
 
