@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -281,14 +282,18 @@ def test_rows_share_smaller_programs_in_normalizations_than_in_reductions() -> N
         assert reduction.compute_heuristics(plain.fusion, hints).rows * width == max(width, 4096), width
 
 
+def _centered_rows(fd: FusionDefinition, x: Any) -> None:
+    """bf16 rows minus their sums (in float32)."""
+    xf = fd.ops.cast(x, DataType.Float)
+    fd.add_output(fd.ops.cast(fd.ops.sub(xf, fd.ops.sum(xf, [1], keepdim=True)), DataType.BFloat16))
+
+
 def test_loads_carry_the_l2_hint_only_when_the_rows_outgrow_it(device: str) -> None:
     """``evict_last`` on loads costs short tensors (their rows and results fit in L2) and pays on
     long ones: the inner persistent scheduler sets it from the bytes a read and a write of the rows
     move; the kernel's loads follow the parameter, and the results do not depend on it."""
     with FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
-        xf = fd.ops.cast(x, DataType.Float)
-        fd.add_output(fd.ops.cast(fd.ops.sub(xf, fd.ops.sum(xf, [1], keepdim=True)), DataType.BFloat16))
+        _centered_rows(fd, fd.define_tensor([-1, -1], dtype=DataType.BFloat16))
     machine = Machine(132, 16384, 2048)
     for rows, hinted in ((8192, False), (65536, True), (131072, True)):  # 32, 256 and 512 MiB moved
         hints = SizeHints(reduced=1024, kept=rows, machine=machine)
@@ -299,9 +304,7 @@ def test_loads_carry_the_l2_hint_only_when_the_rows_outgrow_it(device: str) -> N
         params = dataclasses.replace(schedule.compute_heuristics(fd.fusion, SchedulerType.inner_persistent, [data]),
                                      evict_last=hinted)
         with FusionDefinition() as run:
-            t = run.from_pytorch(data)
-            tf = run.ops.cast(t, DataType.Float)
-            run.add_output(run.ops.cast(run.ops.sub(tf, run.ops.sum(tf, [1], keepdim=True)), DataType.BFloat16))
+            _centered_rows(run, run.from_pytorch(data))
             schedule.schedule(run.fusion, SchedulerType.inner_persistent, params)
         (out,) = run.manual_execute([data], params)
         _close(out, ref, torch.bfloat16)
