@@ -72,7 +72,7 @@ class CompiledKernel:
         self._interpreted = "InterpretedFunction" in source.source
         host, namespace = launcher_source(source, num_warps, direct=not self._interpreted)
         namespace["fn"] = fn
-        launches = self._launches = namespace["launches"] = DirectLaunches(fn, num_warps)
+        launches = self._launches = namespace["launches"] = DirectLaunches(fn, num_warps, source.name, source.source)
         namespace["variants"] = launches.variants
         exec(compile(host, f"<launcher of {source.name}>", "exec"), namespace)
         self.launcher_code = host

@@ -31,7 +31,7 @@ from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
 from pyfuser.codegen.resize import RESIZE_OPS, resized_axes
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, next_power_of_2, prelude, triton_dtype
 from pyfuser.codegen.values import ValueLowering
-from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.base import Val
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
@@ -93,7 +93,9 @@ class KernelBuilder(ValueLowering):
         self.layouts = layouts
         self.exprs = fusion.exprs()
         self.tensors = fusion.tensors()
-        self.inputs = [v for v in fusion.inputs() if isinstance(v, TensorView)]
+        #: tensors the kernel reads through pointers; a 0-dim CPU tensor input (``is_cpu``) is a value
+        #: the launch reads on the host and passes by value, as torch treats it beside CUDA tensors
+        self.inputs = [v for v in fusion.inputs() if isinstance(v, TensorView) and not v.is_cpu]
         self.outputs = [v for v in fusion.outputs() if isinstance(v, TensorView)]
         self.loop_graph = IdGraph(self.tensors, self.exprs, map_broadcast=True)
         self.exact = IdGraph(self.tensors, self.exprs, map_broadcast=False)
@@ -108,8 +110,9 @@ class KernelBuilder(ValueLowering):
         #: (tensor position, dim) -> the dims allocated just outside it, nearest first, of a merged group
         #: whose index is multiplied by that dim's stride (see ``stride_fallbacks``)
         self._group_strides: dict[tuple[int, int], tuple[int, ...]] = {}
-        #: scalar fusion inputs the kernel reads: symbol -> (argument name, dtype it is computed in)
-        self._scalars: dict[str, tuple[str, DataType]] = {}
+        #: values the kernel takes by value (scalar fusion inputs, 0-dim CPU tensor inputs): symbol ->
+        #: (argument name, dtype it is computed in, the fusion input)
+        self._scalars: dict[str, tuple[str, DataType, Val]] = {}
         self._divisibility: list[tuple[SymExpr, int, str]] = []
         self._dynamic_tiles: list[tuple[str, SymExpr, int, str]] = []
         self._stored: set[int] = set()
@@ -726,14 +729,13 @@ class KernelBuilder(ValueLowering):
         sizes = [s.symbol for s in self._sizes]
         all_inputs = self.fusion.inputs()
         scalar_symbols = list(self._scalars)
-        scalar_positions = tuple(next(k for k, v in enumerate(all_inputs) if isinstance(v, Scalar) and v.symbol == sym)
-                                 for sym in scalar_symbols)
+        scalar_positions = tuple(all_inputs.index(self._scalars[sym][2]) for sym in scalar_symbols)
         tile_params = [f"{param}: tl.constexpr" for param, *_ in self._dynamic_tiles]
         params = ", ".join([*tensors, *strides, *sizes, *(self._scalars[sym][0] for sym in scalar_symbols),
                             *tile_params])
         # A bool arrives as an int (``KernelSource.bool_scalars``): a comparison.
         typed = [f"    s_{sym} = {arg} != 0" if dtype is DataType.Bool else
-                 f"    s_{sym} = tl.full([], {arg}, {triton_dtype(dtype)})" for sym, (arg, dtype) in self._scalars.items()]
+                 f"    s_{sym} = tl.full([], {arg}, {triton_dtype(dtype)})" for sym, (arg, dtype, _) in self._scalars.items()]
         body = "\n".join([*typed, *self.code.lines]) or "    pass"
         source = f"{prelude(self.target)}\n\n@_jit\ndef {self.name}({params}):\n{body}\n"
         grid = tuple(next((loop.extent for loop in loops if loop.kind == "grid" and loop.index == f"pid{a}"),
@@ -748,7 +750,8 @@ class KernelBuilder(ValueLowering):
             tuple(self._divisibility), tuple(self._dynamic_tiles), self._extent_checks() if self.chunked else (),
             nonempty, nonnegative_checks=nonnegative, mapped_extent_checks=mapped,
             stride_fallbacks=tuple((k, d, outer) for (k, d), outer in self._group_strides.items()),
-            bool_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if self._scalars[sym][1] is DataType.Bool))
+            bool_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if self._scalars[sym][1] is DataType.Bool),
+            cpu_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if isinstance(self._scalars[sym][2], TensorView)))
 
     def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
         """Input dims of symbolic extent in a class of constant extent (``expand(x, [6, 4])`` of an

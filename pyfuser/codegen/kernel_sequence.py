@@ -148,7 +148,8 @@ class CooperativeSequence(KernelSequence):
         self.cooperative_code = cooperative_source(name, [k.source for k in kernels], target, barriers)
         self._fn = load_kernel(name, self.cooperative_code)
         self._num_warps = kernels[0].num_warps
-        self._launches = DirectLaunches(self._fn, self._num_warps, cooperative=True) if target == "cuda" else None
+        self._launches = (DirectLaunches(self._fn, self._num_warps, name, self.cooperative_code, cooperative=True)
+                          if target == "cuda" else None)
 
     @property
     def code(self) -> str:

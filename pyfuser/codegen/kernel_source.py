@@ -12,6 +12,16 @@ class KernelError(ValueError):
     """A segment the code generator cannot turn into a kernel; the message names tensor and axis."""
 
 
+class KernelLaunchError(RuntimeError):
+    """Triton refused to compile or launch a generated kernel (a code generator bug): the message names
+    the kernel and the cause, ``source`` holds the kernel's text for the report."""
+
+    def __init__(self, kernel: str, source: str, cause: Exception) -> None:
+        super().__init__(f"generated kernel {kernel} failed to compile or launch: {type(cause).__name__}: {cause}")
+        self.kernel = kernel
+        self.source = source
+
+
 @dataclass(frozen=True)
 class SizeSource:
     """Where the launcher reads a size class: dim ``dim`` of input (``output=False``) or output
@@ -78,3 +88,5 @@ class KernelSource:
     #: positions in ``scalar_inputs`` of Bool scalars, passed as ints (Triton 3.6's interpreter cannot
     #: take a Python bool argument; the kernel compares the int with 0)
     bool_scalars: tuple[int, ...] = ()
+    #: positions in ``scalar_inputs`` of 0-dim CPU tensors, whose value the launch reads on the host
+    cpu_scalars: tuple[int, ...] = ()

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from pyfuser.codegen.kernel_source import KernelSource
+from pyfuser.codegen.kernel_source import KernelLaunchError, KernelSource
 from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
 from pyfuser.ir.eval_context import NoPrograms
 from pyfuser.ir.layout import dense_strides
@@ -67,8 +67,11 @@ class DirectLaunches:
     launch of a variant goes through Triton, which compiles it and returns it.
     """
 
-    def __init__(self, fn: Any, num_warps: int, cooperative: bool = False) -> None:
+    def __init__(self, fn: Any, num_warps: int, name: str, source: str, cooperative: bool = False) -> None:
         self.fn = fn
+        #: the kernel's name and text, for the error of a variant Triton refuses
+        self.name = name
+        self.source = source
         self.num_warps = num_warps
         #: Triton's launch option: all programs resident at once (a kernel with grid synchronizations)
         self.options = {"launch_cooperative_grid": True} if cooperative else {}
@@ -81,7 +84,10 @@ class DirectLaunches:
         if run is not None:
             run(grid, params, raw_stream(device))
             return
-        compiled = self.fn[grid](*params, num_warps=self.num_warps, **self.options)
+        try:
+            compiled = self.fn[grid](*params, num_warps=self.num_warps, **self.options)
+        except Exception as e:  # a variant's first launch: Triton compiles it
+            raise KernelLaunchError(self.name, self.source, e) from e
         if self.direct and callable(getattr(compiled, "__getitem__", None)) and hasattr(compiled, "run"):
             self.variants[(device, key)] = _static_launch(compiled) or _triton_launch(compiled)
         else:  # a Triton without a compiled kernel's runner: always dispatch through it
@@ -300,7 +306,8 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
     strides = [f"st{k}_{d}" for k, d in s.stride_args]
     scalars = [f"sc{k}" for k in range(len(s.scalar_inputs))]
     for k, p in enumerate(s.scalar_inputs):
-        body.append(f"sc{k} = int(args[{p}])" if k in s.bool_scalars else f"sc{k} = args[{p}]")
+        value = f"args[{p}].item()" if k in s.cpu_scalars else f"args[{p}]"
+        body.append(f"sc{k} = int({value})" if k in s.bool_scalars else f"sc{k} = {value}")
     tiles = [param for param, *_ in s.dynamic_tiles]
     params = ", ".join([*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles])
     grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")

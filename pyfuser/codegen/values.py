@@ -186,7 +186,9 @@ class ValueLowering:
         if cached is not None:
             return cached
         definition = val.definition
-        if val in self.inputs:
+        if val.is_cpu and definition is None:
+            result = self.by_value(f"cpu_{val.short_name}", val)
+        elif val in self.inputs:
             position = self.inputs.index(val)
             offset, dims = self.offset(val, position, indices)
             mask = self.code.mask(dims, uses=offset)
@@ -257,11 +259,7 @@ class ValueLowering:
         if val.is_const:
             return literal(val.value, compute_dtype(val.dtype))
         if val.is_fusion_input:
-            # The argument as a typed 0-dim value, bound at the kernel's entry: Triton's interpreter
-            # passes a float argument as a Python float (no ``.to``), a compiled kernel an int
-            # argument as int32 when it fits (arithmetic on it would wrap).
-            self._scalars.setdefault(val.symbol, (f"arg_{val.symbol}", compute_dtype(val.dtype)))
-            return f"s_{val.symbol}"
+            return self.by_value(val.symbol, val)
         assert val.definition is not None
         key = (val.name,)
         cached = self.code.recall(key)
@@ -269,6 +267,14 @@ class ValueLowering:
             cached = self.compute(val.definition, val, None)
             self.code.remember(key, cached)
         return cached
+
+    def by_value(self: KernelBuilder, symbol: str, val: Val) -> str:
+        """A fusion input the kernel takes as an argument by value (a scalar, a 0-dim CPU tensor), as a
+        typed 0-dim value bound at the kernel's entry: Triton's interpreter passes a float argument as
+        a Python float (no ``.to``), a compiled kernel an int argument as int32 when it fits
+        (arithmetic on it would wrap)."""
+        self._scalars.setdefault(symbol, (f"arg_{symbol}", compute_dtype(val.dtype), val))
+        return f"s_{symbol}"
 
     def compute(self: KernelBuilder, expr: Expr, out: Val, indices: Indices | None) -> str:
         def operand(v: Val) -> str:

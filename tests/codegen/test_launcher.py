@@ -11,6 +11,7 @@ import torch
 
 from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.codegen.kernel_builder import KernelBuilder
+from pyfuser.codegen.kernel_source import KernelLaunchError
 from pyfuser.codegen.launcher import DirectLaunches, launcher_source
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.schedule import parallelize_like, transform_like
@@ -53,7 +54,7 @@ def test_variants_by_specialization_then_direct_launches() -> None:
     code, namespace = launcher_source(source, 4, direct=True)
     fn = _JitFunction()
     namespace["fn"] = fn
-    launches = namespace["launches"] = DirectLaunches(fn, 4)
+    launches = namespace["launches"] = DirectLaunches(fn, 4, source.name, source.source)
     namespace["variants"] = launches.variants
     exec(compile(code, "<launcher>", "exec"), namespace)
     run = namespace["run"]
@@ -64,6 +65,24 @@ def test_variants_by_specialization_then_direct_launches() -> None:
     run(ctx, torch.randn(64, 32))  # a size now a multiple of 16: another variant
     run(ctx, torch.randn(64, 34)[:, 1:])  # an unaligned tensor (and a stride of 34): another variant
     assert fn.log == ["dispatch (17, 1, 1)", "direct (17, 1, 1)", "dispatch (16, 1, 1)", "dispatch (17, 1, 1)"]
+
+
+class _RefusingJitFunction:
+    """Stands in for a ``triton.jit`` function whose compilation (or first launch) fails."""
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def call(*params: Any, num_warps: int) -> None:
+            raise ValueError("Pointer argument (at 1) cannot be accessed from Triton (cpu tensor?)")
+        return call
+
+
+def test_a_refused_variant_names_the_kernel_and_carries_its_source() -> None:
+    launches = DirectLaunches(_RefusingJitFunction(), 4, "pointwise_kernel", "def pointwise_kernel(T0, T1): ...")
+    with pytest.raises(KernelLaunchError, match=r"generated kernel pointwise_kernel failed to compile or launch: "
+                                                r"ValueError: Pointer argument \(at 1\)") as caught:
+        launches.launch(("key",), (1, 1, 1), [torch.zeros(1)], 0)
+    assert caught.value.source == "def pointwise_kernel(T0, T1): ..."
+    assert not launches.variants
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels")

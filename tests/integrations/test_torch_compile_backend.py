@@ -11,6 +11,7 @@ import torch
 import torch._dynamo
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from pyfuser.codegen.kernel_source import KernelLaunchError
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import AtenCall
 from pyfuser.integrations.torch_compile import LOWERINGS, PyfuserBackend, pyfuser_backend
@@ -257,6 +258,26 @@ def test_kernel_failure_falls_back_to_aten_calls(monkeypatch: pytest.MonkeyPatch
                                                    r"the region runs its ops as ATen calls from now on"):
         torch.testing.assert_close(compiled(x), torch.sin(x) * 2)
     torch.testing.assert_close(compiled(x), torch.sin(x) * 2)  # no second warning: the region stays on ATen
+
+
+def test_fallback_warning_carries_the_refused_kernels_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel Triton refuses (a compile or launch error on a GPU) is reported with its source."""
+    run = FusionExecutorCache.run
+
+    def triton_refuses(self: FusionExecutorCache, args: object, **kwargs: object) -> object:
+        if "kernel_codegen" not in kwargs.get("disable_options", ()):  # type: ignore[operator]
+            cause = ValueError("Pointer argument (at 1) cannot be accessed from Triton (cpu tensor?)")
+            raise KernelLaunchError("pointwise_kernel", "def pointwise_kernel(T0, T1):\n    pass\n", cause)
+        return run(self, args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FusionExecutorCache, "run", triton_refuses)
+    compiled = torch.compile(lambda x: torch.sin(x) * 2, backend=PyfuserBackend(triton_interpreter=True))
+    x = torch.randn(3, 4)
+    with pytest.warns(KernelFallbackWarning) as caught:
+        torch.testing.assert_close(compiled(x), torch.sin(x) * 2)
+    (message,) = [str(w.message) for w in caught if w.category is KernelFallbackWarning]
+    assert "generated kernel pointwise_kernel failed to compile or launch: ValueError: Pointer argument (at 1)" in message
+    assert message.endswith("--- the source of pointwise_kernel ---\ndef pointwise_kernel(T0, T1):\n    pass\n")
 
 
 def test_backend_options_are_checked() -> None:

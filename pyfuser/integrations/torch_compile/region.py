@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from pyfuser.codegen.kernel_source import KernelLaunchError
 from pyfuser.host_ir.nodes import AtenCall, LaunchKernel
 from pyfuser.integrations.torch_compile.support import op_name
 from pyfuser.integrations.torch_compile.translator import TranslatedRegion
@@ -31,6 +32,13 @@ _TENSOR_NAME = re.compile(r"\bT\d+\b")
 def static_tensor(value: Any) -> bool:
     """Whether an FX value is a tensor whose sizes and strides are plain ints (no symbols)."""
     return isinstance(value, torch.Tensor) and all(type(s) is int for s in (*value.shape, *value.stride()))
+
+
+def _launch_error(error: BaseException | None) -> KernelLaunchError | None:
+    """The kernel Triton refused, where that is what ``error`` comes from."""
+    while error is not None and not isinstance(error, KernelLaunchError):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 class RegionExecutionError(RuntimeError):
@@ -136,8 +144,10 @@ class FusionRegion:
         if self._bound is not None:  # bound to the program with kernels: bind the one without
             self._bound = None
             self._fixed_signature = True
+        launch = _launch_error(error)
+        source = f"\n--- the source of {launch.kernel} ---\n{launch.source}" if launch is not None else ""
         warnings.warn(KernelFallbackWarning(f"{self._error(error)}; the region runs its ops as ATen calls from now "
-                                            "on"), stacklevel=3)
+                                            f"on{source}"), stacklevel=3)
         return outputs
 
     def _replay(self, inputs: list[Any]) -> list[torch.Tensor]:
