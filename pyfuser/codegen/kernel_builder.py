@@ -188,7 +188,7 @@ class KernelBuilder(ValueLowering):
                 loops.append(Loop(i, "grid", extent, f"pid{GRID_AXES[ptype]}"))
             elif ptype in TILE_TYPES:
                 loops.append(self._tile(i, extent, where))
-            else:
+            elif not i.is_broadcast:  # a serial broadcast iterates once and indexes nothing: no loop
                 loops.append(Loop(i, "serial", extent))
         tiles = [loop for loop in loops if loop.kind == "tile"]
         for k, loop in enumerate(tiles):

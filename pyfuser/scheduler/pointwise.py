@@ -99,15 +99,22 @@ def schedule(fusion: Fusion, params: PointwiseParams) -> None:
 
 
 def flatten_in_memory_order(ref: TensorView) -> int:
-    """Reorder ``ref``'s loop domain (still its logical domain) into its allocation order, its
-    reduction IDs last (a tensor a pointwise kernel copies may keep the reduction IDs of the
-    reduction it comes from, e.g. partial sums before an allreduce: nothing iterates them); returns
-    how many iterating IDs lead."""
+    """Reorder ``ref``'s loop domain (still its logical domain) into its allocation order and return
+    how many iterating IDs lead. Behind them, unmerged and never iterated: its broadcast IDs (unless
+    it has only those), then its reduction IDs (a tensor a pointwise kernel copies may keep the
+    reduction IDs of the reduction it comes from, e.g. partial sums before an allreduce).
+
+    A merge with a broadcast replays only on tensors whose broadcast maps to it: a segment output
+    with a broadcast of its own (each layer's ``unsqueeze`` of the same positions in DeBERTa) would
+    keep its logical domain and be written by serial loops over all of it in every program."""
     order = [i for i in logical_order(ref) if not i.is_reduction]
+    if any(not i.is_broadcast for i in order):
+        order = [i for i in order if not i.is_broadcast] + [i for i in order if i.is_broadcast]
+    iterating = sum(not i.is_broadcast for i in order) or len(order)
     order += [i for i in ref.get_loop_domain() if i.is_reduction]
     loop = ref.get_loop_domain()
     ref.reorder({loop.index(i): k for k, i in enumerate(order) if i in loop})
-    return sum(not i.is_reduction for i in loop)
+    return iterating
 
 
 def merge_range(tv: TensorView, start: int, stop: int) -> None:

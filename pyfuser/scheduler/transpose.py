@@ -75,11 +75,11 @@ def schedule(fusion: Fusion, params: TransposeParams) -> None:
     ref = next(tv for tv in fusion.outputs() if isinstance(tv, TensorView) and tv.name == params.reference)
     logical = ref.get_logical_domain()
     axis_in, axis_out = logical[params.axis_in], logical[params.axis_out]
-    flatten_in_memory_order(ref)
+    iterating = flatten_in_memory_order(ref)
     loop = ref.get_loop_domain()
-    others = [i for i in loop if i is not axis_in and i is not axis_out and not i.is_reduction]
-    reductions = [i for i in loop if i.is_reduction]  # not iterated (see flatten_in_memory_order), kept last
-    ref.reorder({loop.index(i): k for k, i in enumerate([*others, axis_in, axis_out, *reductions])})
+    others = [i for i in loop[:iterating] if i is not axis_in and i is not axis_out]
+    rest = loop[iterating:]  # broadcasts and reductions: not iterated (see flatten_in_memory_order), kept last
+    ref.reorder({loop.index(i): k for k, i in enumerate([*others, axis_in, axis_out, *rest])})
     n = len(others)
     ref.split(n + 1, params.tile_out)          # [others, in, out/T, T]
     ref.split(n, params.tile_in)               # [others, in/T, T, out/T, T]
