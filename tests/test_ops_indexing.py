@@ -171,3 +171,29 @@ def test_bad_indexing_arguments(call: Callable[..., Any], error: type[Exception]
         i = fd.define_tensor([-1], dtype=DataType.Int)
         with pytest.raises(error, match=pattern):
             call(fd, x, i)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a host synchronization needs a GPU")
+def test_indexing_on_a_gpu_never_waits_for_the_device() -> None:
+    """Indices are checked by torch's kernels on the device (an asynchronous assert, as torch does): a
+    step of gathers and embeddings queues its work without reading anything back."""
+    with FusionDefinition() as fd:
+        ids = fd.define_tensor([-1, -1], dtype=DataType.Int)
+        w = fd.define_tensor([-1, -1])
+        x = fd.define_tensor([-1, -1])
+        index = fd.define_tensor([-1, -1], dtype=DataType.Int)
+        fd.add_output(fd.ops.embedding_fwd(ids, w))
+        fd.add_output(fd.ops.gather(x, index, 1))
+        fd.add_output(fd.ops.take_along_axis(x, index, 1))
+    inputs = [torch.randint(0, 9, (4, 5)), torch.randn(9, 3), torch.randn(4, 6), torch.randint(0, 6, (4, 2))]
+    inputs = [t.cuda() for t in inputs]
+    fd.execute(inputs, _disable_options=["kernel_codegen"])  # compiled, then timed below
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        emb, gathered, taken = fd.execute(inputs, _disable_options=["kernel_codegen"])
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    torch.testing.assert_close(emb, F.embedding(inputs[0], inputs[1]))
+    torch.testing.assert_close(gathered, torch.gather(inputs[2], 1, inputs[3]))
+    torch.testing.assert_close(taken, torch.take_along_dim(inputs[2], inputs[3], 1))
