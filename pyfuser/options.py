@@ -86,7 +86,7 @@ DESCRIPTIONS: dict[StrEnum, str] = {
     EnableOption.cuda_graph: "replay each compiled program from a CUDA graph captured per input signature (CUDA only)",
     DisableOption.infer_contiguity: "allocation-order inference (outputs without a requirement stay row-major)",
     DisableOption.stream_ring_buffers: "ring buffers for stream-loop intermediates (allocate them whole instead)",
-    DisableOption.stream_overlap: "concurrent stream-loop iterations (seed 002's program: each iteration joins the user's "
+    DisableOption.stream_overlap: "concurrent stream-loop iterations (docs/stream_lowering.md: each iteration joins the user's "
                                   "stream)",
     DisableOption.kernel_codegen: "generated kernels (every segment runs as ATen calls)",
     DisableOption.cooperative_launch: "a grid reduction's steps in one cooperative launch with a grid synchronization "
