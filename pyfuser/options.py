@@ -125,7 +125,7 @@ def _names(raw: str | None) -> frozenset[str]:
     return frozenset(n.strip() for n in (raw or "").split(",") if n.strip())
 
 
-def _validated(names: Iterable[str], known: type[StrEnum], what: str) -> frozenset:  # type: ignore[type-arg]
+def _validated(names: Iterable[str], known: type[StrEnum], what: str) -> frozenset:
     names = frozenset(names)
     unknown = sorted(n for n in names if n not in known.__members__)
     if unknown:

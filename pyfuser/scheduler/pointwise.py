@@ -123,4 +123,4 @@ def propagate(ref: TensorView) -> None:
     inline_most(fusion=ref.fusion)
 
 
-POINTWISE = Scheduler(SchedulerType.pointwise, can_schedule, compute_heuristics, schedule)  # type: ignore[arg-type]
+POINTWISE = Scheduler(SchedulerType.pointwise, can_schedule, compute_heuristics, schedule)
