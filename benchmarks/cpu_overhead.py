@@ -209,7 +209,7 @@ def main() -> None:
     if profile is not None:
         print(profile)
     if not args.no_write:
-        print(f"wrote {write(result, args.machine, profile)}")
+        print(f"wrote {write(result, args.machine, profile)}.json and .md")
 
 
 if __name__ == "__main__":

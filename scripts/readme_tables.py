@@ -68,9 +68,6 @@ def kernels(data: Data) -> tuple[str, str]:
     return what, result
 
 
-LLAMA_CASES = {"large": "seq 2048 x 4 (GPU-bound)", "small": "seq 128 (host-bound)"}
-
-
 def compile_llama(data: Data) -> tuple[str, str]:
     turns = data["meta"].get("interleave", 0)
     sentences, interleaved = [], {}
@@ -79,15 +76,18 @@ def compile_llama(data: Data) -> tuple[str, str]:
         for case in (c for c in data["cases"] if c["case"] == size):
             passname = "forward + backward" if case["training"] else "forward"
             v = case["variants"]
-            if "ms" in v.get("pyfuser", {}) and "ms" in v.get("inductor", {}):
-                timed.append(f"{passname} {v['pyfuser']['ms']:.2f} ms vs {v['inductor']['ms']:.2f} "
-                             f"({v['inductor']['ms'] / v['pyfuser']['ms']:.2f}x)")
+            anchor = next((a for a in ("inductor", "eager") if "ms" in v.get(a, {})), None)
+            if "ms" in v.get("pyfuser", {}) and anchor is not None:
+                label = "" if anchor == "inductor" else f" {anchor}"
+                timed.append(f"{passname} {v['pyfuser']['ms']:.2f} ms vs{label} {v[anchor]['ms']:.2f} "
+                             f"({v[anchor]['ms'] / v['pyfuser']['ms']:.2f}x)")
             for variant, label in (("pyfuser", ""), ("pyfuser_cuda_graph", " with CUDA graphs")):
                 ratio = v.get(variant, {}).get("interleaved_ratio", {}).get("median")
                 if ratio is not None:
                     interleaved[f"{size} {passname}{label}"] = ratio
                     turn_by_turn.append(f"{passname}{label} {ratio:.3f}x")
-        text = f"{LLAMA_CASES.get(size, size)}: " + ", ".join(timed)
+        shape = next(c["shape"] for c in data["cases"] if c["case"] == size)
+        text = f"{size} (seq {shape['seq']} x {shape['batch']}): " + ", ".join(timed)
         if turn_by_turn:
             text += f"; interleaved, anchor / pyfuser turn by turn: {', '.join(turn_by_turn)}"
         sentences.append(text)
@@ -100,10 +100,12 @@ def compile_llama(data: Data) -> tuple[str, str]:
     result += (f"; cached one-kernel `fd.execute` {host['fd_execute_us']:.1f} us of host time, a region call "
                f"{host['pyfuser_region_call_us']:.1f} (two eager ops: {host['eager_torch_two_ops_us']:.1f}); where the "
                "time goes: `compile_llama_notes.md`")
-    what = ("Llama decoder layer, bf16, `backend=\"pyfuser\"` vs Inductor, and with CUDA graphs vs "
-            "`mode=\"reduce-overhead\"`; CUDA events, then" + (f" interleaved in one process ({turns} turns, "
-                                                                "variants rotated: this host's sequential medians "
-                                                                "drift)" if turns else " no interleaved turns"))
+    meta = data["meta"]
+    what = (f"Llama decoder layer, {meta['dtype'].removeprefix('torch.')}, `backend=\"pyfuser\"` vs Inductor"
+            + (", and with CUDA graphs vs `mode=\"reduce-overhead\"`; CUDA events" if meta["device"] == "cuda" else
+               " (eager where Inductor did not run); wall clock")
+            + (f", then interleaved in one process ({turns} turns, variants rotated: this host's sequential "
+               "medians drift)" if turns else ""))
     return what, result
 
 
@@ -112,8 +114,9 @@ def overlap(what: str, anchor: str, anchor_label: str) -> Callable[[Data], tuple
         parts = []
         for r in data["results"]:
             size = r["size"].split(",")[0]
+            fused = f", {r['torch_fused_ms']:.3f} torch fused" if "torch_fused_ms" in r else ""
             parts.append(f"{size}: {r['pyfuser_best_ms']:.3f} ms ({r['pyfuser_best'].replace('_', ' ')}) vs "
-                         f"{r[anchor]:.3f} {anchor_label}, {r['torch_fused_ms']:.3f} torch fused, "
+                         f"{r[anchor]:.3f} {anchor_label}{fused}, "
                          f"{r['ideal_ms']:.3f} ideal ({r['best_vs_ideal']:.2f}x of ideal; speedup over {anchor_label} "
                          f"{r[anchor] / r['pyfuser_best_ms']:.2f}x)")
         worst = max(data["results"], key=lambda r: r["best_vs_ideal"])
@@ -129,7 +132,8 @@ def stream_overhead(data: Data) -> tuple[str, str]:
     small = [r["ratio"] for r in rows if "small" in r["case"]]
     large = [r["ratio"] for r in rows if "small" not in r["case"]]
     worst = max(rows, key=lambda r: r["ratio"])
-    result = (f"pyfuser / hand-written time: {spread(small)} at small sizes, {spread(large)} at large ones; geomean "
+    sizes = [f"{spread(group)} at {what} sizes" for group, what in ((small, "small"), (large, "large")) if group]
+    result = (f"pyfuser / hand-written time: {', '.join(sizes)}; geomean "
               f"{geomean(r['ratio'] for r in rows):.2f}x, worst {worst['ratio']:.2f}x ({worst['case']} "
               f"{worst['shape']}, {worst['chunks']} chunks)")
     return "stream loops vs hand-written `torch.cuda.stream` code", result
@@ -211,7 +215,7 @@ def results_files(directory: Path = RESULTS) -> list[Path]:
     def key(path: Path) -> tuple[int, str, str]:
         run = json.loads(path.read_text())["run"]
         rank = order.index(run["benchmark"]) if run["benchmark"] in order else len(order)
-        return rank, run["variant"], run["machine_kind"]
+        return rank, run.get("variant", ""), run["machine_kind"]
 
     return sorted(directory.glob("*.json"), key=key)
 
@@ -225,7 +229,7 @@ def table(directory: Path = RESULTS) -> list[str]:
             raise SystemExit(f"{path.name}: no README row for benchmark {run['benchmark']!r}: add one to ROWS in "
                              "scripts/readme_tables.py")
         what, result = ROWS[run["benchmark"]](data)
-        variant = f" `{run['variant']}` cases" if run["variant"] else ""
+        variant = f" `{run['variant']}` cases" if run.get("variant") else ""
         lines.append(f"| `{run['benchmark']}.py`{variant} ({run['machine_kind']}, {run['date']}): {what}; "
                      f"`{path.stem}.md` | {result} |")
     return lines
