@@ -112,3 +112,15 @@ def test_docs_links_resolve() -> None:
     for path in _tracked("docs", "README.md"):
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
             assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links to missing {target}"
+
+
+def test_each_design_topic_page_cites_nvfuser() -> None:
+    """A topic page states pyfuser's behaviour and the public nvFuser issue or pull request it comes from."""
+    pages = [p for p in (ROOT / "docs").glob("*.md") if p.name not in ("architecture.md", "multidevice.md")]
+    assert len(pages) >= 5
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    for page in pages:
+        text = page.read_text()
+        assert re.search(r"github\.com/NVIDIA/Fuser/(issues|pull)/\d+", text), page.name
+        assert "pyfuser/" in text, f"{page.name} names no code"
+        assert f"]({page.name})" in architecture, f"docs/architecture.md does not list {page.name}"
