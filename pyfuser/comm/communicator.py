@@ -50,8 +50,8 @@ class Communicator:
         if timeout_s is None:
             timeout_s = float(os.environ.get("PYFUSER_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        #: every group handed out (the world too): the only references pyfuser keeps, so dropping them at
-        #: teardown ends the groups' threads (compiled steps look groups up here at run time)
+        #: the sub-groups handed out: the only references pyfuser keeps, so dropping them at teardown ends
+        #: the groups' threads (compiled steps look groups up here at run time)
         self._groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self._created_world = False
 
@@ -115,11 +115,10 @@ class Communicator:
             raise ValueError(f"rank {self.info.rank} asked for the group of team {list(key)} it is not in")
         self._ensure_initialized()
         if key == tuple(range(self.info.size)):
-            found = dist.group.WORLD
-        else:
-            found = dist.new_group(list(key), timeout=self.timeout, use_local_synchronization=True)
-        self._groups[key] = found  # type: ignore[assignment]
-        return found  # type: ignore[return-value]
+            return dist.group.WORLD  # type: ignore[return-value]  # torch's reference, dropped when it is destroyed
+        found = dist.new_group(list(key), timeout=self.timeout, use_local_synchronization=True)
+        self._groups[key] = found
+        return found
 
     def barrier(self) -> None:
         self._ensure_initialized()

@@ -28,8 +28,8 @@ from pyfuser.multidevice import (
     shard_tensor,
 )
 
-#: threads of torch's process groups (gloo's workers and event loop, NCCL's watchdog and heartbeat monitor)
-GROUP_THREADS = ("pt_gloo", "gloo_", "pt_nccl")
+#: threads of gloo's process groups (its workers and event loop): outliving finalization, they abort the process
+GROUP_THREADS = ("pt_gloo", "gloo_")
 
 
 def probe() -> None:
