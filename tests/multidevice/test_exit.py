@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
-from test_multidevice import _backend_env, _free_port, torchrun
+from test_multidevice import ROOT, _backend_env, _free_port, torchrun
 
 from pyfuser.comm import communicator
 from pyfuser.multidevice import Communicator
@@ -109,3 +110,27 @@ def test_exit_teardown_leaves_a_world_the_user_created(world_of_one: Communicato
     communicator.teardown_at_exit()
     assert dist.is_initialized(), "pyfuser destroyed a process group it did not create"
     assert comm._groups == {}
+
+
+STUCK_AT_EXIT = """
+import time
+from pyfuser.comm.communicator import Communicator, before_teardown
+from pyfuser.options import LaunchInfo
+comm = Communicator(LaunchInfo(0, 1, 0, 1, "127.0.0.1", {port}), backend="gloo", timeout_s=2)
+Communicator._instance = comm
+comm.barrier()  # pyfuser creates the world
+before_teardown(lambda: time.sleep(60))  # a teardown that never finishes (a peer lost inside a collective)
+print("END OF SCRIPT", flush=True)
+"""
+
+
+def test_a_teardown_that_blocks_ends_the_process_after_the_timeout() -> None:
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", STUCK_AT_EXIT.format(port=_free_port())], capture_output=True,
+                            text=True, timeout=120, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    elapsed = time.monotonic() - start
+    assert "END OF SCRIPT" in result.stdout, result.stderr[-3000:]
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "pyfuser: rank 0: tearing the process groups down at exit did not finish within 2s " \
+           "(PYFUSER_DIST_TIMEOUT)" in result.stderr, result.stderr[-3000:]
+    assert elapsed < 50, f"the process took {elapsed:.0f}s to exit"
