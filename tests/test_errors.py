@@ -3,13 +3,16 @@ and the definition stays usable afterwards."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser import DataType, FusionDefinition, ParallelType, TensorView
+from pyfuser.frontend.fusion_definition import ClosedDefinitionError, IgnoredScheduleWarning
+from pyfuser.multidevice import DeviceMesh
 
 
 def pointwise_fd() -> FusionDefinition:
@@ -243,7 +246,8 @@ def test_same_parallel_type_twice() -> None:
     with pytest.raises(ValueError, match=r"T2 axis 1 cannot be parallelized on grid_x: axis 0 \(iblockIdx.x\d+\{"):
         t1.axis(1).parallelize(ParallelType.grid_x)
     assert t1.axis(1).parallel_type is ParallelType.serial
-    assert_schedule_usable(fd)
+    with pytest.warns(IgnoredScheduleWarning, match=r"T2 axis 0 \(grid_x\)"):  # fd.execute schedules itself
+        assert_schedule_usable(fd)
 
 
 def test_allocation_domain_must_cover_logical() -> None:
@@ -513,3 +517,116 @@ def test_full_with_a_fill_value_its_dtype_cannot_hold() -> None:
             fd.ops.full([2], fd.define_tensor([]), DataType.Float)
         fd.add_output(fd.ops.full([2], 2.5, DataType.Int))  # torch truncates, and so do we
     torch.testing.assert_close(fd.execute([torch.tensor(1.0)])[0], torch.full((2,), 2.5).long())
+
+
+# --- requests pyfuser cannot honour as written: an error, or a warning saying what happens instead ---------
+def test_mesh_parallel_axis_without_a_device_mesh() -> None:
+    fd = pointwise_fd()
+    t0 = fd.fusion.inputs()[0]
+    t0.axis(0).parallelize(ParallelType.mesh_x)
+    with pytest.raises(ValueError, match=r"T0 axis 0 \(ideviceIdx\.x\d+\{i0\}\) is parallelized on mesh_x but no tensor "
+                                         r"of the fusion has a device mesh to shard it over; call "
+                                         r"T0\.set_device_mesh\(DeviceMesh\(\.\.\.\)\) first"):
+        fd.execute([torch.randn(3, 4), torch.randn(4)])
+    t0.axis(0).parallelize(ParallelType.serial)
+    assert_still_usable(fd)
+
+
+def test_mesh_parallel_axis_with_a_mesh_set_afterwards_runs() -> None:
+    """The mesh may come after the parallel type: only a fusion without any mesh is an error."""
+    fd = pointwise_fd()
+    t0 = fd.fusion.inputs()[0]
+    t0.axis(0).parallelize(ParallelType.mesh_x)
+    t0.outer_split(1, 1)
+    t0.set_device_mesh(DeviceMesh([0]))
+    x, y = torch.randn(1, 5), torch.randn(5)
+    (out,) = fd.execute([x, y])
+    torch.testing.assert_close(out, x * y)
+
+
+def _scheduled_pointwise() -> tuple[FusionDefinition, TensorView]:
+    with FusionDefinition() as fd:
+        t0, t1 = fd.define_tensor([-1, -1]), fd.define_tensor([-1])
+        t2 = fd.ops.mul(fd.ops.exp(t0), t1)
+        fd.add_output(t2)
+    t2.merge(0).split(0, 4)
+    t2.axis(0).parallelize(ParallelType.grid_x)
+    t2.axis(1).parallelize(ParallelType.block_x)
+    return fd, t2
+
+
+def test_kernel_parallel_types_under_execute_warn_once_and_name_manual_execute() -> None:
+    fd, t2 = _scheduled_pointwise()
+    x, y = torch.randn(5, 7).t(), torch.randn(5)  # non-contiguous
+    with pytest.warns(IgnoredScheduleWarning, match=r"fd\.execute schedules each kernel itself and ignores the kernel "
+                      r"parallel types of T\d+ axis 0 \(grid_x\), T\d+ axis 1 \(block_x\); fd\.manual_execute runs "
+                      r"the fusion as you scheduled it"):
+        (out,) = fd.execute([x, y])
+    torch.testing.assert_close(out, torch.exp(x) * y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fd.execute([x, y])  # the same schedule: said once
+        # manual_validate's reference run sets the schedule aside on purpose: no warning there
+        fd.manual_validate([x.contiguous(), y])
+    t2.axis(1).parallelize(ParallelType.serial)
+    with pytest.warns(IgnoredScheduleWarning, match=r"of T\d+ axis 0 \(grid_x\);"):  # a new schedule: said again
+        fd.execute([x, y])
+
+
+def test_stream_and_unscheduled_fusions_execute_without_a_warning() -> None:
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        t1 = fd.ops.sum(fd.ops.relu(t0), [1])
+        fd.add_output(t1)
+    t1.outer_split(0, 2)
+    t1.axis(0).parallelize(ParallelType.stream)
+    x = torch.randn(4, 6, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (out,) = fd.execute([x])
+    torch.testing.assert_close(out, torch.relu(x).sum(1), atol=1e-2, rtol=1e-2)
+
+
+def test_ops_after_the_with_block_closed() -> None:
+    fd = pointwise_fd()
+    t0 = fd.fusion.inputs()[0]
+    with pytest.raises(ClosedDefinitionError, match=r"fd\.ops\.add: the `with FusionDefinition\(\) as fd:` block "
+                                                    r"has closed and the definition is complete .*call fd\.ops inside "
+                                                    r"the block, or reopen it with `with fd:`"):
+        fd.ops.add(t0, 1.0)
+    with pytest.raises(AttributeError, match="no_such_op"):
+        fd.ops.no_such_op  # noqa: B018
+    assert len(fd.fusion.outputs()) == 1
+    assert_still_usable(fd)
+    with fd:  # reopened: ops again, and the new output runs
+        fd.add_output(fd.ops.add(t0, 1.0))
+    x, y = torch.randn(3, 4), torch.randn(4)
+    torch.testing.assert_close(fd.execute([x, y])[1], x + 1)
+
+
+def test_definitions_built_without_a_with_block_and_schedules_after_it_stay_open() -> None:
+    """No ``with`` (as the torch.compile translator and the DTensor wrapper build them): ops at any time;
+    scheduling after the block, and a scalar output (built with an op) added after it, are fine."""
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.neg(t0))
+    with FusionDefinition() as fd2:
+        a = fd2.define_tensor([-1, -1])
+        s = fd2.define_scalar(None, DataType.Double)
+        fd2.add_output(fd2.ops.mul(a, s))
+    a.split(1, 2)
+    fd2.add_output(s)
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(fd.execute([x])[0], -x)
+    out, scalar = fd2.execute([x, 2.5])
+    torch.testing.assert_close(out, x * 2.5)
+    assert scalar.item() == 2.5
+
+
+def test_cuda_graph_on_a_cpu_execution_warns_and_runs_plainly() -> None:
+    fd = pointwise_fd()
+    x, y = torch.randn(3, 4), torch.randn(4)
+    with pytest.warns(RuntimeWarning, match=r"_enable_options=\['cuda_graph'\]: CUDA graphs capture CUDA work only; "
+                                            r"the fusion runs on cpu without one"):
+        (out,) = fd.execute([x, y], _enable_options=["cuda_graph"])
+    torch.testing.assert_close(out, x * y)

@@ -119,7 +119,8 @@ def test_a_cached_fusion_is_a_copy() -> None:
         out = fd.ops.neg(fd.define_tensor([-1]))
         fd.add_output(out)
     executor = cache.cache_compile(fd.fusion)
-    fd.add_output(fd.ops.exp(out))
+    with fd:  # the definition reopened
+        fd.add_output(fd.ops.exp(out))
     assert len(executor.fusion.outputs()) == 1
 
 

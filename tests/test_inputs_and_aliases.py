@@ -116,7 +116,8 @@ def test_stride_order_op_lays_out_an_output(device: str) -> None:
     torch.testing.assert_close(a, x.exp())
     assert a.stride() == (1, 2, 6)
     torch.testing.assert_close(b, x + 1)
-    with pytest.raises(ValueError, match=r"stride_order T0: stride_order \[0, 1\] has 2 entries but the tensor has rank 3"):
+    with fd, pytest.raises(ValueError, match=r"stride_order T0: stride_order \[0, 1\] has 2 entries but the tensor "
+                                           r"has rank 3"):
         fd.ops.stride_order(t, [0, 1])
 
 

@@ -42,18 +42,18 @@ class _PendingSlot:
 def build_symmetric_allocate(node: SymmetricAllocate, cc: CompileContext) -> Step:
     comm = Communicator.instance()
     rank, team, device, dtype = comm.rank(), node.team, cc.device, node.tv.dtype.torch_dtype
-    group = comm.group(team)
+    comm.group(team)  # created when the program is compiled; looked up (not kept) when it runs
     out, channel_slot = cc.slot(node.tv), cc.slot(_ChannelSlot(node.tv))
     shape, perm, slots_expr, name = node.shape, node.perm, node.slots, node.tv.short_name
     timeout_s = comm.timeout.total_seconds()
     opened: dict[tuple[Any, ...], Channel] = {}  # the channel of the latest shape
 
     def open_channel(sizes: list[int], slots: int) -> Channel:
-        check_same_shapes(group, team, rank, name, node.source, sizes, dtype, slots, device)
+        check_same_shapes(comm.group(team), team, rank, name, node.source, sizes, dtype, slots, device)
         if node.backend == "cuda":
-            return CudaChannel(name, team, rank, group, sizes, perm, dtype, slots, device, timeout_s)
+            return CudaChannel(name, team, rank, comm.group(team), sizes, perm, dtype, slots, device, timeout_s)
         local = torch.empty_strided(sizes, dense_strides(sizes, list(perm)), dtype=dtype, device=device)
-        return ProcessGroupChannel(local, group)
+        return ProcessGroupChannel(local, lambda: comm.group(team))
 
     def step(frame: Frame) -> None:
         env = frame.ctx.env

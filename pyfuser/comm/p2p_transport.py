@@ -101,9 +101,12 @@ class _Posted:
 
 
 class ProcessGroupChannel(Channel):
-    """A plain buffer filled by the process group's send / recv (gloo on CPUs, NCCL as the fallback)."""
+    """A plain buffer filled by the process group's send / recv (gloo on CPUs, NCCL as the fallback).
 
-    def __init__(self, local: torch.Tensor, group: Any) -> None:
+    ``group`` returns the team's group when a transfer is posted: the channel keeps no reference to it, so
+    the communicator's teardown ends the group."""
+
+    def __init__(self, local: torch.Tensor, group: Callable[[], Any]) -> None:
         self.local = local
         self._group = group
         self._unposted: dict[tuple[Hashable, int], tuple[torch.Tensor, int]] = {}
@@ -122,7 +125,7 @@ class ProcessGroupChannel(Channel):
             posted = self._posted.pop(key, None)
             if posted is None:  # no receive of this step was posted: send alone
                 tensor, to = self._unposted.pop(key)
-                posted = _Posted([dist.isend(tensor, dst=to, group=self._group)])
+                posted = _Posted([dist.isend(tensor, dst=to, group=self._group())])
             posted.wait()
 
         return wait
@@ -130,10 +133,11 @@ class ProcessGroupChannel(Channel):
     def recv(self, block: torch.Tensor, peer: int, slot: int, step: Hashable) -> PendingTransfer:
         key = (step, slot)
         staging = block if block.is_contiguous() else torch.empty(block.shape, dtype=block.dtype, device=block.device)
-        ops = [dist.P2POp(dist.irecv, staging, peer, group=self._group)]
+        group = self._group()
+        ops = [dist.P2POp(dist.irecv, staging, peer, group=group)]
         paired = self._unposted.pop(key, None)
         if paired is not None:
-            ops.insert(0, dist.P2POp(dist.isend, paired[0], paired[1], group=self._group))
+            ops.insert(0, dist.P2POp(dist.isend, paired[0], paired[1], group=group))
         posted = _Posted(list(dist.batch_isend_irecv(ops)))
         if paired is not None:
             self._posted[key] = posted

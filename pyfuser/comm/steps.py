@@ -21,7 +21,9 @@ def build_communication(node: Communication, cc: CompileContext) -> Step:
     # A team of one moves nothing between processes (post copies locally): no group to create, which
     # on NCCL would need the ranks outside the team to take part.
     solo = len(plan.team) == 1
-    group = None if plan.type is CommunicationType.SendRecv or solo else comm.group(plan.team)
+    grouped = not (plan.type is CommunicationType.SendRecv or solo)
+    if grouped:
+        comm.group(plan.team)  # created when the program is compiled; looked up (not kept) when it runs
     src_slot = cc.slot(node.input_tv) if node.sends else None
     dst_slot = cc.slot(node.output_tv) if node.receives else None
     work_slot = cc.slot(node.handle)
@@ -44,7 +46,7 @@ def build_communication(node: Communication, cc: CompileContext) -> Step:
                 env = frame.ctx.env
                 dst = torch.empty([e.evaluate(env) for e in extents], dtype=dtype, device=device)
                 values[dst_slot] = dst
-        values[work_slot] = post(current, rank, group, src, dst)
+        values[work_slot] = post(current, rank, comm.group(team) if grouped else None, src, dst)
 
     return step
 

@@ -20,7 +20,8 @@ blocks.
 * **Faults.** A stream wait has no timeout, so a watchdog thread watches every execution's end: when one
   has not completed ``PYFUSER_DIST_TIMEOUT`` seconds after it became the oldest pending, a peer failed or
   stopped before its transfer; the watchdog prints which transfers and exits the process (NCCL's
-  watchdog does the same), so no rank waits forever on a signal.
+  watchdog does the same), so no rank waits forever on a signal. The communicator's teardown (``shutdown()`` or
+  interpreter exit) stops the watchdog once every watched execution completed, before the groups go.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 
+from pyfuser.comm.communicator import before_teardown
 from pyfuser.comm.p2p_transport import Channel, PendingTransfer
 from pyfuser.ir.layout import dense_strides
 
@@ -109,13 +111,25 @@ class Watchdog:
         self._lock = threading.Lock()
         self._pending: deque[tuple[torch.cuda.Event, str]] = deque()
         self._spare: list[torch.cuda.Event] = []
-        threading.Thread(target=self._run, name="pyfuser-p2p-watchdog", daemon=True).start()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pyfuser-p2p-watchdog", daemon=True)
+        self._thread.start()
 
     @classmethod
     def get(cls, timeout_s: float, rank: int) -> Watchdog:
         if cls._instance is None:
             cls._instance = Watchdog(timeout_s, rank)
+            before_teardown(cls._instance.stop)
         return cls._instance
+
+    def stop(self) -> None:
+        """Wait until every watched execution completed, then end the thread (the communicator's teardown:
+        the symmetric buffers and groups go next). Still bounded: an execution that never completes ends the
+        process after the timeout, as during a run."""
+        self._stopping.set()
+        self._thread.join()
+        if Watchdog._instance is self:
+            Watchdog._instance = None
 
     def watch(self, stream: torch.cuda.Stream, what: str) -> None:
         """Expect the work issued so far on ``stream`` (``what``) to complete."""
@@ -129,11 +143,13 @@ class Watchdog:
         head: object = None
         since = time.monotonic()
         while True:
-            time.sleep(min(0.2, self.timeout_s / 20))
+            self._stopping.wait(min(0.2, self.timeout_s / 20))
             with self._lock:
                 while self._pending and self._pending[0][0].query():
                     self._spare.append(self._pending.popleft()[0])
                 oldest = self._pending[0] if self._pending else None
+            if oldest is None and self._stopping.is_set():
+                return
             if oldest is None or oldest is not head:
                 head, since = oldest, time.monotonic()
             elif time.monotonic() - since > self.timeout_s:

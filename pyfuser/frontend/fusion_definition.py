@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from pyfuser.ir.dtypes import (
     python_scalar_type,
 )
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.iter_domain import IterDomain, IterType
+from pyfuser.ir.iter_domain import DEVICE_PARALLEL_TYPES, IterDomain, IterType, ParallelType
 from pyfuser.ir.layout import allocation_permutation, check_stride_order, tensor_descriptor
 from pyfuser.ir.python_definition import translate_fusion
 from pyfuser.ir.symbolic import SymVar
@@ -37,6 +38,32 @@ class EmptyFusionError(NotImplementedError, ValueError):
     other error about what a caller passed."""
 
 
+class ClosedDefinitionError(RuntimeError):
+    """An op added after the ``with FusionDefinition() as fd:`` block closed (nvFuser raises a RuntimeError:
+    "Attempting to add to a completed definition!")."""
+
+
+class IgnoredScheduleWarning(UserWarning):
+    """``fd.execute`` schedules every kernel itself: kernel parallel types the user set do not apply."""
+
+
+class _ClosedOps:
+    """``fd.ops`` after the ``with`` block closed: naming an op raises, so a line meant for the definition
+    cannot silently grow a fusion that was already executed or printed."""
+
+    __slots__ = ("_ops",)
+
+    def __init__(self, ops: Ops) -> None:
+        self._ops = ops
+
+    def __getattr__(self, name: str) -> Any:
+        getattr(self._ops, name)  # an unknown name stays an AttributeError
+        raise ClosedDefinitionError(
+            f"fd.ops.{name}: the `with FusionDefinition() as fd:` block has closed and the definition is complete "
+            "(nvFuser: Attempting to add to a completed definition!); call fd.ops inside the block, or reopen it "
+            "with `with fd:`. Scheduling the tensors (split, parallelize, set_device_mesh) may follow the block.")
+
+
 class FusionDefinition:
     """Define a fusion inside ``with FusionDefinition() as fd:``, then ``fd.execute(inputs)``.
 
@@ -47,7 +74,10 @@ class FusionDefinition:
 
     def __init__(self) -> None:
         self._fusion = DefinedFusion()
-        self.ops = Ops(self._fusion)
+        self._ops = Ops(self._fusion)
+        self._closed = False  # the ``with`` block ended: no more ops
+        #: the fusion version whose kernel parallel types ``execute`` last looked for (warned once a version)
+        self._schedule_checked = -1
         self.sched = ScheduleOps(self._fusion)
         self._fec: FusionExecutorCache | None = None
         self._manual = ManualKernels(self._fusion)
@@ -58,10 +88,17 @@ class FusionDefinition:
         self._cpu_examples: list[str] = []
 
     def __enter__(self) -> FusionDefinition:
+        self._closed = False
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self._closed = True
+
+    @property
+    def ops(self) -> Ops:
+        """The ops that define the fusion (nvFuser's ``fd.ops``); inside the ``with`` block, or on a
+        definition built without one."""
+        return _ClosedOps(self._ops) if self._closed else self._ops  # type: ignore[return-value]
 
     @property
     def fusion(self) -> Fusion:
@@ -201,7 +238,7 @@ class FusionDefinition:
             if stride_order not in (None, [], ()):
                 raise ValueError(f"add_output: scalar {tv} is returned as a 0-dim tensor; its stride_order must be "
                                  f"empty, got {list(stride_order)}")  # type: ignore[arg-type]
-            tv = self.ops.full([], tv, tv.dtype)
+            tv = self._ops.full([], tv, tv.dtype)
             stride_order = None
         if isinstance(tv, TensorView) and tv.fusion is not self._fusion:
             raise ValueError(f"{tv.short_name} belongs to another FusionDefinition and cannot be an output here")
@@ -228,6 +265,11 @@ class FusionDefinition:
                 _disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
         """Run the fusion. A list or tuple among ``inputs`` passes its items as consecutive inputs
         (the scalars of ``define_vector``)."""
+        return self._execute(inputs, device, save_repro_inputs, _enable_options, _disable_options, True)
+
+    def _execute(self, inputs: Sequence[Any], device: torch.device | str | int | None, save_repro_inputs: bool,
+                 enable_options: Sequence[str], disable_options: Sequence[str], check_schedule: bool,
+                 ) -> list[torch.Tensor]:
         if not self.fusion.outputs():
             raise EmptyFusionError("Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before execute")
         args = _flatten(inputs)
@@ -235,8 +277,11 @@ class FusionDefinition:
             self._repro_inputs = record_inputs(args)
         if self._cpu_examples:
             self._check_cpu_examples(args, device)
+        if check_schedule and self.fusion.version != self._schedule_checked:
+            self._schedule_checked = self.fusion.version
+            _warn_kernel_parallel_types(self.fusion)
         self._last_was_manual = False
-        return self.fec.run(args, device=device, enable_options=_enable_options, disable_options=_disable_options)
+        return self.fec.run(args, device=device, enable_options=enable_options, disable_options=disable_options)
 
     def manual_execute(self, inputs: Sequence[Any], heuristic_params: Any = None) -> list[torch.Tensor]:
         """Run the whole fusion as one kernel, scheduled as the user (or ``schedule.schedule``) left it:
@@ -255,7 +300,9 @@ class FusionDefinition:
         """``manual_execute`` and compare with ``reference_outputs`` (default: the fusion evaluated by
         ATen) with tolerances by dtype, widened by the square root of how many inputs each output
         element sums (rounding grows with reduction order); AssertionError naming the output."""
-        references = reference_outputs if reference_outputs is not None else self.execute(inputs)
+        # The references come from the automatic path, which sets the kernel schedule aside on purpose here.
+        references = (reference_outputs if reference_outputs is not None
+                      else self._execute(inputs, None, False, (), (), check_schedule=False))
         outputs = self.manual_execute(inputs)
         if len(references) != len(outputs):
             raise ValueError(f"manual_validate: {len(outputs)} outputs but {len(references)} reference outputs")
@@ -329,6 +376,22 @@ class FusionDefinition:
             raise ValueError("fd.last_repro_script() cannot provide a repro because fd.execute(inputs, "
                              "save_repro_inputs=True) was not executed!")
         return repro_script(repr(self), self._repro_inputs)
+
+
+#: parallel types ``fd.execute`` honours in a user's schedule: host loops and devices, not kernel loops
+_EXECUTED_PARALLEL_TYPES = frozenset({ParallelType.serial, ParallelType.stream, *DEVICE_PARALLEL_TYPES})
+
+
+def _warn_kernel_parallel_types(fusion: Fusion) -> None:
+    """``fd.execute`` segments and schedules the fusion itself, so kernel parallel types set by the user
+    (grid, block, vectorize, unroll, ...) do not apply; say so once, and where they do apply."""
+    found = [f"{tv.short_name} axis {pos} ({i.parallel_type.name})" for tv in fusion.tensors()
+             for pos, i in enumerate(tv.get_loop_domain()) if i.parallel_type not in _EXECUTED_PARALLEL_TYPES]
+    if found:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        warnings.warn(f"fd.execute schedules each kernel itself and ignores the kernel parallel types of {shown}; "
+                      "fd.manual_execute runs the fusion as you scheduled it (fd.execute honours only stream and "
+                      "mesh parallel types)", IgnoredScheduleWarning, stacklevel=4)
 
 
 def _flatten(inputs: Sequence[Any]) -> list[Any]:

@@ -6,6 +6,7 @@ sizes, run the compiled program. Validation and compilation happen on a signatur
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -238,6 +239,9 @@ class FusionExecutorCache:
             program = compile_fusion(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program
+            if EnableOption.cuda_graph in enabled and target.type != "cuda":
+                warnings.warn(f"_enable_options=['cuda_graph']: CUDA graphs capture CUDA work only; the fusion runs on "
+                              f"{target.type} without one", RuntimeWarning, stacklevel=5)
         if EnableOption.cuda_graph in enabled and target.type == "cuda":
             if is_multidevice(self.fusion):
                 raise ValueError("_enable_options=['cuda_graph']: a multi-device fusion's communications are not "

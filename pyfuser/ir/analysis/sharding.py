@@ -202,7 +202,18 @@ def local_static_size(tv: TensorView, axis: int) -> int | None:
 
 
 def is_multidevice(fusion: Fusion) -> bool:
-    return any(tv.device_mesh is not None for tv in fusion.tensors())
+    """Some tensor is on a device mesh. A mesh-parallel axis without any mesh in the fusion is a ValueError:
+    run on one device, the axis would silently not be sharded."""
+    tvs = fusion.tensors()
+    if any(tv.device_mesh is not None for tv in tvs):
+        return True
+    for tv in tvs:
+        for pos, i in enumerate(tv.get_loop_domain()):
+            if i.is_device_dim:
+                raise ValueError(f"{tv.short_name} axis {pos} ({i}) is parallelized on {i.parallel_type.name} but no "
+                                 f"tensor of the fusion has a device mesh to shard it over; call "
+                                 f"{tv.short_name}.set_device_mesh(DeviceMesh(...)) first")
+    return False
 
 
 def check_meshes_fit(fusion: Fusion, world_size: int) -> None:
