@@ -165,10 +165,11 @@ class HostIrEvaluator:
                                  for n in container.walk())
         self._direct = self._direct_launch(container)
         #: per binding, the program's run as one generated function (``straight_line.py``; None: the
-        #: binding's run could not be written so); None for programs that keep their steps
+        #: binding's run could not be written so); None for programs that keep their steps. A program of
+        #: one launch has one too: a compiled graph calls its regions' functions, never their programs
+        #: (``integrations/torch_compile/bound_graph.py``), so each region needs one
         self._straight: dict[object, Any] | None = None
-        if self._direct is None and not self._uses_streams \
-                and all(isinstance(n, STRAIGHT_LINE_NODES) for n in container.nodes):
+        if not self._uses_streams and all(isinstance(n, STRAIGHT_LINE_NODES) for n in container.nodes):
             self._straight = {}
 
     def _direct_launch(self, container: HostIrContainer) -> tuple[Any, list[int], list[int], BoundLaunches] | None:
@@ -224,7 +225,9 @@ class HostIrEvaluator:
     # --- execution -------------------------------------------------------------------------------
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]:
         direct = self._direct
-        if direct is not None and (not self._on_cuda or _current_device() == self.device.index):
+        # A binding's first run takes the steps, which record it for its straight-line function.
+        first_bound = ctx.binding is not None and self._straight is not None and ctx.binding not in self._straight
+        if direct is not None and not first_bound and (not self._on_cuda or _current_device() == self.device.index):
             launch, pick, results, bound = direct
             ctx.env[self._streams_symbol] = self.num_streams
             try:

@@ -98,6 +98,27 @@ def test_a_training_block_runs_its_specialized_graphs(device: str, kernel_option
         _bound_graphs(backend)[0].code
 
 
+def _one_kernel_regions(x: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(x) * 3
+    return torch.exp(F.scaled_dot_product_attention(s, s, s)) + 1
+
+
+def test_regions_of_one_kernel_are_specialized_too(device: str, kernel_options: list[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region whose program is one launch has a straight-line function like any other: a graph of
+    such regions (a ConvNeXt block's first norm) is specialized, not run region by region for good."""
+    backend = PyfuserBackend(enable_options=kernel_options)
+    compiled = torch.compile(_one_kernel_regions, backend=backend)
+    calls = _region_calls(monkeypatch)
+    for _ in range(WARM_CALLS + 3):
+        x = torch.randn(2, 3, 5, 8, device=device)
+        torch.testing.assert_close(compiled(x), _one_kernel_regions(x))
+    (bound,) = _bound_graphs(backend)
+    assert bound.specialized is not None, bound.declined
+    assert [r.summary().count(" kernel ") for r in backend.graphs[0].regions] == [1, 1]
+    assert calls == ["pyfuser_region_0", "pyfuser_region_1"] * (WARM_CALLS + 1)  # none once specialized
+
+
 def _attention_of_input(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Eager views of the graph's input (feeding attention), a region after it, and a returned view of
     an intermediate (aliasing AOTAutograd tracks: it stays a view)."""
