@@ -3,6 +3,7 @@ ops left in eager (with why), errors naming FX nodes, options, and the fx_graph 
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import re
 
@@ -16,6 +17,7 @@ from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import AtenCall
 from pyfuser.integrations.torch_compile import LOWERINGS, PyfuserBackend, pyfuser_backend
 from pyfuser.integrations.torch_compile.backend import CompiledGraph
+from pyfuser.integrations.torch_compile.bound_graph import WARM_CALLS
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.graph_replay import capturable
 from pyfuser.integrations.torch_compile.lowering import Lowering
@@ -635,3 +637,84 @@ def test_a_weight_transposed_at_a_region_edge_is_read_by_the_region() -> None:
         assert not graph.eager, graph.graph_module.code
         (region,) = graph.regions
         assert "linear(" in repr(region.fd) and "permute(" not in repr(region.fd), repr(region.fd)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_batch_norm_training_steps_match_eager(dtype: torch.dtype) -> None:
+    """Conv, BatchNorm and ReLU in train mode, forward and backward, four steps: outputs, gradients and
+    running statistics as eager's. In bfloat16 the running
+    statistics' batch-norm op (left in eager) returns bfloat16 where its traced (fake) value was float32:
+    the region reading them converts them to the traced dtype."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).to(dtype).train()
+    reference = copy.deepcopy(model)
+    backend = PyfuserBackend()
+    compiled = torch.compile(model, backend=backend)
+    for _ in range(WARM_CALLS + 2):
+        x = torch.randn(2, 3, 10, 9, dtype=dtype)
+        xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+        got, want = compiled(xs[0]), reference(xs[1])
+        grad = torch.randn_like(want)
+        got.backward(grad)
+        want.backward(grad)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(xs[0].grad, xs[1].grad)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda m, name=name: f"grad of {name}: {m}")
+        for (name, b), c in zip(model.named_buffers(), reference.buffers(), strict=True):
+            assert b.dtype == c.dtype, name
+            torch.testing.assert_close(b, c, msg=lambda m, name=name: f"buffer {name}: {m}")
+    converted = [entry for g in backend.graphs for r in g.regions for entry in r.converted_inputs]
+    if dtype == torch.bfloat16:
+        assert converted and all(entry.endswith("torch.bfloat16 -> torch.float32") for entry in converted), converted
+    else:
+        assert not converted
+
+
+@torch.library.custom_op("pyfuser_test::halve_to_bfloat16", mutates_args=())
+def _halve_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
+    return (x / 2).to(torch.bfloat16)
+
+
+@_halve_to_bfloat16.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)  # promises x's dtype: the kernel returns bfloat16
+
+
+@torch.library.custom_op("pyfuser_test::halve_to_int", mutates_args=())
+def _halve_to_int(x: torch.Tensor) -> torch.Tensor:
+    return (x / 2).to(torch.int64)
+
+
+@_halve_to_int.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)  # promises x's dtype: the kernel returns int64
+
+
+def test_an_eager_result_of_another_dtype_than_traced_is_converted_to_it() -> None:
+    """An op left in eager whose kernel returns another floating-point dtype than its fake
+    implementation promised: the region reading it converts the value to the traced dtype (the graph
+    after it expects what the traced dtypes compute), on every call, also once the graph is
+    specialized. Another kind of mismatch (an integer for a float) is an error naming the FX node."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.pyfuser_test.halve_to_bfloat16(x) * 3 + x
+
+    backend = PyfuserBackend()
+    compiled = torch.compile(fn, backend=backend)
+    for _ in range(WARM_CALLS + 2):
+        x = torch.randn(5, 7)
+        got = compiled(x)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, (x / 2).to(torch.bfloat16).float() * 3 + x, rtol=0, atol=0)
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    assert region.converted_inputs == ["halve_to_bfloat16: torch.bfloat16 -> torch.float32"]
+    assert graph.bound is not None and graph.bound.specialized is not None, graph.bound.declined
+
+    def integer(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.pyfuser_test.halve_to_int(x) * 3 + x
+
+    torch._dynamo.reset()
+    with pytest.raises(TypeError, match=r"pyfuser region pyfuser_region_0: its input halve_to_int was traced as "
+                                        r"torch\.float32, but the value computed for it is torch\.int64"):
+        torch.compile(integer, backend=PyfuserBackend())(torch.randn(5, 7))

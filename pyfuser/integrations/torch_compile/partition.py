@@ -1,37 +1,33 @@
 """Partition an ATen graph into pyfuser regions and splice each in as one call.
 
-torch.fx's ``CapabilityBasedPartitioner`` proposes the largest convex groups of supported nodes;
-views at a group's edge are dropped (they are free in eager, and a region would copy them) unless
-only a matmul of the group reads them, as an operand its translation folds (``mm(x, w.t())`` is
-``linear(x, w)``, reading ``w`` as laid out), and a
-group with nothing to fuse (only views, or only matmuls, which run as ATen calls in pyfuser too)
-stays in eager. Each group is translated; a node that fails to translate is refused and the graph
-partitioned again, so an unforeseen argument combination costs a region boundary, never an error.
-Each region then replaces its nodes: one ``call_function`` of the region and a ``getitem`` per
-value used outside it.
+``grouping.propose_groups`` proposes the largest convex groups of supported nodes; views at a
+group's edge are dropped (they are free in eager, and a region would copy them) unless only a
+matmul of the group reads them, as an operand its translation folds (``mm(x, w.t())`` is
+``linear(x, w)``, reading ``w`` as laid out), and a group with nothing to fuse (only views, or only
+matmuls, which run as ATen calls in pyfuser too) stays in eager. Each group is translated; a node
+that fails to translate is refused and the graph grouped again (groups translated before are kept),
+so an unforeseen argument combination costs a region boundary, never an error. Each region then
+replaces its nodes: one ``call_function`` of the region and a ``getitem`` per value used outside it.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch.fx import GraphModule, Node
-from torch.fx.node import _get_qualified_name, map_arg
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
+from torch.fx.node import map_arg
 from torch.fx.passes.tools_common import legalize_graph
 
+from pyfuser.integrations.torch_compile.grouping import leading_views, propose_groups, trim_edges
 from pyfuser.integrations.torch_compile.lowering import OpClass
 from pyfuser.integrations.torch_compile.region import FusionRegion
-from pyfuser.integrations.torch_compile.support import LOWERINGS, PyfuserSupport, op_class
+from pyfuser.integrations.torch_compile.support import op_class, refusal
 from pyfuser.integrations.torch_compile.translator import RegionTranslator, TranslatedRegion, TranslationError
 
 aten = torch.ops.aten
-
-#: qualified names of the view ops the partitioner may trim from a region's edges
-VIEW_OPS = tuple(_get_qualified_name(op) for op, lowering in LOWERINGS.items() if lowering.op_class is OpClass.view)
 
 EDGE_VIEW = "a view at a region's edge (free in eager; a region would copy it)"
 NOTHING_TO_FUSE = "its group has nothing to fuse (only views or matmuls, which run as ATen calls either way)"
@@ -49,6 +45,10 @@ def _worth_compiling(nodes: list[Node]) -> bool:
     return any(op_class(n) is OpClass.compute for n in nodes)
 
 
+def _is_view(node: Node) -> bool:
+    return op_class(node) is OpClass.view
+
+
 #: matmuls whose translation reads an operand's source instead of the view (``tensor_lowerings._mm``):
 #: position of the operand -> the view ops it folds (a transposed weight -> ``linear``; rows
 #: flattened from an N-D tensor -> the N-D tensor)
@@ -58,51 +58,75 @@ FOLDED_OPERANDS = {aten.mm.default: {1: _TRANSPOSES, 0: _FLATTENINGS},
                    aten.addmm.default: {2: _TRANSPOSES, 1: _FLATTENINGS}}
 
 
-def _keep_folded_operands(partitions: list[Partition], proposed: list[set[Node]]) -> None:
-    """Put back into its partition a view at the edge (``proposed``: each partition before its edges
-    were trimmed) that only a matmul of the partition reads as an operand its translation folds
-    (``mm(x, w.t())`` is ``linear(x, w)``): inside, the view costs nothing (the region reads ``w`` as
-    laid out); outside, it is one eager op per call."""
-    for partition, before in zip(partitions, proposed, strict=True):
-        members = partition.nodes
-        for node in [n for n in members if n.target in FOLDED_OPERANDS]:
-            for position, views in FOLDED_OPERANDS[node.target].items():  # type: ignore[index]
-                operand = node.args[position] if position < len(node.args) else None
-                if (isinstance(operand, Node) and operand in before and operand not in members
-                        and operand.target in views and all(user in members for user in operand.users)):
-                    partition.add_node(operand)
+def _keep_folded_operands(members: list[Node], proposed: set[Node], leading: set[Node],
+                          order: Mapping[Node, int]) -> list[Node]:
+    """``members`` (a group with its edges trimmed; ``proposed``: before) with the views at its edge
+    (trimmed, or ``leading``: left out of the grouping) put back that only a matmul of the group reads as
+    an operand its translation folds (``mm(x, w.t())`` is ``linear(x, w)``): inside, the view costs
+    nothing (the region reads ``w`` as laid out); outside, it is one eager op per call."""
+    kept = set(members)
+    added: list[Node] = []
+    for node in members:
+        if node.target not in FOLDED_OPERANDS:
+            continue
+        for position, views in FOLDED_OPERANDS[node.target].items():  # type: ignore[index]
+            operand = node.args[position] if position < len(node.args) else None
+            if (isinstance(operand, Node) and (operand in proposed or operand in leading) and operand not in kept
+                    and operand.target in views and all(user in kept for user in operand.users)):
+                kept.add(operand)
+                added.append(operand)
+    return sorted([*members, *added], key=order.__getitem__) if added else members
+
+
+def _reject(rejected: dict[Node, str], error: TranslationError, members: Sequence[Node]) -> None:
+    """Leave the node that failed to translate in eager (every node of the group, should the error
+    name one outside it or one refused before: each round must refuse something new)."""
+    if error.node in members and error.node not in rejected:
+        rejected[error.node] = f"translation failed: {error.reason}"
+        return
+    for node in members:
+        rejected.setdefault(node, f"its region failed to translate: {error}")
 
 
 def plan_regions(gm: GraphModule) -> RegionPlan:
     """The regions of ``gm`` and the reasons for what stays eager (``gm`` is not changed)."""
-    order = {n: k for k, n in enumerate(gm.graph.nodes)}
+    nodes = list(gm.graph.nodes)
+    order = {n: k for k, n in enumerate(nodes)}
     rejected: dict[Node, str] = {}
+    translations: dict[tuple[Node, ...], TranslatedRegion] = {}
     while True:
-        support = PyfuserSupport(rejected)
-        partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True,
-                                                 non_compute_ops=VIEW_OPS)
-        partitions = partitioner.propose_partitions()
-        proposed = [set(partition.nodes) for partition in partitions]
-        partitioner.remove_bookend_non_compute_ops(partitions)
-        _keep_folded_operands(partitions, proposed)
+        reasons: dict[Node, str] = {}
+        for node in nodes:
+            if node.op == "call_function":
+                why = refusal(node, rejected)
+                if why is not None:
+                    reasons[node] = why
+        supported = [n for n in nodes if n.op == "call_function" and n not in reasons]
+        leading = leading_views(nodes, supported, _is_view)
+        grouping = propose_groups(nodes, [n for n in supported if n not in leading])
+        reasons.update(grouping.refused)
         regions: list[tuple[list[Node], TranslatedRegion]] = []
         dropped: dict[Node, str] = {}
         refused = False
-        for partition in partitions:
-            nodes = sorted(partition.nodes, key=order.__getitem__)
-            if not nodes:
+        for group in grouping.groups:
+            members = _keep_folded_operands(trim_edges(group, _is_view, grouping.root), set(group), leading, order)
+            if not members:
                 continue
-            if not _worth_compiling(nodes):
-                dropped.update(dict.fromkeys(nodes, NOTHING_TO_FUSE))
+            if not _worth_compiling(members):
+                dropped.update(dict.fromkeys(members, NOTHING_TO_FUSE))
                 continue
-            try:
-                regions.append((nodes, RegionTranslator(nodes).translate()))
-            except TranslationError as e:
-                rejected[e.node] = f"translation failed: {e.reason}"
-                refused = True
+            key = tuple(members)
+            translated = translations.get(key)
+            if translated is None:
+                try:
+                    translated = translations[key] = RegionTranslator(members).translate()
+                except TranslationError as e:
+                    _reject(rejected, e, members)
+                    refused = True
+                    continue
+            regions.append((members, translated))
         if not refused:
-            regions.sort(key=lambda region: order[region[0][0]])
-            return RegionPlan(regions, _eager_reasons(gm, regions, support.reasons, dropped))
+            return RegionPlan(regions, _eager_reasons(gm, regions, reasons, dropped))
 
 
 def _eager_reasons(gm: GraphModule, regions: list[tuple[list[Node], TranslatedRegion]],

@@ -29,6 +29,23 @@ from pyfuser.runtime.executor import BoundProgram
 _TENSOR_NAME = re.compile(r"\bT\d+\b")
 
 
+def _traced_dtype(node: Node) -> torch.dtype | None:
+    value = node.meta.get("val")
+    return value.dtype if isinstance(value, torch.Tensor) else None
+
+
+def _converting(function: Callable[[list[Any]], Any],
+                casts: Sequence[tuple[int, torch.dtype]]) -> Callable[[list[Any]], Any]:
+    """``function`` called with the inputs at the positions of ``casts`` converted to their dtypes."""
+    def run(inputs: list[Any]) -> Any:
+        inputs = list(inputs)
+        for j, dtype in casts:
+            inputs[j] = inputs[j].to(dtype)
+        return function(inputs)
+
+    return run
+
+
 def static_tensor(value: Any) -> bool:
     """Whether an FX value is a tensor whose sizes and strides are plain ints (no symbols)."""
     return isinstance(value, torch.Tensor) and all(type(s) is int for s in (*value.shape, *value.stride()))
@@ -70,6 +87,12 @@ class FusionRegion:
         self._disable = tuple(disable_options)
         self._graphs: CudaGraphRunner | None = None
         self._static = [j for j, k in enumerate(self._positions) if translated.inputs[k] in static_inputs]
+        #: per fusion input: the FX node it comes from and the dtype it was traced with (None: not a tensor)
+        self._traced = [(translated.inputs[k], _traced_dtype(translated.inputs[k])) for k in self._positions]
+        #: fusion inputs converted to their traced dtype on every call (decided on the first call)
+        self._casts: tuple[tuple[int, torch.dtype], ...] | None = None
+        #: what those conversions are: ``"getitem_3: torch.bfloat16 -> torch.float32"``
+        self.converted_inputs: list[str] = []
         #: every fusion input a tensor of static sizes and strides (a graph without dynamic shapes):
         #: after the first call the region runs its program with the sizes bound then
         self._fixed_signature = all(static_tensor(translated.inputs[k].meta.get("val")) for k in self._positions)
@@ -103,8 +126,33 @@ class FusionRegion:
             self._fixed_signature = self._bound is not None
         return outputs
 
+    def _dtype_casts(self, inputs: Sequence[Any]) -> tuple[tuple[int, torch.dtype], ...]:
+        """The fusion inputs whose value has another dtype than the graph was traced with, each with the
+        traced dtype. An op left in eager can compute another dtype than its fake (meta) implementation
+        promised: ``_native_batch_norm_legit_functional``'s decomposition, which fake tensors run, gives
+        float32 running statistics for bfloat16 ones, while the CPU kernel keeps bfloat16. The region was
+        built for the traced dtypes, and the graph after it expects what they compute, so a floating-point
+        value is converted to its traced dtype (a bfloat16 value widened to float32 is the same number);
+        another mismatch (an integer for a float) is an error naming the FX node."""
+        casts: list[tuple[int, torch.dtype]] = []
+        for j, ((node, traced), value) in enumerate(zip(self._traced, inputs, strict=True)):
+            if traced is None or not isinstance(value, torch.Tensor) or value.dtype == traced:
+                continue
+            if not (value.is_floating_point() and traced.is_floating_point) or j in self._static:
+                raise TypeError(f"pyfuser region {self.name}: its input {node.name} was traced as {traced}, but "
+                                f"the value computed for it is {value.dtype} (its op's meta function and its kernel "
+                                "disagree)")
+            casts.append((j, traced))
+            self.converted_inputs.append(f"{node.name}: {value.dtype} -> {traced}")
+        return tuple(casts)
+
     def __call__(self, *args: Any) -> list[torch.Tensor]:
         inputs = [args[k] for k in self._positions]
+        casts = self._casts
+        if casts is None:
+            casts = self._casts = self._dtype_casts(inputs)
+        for j, dtype in casts:
+            inputs[j] = inputs[j].to(dtype)
         try:
             if self._graphs is not None:
                 outputs = self._replay(inputs)
@@ -127,6 +175,9 @@ class FusionRegion:
             return None
         if [arg_strides[k] for k in self._positions] != self._bound_strides:
             return None
+        casts = self._casts
+        if casts:  # the inputs the region converts to their traced dtype (``_dtype_casts``)
+            function = _converting(function, casts)
         return function, list(self._positions), list(self._slots)
 
     def _without_kernels(self, inputs: list[Any], error: Exception) -> list[torch.Tensor]:

@@ -1,8 +1,8 @@
 """Which FX nodes pyfuser takes, and why it leaves the others in eager.
 
-``LOWERINGS`` is the one table of translated ATen ops. ``PyfuserSupport`` is the operator support
-the capability-based partitioner asks; it records a reason for every call it refuses, which the
-``fx_graph`` dump prints next to the node.
+``LOWERINGS`` is the one table of translated ATen ops. ``refusal`` says why a call stays in eager
+(None: pyfuser takes it); the partitioner keeps each reason, which the ``fx_graph`` dump prints next
+to the node.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 from torch.fx import Node
-from torch.fx.passes.operator_support import OperatorSupportBase
 
 from pyfuser.integrations.torch_compile.lowering import Lowering, OpClass, is_tensor_meta, meta_of
 from pyfuser.integrations.torch_compile.pointwise_lowerings import POINTWISE_LOWERINGS
@@ -86,19 +85,3 @@ def refusal(node: Node, rejected: Mapping[Node, str] | None = None) -> str | Non
             return f"its check failed: {type(e).__name__}: {e}"
     return None
 
-
-class PyfuserSupport(OperatorSupportBase):
-    """The partitioner's question, answered from ``LOWERINGS``; refusals are kept in ``reasons``."""
-
-    def __init__(self, rejected: Mapping[Node, str]) -> None:
-        #: nodes a translation attempt refused, with why (they are partitioned again without them)
-        self.rejected = rejected
-        self.reasons: dict[Node, str] = {}
-
-    def is_node_supported(self, submodules: Mapping[str, torch.nn.Module], node: Node) -> bool:
-        if node.op != "call_function":
-            return False
-        reason = refusal(node, self.rejected)
-        if reason is not None:
-            self.reasons[node] = reason
-        return reason is None
