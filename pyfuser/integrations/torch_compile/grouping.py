@@ -105,17 +105,17 @@ def propose_groups(nodes: Sequence[Node], supported_nodes: Collection[Node]) -> 
     refused: dict[Node, str] = {}
     root = _close_units(nodes, supported, refused)
     members: dict[Node, list[Node]] = {}
-    for node, unit in root.items():
-        members.setdefault(unit, []).append(node)
+    for node, unit_root in root.items():
+        members.setdefault(unit_root, []).append(node)
     device = {n: _device(root.get(n, n)) for n in supported}
 
     # Forward: the earliest stage of each supported node; for another node, the earliest stage a
     # supported node reading it may have.
     earliest: dict[Node, int] = {}
     for node in nodes:
-        unit = root.get(node)
-        if unit is not None:
-            earliest[node] = earliest[unit]
+        its_root = root.get(node)
+        if its_root is not None:
+            earliest[node] = earliest[its_root]
             continue
         is_supported = node in supported
         stage = 0
