@@ -119,11 +119,23 @@ def _min(a, b):
 
 
 @_jit
-def _welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+def _welford_combine(shift_a, mean_a, m2_a, n_a, shift_b, mean_b, m2_b, n_b):
+    """Welford's combine of two partial results, each mean held relative to its own shift (a value
+    of the data): the difference of means is taken as small numbers, so a row far from 0 keeps the
+    precision of its spread. The result keeps ``a``'s shift; an empty side (its shift and mean not
+    set) takes no part."""
     n = n_a + n_b
-    delta = mean_b - mean_a
-    w = tl.where(n == 0, 0.0, n_b / tl.where(n == 0, 1.0, n))
-    return mean_a + delta * w, m2_a + m2_b + delta * delta * n_a * w, n
+    delta = (shift_b - shift_a) + (mean_b - mean_a)
+    w = n_b / tl.where(n == 0, 1.0, n)
+    mean = tl.where(n_b == 0, mean_a, mean_a + delta * w)
+    m2 = tl.where(n_b == 0, m2_a, m2_a + m2_b + delta * delta * n_a * w)
+    first = n_a == 0
+    return (tl.where(first, shift_b, shift_a), tl.where(first, mean_b, mean), tl.where(first, m2_b, m2), n)
+
+
+@_jit
+def _add_pair(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
 
 
 @_jit
@@ -172,6 +184,9 @@ def _from_bf16(x):
 _PRELUDE_INTERPRETER = '''import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction as _jit
+
+# the interpreter sums a ``tl.reduce`` with this combine function with numpy
+_sum_combine = tl.standard._sum_combine
 
 
 def _range(*bounds):
