@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
 
@@ -38,7 +40,10 @@ def literal(value: object, dtype: DataType) -> str:
     if isinstance(value, bool) or dtype is DataType.Bool:
         return "True" if value else "False"
     if dtype.is_integral:
-        return str(int(value))  # type: ignore[call-overload]
+        # wrapped into the type, as torch converts a Python int operand of an integer tensor (an int32
+        # tensor plus 2**31 adds -2**31); Triton refuses a literal out of its type's range
+        info = torch.iinfo(dtype.torch_dtype)
+        return str((int(value) - info.min) % (info.max - info.min + 1) + info.min)  # type: ignore[call-overload]
     number = float(value)  # type: ignore[arg-type]
     # NaN as ``_INF - _INF`` (folded at compile time): a NaN global would fail Triton's check that a
     # kernel's globals are unchanged at each launch (NaN != NaN).
