@@ -9,6 +9,7 @@ import torch
 
 from pyfuser import DataType, FusionDefinition, compute_tensor_descriptor
 from pyfuser.frontend.fusion_definition import EmptyFusionError
+from pyfuser.runtime.inputs import InputBinder, check_devices
 
 
 def expanded(device: str) -> torch.Tensor:
@@ -241,3 +242,24 @@ def test_bound_program_runs_what_the_cache_ran(device: str) -> None:
     z = y.clone()
     in_place.execute([z])
     assert in_place.fec.bound_program([z]) is None
+
+
+def test_a_cpu_scalar_tensor_beside_tensors_of_another_device(device: str) -> None:
+    """torch reads a 0-dim CPU tensor given beside tensors of another device as a scalar: the device
+    check accepts it and names it to be moved to the fusion's device (checked on the meta device
+    without a GPU); any other tensor on another device is an error naming it."""
+    with FusionDefinition() as fd:
+        x, s, c = fd.define_tensor([-1]), fd.define_tensor([]), fd.define_tensor([], is_cpu=True)
+        fd.add_output(fd.ops.mul(fd.ops.mul(x, s), c))
+    specs = InputBinder(fd.fusion.inputs()).specs
+    meta = torch.device("meta")
+    assert check_devices(specs, [torch.empty(3, device=meta), torch.tensor(2.0), torch.tensor(3.0)], meta) == (1,)
+    assert check_devices(specs, [torch.empty(3, device=meta)] * 3, meta) == ()
+    with pytest.raises(ValueError, match=r"input 0 \(T0\) is on cpu but the fusion runs on meta"):
+        check_devices(specs, [torch.empty(3), torch.tensor(2.0), torch.tensor(3.0)], meta)
+    # end to end: on CUDA the scalar moves there; on the CPU nothing moves
+    x = torch.randn(5, device=device)
+    (out,) = fd.execute([x, torch.tensor(2.0), torch.tensor(3.0)])
+    assert out.device == x.device
+    torch.testing.assert_close(out, x * 6.0)
+
