@@ -263,3 +263,33 @@ def test_a_cpu_scalar_tensor_beside_tensors_of_another_device(device: str) -> No
     assert out.device == x.device
     torch.testing.assert_close(out, x * 6.0)
 
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["aten", "kernels"])
+def test_outputs_do_not_require_grad(kernels: bool) -> None:
+    """Execution is not recorded by autograd, whichever path computes an output (a generated kernel,
+    an ATen op, a view of an input): no output requires grad, as torch's outputs under no_grad, and
+    an output written in place into a leaf that requires grad is written (as an update under
+    no_grad is)."""
+    a, b = torch.randn(2, 3, requires_grad=True), torch.randn(2, 3)
+    with FusionDefinition() as fd:
+        x, y = fd.from_pytorch(a), fd.from_pytorch(b)
+        fd.add_output(fd.ops.add(fd.ops.sum(x, [1]), 1.0))
+        fd.add_output(fd.ops.mul(x, y))
+        fd.add_output(fd.ops.reshape(x, [6]))
+        fd.add_output(fd.ops.matmul(x, fd.ops.permute(y, [1, 0])))
+    outputs = fd.execute([a, b], _enable_options=["triton_interpreter"] if kernels else [])
+    if kernels:
+        assert fd.last_kernel_code()
+    assert [o.requires_grad for o in outputs] == [False] * 4
+    with torch.no_grad():
+        want = [a.sum(1) + 1.0, a * b, a.reshape(6), a @ b.T]
+    for got, ref in zip(outputs, want, strict=True):
+        torch.testing.assert_close(got, ref)
+
+    with FusionDefinition() as step:
+        p, g = step.from_pytorch(a), step.from_pytorch(b)
+        step.add_output(step.ops.sub(p, step.ops.mul(g, 0.5)), alias_input=p)
+    before = a.detach().clone()
+    assert step.execute([a, b], _enable_options=["triton_interpreter"] if kernels else []) == []
+    torch.testing.assert_close(a.detach(), before - 0.5 * b)
+    assert a.requires_grad and a.is_leaf

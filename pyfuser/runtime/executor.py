@@ -148,8 +148,12 @@ class FusionExecutorCache:
         if self._has_scalars:
             args = binder.coerce(list(args))
         env = binder.bind(args) if self._has_scalars else binder.bind_signature(sig, args)
-        outputs = program.run(args, EvalContext(env, resolved))
-        return self._write_aliases(given, outputs) if self._aliases else outputs
+        # Execution is not recorded by autograd, whichever path computes an output (a generated
+        # kernel's output has no history, an ATen op's or a view's would): outputs never require
+        # grad, as torch's outputs under no_grad, and in-place outputs may be written into leaves.
+        with torch.no_grad():
+            outputs = program.run(args, EvalContext(env, resolved))
+            return self._write_aliases(given, outputs) if self._aliases else outputs
 
     def _key(self, args: Sequence[Any], binder: InputBinder, device: torch.device | str | int | None,
              enable_options: Sequence[str], disable_options: Sequence[str],
