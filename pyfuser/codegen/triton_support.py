@@ -125,17 +125,23 @@ def _min(a, b):
 
 @_jit
 def _welford_combine(shift_a, mean_a, m2_a, n_a, shift_b, mean_b, m2_b, n_b):
-    """Welford's combine of two partial results, each mean held relative to its own shift (a value
-    of the data): the difference of means is taken as small numbers, so a row far from 0 keeps the
-    precision of its spread. The result keeps ``a``'s shift; an empty side (its shift and mean not
-    set) takes no part."""
+    """Welford's combine of two partial results, each mean held as a shift (a value near the data)
+    plus a mean relative to it: the difference of means is taken as small numbers, so a row far from
+    0 keeps the precision of its spread. The combined mean is split again into a shift and the
+    little its rounding lost (Knuth's two-sum, exact), so combines in any order round only the small
+    part. An empty side (its shift and mean not set) takes no part."""
     n = n_a + n_b
     delta = (shift_b - shift_a) + (mean_b - mean_a)
     w = n_b / tl.where(n == 0, 1.0, n)
-    mean = tl.where(n_b == 0, mean_a, mean_a + delta * w)
-    m2 = tl.where(n_b == 0, m2_a, m2_a + m2_b + delta * delta * n_a * w)
+    moved = mean_a + delta * w
+    shift = shift_a + moved
+    part = shift - shift_a
+    lost = (shift_a - (shift - part)) + (moved - part)
     first = n_a == 0
-    return (tl.where(first, shift_b, shift_a), tl.where(first, mean_b, mean), tl.where(first, m2_b, m2), n)
+    second = n_b == 0
+    m2 = tl.where(second, m2_a, m2_a + m2_b + delta * delta * n_a * w)
+    return (tl.where(first, shift_b, tl.where(second, shift_a, shift)),
+            tl.where(first, mean_b, tl.where(second, mean_a, lost)), tl.where(first, m2_b, m2), n)
 
 
 @_jit

@@ -573,7 +573,7 @@ class ValueLowering:
 
     def _sum_over_pair(self: KernelBuilder, a: str, b: str, axes: list[int | None]) -> None:
         """Two values summed over tile ``axes`` in place: one reduction of the pair on the GPU (one
-        exchange between warps for both), two ``tl.sum`` in the interpreter."""
+        exchange between warps for both), two numpy sums in the interpreter."""
         if self.target != "cuda":
             self._sum_over(a, axes)
             self._sum_over(b, axes)
