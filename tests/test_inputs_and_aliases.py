@@ -257,11 +257,15 @@ def test_a_cpu_scalar_tensor_beside_tensors_of_another_device(device: str) -> No
     assert check_devices(specs, [torch.empty(3, device=meta)] * 3, meta) == ()
     with pytest.raises(ValueError, match=r"input 0 \(T0\) is on cpu but the fusion runs on meta"):
         check_devices(specs, [torch.empty(3), torch.tensor(2.0), torch.tensor(3.0)], meta)
-    # end to end: on CUDA the scalar moves there; on the CPU nothing moves
+    # end to end: on CUDA the scalar moves there (also into a generated kernel); on the CPU nothing moves
+    with FusionDefinition() as scaled:
+        x, s = scaled.define_tensor([-1]), scaled.define_tensor([])
+        scaled.add_output(scaled.ops.mul(x, s))
     x = torch.randn(5, device=device)
-    (out,) = fd.execute([x, torch.tensor(2.0), torch.tensor(3.0)])
-    assert out.device == x.device
-    torch.testing.assert_close(out, x * 6.0)
+    for options in ([], ["triton_interpreter"] if device == "cpu" else []):
+        (out,) = scaled.execute([x, torch.tensor(2.0)], _enable_options=options)
+        assert out.device == x.device
+        torch.testing.assert_close(out, x * 2.0)
 
 
 @pytest.mark.parametrize("kernels", [False, True], ids=["aten", "kernels"])
