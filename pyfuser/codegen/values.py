@@ -534,13 +534,13 @@ class ValueLowering:
             acc = names[0]
             assert kind is not None
             if compensated:
-                total, compensation = names
-                self._sum_over_pair(total, compensation, axes)
-                # The sum and what it lost, joined (and divided by a mean's count) in float64: the
-                # result rounds once (per output element, not per input one).
+                # The lanes' sums and what they lost, added across lanes and joined (and divided by a
+                # mean's count) in float64: the result rounds once. Per lane, not per element: a
+                # float32 tree over the lanes' large sums would round at their scale at each level.
                 wide = DataType.Double
-                acc = code.assign("v", f"{self.convert(total, acc_dtype, wide)} - "
-                                       f"{self.convert(compensation, acc_dtype, wide)}", cse=False)
+                total, compensation = (code.assign("v", self.convert(n, acc_dtype, wide), cse=False) for n in names)
+                self._sum_over_pair(total, compensation, axes)
+                acc = code.assign("v", f"{total} - {compensation}", cse=False)
                 acc_dtype = wide
             elif kind in (ReductionOpType.sum, ReductionOpType.mean):
                 self._sum_over(acc, axes)
