@@ -10,12 +10,13 @@ nvFuser does. Reductions accumulate in float32 for floating inputs (the output's
 Floating reductions are as accurate as torch's, also on data far from 0 (rows of mean 1e4, std 1):
 
 * a sum or mean read in a loop adds each lane's values with Kahan's compensation (a lane adds up
-  one value per iteration, where a long row's rounding errors would otherwise build up);
+  one value per iteration, where a long row's rounding errors would otherwise build up), then the
+  lanes' sums in float64 (once per lane: the tree's levels round at the scale of the whole sum);
 * ``var_mean`` of a row on chip takes the corrected two-pass: a first mean, then the sums of the
   deviations from it and of their squares, which correct the mean and give the spread exactly;
 * ``var_mean`` of a row read in a loop is Welford's update per lane on the lane's values less its
   first value (a shift), so the running mean is a small number that rounds little, then Welford's
-  combine of the shifted means across lanes; the shift is added back once at the end.
+  combine of the shifted means across lanes in float64; the shift is added back once at the end.
 """
 
 from __future__ import annotations
@@ -516,7 +517,12 @@ class ValueLowering:
             results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                        self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         elif welford:
-            shift, mean, m2, count = names
+            # The lanes' partial results combine in float64 (per lane, not per element): the
+            # combine's rounding, at each level of the tree, does not add up over the lanes.
+            wide = DataType.Double
+            shift, mean, m2, count = (code.assign("v", self.convert(n, acc_dtype, wide), cse=False) for n in names)
+            acc_dtype = wide
+            names = [shift, mean, m2, count]
             state = f"{shift}, {mean}, {m2}, {count}"
             for axis in axes:
                 keep = ", keep_dims=True" if axis is not None else ""
