@@ -210,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         device = torch.cuda.get_device_name().split()[-1].lower() if args.device == "cuda" else "cpu"
         stem = args.out / f"accuracy_{device}_{datetime.date.today().isoformat()}"
-        stem.with_suffix(".md").write_text(report + "\n")
+        where = "Triton's interpreter on the CPU" if args.device == "cpu" else torch.cuda.get_device_name()
+        header = (f"# pyfuser's max-abs error against float64 beside torch's ({where}, "
+                  f"{datetime.date.today().isoformat()})\n\n`python benchmarks/accuracy.py "
+                  f"{' '.join(sys.argv[1:] if argv is None else argv)}`\n\n")
+        stem.with_suffix(".md").write_text(header + report + "\n")
         stem.with_suffix(".json").write_text(json.dumps([dataclasses.asdict(r) | {"ratio": r.ratio}
                                                          for r in results], indent=1) + "\n")
     return 0
