@@ -9,6 +9,7 @@ import torch
 
 from pyfuser import DataType, FusionDefinition, compute_tensor_descriptor
 from pyfuser.frontend.fusion_definition import EmptyFusionError
+from pyfuser.runtime.inputs import InputBinder, check_devices
 
 
 def expanded(device: str) -> torch.Tensor:
@@ -242,3 +243,58 @@ def test_bound_program_runs_what_the_cache_ran(device: str) -> None:
     z = y.clone()
     in_place.execute([z])
     assert in_place.fec.bound_program([z]) is None
+
+
+def test_a_cpu_scalar_tensor_beside_tensors_of_another_device(device: str) -> None:
+    """torch reads a 0-dim CPU tensor given beside tensors of another device as a scalar: the device
+    check accepts it and names it to be moved to the fusion's device (checked on the meta device
+    without a GPU); any other tensor on another device is an error naming it."""
+    with FusionDefinition() as fd:
+        x, s, c = fd.define_tensor([-1]), fd.define_tensor([]), fd.define_tensor([], is_cpu=True)
+        fd.add_output(fd.ops.mul(fd.ops.mul(x, s), c))
+    specs = InputBinder(fd.fusion.inputs()).specs
+    meta = torch.device("meta")
+    assert check_devices(specs, [torch.empty(3, device=meta), torch.tensor(2.0), torch.tensor(3.0)], meta) == (1,)
+    assert check_devices(specs, [torch.empty(3, device=meta)] * 3, meta) == ()
+    with pytest.raises(ValueError, match=r"input 0 \(T0\) is on cpu but the fusion runs on meta"):
+        check_devices(specs, [torch.empty(3), torch.tensor(2.0), torch.tensor(3.0)], meta)
+    # end to end: on CUDA the scalar moves there (also into a generated kernel); on the CPU nothing moves
+    with FusionDefinition() as scaled:
+        x, s = scaled.define_tensor([-1]), scaled.define_tensor([])
+        scaled.add_output(scaled.ops.mul(x, s))
+    x = torch.randn(5, device=device)
+    for options in ([], ["triton_interpreter"] if device == "cpu" else []):
+        (out,) = scaled.execute([x, torch.tensor(2.0)], _enable_options=options)
+        assert out.device == x.device
+        torch.testing.assert_close(out, x * 2.0)
+
+
+@pytest.mark.parametrize("kernels", [False, True], ids=["aten", "kernels"])
+def test_outputs_do_not_require_grad(kernels: bool) -> None:
+    """Execution is not recorded by autograd, whichever path computes an output (a generated kernel,
+    an ATen op, a view of an input): no output requires grad, as torch's outputs under no_grad, and
+    an output written in place into a leaf that requires grad is written (as an update under
+    no_grad is)."""
+    a, b = torch.randn(2, 3, requires_grad=True), torch.randn(2, 3)
+    with FusionDefinition() as fd:
+        x, y = fd.from_pytorch(a), fd.from_pytorch(b)
+        fd.add_output(fd.ops.add(fd.ops.sum(x, [1]), 1.0))
+        fd.add_output(fd.ops.mul(x, y))
+        fd.add_output(fd.ops.reshape(x, [6]))
+        fd.add_output(fd.ops.matmul(x, fd.ops.permute(y, [1, 0])))
+    outputs = fd.execute([a, b], _enable_options=["triton_interpreter"] if kernels else [])
+    if kernels:
+        assert fd.last_kernel_code()
+    assert [o.requires_grad for o in outputs] == [False] * 4
+    with torch.no_grad():
+        want = [a.sum(1) + 1.0, a * b, a.reshape(6), a @ b.T]
+    for got, ref in zip(outputs, want, strict=True):
+        torch.testing.assert_close(got, ref)
+
+    with FusionDefinition() as step:
+        p, g = step.from_pytorch(a), step.from_pytorch(b)
+        step.add_output(step.ops.sub(p, step.ops.mul(g, 0.5)), alias_input=p)
+    before = a.detach().clone()
+    assert step.execute([a, b], _enable_options=["triton_interpreter"] if kernels else []) == []
+    torch.testing.assert_close(a.detach(), before - 0.5 * b)
+    assert a.requires_grad and a.is_leaf

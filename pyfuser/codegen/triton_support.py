@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
 
@@ -38,7 +40,10 @@ def literal(value: object, dtype: DataType) -> str:
     if isinstance(value, bool) or dtype is DataType.Bool:
         return "True" if value else "False"
     if dtype.is_integral:
-        return str(int(value))  # type: ignore[call-overload]
+        # wrapped into the type, as torch converts a Python int operand of an integer tensor (an int32
+        # tensor plus 2**31 adds -2**31); Triton refuses a literal out of its type's range
+        info = torch.iinfo(dtype.torch_dtype)
+        return str((int(value) - info.min) % (info.max - info.min + 1) + info.min)  # type: ignore[call-overload]
     number = float(value)  # type: ignore[arg-type]
     # NaN as ``_INF - _INF`` (folded at compile time): a NaN global would fail Triton's check that a
     # kernel's globals are unchanged at each launch (NaN != NaN).
@@ -119,11 +124,29 @@ def _min(a, b):
 
 
 @_jit
-def _welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+def _welford_combine(shift_a, mean_a, m2_a, n_a, shift_b, mean_b, m2_b, n_b):
+    """Welford's combine of two partial results, each mean held as a shift (a value near the data)
+    plus a mean relative to it: the difference of means is taken as small numbers, so a row far from
+    0 keeps the precision of its spread. The combined mean is split again into a shift and the
+    little its rounding lost (Knuth's two-sum, exact), so combines in any order round only the small
+    part. An empty side (its shift and mean not set) takes no part."""
     n = n_a + n_b
-    delta = mean_b - mean_a
-    w = tl.where(n == 0, 0.0, n_b / tl.where(n == 0, 1.0, n))
-    return mean_a + delta * w, m2_a + m2_b + delta * delta * n_a * w, n
+    delta = (shift_b - shift_a) + (mean_b - mean_a)
+    w = n_b / tl.where(n == 0, 1.0, n)
+    moved = mean_a + delta * w
+    shift = shift_a + moved
+    part = shift - shift_a
+    lost = (shift_a - (shift - part)) + (moved - part)
+    first = n_a == 0
+    second = n_b == 0
+    m2 = tl.where(second, m2_a, m2_a + m2_b + delta * delta * n_a * w)
+    return (tl.where(first, shift_b, tl.where(second, shift_a, shift)),
+            tl.where(first, mean_b, tl.where(second, mean_a, lost)), tl.where(first, m2_b, m2), n)
+
+
+@_jit
+def _add_pair(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
 
 
 @_jit
@@ -172,6 +195,9 @@ def _from_bf16(x):
 _PRELUDE_INTERPRETER = '''import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction as _jit
+
+# the interpreter sums a ``tl.reduce`` with this combine function with numpy
+_sum_combine = tl.standard._sum_combine
 
 
 def _range(*bounds):

@@ -5,8 +5,18 @@ is computed where a consumer first reads it and remembered by its tensor and ind
 consumers reading it at the same loop point share it (within the scope that computed it).
 
 Half and bfloat16 are computed in float32 and rounded where the fusion stores or casts them, as
-nvFuser does. Reductions accumulate in float32 for floating inputs (the output's dtype otherwise);
-``var_mean`` is Welford's one-pass update per lane, then Welford's combine across the tile.
+nvFuser does. Reductions accumulate in float32 for floating inputs (the output's dtype otherwise).
+
+Floating reductions are as accurate as torch's, also on data far from 0 (rows of mean 1e4, std 1):
+
+* a sum or mean read in a loop adds each lane's values with Kahan's compensation (a lane adds up
+  one value per iteration, where a long row's rounding errors would otherwise build up), then the
+  lanes' sums in float64 (once per lane: the tree's levels round at the scale of the whole sum);
+* ``var_mean`` of a row on chip takes the corrected two-pass: a first mean, then the sums of the
+  deviations from it and of their squares, which correct the mean and give the spread exactly;
+* ``var_mean`` of a row read in a loop is Welford's update per lane on the lane's values less its
+  first value (a shift), so the running mean is a small number that rounds little, then Welford's
+  combine of the shifted means across lanes in float64; the shift is added back once at the end.
 """
 
 from __future__ import annotations
@@ -149,8 +159,9 @@ def op_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
 
 @dataclass
 class _Accumulation:
-    """One reduction being computed: its accumulators (one, Welford's three, or the on-chip
-    var_mean's values and valid lanes) and the key its results are remembered by."""
+    """One reduction being computed: its accumulators (one; a sum and its compensation; Welford's
+    shift, mean, m2 and count; or the on-chip var_mean's values and valid lanes) and the key its
+    results are remembered by."""
 
     expr: ReductionOp | VarMeanOp
     out: TensorView
@@ -158,6 +169,8 @@ class _Accumulation:
     dtype: DataType
     welford: bool
     on_chip: bool
+    #: a floating sum or mean read in a loop: Kahan's compensated sum per lane
+    compensated: bool
     names: list[str]
 
     #: the tile axes the accumulators span: those the reduction's loop domain iterates
@@ -399,12 +412,16 @@ class ValueLowering:
         acc_dtype = (DataType.Double if out.dtype is DataType.Double else DataType.Float) \
             if isinstance(expr, VarMeanOp) else accumulator_dtype(out.dtype)
         welford = isinstance(expr, VarMeanOp)
-        # var_mean over tile axes only (the row on chip): two exact passes over registers, mean then
-        # squared deviations; Welford's update is for rows read in a loop.
-        on_chip = welford and not any(i.is_reduction and i.parallel_type is ParallelType.serial
-                                      for i in out.get_loop_domain())
-        names = [self.code.fresh("acc") for _ in range(2 if on_chip else 3 if welford else 1)]
-        return _Accumulation(expr, out, key, acc_dtype, welford, on_chip, names, self._accumulator_axes(out))
+        looped = any(i.is_reduction and i.parallel_type is ParallelType.serial for i in out.get_loop_domain())
+        # var_mean over tile axes only (the row on chip): passes over registers; Welford's update is
+        # for rows read in a loop.
+        on_chip = welford and not looped
+        compensated = looped and not welford and acc_dtype.is_floating and \
+            expr.kind in (ReductionOpType.sum, ReductionOpType.mean)  # type: ignore[union-attr]
+        count = 2 if on_chip or compensated else 4 if welford else 1
+        names = [self.code.fresh("acc") for _ in range(count)]
+        return _Accumulation(expr, out, key, acc_dtype, welford, on_chip, compensated, names,
+                             self._accumulator_axes(out))
 
     def _accumulator_axes(self: KernelBuilder, out: TensorView) -> frozenset[int]:
         """The tile axes ``out``'s loop domain iterates: a reduction of values already added up along a
@@ -446,12 +463,26 @@ class ValueLowering:
             code.emit(f"{values} = tl.where({mask}, {value}, 0.0)" if mask else f"{values} = {values} + {value}")
             code.emit(f"{valid} = tl.where({mask}, 1.0, 0.0)" if mask else f"{valid} = {valid} + 1.0")
         elif welford:
-            mean, m2, count = names
+            shift, mean, m2, count = names
             valid = mask or "True"
+            # The lane's first finite value is its shift (a lane's masked reads before it are replaced:
+            # its count is still 0); an infinite first value leaves the shift 0.
+            # (nested, not ``&``: the interpreter's ``&`` of a tile and a 0-dim value fails)
+            code.emit(f"{shift} = tl.where({count} == 0, tl.where({value} - {value} == 0, {value}, {shift}), {shift})")
             code.emit(f"{count} = {count} + tl.where({valid}, 1.0, 0.0)")
-            delta = code.assign("d", f"{value} - {mean}", cse=False)
+            shifted = code.assign("d", f"{value} - {shift}", cse=False)
+            delta = code.assign("d", f"{shifted} - {mean}", cse=False)
             code.emit(f"{mean} = {mean} + tl.where({valid}, {delta} / tl.where({count} == 0, 1.0, {count}), 0.0)")
-            code.emit(f"{m2} = {m2} + tl.where({valid}, {delta} * ({value} - {mean}), 0.0)")
+            code.emit(f"{m2} = {m2} + tl.where({valid}, {delta} * ({shifted} - {mean}), 0.0)")
+        elif acc.compensated:
+            total, compensation = names
+            # Kahan: ``compensation`` holds what the lane's sum lost to rounding; it is dropped where
+            # the sum is not finite (an inf or NaN value), where it would turn an inf into NaN.
+            kept = f"tl.where({mask}, {value}, 0.0)" if mask else value
+            term = code.assign("d", f"{kept} - {compensation}", cse=False)
+            summed = code.assign("d", f"{total} + {term}", cse=False)
+            code.emit(f"{compensation} = tl.where({summed} - {summed} == 0, ({summed} - {total}) - {term}, 0.0)")
+            code.emit(f"{total} = {summed}")
         else:
             (acc,) = names
             assert kind is not None
@@ -463,6 +494,7 @@ class ValueLowering:
         code = self.code
         expr, out, names, acc_dtype, on_chip, welford, key = (acc.expr, acc.out, acc.names, acc.dtype, acc.on_chip,
                                                               acc.welford, acc.key)
+        compensated = acc.compensated
         kind = None if welford else expr.kind
         axes: list[int | None] = sorted({self._tile_pos_of(i) for i in out.get_loop_domain()
                                          if i.is_reduction} - {None})  # type: ignore[type-var]
@@ -471,18 +503,19 @@ class ValueLowering:
         if on_chip:
             values, valid = names
             total = code.assign("s", values, cse=False)
-            for axis in axes:
-                keep = ", keep_dims=True" if axis is not None else ""
-                code.emit(f"{total} = tl.reduce({total}, {axis}, _add{keep})")
-            code.reduced(total, axes)
+            self._sum_over(total, axes)
             count = " * ".join(int_expr(self.extent(i)) for i in out.get_logical_domain() if i.is_reduction) or "1"
-            mean = code.assign("v", f"{total} / ({count})", cse=False)
-            m2 = code.assign("d", f"({values} - {mean}) * {valid}", cse=False)
-            code.emit(f"{m2} = {m2} * {m2}")
-            for axis in axes:
-                keep = ", keep_dims=True" if axis is not None else ""
-                code.emit(f"{m2} = tl.reduce({m2}, {axis}, _add{keep})")
-            code.reduced(m2, axes)
+            first = code.assign("v", f"{total} / ({count})", cse=False)
+            # The deviations from the first mean are exact for data near it; their sum corrects the
+            # mean (the first one rounds the row's total, large for data far from 0), their squares
+            # less the square of that correction are m2.
+            deviation = code.assign("d", f"({values} - {first}) * {valid}", cse=False)
+            square = code.assign("d", f"{deviation} * {deviation}", cse=False)
+            self._sum_over_pair(deviation, square, axes)
+            # a row with an inf has a NaN mean, as torch's var_mean (Welford's) gives it
+            mean = code.assign("v", f"{first} + {deviation} / ({count})", cse=False)
+            m2 = code.assign("d", f"{square} - {deviation} * {deviation} / ({count})", cse=False)
+            code.emit(f"{m2} = tl.where({m2} < 0, 0.0, {m2})")  # rounding below 0; NaN stays
             correction = expr.correction
             # torch divides by max(0, n - correction): 0 / 0 is NaN, never a negative count
             var = code.assign("v", f"{m2} / tl.maximum(({count}) - {correction}, 0)" if correction else
@@ -490,26 +523,44 @@ class ValueLowering:
             results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                        self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         elif welford:
-            mean, m2, count = names
+            # The lanes' partial results combine in float64 (per lane, not per element): the
+            # combine's rounding, at each level of the tree, does not add up over the lanes.
+            wide = DataType.Double
+            shift, mean, m2, count = (code.assign("v", self.convert(n, acc_dtype, wide), cse=False) for n in names)
+            acc_dtype = wide
+            names = [shift, mean, m2, count]
+            state = f"{shift}, {mean}, {m2}, {count}"
             for axis in axes:
                 keep = ", keep_dims=True" if axis is not None else ""
-                code.emit(f"{mean}, {m2}, {count} = tl.reduce(({mean}, {m2}, {count}), {axis}, _welford_combine{keep})")
-            for name in (mean, m2, count):
+                code.emit(f"{state} = tl.reduce(({state}), {axis}, _welford_combine{keep})")
+            for name in names:
                 code.reduced(name, axes)
             correction = expr.correction
             var = code.assign("v", f"{m2} / tl.maximum({count} - {correction}, 0.0)" if correction else f"{m2} / {count}",
                               cse=False)
             # the mean of no elements is 0 / 0 (NaN), not the accumulator's initial 0
-            mean = code.assign("v", f"tl.where({count} > 0, {mean}, {NAN})", cse=False)
+            mean = code.assign("v", f"tl.where({count} > 0, {shift} + {mean}, {NAN})", cse=False)
             results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                        self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         else:
-            (acc,) = names
+            acc = names[0]
             assert kind is not None
-            for axis in axes:
-                keep = ", keep_dims=True" if axis is not None else ""
-                code.emit(f"{acc} = tl.reduce({acc}, {axis}, {_COMBINE[kind]}{keep})")
-            code.reduced(acc, axes)
+            if compensated:
+                # The lanes' sums and what they lost, added across lanes and joined (and divided by a
+                # mean's count) in float64: the result rounds once. Per lane, not per element: a
+                # float32 tree over the lanes' large sums would round at their scale at each level.
+                wide = DataType.Double
+                total, compensation = (code.assign("v", self.convert(n, acc_dtype, wide), cse=False) for n in names)
+                self._sum_over_pair(total, compensation, axes)
+                acc = code.assign("v", f"{total} - {compensation}", cse=False)
+                acc_dtype = wide
+            elif kind in (ReductionOpType.sum, ReductionOpType.mean):
+                self._sum_over(acc, axes)
+            else:
+                for axis in axes:
+                    keep = ", keep_dims=True" if axis is not None else ""
+                    code.emit(f"{acc} = tl.reduce({acc}, {axis}, {_COMBINE[kind]}{keep})")
+                code.reduced(acc, axes)
             result = acc
             if kind is ReductionOpType.mean:
                 counted = expr.count_ids or [i for i in out.get_logical_domain() if i.is_reduction]
@@ -521,6 +572,29 @@ class ValueLowering:
             out_key = (tv.name, *key[1:])
             result = _rounded(result, tv.dtype)
             code.remember(out_key, result if result.isidentifier() else code.assign("v", result, cse=False))
+
+    def _sum_over(self: KernelBuilder, name: str, axes: list[int | None]) -> None:
+        """``name`` summed over tile ``axes`` in place: a tree on the GPU; in Triton's interpreter
+        with ``tl.standard._sum_combine``, which it sums with numpy (pairwise, as a tree does; its
+        ``tl.reduce`` with any other combine function adds the values one after another)."""
+        combine = "_add" if self.target == "cuda" else "_sum_combine"
+        for axis in axes:
+            keep = ", keep_dims=True" if axis is not None else ""
+            self.code.emit(f"{name} = tl.reduce({name}, {axis}, {combine}{keep})")
+        self.code.reduced(name, axes)
+
+    def _sum_over_pair(self: KernelBuilder, a: str, b: str, axes: list[int | None]) -> None:
+        """Two values summed over tile ``axes`` in place: one reduction of the pair on the GPU (one
+        exchange between warps for both), two numpy sums in the interpreter."""
+        if self.target != "cuda":
+            self._sum_over(a, axes)
+            self._sum_over(b, axes)
+            return
+        for axis in axes:
+            keep = ", keep_dims=True" if axis is not None else ""
+            self.code.emit(f"{a}, {b} = tl.reduce(({a}, {b}), {axis}, _add_pair{keep})")
+        self.code.reduced(a, axes)
+        self.code.reduced(b, axes)
 
     def _tile_pos_of(self: KernelBuilder, i: object) -> int | None:
         """The tile axis a reduction loop ID of a reduction tensor iterates (None: a serial loop)."""

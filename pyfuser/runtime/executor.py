@@ -25,7 +25,7 @@ from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CommunicatorBackend, CompileOptions, EnableOption, check_options, comm_backend
 from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.cuda_graph import CudaGraphProgram
-from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
+from pyfuser.runtime.inputs import InputBinder, check_devices, signature
 
 
 class Program(Protocol):
@@ -79,8 +79,9 @@ class FusionExecutorCache:
         #: ``device`` arguments already resolved (those naming one device for good)
         self._devices: dict[torch.device | str | int, torch.device] = {}
         self._signature_cache_size = signature_cache_size
-        #: exact input signature -> (program, the device it runs on)
-        self._by_signature: OrderedDict[tuple[Any, ...], tuple[Program, torch.device]] = OrderedDict()
+        #: exact input signature -> (program, the device it runs on, positions of 0-dim CPU tensors moved
+        #: there)
+        self._by_signature: OrderedDict[tuple[Any, ...], tuple[Program, torch.device, tuple[int, ...]]] = OrderedDict()
         self._by_layout: dict[tuple[Any, ...], Program] = {}
         #: (output position, input position) of outputs written in place into an input
         self._aliases: list[tuple[int, int]] = []
@@ -131,20 +132,36 @@ class FusionExecutorCache:
         entry = by_signature.get(key)
         if entry is None:
             resolved = target if target is not None else _resolve_device(None, args, binder)
-            entry = (self._compile_for(args, binder, resolved, enable_options, disable_options,
-                                       comm_backend(backend)), resolved)
+            program = self._compile_for(args, binder, resolved, enable_options, disable_options, comm_backend(backend))
+            entry = (program, resolved, check_devices(binder.specs, args, resolved))
             by_signature[key] = entry
             if len(by_signature) > self._signature_cache_size:
                 by_signature.popitem(last=False)
         else:
             by_signature.move_to_end(key)
-        program, resolved = entry
+        program, resolved, moved = entry
+        given = args
+        if moved:  # 0-dim CPU tensors beside tensors of another device: scalars, as torch reads them
+            args = list(args)
+            for pos in moved:
+                args[pos] = args[pos].to(resolved)
         self.last_program = program
         if self._has_scalars:
             args = binder.coerce(list(args))
         env = binder.bind(args) if self._has_scalars else binder.bind_signature(sig, args)
-        outputs = program.run(args, EvalContext(env, resolved))
-        return self._write_aliases(args, outputs) if self._aliases else outputs
+        # Execution is not recorded by autograd, whichever path computes an output (a generated
+        # kernel's output has no history, an ATen op's or a view's would): outputs never require
+        # grad, as torch's outputs under no_grad, and in-place outputs may be written into leaves.
+        # (The grad mode is switched directly: ``torch.no_grad()`` costs a few times more per call.)
+        grad = torch.is_grad_enabled()
+        if grad:
+            torch._C._set_grad_enabled(False)
+        try:
+            outputs = program.run(args, EvalContext(env, resolved))
+            return self._write_aliases(given, outputs) if self._aliases else outputs
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
 
     def _key(self, args: Sequence[Any], binder: InputBinder, device: torch.device | str | int | None,
              enable_options: Sequence[str], disable_options: Sequence[str],
@@ -175,7 +192,9 @@ class FusionExecutorCache:
         entry = self._by_signature.get(key)
         if entry is None:
             return None
-        program, resolved = entry
+        program, resolved, moved = entry
+        if moved:  # each call moves its CPU scalars: no binding
+            return None
         return BoundProgram(program, binder.bind_signature(sig, args), resolved)
 
     def _target(self, device: torch.device | str | int, args: Sequence[Any], binder: InputBinder) -> torch.device:
@@ -225,9 +244,7 @@ class FusionExecutorCache:
                      backend: CommunicatorBackend | None) -> Program:
         enabled, disabled = check_options(enable_options, disable_options)
         binder.check(args)
-        for pos, (spec, arg) in enumerate(zip(binder.specs, args, strict=True)):
-            if isinstance(spec, TensorSpec) and not spec.is_cpu and arg.device != target:
-                raise ValueError(f"input {pos} ({spec.name}) is on {arg.device} but the fusion runs on {target}")
+        check_devices(binder.specs, args, target)
         layout = (_layout_key(args), target, enabled, disabled, backend)
         program = self._by_layout.get(layout)
         if program is None:

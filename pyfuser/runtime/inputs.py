@@ -103,6 +103,21 @@ class ScalarSpec:
         check_scalar_value(value, self.dtype, position, self.name)
 
 
+def check_devices(specs: Sequence[TensorSpec | ScalarSpec], args: Sequence[Any], target: torch.device) -> tuple[int, ...]:
+    """Check each tensor input is on ``target`` (the device the fusion runs on); returns the positions
+    of 0-dim CPU tensors given beside tensors of another device, which torch reads as scalars there:
+    the caller moves them to ``target``. A tensor declared ``is_cpu`` stays where it is."""
+    moved = []
+    for pos, (spec, arg) in enumerate(zip(specs, args, strict=True)):
+        if not isinstance(spec, TensorSpec) or spec.is_cpu or arg.device == target:
+            continue
+        if arg.device.type == "cpu" and arg.dim() == 0:
+            moved.append(pos)
+            continue
+        raise ValueError(f"input {pos} ({spec.name}) is on {arg.device} but the fusion runs on {target}")
+    return tuple(moved)
+
+
 def check_scalar_value(value: Any, dtype: DataType, position: int, name: str) -> Any:
     """``value`` converted to ``dtype``'s Python type; ValueError when it does not fit (``2**70`` for an
     int64_t, ``10**400`` for a double), which torch would report as an overflow inside an op."""

@@ -164,3 +164,21 @@ def test_special_values_follow_torch(device: str, run_kernels) -> None:
     for g, e in zip(got, [torch.relu(x), torch.maximum(x, torch.tensor(0.5)), torch.tanh(x), torch.clamp(x, -1, 1)],
                     strict=True):
         torch.testing.assert_close(g, e, equal_nan=True)
+
+
+@pytest.mark.parametrize("value", [2**31, 2**33 + 5, -(2**40) - 7])
+def test_python_int_beyond_an_int32_operands_range(value: int, device: str, run_kernels) -> None:
+    """A Python int does not promote an int32 tensor: torch converts it to int32 (wrapping around), and
+    so does the kernel's constant (Triton refuses a literal out of its type's range)."""
+    x = torch.tensor([1, 2, -3, 2**31 - 1, -(2**31), 0], dtype=torch.int32, device=device)
+    ops = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "lt": torch.lt, "eq": torch.eq,
+           "bitwise_and": torch.bitwise_and}
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        for name in ops:
+            fd.add_output(getattr(fd.ops, name)(t, value))
+    got = run_kernels(fd, [x])
+    for g, fn in zip(got, ops.values(), strict=True):
+        want = fn(x, value)
+        assert g.dtype == want.dtype
+        torch.testing.assert_close(g, want)

@@ -1,0 +1,224 @@
+"""Accuracy of generated reduction kernels against float64, beside torch's own error.
+
+Rows of float32 data of std 1 shifted by an offset (0, 1e2, 1e3, 1e4): the further from 0, the
+more a reduction's order and algorithm matter (a row's total rounds at the scale of the offset,
+a variance is a small difference of large numbers). For each op and row length the table gives
+the largest absolute difference from the float64 result for pyfuser's generated kernel and for
+torch on the same float32 data and device (its op, or the same formula in eager torch), and their
+ratio (torch's error floored at half a float32 ulp of the largest result, so an exact torch
+result does not divide by 0).
+
+Runs on a GPU when there is one, else through Triton's interpreter on the CPU (slow: use the
+default short sweep there). Writes Markdown and JSON to ``--out`` when given.
+
+    python benchmarks/accuracy.py [--ops layernorm,var_mean,...] [--offsets 0,1e4] [--cols 64,4096]
+                                  [--rows N] [--device cpu|cuda] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from pyfuser import FusionDefinition
+
+EPS = 1e-5
+
+
+def _layernorm(fd: FusionDefinition) -> None:
+    """Layer norm as torch's decomposition writes it (``var_mean``, then ``rsqrt``)."""
+    x = fd.define_tensor([-1, -1])
+    var, mean = fd.ops.var_mean(x, [1], correction=0, keepdim=True)
+    fd.add_output(fd.ops.mul(fd.ops.sub(x, mean), fd.ops.rsqrt(fd.ops.add(var, EPS))))
+
+
+def _layernorm_sums(fd: FusionDefinition) -> None:
+    """Layer norm as a user writes it with sums: the mean, then the mean of squared deviations."""
+    x = fd.define_tensor([-1, -1])
+    mean = fd.ops.mean(x, [1], keepdim=True)
+    centered = fd.ops.sub(x, mean)
+    var = fd.ops.mean(fd.ops.mul(centered, centered), [1], keepdim=True)
+    fd.add_output(fd.ops.mul(centered, fd.ops.rsqrt(fd.ops.add(var, EPS))))
+
+
+def _var_mean(fd: FusionDefinition) -> None:
+    x = fd.define_tensor([-1, -1])
+    var, mean = fd.ops.var_mean(x, [1], correction=1)
+    fd.add_output(var)
+    fd.add_output(mean)
+
+
+def _var_mean_columns(fd: FusionDefinition) -> None:
+    """var_mean over the rows (axis 0): an outer reduction, as batch norm's statistics."""
+    x = fd.define_tensor([-1, -1])
+    var, mean = fd.ops.var_mean(x, [0], correction=1)
+    fd.add_output(var)
+    fd.add_output(mean)
+
+
+def _softmax(fd: FusionDefinition) -> None:
+    x = fd.define_tensor([-1, -1])
+    shifted = fd.ops.sub(x, fd.ops.max(x, [1], keepdim=True))
+    e = fd.ops.exp(shifted)
+    fd.add_output(fd.ops.div(e, fd.ops.sum(e, [1], keepdim=True)))
+
+
+def _sum(fd: FusionDefinition) -> None:
+    fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1]), [1]))
+
+
+def _sum_all(fd: FusionDefinition) -> None:
+    """A sum of every element: a reduction across programs (a grid reduction) for large inputs."""
+    fd.add_output(fd.ops.sum(fd.define_tensor([-1, -1]), [0, 1]))
+
+
+def _row_and_column_sums(fd: FusionDefinition) -> None:
+    """Sums across each row and each column of one input: one inner-outer kernel."""
+    x = fd.define_tensor([-1, -1])
+    fd.add_output(fd.ops.sub(x, fd.ops.mean(x, [1], keepdim=True)))
+    fd.add_output(fd.ops.sum(x, [0]))
+
+
+def _rmsnorm(fd: FusionDefinition) -> None:
+    x = fd.define_tensor([-1, -1])
+    ms = fd.ops.mean(fd.ops.mul(x, x), [1], keepdim=True)
+    fd.add_output(fd.ops.mul(x, fd.ops.rsqrt(fd.ops.add(ms, EPS))))
+
+
+def _torch_layernorm_sums(x: torch.Tensor) -> torch.Tensor:
+    centered = x - x.mean(1, keepdim=True)
+    return centered * torch.rsqrt(centered.square().mean(1, keepdim=True) + EPS)
+
+
+def _torch_rmsnorm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + EPS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    name: str
+    define: Callable[[FusionDefinition], None]
+    torch_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]]
+
+
+OPS = {op.name: op for op in [
+    Op("layernorm", _layernorm, lambda x: [F.layer_norm(x, x.shape[1:], eps=EPS)]),
+    Op("layernorm_sums", _layernorm_sums, lambda x: [_torch_layernorm_sums(x)]),
+    Op("var_mean", _var_mean, lambda x: list(torch.var_mean(x, 1, correction=1))),
+    Op("var_mean_columns", _var_mean_columns, lambda x: list(torch.var_mean(x, 0, correction=1))),
+    Op("softmax", _softmax, lambda x: [torch.softmax(x, 1)]),
+    Op("sum", _sum, lambda x: [x.sum(1)]),
+    Op("sum_all", _sum_all, lambda x: [x.sum()]),
+    Op("row_and_column_sums", _row_and_column_sums, lambda x: [x - x.mean(1, keepdim=True), x.sum(0)]),
+    Op("rmsnorm", _rmsnorm, lambda x: [_torch_rmsnorm(x)]),
+]}
+
+
+def fusion(op: Op) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        op.define(fd)
+    return fd
+
+
+def max_error(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> float:
+    return max(float((g.double() - r).abs().max()) for g, r in zip(got, ref, strict=True))
+
+
+def floor(ref: Sequence[torch.Tensor]) -> float:
+    """Half a float32 ulp of the largest result: the error of the result correctly rounded."""
+    return max(float(r.abs().max()) for r in ref) * 2.0 ** -24
+
+
+@dataclasses.dataclass
+class Row:
+    op: str
+    rows: int
+    cols: int
+    offset: float
+    pyfuser: float
+    torch: float
+    floor: float
+
+    @property
+    def ratio(self) -> float:
+        return self.pyfuser / max(self.torch, self.floor)
+
+
+def measure(op: Op, rows: int, cols: int, offset: float, device: str, seed: int = 0) -> Row:
+    """pyfuser's and torch's max-abs error against float64 on ``rows`` x ``cols`` float32 data of std 1
+    around ``offset``."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, cols, generator=gen, dtype=torch.float64) + offset).float().to(device)
+    ref = op.torch_fn(x.double())
+    options = ["triton_interpreter"] if device == "cpu" else []
+    got = fusion(op).execute([x], _enable_options=options)
+    return Row(op.name, rows, cols, offset, max_error(got, ref), max_error(op.torch_fn(x), ref), floor(ref))
+
+
+def table(results: Sequence[Row]) -> str:
+    lines = ["| op | rows x cols | offset | pyfuser | torch | ratio |", "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r.op} | {r.rows} x {r.cols} | {r.offset:g} | {r.pyfuser:.2e} | {r.torch:.2e} | "
+                     f"{r.ratio:.2f} |")
+    lines += ["", "| op | worst ratio | at |", "|---|---|---|"]
+    for name in dict.fromkeys(r.op for r in results):
+        worst = max((r for r in results if r.op == name), key=lambda r: r.ratio)
+        lines.append(f"| {name} | {worst.ratio:.2f} | {worst.rows} x {worst.cols}, offset {worst.offset:g} |")
+    return "\n".join(lines)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v]
+
+
+def main(argv: list[str] | None = None) -> int:
+    cuda = torch.cuda.is_available()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}")
+    parser.add_argument("--offsets", default="0,1e2,1e3,1e4")
+    parser.add_argument("--cols", default="64,1000,4096,65536,4097" if cuda else "64,1000,1531",
+                        help="row lengths (the interpreter's default is short: it runs on the CPU)")
+    parser.add_argument("--rows", type=int, default=256 if cuda else 3)
+    parser.add_argument("--device", default="cuda" if cuda else "cpu")
+    parser.add_argument("--out", type=Path, default=None, help="directory for accuracy_<device>_<date>.md/.json")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.ops.split(",") if n not in OPS]
+    if unknown:
+        parser.error(f"unknown op(s) {unknown}; known: {', '.join(OPS)}")
+    results = []
+    for name in args.ops.split(","):
+        for cols in (int(c) for c in _floats(args.cols)):
+            for offset in _floats(args.offsets):
+                row = measure(OPS[name], args.rows, cols, offset, args.device)
+                results.append(row)
+                print(f"{row.op:18} {row.rows:5} x {row.cols:6} offset {row.offset:7g}: pyfuser {row.pyfuser:.2e} "
+                      f"torch {row.torch:.2e} ratio {row.ratio:.2f}", flush=True)
+    report = table(results)
+    print()
+    print(report)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        device = torch.cuda.get_device_name().split()[-1].lower() if args.device == "cuda" else "cpu"
+        stem = args.out / f"accuracy_{device}_{datetime.date.today().isoformat()}"
+        where = "Triton's interpreter on the CPU" if args.device == "cpu" else torch.cuda.get_device_name()
+        header = (f"# pyfuser's max-abs error against float64 beside torch's ({where}, "
+                  f"{datetime.date.today().isoformat()})\n\n`python benchmarks/accuracy.py "
+                  f"{' '.join(sys.argv[1:] if argv is None else argv)}`\n\n")
+        stem.with_suffix(".md").write_text(header + report + "\n")
+        stem.with_suffix(".json").write_text(json.dumps([dataclasses.asdict(r) | {"ratio": r.ratio}
+                                                         for r in results], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
