@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from results_files import machine_kind, write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -190,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="row lengths (the interpreter's default is short: it runs on the CPU)")
     parser.add_argument("--rows", type=int, default=256 if cuda else 3)
     parser.add_argument("--device", default="cuda" if cuda else "cpu")
-    parser.add_argument("--out", type=Path, default=None, help="directory for accuracy_<device>_<date>.md/.json")
+    parser.add_argument("--out", type=Path, default=None, help="directory for accuracy_<kind>.md/.json (benchmarks/results)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.ops.split(",") if n not in OPS]
     if unknown:
@@ -207,16 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        device = torch.cuda.get_device_name().split()[-1].lower() if args.device == "cuda" else "cpu"
-        stem = args.out / f"accuracy_{device}_{datetime.date.today().isoformat()}"
         where = "Triton's interpreter on the CPU" if args.device == "cpu" else torch.cuda.get_device_name()
-        header = (f"# pyfuser's max-abs error against float64 beside torch's ({where}, "
-                  f"{datetime.date.today().isoformat()})\n\n`python benchmarks/accuracy.py "
-                  f"{' '.join(sys.argv[1:] if argv is None else argv)}`\n\n")
-        stem.with_suffix(".md").write_text(header + report + "\n")
-        stem.with_suffix(".json").write_text(json.dumps([dataclasses.asdict(r) | {"ratio": r.ratio}
-                                                         for r in results], indent=1) + "\n")
+        kind = machine_kind(torch.cuda.get_device_name() if args.device == "cuda" else "cpu")
+        markdown = (f"# pyfuser's max-abs error against float64 beside torch's ({where})\n\n`python "
+                    f"benchmarks/accuracy.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n{report}\n")
+        rows = [dataclasses.asdict(r) | {"ratio": r.ratio} for r in results]
+        write_results("accuracy", kind, {"rows": rows}, markdown, directory=args.out)
     return 0
 
 

@@ -195,6 +195,18 @@ def persistent_tiles(data: Data) -> tuple[str, str]:
     return "normalizations of short rows: the default tiles of whole rows against every variant", result
 
 
+def accuracy(data: Data) -> tuple[str, str]:
+    worst: dict[str, Data] = {}
+    for row in data["rows"]:
+        if row["op"] not in worst or row["ratio"] > worst[row["op"]]["ratio"]:
+            worst[row["op"]] = row
+    parts = [f"{op} {row['ratio']:.2f} ({row['rows']}x{row['cols']}, offset {row['offset']:g})" for op, row in worst.items()]
+    overall = max(worst.values(), key=lambda row: row["ratio"])
+    result = (f"worst max-abs error over torch's, per op: {', '.join(parts)}; worst {overall['ratio']:.2f} "
+              f"({overall['op']})")
+    return "generated reductions' error against float64 beside torch's, rows of offsets 0 to 1e4", result
+
+
 ROWS: dict[str, Callable[[Data], tuple[str, str]]] = {
     "kernels": kernels,
     "compile_llama": compile_llama,
@@ -205,6 +217,7 @@ ROWS: dict[str, Callable[[Data], tuple[str, str]]] = {
     "host_path": host_path,
     "seed003_ceiling": seed003_ceiling,
     "persistent_tiles": persistent_tiles,
+    "accuracy": accuracy,
 }
 
 
