@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from results_files import machine_kind, write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from benchmarks.results_files import machine_kind, write_results
 from pyfuser import FusionDefinition
 
 EPS = 1e-5
