@@ -23,8 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="how long to run (default 30)")
     parser.add_argument("--cases", type=int, default=None, help="stop after this many cases")
     parser.add_argument("--seed", type=int, default=1_000_000, help="first seed (cases use consecutive seeds)")
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help=f"comma-separated execution modes, of {', '.join(MODES)} (default: all)")
+    available = [name for name, mode in MODES.items() if mode.available]
+    parser.add_argument("--modes", default=",".join(available),
+                        help=f"comma-separated execution modes, of {', '.join(MODES)} (default: all this machine "
+                             "runs: the cuda ones need a GPU)")
     parser.add_argument("--enable", default="", help="comma-separated _enable_options of one more mode, 'custom'")
     parser.add_argument("--disable", default="", help="comma-separated _disable_options of the 'custom' mode")
     parser.add_argument("--max-ops", type=int, default=20, help="most ops in a case (default 20)")
@@ -37,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown mode(s) {unknown}; known: {', '.join(MODES)}")
     modes = [MODES[n] for n in names]
+    missing = [m.name for m in modes if not m.available]
+    if missing:
+        parser.error(f"mode(s) {missing} need a GPU, and torch sees none")
     if args.enable or args.disable:
         modes.append(ExecutionMode("custom", _names(args.enable), _names(args.disable)))
         names.append(f"custom (enable {args.enable or '-'}, disable {args.disable or '-'})")

@@ -106,7 +106,8 @@ class Campaign:
         for k, failure in enumerate(sorted(self.failures.values(), key=lambda f: -f.count)[:limit]):
             case, outcome = failure.case, failure.outcome
             head = (f"=== failure {k + 1}: {outcome.category.value} in mode {outcome.mode!r} ({failure.count} "
-                    f"case(s), first seed {failure.seed})\n{outcome.detail}")
+                    f"case(s), first seed {failure.seed}; again: python -m tests.fuzz --seed {failure.seed} "
+                    f"--cases 1 --modes {outcome.mode})\n{outcome.detail}")
             if outcome.mode == "generator":  # no case was built: the generator's own call reproduces it
                 parts.append(f"{head}\n--- repro ---\nfrom tests.fuzz import GeneratorConfig, generate\n"
                              f"generate({failure.seed}, {self.config!r})\n")

@@ -28,6 +28,13 @@ class ExecutionMode:
     enable: tuple[str, ...] = ()
     disable: tuple[str, ...] = ()
     bound: bool = False
+    #: where the inputs live and the program runs (``cuda``: kernels compiled for the GPU, real streams);
+    #: torch's reference runs on the CPU values either way
+    device: str = "cpu"
+
+    @property
+    def available(self) -> bool:
+        return self.device == "cpu" or torch.cuda.is_available()
 
 
 #: Every mode the fuzzer knows; ``--modes`` (and the CI test) pick from these by name.
@@ -38,6 +45,9 @@ MODES: dict[str, ExecutionMode] = {m.name: m for m in [
     ExecutionMode("no_infer_contiguity", disable=("infer_contiguity",)),
     ExecutionMode("triton_interpreter", enable=("triton_interpreter",)),
     ExecutionMode("bound_interpreter", enable=("triton_interpreter",), bound=True),
+    ExecutionMode("cuda", device="cuda"),
+    ExecutionMode("cuda_bound", device="cuda", bound=True),
+    ExecutionMode("cuda_graph", enable=("cuda_graph",), device="cuda"),
 ]}
 DEFAULT_MODES = ("default",)
 
@@ -107,6 +117,7 @@ def compare(out: Any, want: torch.Tensor, low_precision: bool = False) -> str | 
         return f"returned {type(out).__name__}, expected a tensor"
     if out.shape != want.shape:
         return f"shape {tuple(out.shape)}, expected {tuple(want.shape)}"
+    out = out.to(want.device)  # a GPU mode's output beside the reference on the CPU
     if out.dtype != want.dtype:
         return f"dtype {out.dtype}, expected {want.dtype}"
     if out.dtype.is_floating_point or out.dtype.is_complex:
@@ -127,6 +138,20 @@ def _dense_strides(shape: Sequence[int], stride_order: Sequence[int]) -> list[in
         strides[d] = stride
         stride *= max(shape[d], 1)
     return strides
+
+
+def on_device(values: Sequence[Any], device: str) -> list[Any]:
+    """``values`` with each tensor copied to ``device`` in the same layout (strides, storage offset,
+    expanded axes: what ``.to`` would make dense)."""
+    if device == "cpu":
+        return list(values)
+    moved: list[Any] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            storage = torch.empty(0, dtype=v.dtype).set_(v.untyped_storage()).to(device)
+            v = storage.as_strided(v.shape, v.stride(), v.storage_offset())
+        moved.append(v)
+    return moved
 
 
 def check_outputs(case: Case, outs: Sequence[Any], wants: Sequence[torch.Tensor], args: Sequence[Any],
@@ -208,12 +233,16 @@ def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | No
     except Exception as e:
         return _rejection_or_internal(e, mode.name, wants is not None, "at definition")
     stream_loops = 0
-    for k, (attempt, make_inputs) in enumerate(_runs(case)):
+    for k, (attempt, make_values) in enumerate(_runs(case)):
         if k > 0:  # the reference of other inputs
             try:
-                wants = case.reference(make_inputs())
+                wants = case.reference(make_values())
             except Exception:
                 continue  # torch rejects these values (a division by zero): nothing to compare
+
+        def make_inputs(make_values: Callable[[], list[Any]] = make_values) -> list[Any]:
+            return on_device(make_values(), mode.device)
+
         args, originals = make_inputs(), make_inputs()
         try:
             outs = fd.execute(args, _enable_options=list(mode.enable), _disable_options=list(mode.disable))

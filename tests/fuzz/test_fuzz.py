@@ -10,7 +10,7 @@ import torch
 from .campaign import Campaign
 from .case import Case, Output, Step, TensorInput
 from .generator import GeneratorConfig, generate
-from .runner import MODES, Category, ExecutionMode, compare, run_case, shrink
+from .runner import MODES, Category, ExecutionMode, compare, on_device, run_case, shrink
 
 #: seeds per chunk and chunks: every mode on each seed (about 30 s on one core)
 CHUNK, CHUNKS = 400, 4
@@ -18,7 +18,7 @@ CHUNK, CHUNKS = 400, 4
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_fuzz_ci(chunk: int) -> None:
-    campaign = Campaign(list(MODES.values()), GeneratorConfig(max_ops=14))
+    campaign = Campaign([m for m in MODES.values() if m.available], GeneratorConfig(max_ops=14))
     campaign.run(range(chunk * CHUNK, (chunk + 1) * CHUNK))
     counts = campaign.counts()
     assert counts[Category.match] > counts[Category.rejected], campaign.table()  # mostly valid programs
@@ -83,3 +83,18 @@ def test_shrinking_keeps_the_failure_and_drops_the_rest() -> None:
     small = shrink(case, still_fails)
     assert [s.outs for s in small.steps] == [("t3",)] and small.schedule == ()
     assert small.inputs[0].strided_axis is None and small.inputs[0].memory_order == (0, 1)
+
+
+def test_gpu_modes_take_the_inputs_in_their_layouts() -> None:
+    """A GPU mode's inputs keep their strides, offsets and expanded axes (``.to`` would make them dense);
+    without a GPU its modes are left out of the CI run."""
+    base = torch.randn(5, 8)
+    values = [base[1:, ::2].t(), torch.randn(3, 1).expand(3, 4), base[2:4], 2.5]
+    for got, want in zip(on_device(values, "meta"), values, strict=True):
+        if isinstance(want, torch.Tensor):
+            assert got.device.type == "meta"
+            assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+        else:
+            assert got == want
+    assert [m.name for m in MODES.values() if m.device == "cuda"] == ["cuda", "cuda_bound", "cuda_graph"]
+    assert all(m.available == torch.cuda.is_available() for m in MODES.values() if m.device == "cuda")
