@@ -3,11 +3,14 @@ execution returns; one capture per input signature; static buffers refreshed per
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
-from pyfuser import FusionDefinition, ParallelType
-from pyfuser.runtime.cuda_graph import CudaGraphProgram, CudaGraphRunner, _StaticInput
+from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphProgram, CudaGraphRunner, _StaticInput
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -216,3 +219,46 @@ def test_small_results_are_copies_with_their_layouts_and_saved_ones_are_buffers(
     (captured, *_) = runner._graphs[runner.key([xs[0]])]
     assert len(captured._staged) == 3 and [j for j, _ in captured._handed] == [5]
     assert first[5].untyped_storage().data_ptr() == captured.outputs[5].untyped_storage().data_ptr()
+
+
+class _PlainProgram:
+    def __init__(self) -> None:
+        self.output_tvs: list[object] = []
+
+    def run(self, args: list[object], ctx: object) -> list[str]:
+        return ["ran plainly"]
+
+
+def test_a_signature_that_cannot_be_captured_runs_without_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture that fails (an operation the capture refuses) is reported once; the signature then runs
+    its program plainly, as a backend region does, never raising the capture's error to the caller."""
+    attempts: list[int] = []
+
+    def refuse(self: CudaGraphRunner, args: list[object]) -> list[object]:
+        attempts.append(1)
+        raise CaptureError("the program of 1 outputs: the program cannot be captured into a CUDA graph: refused")
+
+    monkeypatch.setattr(CudaGraphRunner, "__call__", refuse)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a CPU build has no CUDA state
+    program = CudaGraphProgram(_PlainProgram())
+    with pytest.warns(UserWarning, match=r"cannot be captured into a CUDA graph: refused; this input signature runs "
+                                         r"without CUDA graphs from now on"):
+        assert program.run([], EvalContext()) == ["ran plainly"]
+    assert program.run([], EvalContext()) == ["ran plainly"]
+    assert len(attempts) == 1 and program.captures == 0
+
+
+@cuda
+def test_stream_loop_over_an_empty_input_under_cuda_graphs() -> None:
+    """Fuzz seed 3000044 (mode cuda_graph): an empty input split over streams failed its capture."""
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1], contiguity=True, dtype=DataType.Int32)
+        s = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.expand(t0, [s]))
+    t0.outer_split(0, 3)
+    t0.axis(0).parallelize(ParallelType.stream)
+    x = torch.zeros(0, dtype=torch.int32, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # whether this program is captured is the runner's call
+        (out,) = fd.execute([x, 0], _enable_options=["cuda_graph"])
+    assert out.shape == (0,) and out.dtype == torch.int32 and out.is_cuda

@@ -29,6 +29,7 @@ checked first without building a key.
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -369,21 +370,29 @@ class CudaGraphProgram:
         self.program = program
         self.output_tvs: list[TensorView] = program.output_tvs
         self._ctx: EvalContext | None = None
-        self._runner = CudaGraphRunner(self._run, name=f"the program of {len(self.output_tvs)} outputs")
+        #: None once a capture failed: the signature runs without CUDA graphs (as a backend region does)
+        self._runner: CudaGraphRunner | None = CudaGraphRunner(self._run,
+                                                               name=f"the program of {len(self.output_tvs)} outputs")
 
     def _run(self, args: list[Any]) -> list[torch.Tensor]:
         assert self._ctx is not None  # set by run
         return self.program.run(args, self._ctx)
 
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]:
-        if torch.cuda.is_current_stream_capturing():  # inside a caller's capture (a backend region's): be captured
+        runner = self._runner
+        if runner is None or torch.cuda.is_current_stream_capturing():  # inside a caller's capture: be captured
             return self.program.run(args, ctx)
         self._ctx = ctx  # sizes are the signature's; scalar values are in the graph key
-        return self._runner(args)
+        try:
+            return runner(args)
+        except CaptureError as e:
+            warnings.warn(f"{e}; this input signature runs without CUDA graphs from now on", stacklevel=4)
+            self._runner = None
+            return self.program.run(args, ctx)
 
     @property
     def captures(self) -> int:
-        return self._runner.captures
+        return self._runner.captures if self._runner is not None else 0
 
     def __str__(self) -> str:
         return str(self.program)

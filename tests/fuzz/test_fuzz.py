@@ -10,7 +10,7 @@ import torch
 from .campaign import Campaign
 from .case import Case, Output, Step, TensorInput
 from .generator import GeneratorConfig, generate
-from .runner import MODES, Category, ExecutionMode, compare, on_device, run_case, shrink
+from .runner import MODES, Category, ExecutionMode, check_outputs, compare, on_device, run_case, shrink
 
 #: seeds per chunk and chunks: every mode on each seed (about 30 s on one core)
 CHUNK, CHUNKS = 400, 4
@@ -98,3 +98,17 @@ def test_gpu_modes_take_the_inputs_in_their_layouts() -> None:
             assert got == want
     assert [m.name for m in MODES.values() if m.device == "cuda"] == ["cuda", "cuda_bound", "cuda_graph"]
     assert all(m.available == torch.cuda.is_available() for m in MODES.values() if m.device == "cuda")
+
+
+def test_outputs_may_share_a_storage_but_not_memory() -> None:
+    """Disjoint views of one buffer (the CUDA-graph path's small outputs) keep the executor's promise;
+    overlapping outputs break it."""
+    case = _one_op_case("fd.ops.exp(t0)", "torch.exp(t0)")
+    case = Case(0, case.inputs, case.steps, (Output("t1"), Output("t1")))
+    buffer = torch.arange(8.0)
+    x = torch.zeros(3, 4)
+    disjoint = [buffer[:4], buffer[4:]]
+    assert check_outputs(case, disjoint, [t.clone() for t in disjoint], [x], [x.clone()]) is None
+    overlapping = [buffer[:4], buffer[2:6]]
+    assert check_outputs(case, overlapping, [t.clone() for t in overlapping], [x], [x.clone()]) == \
+        "output 1 shares memory with output 0"
