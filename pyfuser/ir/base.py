@@ -17,11 +17,22 @@ if TYPE_CHECKING:
     from pyfuser.ir.tensor_view import TensorView
 
 
+class KindFlag(int):
+    """A yes / no about a kind of value that reads both ways: pyfuser's ``v.is_tensor`` and nvFuser's
+    method call ``v.is_tensor()``."""
+
+    def __call__(self) -> bool:
+        return bool(self)
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+
 class Val:
     """A value of the fusion: a TensorView or a Scalar."""
 
     #: True for TensorView: lets modules below tensor_view.py tell tensors from scalars.
-    is_tensor: ClassVar[bool] = False
+    is_tensor: ClassVar[KindFlag] = KindFlag(False)
 
     def __init__(self, fusion: Fusion, dtype: DataType) -> None:
         self.fusion = fusion
