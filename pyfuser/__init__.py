@@ -9,6 +9,7 @@ from pyfuser import multidevice, nvfuser_direct_version, pytorch_utils, schedule
 from pyfuser._nvfuser_alias import install_nvfuser_alias
 from pyfuser.frontend import FusionDefinition
 from pyfuser.frontend.caching import LruFusionCache
+from pyfuser.frontend.profiler import PythonProfiler
 from pyfuser.frontend.validate import get_val_tolerances, validate_with_auto_inferred_outputs
 from pyfuser.integrations.dtensor import execute_with_dtensors
 from pyfuser.ir import DataType, Fusion, IterType, MemoryType, ParallelType, TensorView
@@ -30,7 +31,7 @@ def version() -> NvfuserVersion:
 
 __all__ = [
     "CommunicatorBackend", "DataType", "Fusion", "FusionDefinition", "FusionExecutorCache", "IterType", "LRUCache",
-    "LruFusionCache", "MemoryType", "ParallelType", "SchedulerType", "TensorView", "compute_tensor_descriptor",
+    "LruFusionCache", "MemoryType", "ParallelType", "PythonProfiler", "SchedulerType", "TensorView", "compute_tensor_descriptor",
     "execute_with_dtensors", "get_val_tolerances", "install_nvfuser_alias", "multidevice", "nvfuser_direct_version",
     "pytorch_utils", "schedule", "translate_fusion", "validate_with_auto_inferred_outputs", "version",
 ]

@@ -255,3 +255,49 @@ def test_matmul_without_expr_eval_fails_as_nvfuser() -> None:
     torch.testing.assert_close(fd.execute([a, b], _enable_options=["fuse_matmul"])[0], a @ b)
     with pytest.raises(RuntimeError, match="Can not find a scheduler to schedule fusion segment"):
         fd.execute([a, b], _enable_options=["fuse_matmul"], _disable_options=["matmul_expr_eval"])
+
+
+# --- profiling and set-up ---------------------------------------------------------------------------
+def test_python_profiler_records_segments_and_schedulers() -> None:
+    x, y = torch.randn(2, 5), torch.randn(2, 5)
+    with FusionDefinition() as fd:
+        a, b = fd.from_pytorch(x), fd.from_pytorch(y)
+        fd.add_output(fd.ops.sum(fd.ops.sum(fd.ops.add(a, b), dim=-1), dim=-1))
+    with pyfuser.PythonProfiler() as prof:
+        (out,) = fd.execute([x, y], _enable_options=["triton_interpreter"])
+    torch.testing.assert_close(out, (x + y).sum())
+    profile = prof.profile
+    assert profile.fusion_id >= 0 and profile.segments == len(profile.kernel_profiles) == 2
+    assert [k.scheduler for k in profile.kernel_profiles] == ["reduction", "reduction"]
+    assert all(k.name for k in profile.kernel_profiles) and profile.input_bytes == 80 and profile.host_time_ms > 0
+    with pyfuser.PythonProfiler(auto_scheduled=False) as prof:
+        fd.manual_execute([x, y])
+    assert [k.scheduler for k in prof.profile.kernel_profiles] == ["user"]
+    with pytest.raises(ValueError, match="no fusion was executed"):
+        _ = pyfuser.PythonProfiler().profile
+
+
+NO_TRITON = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "triton":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+import torch
+from pyfuser import FusionDefinition
+x = torch.randn(3, 37)
+with FusionDefinition() as fd:
+    fd.add_output(fd.ops.sin(fd.from_pytorch(x)))
+assert torch.equal(fd.execute([x])[0], x.sin())
+try:
+    fd.manual_execute([x])
+except ModuleNotFoundError as e:
+    print(e)
+"""
+
+
+def test_missing_triton_says_how_to_install(tmp_path: object) -> None:
+    env = {"PYTHONPATH": ":".join(sys.path), "PYFUSER_CACHE_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", NO_TRITON], capture_output=True, text=True, env=env, timeout=300)
+    assert "pip install 'pyfuser[triton]'" in result.stdout, result.stderr

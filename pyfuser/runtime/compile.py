@@ -20,7 +20,8 @@ from pyfuser.options import CompileOptions, DisableOption, DumpOption, dump, num
 from pyfuser.preseg.pipeline import run_preseg_passes
 from pyfuser.runtime.backends import COMMUNICATION_LOWERING, EXPR_LOWERINGS, HOST_PASSES, STEP_BUILDERS
 from pyfuser.runtime.kernels import compile_kernels
-from pyfuser.segmentation.segmented_fusion import SegmentedFusion
+from pyfuser.runtime.profiling import SegmentInfo
+from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup
 from pyfuser.segmentation.segmenter import segment_fusion
 
 
@@ -39,7 +40,16 @@ def compile_fusion(fusion: Fusion, options: CompileOptions) -> HostIrEvaluator:
     container = lower_segmented_fusion(segmented, options, EXPR_LOWERINGS, COMMUNICATION_LOWERING, kernels)
     run_host_passes(container, options, HOST_PASSES)
     dump(DumpOption.host_ir, container.to_string)
-    return HostIrEvaluator(container, layouts, options.device, num_streams(), STEP_BUILDERS)
+    program = HostIrEvaluator(container, layouts, options.device, num_streams(), STEP_BUILDERS)
+    program.segments = [SegmentInfo(kernels[id(g)].name if id(g) in kernels else _aten_segment_name(g), g.scheduler.name)
+                        for g in segmented.groups]
+    return program
+
+
+def _aten_segment_name(group: SegmentedGroup) -> str:
+    """An ATen-evaluated segment by its ops (``expr_eval: matmul, add``)."""
+    ops = dict.fromkeys(type(e).__name__.removesuffix("Op").lower() for e in group.exprs)
+    return f"{group.scheduler.name}: {', '.join(ops)}"
 
 
 def _check_matmuls_schedulable(segmented: SegmentedFusion) -> None:

@@ -6,6 +6,7 @@ sizes, run the compiled program. Validation and compilation happen on a signatur
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import is_dense, memory_order
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CommunicatorBackend, CompileOptions, EnableOption, check_options, comm_backend
+from pyfuser.runtime import profiling
 from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.cuda_graph import CudaGraphProgram
 from pyfuser.runtime.inputs import InputBinder, TensorSpec, signature
@@ -121,6 +123,7 @@ class FusionExecutorCache:
     def run(self, args: Sequence[Any], *, device: torch.device | str | int | None = None,
             enable_options: Sequence[str] = (), disable_options: Sequence[str] = (),
             backend: CommunicatorBackend | str | None = None) -> list[torch.Tensor]:
+        started = time.perf_counter() if profiling.active() else 0.0
         if self._version != self.fusion.version:
             self._reset()
         binder = self._binder
@@ -143,7 +146,17 @@ class FusionExecutorCache:
             args = binder.coerce(list(args))
         env = binder.bind(args) if self._has_scalars else binder.bind_signature(sig, args)
         outputs = program.run(args, EvalContext(env, resolved))
-        return self._write_aliases(args, outputs) if self._aliases else outputs
+        outputs = self._write_aliases(args, outputs) if self._aliases else outputs
+        if profiling.active():
+            profiling.record(self.fusion, self.segments(), resolved, started, args, outputs)
+        return outputs
+
+    def segments(self) -> list[profiling.SegmentInfo]:
+        """The segments of the program the latest ``run`` executed."""
+        program = self.last_program
+        if isinstance(program, CudaGraphProgram):
+            program = program.program
+        return list(getattr(program, "segments", []))
 
     def _key(self, args: Sequence[Any], binder: InputBinder, device: torch.device | str | int | None,
              enable_options: Sequence[str], disable_options: Sequence[str],
