@@ -9,11 +9,11 @@ from pyfuser import multidevice, nvfuser_direct_version, pytorch_utils, schedule
 from pyfuser._nvfuser_alias import install_nvfuser_alias
 from pyfuser.frontend import FusionDefinition
 from pyfuser.frontend.caching import LruFusionCache
+from pyfuser.frontend.descriptors import compute_tensor_descriptor
 from pyfuser.frontend.profiler import PythonProfiler
 from pyfuser.frontend.validate import get_val_tolerances, validate_with_auto_inferred_outputs
 from pyfuser.integrations.dtensor import execute_with_dtensors
 from pyfuser.ir import DataType, Fusion, IterType, MemoryType, ParallelType, TensorView
-from pyfuser.ir.layout import tensor_descriptor as compute_tensor_descriptor
 from pyfuser.ir.python_definition import translate_fusion
 from pyfuser.nvfuser_direct_version import NvfuserVersion
 from pyfuser.options import CommunicatorBackend

@@ -301,3 +301,49 @@ def test_missing_triton_says_how_to_install(tmp_path: object) -> None:
     env = {"PYTHONPATH": ":".join(sys.path), "PYFUSER_CACHE_DIR": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", NO_TRITON], capture_output=True, text=True, env=env, timeout=300)
     assert "pip install 'pyfuser[triton]'" in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize(("sizes", "strides", "contiguity", "stride_order"), [
+    ([2, 1, 3, 1, 4, 3], [12, 4, 4, 4, 1, 0], [True, None, True, None, True, None], [5, 4, 3, 2, 1, 0]),
+    ([2, 3, 1, 5, 4], [28, 4, 14, 0, 1], [False, None, True, None, True], [4, 2, 3, 1, 0]),
+    ([2, 2, 1, 1, 2, 2, 2], [8, 4, 3, 9, 2, 0, 1], [None, True, True, None, True, None, True], [5, 4, 3, 6, 2, 1, 0]),
+    ([2, 2, 2, 2], [8, 4, 0, 2], [True, True, None, False], [3, 2, 1, 0]),
+])
+def test_compute_tensor_descriptor_orders_as_nvfuser(sizes: list[int], strides: list[int],
+                                                     contiguity: list[bool | None], stride_order: list[int]) -> None:
+    """Size-1 axes with odd strides sort by stride; stride-0 axes keep their place. The descriptor
+    declares an input that takes the tensor."""
+    assert pyfuser.compute_tensor_descriptor(sizes, strides) == (contiguity, stride_order)
+    x = torch.randn(1 + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True))).as_strided(sizes, strides)
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1 if n > 1 else 1 for n in sizes], contiguity=contiguity, stride_order=stride_order)
+        fd.add_output(fd.ops.mul(t, 2.0))
+    torch.testing.assert_close(fd.execute([x])[0], x * 2)
+    with pytest.raises(ValueError, match="negative strides"):
+        pyfuser.compute_tensor_descriptor([2], [-1])
+
+
+def test_sizes_computed_by_scalar_arithmetic_on_the_host() -> None:
+    """nvFuser evaluates scalar graphs of constants and input scalars on the host: a float product
+    cast to int pads, a chain of signbit / fmod / reciprocal of an input reshapes."""
+    x, y = torch.randn(1, 2, 3), torch.randn(192).as_strided((4, 8, 6), (48, 6, 1))
+    with FusionDefinition() as fd:
+        tx = fd.from_pytorch(x)
+        width = fd.ops.cast(fd.ops.mul(fd.define_scalar(2.5, DataType.Float), fd.define_scalar(7)), DataType.Int)
+        fd.add_output(fd.ops.pad(tx, [width, width, 1, width]))
+        rows = fd.define_scalar(None, dtype=DataType.Int)
+        ty = fd.from_pytorch(y)
+        inexact = fd.ops.cast(fd.ops.ne(fd.ops.fmod(192, rows), 0), DataType.Int)
+        cols = fd.ops.sub(fd.ops.mul(192, fd.ops.reciprocal(rows)), inexact)  # a float: 192 / rows
+        assert cols.dtype is DataType.Float
+        fd.add_output(fd.ops.sum(fd.ops.reshape(ty, [rows, cols]), [1]))
+    for padded, summed in run_both(fd, [x, 32, y]):
+        assert torch.equal(padded, torch.nn.functional.pad(x, [17, 17, 1, 17]))
+        torch.testing.assert_close(summed, y.reshape(32, 6).sum(1))
+    namespace: dict[str, object] = {}
+    exec(repr(fd), {"DataType": DataType, "FusionDefinition": FusionDefinition}, namespace)
+    with FusionDefinition() as again:
+        namespace["nvfuser_fusion"](again)  # type: ignore[operator]
+    torch.testing.assert_close(again.execute([x, 32, y])[1], y.reshape(32, 6).sum(1))
+    with pytest.raises(ValueError, match=r"= 37.4\d* sizes an op but is not a whole number"):
+        fd.execute([x, 5, y])

@@ -15,7 +15,7 @@ from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterType
 from pyfuser.ir.ops import BinaryOp, BinaryOpType, TernaryOp, TernaryOpType, UnaryOp, UnaryOpType
 from pyfuser.ir.ops.promotion import result_dtype
-from pyfuser.ir.ops.sizes import size_expression
+from pyfuser.ir.ops.sizes import host_expression, size_expression
 from pyfuser.ir.tensor_view import TensorView
 
 Kind = UnaryOpType | BinaryOpType | TernaryOpType
@@ -40,7 +40,8 @@ class PointwiseOps(OpsBase):
                                     dtype)
         else:
             out = Scalar(self._fusion, dtype)
-            out.extent_expr = size_expression(kind, vals)  # size arithmetic can size other ops
+            # size arithmetic, and other arithmetic of values known before any op runs, can size other ops
+            out.extent_expr = size_expression(kind, vals) or host_expression(op, fn, vals, dtype)
         if isinstance(kind, UnaryOpType):
             UnaryOp(self._fusion, kind, out, vals[0])
             return out
@@ -59,6 +60,7 @@ class PointwiseOps(OpsBase):
                                     target)
         else:
             out = Scalar(self._fusion, target)
+            out.extent_expr = host_expression("cast", lambda x: x, [val], target)
         UnaryOp(self._fusion, UnaryOpType.cast, out, val)
         return out
 
