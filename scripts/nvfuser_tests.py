@@ -195,7 +195,7 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=2, help="ranks for multidevice files")
     parser.add_argument("--timeout", type=int, default=2400, help="seconds per file")
     parser.add_argument("-k", help="pytest -k expression")
-    parser.add_argument("--memory-gb", type=float, default=6.0,
+    parser.add_argument("--memory-gb", type=float, default=10.0,
                         help="address-space limit of each test process (tests sized for an 80 GB GPU then fail "
                              "instead of exhausting the host); 0: none")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every failing test")
