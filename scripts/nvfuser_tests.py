@@ -12,8 +12,8 @@ copied here). The tests run unmodified; the harness only sets up their environme
   ``torch.cuda`` queries the tests make for gating (device properties and capability, current device,
   count, synchronize, the RNG state) answer as one Hopper GPU would. CUDA streams, cudart and nvFuser's
   CUTLASS kernels are not emulated: tests that use them count as "needs a GPU", as do tests sized
-  for a GPU's memory, which an address-space limit per test process (``--memory-gb``) stops before
-  they exhaust the host;
+  for a GPU, which an address-space limit per test process (``--memory-gb``) and a time limit per
+  test (``--test-timeout``) stop before they exhaust the host;
 - direct tests run one pytest per file (a timeout per file); multidevice files run under
   ``torchrun --nproc-per-node 2``, their NCCL process groups on gloo (``--multidevice``).
   ``test_high_complexity.py`` runs only when named (``--files``): over 10 minutes on 2 CPU cores.
@@ -41,7 +41,10 @@ PLUGIN = '''
 import json
 import os
 import resource
+import signal
 import types
+
+import pytest
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -53,6 +56,25 @@ pyfuser.install_nvfuser_alias()
 _limit = int(os.environ.get("NVFUSER_TESTS_MEMORY_BYTES", "0"))
 if _limit:  # a test sized for an 80 GB GPU fails with an allocation error instead of exhausting the host
     resource.setrlimit(resource.RLIMIT_AS, (_limit, _limit))
+
+
+_test_timeout = int(os.environ.get("NVFUSER_TESTS_TEST_TIMEOUT", "0"))
+
+
+def _out_of_time(signum, frame):
+    raise TimeoutError(f"test ran over {_test_timeout} s on this machine (--test-timeout)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test sized for a GPU that would run for many minutes on a CPU stops at the limit."""
+    if _test_timeout:
+        signal.signal(signal.SIGALRM, _out_of_time)
+        signal.alarm(_test_timeout)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
 
 
 def pytest_runtest_logreport(report):
@@ -129,7 +151,8 @@ if not torch.cuda.is_available():
 # tests sized for a GPU's memory that the --memory-gb limit stops).
 GPU_ONLY = re.compile(r"Torch not compiled with CUDA|cudart|nvf_cutlass|No CUDA GPUs|CUDA driver|"
                       r"torch\.cuda\.(Stream|Event)|Found no NVIDIA driver|nccl|"
-                      r"DefaultCPUAllocator: can't allocate memory|with arguments from the 'CPU' backend",
+                      r"DefaultCPUAllocator: can't allocate memory|with arguments from the 'CPU' backend|"
+                      r"on this machine \(--test-timeout\)",
                       re.IGNORECASE)
 
 DIRECT_SKIP = {"test_high_complexity.py": "over 10 minutes on a 2-core CPU machine (--files runs it)"}
@@ -198,6 +221,8 @@ def main() -> int:
     parser.add_argument("--memory-gb", type=float, default=10.0,
                         help="address-space limit of each test process (tests sized for an 80 GB GPU then fail "
                              "instead of exhausting the host); 0: none")
+    parser.add_argument("--test-timeout", type=int, default=180,
+                        help="seconds one test may run (GPU-sized tests crawl on a CPU); 0: none")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every failing test")
     opts = parser.parse_args()
     tests = opts.checkout.resolve() / "tests" / "python"
@@ -219,6 +244,7 @@ def main() -> int:
         tmp = Path(name)
         env = write_env(tmp, opts.checkout.resolve())
         env["NVFUSER_TESTS_MEMORY_BYTES"] = str(int(opts.memory_gb * (1 << 30)))
+        env["NVFUSER_TESTS_TEST_TIMEOUT"] = str(opts.test_timeout)
         print(f"{'file':42} {'pass':>5} {'fail':>5} {'gpu':>5} {'skip':>5}")
         for test, nproc in files:
             results, note = run_file(tmp, opts.checkout.resolve(), env, test, nproc, opts.timeout, opts.k)
