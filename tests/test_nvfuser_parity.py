@@ -347,3 +347,13 @@ def test_sizes_computed_by_scalar_arithmetic_on_the_host() -> None:
     torch.testing.assert_close(again.execute([x, 32, y])[1], y.reshape(32, 6).sum(1))
     with pytest.raises(ValueError, match=r"= 37.4\d* sizes an op but is not a whole number"):
         fd.execute([x, 5, y])
+
+
+def test_a_tensor_for_a_scalar_input_is_named_not_printed() -> None:
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1])
+        fd.add_output(fd.ops.mul(t, fd.define_scalar()))
+    x = torch.rand(15)
+    with pytest.raises(TypeError, match=r"^input 1 \(d\d+\): expected a double scalar, got a torch.float32 tensor of "
+                                        r"rank 1$"):
+        fd.execute([x, x])
