@@ -28,6 +28,7 @@ import collections
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -202,11 +203,17 @@ def run_file(tmp: Path, checkout: Path, env: dict[str, str], test: Path, nproc: 
     else:
         env["NVFUSER_TESTS_LOG"] = str(log)
         cmd = [sys.executable, *args]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        note = "" if proc.returncode in (0, 1, 2) else f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}"
-    except subprocess.TimeoutExpired:
-        note = f"timed out after {timeout} s"
+    # A session of its own: on a timeout every rank torchrun started goes too (a rank left behind
+    # would keep the rendezvous port of the next file's process group).
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            _, stderr = proc.communicate(timeout=timeout)
+            note = "" if proc.returncode in (0, 1, 2) else f"exit {proc.returncode}: {stderr.strip()[-200:]}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            note = f"timed out after {timeout} s"
     return read_results(log), note
 
 
