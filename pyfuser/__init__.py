@@ -1,32 +1,37 @@
 """pyfuser: a fusion compiler and multi-GPU runtime for PyTorch.
 
 ``import pyfuser as nvfuser_direct`` gives the names of nvFuser's Python API that pyfuser
-implements (``tests/test_nvfuser_direct_api.py`` lists them).
+implements (``tests/test_nvfuser_direct_api.py`` lists them); after ``import pyfuser.nvfuser_direct_alias``
+nvFuser code imports ``nvfuser_direct`` unchanged (unless a real nvFuser is installed).
 """
 
-from torch.torch_version import TorchVersion
-
-from pyfuser import multidevice
+from pyfuser import multidevice, nvfuser_direct_version, pytorch_utils, schedule
+from pyfuser._nvfuser_alias import install_nvfuser_alias
 from pyfuser.frontend import FusionDefinition
 from pyfuser.frontend.caching import LruFusionCache
+from pyfuser.frontend.descriptors import compute_tensor_descriptor
+from pyfuser.frontend.profiler import PythonProfiler
 from pyfuser.frontend.validate import get_val_tolerances, validate_with_auto_inferred_outputs
 from pyfuser.integrations.dtensor import execute_with_dtensors
 from pyfuser.ir import DataType, Fusion, IterType, MemoryType, ParallelType, TensorView
-from pyfuser.ir.layout import tensor_descriptor as compute_tensor_descriptor
 from pyfuser.ir.python_definition import translate_fusion
+from pyfuser.nvfuser_direct_version import NvfuserVersion
 from pyfuser.options import CommunicatorBackend
 from pyfuser.runtime.executor import FusionExecutorCache
 from pyfuser.runtime.fusion_cache import LRUCache
+from pyfuser.schedule import SchedulerType
 
 __version__ = "0.1.0"
 
 
-def version() -> TorchVersion:
-    """The version, comparable with version strings (``version() > "0.0.0"``), as nvFuser's."""
-    return TorchVersion(__version__)
+def version() -> NvfuserVersion:
+    """The version, comparable with version strings and ``Version`` objects (``version() > "0.0.0"``), as nvFuser's."""
+    return NvfuserVersion(__version__)
 
 
-__all__ = ["CommunicatorBackend", "DataType", "Fusion", "FusionDefinition", "FusionExecutorCache", "IterType",
-           "LRUCache", "LruFusionCache", "MemoryType", "ParallelType", "TensorView", "compute_tensor_descriptor",
-           "execute_with_dtensors", "get_val_tolerances", "multidevice", "translate_fusion",
-           "validate_with_auto_inferred_outputs", "version"]
+__all__ = [
+    "CommunicatorBackend", "DataType", "Fusion", "FusionDefinition", "FusionExecutorCache", "IterType", "LRUCache",
+    "LruFusionCache", "MemoryType", "ParallelType", "PythonProfiler", "SchedulerType", "TensorView", "compute_tensor_descriptor",
+    "execute_with_dtensors", "get_val_tolerances", "install_nvfuser_alias", "multidevice", "nvfuser_direct_version",
+    "pytorch_utils", "schedule", "translate_fusion", "validate_with_auto_inferred_outputs", "version",
+]

@@ -41,6 +41,9 @@ class EnableOption(StrEnum):
     triton_interpreter = "triton_interpreter"
     host_ir_lowering = "host_ir_lowering"
     cuda_graph = "cuda_graph"
+    #: nvFuser's: let its matmul scheduler take matmul / linear. pyfuser has no matmul kernel scheduler,
+    #: so this changes nothing: matmuls run as ATen calls unless ``matmul_expr_eval`` is disabled too
+    fuse_matmul = "fuse_matmul"
 
 
 class DisableOption(StrEnum):
@@ -51,6 +54,9 @@ class DisableOption(StrEnum):
     stream_overlap = "stream_overlap"
     kernel_codegen = "kernel_codegen"
     cooperative_launch = "cooperative_launch"
+    #: nvFuser's: matmul / linear segments may not run as ATen calls, and pyfuser has no other way to
+    #: run them, so a fusion with one fails to compile (as nvFuser's does when no scheduler takes it)
+    matmul_expr_eval = "matmul_expr_eval"
 
 
 class CommunicatorBackend(StrEnum):

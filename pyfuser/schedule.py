@@ -19,6 +19,11 @@ __all__ = ["SchedulerType", "can_schedule", "compute_heuristics", "find_compatib
            "inline_most", "parallelize_like", "schedule", "set_compute_at", "transform_like"]
 
 
+# nvFuser's SchedulerType is a pybind11 enum, whose members its scripts list through ``__entries``
+# (name -> (member, docstring)); outside a class body the name is not mangled.
+SchedulerType.__entries = {t.name: (t, None) for t in SchedulerType}  # type: ignore[attr-defined]
+
+
 def _scheduler(scheduler_type: SchedulerType) -> Any:
     if not isinstance(scheduler_type, SchedulerType):
         raise TypeError(f"expected a SchedulerType, got {type(scheduler_type).__name__}")

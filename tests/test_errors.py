@@ -306,22 +306,24 @@ def test_sizes_and_split_factors_must_be_known_before_execution() -> None:
         n = fd.define_scalar(dtype=DataType.Int)
         doubled = fd.ops.mul(n, 2)  # size arithmetic: known before the fusion runs
         fd.ops.full([doubled], 1.0, DataType.Float)
-        powered = fd.ops.pow(n, 2)  # not size arithmetic: computed by the fusion
+        powered = fd.ops.pow(n, 2)  # other arithmetic of integer inputs: known on the host too (nvFuser's)
+        fd.ops.full([powered], 1.0, DataType.Float)
+        scaled = fd.ops.cast(fd.ops.mul(fd.define_scalar(dtype=DataType.Double), 2.0), DataType.Int)
         with pytest.raises(ValueError, match=r"full shape\[0\]: i\w+ must be a constant, an input scalar"):
-            fd.ops.full([powered], 1.0, DataType.Float)
+            fd.ops.full([scaled], 1.0, DataType.Float)
         with pytest.raises(ValueError, match=r"full shape\[0\]: i\w+ belongs to another FusionDefinition"):
             fd.ops.full([foreign], 1.0, DataType.Float)
         with pytest.raises(TypeError, match=r"scalar double\(2.0\) of type double cannot be used as a size"):
             fd.ops.full([fd.define_scalar(2.0)], 1.0, DataType.Float)
         out = fd.ops.exp(t)
         fd.add_output(out)
-    with pytest.raises(ValueError, match=r"T2 axis 0: split factor i\w+ must be a constant or an input scalar"):
+    with pytest.raises(ValueError, match=r"T3 axis 0: split factor i\w+ must be a constant or an input scalar"):
         out.split(0, powered)
-    with pytest.raises(ValueError, match=r"T2 axis 0: split factor i\w+ belongs to another FusionDefinition"):
+    with pytest.raises(ValueError, match=r"T3 axis 0: split factor i\w+ belongs to another FusionDefinition"):
         out.split(0, foreign)
     out.split(0, n)
     x = torch.randn(7)
-    torch.testing.assert_close(fd.execute([x, 3])[0], x.exp())
+    torch.testing.assert_close(fd.execute([x, 3, 1.5])[0], x.exp())
 
 
 def test_reshape_of_symbolic_sizes_checked_at_run_time() -> None:

@@ -107,3 +107,17 @@ def test_dropout_out_of_range_at_run_time() -> None:
         fd.add_output(fd.ops.sdpfa_fwd(q, q, q, dropout_p=fd.define_scalar(dtype=DataType.Double))[0])
     with pytest.raises(ValueError, match=r"sdpfa_fwd: dropout_p must be in \[0, 1\), got 1.0"):
         fd.execute([torch.randn(1, 2, 3), 1.0])
+
+
+def test_backward_takes_none_for_the_forward_defaults() -> None:
+    """nvFuser's sdpfa_bwd: dropout_p / is_causal None are the forward's defaults."""
+    q, k, v, grad = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4), torch.randn(2, 3, 5, 4)
+    with FusionDefinition() as fd:
+        tq, tk, tv = (fd.from_pytorch(t) for t in (q, k, v))
+        out, lse, seed, offset = fd.ops.sdpfa_fwd(tq, tk, tv, dropout_p=None, is_causal=None, scale=None)
+        for g in fd.ops.sdpfa_bwd(fd.from_pytorch(grad), tq, tk, tv, out, lse, None, None, seed, offset, None):
+            fd.add_output(g)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*leaves).backward(grad)
+    for got, leaf in zip(fd.execute([q, k, v, grad]), leaves, strict=True):
+        torch.testing.assert_close(got, leaf.grad)

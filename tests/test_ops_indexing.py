@@ -152,7 +152,7 @@ def test_out_of_range_indices_are_errors(build: Callable[[FusionDefinition], Any
     (lambda fd, x, i: fd.ops.index_select(x, fd.ops.cast(i, DataType.Float), 0), TypeError,
      r"index_select: index T\d+ has dtype float; expected an integer"),
     (lambda fd, x, i: fd.ops.index_select(x, fd.ops.broadcast(i, [True, False]), 0), ValueError,
-     r"index_select: T\d+ has rank 2 but index_select takes a 1-D index"),
+     r"index_select: T\d+ has rank 2 but index_select takes a 1-D or 0-dim index"),
     (lambda fd, x, i: fd.ops.gather(x, i, 0), ValueError,
      r"gather: T1 has rank 1 but arg T0 has rank 2; the index must have it too"),
     (lambda fd, x, i: fd.ops.select(x, 3, 0), ValueError, r"select: index 3 is out of range for T0 axis 0 of size 3"),

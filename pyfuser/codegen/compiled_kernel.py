@@ -54,7 +54,16 @@ def load_kernel(name: str, source: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"pyfuser_kernel_{digest}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != "triton":
+            raise
+        raise ModuleNotFoundError(
+            "pyfuser's generated kernels need Triton (on a CPU too: its interpreter runs them), and it is not "
+            "installed: pip install 'pyfuser[triton]' (or pip install triton). Without it fd.execute evaluates "
+            "fusions with ATen on a CPU; manual_execute and the triton_interpreter option need Triton.",
+            name="triton") from None
     fn = _LOADED[source] = getattr(module, name)
     compile_count += 1
     return fn

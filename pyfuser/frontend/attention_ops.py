@@ -65,7 +65,7 @@ class AttentionOps(OpsBase):
         return out, lse, seed, offset
 
     def sdpfa_bwd(self, grad_output: TensorView, query: TensorView, key: TensorView, value: TensorView,
-                  output: TensorView, logsumexp: TensorView, dropout_p: Operand, is_causal: Operand,
+                  output: TensorView, logsumexp: TensorView, dropout_p: Operand | None, is_causal: Operand | None,
                   philox_seed: TensorView, philox_offset: TensorView,
                   scale: Operand | None = None) -> tuple[TensorView, TensorView, TensorView]:
         """Gradients ``(grad_query, grad_key, grad_value)`` of ``sdpfa_fwd`` (without bias or mask), from
@@ -79,10 +79,9 @@ class AttentionOps(OpsBase):
         if grad.ndim != q.ndim:
             raise ValueError(f"sdpfa_bwd: grad_output {grad.short_name} has rank {grad.ndim} but query "
                              f"{q.short_name} has rank {q.ndim}")
-        p = self._scalar("sdpfa_bwd", "dropout_p", dropout_p, True)
-        causal = self._scalar("sdpfa_bwd", "is_causal", is_causal, False)
-        if p is None or causal is None:
-            raise TypeError("sdpfa_bwd: dropout_p and is_causal are required (as sdpfa_fwd used them)")
+        # None: the forward's defaults (no dropout, not causal), as nvFuser's
+        p = self._scalar("sdpfa_bwd", "dropout_p", 0.0 if dropout_p is None else dropout_p, True)
+        causal = self._scalar("sdpfa_bwd", "is_causal", False if is_causal is None else is_causal, False)
         s = self._scalar("sdpfa_bwd", "scale", scale, True)
         outputs = [self._new_tv([clone_id(self, i) for i in t.get_logical_domain(no_reductions=True)], t.dtype)
                    for t in (q, k, v)]

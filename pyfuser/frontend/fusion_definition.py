@@ -227,13 +227,19 @@ class FusionDefinition:
         return [self.define_scalar(None, DataType.Int) for _ in range(size)]
 
     # --- outputs ---------------------------------------------------------------------------------
-    def add_output(self, tv: TensorView | Scalar, stride_order: Sequence[int] | None = None,
-                   alias_input: TensorView | None = None) -> None:
+    def add_output(self, tv: TensorView | Scalar, alias_input: TensorView | Sequence[int] | None = None,
+                   stride_order: Sequence[int] | None = None) -> None:
         """Mark ``tv`` an output. A scalar output is returned as a 0-dim tensor of its dtype.
 
-        With ``alias_input`` the output is written in place into that input (any strides) after
-        the fusion runs and is not returned (add it again without ``alias_input`` to also get it).
+        With ``alias_input`` (nvFuser's second argument) the output is written in place into that
+        input (any strides) after the fusion runs and is not returned (add it again without
+        ``alias_input`` to also get it). A list of ints in its place is a ``stride_order``, as in
+        nvFuser's legacy frontend.
         """
+        if alias_input is not None and not isinstance(alias_input, (TensorView, Scalar)):
+            if stride_order is not None:
+                raise TypeError(f"add_output {tv}: stride_order given twice (positionally and by keyword)")
+            alias_input, stride_order = None, alias_input
         if isinstance(tv, Scalar) and tv.fusion is self._fusion:
             if stride_order not in (None, [], ()):
                 raise ValueError(f"add_output: scalar {tv} is returned as a 0-dim tensor; its stride_order must be "

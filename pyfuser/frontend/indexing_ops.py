@@ -39,10 +39,13 @@ def _static_extent(i: IterDomain) -> int | None:
 
 class IndexingOps(OpsBase):
     def index_select(self, arg: TensorView, index: TensorView, dim: int) -> TensorView:
-        """Slices of ``arg`` along ``dim`` at the positions in the 1-D integer ``index``."""
+        """Slices of ``arg`` along ``dim`` at the positions in the 1-D integer ``index``; a 0-dim index
+        is one position (the result keeps ``dim`` with size 1, as torch's)."""
         tv, idx = self._tv(arg, "index_select arg"), self._tv(index, "index_select index")
         _check_index_dtype("index_select", idx)
-        _check_rank("index_select", idx, 1, "index_select takes a 1-D index")
+        if idx.ndim == 0:
+            idx = self.broadcast(idx, [True])  # type: ignore[attr-defined]
+        _check_rank("index_select", idx, 1, "index_select takes a 1-D or 0-dim index")
         axis = normalize_axis(dim, tv.ndim, tv, "index_select dim")
         ids = [clone_id(self, i) for i in tv.get_logical_domain(no_reductions=True)]
         ids[axis] = clone_id(self, idx.get_logical_domain(no_reductions=True)[0])

@@ -127,13 +127,20 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
         ExpandOp(self._fusion, out, tv, size_checks, targets)
         return out
 
-    def squeeze(self, x: TensorView, dims: Sequence[int] | int) -> TensorView:
+    def squeeze(self, x: TensorView, dims: Sequence[int] | int, squeeze_expanded: bool = False) -> TensorView:
+        """Drop size-1 axes. An expanded broadcast axis (an input declared with stride 0 and a size
+        other than 1) is dropped only with ``squeeze_expanded=True``, which keeps its first slice."""
         tv = self._tv(x, "squeeze")
         rank = tv.ndim
         dims_list = [dims] if isinstance(dims, int) else list(dims)
         axes = {normalize_axis(d, rank, tv, "squeeze dims") for d in dims_list}
         in_ids = tv.get_logical_domain(no_reductions=True)
         for d in axes:
+            if in_ids[d].expanded:
+                if not squeeze_expanded:
+                    raise ValueError(f"squeeze: {tv.short_name} axis {d} is an expanded broadcast (extent "
+                                     f"{in_ids[d].extent}); refusing to squeeze it without squeeze_expanded=True")
+                continue
             extent = in_ids[d].extent.value
             if extent is not None and extent != 1:
                 raise ValueError(f"squeeze: {tv.short_name} axis {d} has extent {extent}; only size-1 axes can be squeezed")
@@ -213,10 +220,14 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
         SliceOp(self._fusion, out, tv, ranges, given)
         return out
 
-    def cat(self, tensors: Sequence[TensorView], dim: int = 0) -> TensorView:
+    def cat(self, tensors: Sequence[TensorView], dim: int = 0, manual_padding: bool = False) -> TensorView:
+        """Concatenate along ``dim``. ``manual_padding=True`` (nvFuser's translation of its own cat):
+        every input is already ``pad``-ded to the result's extent at its place along ``dim``."""
         tvs = [self._tv(t, f"cat input {k}") for k, t in enumerate(tensors)]
         if not tvs:
             raise ValueError("cat: needs at least one tensor")
+        if manual_padding:
+            tvs = _unpadded_cat_inputs(tvs, normalize_axis(dim, tvs[0].ndim, tvs[0], "cat dim"))
         rank = tvs[0].ndim
         for tv in tvs:
             if tv.ndim != rank:
@@ -332,3 +343,35 @@ def _normalize_index(index: SymExpr | None, extent: SymExpr) -> SymExpr:
     if value is not None and value < 0:
         return sym_max(extent + value, 0)
     return sym_min(index, extent)
+
+
+def _unpadded_cat_inputs(tvs: list[TensorView], axis: int) -> list[TensorView]:
+    """The tensors padded into place for a manually padded cat: each input must be a ``pad`` along
+    ``axis`` only, whose left width is the extent of the pieces before it (nvFuser's CatOp of padded
+    inputs then reads each piece in its own range, which is the cat of the pieces)."""
+    pieces: list[TensorView] = []
+    offset: SymExpr = SymConst(0)
+    for k, tv in enumerate(tvs):
+        pad = tv.definition
+        if not isinstance(pad, PadOp):
+            raise ValueError(f"cat: manual_padding=True expects every input to be a pad; input {k} ({tv.short_name}) "
+                             f"is defined by {type(pad).__name__ if pad is not None else 'nothing (an input)'}")
+        piece = pad.inputs[0]
+        assert isinstance(piece, TensorView)
+        for d in range(tv.ndim):
+            left, right = pad.axis_widths(d)
+            if d != axis and (left.value, right.value) != (0, 0):
+                raise ValueError(f"cat: manual_padding=True: {tv.short_name} is padded on axis {d}, not only on the "
+                                 f"cat axis {axis}")
+        left, right = pad.axis_widths(axis)
+        if (left - offset).value != 0:
+            raise ValueError(f"cat: manual_padding=True: {tv.short_name} is padded by {left} before it on axis {axis}; "
+                             f"the pieces before it span {offset}")
+        offset = offset + piece.get_logical_domain(no_reductions=True)[axis].extent
+        pieces.append(piece)
+    _, last_right = tvs[-1].definition.axis_widths(axis)  # type: ignore[union-attr]
+    if last_right.value != 0:
+        raise ValueError(f"cat: manual_padding=True: the last input {tvs[-1].short_name} is padded by {last_right} "
+                         f"after it on axis {axis}; the pieces must fill the result")
+    return pieces
+

@@ -15,21 +15,23 @@ from pyfuser.ir.dtypes import DataType, as_data_type
 from pyfuser.ir.iter_domain import IterType
 from pyfuser.ir.ops import BinaryOp, BinaryOpType, TernaryOp, TernaryOpType, UnaryOp, UnaryOpType
 from pyfuser.ir.ops.promotion import result_dtype
-from pyfuser.ir.ops.sizes import size_expression
+from pyfuser.ir.ops.sizes import host_expression, size_expression
 from pyfuser.ir.tensor_view import TensorView
 
 Kind = UnaryOpType | BinaryOpType | TernaryOpType
 
 
 class PointwiseOps(OpsBase):
-    def _pointwise(self, kind: Kind, operands: Sequence[Any]) -> Val:
+    def _pointwise(self, kind: Kind, operands: Sequence[Any], dtype: DataType | None = None) -> Val:
+        """``dtype``: the result dtype when the op decides it otherwise than its torch reference."""
         op = kind.name
         for k, x in enumerate(operands):
             self._check_operand(x, f"{op} operand {k}")
         tensors = [x for x in operands if isinstance(x, TensorView)]
         fn = kind.spec.fn
         assert fn is not None  # only cast has no reference, and it does not come through here
-        dtype = result_dtype(fn, operands)
+        probed = result_dtype(fn, operands)  # also rejects operands torch's op does not take
+        dtype = probed if dtype is None else dtype
         extents = self._pointwise_extents(op, tensors) if tensors else []
         vals = [self._val(x, f"{op} operand {k}") for k, x in enumerate(operands)]
         if tensors:
@@ -38,7 +40,8 @@ class PointwiseOps(OpsBase):
                                     dtype)
         else:
             out = Scalar(self._fusion, dtype)
-            out.extent_expr = size_expression(kind, vals)  # size arithmetic can size other ops
+            # size arithmetic, and other arithmetic of values known before any op runs, can size other ops
+            out.extent_expr = size_expression(kind, vals) or host_expression(op, fn, vals, dtype)
         if isinstance(kind, UnaryOpType):
             UnaryOp(self._fusion, kind, out, vals[0])
             return out
@@ -57,6 +60,7 @@ class PointwiseOps(OpsBase):
                                     target)
         else:
             out = Scalar(self._fusion, target)
+            out.extent_expr = host_expression("cast", lambda x: x, [val], target)
         UnaryOp(self._fusion, UnaryOpType.cast, out, val)
         return out
 
@@ -309,6 +313,15 @@ class PointwiseOps(OpsBase):
 
     # --- ternary -------------------------------------------------------------------------------------
     def where(self, cond: Operand, a: Operand, b: Operand) -> Val:
+        """``a`` where ``cond`` else ``b``. When both branches are scalars (Python numbers are Double,
+        Int, Bool and ComplexDouble scalars), the result has their promoted dtype, as nvFuser's
+        ``where``: ``where(t, 3.0, 5.0)`` is a double tensor where ``torch.where`` gives float32.
+        Otherwise torch's promotion."""
+        branches = [a, b]
+        if not any(isinstance(x, TensorView) for x in branches):
+            for k, x in enumerate(branches):
+                self._check_operand(x, f"where operand {k + 1}")
+            return self._pointwise(TernaryOpType.where, [cond, a, b], result_dtype(torch.add, branches))
         return self._pointwise(TernaryOpType.where, [cond, a, b])
 
     def clamp(self, x: Operand, min: Operand, max: Operand) -> Val:  # torch's argument names

@@ -58,25 +58,25 @@ class ReductionOps(PointwiseOps):
         """``tv`` (a reduction of a rank-``rank`` tensor over ``axes``) with those axes back as broadcasts."""
         return self.broadcast(tv, [d in axes for d in range(rank)])
 
-    def sum(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce(ReductionOpType.sum, x, dims, keepdim, dtype)
+    def sum(self, x: TensorView, dims: Sequence[int] | int | DataType | None = None, keepdim: bool = False,
+            dtype: DataType | torch.dtype = DataType.Null, *, dim: int | None = None) -> TensorView:
+        return self._reduce(ReductionOpType.sum, x, _dims(dims, dim, "sum"), keepdim, _dtype(dims, dtype))
 
-    def prod(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce(ReductionOpType.prod, x, dims, keepdim, dtype)
+    def prod(self, x: TensorView, dims: Sequence[int] | int | DataType | None = None, keepdim: bool = False,
+             dtype: DataType | torch.dtype = DataType.Null, *, dim: int | None = None) -> TensorView:
+        return self._reduce(ReductionOpType.prod, x, _dims(dims, dim, "prod"), keepdim, _dtype(dims, dtype))
 
-    def max(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce(ReductionOpType.max, x, dims, keepdim, dtype)
+    def max(self, x: TensorView, dims: Sequence[int] | int | DataType | None = None, keepdim: bool = False,
+            dtype: DataType | torch.dtype = DataType.Null, *, dim: int | None = None) -> TensorView:
+        return self._reduce(ReductionOpType.max, x, _dims(dims, dim, "max"), keepdim, _dtype(dims, dtype))
 
-    def min(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-            dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce(ReductionOpType.min, x, dims, keepdim, dtype)
+    def min(self, x: TensorView, dims: Sequence[int] | int | DataType | None = None, keepdim: bool = False,
+            dtype: DataType | torch.dtype = DataType.Null, *, dim: int | None = None) -> TensorView:
+        return self._reduce(ReductionOpType.min, x, _dims(dims, dim, "min"), keepdim, _dtype(dims, dtype))
 
-    def mean(self, x: TensorView, dims: Sequence[int] | int | None = None, keepdim: bool = False,
-             dtype: DataType | torch.dtype = DataType.Null) -> TensorView:
-        return self._reduce(ReductionOpType.mean, x, dims, keepdim, dtype)
+    def mean(self, x: TensorView, dims: Sequence[int] | int | DataType | None = None, keepdim: bool = False,
+             dtype: DataType | torch.dtype = DataType.Null, *, dim: int | None = None) -> TensorView:
+        return self._reduce(ReductionOpType.mean, x, _dims(dims, dim, "mean"), keepdim, _dtype(dims, dtype))
 
     def var_mean(self, x: TensorView, dims: Sequence[int] | int | None = None, correction: int = 1,
                  keepdim: bool = False) -> tuple[TensorView, TensorView]:
@@ -208,6 +208,26 @@ class ReductionOps(PointwiseOps):
 def _batched_linear(x: torch.Tensor, w: torch.Tensor, *bias: torch.Tensor) -> torch.Tensor:
     """The dtype rule of a linear with a weight of rank >= 3 (its probe: one-element tensors)."""
     return torch.matmul(x, w.transpose(-1, -2)) + (bias[0] if bias else 0)
+
+
+def _dims(dims: Sequence[int] | int | DataType | torch.dtype | None, dim: int | None,
+          op: str) -> Sequence[int] | int | None:
+    """The reduced axes of nvFuser's three forms: ``(arg, dtype)`` (every axis), ``(arg, dim, ...)``
+    and ``(arg, dims, ...)``; ``dim=`` is the keyword of the second."""
+    if dim is not None:
+        if dims is not None:
+            raise TypeError(f"{op}: pass dims or dim, not both")
+        return dim
+    return None if isinstance(dims, (DataType, torch.dtype)) else dims
+
+
+def _dtype(dims: object, dtype: DataType | torch.dtype) -> DataType | torch.dtype:
+    """``(arg, dtype)``: a dtype in the place of dims is the result dtype."""
+    if isinstance(dims, (DataType, torch.dtype)):
+        if as_data_type(dtype, allow_null=True) is not DataType.Null:
+            raise TypeError(f"a reduction got two dtypes: {dims} in the place of dims and dtype={dtype}")
+        return dims
+    return dtype
 
 
 def _reduction_axes(tv: TensorView, dims: Sequence[int] | int | None, op: str) -> list[int]:

@@ -120,6 +120,8 @@ class HostIrEvaluator:
         self.num_streams = num_streams
         self._streams_symbol = NUMBER_OF_STREAMS.name
         self.layouts = list(layouts)
+        #: the program's segments (``SegmentInfo``: name and scheduler), set by the compile driver for profiles
+        self.segments: list[Any] = []
         self._builders = step_builders
         self._slots: dict[object, int] = {}
         self._initial: list[Any] = []

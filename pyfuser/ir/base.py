@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from pyfuser.ir.dtypes import DataType, python_scalar_type
 from pyfuser.ir.eval_context import EvalContext
-from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar
+from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, sym_call
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
@@ -17,11 +17,22 @@ if TYPE_CHECKING:
     from pyfuser.ir.tensor_view import TensorView
 
 
+class KindFlag(int):
+    """A yes / no about a kind of value that reads both ways: pyfuser's ``v.is_tensor`` and nvFuser's
+    method call ``v.is_tensor()``."""
+
+    def __call__(self) -> bool:
+        return bool(self)
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+
 class Val:
     """A value of the fusion: a TensorView or a Scalar."""
 
     #: True for TensorView: lets modules below tensor_view.py tell tensors from scalars.
-    is_tensor: ClassVar[bool] = False
+    is_tensor: ClassVar[KindFlag] = KindFlag(False)
 
     def __init__(self, fusion: Fusion, dtype: DataType) -> None:
         self.fusion = fusion
@@ -73,7 +84,21 @@ class Scalar(Val):
         """Whether the value is known before any op runs: a constant, an input, or a size expression."""
         return self.is_const or self.is_fusion_input or self.extent_expr is not None
 
+    def host_expr(self) -> SymExpr | None:
+        """The value as a host expression when it is known before any op runs (a constant, an
+        integer input, scalar arithmetic of those and sizes), else None."""
+        if self.is_const:
+            return SymConst(self.value)  # type: ignore[arg-type]
+        if self.extent_expr is not None:
+            return self.extent_expr
+        if self.is_fusion_input and self.dtype.is_integral:
+            return SymVar(self.symbol)
+        return None
+
     def as_extent(self) -> SymExpr:
+        if self.dtype.is_floating and self.extent_expr is not None:
+            # nvFuser sizes ops with floating scalars computed on the host (192 * (1 / 32)): usable when whole
+            return sym_call("", (self.dtype.name,), "Int", _whole_size(str(self)), (self.extent_expr,))
         if not (self.dtype.is_integral):
             raise TypeError(f"scalar {self} of type {self.dtype} cannot be used as a size; expected an integer")
         if self.is_const:
@@ -225,3 +250,13 @@ class Expr(ABC):
 
 def indent_str(indent: int) -> str:
     return "  " * indent
+
+
+def _whole_size(what: str) -> Callable[[Any], int]:
+    def whole(value: Any) -> int:
+        if float(value) != int(value):
+            raise ValueError(f"scalar {what} = {value} sizes an op but is not a whole number")
+        return int(value)
+
+    return whole
+

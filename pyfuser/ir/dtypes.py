@@ -12,6 +12,9 @@ class DataType(Enum):
     Double = "double"
     Half = "__half"
     BFloat16 = "__bfloat"
+    #: 8-bit floats (storage and casts; arithmetic on them computes in a cast-up dtype, as torch's)
+    Float8_e4m3fn = "__e4m3"
+    Float8_e5m2 = "__e5m2"
     Int = "int64_t"
     Int32 = "int"
     #: nvFuser's type of a Philox seed / offset tensor (SDPA's RNG state); few ops take it
@@ -23,6 +26,11 @@ class DataType(Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    def __call__(self) -> DataType:
+        """The type itself: nvFuser's ``tv.dtype()`` is a method where pyfuser's ``tv.dtype`` is this value,
+        so both spellings give the DataType."""
+        return self
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -39,7 +47,12 @@ class DataType(Enum):
 
     @property
     def is_floating(self) -> bool:
-        return self in (DataType.Float, DataType.Double, DataType.Half, DataType.BFloat16)
+        return self in (DataType.Float, DataType.Double, DataType.Half, DataType.BFloat16, DataType.Float8_e4m3fn,
+                        DataType.Float8_e5m2)
+
+    @property
+    def is_float8(self) -> bool:
+        return self in (DataType.Float8_e4m3fn, DataType.Float8_e5m2)
 
     @property
     def is_complex(self) -> bool:
@@ -59,6 +72,8 @@ _TO_TORCH: dict[DataType, torch.dtype] = {
     DataType.Double: torch.float64,
     DataType.Half: torch.float16,
     DataType.BFloat16: torch.bfloat16,
+    DataType.Float8_e4m3fn: torch.float8_e4m3fn,
+    DataType.Float8_e5m2: torch.float8_e5m2,
     DataType.Int: torch.int64,
     DataType.Int32: torch.int32,
     DataType.UInt64: torch.uint64,

@@ -19,7 +19,7 @@ from pyfuser.ir.base import Expr, Scalar, Val
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.layout import stride_order_of_permutation
 from pyfuser.ir.ops.shape import BroadcastOp
-from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
+from pyfuser.ir.symbolic import SymBinary, SymCall, SymConst, SymExpr, SymVar
 from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
@@ -192,12 +192,22 @@ class _Printer:
             line = f"fd.ops.size({self._name(tv)}, dim={dim})"
         elif isinstance(e, SymBinary):
             line = self._size_arithmetic(e)
+        elif isinstance(e, SymCall):
+            args = [self._host_value(a) for a in e.args]
+            if not e.op:  # a floating value used as a size: the op takes it as it is
+                return args[0]
+            line = f"fd.ops.cast({args[0]}, dtype=DataType.{e.result})" if e.op == "cast" else \
+                f"fd.ops.{e.op}({', '.join(args)})"
         else:
             raise TypeError(f"cannot print size expression {e}")
         name = self._fresh("c")
         self._emit(f"{name} = {line}")
         self.size_names[e] = name
         return name
+
+    def _host_value(self, e: SymExpr) -> str:
+        """An operand of host scalar arithmetic: a constant of any type as a literal, else a size."""
+        return literal(e.val) if isinstance(e, SymConst) else self._size(e)
 
     def _size_arithmetic(self, e: SymBinary) -> str:
         a, b = self._size(e.lhs), self._size(e.rhs)

@@ -8,8 +8,9 @@ Extents of IterDomains are small immutable expression trees over named integers 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class SymExpr(ABC):
@@ -220,3 +221,36 @@ def product(items: list[SymExpr]) -> SymExpr:
     for item in items:
         result = result * item
     return result
+
+
+@dataclass(frozen=True, slots=True)
+class SymCall(SymExpr):
+    """A value computed on the host from other symbolic values: scalar arithmetic that is not size
+    arithmetic (``signbit``, ``fmod``, a cast, a float product), known before any op runs. ``op`` is
+    the ``fd.ops`` name (``""``: a conversion to a size), ``operands`` / ``result`` the dtype names."""
+
+    op: str
+    operands: tuple[str, ...]
+    result: str
+    fn: Callable[..., Any] = field(compare=False)
+    args: tuple[SymExpr, ...]
+
+    def evaluate(self, env: Mapping[str, int]) -> Any:
+        return self.fn(*(a.evaluate(env) for a in self.args))
+
+    def free_names(self) -> frozenset[str]:
+        return frozenset().union(*(a.free_names() for a in self.args))
+
+    def __str__(self) -> str:
+        return f"{self.op or 'size'}({', '.join(map(str, self.args))})"
+
+
+def sym_call(op: str, operands: tuple[str, ...], result: str, fn: Callable[..., Any],
+             args: tuple[SymExpr, ...]) -> SymExpr:
+    """``SymCall``, folded to a constant when every argument is one and the result is an int."""
+    call = SymCall(op, operands, result, fn, args)
+    if not call.free_names():
+        value = call.evaluate({})
+        if isinstance(value, int) and not isinstance(value, bool):
+            return SymConst(value)
+    return call

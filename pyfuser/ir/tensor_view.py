@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.base import KindFlag, Scalar, Val
 from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.domain_replay import replay_allocation
 from pyfuser.ir.dtypes import DataType
@@ -39,7 +39,7 @@ class MemoryType(Enum):
 
 
 class TensorView(Val):
-    is_tensor: ClassVar[bool] = True
+    is_tensor: ClassVar[KindFlag] = KindFlag(True)
 
     def __init__(self, fusion: Fusion, domain: TensorDomain, dtype: DataType,
                  memory_type: MemoryType = MemoryType.Local) -> None:
@@ -110,6 +110,16 @@ class TensorView(Val):
 
     def has_allocation_domain(self) -> bool:
         return self._domain.has_allocation
+
+    def has_root(self) -> bool:
+        """Whether the logical domain derives from a separate root domain (an rfactor's output).
+        A reshape output has none in pyfuser: reshape is an op on whole tensors, not root-to-logical
+        ID transforms as in nvFuser."""
+        return self._domain.root is not None
+
+    def get_root_domain(self) -> list[IterDomain]:
+        """The root domain, or the logical domain when there is none (nvFuser's ``getMaybeRootDomain``)."""
+        return list(self._domain.root if self._domain.root is not None else self._domain.logical)
 
     @property
     def contiguity(self) -> Contiguity:

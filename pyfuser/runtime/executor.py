@@ -6,6 +6,7 @@ sizes, run the compiled program. Validation and compilation happen on a signatur
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import is_dense, memory_order
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CommunicatorBackend, CompileOptions, EnableOption, check_options, comm_backend
+from pyfuser.runtime import profiling
 from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.cuda_graph import CudaGraphProgram
 from pyfuser.runtime.inputs import InputBinder, check_devices, signature
@@ -123,6 +125,7 @@ class FusionExecutorCache:
     def run(self, args: Sequence[Any], *, device: torch.device | str | int | None = None,
             enable_options: Sequence[str] = (), disable_options: Sequence[str] = (),
             backend: CommunicatorBackend | str | None = None) -> list[torch.Tensor]:
+        started = time.perf_counter() if profiling.active() else 0.0
         if self._version != self.fusion.version:
             self._reset()
         binder = self._binder
@@ -158,10 +161,20 @@ class FusionExecutorCache:
             torch._C._set_grad_enabled(False)
         try:
             outputs = program.run(args, EvalContext(env, resolved))
-            return self._write_aliases(given, outputs) if self._aliases else outputs
+            outputs = self._write_aliases(given, outputs) if self._aliases else outputs
         finally:
             if grad:
                 torch._C._set_grad_enabled(True)
+        if profiling.active():
+            profiling.record(self.fusion, self.segments(), resolved, started, given, outputs)
+        return outputs
+
+    def segments(self) -> list[profiling.SegmentInfo]:
+        """The segments of the program the latest ``run`` executed."""
+        program = self.last_program
+        if isinstance(program, CudaGraphProgram):
+            program = program.program
+        return list(getattr(program, "segments", []))
 
     def _key(self, args: Sequence[Any], binder: InputBinder, device: torch.device | str | int | None,
              enable_options: Sequence[str], disable_options: Sequence[str],

@@ -99,7 +99,9 @@ class ScalarSpec:
         allowed = {bool: (bool,), int: (bool, int), float: (bool, int, float),
                    complex: (bool, int, float, complex)}[kind]
         if not isinstance(value, allowed):
-            raise TypeError(f"input {position} ({self.name}): expected a {self.dtype} scalar, got {value!r}")
+            # a tensor by its kind, not its values (which can be many)
+            got = f"a {value.dtype} tensor of rank {value.dim()}" if isinstance(value, torch.Tensor) else repr(value)
+            raise TypeError(f"input {position} ({self.name}): expected a {self.dtype} scalar, got {got}")
         check_scalar_value(value, self.dtype, position, self.name)
 
 

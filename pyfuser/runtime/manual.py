@@ -9,6 +9,7 @@ density, dtypes), like programs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.layout import contiguity_of_strides, memory_order
 from pyfuser.ir.tensor_view import TensorView
+from pyfuser.runtime import profiling
 from pyfuser.runtime.inputs import InputBinder
 from pyfuser.scheduler.reduction import schedule_final_step
 from pyfuser.scheduler.registry import Machine
@@ -57,6 +59,7 @@ class ManualKernels:
 
     def run(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4,
             loop_stages: int = 0, evict_last: bool = True) -> list[torch.Tensor]:
+        started = time.perf_counter() if profiling.active() else 0.0
         if self._version != self.fusion.version:
             self._kernels.clear()
             self._binder = InputBinder(self.fusion.inputs())
@@ -78,7 +81,11 @@ class ManualKernels:
         if binder.has_scalars:
             args = binder.coerce(args)
         try:
-            return kernel.run(EvalContext(binder.bind(args), device), *args)
+            outputs = kernel.run(EvalContext(binder.bind(args), device), *args)
+            if started:  # one kernel, scheduled by the user (nvFuser's scheduler name "user")
+                profiling.record(self.fusion, [profiling.SegmentInfo(kernel.name, "user")], device, started, args,
+                                 outputs)
+            return outputs
         except NoPrograms:
             outputs = ", ".join(o.short_name for o in self.fusion.outputs() if isinstance(o, TensorView))
             raise ValueError(f"manual_execute: the schedule's grid has no program for these sizes (an extent it spans "

@@ -24,10 +24,18 @@ class MultiDeviceExecutorParams:
     all-gather + GEMM and GEMM + reduce-scatter pipelines over copy-engine P2P transfers in symmetric
     memory; ``nccl`` / ``gloo`` (or None, the default: ``PYFUSER_COMM_BACKEND``, else the process
     group's) use torch.distributed collectives.
+
+    ``use_allocation_cache``, ``number_of_streams``, ``offset_stream_indexing_by_rank`` and
+    ``inter_stream_synchronization`` tune nvFuser's own Host IR executor. They are accepted so its
+    scripts run unchanged; pyfuser's programs do not read them (results do not depend on them).
     """
 
     device: torch.device | str | None = None
     backend_type: CommunicatorBackend | None = None
+    use_allocation_cache: bool = False
+    number_of_streams: int = 3
+    offset_stream_indexing_by_rank: bool = False
+    inter_stream_synchronization: bool = False
 
 
 class MultiDeviceExecutor:

@@ -19,7 +19,7 @@ from pyfuser.codegen.kernel_sequence import KernelSequence
 from pyfuser.codegen.launcher import BoundRun
 from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
 from pyfuser.ir.eval_context import EvalContext
-from pyfuser.ir.symbolic import SymBinary, SymExpr, SymVar
+from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
 from pyfuser.scheduler.registry import Machine, SizeHints
 
 #: Kept extents from here on schedule alike (every SM busy many times over).
@@ -78,10 +78,17 @@ def _symbols(e: SymExpr) -> set[str]:
     return set()
 
 
+def _plain(e: SymExpr) -> bool:
+    """Whether ``e`` is size arithmetic only (host scalar arithmetic, ``SymCall``, evaluates instead)."""
+    if isinstance(e, SymBinary):
+        return _plain(e.lhs) and _plain(e.rhs)
+    return isinstance(e, (SymConst, SymVar))
+
+
 def _bucket_function(reduced: SymExpr, kept: SymExpr) -> Callable[[dict[str, int]], tuple[int, int]]:
     """``env -> (reduced bucket, kept bucket)`` as straight-line Python (it runs on every launch)."""
     names = sorted(_symbols(reduced) | _symbols(kept))
-    if not all(n.isidentifier() for n in names):
+    if not all(n.isidentifier() for n in names) or not (_plain(reduced) and _plain(kept)):
         return lambda env: (next_power_of_2(max(1, int(reduced.evaluate(env)))),
                             min(next_power_of_2(max(1, int(kept.evaluate(env)))), KEPT_CAP))
     lines = ["def bucket(env):", *(f"    {n} = env[{n!r}]" for n in names),

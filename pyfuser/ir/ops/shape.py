@@ -92,13 +92,19 @@ class SqueezeOp(Expr):
         self.flags = tuple(flags)
         self.dims = tuple(i for i, f in enumerate(self.flags) if f)
         in_ids = inp.get_logical_domain(no_reductions=True)
-        self.runtime_checked = [d for d in self.dims if not in_ids[d].is_broadcast and in_ids[d].extent.value != 1]
+        #: Expanded broadcast axes (stride 0, any size): squeezed by keeping their first slice.
+        self.expanded = [d for d in self.dims if in_ids[d].expanded]
+        self.runtime_checked = [d for d in self.dims if not in_ids[d].is_broadcast and in_ids[d].extent.value != 1
+                                and d not in self.expanded]
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         for d in self.runtime_checked:
             if x.shape[d] != 1:
                 raise ValueError(f"squeeze: {self.inputs[0].short_name} axis {d} has size {x.shape[d]}; "  # type: ignore[attr-defined]
                                  "only size-1 axes can be squeezed")
+        if self.expanded:
+            x = x.narrow(self.expanded[0], 0, 1) if len(self.expanded) == 1 else x[
+                tuple(slice(0, 1) if d in self.expanded else slice(None) for d in range(x.dim()))]
         return [x.squeeze(self.dims) if self.dims else x]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
@@ -106,7 +112,8 @@ class SqueezeOp(Expr):
         return dict(zip(kept, self.output.get_logical_domain(), strict=True))
 
     def python_call(self) -> PythonCall:
-        return PythonCall("squeeze", (self.inputs[0],), {"dims": list(self.dims)})
+        extra = {"squeeze_expanded": True} if self.expanded else {}
+        return PythonCall("squeeze", (self.inputs[0],), {"dims": list(self.dims), **extra})
 
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "squeeze", self.inputs, f"flags = {bool_flags(self.flags)}", indent)

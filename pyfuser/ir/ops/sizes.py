@@ -7,14 +7,17 @@ shape, dynamic pad widths and slice bounds). Used as a value it evaluates from t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from pyfuser.ir.base import Expr, PythonCall, Scalar, Val
+from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header
 from pyfuser.ir.ops.pointwise import BinaryOpType
-from pyfuser.ir.symbolic import SymExpr, binary
+from pyfuser.ir.symbolic import SymExpr, binary, sym_call
 
 if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
@@ -35,6 +38,25 @@ def size_expression(kind: Any, operands: Sequence[Val]) -> SymExpr | None:
         return None
     a, b = (v.as_extent() for v in operands)  # type: ignore[attr-defined]
     return binary(op, a, b)
+
+
+def host_expression(label: str, fn: Callable[..., torch.Tensor], operands: Sequence[Val],
+                    out_dtype: DataType) -> SymExpr | None:
+    """``fn`` (a torch reference) of scalars whose values are known before any op runs, as a host
+    expression in ``out_dtype`` (nvFuser evaluates such scalar graphs on the host, so they can size
+    ops); None when an operand is not known before ops run."""
+    if not all(isinstance(v, Scalar) for v in operands):
+        return None
+    exprs = [v.host_expr() for v in operands]  # type: ignore[attr-defined]
+    if any(e is None for e in exprs):
+        return None
+    dtypes = [v.dtype.torch_dtype for v in operands]
+
+    def apply(*values: Any) -> Any:
+        result = fn(*(torch.tensor(x, dtype=dt) for x, dt in zip(values, dtypes, strict=True)))
+        return result.to(out_dtype.torch_dtype).item()
+
+    return sym_call(label, tuple(v.dtype.name for v in operands), out_dtype.name, apply, tuple(exprs))  # type: ignore[arg-type]
 
 
 class SizeOp(Expr):

@@ -1,0 +1,281 @@
+"""Run nvFuser's own Python tests against pyfuser and print pass / fail counts per file.
+
+    python scripts/nvfuser_tests.py /path/to/Fuser [--files test_repro.py ...] [--multidevice] [-k EXPR]
+
+``/path/to/Fuser`` is a checkout of NVIDIA/Fuser (only ``tests/python`` is read; nothing of it is
+copied here). The tests run unmodified; the harness only sets up their environment:
+
+- ``nvfuser_direct`` is pyfuser, through pyfuser's documented alias (``pyfuser.install_nvfuser_alias()``:
+  renames and re-exports, ``nvfuser_direct.X`` is ``pyfuser.X``);
+- on a machine without a GPU, CUDA tensors are CPU tensors: a torch function mode rewrites
+  ``device="cuda"`` (keywords, ``Tensor.to("cuda")``, ``Tensor.cuda()``) to the CPU, and the few
+  ``torch.cuda`` queries the tests make for gating (device properties and capability, current device,
+  count, synchronize, the RNG state) answer as one Hopper GPU would. CUDA streams, cudart and nvFuser's
+  CUTLASS kernels are not emulated: tests that use them count as "needs a GPU", as do tests sized
+  for a GPU, which an address-space limit per test process (``--memory-gb``) and a time limit per
+  test (``--test-timeout``) stop before they exhaust the host;
+- direct tests run one pytest per file (a timeout per file); multidevice files run under
+  ``torchrun --nproc-per-node 2``, their NCCL process groups on gloo (``--multidevice``).
+  ``test_high_complexity.py`` runs only when named (``--files``): over 10 minutes on 2 CPU cores.
+
+nvFuser's test helpers import ``looseversion`` and ``expecttest``: install them first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Loaded by pytest (``-p nvfuser_cpu_env``) before nvFuser's conftest files import nvfuser_direct.
+PLUGIN = '''
+import json
+import os
+import resource
+import signal
+import types
+
+import pytest
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+import pyfuser
+
+pyfuser.install_nvfuser_alias()
+
+_limit = int(os.environ.get("NVFUSER_TESTS_MEMORY_BYTES", "0"))
+if _limit:  # a test sized for an 80 GB GPU fails with an allocation error instead of exhausting the host
+    resource.setrlimit(resource.RLIMIT_AS, (_limit, _limit))
+
+
+_test_timeout = int(os.environ.get("NVFUSER_TESTS_TEST_TIMEOUT", "0"))
+
+
+def _out_of_time(signum, frame):
+    raise TimeoutError(f"test ran over {_test_timeout} s on this machine (--test-timeout)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test sized for a GPU that would run for many minutes on a CPU stops at the limit."""
+    if _test_timeout:
+        signal.signal(signal.SIGALRM, _out_of_time)
+        signal.alarm(_test_timeout)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+
+
+def pytest_runtest_logreport(report):
+    """One line per test as it finishes, so a run cut short still counts what it ran."""
+    if report.when == "call" or report.outcome != "passed":
+        message = ""
+        if report.outcome != "passed":
+            message = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            crash = getattr(report.longrepr, "reprcrash", None)
+            message = crash.message if crash is not None else message
+        outcome = report.outcome if report.when == "call" or report.outcome == "skipped" else "error"
+        record = {"id": report.nodeid, "outcome": outcome, "message": message,
+                  "text": str(report.longrepr)[-2000:] if report.outcome == "failed" else ""}
+        with open(os.environ["NVFUSER_TESTS_LOG"], "a") as log:
+            log.write(json.dumps(record) + "\\n")
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        record = {"id": report.nodeid + "::<collection>", "outcome": "error",
+                  "message": str(report.longrepr).strip().splitlines()[-1], "text": str(report.longrepr)[-2000:]}
+        with open(os.environ["NVFUSER_TESTS_LOG"], "a") as log:
+            log.write(json.dumps(record) + "\\n")
+
+if not torch.cuda.is_available():
+    def _cpu(device):
+        if isinstance(device, str) and device.startswith("cuda"):
+            return "cpu"
+        if isinstance(device, torch.device) and device.type == "cuda":
+            return torch.device("cpu")
+        if isinstance(device, int) and not isinstance(device, bool):
+            return "cpu"
+        return device
+
+    class _CudaOnCpu(TorchFunctionMode):
+        """device="cuda" anywhere in torch's API means the CPU."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if func is torch.Tensor.cuda:
+                return args[0]
+            if "device" in kwargs:
+                kwargs["device"] = _cpu(kwargs["device"])
+            if func is torch.Tensor.to:
+                args = (args[0], *(_cpu(a) for a in args[1:]))
+            return func(*args, **kwargs)
+
+    _CudaOnCpu().__enter__()
+
+    _props = types.SimpleNamespace(name="CPU standing in for a Hopper GPU", major=9, minor=0,
+                                   total_memory=80 << 30, multi_processor_count=132)
+    torch.cuda.get_device_properties = lambda *a, **k: _props
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.set_device = lambda *a, **k: None
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+
+    _init_process_group = torch.distributed.init_process_group
+
+    def _gloo_process_group(*args, **kwargs):
+        """NCCL process groups of the multidevice tests run on gloo."""
+        kwargs.pop("device_id", None)
+        if kwargs.get("backend") == "nccl":
+            kwargs["backend"] = "gloo"
+        return _init_process_group(*args, **kwargs)
+
+    torch.distributed.init_process_group = _gloo_process_group
+'''
+
+# Failures that are the machine's, not pyfuser's: counted apart, as "needs a GPU" (CUDA-only APIs, and
+# tests sized for a GPU's memory that the --memory-gb limit stops).
+GPU_ONLY = re.compile(r"Torch not compiled with CUDA|cudart|nvf_cutlass|No CUDA GPUs|CUDA driver|"
+                      r"torch\.cuda\.(Stream|Event)|Found no NVIDIA driver|nccl|"
+                      r"DefaultCPUAllocator: can't allocate memory|with arguments from the 'CPU' backend|"
+                      r"on this machine \(--test-timeout\)",
+                      re.IGNORECASE)
+
+DIRECT_SKIP = {"test_high_complexity.py": "over 10 minutes on a 2-core CPU machine (--files runs it)"}
+
+
+def write_env(tmp: Path, checkout: Path) -> dict[str, str]:
+    (tmp / "nvfuser_cpu_env.py").write_text(textwrap.dedent(PLUGIN))
+    (tmp / "pytest.ini").write_text("[pytest]\n")
+    env = dict(os.environ)
+    paths = [str(tmp), str(checkout / "tests"), str(REPO), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def pytest_args(tmp: Path, checkout: Path, test: Path, k: str | None) -> list[str]:
+    args = ["-m", "pytest", str(test), "-p", "nvfuser_cpu_env", "-c", str(tmp / "pytest.ini"),
+            "--rootdir", str(checkout), "--confcutdir", str(checkout / "tests"), "-p", "no:cacheprovider",
+            "-q", "--no-header", "-rN"]
+    return args + (["-k", k] if k else [])
+
+
+def read_results(log: Path) -> list[tuple[str, str, str]]:
+    """(test id, outcome, first line of the message) per test the plugin logged (rank 0's)."""
+    if not log.exists():
+        return []
+    results = {}
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        outcome, message = record["outcome"], record["message"]
+        if outcome in ("failed", "error") and GPU_ONLY.search(f"{message}\n{record['text']}"):
+            outcome = "gpu"
+        if record["id"] not in results or results[record["id"]][0] == "passed":  # a teardown error counts
+            results[record["id"]] = (outcome, message.strip().splitlines()[0][:160] if message.strip() else "")
+    return [(test_id, outcome, message) for test_id, (outcome, message) in results.items()]
+
+
+def run_file(tmp: Path, checkout: Path, env: dict[str, str], test: Path, nproc: int, timeout: int,
+             k: str | None) -> tuple[list[tuple[str, str, str]], str]:
+    args = pytest_args(tmp, checkout, test, k)
+    log = tmp / f"{test.parent.name}_{test.stem}.rank0.jsonl"
+    env = dict(env, NVFUSER_TESTS_LOG=str(log).replace(".rank0.", ".rank${RANK}."))
+    if nproc > 1:
+        # Every rank runs every test and logs its own results; rank 0's are read.
+        per_rank = f'NVFUSER_TESTS_LOG="{env["NVFUSER_TESTS_LOG"]}" exec "$0" "$@"'
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
+               "--no-python", "bash", "-c", per_rank, sys.executable, *args]
+    else:
+        env["NVFUSER_TESTS_LOG"] = str(log)
+        cmd = [sys.executable, *args]
+    # A session of its own: on a timeout every rank torchrun started goes too (a rank left behind
+    # would keep the rendezvous port of the next file's process group).
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            _, stderr = proc.communicate(timeout=timeout)
+            note = "" if proc.returncode in (0, 1, 2) else f"exit {proc.returncode}: {stderr.strip()[-200:]}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            note = f"timed out after {timeout} s"
+    return read_results(log), note
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkout", type=Path, help="a checkout of NVIDIA/Fuser")
+    parser.add_argument("--files", nargs="*", help="file names under tests/python/direct or multidevice")
+    parser.add_argument("--multidevice", action="store_true", help="also run tests/python/multidevice (torchrun)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks for multidevice files")
+    parser.add_argument("--timeout", type=int, default=2400, help="seconds per file")
+    parser.add_argument("-k", help="pytest -k expression")
+    parser.add_argument("--memory-gb", type=float, default=10.0,
+                        help="address-space limit of each test process (tests sized for an 80 GB GPU then fail "
+                             "instead of exhausting the host); 0: none")
+    parser.add_argument("--test-timeout", type=int, default=180,
+                        help="seconds one test may run (GPU-sized tests crawl on a CPU); 0: none")
+    parser.add_argument("-v", "--verbose", action="store_true", help="list every failing test")
+    opts = parser.parse_args()
+    tests = opts.checkout.resolve() / "tests" / "python"
+    files = [(p, 1) for p in sorted((tests / "direct").glob("test_*.py"))]
+    if opts.multidevice:
+        files += [(p, opts.nproc) for p in sorted((tests / "multidevice").glob("test_*.py"))]
+    if opts.files:
+        files = [(p, n) for p, n in files if p.name in opts.files or f"{p.parent.name}/{p.name}" in opts.files]
+        if opts.multidevice is False:
+            files += [(p, opts.nproc) for p in sorted((tests / "multidevice").glob("test_*.py"))
+                      if f"multidevice/{p.name}" in opts.files]
+    else:
+        files = [(p, n) for p, n in files if p.name not in DIRECT_SKIP or n > 1]
+        for name, why in DIRECT_SKIP.items():
+            print(f"skipped direct/{name}: {why}")
+    totals: collections.Counter[str] = collections.Counter()
+    causes: collections.Counter[str] = collections.Counter()
+    with tempfile.TemporaryDirectory(prefix="nvfuser_tests_") as name:
+        tmp = Path(name)
+        env = write_env(tmp, opts.checkout.resolve())
+        env["NVFUSER_TESTS_MEMORY_BYTES"] = str(int(opts.memory_gb * (1 << 30)))
+        env["NVFUSER_TESTS_TEST_TIMEOUT"] = str(opts.test_timeout)
+        print(f"{'file':42} {'pass':>5} {'fail':>5} {'gpu':>5} {'skip':>5}")
+        for test, nproc in files:
+            results, note = run_file(tmp, opts.checkout.resolve(), env, test, nproc, opts.timeout, opts.k)
+            counts = collections.Counter(outcome for _, outcome, _ in results)
+            counts["failed"] += counts.pop("error", 0)
+            totals.update(counts)
+            label = f"{test.parent.name}/{test.name}"
+            print(f"{label:42} {counts['passed']:5} {counts['failed']:5} {counts['gpu']:5} {counts['skipped']:5}"
+                  f"{'  ' + note if note else ''}", flush=True)
+            for test_id, outcome, message in results:
+                if outcome in ("failed", "error"):
+                    causes[re.sub(r"T\d+_g|0x[0-9a-f]+|\d+", "#", message)[:110]] += 1
+                    if opts.verbose:
+                        print(f"    FAIL {test_id.split('.')[-1]}: {message}")
+    ran = totals["passed"] + totals["failed"]
+    share = f" ({100 * totals['passed'] / ran:.1f}%)" if ran else ""
+    print(f"{'total':42} {totals['passed']:5} {totals['failed']:5} {totals['gpu']:5} {totals['skipped']:5}"
+          f"   passed {totals['passed']} of {ran} that ran on this machine{share}")
+    if causes:
+        print("failures by message:")
+        for message, count in causes.most_common():
+            print(f"  {count:4}  {message}")
+    return 0 if totals["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
