@@ -83,6 +83,7 @@ class AttentionOps(OpsBase):
         p = self._scalar("sdpfa_bwd", "dropout_p", 0.0 if dropout_p is None else dropout_p, True)
         causal = self._scalar("sdpfa_bwd", "is_causal", False if is_causal is None else is_causal, False)
         s = self._scalar("sdpfa_bwd", "scale", scale, True)
+        assert p is not None and causal is not None  # given values (the defaults above), never None
         outputs = [self._new_tv([clone_id(self, i) for i in t.get_logical_domain(no_reductions=True)], t.dtype)
                    for t in (q, k, v)]
         inputs: list[Val] = [grad, q, k, v, out, lse, p, causal, seed, offset]

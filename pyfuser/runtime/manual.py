@@ -87,9 +87,9 @@ class ManualKernels:
                                  outputs)
             return outputs
         except NoPrograms:
-            outputs = ", ".join(o.short_name for o in self.fusion.outputs() if isinstance(o, TensorView))
+            names = ", ".join(o.short_name for o in self.fusion.outputs() if isinstance(o, TensorView))
             raise ValueError(f"manual_execute: the schedule's grid has no program for these sizes (an extent it spans "
-                             f"is 0), but not every output ({outputs}) is empty, so no program would write them; "
+                             f"is 0), but not every output ({names}) is empty, so no program would write them; "
                              "fd.execute computes them for such sizes") from None
 
     def _compile(self, args: Sequence[Any], device: torch.device, reference: int | None,

@@ -56,7 +56,7 @@ def host_expression(label: str, fn: Callable[..., torch.Tensor], operands: Seque
         result = fn(*(torch.tensor(x, dtype=dt) for x, dt in zip(values, dtypes, strict=True)))
         return result.to(out_dtype.torch_dtype).item()
 
-    return sym_call(label, tuple(v.dtype.name for v in operands), out_dtype.name, apply, tuple(exprs))  # type: ignore[arg-type]
+    return sym_call(label, tuple(v.dtype.name for v in operands), out_dtype.name, apply, tuple(exprs))
 
 
 class SizeOp(Expr):
