@@ -1,6 +1,6 @@
 """Benchmark: all-gather + linear (seed 004) against its anchors, every size in one run.
 
-    torchrun --nproc-per-node 2 benchmarks/ag_linear.py benchmarks/results/ag_linear_h200x2 [--profile DIR]
+    torchrun --nproc-per-node 2 benchmarks/ag_linear.py benchmarks/results [--profile DIR]
     torchrun --nproc-per-node 2 benchmarks/ag_linear.py /tmp/ag --smoke       # CPU, gloo, tiny sizes
 
 Each rank holds ``M / D`` rows of ``x [M, K]`` and its own weight ``[N, K]`` (N per rank, a column-parallel
@@ -15,8 +15,9 @@ shard); the output is ``[M, N]`` per rank. Measured with the same buffers, per s
   stream) with NCCL collectives; ``pyfuser_p2p_S{S}``: the same with ``CommunicatorBackend.cuda`` (the P2P
   pipeline over the copy engines). ``pyfuser_best``: the fastest P2P variant.
 
-Rank 0 writes PREFIX.json and PREFIX.md. ``--profile DIR``: chrome traces of pyfuser's S = 1 and S = 2
-programs at the first size on every rank, a summary and a timeline PNG (compute and copy streams per rank).
+Rank 0 writes ``OUT/ag_linear_<kind>.json`` and ``.md`` (kind ``h200x2``: two H200s), over the previous
+run's. ``--profile DIR``: chrome traces of pyfuser's S = 1 and S = 2 programs at the first size on every
+rank, a summary and a timeline PNG (compute and copy streams per rank).
 """
 
 from __future__ import annotations
@@ -163,4 +164,4 @@ COLUMNS = [("size", "M, K, N per rank"), ("gemm_ms", "GEMM"), ("allgather_ms", "
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "All-gather + linear (seed 004)", COLUMNS, measure, profile))
+    sys.exit(main("ag_linear", __doc__, "All-gather + linear (seed 004)", COLUMNS, measure, profile))

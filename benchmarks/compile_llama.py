@@ -9,11 +9,12 @@ of a cached one-kernel region (``x * 2 + 1`` on 1024 elements): calls per second
 The layer is written here in plain torch (RMSNorm, rotary embeddings, causal SDPA, SwiGLU MLP), the
 math of Hugging Face's ``LlamaDecoderLayer``, so the benchmark needs no ``transformers``.
 
-    python benchmarks/compile_llama.py --out benchmarks/results/compile_llama_h100   # on a GPU
-    python benchmarks/compile_llama.py --cases small --interleave 12                 # host-bound A/B
-    python benchmarks/compile_llama.py --device cpu --quick                          # CPU smoke run
+    python benchmarks/compile_llama.py --interleave 20 --out benchmarks/results   # on a GPU
+    python benchmarks/compile_llama.py --cases small --interleave 12              # host-bound A/B
+    python benchmarks/compile_llama.py --device cpu --quick                       # CPU smoke run
 
-Not a test: numbers depend on the machine. Writes ``<out>.json`` and ``<out>.md``.
+Not a test: numbers depend on the machine. With ``--out DIR`` writes ``DIR/compile_llama_<kind>.json`` and
+``.md`` (``compile_llama_<cases>_<kind>`` for a subset of the cases), over the previous run's.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import statistics
 import sys
 import time
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch._dynamo
 import torch.nn.functional as F
+from results_files import machine_kind, write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -347,7 +348,7 @@ def main() -> None:
     parser.add_argument("--cases", default="large,small", help="comma-separated subset of large,small")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--iters", type=int, default=None)
-    parser.add_argument("--out", default=None, help="path prefix of the .json and .md results")
+    parser.add_argument("--out", default=None, help="results folder (benchmarks/results: the current results)")
     parser.add_argument("--interleave", type=int, default=0, metavar="TURNS",
                         help=f"also time {', '.join(INTERLEAVABLE)} together in TURNS rotated turns, and "
                              f"{', '.join(INTERLEAVABLE_GRAPHS)} (host-bound cases)")
@@ -381,11 +382,10 @@ def main() -> None:
                        "iters": iters, "interleave": args.interleave, "command": " ".join(["python", *sys.argv])},
               "cases": cases, "host_overhead": overhead}
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-        out.with_suffix(".md").write_text(markdown(report))
-        print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+        variant = "" if set(args.cases.split(",")) == {"large", "small"} else "-".join(args.cases.split(","))
+        kind = machine_kind(report["meta"]["device_name"])
+        prefix = write_results("compile_llama", kind, report, markdown(report), Path(args.out), variant=variant)
+        print(f"wrote {prefix}.json and {prefix}.md")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """CPU overhead of pyfuser's Python layers on a 20-op pointwise fusion of tiny tensors.
 
 Measures definition time, first execute (compile + run), cached execute (median of many) and the
-same 20 torch ops run eagerly, then writes ``benchmarks/results/cpu_overhead_<date>.{md,json}``.
+same 20 torch ops run eagerly, then writes ``benchmarks/results/cpu_overhead_<kind>.{md,json}`` over the previous run's.
 Not a test: numbers depend on the machine.
 
     python benchmarks/cpu_overhead.py [--repeats 2000] [--size 8] [--profile] [--machine "..."]
@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from results_files import write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyfuser import FusionDefinition
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.eval_context import EvalContext
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def twenty_ops(ops: Any, x: Any, y: Any) -> Any:
@@ -149,10 +148,8 @@ def profile_cached(size: int, repeats: int) -> str:
 
 def write(result: dict[str, Any], machine: str, profile: str | None) -> Path:
     today = datetime.date.today().isoformat()
-    RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {"machine": machine, "date": today, "torch": torch.__version__, "python": sys.version.split()[0],
             "load_average_1min": round(os.getloadavg()[0], 2)}
-    (RESULTS / f"cpu_overhead_{today}.json").write_text(json.dumps({**meta, **result}, indent=2) + "\n")
     lines = [
         f"# CPU overhead: 20-op pointwise fusion ({today})", "",
         f"Machine: {machine}; torch {meta['torch']}, Python {meta['python']}; one torch thread; load average "
@@ -193,9 +190,7 @@ def write(result: dict[str, Any], machine: str, profile: str | None) -> Path:
     ]
     if profile is not None:
         lines += ["", "## cProfile of cached executes (top 15 by own time)", "", "```", profile.strip(), "```"]
-    path = RESULTS / f"cpu_overhead_{today}.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_results("cpu_overhead", "cpu", {**meta, **result}, "\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -214,7 +209,7 @@ def main() -> None:
     if profile is not None:
         print(profile)
     if not args.no_write:
-        print(f"wrote {write(result, args.machine, profile)}")
+        print(f"wrote {write(result, args.machine, profile)}.json and .md")
 
 
 if __name__ == "__main__":

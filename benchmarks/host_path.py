@@ -38,11 +38,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from compile_llama import DecoderLayer, rotary  # noqa: E402 (the benchmarks folder is not a package)
 from cpu_overhead import median_seconds  # noqa: E402
+from results_files import RESULTS, write_results  # noqa: E402
 
 from pyfuser import DataType, FusionDefinition  # noqa: E402
 from pyfuser.integrations.torch_compile import PyfuserBackend  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _median_us(fn: Callable[[], Any], repeats: int) -> float:
@@ -180,10 +179,9 @@ COUNTS = ["llama_layer_regions", "llama_layer_kernels", "llama_layer_aten_calls"
           "llama_training_regions", "llama_training_kernels", "llama_training_aten_calls", "llama_training_eager_ops"]
 
 
-def write(results: dict[str, dict[str, float]], machine: str, out: Path) -> None:
+def write(results: dict[str, dict[str, float]], machine: str, out: Path) -> Path:
     meta = {"machine": machine, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
             "python": sys.version.split()[0], "load_average_1min": round(os.getloadavg()[0], 2)}
-    out.with_suffix(".json").write_text(json.dumps({**meta, "results": results}, indent=2) + "\n")
     labels = list(results)
     lines = [f"# pyfuser host path on a CPU ({meta['date']})", "",
              f"Machine: {machine}; torch {meta['torch']}, Python {meta['python']}; one torch thread; load average "
@@ -198,7 +196,7 @@ def write(results: dict[str, dict[str, float]], machine: str, out: Path) -> None
         name = key.removeprefix("llama_layer_").removeprefix("llama_training_").replace("_", " ")
         lines.append(f"| {name} of the {what} | " + " | ".join(str(results[r].get(key, "-")) for r in labels) + " |")
     lines += ["", f"Command: `python benchmarks/host_path.py {' '.join(sys.argv[1:])}`"]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return write_results("host_path", "cpu", {**meta, "results": results}, "\n".join(lines) + "\n", out)
 
 
 def main() -> None:
@@ -206,7 +204,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3000)
     parser.add_argument("--compare", default=None, help="a git revision to measure beside the working tree")
     parser.add_argument("--machine", default="2-core CPU dev machine")
-    parser.add_argument("--out", default=None, help="output path without suffix (default results/host_path_cpu_<date>)")
+    parser.add_argument("--out", default=str(RESULTS), help="results folder: writes OUT/host_path_cpu.json and .md")
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {}
     if args.compare:
@@ -214,9 +212,7 @@ def main() -> None:
             measure_revision(args.compare, args.repeats)
     results["this tree"] = measure(args.repeats)
     print(json.dumps(results, indent=2))
-    out = Path(args.out) if args.out else RESULTS / f"host_path_cpu_{datetime.date.today().isoformat()}"
-    write(results, args.machine, out)
-    print(f"wrote {out}.md")
+    print(f"wrote {write(results, args.machine, Path(args.out))}.md")
 
 
 if __name__ == "__main__":

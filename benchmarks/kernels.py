@@ -5,7 +5,8 @@ GB/s counts the bytes a fusion must move (each input read once, each output writ
 Also measured: the first call of a new fusion (compile included) and the host time a cached
 ``fd.execute`` adds over launching the same Triton kernel directly. ``--sweep`` also times
 hand-edited heuristics through ``schedule.compute_heuristics`` + ``fd.manual_execute`` (to tune the
-defaults). Writes JSON and Markdown to ``--out`` (default: benchmarks/results).
+defaults). Writes ``kernels_<kind>.json`` and ``.md`` into ``--out`` (default: benchmarks/results), over the
+previous run's; a partial run (``--cases``, ``--match``, ``--sweep``) writes ``kernels_<selection>_<kind>``.
 
     python benchmarks/kernels.py [--sweep] [--cases all|pointwise|normalization|looped] [--match A,B] [--out DIR]
 """
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from results_files import RESULTS, machine_kind, write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -421,7 +423,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--cases", choices=["all", "pointwise", "normalization", "looped"], default="all")
     parser.add_argument("--match", default="", help="comma-separated parts of case names: run only those")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
@@ -441,12 +443,13 @@ def main() -> None:
             print("   sweep", json.dumps(r), flush=True)
         result["cases"].append(row)
     result["host"] = host_overhead(dev)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"kernels_{args.cases}_{result['date']}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text(markdown(result))
+    # A partial run (some cases, a sweep) writes beside the current results of every case, never over them.
+    partial = [part for part in (args.cases if args.cases != "all" else "", args.match.replace(",", "-"),
+                                 "sweep" if args.sweep else "") if part]
+    prefix = write_results("kernels", machine_kind(result["device"]), result, markdown(result), Path(args.out),
+                           variant="_".join(partial))
     print(markdown(result))
+    print(f"wrote {prefix}.json and {prefix}.md")
 
 
 if __name__ == "__main__":

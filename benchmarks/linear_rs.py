@@ -1,6 +1,6 @@
 """Benchmark: GEMM + reduce-scatter (a row-parallel linear with a sharded output) against its anchors.
 
-    torchrun --nproc-per-node 2 benchmarks/linear_rs.py benchmarks/results/linear_rs_h200x2 [--profile DIR]
+    torchrun --nproc-per-node 2 benchmarks/linear_rs.py benchmarks/results [--profile DIR]
     torchrun --nproc-per-node 2 benchmarks/linear_rs.py /tmp/rs --smoke       # CPU, gloo, tiny sizes
 
 Each rank holds ``x [M, K]`` and ``w [N, K]`` (K per rank: the contraction is sharded), computes the partial
@@ -14,7 +14,7 @@ sums ``[M, N]`` and keeps its ``M / D`` rows of their sum. Measured with the sam
 * ``pyfuser_nccl_S{S}``: the fusion ``x [S, D, M/(S*D), K]`` (K sharded on mesh_x) -> ``out`` (axis 1 on
   mesh_x, axis 0 on stream) with NCCL collectives; ``pyfuser_p2p_S{S}``: with ``CommunicatorBackend.cuda``.
 
-Rank 0 writes PREFIX.json and PREFIX.md; ``--profile DIR`` as in ``ag_linear.py``.
+Rank 0 writes ``OUT/linear_rs_<kind>.json`` and ``.md``, over the previous run's; ``--profile DIR`` as in ``ag_linear.py``.
 """
 
 from __future__ import annotations
@@ -162,4 +162,5 @@ COLUMNS = [("size", "M, K per rank, N"), ("gemm_ms", "GEMM"), ("reduce_scatter_m
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "GEMM + reduce-scatter (row-parallel linear, sharded output)", COLUMNS, measure, profile))
+    sys.exit(main("linear_rs", __doc__, "GEMM + reduce-scatter (row-parallel linear, sharded output)", COLUMNS, measure,
+                  profile))

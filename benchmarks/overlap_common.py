@@ -2,14 +2,14 @@
 ranks, the report files, profiling their programs and drawing the timeline.
 
 Times are medians over iterations of CUDA events around one call (wall clock on CPUs), after a barrier
-and a device synchronization, then the max over ranks. Rank 0 writes ``PREFIX.json`` and ``PREFIX.md``.
+and a device synchronization, then the max over ranks. Rank 0 writes ``OUT/<benchmark>_<kind>.json`` and ``.md``
+(``results_files.py``), over the previous run's.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
-import datetime
 import io
 import json
 import math
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from results_files import machine_kind, now_stamp, write_results
 from torch.distributed._symmetric_memory import enable_symm_mem_for_group, is_symm_mem_enabled_for_group
 from torch.profiler import ProfilerActivity, profile
 
@@ -97,16 +98,14 @@ def machine(device: torch.device) -> str:
     return f"{torch.cuda.get_device_name(device)} x{dist.get_world_size()}"
 
 
-def write_report(prefix: Path, title: str, config: dict[str, Any], rows: list[dict[str, Any]],
+def write_report(out: Path, name: str, kind: str, title: str, config: dict[str, Any], rows: list[dict[str, Any]],
                  columns: Sequence[tuple[str, str]], notes: Sequence[str]) -> None:
-    """``prefix``.json (everything) and ``prefix``.md (a table: one row per size, ``columns`` as (key, header))."""
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    """``out/<name>_<kind>``.json (everything) and .md (a table: one row per size, ``columns`` as (key, header))."""
+    stamp = now_stamp()
     config = {**config, "date": stamp, "torch": torch.__version__}
-    prefix.with_suffix(".json").write_text(json.dumps({"config": config, "results": rows}, indent=2) + "\n")
     lines = [f"# {title} ({config['machine']}, {stamp})", "",
              f"torch {torch.__version__}; {config.get('dtype', '')}; medians of {config['iters']} iterations after "
-             f"{config['warmup']} warm-up, max over ranks; all in one run. Raw numbers: `{prefix.name}.json`.", "",
+             f"{config['warmup']} warm-up, max over ranks; all in one run. Raw numbers: `{name}_{kind}.json`.", "",
              "| " + " | ".join(header for _, header in columns) + " |",
              "|" + "|".join(" ---: " if k != "size" else " --- " for k, _ in columns) + "|"]
     for row in rows:
@@ -116,7 +115,7 @@ def write_report(prefix: Path, title: str, config: dict[str, Any], rows: list[di
             cells.append(f"{value:.3f}" if isinstance(value, float) else str(value))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *notes, ""]
-    prefix.with_suffix(".md").write_text("\n".join(lines))
+    write_results(name, kind, {"config": config, "results": rows}, "\n".join(lines), out, stamp)
 
 
 def profile_program(fn: Callable[[], object], path: Path) -> None:
@@ -282,11 +281,11 @@ Measure = Callable[[int, int, int, list[int], torch.dtype, Timer], dict[str, Any
 Profile = Callable[[int, int, int, torch.dtype, Path, bool], dict[str, Any]]
 
 
-def main(doc: str | None, title: str, columns: list[tuple[str, str]], measure: Measure, profile: Profile) -> int:
+def main(name: str, doc: str | None, title: str, columns: list[tuple[str, str]], measure: Measure, profile: Profile) -> int:
     """The command line both benchmarks share: measure every size, profile on GPUs when asked, check the
     results against the fp32 reference, and (rank 0) write the report; exit 1 on a wrong or missing result."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", type=Path, help="PREFIX: rank 0 writes PREFIX.json and PREFIX.md")
+    parser.add_argument("out", type=Path, help=f"results folder: rank 0 writes OUT/{name}_<kind>.json and .md")
     parser.add_argument("--smoke", action="store_true", help="tiny fp32 sizes that run on CPUs with gloo")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--warmup", type=int, default=5)
@@ -311,7 +310,9 @@ def main(doc: str | None, title: str, columns: list[tuple[str, str]], measure: M
                   "machine": machine(comm.device()), "iters": args.iters, "warmup": args.warmup, "smoke": args.smoke}
         notes = ["All ms. pyfuser errors (‖out − ref‖ / ‖ref‖ against an fp32 reference, max over ranks) are in "
                  "the JSON; every one is below 2e-2 (bf16) unless listed here: " + ("; ".join(failed) or "none") + "."]
-        write_report(args.out, title, config, rows, columns, notes)
+        kind = machine_kind(torch.cuda.get_device_name(comm.device()) if comm.device().type == "cuda" else "cpu",
+                            comm.size())
+        write_report(args.out, name, kind, title, config, rows, columns, notes)
         for row in rows:
             print(" | ".join(f"{key}={value:.3f}" if isinstance(value, float) else f"{key}={value}"
                              for key, value in row.items() if not key.endswith("_error")), flush=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernels import _layernorm, _softmax, bench, gbps
+from results_files import RESULTS, machine_kind, write_results
 
 from pyfuser import DataType, FusionDefinition, schedule
 from pyfuser.schedule import SchedulerType
@@ -94,7 +94,7 @@ def measure(op: Op, width: int, rounds: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     torch.manual_seed(0)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
@@ -113,12 +113,7 @@ def main() -> None:
                          f"{speeds[default]:.0f} ({default.removesuffix(' (default)')}) | "
                          + ", ".join(f"{k.removesuffix(' (default)')} {speeds[k]:.0f}" for k in best) + " |")
             print(lines[-1], flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    kind = result["device"].split()[-1].lower()
-    stem = f"persistent_tiles_{kind}_{datetime.datetime.now().strftime('%Y-%m-%d_%H%M')}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write_results("persistent_tiles", machine_kind(result["device"]), result, "\n".join(lines) + "\n", Path(args.out))
 
 
 if __name__ == "__main__":

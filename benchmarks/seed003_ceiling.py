@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -41,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import triton.testing
 from kernels import _seed003, bench, gbps
+from results_files import RESULTS, machine_kind, write_results
 
 from pyfuser import FusionDefinition, schedule
 from pyfuser.schedule import SchedulerType
@@ -145,7 +145,7 @@ def check(seed: torch.Tensor, variants: dict[str, Callable[[], Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     torch.manual_seed(0)
     m = n = 4096
@@ -202,12 +202,7 @@ def main() -> None:
         v = result["median_GBps"][name]
         lines.append(f"| {name} | {v:.0f} | {min(rounds[name]):.0f}-{max(rounds[name]):.0f} | {v / copy_1g:.2f} | "
                      f"{v / copy_own:.2f} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    kind = result["device"].split()[-1].lower()  # "NVIDIA H200" -> h200
-    stem = f"seed003_ceiling_{kind}_{datetime.datetime.now().strftime('%Y-%m-%d_%H%M')}"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    write_results("seed003_ceiling", machine_kind(result["device"]), result, "\n".join(lines) + "\n", Path(args.out))
     print("\n".join(lines))
 
 

@@ -5,10 +5,10 @@ selects, one ATen call per chunk, stream syncs), and hand-written torch code doi
 same way (``torch.cuda.stream``, reusable events, ``out=`` into chunk views), in the same process.
 Small sizes expose host overhead per iteration; large sizes show whether it is hidden by GPU work.
 
-    python benchmarks/stream_overhead.py benchmarks/results/stream_overhead      # on a GPU
-    python benchmarks/stream_overhead.py /tmp/stream_overhead --smoke            # tiny, on CPU
+    python benchmarks/stream_overhead.py benchmarks/results      # on a GPU
+    python benchmarks/stream_overhead.py /tmp --smoke            # tiny, on CPU
 
-Writes ``<output>.json`` and ``<output>.md`` and prints the table.
+Writes ``OUT/stream_overhead_<kind>.json`` and ``.md`` (over the previous run's) and prints the table.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from results_files import machine_kind, write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -232,7 +233,7 @@ def _markdown(rows: list[Row], meta: dict[str, str], trace: dict[str, object]) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("output", type=Path, help="path stem: writes <output>.json and <output>.md")
+    parser.add_argument("out", type=Path, help="results folder: writes OUT/stream_overhead_<kind>.json and .md")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, few repetitions (runs on CPU)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
@@ -252,12 +253,11 @@ def main() -> None:
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "smoke": str(args.smoke)}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    trace = _stream_trace(device, args.output.parent)
+    args.out.mkdir(parents=True, exist_ok=True)
+    trace = _stream_trace(device, args.out)
     report = {"meta": meta, "rows": [asdict(r) for r in rows], "stream_trace": trace}
-    args.output.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     table = _markdown(rows, meta, trace)
-    args.output.with_suffix(".md").write_text(table)
+    write_results("stream_overhead", machine_kind(meta["device"]), report, table, args.out)
     print(table)
 
 

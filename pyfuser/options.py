@@ -86,7 +86,7 @@ DESCRIPTIONS: dict[StrEnum, str] = {
     EnableOption.cuda_graph: "replay each compiled program from a CUDA graph captured per input signature (CUDA only)",
     DisableOption.infer_contiguity: "allocation-order inference (outputs without a requirement stay row-major)",
     DisableOption.stream_ring_buffers: "ring buffers for stream-loop intermediates (allocate them whole instead)",
-    DisableOption.stream_overlap: "concurrent stream-loop iterations (seed 002's program: each iteration joins the user's "
+    DisableOption.stream_overlap: "concurrent stream-loop iterations (docs/stream_lowering.md: each iteration joins the user's "
                                   "stream)",
     DisableOption.kernel_codegen: "generated kernels (every segment runs as ATen calls)",
     DisableOption.cooperative_launch: "a grid reduction's steps in one cooperative launch with a grid synchronization "
@@ -125,7 +125,7 @@ def _names(raw: str | None) -> frozenset[str]:
     return frozenset(n.strip() for n in (raw or "").split(",") if n.strip())
 
 
-def _validated(names: Iterable[str], known: type[StrEnum], what: str) -> frozenset:  # type: ignore[type-arg]
+def _validated(names: Iterable[str], known: type[StrEnum], what: str) -> frozenset:
     names = frozenset(names)
     unknown = sorted(n for n in names if n not in known.__members__)
     if unknown:

@@ -19,8 +19,9 @@ case "$what" in
     ;;
   test)
     "$py" -m pip install -q --no-build-isolation -e ".[test,triton]" 2>/dev/null || "$py" -m pip install -q -e ".[test,triton]"
-    "$py" -m ruff check pyfuser tests examples benchmarks
+    "$py" -m ruff check pyfuser tests examples benchmarks scripts
     "$venv/bin/lint-imports" --no-cache --no-logo
+    "$py" -m mypy  # files and strictness: [tool.mypy] in pyproject.toml
     exec "$py" -m pytest -q "${@:2}"
     ;;
   *)

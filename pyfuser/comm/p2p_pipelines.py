@@ -2,7 +2,7 @@
 reduce-scatter become P2P pipelines in which every rank computes on its own block at once and on each
 peer's block as soon as that block has landed.
 
-All-gather + GEMM (seed 004; a loop body, or the top level when there is no stream loop)::
+All-gather + GEMM (docs/allgather_gemm.md; a loop body, or the top level when there is no stream loop)::
 
     Communication (type=Allgather, input=X, output=G)          P2PCommunication (type=send, buffer=X, remote=G[me])
     Wait                                                 ->       ... to each peer, in rotated order

@@ -89,9 +89,9 @@ class _Device:
 
     @staticmethod
     def of(device: torch.device) -> _Device:
-        found = _DEVICES.get(device.index)  # type: ignore[arg-type]
+        found = _DEVICES.get(device.index)
         if found is None:
-            found = _DEVICES[device.index] = _Device(device)  # type: ignore[index]
+            found = _DEVICES[device.index] = _Device(device)
         return found
 
 

@@ -86,7 +86,7 @@ class AttentionOps(OpsBase):
         s = self._scalar("sdpfa_bwd", "scale", scale, True)
         outputs = [self._new_tv([clone_id(self, i) for i in t.get_logical_domain(no_reductions=True)], t.dtype)
                    for t in (q, k, v)]
-        inputs: list[Val] = [grad, q, k, v, out, lse, p, causal, seed, offset]  # type: ignore[list-item]
+        inputs: list[Val] = [grad, q, k, v, out, lse, p, causal, seed, offset]
         SdpaBwdOp(self._fusion, outputs, inputs + ([s] if s is not None else []))
         return outputs[0], outputs[1], outputs[2]
 

@@ -89,12 +89,12 @@ class HostNode(ABC):
     #: Inputs read whole in every iteration of a stream loop rather than chunk by chunk.
     whole_inputs: tuple[Val, ...] = ()
     #: Its effects stay within the chunks it reads and writes: iterations of a loop made only of such
-    #: nodes are independent and may run concurrently (a custom node keeps seed 002's per-iteration joins).
+    #: nodes are independent and may run concurrently (a custom node keeps the per-iteration joins of docs/stream_lowering.md).
     chunk_local: ClassVar[bool] = False
 
     @abstractmethod
     def to_string(self, indent: int = 0) -> str:
-        """The node in the seed's Host IR dump format."""
+        """The node in nvFuser's Host IR dump format (docs/stream_lowering.md)."""
 
     def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> HostNode:
         """This node on per-chunk values inside the loop of ``index``; nodes that only read

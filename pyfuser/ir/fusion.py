@@ -17,7 +17,7 @@ class Fusion:
         self._counters: dict[str, int] = {}
         self._inputs: list[Val] = []
         self._outputs: list[Val] = []
-        #: Stride orders the user required of outputs (seed 001): kept apart from allocation
+        #: Stride orders the user required of outputs (docs/layout_requirements.md): kept apart from allocation
         #: domains that passes infer, so a requirement can always be told from a hint.
         self._output_stride_order: dict[int, list[int]] = {}  # keyed by TV name: survives deepcopy
         #: Output position -> the input tensor it is written into in place (nvFuser's

@@ -281,7 +281,7 @@ class TensorView(Val):
         layout. An on-chip (local / shared) cache's layout is only valid until its loop domain is
         transformed: the scheduler must then re-derive it from the loop domain
         (``pyfuser.scheduler.cache.derive_allocation_from_loop``) rather than keep a copy of the
-        global input's allocation (seed 003).
+        global input's allocation (docs/cached_inputs.md).
         """
         if not isinstance(memory_type, MemoryType):
             raise TypeError(f"{self.short_name}: cache_after expects a MemoryType, got {type(memory_type).__name__}")

@@ -3,7 +3,7 @@ operands imply (``ir.analysis.allocation_order``), as a hint.
 
 Only fusion outputs that carry no requirement receive it, through
 ``set_allocation_domain(..., hint=True)``: a later stage may replace a hint, never a requirement
-(seed 001). Off with ``_disable_options=["infer_contiguity"]``.
+(docs/layout_requirements.md). Off with ``_disable_options=["infer_contiguity"]``.
 """
 
 from __future__ import annotations

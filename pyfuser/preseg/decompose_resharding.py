@@ -18,7 +18,7 @@ differ in mesh or sharding. The plan for one expr ``out = op(ins)``:
 
 When a consumer loops over a stream-parallel ID, the inserted ``set`` is stream-parallelized on the mapped
 axis too, so stream lowering puts the communication of chunk ``i`` in the same host loop as the compute
-of chunk ``i``: the all-gather + GEMM pipeline of seed 004, or, when the loop runs over the sharded axis
+of chunk ``i``: the all-gather + GEMM pipeline of docs/allgather_gemm.md, or, when the loop runs over the sharded axis
 itself ("shard outermost"), a broadcast of rank ``i``'s shard in iteration ``i``. Likewise partial results
 are chunked like the stream-parallel output they reduce into (GEMM + Allreduce per chunk).
 """

@@ -1,4 +1,4 @@
-"""The last preseg pass: decouple loop from allocation and finalize segment-boundary layouts (seed 000).
+"""The last preseg pass: decouple loop from allocation and finalize segment-boundary layouts (docs/loop_and_allocation.md).
 
 After it, for every tensor:
 

@@ -1,6 +1,6 @@
 """Write each required output stride order into the output's allocation domain, as a requirement.
 
-The fusion's map (``Fusion.set_output_stride_order``, seed 001) stays the ground truth; mirroring
+The fusion's map (``Fusion.set_output_stride_order``, docs/layout_requirements.md) stays the ground truth; mirroring
 it into the allocation domain lets every later stage read one thing, the allocation domain, and
 tell from ``allocation_is_required`` that it must not touch it. A user's own allocation domain on
 the same output must agree with the map, else the two requirements contradict each other.

@@ -1,4 +1,4 @@
-"""Caching fusion inputs and giving on-chip caches an allocation that matches their loop (seed 003).
+"""Caching fusion inputs and giving on-chip caches an allocation that matches their loop (docs/cached_inputs.md).
 
 The rule: a global-memory cache (transpose, matmul staging) keeps its input's allocation; a
 local or shared-memory cache never keeps a copy of a global input's allocation once its loop
@@ -83,7 +83,7 @@ def check_allocation_matches_loop(tv: TensorView) -> None:
     """An on-chip tensor's allocation must hold the loop IDs left of its compute-at position.
 
     Otherwise the allocation is stale: typically a global input's allocation copied to a cache
-    whose loop was split afterwards, which is the layout seed 003 found allocated wrongly.
+    whose loop was split afterwards, which is the layout docs/cached_inputs.md found allocated wrongly.
     """
     if tv.memory_type is MemoryType.Global or tv.compute_at_pos == 0:
         return

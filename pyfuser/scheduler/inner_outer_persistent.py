@@ -1,4 +1,4 @@
-"""The inner-outer persistent scheduler (seed 003's fusion, layernorm backward): a reduction per
+"""The inner-outer persistent scheduler (docs/cached_inputs.md's fusion, layernorm backward): a reduction per
 row (inner in memory) and a reduction across rows (outer), in one pass over the input.
 
 ``G`` programs each take a contiguous block of rows. For each of its rows, a program reduces the
@@ -51,7 +51,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     m = hints.machine
     rows = hints.kept
     # One wave: every program holds its partials across rows for its whole block, and the second
-    # launch reads one partial row per program. H200 sweep (seed 003, layernorm and rmsnorm
+    # launch reads one partial row per program. H200 sweep (kernels.py's seed003, layernorm, rmsnorm
     # backward): one program per SM with two rows per step beat two and four waves by 3-5%. As few
     # programs as give each SM's block its rows: 4096 rows on 132 SMs are blocks of 32 either way,
     # and 128 programs leave none without rows (idle, spinning at the cooperative launch's barrier,
@@ -65,7 +65,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     assert analysis.outer_reference is not None
     row = hints.reduced
     if row is not None and next_power_of_2(row) <= m.max_persistent:
-        # H200 sweeps (layernorm and rmsnorm backward, bf16 rows of 8192; seed 003, f32 rows of 4096),
+        # H200 sweeps (layernorm and rmsnorm backward, bf16 rows of 8192; kernels.py's seed003, f32 rows of 4096),
         # with the row loop software-pipelined three deep (no branch in its body): steps of half the
         # persistent tile (one row of 8192: 3606 and 3784 GB/s, 0.85 and 0.89 of copy; two rows of
         # 4096) beat steps of the whole tile (two rows of 8192: 255 registers and spills, 3200 and
@@ -116,5 +116,5 @@ def _add_up_each_step(fusion: Fusion) -> None:
     inline_most(fusion=fusion)
 
 
-INNER_OUTER_PERSISTENT = Scheduler(SchedulerType.inner_outer_persistent, can_schedule,  # type: ignore[arg-type]
+INNER_OUTER_PERSISTENT = Scheduler(SchedulerType.inner_outer_persistent, can_schedule,
                                    compute_heuristics, schedule)

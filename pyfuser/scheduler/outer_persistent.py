@@ -43,5 +43,5 @@ def schedule(fusion: Fusion, params: ReductionParams) -> None:
     schedule_segment(fusion, params, KINDS)
 
 
-OUTER_PERSISTENT = Scheduler(SchedulerType.outer_persistent, can_schedule, compute_heuristics,  # type: ignore[arg-type]
+OUTER_PERSISTENT = Scheduler(SchedulerType.outer_persistent, can_schedule, compute_heuristics,
                              schedule)

@@ -7,7 +7,7 @@ modulo its extent: Triton still sees its reads contiguous and aligned when ``N``
 16. ``break_point`` > 0 asks for a 2-D schedule instead (outer axes x inner axes, tiled
 ``[block_y, block_x]``); the heuristics do not pick it: on an H200 the 1-D tile beat every 2-D
 tile swept for a row broadcast (bias + gelu bf16 3958 GB/s vs 3913 at best, the 4-input chain
-4343 vs 4215; ``benchmarks/results/kernels_notes_2026-11-23.md``). Tile sizes come from the
+4343 vs 4215; ``benchmarks/results/kernels_notes.md``). Tile sizes come from the
 widest element type: a thread's share is one 16-byte access or two. Triton vectorizes the
 contiguous, aligned accesses itself (the code generator keeps contiguous merged axes as one index
 so it can see them).
@@ -130,4 +130,4 @@ def propagate(ref: TensorView) -> None:
     inline_most(fusion=ref.fusion)
 
 
-POINTWISE = Scheduler(SchedulerType.pointwise, can_schedule, compute_heuristics, schedule)  # type: ignore[arg-type]
+POINTWISE = Scheduler(SchedulerType.pointwise, can_schedule, compute_heuristics, schedule)

@@ -64,7 +64,7 @@ def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView:
     elif reduced.value is not None and next_power_of_2(reduced.value) * 32 <= FINAL_TILE:
         # One partial row per program of the first launch (132 on an H200): all of them in one tile of
         # FINAL_TILE elements (132 rows: 32 columns, whole 128-byte lines of float32), so each program
-        # issues all its loads at once. Seed 003's final step had 32 programs loop over [32, 128] tiles.
+        # issues all its loads at once. The seed003 case's final step had 32 programs loop over [32, 128] tiles.
         rows = next_power_of_2(reduced.value)
         columns = min(32 * max(1, 16 // element_bytes(fusion)), FINAL_TILE // rows)
         params = ReductionParams(SchedulerType.reduction, analysis.reference.name, "outer", tile=columns,
@@ -75,4 +75,4 @@ def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView:
     return analysis.reference
 
 
-REDUCTION = Scheduler(SchedulerType.reduction, can_schedule, compute_heuristics, schedule)  # type: ignore[arg-type]
+REDUCTION = Scheduler(SchedulerType.reduction, can_schedule, compute_heuristics, schedule)

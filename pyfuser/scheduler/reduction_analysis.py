@@ -8,10 +8,10 @@ reductions' inputs) and each tensor iterates that space or the part a reduction 
 * **persistent** (normalization): a reduced value is broadcast back and combined with the full
   space (softmax, layernorm): *inner* or *outer* by memory order, like the reduction;
 * **inner-outer**: two reductions of the full space, one over its innermost axes (per row) and one
-  over the others (across rows), both in one pass (seed 003's fusion, layernorm backward).
+  over the others (across rows), both in one pass (docs/cached_inputs.md's fusion, layernorm backward).
 
 The memory order that decides inner and outer is the allocation order the segment's inputs have
-(an intermediate inherits it, ``infer_allocation_orders``), never the logical position (seed 003).
+(an intermediate inherits it, ``infer_allocation_orders``), never the logical position (docs/cached_inputs.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A reduction is *inner* when the innermost axis of its input that occupies memory (not a
 broadcast) is reduced: consecutive elements of one reduction are adjacent in memory. Logical
 position alone is misleading: ``sum(x[m, n], dim=1)`` is inner for a row-major ``x`` but outer
-when ``x`` is column-major (seed 003 names this trap for allocation domains).
+when ``x`` is column-major (docs/cached_inputs.md names this trap for allocation domains).
 """
 
 from __future__ import annotations

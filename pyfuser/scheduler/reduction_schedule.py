@@ -13,7 +13,7 @@ into one kept axis ``I`` and one reduced axis ``R``; the kernel then takes one o
 * **outer** (``R`` outermost in memory): ``[I/BI (grid_x), R/BR (loop), BR (block_y), BI (block_x)]``
   (or ``R`` whole as the block_y tile when it fits), accesses contiguous along ``I``.
 
-On-chip caches of the inputs get an allocation derived from their loop domain (seed 003).
+On-chip caches of the inputs get an allocation derived from their loop domain (docs/cached_inputs.md).
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def _parallelize(tv: TensorView, types: list[ParallelType]) -> None:
 
 
 def propagate(fusion: Fusion, ref: TensorView, caches: list[TensorView]) -> None:
-    """Every other tensor follows the reference; caches get an allocation from their loop (seed 003)."""
+    """Every other tensor follows the reference; caches get an allocation from their loop (docs/cached_inputs.md)."""
     transform_like(ref)
     parallelize_like(ref)
     inline_most(fusion=fusion)

@@ -42,7 +42,7 @@ class SchedulerType(Enum):
     inner_persistent = "inner_persistent"
     #: the same with the reduced axes outermost (batchnorm-like)
     outer_persistent = "outer_persistent"
-    #: a reduction per row and a reduction across rows in one pass (layernorm backward, seed 003)
+    #: a reduction per row and a reduction across rows in one pass (layernorm backward, docs/cached_inputs.md)
     inner_outer_persistent = "inner_outer_persistent"
 
     @property

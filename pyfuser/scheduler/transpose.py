@@ -91,4 +91,4 @@ def schedule(fusion: Fusion, params: TransposeParams) -> None:
     propagate(ref)
 
 
-TRANSPOSE = Scheduler(SchedulerType.transpose, can_schedule, compute_heuristics, schedule)  # type: ignore[arg-type]
+TRANSPOSE = Scheduler(SchedulerType.transpose, can_schedule, compute_heuristics, schedule)

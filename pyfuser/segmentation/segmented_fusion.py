@@ -1,7 +1,7 @@
 """A segmented fusion: the fusion's exprs partitioned into groups, each run by one scheduler.
 
 A group's boundary tensors (inputs read from outside it, outputs read outside it or returned)
-live in global memory; their allocation was finalized by preseg (seed 000). Tensors produced and
+live in global memory; their allocation was finalized by preseg (docs/loop_and_allocation.md). Tensors produced and
 consumed inside one kernel group never touch global memory.
 """
 

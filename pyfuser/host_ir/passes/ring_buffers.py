@@ -1,5 +1,5 @@
 """Ring buffers: an intermediate produced and consumed inside one stream loop keeps only
-``numberOfStreams`` chunks (seed 002's "possible future optimization").
+``numberOfStreams`` chunks (the "possible future optimization" of docs/stream_lowering.md).
 
 Iteration ``i`` uses slot ``i % numberOfStreams``, on worker stream ``i % numberOfStreams``.
 Before writing a slot the iteration waits for the stream that last released it (``WaitSlot``);

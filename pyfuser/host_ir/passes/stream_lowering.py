@@ -1,4 +1,4 @@
-"""Stream lowering (seed 002): put stream-parallel exprs into host ``FOR`` loops over CUDA streams.
+"""Stream lowering (docs/stream_lowering.md): put stream-parallel exprs into host ``FOR`` loops over CUDA streams.
 
 Walking the top-level program in order, an expr whose output has a stream axis opens a loop (or
 joins the open one when its stream axis maps exactly onto a tensor already chunked there); any
@@ -208,7 +208,7 @@ def _chunk_tensor(tv: TensorView, logical: IterDomain, axis: StreamAxis) -> Tens
         elif axis.splits:
             ids.append(IterDomain(tv.fusion, axis.chunk, i.iter_type))
     chunk = TensorView(tv.fusion, TensorDomain(ids), tv.dtype, MemoryType.Local)
-    chunk.device_mesh = tv.device_mesh  # a chunk lives where its tensor does (printed as in seed 004)
+    chunk.device_mesh = tv.device_mesh  # a chunk lives where its tensor does (printed as in docs/allgather_gemm.md)
     return chunk
 
 

@@ -1,7 +1,7 @@
-"""Stream overlap (on by default; ``_disable_options=["stream_overlap"]`` keeps seed 002's program): let
+"""Stream overlap (on by default; ``_disable_options=["stream_overlap"]`` keeps the program of docs/stream_lowering.md): let
 iterations of a stream loop run concurrently.
 
-In seed 002's loop every iteration starts with its worker waiting for the user's stream and ends
+In docs/stream_lowering.md's loop every iteration starts with its worker waiting for the user's stream and ends
 with the user's stream waiting for the worker, so iteration ``i + 1`` waits for iteration ``i``:
 the loop runs on several streams but one iteration at a time. This pass moves the join out of the
 loop: workers wait only for the work issued before the loop, and the user's stream waits for every
@@ -23,7 +23,7 @@ worker ``k``, so its reuse is stream-ordered.
 Where it is safe: a loop is overlapped only when every node of its body is ``chunk_local`` (its effects
 stay within its iteration's chunks, as for ATen calls, kernels, selects, stream syncs and
 communications); a loop holding any other node (a custom node registered at run time, say) keeps the
-seed's per-iteration joins.
+per-iteration joins.
 """
 
 from __future__ import annotations

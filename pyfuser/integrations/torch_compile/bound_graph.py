@@ -101,7 +101,7 @@ def specialize(gm: GraphModule, seen: dict[Node, Seen | None], protected: Collec
             new.target = run
             new.args = ([new.args[k] for k in positions],)
             for user in node.users:
-                env[user].args = (new, slots[user.args[1]])  # type: ignore[index]
+                env[user].args = (new, slots[user.args[1]])
             regions += 1
             continue
         operand = _view_operand(node)

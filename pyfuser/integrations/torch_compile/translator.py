@@ -189,7 +189,7 @@ class RegionTranslator:
         args = map_aggregate(node.args, self._value)
         kwargs = map_aggregate(dict(node.kwargs), self._value)
         try:
-            result = lowering.translate(LoweringContext(self.fd, node, self.env), *args, **kwargs)  # type: ignore[arg-type]
+            result = lowering.translate(LoweringContext(self.fd, node, self.env), *args, **kwargs)
         except TranslationError:
             raise
         except Exception as e:  # whatever a lowering did not foresee leaves the node in eager

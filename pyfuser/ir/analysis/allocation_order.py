@@ -11,7 +11,7 @@ the operands of its definition, the way torch's TensorIterator does (see ``_prop
   in torch;
 * matmul and linear carry only batch IDs: M and N stay innermost in logical order, the way the
   GEMM writes them, so ``linear(x[b, m, k], w[n, k])`` with plain inputs stays plain instead of
-  the ``[n, b, m]`` a naive highest-rank reference would invent (seed 001);
+  the ``[n, b, m]`` a naive highest-rank reference would invent (docs/layout_requirements.md);
 * reductions keep their input's order on the IDs they keep.
 
 The preseg pass ``infer_allocation_order`` hints these orders on outputs; the reduction

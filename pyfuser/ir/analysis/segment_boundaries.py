@@ -1,11 +1,11 @@
-"""Which tensors can be segment boundaries, decided before segmentation (seed 000).
+"""Which tensors can be segment boundaries, decided before segmentation (docs/loop_and_allocation.md).
 
 Preseg must finalize the allocation of every tensor that segmentation may place on a boundary,
 so this is a conservative superset of what any segmentation produces: fusion inputs and outputs,
 global-memory tensors, results of the ops that end a kernel or run outside one (reductions,
 matmul, linear, ``segment_set``, a resharding ``set`` = a communication), inputs of ops that run
 outside a kernel, and tensors that a host loop produces or consumes (a Stream ID in their loop
-domain or in a consumer's: host loops slice operands that live in global memory, seed 002).
+domain or in a consumer's: host loops slice operands that live in global memory, docs/stream_lowering.md).
 Every other intermediate is produced by a pointwise or shape op and consumed only by ops a kernel
 fuses with it, so any segmentation inlines it; its (hinted) allocation stays open to schedulers.
 """

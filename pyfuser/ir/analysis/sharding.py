@@ -5,7 +5,7 @@ parallel type ``P`` when the tensor's allocation domain (or, when the allocation
 IDs, its loop domain) holds either
 
 * the logical ID itself parallelized on ``P`` -- its extent must equal the mesh size along ``P``, and each
-  rank holds one element of it (seed 004's ``x[S, D, M/(S*D), K]``), or
+  rank holds one element of it (docs/allgather_gemm.md's ``x[S, D, M/(S*D), K]``), or
 * the outer output of ``outer_split(axis, d)`` parallelized on ``P``, with ``d`` the mesh size along
   ``P`` -- each rank holds ``extent / d`` contiguous elements, or
 * the outer output of ``inner_split(axis, k)`` (nvFuser's ``split``) parallelized on ``P``, whose

@@ -57,7 +57,7 @@ class RandomOp(Expr):
 
     def __init__(self, fusion: Fusion, kind: RandomOpType, out: TensorView, a: Val, b: Val,
                  shape: list[SymExpr], seed: Val | None, offset: Val | None) -> None:
-        super().__init__(fusion, [a, b, *((seed, offset) if seed is not None else ())], [out])  # type: ignore[list-item]
+        super().__init__(fusion, [a, b, *((seed, offset) if seed is not None else ())], [out])
         self.kind = kind
         self.shape = list(shape)
 

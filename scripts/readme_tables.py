@@ -1,0 +1,261 @@
+"""Write the README's benchmark table from the current results files.
+
+Each benchmark writes ``benchmarks/results/<benchmark>[_<variant>]_<kind>.json`` (``benchmarks/results_files.py``);
+this script reads them and rewrites the rows between ``<!-- results:begin -->`` and ``<!-- results:end -->``
+in README.md: one row per results file, its run (machine kind, date), what it measures and its key numbers
+beside their anchors, with the worst case and the geometric mean where a file has several cases.
+
+    python scripts/readme_tables.py          # rewrite README.md
+    python scripts/readme_tables.py --check  # exit 1 if README.md is not what the results files give
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+HEADER = ["| benchmark | result |", "| --- | --- |"]
+
+Data = dict[str, Any]
+
+
+def geomean(values: Iterable[float]) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def spread(values: Iterable[float]) -> str:
+    values = sorted(values)
+    return f"{values[0]:.2f}x" if f"{values[0]:.2f}" == f"{values[-1]:.2f}" else f"{values[0]:.2f}-{values[-1]:.2f}x"
+
+
+def case_label(name: str) -> str:
+    """``layernorm_bf16_16384x8192`` -> ``layernorm 16384x8192``: the dtype is in the JSON, the shape tells cases apart."""
+    words = [w for w in name.split("_") if w not in ("bf16", "f32", "f16")]
+    return " ".join(words)
+
+
+def kernels(data: Data) -> tuple[str, str]:
+    copy = data["copy_GBps"]
+    parts, ratios = [], {}
+    for case in data["cases"]:
+        gbps = case["pyfuser_GBps"]
+        ratio = case["inductor_ms"] / case["pyfuser_ms"]
+        ratios[case["case"]] = ratio
+        text = f"{case_label(case['case'])} {gbps:.0f} ({ratio:.2f}x, {gbps / copy:.2f} of copy"
+        own = case.get("copy_same_bytes_GBps")
+        if own and own < 0.95 * copy:  # a small case: its own bytes copy slower than a GiB does
+            text += f", {gbps / own:.2f} of a copy of its {case['bytes'] / 2**20:.0f} MiB"
+        parts.append(text + ")")
+    worst = min(ratios, key=lambda k: ratios[k])
+    host = data["host"]
+    what = (f"generated kernels vs torch eager, torch.compile and copy bandwidth ({copy:.0f} GB/s for 1 GiB); "
+            "GPU time only (a spin kernel hides each call's host time from `do_bench`'s interval)")
+    result = (f"GB/s, pyfuser / torch.compile: {', '.join(parts)}. Geomean {geomean(ratios.values()):.2f}x of "
+              f"torch.compile, worst {ratios[worst]:.2f}x ({case_label(worst)}); cached one-kernel `fd.execute` "
+              f"{host['execute_us']:.1f} us of host time (the same Triton kernel launched directly: "
+              f"{host['launch_us']:.1f}); notes in `kernels_notes.md`")
+    return what, result
+
+
+def compile_llama(data: Data) -> tuple[str, str]:
+    turns = data["meta"].get("interleave", 0)
+    sentences, interleaved = [], {}
+    for size in dict.fromkeys(case["case"] for case in data["cases"]):
+        timed, turn_by_turn = [], []
+        for case in (c for c in data["cases"] if c["case"] == size):
+            passname = "forward + backward" if case["training"] else "forward"
+            v = case["variants"]
+            anchor = next((a for a in ("inductor", "eager") if "ms" in v.get(a, {})), None)
+            if "ms" in v.get("pyfuser", {}) and anchor is not None:
+                label = "" if anchor == "inductor" else f" {anchor}"
+                timed.append(f"{passname} {v['pyfuser']['ms']:.2f} ms vs{label} {v[anchor]['ms']:.2f} "
+                             f"({v[anchor]['ms'] / v['pyfuser']['ms']:.2f}x)")
+            for variant, label in (("pyfuser", ""), ("pyfuser_cuda_graph", " with CUDA graphs")):
+                ratio = v.get(variant, {}).get("interleaved_ratio", {}).get("median")
+                if ratio is not None:
+                    interleaved[f"{size} {passname}{label}"] = ratio
+                    turn_by_turn.append(f"{passname}{label} {ratio:.3f}x")
+        shape = next(c["shape"] for c in data["cases"] if c["case"] == size)
+        text = f"{size} (seq {shape['seq']} x {shape['batch']}): " + ", ".join(timed)
+        if turn_by_turn:
+            text += f"; interleaved, anchor / pyfuser turn by turn: {', '.join(turn_by_turn)}"
+        sentences.append(text)
+    host = data["host_overhead"]
+    result = ". ".join(sentences)
+    if interleaved:
+        worst = min(interleaved, key=lambda k: interleaved[k])
+        result += (f". Interleaved geomean {geomean(interleaved.values()):.3f}x, worst {interleaved[worst]:.3f}x "
+                   f"({worst})")
+    result += (f"; cached one-kernel `fd.execute` {host['fd_execute_us']:.1f} us of host time, a region call "
+               f"{host['pyfuser_region_call_us']:.1f} (two eager ops: {host['eager_torch_two_ops_us']:.1f}); where the "
+               "time goes: `compile_llama_notes.md`")
+    meta = data["meta"]
+    what = (f"Llama decoder layer, {meta['dtype'].removeprefix('torch.')}, `backend=\"pyfuser\"` vs Inductor"
+            + (", and with CUDA graphs vs `mode=\"reduce-overhead\"`; CUDA events" if meta["device"] == "cuda" else
+               " (eager where Inductor did not run); wall clock")
+            + (f", then interleaved in one process ({turns} turns, variants rotated: this host's sequential "
+               "medians drift)" if turns else ""))
+    return what, result
+
+
+def overlap(what: str, anchor: str, anchor_label: str) -> Callable[[Data], tuple[str, str]]:
+    def row(data: Data) -> tuple[str, str]:
+        parts = []
+        for r in data["results"]:
+            size = r["size"].split(",")[0]
+            fused = f", {r['torch_fused_ms']:.3f} torch fused" if "torch_fused_ms" in r else ""
+            parts.append(f"{size}: {r['pyfuser_best_ms']:.3f} ms ({r['pyfuser_best'].replace('_', ' ')}) vs "
+                         f"{r[anchor]:.3f} {anchor_label}{fused}, "
+                         f"{r['ideal_ms']:.3f} ideal ({r['best_vs_ideal']:.2f}x of ideal; speedup over {anchor_label} "
+                         f"{r[anchor] / r['pyfuser_best_ms']:.2f}x)")
+        worst = max(data["results"], key=lambda r: r["best_vs_ideal"])
+        result = ("P2P pipeline (`CommunicatorBackend.cuda`), best stream count, at M = " + "; ".join(parts)
+                  + f". Worst {worst['best_vs_ideal']:.2f}x of ideal at {worst['size'].split(',')[0]}; notes: "
+                  "`overlap_notes.md`")
+        return f"{what}, {data['config']['dtype']}", result
+    return row
+
+
+def stream_overhead(data: Data) -> tuple[str, str]:
+    rows = data["rows"]
+    small = [r["ratio"] for r in rows if "small" in r["case"]]
+    large = [r["ratio"] for r in rows if "small" not in r["case"]]
+    worst = max(rows, key=lambda r: r["ratio"])
+    sizes = [f"{spread(group)} at {what} sizes" for group, what in ((small, "small"), (large, "large")) if group]
+    result = (f"pyfuser / hand-written time: {', '.join(sizes)}; geomean "
+              f"{geomean(r['ratio'] for r in rows):.2f}x, worst {worst['ratio']:.2f}x ({worst['case']} "
+              f"{worst['shape']}, {worst['chunks']} chunks)")
+    return "stream loops vs hand-written `torch.cuda.stream` code", result
+
+
+def cpu_overhead(data: Data) -> tuple[str, str]:
+    per_op = (data["cached_execute_us"] - data["eager_torch_us"]) / data["ops"]
+    result = (f"cached execute {data['cached_execute_us']:.1f} us vs eager {data['eager_torch_us']:.1f} us "
+              f"({data['cached_over_eager']:.2f}x; {per_op:.2f} us of Python per op over eager); first execute "
+              f"{data['first_execute_ms']:.0f} ms")
+    return f"{data['ops']}-op fusion of tiny tensors, cached `fd.execute` vs eager torch", result
+
+
+def host_path(data: Data) -> tuple[str, str]:
+    labels = [re.sub(r"^at (\S+) \((\w+)\)$", r"revision \2", label) for label in data["results"]]
+    series = list(data["results"].values())
+
+    def both(key: str, fmt: str = ".0f") -> str:
+        return " -> ".join(format(s[key], fmt) for s in series)
+
+    cur = series[-1]
+    result = (f"Llama layer through `backend=\"pyfuser\"`: training step (forward + backward graphs) "
+              f"{both('llama_training_pyfuser_us')} us of host time (eager's step with its real math: "
+              f"{cur['llama_training_eager_us']:.0f}), {both('llama_training_eager_ops')} eager ops; forward "
+              f"{both('llama_layer_pyfuser_us')} us (eager {cur['llama_layer_eager_us']:.0f}), "
+              f"{both('llama_layer_eager_ops')} eager ops; cached one-kernel `fd.execute` "
+              f"{both('one_kernel_fd_execute_us', '.1f')} us")
+    what = "pyfuser's host path with kernel launches as no-ops"
+    if len(labels) > 1:
+        what += f", {' against '.join(reversed(labels))} in the same run"
+    return what, result
+
+
+def seed003_ceiling(data: Data) -> tuple[str, str]:
+    g = data["median_GBps"]
+    copy, own = g["copy of 1 GiB"], g["copy of the case's bytes"]
+    hand = max((k for k in g if k.startswith("hand-written")), key=lambda k: g[k])
+    row_copy = next(k for k in g if k.startswith("row copy"))
+
+    def of(name: str) -> str:
+        return f"{g[name]:.0f} GB/s ({g[name] / copy:.2f} of the 1-GiB copy, {g[name] / own:.2f} of a copy of its bytes)"
+
+    result = (f"pyfuser {of('pyfuser')}; the best hand-written Triton kernel ({hand.removeprefix('hand-written ')}) "
+              f"{of(hand)}; a row copy with its structure {of(row_copy)}; torch.compile {g['torch.compile']:.0f}")
+    return "seed 003's fusion beside hand-written kernels, its structure's row copy and the copies", result
+
+
+def persistent_tiles(data: Data) -> tuple[str, str]:
+    ratios, parts = {}, []
+    for case in data["cases"]:
+        speeds = case["GBps"]
+        default = next(k for k in speeds if k.endswith("(default)"))
+        name = f"{case['op']} {case['shape'][0]}x{case['shape'][1]}"
+        ratios[name] = speeds[default] / speeds["torch.compile"]
+        parts.append(f"{name} {speeds[default]:.0f} ({ratios[name]:.2f}x)")
+    worst = min(ratios, key=lambda k: ratios[k])
+    result = (f"GB/s of the default tiles, pyfuser / torch.compile: {', '.join(parts)}; geomean "
+              f"{geomean(ratios.values()):.2f}x, worst {ratios[worst]:.2f}x ({worst})")
+    return "normalizations of short rows: the default tiles of whole rows against every variant", result
+
+
+ROWS: dict[str, Callable[[Data], tuple[str, str]]] = {
+    "kernels": kernels,
+    "compile_llama": compile_llama,
+    "ag_linear": overlap("seed 004 all-gather + linear", "ag_then_gemm_ms", "all-gather-then-GEMM"),
+    "linear_rs": overlap("row-parallel linear + reduce-scatter", "gemm_then_rs_ms", "GEMM-then-reduce-scatter"),
+    "stream_overhead": stream_overhead,
+    "cpu_overhead": cpu_overhead,
+    "host_path": host_path,
+    "seed003_ceiling": seed003_ceiling,
+    "persistent_tiles": persistent_tiles,
+}
+
+
+def results_files(directory: Path = RESULTS) -> list[Path]:
+    """The current results files, in the order of ``ROWS`` (then variants, then machine kinds)."""
+    order = list(ROWS)
+
+    def key(path: Path) -> tuple[int, str, str]:
+        run = json.loads(path.read_text())["run"]
+        rank = order.index(run["benchmark"]) if run["benchmark"] in order else len(order)
+        return rank, run.get("variant", ""), run["machine_kind"]
+
+    return sorted(directory.glob("*.json"), key=key)
+
+
+def table(directory: Path = RESULTS) -> list[str]:
+    lines = list(HEADER)
+    for path in results_files(directory):
+        data = json.loads(path.read_text())
+        run = data["run"]
+        if run["benchmark"] not in ROWS:
+            raise SystemExit(f"{path.name}: no README row for benchmark {run['benchmark']!r}: add one to ROWS in "
+                             "scripts/readme_tables.py")
+        what, result = ROWS[run["benchmark"]](data)
+        variant = f" `{run['variant']}` cases" if run.get("variant") else ""
+        lines.append(f"| `{run['benchmark']}.py`{variant} ({run['machine_kind']}, {run['date']}): {what}; "
+                     f"`{path.stem}.md` | {result} |")
+    return lines
+
+
+def rewrite(readme: str, lines: list[str]) -> str:
+    pattern = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
+    if not pattern.search(readme):
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} block")
+    return pattern.sub(lambda _: "\n".join([BEGIN, *lines, END]), readme)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if README.md's table is stale")
+    args = parser.parse_args()
+    current = README.read_text()
+    wanted = rewrite(current, table())
+    if args.check:
+        if current != wanted:
+            print("README.md's benchmark table is stale: run `python scripts/readme_tables.py`", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(wanted)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

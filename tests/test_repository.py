@@ -1,0 +1,126 @@
+"""The repository as a map: current results files with their run, a README table generated from them,
+and documentation that points only inside the repository."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _load(path: Path) -> ModuleType:
+    """Scripts and benchmarks are not packages: load one module from its file."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+readme_tables = _load(ROOT / "scripts" / "readme_tables.py")
+results_files = _load(ROOT / "benchmarks" / "results_files.py")
+
+
+def test_readme_benchmark_table_is_generated_from_the_results_files() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_tables.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_stale_readme_table_is_detected() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = readme_tables.table()
+    assert readme_tables.rewrite(readme, table) == readme
+    stale = readme.replace(table[2], table[2].replace(" | ", " | 0.1x faster; ", 1))
+    assert stale != readme
+    assert readme_tables.rewrite(stale, table) == readme
+
+
+def test_every_results_file_has_a_readme_row() -> None:
+    rows = "\n".join(readme_tables.table())
+    for path in RESULTS.glob("*.json"):
+        assert f"`{path.stem}.md`" in rows, path.name
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
+def test_results_file_is_the_current_one_with_its_run(path: Path) -> None:
+    """``<benchmark>[_<variant>]_<kind>``: one current file per benchmark and machine kind, its run in the JSON
+    and on the line after the Markdown's title."""
+    run = json.loads(path.read_text())["run"]
+    assert set(run) == {"benchmark", "variant", "machine_kind", "date"}
+    assert (ROOT / "benchmarks" / f"{run['benchmark']}.py").exists(), run["benchmark"]
+    kind = path.stem.rsplit("_", 1)[1]
+    assert results_files.kind_label(kind) == run["machine_kind"]
+    assert path.stem == "_".join(p for p in (run["benchmark"], run["variant"], kind) if p)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d( \d\d:\d\d UTC)?", run["date"]), run["date"]
+    lines = path.with_suffix(".md").read_text().splitlines()
+    assert lines[0].startswith("# ") and lines[2] == results_files.run_line(run["benchmark"], kind, run["date"])
+
+
+def test_markdown_results_without_json_state_their_run() -> None:
+    for path in RESULTS.glob("*.md"):
+        if path.stem.endswith("_notes") or path.with_suffix(".json").exists():
+            continue
+        assert re.match(r"Run: \d{4}-\d\d-\d\d .* on `[a-z0-9-]+`", path.read_text().splitlines()[2]), path.name
+
+
+def test_results_are_written_over_the_current_file(tmp_path: Path) -> None:
+    first = results_files.write_results("kernels", "h200", {"x": 1}, "# Title\n\nbody\n", tmp_path, "2026-01-01 00:00 UTC")
+    second = results_files.write_results("kernels", "h200", {"x": 2}, "# Title\n\nbody\n", tmp_path, "2026-01-02 00:00 UTC")
+    partial = results_files.write_results("kernels", "h200", {"x": 3}, "# Title\n", tmp_path, variant="sweep")
+    assert first == second and partial.name == "kernels_sweep_h200"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernels_h200.json", "kernels_h200.md",
+                                                          "kernels_sweep_h200.json", "kernels_sweep_h200.md"]
+    assert json.loads(second.with_suffix(".json").read_text())["x"] == 2
+    assert second.with_suffix(".md").read_text().splitlines()[2].startswith("Run: 2026-01-02 00:00 UTC on `nvidia-h200`")
+
+
+@pytest.mark.parametrize(("device", "count", "kind", "label"), [
+    ("NVIDIA H200", 1, "h200", "nvidia-h200"), ("NVIDIA H100 80GB HBM3", 1, "h100", "nvidia-h100"),
+    ("NVIDIA H200", 2, "h200x2", "nvidia-h200-x2"), ("cpu", 1, "cpu", "cpu")])
+def test_machine_kinds(device: str, count: int, kind: str, label: str) -> None:
+    assert results_files.machine_kind(device, count) == kind
+    assert results_files.kind_label(kind) == label
+
+
+def _tracked(*patterns: str) -> list[Path]:
+    out = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    return [ROOT / name for name in out.stdout.split()]
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    """Design references are the docs/ pages, which cite nvFuser's public issues: no path to a machine's
+    directories or to design documents kept elsewhere."""
+    outside = re.compile(r"/work/|\.\./shared|shared/seeds|ARCHITECTURE\.md")
+    for path in _tracked("pyfuser", "docs", "README.md", "scripts", "examples", "benchmarks/*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert not outside.search(line), f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+
+
+def test_docs_links_resolve() -> None:
+    for path in _tracked("docs", "README.md"):
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+            assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links to missing {target}"
+
+
+def test_each_design_topic_page_cites_nvfuser() -> None:
+    """A topic page states pyfuser's behaviour and the public nvFuser issue or pull request it comes from."""
+    pages = [p for p in (ROOT / "docs").glob("*.md") if p.name not in ("architecture.md", "multidevice.md")]
+    assert len(pages) >= 5
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    for page in pages:
+        text = page.read_text()
+        assert re.search(r"github\.com/NVIDIA/Fuser/(issues|pull)/\d+", text), page.name
+        assert "pyfuser/" in text, f"{page.name} names no code"
+        assert f"]({page.name})" in architecture, f"docs/architecture.md does not list {page.name}"
