@@ -32,9 +32,10 @@ MIXTRAL_BACKWARD_HANGS = pytest.mark.xfail(
     "as a bookend view (remove_bookend_non_compute_ops), the translator rejects getitem_6 ('input split is a list, "
     "not a tensor or number'), and the partitioner puts getitem_6 back with its producer on every retry")
 
-#: Slow: covered in the default run by the same graph through generated kernels, or (Qwen2: q/k/v biases,
-#: Phi-3: fused qkv and gate/up projections) by Llama's decoder layer.
-SLOW = dict.fromkeys((*GENERATED, "qwen2", "phi3"), pytest.mark.slow)
+#: Slow: covered in the default run by the same graph through generated kernels, by Llama's decoder layer
+#: (Qwen2: q/k/v biases, Phi-3: fused qkv and gate/up projections) or by Whisper's BART-style
+#: encoder-decoder (BART).
+SLOW = dict.fromkeys((*GENERATED, "qwen2", "phi3", "bart"), pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)
