@@ -207,6 +207,32 @@ def accuracy(data: Data) -> tuple[str, str]:
     return "generated reductions' error against float64 beside torch's, rows of offsets 0 to 1e4", result
 
 
+def models(data: Data) -> tuple[str, str]:
+    """One row for the zoo: per dtype and mode, pyfuser's geomean and worst ratio to Inductor across models
+    (with CUDA graphs: to ``reduce-overhead``), and the cases that failed (a kernel fallback included)."""
+    meta, parts = data["meta"], []
+    for dtype in dict.fromkeys(row["dtype"] for row in data["summary"]):
+        modes = []
+        for mode in dict.fromkeys(row["mode"] for row in data["summary"] if row["dtype"] == dtype):
+            rated = []
+            for row in data["summary"]:
+                if (row["dtype"], row["mode"]) != (dtype, mode) or "geomean" not in row:
+                    continue
+                label = " with CUDA graphs" if row["variant"].endswith("cuda_graph") else ""
+                rated.append(f"{row['geomean']:.2f}x{label} (worst {row['worst']:.2f}x, {row['worst_model']})")
+            if rated:
+                modes.append(f"{mode} {', '.join(rated)}")
+        if modes:
+            parts.append(f"{dtype}: {'; '.join(modes)}")
+    failed = [c for c in data["cases"] if c["status"] not in ("ok", "skipped")]
+    fallbacks = sum(c["status"] == "fallback" for c in failed)
+    result = (f"pyfuser / Inductor, geomean over {len(meta['models'])} models: " + ". ".join(parts)
+              + f". Failed cases: {len(failed)} ({fallbacks} with a kernel fallback)")
+    what = (f"{len(meta['models'])} `transformers` models (size `{meta['size']}`), inference and training, eager / "
+            "Inductor / pyfuser, without and with CUDA graphs; median ms per step, checked against fp32 eager")
+    return what, result
+
+
 ROWS: dict[str, Callable[[Data], tuple[str, str]]] = {
     "kernels": kernels,
     "compile_llama": compile_llama,
@@ -218,6 +244,7 @@ ROWS: dict[str, Callable[[Data], tuple[str, str]]] = {
     "seed003_ceiling": seed003_ceiling,
     "persistent_tiles": persistent_tiles,
     "accuracy": accuracy,
+    "models": models,
 }
 
 

@@ -124,3 +124,27 @@ def test_each_design_topic_page_cites_nvfuser() -> None:
         assert re.search(r"github\.com/NVIDIA/Fuser/(issues|pull)/\d+", text), page.name
         assert "pyfuser/" in text, f"{page.name} names no code"
         assert f"]({page.name})" in architecture, f"docs/architecture.md does not list {page.name}"
+
+
+def test_model_zoo_results_make_one_row(tmp_path: Path) -> None:
+    """``models_<kind>.json`` (benchmarks/models.py): one row with the geomean and worst case per mode and the
+    failed cases counted."""
+    def case(model: str, mode: str, variant: str, ms: float, status: str = "ok") -> dict[str, object]:
+        return {"model": model, "mode": mode, "dtype": "bf16", "variant": variant, "status": status, "ms": ms}
+
+    cases = [case(m, mode, v, ms) for m in ("llama", "vit") for mode in ("inference", "training")
+             for v, ms in (("eager", 4.0), ("inductor", 2.0))]
+    cases += [case("llama", "inference", "pyfuser", 2.5), case("vit", "inference", "pyfuser", 1.6),
+              case("llama", "training", "pyfuser", 2.0, "fallback"), case("vit", "training", "pyfuser", 0.0, "error")]
+    summary = [{"mode": "inference", "dtype": "bf16", "variant": "pyfuser", "anchor": "inductor", "models": 2,
+                "failed": [], "geomean": (0.8 * 1.25) ** 0.5, "worst": 0.8, "worst_model": "llama"},
+               {"mode": "training", "dtype": "bf16", "variant": "pyfuser", "anchor": "inductor", "models": 1,
+                "failed": ["llama", "vit"], "geomean": 1.0, "worst": 1.0, "worst_model": "llama"}]
+    data = {"meta": {"models": ["llama", "vit"], "size": "default"}, "summary": summary, "cases": cases}
+    results_files.write_results("models", "h100", data, "# Zoo\n\nbody\n", tmp_path, "2026-01-01 00:00 UTC")
+    rows = readme_tables.table(tmp_path)
+    assert len(rows) == 3
+    assert rows[2].startswith("| `models.py` (nvidia-h100, 2026-01-01 00:00 UTC): 2 `transformers` models")
+    assert ("bf16: inference 1.00x (worst 0.80x, llama); training 1.00x (worst 1.00x, llama). Failed cases: 2 "
+            "(1 with a kernel fallback)") in rows[2]
+    assert "`models_h100.md`" in rows[2]
