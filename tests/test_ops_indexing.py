@@ -175,8 +175,9 @@ def test_bad_indexing_arguments(call: Callable[..., Any], error: type[Exception]
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a host synchronization needs a GPU")
 def test_indexing_on_a_gpu_never_waits_for_the_device() -> None:
-    """Indices are checked by torch's kernels on the device (an asynchronous assert, as torch does): a
-    step of gathers and embeddings queues its work without reading anything back."""
+    """Where the host must not wait for the device (torch's sync debug mode, a CUDA graph's capture),
+    indices are checked by an asynchronous device assert: a step of gathers and embeddings queues its
+    work without reading anything back."""
     with FusionDefinition() as fd:
         ids = fd.define_tensor([-1, -1], dtype=DataType.Int)
         w = fd.define_tensor([-1, -1])

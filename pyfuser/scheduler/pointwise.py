@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
@@ -98,19 +99,31 @@ def schedule(fusion: Fusion, params: PointwiseParams) -> None:
     propagate(ref)
 
 
+def broadcasts_of_their_own(ref: TensorView) -> bool:
+    """Whether another output of ``ref``'s segment has a broadcast ID that maps to none of ``ref``'s IDs
+    (each layer's ``unsqueeze`` of the same positions in DeBERTa). A merge of ``ref``'s broadcast
+    replays only on tensors whose broadcast maps to it: such an output would keep its logical domain
+    and be written by serial loops over all of it in every program."""
+    fusion = ref.fusion
+    graph = IdGraph(fusion.tensors(), fusion.exprs(), map_broadcast=True, through_transforms=False)
+    ours = ref.get_logical_domain()
+    return any(i.is_broadcast and not any(graph.mapped(i, r) for r in ours)
+               for out in fusion.outputs() if isinstance(out, TensorView) and out is not ref
+               for i in out.get_logical_domain())
+
+
 def flatten_in_memory_order(ref: TensorView) -> int:
     """Reorder ``ref``'s loop domain (still its logical domain) into its allocation order and return
-    how many iterating IDs lead. Behind them, unmerged and never iterated: its broadcast IDs (unless
-    it has only those), then its reduction IDs (a tensor a pointwise kernel copies may keep the
-    reduction IDs of the reduction it comes from, e.g. partial sums before an allreduce).
-
-    A merge with a broadcast replays only on tensors whose broadcast maps to it: a segment output
-    with a broadcast of its own (each layer's ``unsqueeze`` of the same positions in DeBERTa) would
-    keep its logical domain and be written by serial loops over all of it in every program."""
+    how many iterating IDs lead. Behind them, unmerged and never iterated: its reduction IDs (a tensor
+    a pointwise kernel copies may keep the reduction IDs of the reduction it comes from, e.g. partial
+    sums before an allreduce), and its broadcast IDs where other outputs have broadcasts of their own
+    (``broadcasts_of_their_own``; unless it has only broadcasts)."""
     order = [i for i in logical_order(ref) if not i.is_reduction]
-    if any(not i.is_broadcast for i in order):
+    if any(not i.is_broadcast for i in order) and broadcasts_of_their_own(ref):
         order = [i for i in order if not i.is_broadcast] + [i for i in order if i.is_broadcast]
-    iterating = sum(not i.is_broadcast for i in order) or len(order)
+        iterating = sum(not i.is_broadcast for i in order)
+    else:
+        iterating = len(order)
     order += [i for i in ref.get_loop_domain() if i.is_reduction]
     loop = ref.get_loop_domain()
     ref.reorder({loop.index(i): k for k, i in enumerate(order) if i in loop})

@@ -26,16 +26,24 @@ if TYPE_CHECKING:
     from pyfuser.ir.tensor_view import TensorView
 
 
+def _no_host_reads() -> bool:
+    """Whether reading a CUDA value back would break the caller: a stream capturing a CUDA graph, or
+    torch's sync debug mode (set by the capture's warm-up run to refuse programs that synchronize)."""
+    return torch.cuda.is_current_stream_capturing() or torch.cuda.get_sync_debug_mode() != 0
+
+
 def check_indices(op: str, index: torch.Tensor, index_tv: Any, size: int, target: Any, dim: int,
                   allow_negative: bool = False) -> None:
-    """Before the ATen call of an indexing op on a CPU: raise ValueError when a value of ``index`` is
-    outside ``[0, size)`` (``[-size, size)`` with ``allow_negative``), the extent of ``target``'s axis
-    ``dim``. On a GPU nothing: torch's kernels assert on the device, asynchronously, and reading the
-    bounds back here would stall the host on every call (a training step's gathers and embedding)
-    and could not run inside a CUDA graph's capture."""
-    if index.numel() == 0 or index.is_cuda:
+    """Raise ValueError when a value of ``index`` is outside ``[0, size)`` (``[-size, size)`` with
+    ``allow_negative``), the extent of ``target``'s axis ``dim``."""
+    if index.numel() == 0:
         return
     lower = -size if allow_negative else 0
+    if index.is_cuda and _no_host_reads():
+        in_range = ((index >= lower) & (index < size)).all()
+        torch._assert_async(in_range, f"{op}: index {index_tv.short_name} holds a value out of range for "
+                                      f"{target.short_name} axis {dim} of size {size} (valid: {lower}..{size - 1})")
+        return
     low, high = (int(v) for v in torch.aminmax(index))
     if low < lower or high >= size:
         bad = low if low < lower else high
