@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import time
 import warnings
 
 import torch
@@ -32,9 +33,19 @@ from pyfuser.multidevice import (
 GROUP_THREADS = ("pt_gloo", "gloo_")
 
 
-def probe() -> None:
+def group_threads() -> list[str]:
     names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-    alive = sorted(n for n in names if n.startswith(GROUP_THREADS))
+    return sorted(n for n in names if n.startswith(GROUP_THREADS))
+
+
+def probe() -> None:
+    # A destroyed group's event-loop thread ends on its own shortly after: wait for it (a group left alive
+    # keeps its threads for good, so this still tells the two apart).
+    deadline = time.monotonic() + 5.0
+    alive = group_threads()
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = group_threads()
     print(f"AT EXIT rank {os.environ['RANK']}: initialized={dist.is_initialized()} group threads={alive}", flush=True)
 
 
