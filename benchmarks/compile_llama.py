@@ -33,6 +33,7 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 from results_files import machine_kind, write_results
+from timing import synchronize, time_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -90,32 +91,6 @@ def rotary(seq: int, dim: int, device: str, dtype: torch.dtype) -> tuple[torch.T
 
 
 # --- timing ------------------------------------------------------------------------------------------
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_ms(fn: Callable[[], Any], device: str, warmup: int, iters: int) -> float:
-    """Median milliseconds per call (CUDA events on a GPU, the wall clock on a CPU)."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    samples = []
-    for _ in range(iters):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
-
-
 def compiled(variant: str, layer: torch.nn.Module, reset: bool = True) -> tuple[Callable[..., Any], Any]:
     """``reset=False`` keeps the variants compiled before (for interleaved turns, in the groups that can
     share a process: see ``INTERLEAVABLE``)."""

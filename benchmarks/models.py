@@ -45,7 +45,6 @@ import gc
 import json
 import math
 import re
-import statistics
 import sys
 import time
 import traceback
@@ -62,6 +61,7 @@ import torch._inductor.config
 import transformers
 from model_zoo import ARCHS, SIZES, Batch, Size, build_model, make_batch, output_logits, output_loss
 from results_files import RESULTS, kind_label, machine_kind, now_stamp, run_line, write_results
+from timing import synchronize, time_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -91,11 +91,6 @@ class Options:
 
 
 # --- steps ---------------------------------------------------------------------------------------------------
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 @dataclass
 class StepResult:
     """What one step leaves to check: the logits, the loss (training) and the gradients by parameter name."""
@@ -151,27 +146,6 @@ def errors(got: StepResult, want: StepResult) -> dict[str, dict[str, float]]:
     for name, grad in want.grads.items():
         out[f"grad {name}"] = error(got.grads[name], grad) if name in got.grads else {"abs": math.inf, "rel": math.inf}
     return out
-
-
-def time_ms(step: Callable[[], Any], device: str, warmup: int, iters: int) -> float:
-    """Median milliseconds per step (CUDA events on a GPU, the wall clock on a CPU)."""
-    for _ in range(warmup):
-        step()
-    synchronize(device)
-    samples = []
-    for _ in range(iters):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            step()
-            samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
 
 
 def compiled(variant: str, model: torch.nn.Module, opts: Options) -> tuple[Callable[..., Any], PyfuserBackend | None]:
