@@ -135,8 +135,9 @@ class FusionExecutorCache:
         entry = by_signature.get(key)
         if entry is None:
             resolved = target if target is not None else _resolve_device(None, args, binder)
-            program = self._compile_for(args, binder, resolved, enable_options, disable_options, comm_backend(backend))
-            entry = (program, resolved, check_devices(binder.specs, args, resolved))
+            program, moved = self._compile_for(args, binder, resolved, enable_options, disable_options,
+                                               comm_backend(backend))
+            entry = (program, resolved, moved)
             by_signature[key] = entry
             if len(by_signature) > self._signature_cache_size:
                 by_signature.popitem(last=False)
@@ -254,10 +255,12 @@ class FusionExecutorCache:
 
     def _compile_for(self, args: Sequence[Any], binder: InputBinder, target: torch.device,
                      enable_options: Sequence[str], disable_options: Sequence[str],
-                     backend: CommunicatorBackend | None) -> Program:
+                     backend: CommunicatorBackend | None) -> tuple[Program, tuple[int, ...]]:
+        """The program for ``args``' layout, and the positions of the 0-dim CPU tensors each call moves to
+        ``target`` (``check_devices``)."""
         enabled, disabled = check_options(enable_options, disable_options)
         binder.check(args)
-        check_devices(binder.specs, args, target)
+        moved = check_devices(binder.specs, args, target)
         layout = (_layout_key(args), target, enabled, disabled, backend)
         program = self._by_layout.get(layout)
         if program is None:
@@ -276,8 +279,8 @@ class FusionExecutorCache:
             if is_multidevice(self.fusion):
                 raise ValueError("_enable_options=['cuda_graph']: a multi-device fusion's communications are not "
                                  "captured into CUDA graphs; run it without cuda_graph")
-            return CudaGraphProgram(program)  # one per signature: one graph per input-size bucket
-        return program
+            return CudaGraphProgram(program), moved  # one per signature: one graph per input-size bucket
+        return program, moved
 
 
     def _rank(self) -> int:
