@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pyfuser import FusionDefinition, ParallelType, TensorView
@@ -194,14 +194,20 @@ def test_binary_ops_promote_and_broadcast_like_torch(name: str, dtype_a: torch.d
 @settings(max_examples=60, deadline=None)
 @given(op=st.sampled_from(["where", "clamp"]), dtypes=st.lists(st.sampled_from(DTYPES), min_size=3, max_size=3),
        numbers=st.lists(st.sampled_from([None, 2, 0.5, True]), min_size=3, max_size=3))
+@example(op="where", dtypes=[torch.float32] * 3, numbers=[None, 2, 0.5])
 def test_ternary_ops_promote_like_torch(op: str, dtypes: list[torch.dtype], numbers: list[object]) -> None:
-    """``where`` / ``clamp`` with any mix of tensor dtypes and Python numbers (at least one tensor)."""
+    """``where`` / ``clamp`` with any mix of tensor dtypes and Python numbers (at least one tensor); a
+    ``where`` whose branches are both numbers follows nvFuser (see ``FusionDefinition.ops.where``)."""
     if all(n is not None for n in numbers):
         numbers[1] = None
     if op == "where":
         dtypes[0] = torch.bool
     values = [operand_values(d, [3]) if n is None else n for d, n in zip(dtypes, numbers, strict=True)]
-    args = [v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for v in values]
+    # nvFuser's ``where`` with two number branches promotes them as its scalars (a float is Double).
+    nvfuser_scalars = op == "where" and numbers[1] is not None and numbers[2] is not None
+    args = [v if isinstance(v, torch.Tensor)
+            else torch.as_tensor(v, dtype=torch.float64 if nvfuser_scalars and isinstance(v, float) else None)
+            for v in values]
     try:
         want = torch.where(*args) if op == "where" else torch.clamp(*args)
     except RuntimeError:
