@@ -4,6 +4,8 @@ tensor has innermost in memory."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.codegen.resize import resized_classes
 from pyfuser.codegen.support import unsupported_in_pointwise_kernel
@@ -41,7 +43,8 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
         return False, "the segment has no tensor output", None
     exact = IdGraph(fusion.tensors(), exprs, map_broadcast=False, through_transforms=False)
     ref = reference_output(fusion)
-    ref_classes = {exact.class_of(i) for i in ref.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
+    ref_axes = _iterating_classes(ref, exact)
+    ref_classes = set(ref_axes)
     # A producer's axis a slice, pad or cat shifts into one of the reference's is read at shifted indices.
     readable = resized_classes(exprs, exact.class_of, ref_classes)
     for tv in fusion.tensors():
@@ -50,11 +53,17 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
                 return False, (f"{tv.short_name} axis {pos} ({i}) is not an axis of {ref.short_name}, the reference "
                                "output: one pointwise kernel iterates over one output's axes"), None
     for out in outputs:
-        classes = {exact.class_of(i) for i in out.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
-        if classes != ref_classes:
+        # Counted: two axes of one class (``a[:, None] <= a[None, :]``) are two loops, and an output
+        # broadcast along one of them has no loop nest of its own in the reference's.
+        if _iterating_classes(out, exact) != ref_axes:
             return False, (f"outputs {ref.short_name} and {out.short_name} iterate over different axes; one "
                            "pointwise kernel writes outputs of one shape"), None
     return True, "", exact
+
+
+def _iterating_classes(tv: TensorView, exact: IdGraph) -> Counter[int]:
+    """Exact classes of ``tv``'s iterating logical axes, each as often as ``tv`` has an axis of it."""
+    return Counter(exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast and not i.is_reduction)
 
 
 def innermost_classes(fusion: FusionLike, exact: IdGraph) -> dict[int, TensorView]:

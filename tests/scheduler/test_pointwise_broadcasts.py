@@ -58,3 +58,33 @@ def test_a_broadcast_output_beside_a_full_one(device: str) -> None:
     torch.testing.assert_close(first, want[None, :, None, :, None])
     torch.testing.assert_close(second, (-want).to(torch.bfloat16)[:, None, :])
     assert not re.search(r"^\s+for ", fd.last_kernel_code(), re.MULTILINE)
+
+
+@pytest.mark.parametrize("outputs", [("q",), ("kv",), ("q", "kv"), ("positions", "q", "kv")])
+@pytest.mark.parametrize("length", [None, 37])
+def test_a_mask_beside_the_positions_it_compares(device: str, outputs: tuple[str, ...], length: int | None) -> None:
+    """``transformers``' causal mask: ``positions[:, None] <= positions[None, :]`` written beside the
+    unsqueezed positions (Llama and GPT-2 training). The mask's two axes are one ID class; an output
+    broadcast along one of them is not the mask's shape, so it gets a kernel of its own instead of
+    failing to find a loop nest in the mask's (the whole region fell back to ATen on CUDA)."""
+    with FusionDefinition() as fd:
+        if length is None:
+            base = fd.define_tensor([-1], dtype=DataType.Int)
+        else:
+            base = fd.ops.iota(length, 0, 1, dtype=DataType.Int)
+        positions = fd.ops.broadcast(fd.ops.add(base, 1), [True, False])
+        rows = fd.ops.broadcast(positions, [False, True, False])
+        q = fd.ops.broadcast(rows, [False, False, False, True])
+        kv = fd.ops.broadcast(rows, [False, False, True, False])
+        named = {"positions": positions, "q": q, "kv": kv}
+        for name in outputs:
+            fd.add_output(named[name])
+        fd.add_output(fd.ops.le(kv, q))
+    base_values = torch.arange(37, device=device) * 3 - 20
+    got = execute_with_kernels(fd, [base_values] if length is None else [])
+    p = (base_values if length is None else torch.arange(37, device=device)) + 1
+    want = {"positions": p[None, :], "q": p[None, None, :, None], "kv": p[None, None, None, :]}
+    for name, out in zip(outputs, got, strict=False):
+        torch.testing.assert_close(out, want[name])
+    torch.testing.assert_close(got[-1], p[None, None, None, :] <= p[None, None, :, None])
+    assert set(kernel_schedulers(fd)) == {"pointwise"}
