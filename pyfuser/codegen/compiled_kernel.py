@@ -24,6 +24,7 @@ import torch
 
 from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.codegen.launcher import BoundParam, BoundRun, DirectLaunches, bound_launch, launcher_source
+from pyfuser.codegen.python_writer import compile_source
 from pyfuser.ir.eval_context import EvalContext
 
 _LOADED: dict[str, Any] = {}
@@ -83,7 +84,7 @@ class CompiledKernel:
         namespace["fn"] = fn
         launches = self._launches = namespace["launches"] = DirectLaunches(fn, num_warps, source.name, source.source)
         namespace["variants"] = launches.variants
-        exec(compile(host, f"<launcher of {source.name}>", "exec"), namespace)
+        compile_source(host, f"launcher of {source.name}", namespace)
         self.launcher_code = host
         #: the scheduled fusion the kernel was generated from (set by the runtime, for inspection)
         self.scheduled_ir = ""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pyfuser.codegen.kernel_source import KernelLaunchError, KernelSource
+from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
 from pyfuser.ir.eval_context import NoPrograms
 from pyfuser.ir.layout import dense_strides
@@ -338,10 +339,13 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
         call = f"fn[({grid})]({params}, num_warps={num_warps})"
         key = ["def key(params):", "    return None"]
     run = [*body, f"if {empty}:", f"    return [{outputs}]", *no_programs, *call.split("\n"), f"return [{outputs}]"]
-    source = ("def prepare(ctx, args, out):\n" + "\n".join("    " + line for line in prepare) + "\n\n\n"
-              "def run(ctx, *args, out=None):\n" + "\n".join("    " + line for line in run) + "\n\n\n"
-              + "\n".join(key) + "\n")
-    return source, env
+    writer = PythonWriter(f"launcher of {s.name}", env)
+    writer.function("def prepare(ctx, args, out):", prepare)
+    writer.line("", "")
+    writer.function("def run(ctx, *args, out=None):", run)
+    writer.line("", "")
+    writer.line(*key)
+    return writer.source, env
 
 
 #: What a parameter of a bound launch is: ("slot", k) the value in slot k (the arguments first,
@@ -438,10 +442,10 @@ class BoundLaunch:
         body += self.write(names, made, "_stream", env, "_")
         slots = [*names, *made]
         body.append(f"return [{', '.join(slots[s] for s in self.results)}]")
-        source = "def run(args):\n" + "\n".join("    " + line for line in body) + "\n"
-        exec(compile(source, "<bound launch>", "exec"), env)
-        run: BoundRun = env["run"]
-        run.source = source  # type: ignore[attr-defined]
+        writer = PythonWriter("bound launch", env)
+        writer.function("def run(args):", body)
+        run: BoundRun = writer.define("run")
+        run.source = writer.source  # type: ignore[attr-defined]
         run.plan = self  # type: ignore[attr-defined]
         return run
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from pyfuser.codegen.launcher import reinterpret_tensor
+from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.host_ir.nodes import Allocate, AtenCall, Deallocate, HostNode, LaunchKernel
 from pyfuser.host_ir.steps import launch_with_fallback
 from pyfuser.ir.base import Val
@@ -123,11 +124,10 @@ class StraightLine:
             head = [f"if _current_device() != {self._device.index}:", "    return None"]
         head += self._head.values()
         unpack = f"{', '.join(names)}, = args" if names else "del args"
-        source = "\n".join(["def run(args):", *("    " + line for line in [unpack, *head, *body]),
-                            f"    return [{', '.join(returned)}]", ""])
-        exec(compile(source, "<straight-line program>", "exec"), self._env)
-        run = self._env["run"]
-        run.source = source
+        writer = PythonWriter("straight-line program", self._env)
+        writer.function("def run(args):", [unpack, *head, *body, f"return [{', '.join(returned)}]"])
+        run = writer.define("run")
+        run.source = writer.source
         return run  # type: ignore[no-any-return]
 
     # --- nodes ---------------------------------------------------------------------------------------
