@@ -29,6 +29,7 @@ import torch
 from pyfuser.codegen.launcher import reinterpret_tensor
 from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.host_ir.nodes import Allocate, AtenCall, Deallocate, HostNode, LaunchKernel
+from pyfuser.host_ir.specialization import Seen
 from pyfuser.host_ir.steps import launch_with_fallback
 from pyfuser.ir.base import Val
 from pyfuser.ir.eval_context import EvalContext
@@ -37,25 +38,6 @@ from pyfuser.ir.eval_context import EvalContext
 STRAIGHT_LINE_NODES = (AtenCall, LaunchKernel, Allocate, Deallocate)
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
-
-
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """A tensor as a recorded run produced it."""
-
-    sizes: tuple[int, ...]
-    strides: tuple[int, ...]
-    offset: int
-    storage: int
-    dtype: torch.dtype
-    numel: int
-
-    @staticmethod
-    def of(value: Any) -> Seen | None:
-        if not isinstance(value, torch.Tensor):
-            return None
-        return Seen(tuple(value.shape), value.stride(), value.storage_offset(), value.untyped_storage().data_ptr(),
-                    value.dtype, value.numel())
 
 
 @dataclass
