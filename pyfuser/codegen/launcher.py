@@ -410,62 +410,58 @@ class BoundLaunch:
         return " or ".join(f"{names[k]}.data_ptr() % 16" + (" != 0" if self.aligned[k] else " == 0")
                            for k in self.reads if not (k < len(fixed) and fixed[k]))
 
-    def write(self, names: Sequence[str], made: Sequence[str], stream: str, env: dict[str, Any], key: str) -> list[str]:
+    def write(self, names: Sequence[str], made: Sequence[str], stream: str, writer: PythonWriter) -> list[str]:
         """Lines allocating the outputs into ``made`` and launching on ``stream`` (an expression), for
-        the arguments ``names``; the constants they read go into ``env``, their names prefixed ``key``."""
+        the arguments ``names``; the constants they read are bound into ``writer``'s globals."""
         slots = [*names, *made]
-        env[f"{key}launch"], env[f"{key}grid"] = self.launch, self.grid
+        launch, grid = writer.constant(self.launch, "_launch"), writer.constant(self.grid, "_grid")
         cuda = self.device.type == "cuda" and _empty_cuda is not None
         device = self.device
-        env[f"{key}alloc"] = _empty_cuda if cuda else (
-            lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype, device=device))
+        alloc = writer.constant(_empty_cuda if cuda else (
+            lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype, device=device)), "_alloc")
         lines = []
         for j, (sizes, strides, dtype) in enumerate(self.made):
-            env[f"{key}dtype{j}"] = dtype
-            lines.append(f"{made[j]} = {key}alloc({sizes}, {strides}, {key}dtype{j})")
+            lines.append(f"{made[j]} = {alloc}({sizes}, {strides}, {writer.constant(dtype, '_dtype')})")
         values = []
-        for k, (kind, value) in enumerate(self.params):
+        for kind, value in self.params:
             if kind == "slot":
                 values.append(slots[value])
             elif kind == "counter":
-                env[f"{key}counter"] = self.counter
-                values.append(f"{key}counter({stream})")
+                values.append(f"{writer.constant(self.counter, '_counter')}({stream})")
             elif type(value) is int or (type(value) is float and math.isfinite(value)):
                 values.append(repr(value))
             else:
-                env[f"{key}v{k}"] = value
-                values.append(f"{key}v{k}")
+                values.append(writer.constant(value, "_v"))
         static: StaticLaunch | None = getattr(self.launch, "static", None)
         if static is None or len(self.grid) != 3:
-            lines.append(f"{key}launch({key}grid, [{', '.join(values)}], {stream})")
+            lines.append(f"{launch}({grid}, [{', '.join(values)}], {stream})")
             return lines
-        env[f"{key}call"], env[f"{key}function"], env[f"{key}types"] = static.call, static.function, static.types
+        call, function = writer.constant(static.call, "_call"), writer.constant(static.function, "_function")
+        types = writer.constant(static.types, "_types")
         arguments = [values[k] for k in static.kept] + ["None"] * static.scratch
-        grid = ", ".join(map(str, self.grid))
-        lines.append(f"{key}call({key}function, {grid}, {static.warps}, {static.shared}, {key}types, "
+        xyz = ", ".join(map(str, self.grid))
+        lines.append(f"{call}({function}, {xyz}, {static.warps}, {static.shared}, {types}, "
                      f"({', '.join(arguments)}{',' if len(arguments) == 1 else ''}), {stream})")
         return lines
 
-    def stream_expression(self, env: dict[str, Any]) -> str:
-        """The expression of the current stream the launch goes on (names put into ``env``)."""
+    def stream_expression(self, writer: PythonWriter) -> str:
+        """The expression of the current stream the launch goes on (its names bound into ``writer``)."""
         if self.device.type != "cuda":
             return "None"
-        env["_raw_stream"] = raw_stream
-        return f"_raw_stream({self.device.index})"
+        return f"{writer.constant(raw_stream, '_raw_stream')}({self.device.index})"
 
     def _function(self) -> BoundRun:
-        env: dict[str, Any] = {}
+        writer = PythonWriter("bound launch")
         names = [f"a{k}" for k in range(self.n_args)]
         made = [f"a{self.n_args + j}" for j in range(len(self.made))]
         body = [f"a{k} = args[{k}]" for k in self.reads]
         check = self.misaligned(names)
         if check:
             body += [f"if {check}:", "    return None"]
-        body.append(f"_stream = {self.stream_expression(env)}")
-        body += self.write(names, made, "_stream", env, "_")
+        body.append(f"_stream = {self.stream_expression(writer)}")
+        body += self.write(names, made, "_stream", writer)
         slots = [*names, *made]
         body.append(f"return [{', '.join(slots[s] for s in self.results)}]")
-        writer = PythonWriter("bound launch", env)
         writer.function("def run(args):", body)
         run: BoundRun = writer.define("run")
         run.source = writer.source  # type: ignore[attr-defined]

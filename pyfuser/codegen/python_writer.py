@@ -60,16 +60,15 @@ class PythonWriter:
             self.line(*body)
 
     def fresh(self, prefix: str) -> str:
-        """A name no other ``fresh`` or ``constant`` of this writer returned."""
+        """A name no other ``fresh`` or ``constant`` of this writer returned, nor in the globals yet:
+        ``prefix`` itself the first time, then ``prefix1``, ``prefix2``..."""
         n = self._taken.get(prefix, 0)
+        while (f"{prefix}{n}" if n else prefix) in self.env:
+            n += 1
         self._taken[prefix] = n + 1
-        name = f"{prefix}{n}"
-        while name in self.env:
-            n = self._taken[prefix] = self._taken[prefix] + 1
-            name = f"{prefix}{n}"
-        return name
+        return f"{prefix}{n}" if n else prefix
 
-    def constant(self, value: Any, prefix: str = "_c") -> str:
+    def constant(self, value: Any, prefix: str = "_const") -> str:
         """The name of ``value`` in the functions' globals (bound under a fresh name)."""
         name = self.fresh(prefix)
         self.env[name] = value

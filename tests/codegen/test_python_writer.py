@@ -12,7 +12,7 @@ from pyfuser.codegen.python_writer import PythonWriter, define_function
 def test_constants_are_bound_by_fresh_names_and_blocks_indent() -> None:
     writer = PythonWriter("test function")
     limit, other = writer.constant(3, "_limit"), writer.constant([1], "_limit")
-    assert limit != other and writer.env[limit] == 3 and writer.env[other] == [1]
+    assert (limit, other) == ("_limit", "_limit1") and writer.env[limit] == 3 and writer.env[other] == [1]
     with writer.block("def f(x):"):
         with writer.block(f"if x > {limit}:"):
             writer.line(f"return {other}")
