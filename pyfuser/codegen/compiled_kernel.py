@@ -19,11 +19,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pyfuser.codegen.kernel_source import KernelSource
-from pyfuser.codegen.launcher import BoundParam, BoundRun, DirectLaunches, bound_launch, launcher_source
+from pyfuser.codegen.launcher import (
+    BoundParam,
+    BoundRun,
+    DirectLaunches,
+    VariantLaunch,
+    bound_launch,
+    launcher_source,
+)
+from pyfuser.codegen.python_writer import compile_source
 from pyfuser.ir.eval_context import EvalContext
 
 _LOADED: dict[str, Any] = {}
@@ -72,41 +79,36 @@ def load_kernel(name: str, source: str) -> Any:
 class CompiledKernel:
     """A generated kernel, ready to launch on a segment's inputs (``run``, as Host IR calls it)."""
 
+    #: ``run(ctx, *args, out=None) -> outputs``: the generated launcher (``launcher_source``), which
+    #: Host IR calls itself: read the sizes, check them, allocate the outputs, launch through
+    #: ``launches``
+    run: Callable[..., list[torch.Tensor]]
+
     def __init__(self, source: KernelSource, num_warps: int = 4) -> None:
         self.source = source
         self.name = source.name
         self.num_warps = num_warps
         self.output_perms = source.output_perms
         fn = load_kernel(source.name, source.source)
-        self._interpreted = "InterpretedFunction" in source.source
-        host, namespace = launcher_source(source, num_warps, direct=not self._interpreted)
-        namespace["fn"] = fn
-        launches = self._launches = namespace["launches"] = DirectLaunches(fn, num_warps, source.name, source.source)
-        namespace["variants"] = launches.variants
-        exec(compile(host, f"<launcher of {source.name}>", "exec"), namespace)
+        interpreted = "InterpretedFunction" in source.source
+        #: the one path from the kernel's parameters to its launch
+        self.launches = DirectLaunches(fn, num_warps, source.name, source.source, interpreted=interpreted)
+        host, namespace = launcher_source(source, direct=not interpreted)
+        namespace["launches"], namespace["variants"] = self.launches, self.launches.variants
+        compile_source(host, f"launcher of {source.name}", namespace)
         self.launcher_code = host
         #: the scheduled fusion the kernel was generated from (set by the runtime, for inspection)
         self.scheduled_ir = ""
         #: the heuristics it was scheduled with (set by the runtime; None for a manual schedule)
         self.scheduler_params: object = None
-        self._fn = fn
         self._prepare = namespace["prepare"]
-        self._run = namespace["run"]
+        self.run = namespace["run"]
         #: ``key(params)``: the compiled variant of the parameters ``prepare`` returned
         self.key = namespace["key"]
-        if not self._interpreted:  # the hot path: Host IR calls the generated launcher itself
-            self.run = self._run  # type: ignore[method-assign]
 
     @property
     def code(self) -> str:
         return self.source.source
-
-    def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        if self._interpreted:
-            # Masked-off lanes compute on placeholder values (log(0)); numpy must not warn about them.
-            with np.errstate(all="ignore"):
-                return self._run(ctx, *args, out=out)
-        return self._run(ctx, *args, out=out)
 
     def prepare(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None,
                 ) -> tuple[list[torch.Tensor], tuple[int, ...] | None, list[Any]]:
@@ -114,28 +116,13 @@ class CompiledKernel:
         empty and nothing runs). ``run`` is ``prepare`` then ``launch``, in one generated function."""
         return self._prepare(ctx, args, out)
 
-    def launch(self, grid: tuple[int, ...], params: Sequence[Any]) -> None:
-        """Launch the kernel with what ``prepare`` returned (its compiled variant directly, as ``run``
-        does, or through Triton's interpreter)."""
-        if self._interpreted:
-            self._fn[grid](*params, num_warps=self.num_warps)
-            return
+    def launch(self, grid: tuple[int, ...], params: Sequence[Any]) -> VariantLaunch | None:
+        """Launch the kernel with what ``prepare`` returned, as ``run`` does; returns the launched
+        variant's ``launch(grid, params, stream)`` for a bound launch (None: none to call directly)."""
         device = next(p for p in params if isinstance(p, torch.Tensor)).get_device()
-        self._launches.launch(self.key(params), (*grid, *(1,) * (3 - len(grid))), list(params), device)
-
-    def variant_launch(self, params: Sequence[Any]) -> Callable[[tuple[int, ...], list[Any], Any], None] | None:
-        """``launch(grid, params, stream)`` of the compiled variant ``params`` select (compiled by a
-        launch before), or None where there is none to call directly."""
-        if self._interpreted:
-            fn, warps = self._fn, self.num_warps
-
-            def interpreted(grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
-                with np.errstate(all="ignore"):
-                    fn[grid](*params, num_warps=warps)
-
-            return interpreted
-        device = next(p for p in params if isinstance(p, torch.Tensor)).get_device()
-        return self._launches.variants.get((device, self.key(params))) if self._launches.direct else None
+        key = self.key(params)
+        self.launches.launch(key, (*grid, *(1,) * (3 - len(grid))), list(params), device)
+        return self.launches.variant(key, device)
 
     def bound_params(self, reads: Sequence[int], first_output: int, params: Sequence[Any]) -> list[BoundParam] | None:
         """``prepare``'s parameters as a bound launch's: the tensors it reads from ``reads`` (slots of
@@ -156,14 +143,9 @@ class CompiledKernel:
         outputs, grid, params = self._prepare(ctx, args, None)
         if grid is None:
             return outputs, None
-        if self._interpreted:
-            launch = self.variant_launch(params)
-            launch(grid, list(params), None)  # type: ignore[misc]
-        else:
-            self.launch(grid, params)  # compiles the variant on its first launch
-            launch = self.variant_launch(params)
-            grid = (*grid, *(1,) * (3 - len(grid)))  # the compiled variant's x, y, z
+        launch = self.launch(grid, params)  # compiles the variant on its first launch
         entries = self.bound_params(range(len(args)), len(args), params)
         if launch is None or entries is None:
             return outputs, None
+        grid = (*grid, *(1,) * (3 - len(grid)))  # the variant's x, y, z
         return outputs, bound_launch(args, outputs, entries, range(len(args), len(args) + len(outputs)), grid, launch)

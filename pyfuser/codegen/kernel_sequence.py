@@ -5,7 +5,7 @@ where the device holds all programs of the first at once."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -15,7 +15,7 @@ from pyfuser.codegen.cooperative import cooperative_source
 from pyfuser.codegen.grid_reduction import FinishStep, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelSource
-from pyfuser.codegen.launcher import BoundParam, BoundRun, DirectLaunches, bound_launch, raw_stream
+from pyfuser.codegen.launcher import BoundParam, BoundRun, DirectLaunches, VariantLaunch, bound_launch, raw_stream
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
@@ -146,10 +146,8 @@ class CooperativeSequence(KernelSequence):
                 self._phases.append([])
             self._phases[-1].append(k)
         self.cooperative_code = cooperative_source(name, [k.source for k in kernels], target, barriers)
-        self._fn = load_kernel(name, self.cooperative_code)
-        self._num_warps = kernels[0].num_warps
-        self._launches = (DirectLaunches(self._fn, self._num_warps, name, self.cooperative_code, cooperative=True)
-                          if target == "cuda" else None)
+        self._launches = DirectLaunches(load_kernel(name, self.cooperative_code), kernels[0].num_warps, name,
+                                        self.cooperative_code, cooperative=True, interpreted=target != "cuda")
 
     @property
     def code(self) -> str:
@@ -178,35 +176,25 @@ class CooperativeSequence(KernelSequence):
             return None
         return slots, steps
 
-    def _launch(self, steps: list[Any], device: torch.device,
-                ) -> Callable[[tuple[int, ...], list[Any], Any], None] | None:
+    def _launch(self, steps: list[Any], device: torch.device) -> VariantLaunch | None:
         """Launch the steps as one cooperative launch; returns ``launch(grid, params, stream)`` of the
         variant launched, for a bound launch (None: no variant to call directly)."""
         params = [p for _, _, step_params in steps for p in step_params]
         params += [g for _, grid, _ in steps[1:] for g in grid]
         params.append(_counter(device))
-        first = steps[0][1]
-        fn, warps = self._fn, self._num_warps
-        if self._launches is not None:
-            key = (tuple(k.key(p) for k, _, p in steps), tuple((g == 1, g % 16 == 0) for _, grid, _ in steps[1:]
-                                                           for g in grid))
-            self._launches.launch(key, first, params, device.index)
-            variant = self._launches.variants.get((device.index, key))
-        else:
-            fn[first](*params, num_warps=warps)
-            variant = None
+        key = (tuple(k.key(p) for k, _, p in steps), tuple((g == 1, g % 16 == 0) for _, grid, _ in steps[1:]
+                                                       for g in grid))
+        self._launches.launch(key, steps[0][1], params, device.index)
+        variant = self._launches.variant(key, device.index)
 
         global cooperative_launches
         cooperative_launches += 1
-        if self._launches is not None and variant is None:
+        if variant is None:
             return None
 
         def launch(grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
             global cooperative_launches
-            if variant is not None:
-                variant(grid, params, stream)
-            else:  # Triton's interpreter
-                fn[grid](*params, num_warps=warps)
+            variant(grid, params, stream)
             cooperative_launches += 1
 
         return launch

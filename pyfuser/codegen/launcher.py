@@ -12,9 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from pyfuser.codegen.kernel_source import KernelLaunchError, KernelSource
+from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
 from pyfuser.ir.eval_context import NoPrograms
 from pyfuser.ir.layout import dense_strides
@@ -56,33 +58,46 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)
 raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda _device: None)
 
 
+#: ``launch(grid, params, stream)``: one compiled variant's launch (``grid``: x, y, z).
+VariantLaunch = Callable[[tuple[int, ...], list[Any], Any], None]
+
+
 class DirectLaunches:
-    """Compiled kernels by argument specialization, launched without Triton's per-call dispatch.
+    """The one path from a kernel's parameters to a Triton launch: every launch of a generated kernel
+    (a ``CompiledKernel``'s launcher, a cooperative sequence's one launch, a bound launch's replay)
+    goes through ``launch`` or a variant it returned.
 
     Triton's ``JITFunction`` recomputes which arguments are 1, multiples of 16 or 16-byte aligned
     on every call to find the compiled variant; the launcher knows which arguments are tensors and
     which are integers and keys the variants on the same properties itself, then launches the
     compiled variant directly (what Inductor's wrappers do): through torch's static CUDA launcher
     where it can (``_static_launch``), else through the compiled kernel's Triton runner. The first
-    launch of a variant goes through Triton, which compiles it and returns it.
+    launch of a variant goes through Triton, which compiles it and returns it. A kernel run by
+    Triton's interpreter (``interpreted``) has no variants: each launch goes through it.
     """
 
-    def __init__(self, fn: Any, num_warps: int, name: str, source: str, cooperative: bool = False) -> None:
+    def __init__(self, fn: Any, num_warps: int, name: str, source: str, cooperative: bool = False,
+                 interpreted: bool = False) -> None:
         self.fn = fn
         #: the kernel's name and text, for the error of a variant Triton refuses
         self.name = name
         self.source = source
         self.num_warps = num_warps
+        self.interpreted = interpreted
         #: Triton's launch option: all programs resident at once (a kernel with grid synchronizations)
-        self.options = {"launch_cooperative_grid": True} if cooperative else {}
+        self.options = {"launch_cooperative_grid": True} if cooperative and not interpreted else {}
         #: (device, key) -> ``run(grid, params, stream)`` of the compiled variant
-        self.variants: dict[tuple[Any, ...], Callable[[tuple[int, ...], list[Any], Any], None]] = {}
-        self.direct = True
+        self.variants: dict[tuple[Any, ...], VariantLaunch] = {}
+        self.direct = not interpreted
 
-    def launch(self, key: tuple[Any, ...], grid: tuple[int, ...], params: list[Any], device: int) -> None:
+    def launch(self, key: tuple[Any, ...] | None, grid: tuple[int, ...], params: list[Any], device: int) -> None:
+        """Launch the variant ``key`` selects (Triton's specializations of ``params``) on ``grid``."""
         run = self.variants.get((device, key)) if self.direct else None  # a variant is loaded on one device
         if run is not None:
             run(grid, params, raw_stream(device))
+            return
+        if self.interpreted:
+            self._interpret(grid, params, None)
             return
         try:
             compiled = self.fn[grid](*params, num_warps=self.num_warps, **self.options)
@@ -92,6 +107,18 @@ class DirectLaunches:
             self.variants[(device, key)] = _static_launch(compiled) or _triton_launch(compiled)
         else:  # a Triton without a compiled kernel's runner: always dispatch through it
             self.direct = False
+
+    def variant(self, key: tuple[Any, ...] | None, device: int) -> VariantLaunch | None:
+        """``launch(grid, params, stream)`` of the variant ``key`` selects, launched before (None where
+        there is none to call directly); the interpreter's launch for an interpreted kernel."""
+        if self.interpreted:
+            return self._interpret
+        return self.variants.get((device, key)) if self.direct else None
+
+    def _interpret(self, grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
+        # Masked-off lanes compute on placeholder values (log(0)); numpy must not warn about them.
+        with np.errstate(all="ignore"):
+            self.fn[grid](*params, num_warps=self.num_warps)
 
 
 def _triton_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any], None]:
@@ -203,12 +230,13 @@ def _specialization(names: list[str], kinds: list[str]) -> str:
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
-def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tuple[str, dict[str, Any]]:
+def launcher_source(s: KernelSource, direct: bool = False) -> tuple[str, dict[str, Any]]:
     """Python source of ``prepare(ctx, args, out) -> (outputs, grid, params)``, ``run(ctx, *args,
     out=None)`` and ``key(params)`` (the compiled variant's key of ``prepare``'s arguments) for
-    kernel ``s``, and the globals they need (``fn``: the jitted kernel, set by the caller;
-    ``launches``: a ``DirectLaunches`` of it when ``direct``, which launches compiled variants itself,
-    and ``variants``, its ``variants``)."""
+    kernel ``s``, and the globals they need (``launches``: the kernel's ``DirectLaunches``, set by
+    the caller, and ``variants``, its ``variants``: ``run`` calls a variant launched before itself,
+    else ``launches.launch``). ``direct``: a compiled (not interpreted) kernel, whose outputs on the
+    current CUDA device are allocated without the dispatcher."""
     env: dict[str, Any] = {"torch": torch, "_size_error": _size_error, "_constant_error": _constant_error,
                            "_unknown": _unknown_output_size, "names": s.tensor_names}
     n_in = len(s.tensor_inputs)
@@ -320,28 +348,27 @@ def launcher_source(s: KernelSource, num_warps: int, direct: bool = False) -> tu
     no_programs = [f"if {empty_grid}:", "    raise _NoPrograms()"] if empty_grid else []
     prepare = [*body, f"if {empty}:", f"    return [{outputs}], None, []", *no_programs,
                f"return [{outputs}], ({grid}), [{params}]"]
-    if direct:
-        names = [*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles]
-        kinds = [*(["tensor"] * len(tensors)), *(["int"] * (len(strides) + len(s.sizes))),
-                 *(["scalar"] * len(scalars)), *(["tile"] * len(tiles))]
-        grid3 = ", ".join([*(host_int_expr(e) for e in s.grid), *(["1"] * (3 - len(s.grid)))])  # the runner's x, y, z
-        # The compiled variant's launch looked up here, not in a call of ``launches.launch`` (which
-        # compiles a variant the first time).
-        spec = _specialization(names, kinds)
-        call = "\n".join(["_device = o0.get_device()", f"_variant = variants.get((_device, {spec}))",
-                          "if _variant is not None:", f"    _variant(({grid3}), [{params}], _raw_stream(_device))",
-                          "else:", f"    launches.launch({spec}, ({grid3}), [{params}], _device)"])
-        env["_raw_stream"] = raw_stream
-        # The same key from what ``prepare`` returned (a launch that takes the arguments over).
-        key = ["def key(params):", f"    {', '.join(names)}, = params", f"    return {_specialization(names, kinds)}"]
-    else:
-        call = f"fn[({grid})]({params}, num_warps={num_warps})"
-        key = ["def key(params):", "    return None"]
+    names = [*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles]
+    kinds = [*(["tensor"] * len(tensors)), *(["int"] * (len(strides) + len(s.sizes))),
+             *(["scalar"] * len(scalars)), *(["tile"] * len(tiles))]
+    grid3 = ", ".join([*(host_int_expr(e) for e in s.grid), *(["1"] * (3 - len(s.grid)))])  # the runner's x, y, z
+    # The compiled variant's launch looked up here, not in a call of ``launches.launch`` (which
+    # compiles a variant the first time, and runs an interpreted kernel).
+    spec = _specialization(names, kinds)
+    call = "\n".join(["_device = o0.get_device()", f"_variant = variants.get((_device, {spec}))",
+                      "if _variant is not None:", f"    _variant(({grid3}), [{params}], _raw_stream(_device))",
+                      "else:", f"    launches.launch({spec}, ({grid3}), [{params}], _device)"])
+    env["_raw_stream"] = raw_stream
+    # The same key from what ``prepare`` returned (a launch that takes the arguments over).
+    key = ["def key(params):", f"    {', '.join(names)}, = params", f"    return {_specialization(names, kinds)}"]
     run = [*body, f"if {empty}:", f"    return [{outputs}]", *no_programs, *call.split("\n"), f"return [{outputs}]"]
-    source = ("def prepare(ctx, args, out):\n" + "\n".join("    " + line for line in prepare) + "\n\n\n"
-              "def run(ctx, *args, out=None):\n" + "\n".join("    " + line for line in run) + "\n\n\n"
-              + "\n".join(key) + "\n")
-    return source, env
+    writer = PythonWriter(f"launcher of {s.name}", env)
+    writer.function("def prepare(ctx, args, out):", prepare)
+    writer.line("", "")
+    writer.function("def run(ctx, *args, out=None):", run)
+    writer.line("", "")
+    writer.line(*key)
+    return writer.source, env
 
 
 #: What a parameter of a bound launch is: ("slot", k) the value in slot k (the arguments first,
@@ -383,65 +410,61 @@ class BoundLaunch:
         return " or ".join(f"{names[k]}.data_ptr() % 16" + (" != 0" if self.aligned[k] else " == 0")
                            for k in self.reads if not (k < len(fixed) and fixed[k]))
 
-    def write(self, names: Sequence[str], made: Sequence[str], stream: str, env: dict[str, Any], key: str) -> list[str]:
+    def write(self, names: Sequence[str], made: Sequence[str], stream: str, writer: PythonWriter) -> list[str]:
         """Lines allocating the outputs into ``made`` and launching on ``stream`` (an expression), for
-        the arguments ``names``; the constants they read go into ``env``, their names prefixed ``key``."""
+        the arguments ``names``; the constants they read are bound into ``writer``'s globals."""
         slots = [*names, *made]
-        env[f"{key}launch"], env[f"{key}grid"] = self.launch, self.grid
+        launch, grid = writer.constant(self.launch, "_launch"), writer.constant(self.grid, "_grid")
         cuda = self.device.type == "cuda" and _empty_cuda is not None
         device = self.device
-        env[f"{key}alloc"] = _empty_cuda if cuda else (
-            lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype, device=device))
+        alloc = writer.constant(_empty_cuda if cuda else (
+            lambda sizes, strides, dtype: torch.empty_strided(sizes, strides, dtype=dtype, device=device)), "_alloc")
         lines = []
         for j, (sizes, strides, dtype) in enumerate(self.made):
-            env[f"{key}dtype{j}"] = dtype
-            lines.append(f"{made[j]} = {key}alloc({sizes}, {strides}, {key}dtype{j})")
+            lines.append(f"{made[j]} = {alloc}({sizes}, {strides}, {writer.constant(dtype, '_dtype')})")
         values = []
-        for k, (kind, value) in enumerate(self.params):
+        for kind, value in self.params:
             if kind == "slot":
                 values.append(slots[value])
             elif kind == "counter":
-                env[f"{key}counter"] = self.counter
-                values.append(f"{key}counter({stream})")
+                values.append(f"{writer.constant(self.counter, '_counter')}({stream})")
             elif type(value) is int or (type(value) is float and math.isfinite(value)):
                 values.append(repr(value))
             else:
-                env[f"{key}v{k}"] = value
-                values.append(f"{key}v{k}")
+                values.append(writer.constant(value, "_v"))
         static: StaticLaunch | None = getattr(self.launch, "static", None)
         if static is None or len(self.grid) != 3:
-            lines.append(f"{key}launch({key}grid, [{', '.join(values)}], {stream})")
+            lines.append(f"{launch}({grid}, [{', '.join(values)}], {stream})")
             return lines
-        env[f"{key}call"], env[f"{key}function"], env[f"{key}types"] = static.call, static.function, static.types
+        call, function = writer.constant(static.call, "_call"), writer.constant(static.function, "_function")
+        types = writer.constant(static.types, "_types")
         arguments = [values[k] for k in static.kept] + ["None"] * static.scratch
-        grid = ", ".join(map(str, self.grid))
-        lines.append(f"{key}call({key}function, {grid}, {static.warps}, {static.shared}, {key}types, "
+        xyz = ", ".join(map(str, self.grid))
+        lines.append(f"{call}({function}, {xyz}, {static.warps}, {static.shared}, {types}, "
                      f"({', '.join(arguments)}{',' if len(arguments) == 1 else ''}), {stream})")
         return lines
 
-    def stream_expression(self, env: dict[str, Any]) -> str:
-        """The expression of the current stream the launch goes on (names put into ``env``)."""
+    def stream_expression(self, writer: PythonWriter) -> str:
+        """The expression of the current stream the launch goes on (its names bound into ``writer``)."""
         if self.device.type != "cuda":
             return "None"
-        env["_raw_stream"] = raw_stream
-        return f"_raw_stream({self.device.index})"
+        return f"{writer.constant(raw_stream, '_raw_stream')}({self.device.index})"
 
     def _function(self) -> BoundRun:
-        env: dict[str, Any] = {}
+        writer = PythonWriter("bound launch")
         names = [f"a{k}" for k in range(self.n_args)]
         made = [f"a{self.n_args + j}" for j in range(len(self.made))]
         body = [f"a{k} = args[{k}]" for k in self.reads]
         check = self.misaligned(names)
         if check:
             body += [f"if {check}:", "    return None"]
-        body.append(f"_stream = {self.stream_expression(env)}")
-        body += self.write(names, made, "_stream", env, "_")
+        body.append(f"_stream = {self.stream_expression(writer)}")
+        body += self.write(names, made, "_stream", writer)
         slots = [*names, *made]
         body.append(f"return [{', '.join(slots[s] for s in self.results)}]")
-        source = "def run(args):\n" + "\n".join("    " + line for line in body) + "\n"
-        exec(compile(source, "<bound launch>", "exec"), env)
-        run: BoundRun = env["run"]
-        run.source = source  # type: ignore[attr-defined]
+        writer.function("def run(args):", body)
+        run: BoundRun = writer.define("run")
+        run.source = writer.source  # type: ignore[attr-defined]
         run.plan = self  # type: ignore[attr-defined]
         return run
 

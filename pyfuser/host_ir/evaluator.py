@@ -25,8 +25,9 @@ import torch
 from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, Step, StepBuilder
 from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, AtenCall, HostIrContainer, HostNode, HostVal, LaunchKernel
 from pyfuser.host_ir.outputs import OutputLayout
+from pyfuser.host_ir.specialization import Recording, Specializations
 from pyfuser.host_ir.steps import CORE_STEP_BUILDERS, BoundLaunches
-from pyfuser.host_ir.straight_line import STRAIGHT_LINE_NODES, Seen, StraightLine
+from pyfuser.host_ir.straight_line import STRAIGHT_LINE_NODES, StraightLine
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
@@ -160,7 +161,7 @@ class HostIrEvaluator:
         #: run collects the storages of the inputs and outputs)
         self._check_sharing = any(shared for _, _, shared in self._conform)
         #: bindings (``EvalContext.binding``) whose runs return outputs that already have their layouts
-        self._conforming: set[object] = set()
+        self._conforming: Specializations[object, bool] = Specializations()
         self._slot_events: dict[tuple[int, int], torch.cuda.Event] = {}
         #: a program without stream nodes runs on the caller's stream: no stream state to set up
         self._uses_streams = any(isinstance(n, GetCurrentStream | SetCurrentStream | Synchronize | SlotWait)
@@ -170,13 +171,13 @@ class HostIrEvaluator:
         #: binding's run could not be written so); None for programs that keep their steps. A program of
         #: one launch has one too: a compiled graph calls its regions' functions, never their programs
         #: (``integrations/torch_compile/bound_graph.py``), so each region needs one
-        self._straight: dict[object, Any] | None = None
+        self._straight: Specializations[object, Any] | None = None
         if not self._uses_streams and all(isinstance(n, STRAIGHT_LINE_NODES) for n in container.nodes):
-            self._straight = {}
+            self._straight = Specializations()
 
     def _direct_launch(self, container: HostIrContainer) -> tuple[Any, list[int], list[int], BoundLaunches] | None:
         """(the kernel's run, input position of each of its arguments, kernel result of each output,
-        its bound launches)
+        its bound launches: the launch step's, which a binding's first run records)
         for a program that is one kernel launch on the caller's stream returning its fresh results
         (every single-kernel fusion): run directly, without value slots and steps (a third of a
         cached call's host time on the H200's host)."""
@@ -190,7 +191,8 @@ class HostIrEvaluator:
         results = [next((k for k, v in enumerate(node.outputs) if v is o), -1) for o in container.outputs]
         if -1 in pick or -1 in results:
             return None
-        return node.segment.run, pick, results, BoundLaunches(node.segment)
+        bound = getattr(self._steps[0], "bound_launches", None) if len(self._steps) == 1 else None
+        return node.segment.run, pick, results, bound if bound is not None else BoundLaunches(node.segment)
 
     # --- CompileContext ------------------------------------------------------------------------
     def slot(self, val: HostVal | Hashable) -> int:
@@ -246,7 +248,9 @@ class HostIrEvaluator:
         # function declines (another current device).
         recorded = None
         if self._straight is not None and ctx.binding is not None and ctx.binding not in self._straight:
-            recorded = [[Seen.of(a) for a in args]]
+            recorded = Recording()
+            for k, a in enumerate(args):
+                recorded.note(("input", k), a)
         if self._inputs_in_order and len(args) == len(self._input_slots):
             initial = self._initial
             values = [initial[0], *args, *initial[len(args) + 1:]]
@@ -299,36 +303,34 @@ class HostIrEvaluator:
                     taken.add(result.untyped_storage().data_ptr())
             if unchanged and ctx.binding is not None:
                 # A bound program's outputs have the layouts of its first run: these need nothing.
-                if len(self._conforming) >= 8:
-                    self._conforming.clear()
-                self._conforming.add(ctx.binding)
+                self._conforming.record(ctx.binding, True)
         if recorded is not None:
             self._write_straight_line(ctx, recorded)
         return outputs
 
-    def _execute(self, frame: Frame, recorded: list[list[Seen | None]] | None = None) -> None:
+    def _execute(self, frame: Frame, recorded: Recording | None = None) -> None:
         if recorded is None:
             for step in self._steps:
                 step(frame)
             return
         values, slot = frame.values, self._slots
-        for step, node in zip(self._steps, self._step_nodes, strict=True):
+        for k, (step, node) in enumerate(zip(self._steps, self._step_nodes, strict=True)):
             step(frame)
-            recorded.append([Seen.of(values[slot[v]]) for v in node.outputs])
+            for j, v in enumerate(node.outputs):
+                recorded.note((k, j), values[slot[v]])
 
-    def _write_straight_line(self, ctx: EvalContext, recorded: list[list[Seen | None]]) -> None:
+    def _write_straight_line(self, ctx: EvalContext, recorded: Recording) -> None:
         """After the first run under ``ctx.binding``: its later runs as one generated function, where
         their outputs need no conforming per run."""
         straight = self._straight
         assert straight is not None
-        if len(straight) >= 8:
-            straight.clear()
         run = None
         if not self._conform or ctx.binding in self._conforming:
+            inputs = [recorded[("input", k)] for k in range(len(self.container.inputs))]
+            results = [[recorded[(k, j)] for j in range(len(node.outputs))] for k, node in enumerate(self._step_nodes)]
             run = StraightLine(self.slot, self._initial, self.device).build(
-                self.container.inputs, recorded[0], self._step_nodes, self._steps, recorded[1:],
-                self.container.outputs, ctx)
-        straight[ctx.binding] = run
+                self.container.inputs, inputs, self._step_nodes, self._steps, results, self.container.outputs, ctx)
+        straight.record(ctx.binding, run)
 
     def straight_line(self, binding: object) -> Callable[[Sequence[Any]], list[Any] | None] | None:
         """The function runs under ``binding`` take after the first (None: they take the steps); its

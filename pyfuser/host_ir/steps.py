@@ -25,6 +25,7 @@ from pyfuser.host_ir.nodes import (
     LoopIndex,
     NotOnThisRank,
 )
+from pyfuser.host_ir.specialization import Specializations
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotRelease, SlotWait, Synchronize
 from pyfuser.ir.base import Val
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
@@ -153,19 +154,17 @@ _UNBOUND = object()
 
 
 class BoundLaunches:
-    """A launch's bound launches, one per binding (``EvalContext.binding``): the first run under a
-    binding binds the segment (``bind(ctx, args) -> (outputs, bound run or None)``), later runs
-    replay what it recorded. Only for launches that run once per program run (not in a loop's body,
-    whose chunks differ from one iteration to the next)."""
+    """A launch's bound launches, one per binding (``EvalContext.binding``: a bound program's input
+    signature), ``Specializations`` of the launch: the first run under a binding binds the segment
+    (``bind(ctx, args) -> (outputs, bound run or None)``), later runs replay what it recorded. Only
+    for launches that run once per program run (not in a loop's body, whose chunks differ from one
+    iteration to the next)."""
 
     __slots__ = ("by_binding", "segment")
 
-    #: bindings remembered per launch (a region binds one program; more only through repeated binding)
-    LIMIT = 8
-
     def __init__(self, segment: Any) -> None:
         self.segment = segment
-        self.by_binding: dict[object, Any] = {}
+        self.by_binding: Specializations[object, Any] = Specializations()
 
     def run(self, ctx: EvalContext, args: list[Any]) -> list[Any] | None:
         """The outputs, or None where the caller runs the segment itself (nothing bound for this
@@ -174,12 +173,11 @@ class BoundLaunches:
         if launch is _UNBOUND:
             bind = getattr(self.segment, "bind", None)
             if bind is None:
-                self.by_binding[ctx.binding] = None
+                self.by_binding.record(ctx.binding, None)
                 return None
-            if len(self.by_binding) >= self.LIMIT:
-                self.by_binding.clear()
-            outputs, self.by_binding[ctx.binding] = bind(ctx, args)
-            return outputs
+            outputs, launch = bind(ctx, args)
+            self.by_binding.record(ctx.binding, launch)
+            return outputs  # type: ignore[no-any-return]
         return launch(args) if launch is not None else None
 
 

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from pyfuser.codegen.launcher import reinterpret_tensor
+from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.host_ir.nodes import Allocate, AtenCall, Deallocate, HostNode, LaunchKernel
+from pyfuser.host_ir.specialization import Seen
 from pyfuser.host_ir.steps import launch_with_fallback
 from pyfuser.ir.base import Val
 from pyfuser.ir.eval_context import EvalContext
@@ -36,25 +38,6 @@ from pyfuser.ir.eval_context import EvalContext
 STRAIGHT_LINE_NODES = (AtenCall, LaunchKernel, Allocate, Deallocate)
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
-
-
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """A tensor as a recorded run produced it."""
-
-    sizes: tuple[int, ...]
-    strides: tuple[int, ...]
-    offset: int
-    storage: int
-    dtype: torch.dtype
-    numel: int
-
-    @staticmethod
-    def of(value: Any) -> Seen | None:
-        if not isinstance(value, torch.Tensor):
-            return None
-        return Seen(tuple(value.shape), value.stride(), value.storage_offset(), value.untyped_storage().data_ptr(),
-                    value.dtype, value.numel())
 
 
 @dataclass
@@ -75,7 +58,8 @@ class StraightLine:
         self._constants = constants
         self._device = device
         #: ``__name__``: the module of the functions it writes (how torch.fx names a call of one)
-        self._env: dict[str, Any] = {"_reinterpret": reinterpret_tensor, "__name__": __name__}
+        self._writer = PythonWriter("straight-line program", {"_reinterpret": reinterpret_tensor, "__name__": __name__})
+        self._env = self._writer.env
         self._lines: list[_Line] = []
         #: slot -> (the slot of the tensor it is a view of, that tensor's recorded geometry), for
         #: views and for tensors that are their own base
@@ -94,9 +78,7 @@ class StraightLine:
         return name
 
     def _constant(self, value: Any, prefix: str) -> str:
-        name = f"_{prefix}{len(self._env)}"
-        self._env[name] = value
-        return name
+        return self._writer.constant(value, f"_{prefix}")
 
     def _define(self, v: Val, seen: Seen | None) -> str:
         slot = self._slot_of(v)
@@ -123,11 +105,10 @@ class StraightLine:
             head = [f"if _current_device() != {self._device.index}:", "    return None"]
         head += self._head.values()
         unpack = f"{', '.join(names)}, = args" if names else "del args"
-        source = "\n".join(["def run(args):", *("    " + line for line in [unpack, *head, *body]),
-                            f"    return [{', '.join(returned)}]", ""])
-        exec(compile(source, "<straight-line program>", "exec"), self._env)
-        run = self._env["run"]
-        run.source = source
+        writer = self._writer
+        writer.function("def run(args):", [unpack, *head, *body, f"return [{', '.join(returned)}]"])
+        run = writer.define("run")
+        run.source = writer.source
         return run  # type: ignore[no-any-return]
 
     # --- nodes ---------------------------------------------------------------------------------------
@@ -213,12 +194,11 @@ class StraightLine:
             self._emit(f"_r = {self._constant(replay, 'bound')}({arguments})\n"
                        f"if _r is None:\n    _r = {unbound}(_ctx, {arguments}, None)\n{targets} = _r", outs, ins)
             return True
-        key = f"_k{len(self._lines)}_"
         n_args = plan.n_args
-        made = [outs[plan.results.index(n_args + j)] if n_args + j in plan.results else f"{key}t{j}"
+        made = [outs[plan.results.index(n_args + j)] if n_args + j in plan.results else self._writer.fresh("_t")
                 for j in range(len(plan.made))]
         slots = [*ins, *made]
-        lines = plan.write(ins, made, self._stream(plan), self._env, key)
+        lines = plan.write(ins, made, self._stream(plan), self._writer)
         lines += [f"{out} = {slots[r]}" for out, r in zip(outs, plan.results, strict=True) if slots[r] != out]
         check = plan.misaligned(ins, [self._fixed_alignment(v) for v in node.inputs])
         if check:  # an argument's alignment differs from the recorded run's: the launcher runs
@@ -238,7 +218,7 @@ class StraightLine:
         """``_stream``: the current stream, read once at the function's start (a straight-line program
         switches none)."""
         if "_stream" not in self._head:
-            self._head["_stream"] = f"_stream = {plan.stream_expression(self._env)}"
+            self._head["_stream"] = f"_stream = {plan.stream_expression(self._writer)}"
         return "_stream"
 
     def _emit(self, text: str, defines: list[str], uses: list[str], view: bool = False) -> None:

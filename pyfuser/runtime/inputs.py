@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pyfuser.codegen.python_writer import define_function
 from pyfuser.ir.analysis.sharding import local_static_size, shard_factors
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType, check_scalar_in_range, python_scalar_type
@@ -170,8 +171,10 @@ class InputBinder:
                 return ", ".join(f"{name!r}: {size.format(pos=pos)}[{d}]" + (f" * {factor}" if factor != 1 else "")
                                  for pos, d, name, factor in self._tensor_symbols)
             # sources built from ints and symbol names
-            self._bind_sizes = eval(f"lambda args: {{{items('args[{pos}].shape')}}}")
-            self._bind_signature = eval(f"lambda sig: {{{items('sig[{pos}][1]')}}}")
+            self._bind_sizes = define_function("def bind_sizes(args):", [f"return {{{items('args[{pos}].shape')}}}"],
+                                               "input sizes")
+            self._bind_signature = define_function("def bind_signature(sig):",
+                                                   [f"return {{{items('sig[{pos}][1]')}}}"], "input sizes")
 
     def check(self, args: Sequence[Any]) -> None:
         if len(args) != len(self.specs):

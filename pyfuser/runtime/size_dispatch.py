@@ -17,6 +17,7 @@ import torch
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence
 from pyfuser.codegen.launcher import BoundRun
+from pyfuser.codegen.python_writer import define_function
 from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
@@ -91,8 +92,6 @@ def _bucket_function(reduced: SymExpr, kept: SymExpr) -> Callable[[dict[str, int
     if not all(n.isidentifier() for n in names) or not (_plain(reduced) and _plain(kept)):
         return lambda env: (next_power_of_2(max(1, int(reduced.evaluate(env)))),
                             min(next_power_of_2(max(1, int(kept.evaluate(env)))), KEPT_CAP))
-    lines = ["def bucket(env):", *(f"    {n} = env[{n!r}]" for n in names),
-             f"    return (_pow2(max(1, {host_int_expr(reduced)})), min(_pow2(max(1, {host_int_expr(kept)})), {KEPT_CAP}))"]
-    namespace: dict[str, Any] = {"_pow2": next_power_of_2}
-    exec(compile("\n".join(lines), "<size bucket>", "exec"), namespace)
-    return namespace["bucket"]
+    body = [*(f"{n} = env[{n!r}]" for n in names),
+            f"return (_pow2(max(1, {host_int_expr(reduced)})), min(_pow2(max(1, {host_int_expr(kept)})), {KEPT_CAP}))"]
+    return define_function("def bucket(env):", body, "size bucket", {"_pow2": next_power_of_2})

@@ -51,7 +51,7 @@ def test_variants_by_specialization_then_direct_launches() -> None:
     transform_like(out)
     parallelize_like(out)
     source = KernelBuilder(fusion, "k", "cuda", {}, out).build()
-    code, namespace = launcher_source(source, 4, direct=True)
+    code, namespace = launcher_source(source, direct=True)
     fn = _JitFunction()
     namespace["fn"] = fn
     launches = namespace["launches"] = DirectLaunches(fn, 4, source.name, source.source)
@@ -100,5 +100,5 @@ def test_cuda_variants_launch_through_torchs_static_launcher() -> None:
         (out,) = fd.execute([t, 2.5])
         torch.testing.assert_close(out, t.exp() * 2.5)
     kernel = fd.fec.last_program.container.nodes[0].segment
-    variants = kernel._run.__globals__["variants"]
+    variants = kernel.launches.variants
     assert variants and all(run.__qualname__.startswith(launcher) for run in variants.values())

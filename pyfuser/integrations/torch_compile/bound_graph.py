@@ -32,7 +32,7 @@ import torch
 from torch.fx import Graph, GraphModule, Interpreter, Node
 
 from pyfuser.codegen.launcher import reinterpret_tensor
-from pyfuser.host_ir.straight_line import Seen
+from pyfuser.host_ir.specialization import Recording, Seen
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.region import FusionRegion, static_tensor
 from pyfuser.integrations.torch_compile.view_chains import CHAIN_OPS, ViewChain, viewed_operand
@@ -48,19 +48,17 @@ VIEW_METHODS = frozenset(METHODS.values())
 
 
 class _Recorder(Interpreter):
-    """Runs the graph once, node by node, keeping each strided tensor result's geometry (and which
-    results require grad: views autograd must see)."""
+    """Runs the graph once, node by node, into a ``Recording`` (each strided tensor result's
+    geometry), keeping which results require grad (views autograd must see)."""
 
     def __init__(self, gm: GraphModule) -> None:
         super().__init__(gm)
-        self.seen: dict[Node, Seen | None] = {}
+        self.recording = Recording()
         self.requires_grad: set[Node] = set()
 
     def run_node(self, n: Node) -> Any:
         value = super().run_node(n)
-        strided = isinstance(value, torch.Tensor) and value.layout == torch.strided
-        self.seen[n] = Seen.of(value) if strided else None
-        if strided and value.requires_grad:
+        if self.recording.note(n, value) is not None and value.requires_grad:
             self.requires_grad.add(n)
         return value
 
@@ -74,7 +72,11 @@ def _view_operand(node: Node) -> Node | None:
     return viewed_operand(node) if is_view else None
 
 
-def specialize(gm: GraphModule, seen: dict[Node, Seen | None], protected: Collection[Node],
+def _strides(seen: Seen | None) -> tuple[int, ...] | None:
+    return seen.strides if seen is not None else None
+
+
+def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
                requires_grad: Collection[Node] = ()) -> GraphModule | str:
     """A copy of ``gm`` specialized to the geometry of a recorded call (see the module's docstring), or
     why it cannot be."""
@@ -90,8 +92,7 @@ def specialize(gm: GraphModule, seen: dict[Node, Seen | None], protected: Collec
     for node in gm.graph.nodes:
         new = env[node]
         if node.op == "call_function" and isinstance(node.target, FusionRegion):
-            arg_strides = [seen[a].strides if isinstance(a, Node) and seen.get(a) is not None else None  # type: ignore[union-attr]
-                           for a in node.args]
+            arg_strides = [_strides(seen.get(a)) if isinstance(a, Node) else None for a in node.args]
             function = node.target.straight_line(arg_strides)
             if function is None:
                 return f"{node.target.name} has no straight-line function for the recorded call"
@@ -192,7 +193,7 @@ class BoundGraph:
             if _current_device is None or device.index is None or _current_device() != device.index:
                 return "a call on another device than the regions'"
             self._device = device.index
-        specialized = specialize(self.graph_module, recorder.seen, self._protected, recorder.requires_grad)
+        specialized = specialize(self.graph_module, recorder.recording, self._protected, recorder.requires_grad)
         if isinstance(specialized, str):
             return specialized
         self.specialized = specialized
