@@ -26,11 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pyfuser.codegen.code_writer import CodeWriter
-from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
-from pyfuser.codegen.resize import RESIZE_OPS, resized_axes
-from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, next_power_of_2, prelude, triton_dtype
+from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
 from pyfuser.codegen.values import ValueLowering
+from pyfuser.ir.analysis.id_graph import IdGraph
+from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes
 from pyfuser.ir.base import Val
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
@@ -40,6 +40,7 @@ from pyfuser.ir.ops.shape import describe_axis
 from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div, sym_min
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
+from pyfuser.utils import next_power_of_2
 
 GRID_AXES = {ParallelType.grid_x: 0, ParallelType.grid_y: 1, ParallelType.grid_z: 2}
 TILE_TYPES = frozenset({ParallelType.block_x, ParallelType.block_y, ParallelType.block_z,

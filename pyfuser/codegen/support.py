@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pyfuser.codegen.resize import RESIZE_OPS
 from pyfuser.codegen.triton_support import compute_dtype, triton_dtype
 from pyfuser.codegen.values import INDEX_ONLY_OPS
+from pyfuser.ir.analysis.resize import RESIZE_OPS
 from pyfuser.ir.base import Expr, Scalar
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.ops import (

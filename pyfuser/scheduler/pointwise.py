@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyfuser.codegen.id_graph import IdGraph
+from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from pyfuser.codegen.triton_support import next_power_of_2
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType
 from pyfuser.ir.symbolic import SymExpr, SymVar
@@ -33,6 +32,7 @@ from pyfuser.scheduler.cache import cache_inputs, derive_allocation_from_loop
 from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
 from pyfuser.scheduler.registry import FusionLike, Machine, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
+from pyfuser.utils import next_power_of_2
 
 #: Elements of a tile a program holds at once when several rows share it (registers per thread).
 ROWS_TILE = 4096

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyfuser.codegen.resize import RESIZE_OPS
+from pyfuser.ir.analysis.resize import RESIZE_OPS
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.tensor_view import TensorView
