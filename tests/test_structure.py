@@ -17,6 +17,8 @@ from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOp
 from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
 from pyfuser.preseg.pipeline import PRESEG_PASSES
 from pyfuser.runtime.backends import HOST_PASSES as RUNTIME_HOST_PASSES
+from pyfuser.scheduler.registry import SchedulerType
+from pyfuser.scheduler.schedulers import ALL_SCHEDULERS, KERNEL_SCHEDULERS, is_kernel, size_dependent
 
 
 @pytest.mark.parametrize("kind", [*UnaryOpType, *BinaryOpType, *TernaryOpType, *ReductionOpType],
@@ -100,3 +102,17 @@ def test_communicator_backend_from_the_caller_or_the_environment(monkeypatch: py
     with pytest.raises(ValueError, match=r"PYFUSER_COMM_BACKEND: unknown communicator backend 'ucc'; known: "
                                          r"\['nccl', 'gloo', 'cuda'\]"):
         comm_backend(None)
+
+
+def test_each_scheduler_type_is_registered_once_with_its_facts() -> None:
+    """A scheduler's facts are its ``Scheduler``'s; the enum is names only, every member registered
+    once in ``ALL_SCHEDULERS`` but ``communication`` (a comm-layer segment)."""
+    registered = [s.type for s in ALL_SCHEDULERS]
+    assert sorted(registered, key=lambda t: t.name) == sorted(
+        set(SchedulerType) - {SchedulerType.communication}, key=lambda t: t.name)
+    assert len(registered) == len(set(registered))
+    assert not is_kernel(SchedulerType.communication) and not is_kernel(SchedulerType.expr_eval)
+    bucketed = {t for t in SchedulerType if size_dependent(t)}
+    assert bucketed == {SchedulerType.reduction, SchedulerType.inner_persistent, SchedulerType.outer_persistent,
+                        SchedulerType.inner_outer_persistent}
+    assert [s.type for s in KERNEL_SCHEDULERS] == [t for t in registered if is_kernel(t)]

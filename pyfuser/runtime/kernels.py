@@ -21,7 +21,7 @@ from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
 from pyfuser.scheduler.reduction import schedule_final_step
 from pyfuser.scheduler.reduction_analysis import analyze
 from pyfuser.scheduler.registry import Machine, SizeHints
-from pyfuser.scheduler.schedulers import SCHEDULERS
+from pyfuser.scheduler.schedulers import SCHEDULERS, is_kernel, size_dependent
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, segment_fusion_copy
 
 Layout = tuple[tuple[int, ...], list[bool | None]]
@@ -35,11 +35,11 @@ def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
                     ) -> dict[int, CompiledKernel | KernelSequence | SizeDispatchedKernel]:
     """``id(group) -> kernel`` for every kernel segment."""
     fusion = segmented.fusion
-    written_by_kernel = {id(t) for g in segmented.groups if g.scheduler.is_kernel for t in g.outputs}
+    written_by_kernel = {id(t) for g in segmented.groups if is_kernel(g.scheduler) for t in g.outputs}
     kernels: dict[int, CompiledKernel | KernelSequence | SizeDispatchedKernel] = {}
     inherited = inherited_stream_axes(fusion.exprs())  # chunking propagated from stream-parallel inputs
     for k, group in enumerate(segmented.groups):
-        if group.scheduler.is_kernel:
+        if is_kernel(group.scheduler):
             chunked = any(expr_stream_axis(e, inherited) is not None for e in group.exprs)
             kernels[id(group)] = compile_group(fusion, group, k, written_by_kernel, options, chunked)
     return kernels
@@ -81,7 +81,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         dump(DumpOption.kernel, lambda: f"Kernel of segment g{index} ({group.scheduler.name}):\n{kernel.code}\n")
         return kernel
 
-    if not group.scheduler.size_dependent:
+    if not size_dependent(group.scheduler):
         return build(())
     view, _ = segment_fusion_copy(fusion, group)
     analysis, reason = analyze(view)

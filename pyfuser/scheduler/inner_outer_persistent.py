@@ -116,5 +116,5 @@ def _add_up_each_step(fusion: Fusion) -> None:
     inline_most(fusion=fusion)
 
 
-INNER_OUTER_PERSISTENT = Scheduler(SchedulerType.inner_outer_persistent, can_schedule,
-                                   compute_heuristics, schedule)
+INNER_OUTER_PERSISTENT = Scheduler(SchedulerType.inner_outer_persistent, can_schedule, compute_heuristics, schedule,
+                                   size_dependent=True)

@@ -52,5 +52,4 @@ def schedule(fusion: Fusion, params: ReductionParams) -> None:
     schedule_segment(fusion, params, KINDS)
 
 
-INNER_PERSISTENT = Scheduler(SchedulerType.inner_persistent, can_schedule, compute_heuristics,
-                             schedule)
+INNER_PERSISTENT = Scheduler(SchedulerType.inner_persistent, can_schedule, compute_heuristics, schedule, size_dependent=True)

@@ -143,4 +143,4 @@ def propagate(ref: TensorView) -> None:
     inline_most(fusion=ref.fusion)
 
 
-POINTWISE = Scheduler(SchedulerType.pointwise, can_schedule, compute_heuristics, schedule)
+POINTWISE = Scheduler(SchedulerType.pointwise, can_schedule, compute_heuristics, schedule, size_dependent=False)

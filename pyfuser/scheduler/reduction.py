@@ -75,4 +75,4 @@ def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView:
     return analysis.reference
 
 
-REDUCTION = Scheduler(SchedulerType.reduction, can_schedule, compute_heuristics, schedule)
+REDUCTION = Scheduler(SchedulerType.reduction, can_schedule, compute_heuristics, schedule, size_dependent=True)

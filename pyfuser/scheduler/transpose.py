@@ -91,4 +91,4 @@ def schedule(fusion: Fusion, params: TransposeParams) -> None:
     propagate(ref)
 
 
-TRANSPOSE = Scheduler(SchedulerType.transpose, can_schedule, compute_heuristics, schedule)
+TRANSPOSE = Scheduler(SchedulerType.transpose, can_schedule, compute_heuristics, schedule, size_dependent=False)
