@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
 import torch
 
-from pyfuser import FusionDefinition
+from pyfuser import FusionDefinition, schedule
 from pyfuser.frontend.ops import Ops
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import HostIrContainer, HostNode
@@ -116,3 +117,19 @@ def test_each_scheduler_type_is_registered_once_with_its_facts() -> None:
     assert bucketed == {SchedulerType.reduction, SchedulerType.inner_persistent, SchedulerType.outer_persistent,
                         SchedulerType.inner_outer_persistent}
     assert [s.type for s in KERNEL_SCHEDULERS] == [t for t in registered if is_kernel(t)]
+
+
+@pytest.mark.parametrize(("scheduler_type", "shape"), [(SchedulerType.pointwise, (4, 6)),
+                                                        (SchedulerType.reduction, (8, 33))])
+def test_scheduler_params_are_frozen_cache_keys(scheduler_type: SchedulerType, shape: tuple[int, ...]) -> None:
+    x = torch.randn(*shape)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.exp(t) if scheduler_type is SchedulerType.pointwise else fd.ops.sum(t, [1]))
+    first = schedule.compute_heuristics(fd.fusion, scheduler_type, [x])
+    again = schedule.compute_heuristics(fd.fusion, scheduler_type, [x])
+    assert first == again and hash(first) == hash(again)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.num_warps = 8  # type: ignore[misc]
+    edited = dataclasses.replace(first, num_warps=8)
+    assert edited != first and hash(edited) != hash(first)

@@ -29,7 +29,7 @@ from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
 from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
 
 
-@dataclass
+@dataclass(frozen=True)
 class PointwiseParams:
     """``break_point``: number of outer axes (in memory order) in the 2-D schedule's outer group,
     0 for the 1-D schedule; ``block``: the 1-D tile, or ``(outer, inner)`` tile of the 2-D one."""
@@ -45,9 +45,6 @@ class PointwiseParams:
         kind = f"2-D, {self.break_point} outer axes" if self.break_point else "1-D"
         return (f"===== Pointwise Parameters ========\nreference: T{self.reference}\nschedule: {kind}\n"
                 f"tile: {shape}\nnum_warps: {self.num_warps}\n====================================\n")
-
-    def __hash__(self) -> int:
-        return hash((self.reference, self.break_point, self.block, self.num_warps))
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:

@@ -19,7 +19,7 @@ from pyfuser.scheduler.pointwise_analysis import check_pointwise, innermost, inn
 from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
 
 
-@dataclass
+@dataclass(frozen=True)
 class TransposeParams:
     """Tile ``tile_in x tile_out``: ``axis_in`` (innermost of some input, a logical position of the
     reference) by ``axis_out`` (the reference's innermost)."""
@@ -36,9 +36,6 @@ class TransposeParams:
         return (f"===== Transpose Parameters ========\nreference: T{self.reference}\n"
                 f"tile: axis {self.axis_in} x axis {self.axis_out} = {self.tile_in} x {self.tile_out}\n"
                 f"num_warps: {self.num_warps}\n====================================\n")
-
-    def __hash__(self) -> int:
-        return hash((self.reference, self.axis_in, self.axis_out, self.tile_in, self.tile_out, self.num_warps))
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
