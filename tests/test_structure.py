@@ -11,7 +11,7 @@ import torch
 from pyfuser import FusionDefinition, schedule
 from pyfuser.frontend.ops import Ops
 from pyfuser.host_ir.evaluator import HostIrEvaluator
-from pyfuser.host_ir.nodes import HostIrContainer, HostNode
+from pyfuser.host_ir.nodes import HostIrContainer, HostNode, KernelSegment, LaunchKernel, PlainSegment
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.passes.pipeline import HOST_PASSES
 from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOpType
@@ -133,3 +133,28 @@ def test_scheduler_params_are_frozen_cache_keys(scheduler_type: SchedulerType, s
         first.num_warps = 8  # type: ignore[misc]
     edited = dataclasses.replace(first, num_warps=8)
     assert edited != first and hash(edited) != hash(first)
+
+
+class _NameAndRun:
+    name = "double_kernel"
+
+    def run(self, ctx: object, x: torch.Tensor) -> list[torch.Tensor]:
+        return [x * 2]
+
+
+def test_launch_kernel_holds_the_whole_kernel_segment_protocol() -> None:
+    """A launched segment is read through ``KernelSegment`` only: codegen's kernels have every
+    member, a registered lowering's name-and-run segment is wrapped once where it is launched."""
+    x = torch.randn(3, 5)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.exp(fd.from_pytorch(x)))
+    fd.execute([x], _enable_options=["triton_interpreter"])
+    (generated,) = [n.segment for n in fd.fec.last_program.container.walk() if isinstance(n, LaunchKernel)]
+    assert isinstance(generated, KernelSegment) and generated.output_perms == ((0, 1),)
+    assert "tl.exp(" in generated.code and "loop domain" in generated.scheduled_ir
+    node = LaunchKernel(_NameAndRun(), [], [])
+    assert isinstance(node.segment, PlainSegment) and isinstance(node.segment, KernelSegment)
+    assert node.segment.output_perms is None and node.segment.code == "" and node.segment.scheduler_params is None
+    (doubled,) = node.segment.run(None, x)
+    torch.testing.assert_close(doubled, x * 2)
+    assert node.substitute({}).segment is node.segment

@@ -71,9 +71,9 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
                                 finish=lambda f: schedule_final_step(f, machine),
-                                loop_stages=getattr(params, "num_stages", 0), chunked=chunked,
+                                loop_stages=params.num_stages, chunked=chunked,
                                 cooperative=DisableOption.cooperative_launch not in options.disabled,
-                                evict_last=getattr(params, "evict_last", True))
+                                evict_last=params.evict_last)
         kernel.scheduled_ir = scheduled_ir(copy)  # after rfactor: the partial results are in it
         kernel.scheduler_params = params
         dump(DumpOption.scheduled_fusion, lambda: f"Scheduled segment g{index} ({group.scheduler.name}):\n"

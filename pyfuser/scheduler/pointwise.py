@@ -39,6 +39,9 @@ class PointwiseParams:
     block: tuple[int, ...] = (1024,)
     num_warps: int = 4
     scheduler_type: SchedulerType = SchedulerType.pointwise
+    #: no serial loops to pipeline; loads keep their lines in L2 (not fields: no schedule changes them)
+    num_stages = 0
+    evict_last = True
 
     def __str__(self) -> str:
         shape = " x ".join(map(str, self.block))

@@ -124,6 +124,24 @@ class SchedulerParams(Protocol):
     def __hash__(self) -> int: ...
 
 
+class KernelParams(SchedulerParams, Protocol):
+    """What the code generator reads of a kernel scheduler's params: the tensor whose loop nest the
+    kernel runs, warps per program, software-pipelining stages of its serial loops (0: none) and
+    whether loads ask L2 to keep their lines."""
+
+    @property
+    def reference(self) -> int: ...
+
+    @property
+    def num_warps(self) -> int: ...
+
+    @property
+    def num_stages(self) -> int: ...
+
+    @property
+    def evict_last(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Scheduler:
     """One scheduler: its type (name), its three entry points and its facts, declared together in

@@ -31,6 +31,9 @@ class TransposeParams:
     tile_out: int = 32
     num_warps: int = 4
     scheduler_type: SchedulerType = SchedulerType.transpose
+    #: no serial loops to pipeline; loads keep their lines in L2 (not fields: no schedule changes them)
+    num_stages = 0
+    evict_last = True
 
     def __str__(self) -> str:
         return (f"===== Transpose Parameters ========\nreference: T{self.reference}\n"
