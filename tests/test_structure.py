@@ -14,6 +14,7 @@ from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import HostIrContainer, HostNode, KernelSegment, LaunchKernel, PlainSegment
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.passes.pipeline import HOST_PASSES
+from pyfuser.ir.layout import Layout
 from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOpType
 from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
 from pyfuser.preseg.pipeline import PRESEG_PASSES
@@ -158,3 +159,17 @@ def test_launch_kernel_holds_the_whole_kernel_segment_protocol() -> None:
     (doubled,) = node.segment.run(None, x)
     torch.testing.assert_close(doubled, x * 2)
     assert node.substitute({}).segment is node.segment
+
+
+def test_kernel_layouts_are_one_layout_type() -> None:
+    """What a kernel may assume of a tensor's memory is an ``ir.layout.Layout`` everywhere (the
+    compile driver, manual kernels, codegen's partial results)."""
+    assert Layout.dense([1, 0, 2], [False, True, False]) == Layout((1, 0, 2), (None, True, True))
+    assert Layout.strided(2) == Layout((0, 1), (False, False))
+    assert Layout.of([1, 0], [True, None]) == Layout((1, 0), (True, None))
+    x = torch.randn(6, 4).t()
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.neg(fd.from_pytorch(x)))
+    fd.execute([x], _enable_options=["triton_interpreter"])
+    (segment,) = [n.segment for n in fd.fec.last_program.container.walk() if isinstance(n, LaunchKernel)]
+    assert segment.output_perms == ((1, 0),)  # the input's column-major order, from its Layout

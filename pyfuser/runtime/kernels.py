@@ -15,6 +15,7 @@ from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_axes
 from pyfuser.ir.domain_replay import is_permutation_of_logical, logical_order
 from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.layout import Layout
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, DisableOption, DumpOption, dump
 from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
@@ -23,8 +24,6 @@ from pyfuser.scheduler.reduction_analysis import analyze
 from pyfuser.scheduler.registry import Machine, SizeHints
 from pyfuser.scheduler.schedulers import SCHEDULERS, is_kernel, size_dependent
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, segment_fusion_copy
-
-Layout = tuple[tuple[int, ...], list[bool | None]]
 
 
 def kernel_target(options: CompileOptions) -> str:
@@ -87,7 +86,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
     analysis, reason = analyze(view)
     assert analysis is not None, reason
     reduced, kept = analysis.extents()
-    perms = tuple(layouts[o.name][0] for o in group.outputs)
+    perms = tuple(layouts[o.name].perm for o in group.outputs)
     return SizeDispatchedKernel(name, build, reduced, kept, machine, perms)
 
 
@@ -101,10 +100,10 @@ def _layout(fusion: Fusion, tv: TensorView, dense: bool, chunked: bool) -> Layou
     # as a fusion output is the layout of the copy the executor returns, not of the input.
     perm = _given_perm(tv) if tv.is_fusion_input else allocation_perm(fusion, tv)
     if dense:
-        return perm, [None if tv.get_logical_domain(no_reductions=True)[d].is_broadcast else True for d in perm]
+        return Layout.dense(perm, [i.is_broadcast for i in tv.get_logical_domain(no_reductions=True)])
     if chunked or not tv.is_fusion_input or not is_permutation_of_logical(tv, tv.get_allocation_domain()):
-        return perm, [False] * len(perm)
-    return perm, list(tv.contiguity)
+        return Layout(perm, (False,) * len(perm))
+    return Layout.of(perm, tv.contiguity)
 
 
 def _given_perm(tv: TensorView) -> tuple[int, ...]:
