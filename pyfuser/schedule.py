@@ -48,7 +48,8 @@ def compute_heuristics(fusion: Fusion, scheduler_type: SchedulerType, inputs: Se
 
 def schedule(fusion: Fusion, scheduler_type: SchedulerType, inputs_or_params: Any = ()) -> SchedulerParams:
     """Schedule ``fusion`` in place with ``scheduler_type``: with inputs, heuristics are computed
-    first; with a params object (from ``compute_heuristics``, maybe edited), they are used as given."""
+    first; with a params object (from ``compute_heuristics``, maybe edited with ``dataclasses.replace``:
+    params are frozen, they are the kernel cache key), they are used as given."""
     scheduler = _scheduler(scheduler_type)
     ok, reason = scheduler.can_schedule(fusion)
     if not ok:

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
 import torch
 
-from pyfuser import FusionDefinition
+from pyfuser import FusionDefinition, schedule
 from pyfuser.frontend.ops import Ops
 from pyfuser.host_ir.evaluator import HostIrEvaluator
-from pyfuser.host_ir.nodes import HostIrContainer, HostNode
+from pyfuser.host_ir.nodes import HostIrContainer, HostNode, KernelSegment, LaunchKernel, PlainSegment
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.passes.pipeline import HOST_PASSES
+from pyfuser.ir.layout import Layout
 from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOpType
 from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
 from pyfuser.preseg.pipeline import PRESEG_PASSES
 from pyfuser.runtime.backends import HOST_PASSES as RUNTIME_HOST_PASSES
+from pyfuser.scheduler.registry import SchedulerType
+from pyfuser.scheduler.schedulers import ALL_SCHEDULERS, KERNEL_SCHEDULERS, is_kernel, size_dependent
 
 
 @pytest.mark.parametrize("kind", [*UnaryOpType, *BinaryOpType, *TernaryOpType, *ReductionOpType],
@@ -100,3 +104,72 @@ def test_communicator_backend_from_the_caller_or_the_environment(monkeypatch: py
     with pytest.raises(ValueError, match=r"PYFUSER_COMM_BACKEND: unknown communicator backend 'ucc'; known: "
                                          r"\['nccl', 'gloo', 'cuda'\]"):
         comm_backend(None)
+
+
+def test_each_scheduler_type_is_registered_once_with_its_facts() -> None:
+    """A scheduler's facts are its ``Scheduler``'s; the enum is names only, every member registered
+    once in ``ALL_SCHEDULERS`` but ``communication`` (a comm-layer segment)."""
+    registered = [s.type for s in ALL_SCHEDULERS]
+    assert sorted(registered, key=lambda t: t.name) == sorted(
+        set(SchedulerType) - {SchedulerType.communication}, key=lambda t: t.name)
+    assert len(registered) == len(set(registered))
+    assert not is_kernel(SchedulerType.communication) and not is_kernel(SchedulerType.expr_eval)
+    bucketed = {t for t in SchedulerType if size_dependent(t)}
+    assert bucketed == {SchedulerType.reduction, SchedulerType.inner_persistent, SchedulerType.outer_persistent,
+                        SchedulerType.inner_outer_persistent}
+    assert [s.type for s in KERNEL_SCHEDULERS] == [t for t in registered if is_kernel(t)]
+
+
+@pytest.mark.parametrize(("scheduler_type", "shape"), [(SchedulerType.pointwise, (4, 6)),
+                                                        (SchedulerType.reduction, (8, 33))])
+def test_scheduler_params_are_frozen_cache_keys(scheduler_type: SchedulerType, shape: tuple[int, ...]) -> None:
+    x = torch.randn(*shape)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.exp(t) if scheduler_type is SchedulerType.pointwise else fd.ops.sum(t, [1]))
+    first = schedule.compute_heuristics(fd.fusion, scheduler_type, [x])
+    again = schedule.compute_heuristics(fd.fusion, scheduler_type, [x])
+    assert first == again and hash(first) == hash(again)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.num_warps = 8  # type: ignore[misc]
+    edited = dataclasses.replace(first, num_warps=8)
+    assert edited != first and hash(edited) != hash(first)
+
+
+class _NameAndRun:
+    name = "double_kernel"
+
+    def run(self, ctx: object, x: torch.Tensor) -> list[torch.Tensor]:
+        return [x * 2]
+
+
+def test_launch_kernel_holds_the_whole_kernel_segment_protocol() -> None:
+    """A launched segment is read through ``KernelSegment`` only: codegen's kernels have every
+    member, a registered lowering's name-and-run segment is wrapped once where it is launched."""
+    x = torch.randn(3, 5)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.exp(fd.from_pytorch(x)))
+    fd.execute([x], _enable_options=["triton_interpreter"])
+    (generated,) = [n.segment for n in fd.fec.last_program.container.walk() if isinstance(n, LaunchKernel)]
+    assert isinstance(generated, KernelSegment) and generated.output_perms == ((0, 1),)
+    assert "tl.exp(" in generated.code and "loop domain" in generated.scheduled_ir
+    node = LaunchKernel(_NameAndRun(), [], [])
+    assert isinstance(node.segment, PlainSegment) and isinstance(node.segment, KernelSegment)
+    assert node.segment.output_perms is None and node.segment.code == "" and node.segment.scheduler_params is None
+    (doubled,) = node.segment.run(None, x)
+    torch.testing.assert_close(doubled, x * 2)
+    assert node.substitute({}).segment is node.segment
+
+
+def test_kernel_layouts_are_one_layout_type() -> None:
+    """What a kernel may assume of a tensor's memory is an ``ir.layout.Layout`` everywhere (the
+    compile driver, manual kernels, codegen's partial results)."""
+    assert Layout.dense([1, 0, 2], [False, True, False]) == Layout((1, 0, 2), (None, True, True))
+    assert Layout.strided(2) == Layout((0, 1), (False, False))
+    assert Layout.of([1, 0], [True, None]) == Layout((1, 0), (True, None))
+    x = torch.randn(6, 4).t()
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.neg(fd.from_pytorch(x)))
+    fd.execute([x], _enable_options=["triton_interpreter"])
+    (segment,) = [n.segment for n in fd.fec.last_program.container.walk() if isinstance(n, LaunchKernel)]
+    assert segment.output_perms == ((1, 0),)  # the input's column-major order, from its Layout

@@ -26,20 +26,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pyfuser.codegen.code_writer import CodeWriter
-from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
-from pyfuser.codegen.resize import RESIZE_OPS, resized_axes
-from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, next_power_of_2, prelude, triton_dtype
+from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
 from pyfuser.codegen.values import ValueLowering
+from pyfuser.ir.analysis.id_graph import IdGraph
+from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes
 from pyfuser.ir.base import Val
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
+from pyfuser.ir.layout import Layout
 from pyfuser.ir.ops import CatOp, PadOp, ReductionOp, SliceOp, VarMeanOp
 from pyfuser.ir.ops.shape import describe_axis
 from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div, sym_min
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
+from pyfuser.utils import next_power_of_2
 
 GRID_AXES = {ParallelType.grid_x: 0, ParallelType.grid_y: 1, ParallelType.grid_z: 2}
 TILE_TYPES = frozenset({ParallelType.block_x, ParallelType.block_y, ParallelType.block_z,
@@ -47,7 +49,8 @@ TILE_TYPES = frozenset({ParallelType.block_x, ParallelType.block_y, ParallelType
 #: Largest tile a runtime extent may ask for (a persistent row of 32768 elements)
 MAX_DYNAMIC_TILE = 1 << 15
 
-Layouts = dict[int, tuple[tuple[int, ...], list[bool | None]]]
+#: per tensor name
+Layouts = dict[int, Layout]
 
 
 @dataclass
@@ -80,8 +83,8 @@ class KernelBuilder(ValueLowering):
         fusion knows statically (an ``expand`` target) is not the extent of what it gets: extents
         come from the tensors, and static ones are checked against the whole tensors' sizes.
         ``evict_last``: loads ask L2 to keep their lines (``eviction_policy='evict_last'``)."""
-        """``layouts``: per tensor name, (allocation order of its non-reduction logical dims, nvFuser
-        contiguity flags in that order) that hold for every tensor the kernel will be given."""
+        """``layouts``: per tensor name, the layout that holds for every tensor the kernel will be
+        given (default: ``Layout.strided``)."""
         self.fusion = fusion
         self.name = name
         self.target = target
@@ -241,7 +244,8 @@ class KernelBuilder(ValueLowering):
             mapped = [d for d, j in enumerate(dims) if not j.is_broadcast and self.exact.mapped(j, node)]
             if not mapped:
                 continue
-            order, contiguity = self.layouts.get(tv.name, (tuple(range(len(dims))), [False] * len(dims)))
+            layout = self.layouts.get(tv.name) or Layout.strided(len(dims))
+            order, contiguity = layout.perm, list(layout.contiguity)
             live = [(d, c) for d, c in zip(order, contiguity, strict=False) if not dims[d].is_broadcast]
             if not live or live[-1][0] != mapped[0] or not live[-1][1]:
                 raise KernelError(f"{where} is vectorized along {node}, but {tv.short_name} axis {mapped[0]} is not "
@@ -407,7 +411,8 @@ class KernelBuilder(ValueLowering):
         and the tile axes the address varies along."""
         dims = tv.get_logical_domain(no_reductions=True)
         dim_of = {id(i): d for d, i in enumerate(dims)}
-        order, contiguity = self.layouts.get(tv.name, (tuple(range(len(dims))), [False] * len(dims)))
+        layout = self.layouts.get(tv.name) or Layout.strided(len(dims))
+        order, contiguity = layout.perm, layout.contiguity
         # An expanded axis (stride 0) or one of size 1 (contiguity None) takes part in no merged
         # group: a group's index times its innermost stride is only its address when every axis
         # of it is laid out densely.
@@ -742,7 +747,8 @@ class KernelBuilder(ValueLowering):
                           SymConst(1)) for a in range(3))
         used = max((a + 1 for a in range(3) if any(loop.index == f"pid{a}" for loop in loops)), default=1)
         tensor_positions = tuple(all_inputs.index(tv) for tv in self.inputs)
-        perms = tuple(self.layouts.get(tv.name, (tuple(range(tv.ndim)), []))[0] for tv in self.outputs)
+        perms = tuple(self.layouts[tv.name].perm if tv.name in self.layouts else tuple(range(tv.ndim))
+                      for tv in self.outputs)
         return KernelSource(
             self.name, source, tensor_positions, scalar_positions, tuple(self._strides), tuple(self._sizes),
             grid[:used], self._size_checks(), () if self.chunked else self._constant_checks(), output_shapes, perms,

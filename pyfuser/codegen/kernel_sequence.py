@@ -18,6 +18,7 @@ from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.codegen.launcher import BoundParam, BoundRun, DirectLaunches, VariantLaunch, bound_launch, raw_stream
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.layout import Layout
 from pyfuser.ir.tensor_view import TensorView
 
 
@@ -244,7 +245,7 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, refe
         for tv in (*part.fusion.inputs(), *part.fusion.outputs()):
             if isinstance(tv, TensorView) and tv.name not in part_layouts:  # a partial: dense, row-major
                 dims = tv.get_logical_domain(no_reductions=True)
-                part_layouts[tv.name] = (tuple(range(len(dims))), [None if i.is_broadcast else True for i in dims])
+                part_layouts[tv.name] = Layout.dense(range(len(dims)), [i.is_broadcast for i in dims])
         kind = "final" if k == len(parts) - 1 else f"partial{k}"
         stages = loop_stages if k == 0 else 0  # the final step is small
         result.append((part.fusion, KernelBuilder(part.fusion, f"{name}_{kind}", target, part_layouts,

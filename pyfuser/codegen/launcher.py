@@ -17,9 +17,10 @@ import torch
 
 from pyfuser.codegen.kernel_source import KernelLaunchError, KernelSource
 from pyfuser.codegen.python_writer import PythonWriter
-from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
+from pyfuser.codegen.triton_support import host_int_expr
 from pyfuser.ir.eval_context import NoPrograms
 from pyfuser.ir.layout import dense_strides
+from pyfuser.utils import next_power_of_2
 
 
 def _size_error(names: tuple[str, ...], a: int, da: int, sa: int, b: int, db: int, sb: int) -> ValueError:

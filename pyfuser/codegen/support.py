@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pyfuser.codegen.resize import RESIZE_OPS
+from pyfuser.codegen.triton_ops import TRITON_POINTWISE
 from pyfuser.codegen.triton_support import compute_dtype, triton_dtype
 from pyfuser.codegen.values import INDEX_ONLY_OPS
+from pyfuser.ir.analysis.resize import RESIZE_OPS
 from pyfuser.ir.base import Expr, Scalar
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.ops import (
@@ -39,10 +40,10 @@ def unsupported_in_pointwise_kernel(expr: Expr) -> str | None:
     if isinstance(expr, (*INDEX_ONLY_OPS, *RESIZE_OPS, FullOp, IotaOp)):
         return None
     if isinstance(expr, UnaryOp | BinaryOp | TernaryOp):
-        spec = expr.kind.spec
-        if spec.triton is None:
+        lowering = TRITON_POINTWISE.get(expr.kind)
+        if lowering is None:
             return f"{name}: {expr.kind.name} has no Triton lowering"
-        if spec.floating_only and not compute_dtype(expr.outputs[0].dtype).is_floating:
+        if lowering.floating_only and not compute_dtype(expr.outputs[0].dtype).is_floating:
             return f"{name}: {expr.kind.name} on {expr.outputs[0].dtype} is only exact as an ATen call"
         if isinstance(expr, BinaryOp) and expr.kind is BinaryOpType.div and _divides_integers_by_maybe_zero(expr):
             return f"{name}: integer division by a value that may be 0, for which ATen raises and a kernel cannot"

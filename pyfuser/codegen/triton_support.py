@@ -86,10 +86,6 @@ def host_int_expr(e: SymExpr) -> str:
     return f"({a} {op} {b})"
 
 
-def next_power_of_2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
 _PRELUDE_COMMON = '''
 _INF = tl.constexpr(float("inf"))
 

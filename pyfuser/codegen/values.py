@@ -28,6 +28,7 @@ import torch
 
 from pyfuser.codegen.grid_reduction import GRID_TYPES
 from pyfuser.codegen.kernel_source import KernelError
+from pyfuser.codegen.triton_ops import TRITON_POINTWISE
 from pyfuser.codegen.triton_support import NAN, compute_dtype, int_expr, literal, triton_dtype
 from pyfuser.ir.base import Expr, Scalar, Val
 from pyfuser.ir.dtypes import DataType
@@ -319,9 +320,10 @@ class ValueLowering:
             return code.assign("v", _rounded(f"({start} + ({index}){_to(DataType.Int, dtype)} * {step})", out.dtype))
         if isinstance(expr, UnaryOp | BinaryOp | TernaryOp):
             kind = expr.kind
-            template = kind.spec.triton
-            if template is None:
+            lowering = TRITON_POINTWISE.get(kind)
+            if lowering is None:
                 raise KernelError(f"{out}: {kind.name} has no Triton lowering")
+            template = lowering.template
             dtype = op_dtype(expr)
             if kind is BinaryOpType.pow:
                 template = _pow_by_constant(expr) or template

@@ -31,6 +31,7 @@ from pyfuser.ir.tensor_view import MemoryType, TensorView
 from pyfuser.runtime.executor import FusionExecutorCache
 from pyfuser.runtime.inputs import input_list
 from pyfuser.runtime.manual import ManualKernels
+from pyfuser.scheduler.registry import KernelParams
 
 
 class EmptyFusionError(NotImplementedError, ValueError):
@@ -289,7 +290,7 @@ class FusionDefinition:
         self._last_was_manual = False
         return self.fec.run(args, device=device, enable_options=enable_options, disable_options=disable_options)
 
-    def manual_execute(self, inputs: Sequence[Any], heuristic_params: Any = None) -> list[torch.Tensor]:
+    def manual_execute(self, inputs: Sequence[Any], heuristic_params: KernelParams | None = None) -> list[torch.Tensor]:
         """Run the whole fusion as one kernel, scheduled as the user (or ``schedule.schedule``) left it:
         no automatic scheduling. Kernels are generated on CUDA, through Triton's interpreter on CPU."""
         if not self.fusion.outputs():
@@ -299,7 +300,7 @@ class FusionDefinition:
         if heuristic_params is None:
             return self._manual.run(_flatten(inputs))
         return self._manual.run(_flatten(inputs), heuristic_params.reference, heuristic_params.num_warps,
-                                getattr(heuristic_params, "num_stages", 0), getattr(heuristic_params, "evict_last", True))
+                                heuristic_params.num_stages, heuristic_params.evict_last)
 
     def manual_validate(self, inputs: Sequence[Any], reference_outputs: Sequence[torch.Tensor] | None = None,
                         ) -> list[torch.Tensor]:

@@ -54,7 +54,7 @@ def _allocations(node: HostNode) -> dict[Val, tuple[int, ...]]:
     allocates its outputs densely in a known order."""
     if isinstance(node, Allocate):
         return {node.tv: node.perm}
-    perms = getattr(node.segment, "output_perms", None) if isinstance(node, LaunchKernel) and not node.into else None
+    perms = node.segment.output_perms if isinstance(node, LaunchKernel) and not node.into else None
     if perms is None:
         return {}
     return {v: tuple(p) for v, p in zip(node.outputs, perms, strict=True)}  # type: ignore[misc]

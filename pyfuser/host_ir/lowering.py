@@ -19,6 +19,7 @@ from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.options import CompileOptions
 from pyfuser.scheduler.registry import SchedulerType
+from pyfuser.scheduler.schedulers import is_kernel
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion
 
 
@@ -62,7 +63,7 @@ def lower_segmented_fusion(segmented: SegmentedFusion, options: CompileOptions,
     container = HostIrContainer(fusion.inputs(), fusion.outputs(), fusion=fusion)
     lctx = LoweringContext(fusion, container, options)
     for group in segmented.groups:
-        if group.scheduler.is_kernel:
+        if is_kernel(group.scheduler):
             if _computes_here(group.exprs[-1], options.rank):
                 source = FusedExprs(group.exprs, group.inputs, group.outputs)
                 container.nodes.append(LaunchKernel(kernels[id(group)], group.inputs, group.outputs, source))

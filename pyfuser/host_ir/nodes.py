@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -181,13 +181,68 @@ class AtenCall(HostNode):
                         into=any(v in mapping for v in self.outputs))
 
 
-class KernelSegment(Protocol):
-    """A compiled kernel segment (produced by codegen): runs on concrete tensors, allocating its
-    outputs or writing into ``out``."""
+#: A launch bound to one binding's arguments: its outputs, or None where the caller runs the segment.
+BoundSegmentRun = Callable[[Sequence[Any]], "list[torch.Tensor] | None"]
 
-    name: str
+
+@runtime_checkable
+class KernelSegment(Protocol):
+    """A compiled kernel segment (codegen's kernels, sequences and size-bucketed kernels): every
+    attribute the host program and the runtime read of one.
+
+    ``run`` launches it on concrete tensors, allocating its outputs or writing into ``out``;
+    ``bind`` runs it once and returns a launch bound to these arguments' binding (None: nothing to
+    bind); ``output_perms``: the memory order of each output it allocates (None: not dense in a known
+    order); ``code``: the generated source; ``scheduled_ir``: the segment as scheduled (``""``: none);
+    ``scheduler_params``: the heuristics it was compiled with."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def output_perms(self) -> tuple[tuple[int, ...], ...] | None: ...
+
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def scheduled_ir(self) -> str: ...
+
+    @property
+    def scheduler_params(self) -> object: ...
 
     def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]: ...
+
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundSegmentRun | None]: ...
+
+
+class SegmentRun(Protocol):
+    """What a registered lowering may launch instead (``runtime/backends.py``): a name and
+    ``run(ctx, *args)``, given ``out=`` buffers too where a stream loop writes into chunks."""
+
+    @property
+    def name(self) -> str: ...
+
+    def run(self, ctx: EvalContext, *args: Any, **out: Any) -> list[torch.Tensor]: ...
+
+
+class PlainSegment:
+    """A ``SegmentRun`` as a ``KernelSegment``: no generated code, outputs in whatever layout its
+    ``run`` returns, nothing bound (each run calls it)."""
+
+    def __init__(self, segment: SegmentRun) -> None:
+        self.segment = segment
+        self.name = segment.name
+        self.output_perms = None
+        self.code = ""
+        self.scheduled_ir = ""
+        self.scheduler_params = None
+
+    def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        return self.segment.run(ctx, *args) if out is None else self.segment.run(ctx, *args, out=out)
+
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundSegmentRun | None]:
+        return self.run(ctx, *args), None
 
 
 class LaunchKernel(HostNode):
@@ -199,9 +254,10 @@ class LaunchKernel(HostNode):
     outputs are preallocated buffers (chunks, in a stream loop) the kernel writes.
     """
 
-    def __init__(self, segment: KernelSegment, inputs: Sequence[Val], outputs: Sequence[Val],
+    def __init__(self, segment: KernelSegment | SegmentRun, inputs: Sequence[Val], outputs: Sequence[Val],
                  source: Any = None, into: bool = False) -> None:
-        self.segment = segment
+        # checked once here, so that everything downstream reads the whole protocol
+        self.segment: KernelSegment = segment if isinstance(segment, KernelSegment) else PlainSegment(segment)
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self.source_expr = source
@@ -338,5 +394,5 @@ class HostIrContainer:
 __all__ = [
     "NUMBER_OF_STREAMS", "Allocate", "AtenCall", "Deallocate", "ForLoop", "HirAliasSelect", "HostIrContainer",
     "HostNode", "HostStream", "HostVal", "KernelSegment", "LaunchKernel", "LoopIndex", "NotOnThisRank",
-    "tensor_shape",
+    "PlainSegment", "SegmentRun", "tensor_shape",
 ]

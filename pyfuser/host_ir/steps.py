@@ -125,7 +125,7 @@ def _aten_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list
     orders, or into the given buffers): for sizes where the kernel has no program (``NoPrograms``)."""
     source = node.source_expr
     exprs = list(getattr(source, "exprs", ()))
-    perms = getattr(node.segment, "output_perms", None)
+    perms = node.segment.output_perms
 
     def evaluate(ctx: EvalContext, args: list[Any], out: list[Any] | None) -> list[Any]:
         env: dict[int, Any] = {id(v): a for v, a in zip(node.inputs, args, strict=True)}

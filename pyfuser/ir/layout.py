@@ -1,10 +1,37 @@
-"""Stride orders, allocation permutations and contiguity of concrete strides."""
+"""Stride orders, allocation permutations and contiguity of concrete strides, and ``Layout``: what
+a generated kernel may assume of a tensor's memory."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pyfuser.ir.tensor_domain import Contiguity
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A tensor's memory layout as a kernel reads or writes it: ``perm``, its non-reduction logical
+    dims in allocation order (outermost first), and nvFuser ``contiguity`` in that order (``None``: a
+    broadcast dim; ``False``: its stride is read at run time). It holds for every tensor the kernel
+    will be given."""
+
+    perm: tuple[int, ...]
+    contiguity: tuple[bool | None, ...]
+
+    @staticmethod
+    def of(perm: Sequence[int], contiguity: Sequence[bool | None]) -> Layout:
+        return Layout(tuple(perm), tuple(contiguity))
+
+    @staticmethod
+    def strided(rank: int) -> Layout:
+        """Nothing known: logical order, every stride read at run time."""
+        return Layout(tuple(range(rank)), (False,) * rank)
+
+    @staticmethod
+    def dense(perm: Sequence[int], broadcast: Sequence[bool]) -> Layout:
+        """Dense in ``perm`` order; ``broadcast[d]``: logical dim ``d`` is a broadcast."""
+        return Layout(tuple(perm), tuple(None if broadcast[d] else True for d in perm))
 
 
 def check_stride_order(stride_order: Sequence[int], rank: int, what: str) -> list[int]:

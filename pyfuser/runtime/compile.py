@@ -21,6 +21,7 @@ from pyfuser.preseg.pipeline import run_preseg_passes
 from pyfuser.runtime.backends import COMMUNICATION_LOWERING, EXPR_LOWERINGS, HOST_PASSES, STEP_BUILDERS
 from pyfuser.runtime.kernels import compile_kernels
 from pyfuser.runtime.profiling import SegmentInfo
+from pyfuser.scheduler.schedulers import is_kernel
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup
 from pyfuser.segmentation.segmenter import segment_fusion
 
@@ -57,6 +58,6 @@ def _check_matmuls_schedulable(segmented: SegmentedFusion) -> None:
     scheduler takes a segment."""
     for group in segmented.groups:
         matmul = next((e for e in group.exprs if isinstance(e, (MatmulOp, LinearOp, GroupedMmOp))), None)
-        if matmul is not None and not group.scheduler.is_kernel:
+        if matmul is not None and not is_kernel(group.scheduler):
             raise RuntimeError(f"Can not find a scheduler to schedule fusion segment {matmul.to_string().strip()}: "
                                "pyfuser runs matmul and linear as ATen calls only, and matmul_expr_eval is disabled")

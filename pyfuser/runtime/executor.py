@@ -17,7 +17,7 @@ import torch
 
 from pyfuser.comm.communicator import Communicator
 from pyfuser.host_ir.evaluator import HostIrEvaluator
-from pyfuser.host_ir.nodes import LaunchKernel
+from pyfuser.host_ir.nodes import LaunchKernel, PlainSegment
 from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
@@ -99,7 +99,7 @@ class FusionExecutorCache:
         if not isinstance(program, HostIrEvaluator):
             return []
         return [n.segment.code for n in program.container.walk()
-                if isinstance(n, LaunchKernel) and hasattr(n.segment, "code")]
+                if isinstance(n, LaunchKernel) and not isinstance(n.segment, PlainSegment)]
 
     def scheduled_fusion_irs(self) -> list[str]:
         """Each kernel segment of the latest program as scheduled (math and domains)."""
@@ -107,7 +107,7 @@ class FusionExecutorCache:
         if not isinstance(program, HostIrEvaluator):
             return []
         return [n.segment.scheduled_ir for n in program.container.walk()
-                if isinstance(n, LaunchKernel) and getattr(n.segment, "scheduled_ir", "")]
+                if isinstance(n, LaunchKernel) and n.segment.scheduled_ir]
 
     def _reset(self) -> None:
         self._version = self.fusion.version

@@ -15,16 +15,15 @@ from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_axes
 from pyfuser.ir.domain_replay import is_permutation_of_logical, logical_order
 from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.layout import Layout
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, DisableOption, DumpOption, dump
 from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
 from pyfuser.scheduler.reduction import schedule_final_step
 from pyfuser.scheduler.reduction_analysis import analyze
 from pyfuser.scheduler.registry import Machine, SizeHints
-from pyfuser.scheduler.schedulers import SCHEDULERS
+from pyfuser.scheduler.schedulers import SCHEDULERS, is_kernel, size_dependent
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, segment_fusion_copy
-
-Layout = tuple[tuple[int, ...], list[bool | None]]
 
 
 def kernel_target(options: CompileOptions) -> str:
@@ -35,11 +34,11 @@ def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
                     ) -> dict[int, CompiledKernel | KernelSequence | SizeDispatchedKernel]:
     """``id(group) -> kernel`` for every kernel segment."""
     fusion = segmented.fusion
-    written_by_kernel = {id(t) for g in segmented.groups if g.scheduler.is_kernel for t in g.outputs}
+    written_by_kernel = {id(t) for g in segmented.groups if is_kernel(g.scheduler) for t in g.outputs}
     kernels: dict[int, CompiledKernel | KernelSequence | SizeDispatchedKernel] = {}
     inherited = inherited_stream_axes(fusion.exprs())  # chunking propagated from stream-parallel inputs
     for k, group in enumerate(segmented.groups):
-        if group.scheduler.is_kernel:
+        if is_kernel(group.scheduler):
             chunked = any(expr_stream_axis(e, inherited) is not None for e in group.exprs)
             kernels[id(group)] = compile_group(fusion, group, k, written_by_kernel, options, chunked)
     return kernels
@@ -71,9 +70,9 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
                                 finish=lambda f: schedule_final_step(f, machine),
-                                loop_stages=getattr(params, "num_stages", 0), chunked=chunked,
+                                loop_stages=params.num_stages, chunked=chunked,
                                 cooperative=DisableOption.cooperative_launch not in options.disabled,
-                                evict_last=getattr(params, "evict_last", True))
+                                evict_last=params.evict_last)
         kernel.scheduled_ir = scheduled_ir(copy)  # after rfactor: the partial results are in it
         kernel.scheduler_params = params
         dump(DumpOption.scheduled_fusion, lambda: f"Scheduled segment g{index} ({group.scheduler.name}):\n"
@@ -81,13 +80,13 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         dump(DumpOption.kernel, lambda: f"Kernel of segment g{index} ({group.scheduler.name}):\n{kernel.code}\n")
         return kernel
 
-    if not group.scheduler.size_dependent:
+    if not size_dependent(group.scheduler):
         return build(())
     view, _ = segment_fusion_copy(fusion, group)
     analysis, reason = analyze(view)
     assert analysis is not None, reason
     reduced, kept = analysis.extents()
-    perms = tuple(layouts[o.name][0] for o in group.outputs)
+    perms = tuple(layouts[o.name].perm for o in group.outputs)
     return SizeDispatchedKernel(name, build, reduced, kept, machine, perms)
 
 
@@ -101,10 +100,10 @@ def _layout(fusion: Fusion, tv: TensorView, dense: bool, chunked: bool) -> Layou
     # as a fusion output is the layout of the copy the executor returns, not of the input.
     perm = _given_perm(tv) if tv.is_fusion_input else allocation_perm(fusion, tv)
     if dense:
-        return perm, [None if tv.get_logical_domain(no_reductions=True)[d].is_broadcast else True for d in perm]
+        return Layout.dense(perm, [i.is_broadcast for i in tv.get_logical_domain(no_reductions=True)])
     if chunked or not tv.is_fusion_input or not is_permutation_of_logical(tv, tv.get_allocation_domain()):
-        return perm, [False] * len(perm)
-    return perm, list(tv.contiguity)
+        return Layout(perm, (False,) * len(perm))
+    return Layout.of(perm, tv.contiguity)
 
 
 def _given_perm(tv: TensorView) -> tuple[int, ...]:

@@ -21,15 +21,13 @@ from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
-from pyfuser.ir.layout import contiguity_of_strides, memory_order
+from pyfuser.ir.layout import Layout, contiguity_of_strides, memory_order
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime import profiling
 from pyfuser.runtime.inputs import InputBinder
 from pyfuser.scheduler.reduction import schedule_final_step
 from pyfuser.scheduler.registry import Machine
 from pyfuser.scheduler.tools import parallelize_like, transform_like
-
-Layout = tuple[tuple[int, ...], list[bool | None]]
 
 
 def _scheduled(tv: TensorView) -> bool:
@@ -98,7 +96,8 @@ class ManualKernels:
         for tv, a in zip(self.fusion.inputs(), args, strict=True):
             if isinstance(tv, TensorView):
                 order = tuple(memory_order(a.shape, a.stride()))
-                layouts[tv.name] = (order, contiguity_of_strides(a.shape, a.stride(), order, [s == 1 for s in a.shape]))
+                layouts[tv.name] = Layout.of(order, contiguity_of_strides(a.shape, a.stride(), order,
+                                                                          [s == 1 for s in a.shape]))
         target = "cuda" if device.type == "cuda" else "interpreter"
         copy, ref, layouts = _prepared(self.fusion, reference, layouts)
         # A schedule from a scheduler (its params name the reference) gets the scheduler's final step
@@ -121,12 +120,11 @@ def _prepared(fusion: Fusion, reference: int | None, input_layouts: dict[int, La
     layouts: dict[int, Layout] = dict(input_layouts or {})
     for tv in copy.inputs():
         if isinstance(tv, TensorView) and tv.name not in layouts:
-            layouts[tv.name] = (allocation_perm(copy, tv), list(tv.contiguity))
+            layouts[tv.name] = Layout.of(allocation_perm(copy, tv), tv.contiguity)
     for out in copy.outputs():
         if isinstance(out, TensorView):
-            perm = allocation_perm(copy, out)
-            layouts[out.name] = (perm, [None if out.get_logical_domain(no_reductions=True)[d].is_broadcast
-                                        else True for d in perm])
+            broadcast = [i.is_broadcast for i in out.get_logical_domain(no_reductions=True)]
+            layouts[out.name] = Layout.dense(allocation_perm(copy, out), broadcast)
     return copy, ref, layouts
 
 

@@ -18,10 +18,11 @@ from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence
 from pyfuser.codegen.launcher import BoundRun
 from pyfuser.codegen.python_writer import define_function
-from pyfuser.codegen.triton_support import host_int_expr, next_power_of_2
+from pyfuser.codegen.triton_support import host_int_expr
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
 from pyfuser.scheduler.registry import Machine, SizeHints
+from pyfuser.utils import next_power_of_2
 
 #: Kept extents from here on schedule alike (every SM busy many times over).
 KEPT_CAP = 1 << 16

@@ -43,4 +43,4 @@ def schedule(fusion: Fusion, params: ExprEvalParams) -> None:
     """Nothing to transform: ATen computes each expr whole."""
 
 
-EXPR_EVAL = Scheduler(SchedulerType.expr_eval, can_schedule, compute_heuristics, schedule)
+EXPR_EVAL = Scheduler(SchedulerType.expr_eval, can_schedule, compute_heuristics, schedule, size_dependent=False, is_kernel=False)

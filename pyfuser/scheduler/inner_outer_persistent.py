@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pyfuser.codegen.triton_support import next_power_of_2
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import ReductionOp
@@ -32,6 +31,7 @@ from pyfuser.scheduler.reduction_schedule import (
 )
 from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import inline_most
+from pyfuser.utils import next_power_of_2
 
 KINDS = (NormalizationKind.inner_outer_persistent,)
 
@@ -116,5 +116,5 @@ def _add_up_each_step(fusion: Fusion) -> None:
     inline_most(fusion=fusion)
 
 
-INNER_OUTER_PERSISTENT = Scheduler(SchedulerType.inner_outer_persistent, can_schedule,
-                                   compute_heuristics, schedule)
+INNER_OUTER_PERSISTENT = Scheduler(SchedulerType.inner_outer_persistent, can_schedule, compute_heuristics, schedule,
+                                   size_dependent=True)

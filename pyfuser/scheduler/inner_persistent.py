@@ -6,6 +6,7 @@ pass (multi-pass)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pyfuser.ir.fusion import Fusion
@@ -44,7 +45,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     hints = size_hints(fusion, analysis, inputs)
     params = inner_params(SchedulerType.inner_persistent, analysis.reference, hints, False)
     if hints.kept is not None and hints.reduced is not None:
-        params.evict_last = 2 * hints.kept * hints.reduced * element_bytes(fusion) >= EVICT_LAST_MIN_BYTES
+        params = replace(params, evict_last=2 * hints.kept * hints.reduced * element_bytes(fusion) >= EVICT_LAST_MIN_BYTES)
     return params
 
 
@@ -52,5 +53,4 @@ def schedule(fusion: Fusion, params: ReductionParams) -> None:
     schedule_segment(fusion, params, KINDS)
 
 
-INNER_PERSISTENT = Scheduler(SchedulerType.inner_persistent, can_schedule, compute_heuristics,
-                             schedule)
+INNER_PERSISTENT = Scheduler(SchedulerType.inner_persistent, can_schedule, compute_heuristics, schedule, size_dependent=True)

@@ -43,5 +43,4 @@ def schedule(fusion: Fusion, params: ReductionParams) -> None:
     schedule_segment(fusion, params, KINDS)
 
 
-OUTER_PERSISTENT = Scheduler(SchedulerType.outer_persistent, can_schedule, compute_heuristics,
-                             schedule)
+OUTER_PERSISTENT = Scheduler(SchedulerType.outer_persistent, can_schedule, compute_heuristics, schedule, size_dependent=True)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyfuser.codegen.id_graph import IdGraph
+from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
@@ -29,7 +29,7 @@ from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
 from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
 
 
-@dataclass
+@dataclass(frozen=True)
 class PointwiseParams:
     """``break_point``: number of outer axes (in memory order) in the 2-D schedule's outer group,
     0 for the 1-D schedule; ``block``: the 1-D tile, or ``(outer, inner)`` tile of the 2-D one."""
@@ -39,15 +39,15 @@ class PointwiseParams:
     block: tuple[int, ...] = (1024,)
     num_warps: int = 4
     scheduler_type: SchedulerType = SchedulerType.pointwise
+    #: no serial loops to pipeline; loads keep their lines in L2 (not fields: no schedule changes them)
+    num_stages = 0
+    evict_last = True
 
     def __str__(self) -> str:
         shape = " x ".join(map(str, self.block))
         kind = f"2-D, {self.break_point} outer axes" if self.break_point else "1-D"
         return (f"===== Pointwise Parameters ========\nreference: T{self.reference}\nschedule: {kind}\n"
                 f"tile: {shape}\nnum_warps: {self.num_warps}\n====================================\n")
-
-    def __hash__(self) -> int:
-        return hash((self.reference, self.break_point, self.block, self.num_warps))
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
@@ -143,4 +143,4 @@ def propagate(ref: TensorView) -> None:
     inline_most(fusion=ref.fusion)
 
 
-POINTWISE = Scheduler(SchedulerType.pointwise, can_schedule, compute_heuristics, schedule)
+POINTWISE = Scheduler(SchedulerType.pointwise, can_schedule, compute_heuristics, schedule, size_dependent=False)

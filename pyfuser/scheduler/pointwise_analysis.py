@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pyfuser.codegen.id_graph import IdGraph
-from pyfuser.codegen.resize import resized_classes
 from pyfuser.codegen.support import unsupported_in_pointwise_kernel
+from pyfuser.ir.analysis.id_graph import IdGraph
+from pyfuser.ir.analysis.resize import resized_classes
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.tensor_view import TensorView

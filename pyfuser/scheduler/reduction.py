@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pyfuser.codegen.triton_support import next_power_of_2
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
@@ -23,6 +22,7 @@ from pyfuser.scheduler.reduction_schedule import (
 )
 from pyfuser.scheduler.registry import FusionLike, Machine, Scheduler, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import reset_schedule
+from pyfuser.utils import next_power_of_2
 
 KINDS = (NormalizationKind.reduction,)
 #: Elements a program of a grid reduction's final step reads at once.
@@ -75,4 +75,4 @@ def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView:
     return analysis.reference
 
 
-REDUCTION = Scheduler(SchedulerType.reduction, can_schedule, compute_heuristics, schedule)
+REDUCTION = Scheduler(SchedulerType.reduction, can_schedule, compute_heuristics, schedule, size_dependent=True)

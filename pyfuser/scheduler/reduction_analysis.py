@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from pyfuser.codegen.id_graph import IdGraph
 from pyfuser.codegen.support import unsupported_in_reduction_kernel
 from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
+from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.base import Expr
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops import ReductionOp, VarMeanOp

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from pyfuser.codegen.triton_support import next_power_of_2
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType
 from pyfuser.ir.symbolic import SymExpr, SymVar
@@ -33,6 +32,7 @@ from pyfuser.scheduler.cache import cache_inputs, derive_allocation_from_loop
 from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
 from pyfuser.scheduler.registry import FusionLike, Machine, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
+from pyfuser.utils import next_power_of_2
 
 #: Elements of a tile a program holds at once when several rows share it (registers per thread).
 ROWS_TILE = 4096
@@ -48,7 +48,7 @@ PERSISTENT_ROWS_TILE = 1024
 WAVES = 2
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReductionParams:
     """``shape``: "tile", "loop", "split" or "outer" (see the module); ``rows``: rows per program
     (tile); ``tile``: elements of ``R`` per loop step (loop, split) or ``BI`` (outer);
@@ -81,10 +81,6 @@ class ReductionParams:
                 f"T{self.reference}\nshape: {self.shape}\n{fields[self.shape]}\nnum_warps: {self.num_warps}\n"
                 f"num_stages: {self.num_stages}\nevict_last: {self.evict_last}\n"
                 "====================================\n")
-
-    def __hash__(self) -> int:
-        return hash((self.scheduler_type, self.reference, self.shape, self.rows, self.tile, self.tile_reduced,
-                     self.split, self.num_warps, self.num_stages, self.evict_last))
 
 
 def size_hints(fusion: FusionLike, analysis: ReductionAnalysis, inputs: Sequence[Any] | SizeHints) -> SizeHints:

@@ -14,7 +14,7 @@ Every scheduler module has the same three entry points (nvFuser's ``registry.h``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
@@ -26,7 +26,10 @@ from pyfuser.ir.tensor_view import TensorView
 
 
 class SchedulerType(Enum):
-    """nvFuser's member names, so code that names a scheduler reads the same."""
+    """nvFuser's member names, so code that names a scheduler reads the same: a name only. What a
+    scheduler is (kernel or not, size-dependent) its ``Scheduler`` declares, and
+    ``scheduler/schedulers.py`` registers each member but ``communication`` (a segment of the comm
+    layer, not a scheduler) exactly once."""
 
     #: one generated kernel over the output's iteration space (pointwise, broadcast, shape ops)
     pointwise = "pointwise"
@@ -44,15 +47,6 @@ class SchedulerType(Enum):
     outer_persistent = "outer_persistent"
     #: a reduction per row and a reduction across rows in one pass (layernorm backward, docs/cached_inputs.md)
     inner_outer_persistent = "inner_outer_persistent"
-
-    @property
-    def is_kernel(self) -> bool:
-        return self not in (SchedulerType.expr_eval, SchedulerType.communication)
-
-    @property
-    def size_dependent(self) -> bool:
-        """Whether the schedule depends on the sizes: compiled per size bucket at launch."""
-        return self.is_kernel and self not in (SchedulerType.pointwise, SchedulerType.transpose)
 
 
 @dataclass(frozen=True)
@@ -130,11 +124,34 @@ class SchedulerParams(Protocol):
     def __hash__(self) -> int: ...
 
 
+class KernelParams(SchedulerParams, Protocol):
+    """What the code generator reads of a kernel scheduler's params: the tensor whose loop nest the
+    kernel runs, warps per program, software-pipelining stages of its serial loops (0: none) and
+    whether loads ask L2 to keep their lines."""
+
+    @property
+    def reference(self) -> int: ...
+
+    @property
+    def num_warps(self) -> int: ...
+
+    @property
+    def num_stages(self) -> int: ...
+
+    @property
+    def evict_last(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class Scheduler:
-    """One scheduler: its type and its three entry points."""
+    """One scheduler: its type (name), its three entry points and its facts, declared together in
+    its module. ``size_dependent``: the schedule depends on the sizes, so the runtime compiles it per
+    size bucket at launch; ``is_kernel``: its segments run as one generated kernel (False: as ATen
+    calls)."""
 
     type: SchedulerType
     can_schedule: Callable[[FusionLike], tuple[bool, str]]
     compute_heuristics: Callable[[FusionLike, Sequence[Any]], SchedulerParams]
     schedule: Callable[[Fusion, Any], None]
+    size_dependent: bool = field(kw_only=True)
+    is_kernel: bool = field(default=True, kw_only=True)

@@ -1,4 +1,5 @@
-"""Every scheduler, by type, in the order the segmenter tries the kernel ones."""
+"""The registry: every scheduler, in the order the segmenter tries them. A new scheduler is a module
+whose ``Scheduler(...)`` declares its type and facts, plus one entry in ``ALL_SCHEDULERS``."""
 
 from __future__ import annotations
 
@@ -11,9 +12,23 @@ from pyfuser.scheduler.reduction import REDUCTION
 from pyfuser.scheduler.registry import Scheduler, SchedulerType
 from pyfuser.scheduler.transpose import TRANSPOSE
 
-#: Kernel schedulers; their ``can_schedule`` exclude each other, so the order is only the order of
-#: the reasons a rejected segment prints.
-KERNEL_SCHEDULERS: list[Scheduler] = [POINTWISE, TRANSPOSE, REDUCTION, INNER_PERSISTENT, OUTER_PERSISTENT,
-                                      INNER_OUTER_PERSISTENT]
+#: Kernel schedulers first; their ``can_schedule`` exclude each other, so their order is only the
+#: order of the reasons a rejected segment prints. ``expr_eval`` takes what none of them does.
+ALL_SCHEDULERS: list[Scheduler] = [POINTWISE, TRANSPOSE, REDUCTION, INNER_PERSISTENT, OUTER_PERSISTENT,
+                                   INNER_OUTER_PERSISTENT, EXPR_EVAL]
 
-SCHEDULERS: dict[SchedulerType, Scheduler] = {s.type: s for s in [*KERNEL_SCHEDULERS, EXPR_EVAL]}
+KERNEL_SCHEDULERS: list[Scheduler] = [s for s in ALL_SCHEDULERS if s.is_kernel]
+
+SCHEDULERS: dict[SchedulerType, Scheduler] = {s.type: s for s in ALL_SCHEDULERS}
+
+
+def is_kernel(scheduler_type: SchedulerType) -> bool:
+    """Whether a segment of this type runs as one generated kernel (a communication never does)."""
+    scheduler = SCHEDULERS.get(scheduler_type)
+    return scheduler is not None and scheduler.is_kernel
+
+
+def size_dependent(scheduler_type: SchedulerType) -> bool:
+    """Whether a segment of this type is scheduled and compiled per size bucket at launch."""
+    scheduler = SCHEDULERS.get(scheduler_type)
+    return scheduler is not None and scheduler.size_dependent

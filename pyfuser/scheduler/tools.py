@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyfuser.codegen.id_graph import IdGraph
+from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.domain_replay import logical_ancestors, replay
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IdTransform, IterDomain, ParallelType

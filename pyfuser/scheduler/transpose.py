@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyfuser.codegen.resize import RESIZE_OPS
+from pyfuser.ir.analysis.resize import RESIZE_OPS
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.tensor_view import TensorView
@@ -19,7 +19,7 @@ from pyfuser.scheduler.pointwise_analysis import check_pointwise, innermost, inn
 from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
 
 
-@dataclass
+@dataclass(frozen=True)
 class TransposeParams:
     """Tile ``tile_in x tile_out``: ``axis_in`` (innermost of some input, a logical position of the
     reference) by ``axis_out`` (the reference's innermost)."""
@@ -31,14 +31,14 @@ class TransposeParams:
     tile_out: int = 32
     num_warps: int = 4
     scheduler_type: SchedulerType = SchedulerType.transpose
+    #: no serial loops to pipeline; loads keep their lines in L2 (not fields: no schedule changes them)
+    num_stages = 0
+    evict_last = True
 
     def __str__(self) -> str:
         return (f"===== Transpose Parameters ========\nreference: T{self.reference}\n"
                 f"tile: axis {self.axis_in} x axis {self.axis_out} = {self.tile_in} x {self.tile_out}\n"
                 f"num_warps: {self.num_warps}\n====================================\n")
-
-    def __hash__(self) -> int:
-        return hash((self.reference, self.axis_in, self.axis_out, self.tile_in, self.tile_out, self.num_warps))
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
@@ -91,4 +91,4 @@ def schedule(fusion: Fusion, params: TransposeParams) -> None:
     propagate(ref)
 
 
-TRANSPOSE = Scheduler(SchedulerType.transpose, can_schedule, compute_heuristics, schedule)
+TRANSPOSE = Scheduler(SchedulerType.transpose, can_schedule, compute_heuristics, schedule, size_dependent=False)

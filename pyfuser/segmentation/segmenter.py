@@ -19,7 +19,7 @@ from pyfuser.ir.ops import BroadcastOp, ExpandOp, LoadStoreOp, LoadStoreOpType, 
 from pyfuser.ir.tensor_view import MemoryType, TensorView, user_scheduled
 from pyfuser.options import CompileOptions, DisableOption, EnableOption
 from pyfuser.scheduler.registry import SchedulerType, SegmentView
-from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS
+from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS, is_kernel
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, boundaries
 
 #: Exprs that only change how an input is viewed: a segment of nothing else computes nothing.
@@ -142,11 +142,11 @@ class _Segmenter:
         outputs = {id(v) for v in self.fusion.outputs()}
         for expr in self.exprs:
             group = self.group_of[id(expr)]
-            if not isinstance(expr, PermuteOp) or not self._mergeable(group) or not group.scheduler.is_kernel:
+            if not isinstance(expr, PermuteOp) or not self._mergeable(group) or not is_kernel(group.scheduler):
                 continue
             out = expr.outputs[0]
             readers = [self.group_of[id(u)] for u in out.uses if id(u) in self.live]
-            if id(out) in outputs or not readers or any(g.scheduler.is_kernel for g in readers):
+            if id(out) in outputs or not readers or any(is_kernel(g.scheduler) for g in readers):
                 continue
             if len(group.exprs) == 1:
                 self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval,
@@ -215,7 +215,7 @@ class _Segmenter:
                         first = merged
 
     def _mergeable(self, group: SegmentedGroup) -> bool:
-        return group.scheduler.is_kernel and id(group) not in self.fixed
+        return is_kernel(group.scheduler) and id(group) not in self.fixed
 
     def _same_stream_loop(self, producer_expr: Expr, consumer_expr: Expr, tv: TensorView) -> bool:
         """Both exprs run outside stream loops, or in one loop chunking ``tv`` the same way."""
@@ -275,7 +275,7 @@ def kernels_enabled(options: CompileOptions) -> bool:
 def segment_fusion(fusion: Fusion, options: CompileOptions) -> SegmentedFusion:
     groups = _Segmenter(fusion, kernels_enabled(options)).run()
     for group in groups:
-        materialized = group.outputs if group.scheduler.is_kernel else \
+        materialized = group.outputs if is_kernel(group.scheduler) else \
             [t for e in group.exprs for t in e.tensor_outputs]
         for tv in materialized:
             tv.memory_type = MemoryType.Global

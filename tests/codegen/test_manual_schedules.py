@@ -94,7 +94,7 @@ def test_pointwise_auto_scheduler_through_the_schedule_module(device: str) -> No
         assert ok
         assert not schedule.can_schedule(fd.fusion, SchedulerType.transpose, inputs)[0]
         params = schedule.compute_heuristics(fd.fusion, SchedulerType.pointwise, inputs)
-        params.block = (128,)
+        params = dataclasses.replace(params, block=(128,))
         schedule.schedule(fd.fusion, SchedulerType.pointwise, params)
     assert "tile: 128" in str(params)
     out = fd.manual_execute(inputs, params)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition
+from pyfuser.codegen.triton_ops import TRITON_POINTWISE
 from pyfuser.ir.ops import BinaryOpType, TernaryOpType, UnaryOpType
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.bool]
@@ -17,7 +18,7 @@ UNARY_REFERENCE = {
     "gelu": F.gelu, "silu": F.silu, "relu": torch.relu,
 }
 #: kinds a generated kernel computes (the others run as ATen calls: tests/test_ops_pointwise_more.py)
-UNARY = [k for k in UnaryOpType if k is not UnaryOpType.cast and k.spec.triton is not None]
+UNARY = [k for k in UnaryOpType if k is not UnaryOpType.cast and k in TRITON_POINTWISE]
 
 
 def _data(dtype: torch.dtype, *, positive: bool = False, nonzero: bool = False) -> torch.Tensor:
@@ -81,7 +82,7 @@ def _binary_ref(kind: BinaryOpType):
     return BINARY_REFERENCE.get(kind.name) or getattr(torch, kind.name)
 
 
-BINARY_CASES = [(k, d) for k in BinaryOpType if k.spec.triton is not None for d in DTYPES
+BINARY_CASES = [(k, d) for k in BinaryOpType if k in TRITON_POINTWISE for d in DTYPES
                 if _valid(_binary_ref(k), torch.ones(1, dtype=d), torch.ones(1, dtype=d))]
 
 
@@ -94,7 +95,8 @@ def test_binary(kind: BinaryOpType, dtype: torch.dtype, device: str, run_kernels
         b = torch.randint(-2, 3, SHAPE).to(dtype).to(device)
     with FusionDefinition() as fd:
         fd.add_output(getattr(fd.ops, kind.name)(fd.from_pytorch(a), fd.from_pytorch(b)))
-    if (kind.spec.floating_only or kind is BinaryOpType.div) and not (a.is_floating_point() or b.is_floating_point()):
+    integer = not (a.is_floating_point() or b.is_floating_point())
+    if (TRITON_POINTWISE[kind].floating_only or kind is BinaryOpType.div) and integer:
         (got,) = fd.execute([a, b], _enable_options=[] if a.is_cuda else ["triton_interpreter"])
         with pytest.raises(ValueError, match="no generated kernel"):
             fd.last_kernel_code()  # integer pow stays exact, integer div raises for a 0 divisor: ATen calls
@@ -123,7 +125,7 @@ def test_mixed_dtypes_promote_like_torch(a_dtype: torch.dtype, b: object, device
         torch.testing.assert_close(g, e, **_tolerance(e.dtype))
 
 
-@pytest.mark.parametrize("kind", [k for k in TernaryOpType if k.spec.triton is not None], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", [k for k in TernaryOpType if k in TRITON_POINTWISE], ids=lambda k: k.name)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64])
 def test_ternary(kind: TernaryOpType, dtype: torch.dtype, device: str, run_kernels) -> None:
     x, lo, hi = (_data(dtype).to(device) for _ in range(3))

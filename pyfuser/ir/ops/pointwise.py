@@ -1,10 +1,11 @@
 """Pointwise ops: unary, binary and ternary, with torch semantics and type promotion.
 
 Each op kind is a member of ``UnaryOpType`` / ``BinaryOpType`` / ``TernaryOpType`` whose value is
-its one row of the op table: the torch reference, the ``out=`` overload that writes into a chunk,
-how kernel math prints it, and how a generated Triton kernel computes it. The output dtype rule is
-the reference itself (``ir.ops.promotion``: torch's promotion, found by running it on one-element
-tensors), so adding a kind is one row.
+its one row of the op table: the torch reference, the ``out=`` overload that writes into a chunk
+and how kernel math prints it. The output dtype rule is the reference itself (``ir.ops.promotion``:
+torch's promotion, found by running it on one-element tensors), so adding a kind is one row; a
+generated kernel computes the kinds of codegen's table (``codegen/triton_ops.py``), the others
+run as ATen calls.
 """
 
 from __future__ import annotations
@@ -40,18 +41,14 @@ class PointwiseSpec:
     function with an ``out=`` overload (tensor first), used to write straight into a preallocated
     chunk; ``inline``: printed as an operator (``-x``, ``a + b``); ``printed``: the kernel-math name
     for an output dtype (nvFuser's CUDA runtime names: ``expf`` for a float ``exp``), default the
-    kind's own name; ``triton``: the Triton expression on operands ``{0}``, ``{1}``, ``{2}`` already
-    converted to the op's compute dtype (``_name(...)`` helpers are the code generator's prelude),
-    None when no generated kernel computes the kind; ``floating_only``: the Triton form is only
-    exact in floating point (integer operands run as ATen calls).
+    kind's own name. How a generated kernel computes a kind is the code generator's
+    (``codegen/triton_ops.py``).
     """
 
     fn: Callable[..., Any] | None
     out_fn: Callable[..., Any] | None = None
     inline: str | None = None
     printed: Callable[[str, DataType], str] | None = None
-    triton: str | None = None
-    floating_only: bool = False
     #: On integer operands, the values torch raises for (division by zero): reported as a ValueError
     #: naming the operands.
     integer_domain: str | None = None
@@ -74,27 +71,23 @@ def _erfcinv(x: torch.Tensor) -> torch.Tensor:
 class UnaryOpType(Enum):
     """Unary pointwise kinds (``fd.ops.<name>``)."""
 
-    neg = PointwiseSpec(torch.neg, torch.neg, inline="-", triton="-{0}")
-    abs = PointwiseSpec(torch.abs, torch.abs, triton="tl.abs({0})")
-    exp = PointwiseSpec(torch.exp, torch.exp, printed=_float_suffixed, triton="tl.exp({0})")
-    log = PointwiseSpec(torch.log, torch.log, printed=_float_suffixed, triton="tl.log({0})")
-    sqrt = PointwiseSpec(torch.sqrt, torch.sqrt, printed=_float_suffixed, triton="tl.sqrt({0})")
-    rsqrt = PointwiseSpec(torch.rsqrt, torch.rsqrt, printed=_float_suffixed, triton="tl.rsqrt({0})")
-    reciprocal = PointwiseSpec(torch.reciprocal, torch.reciprocal, triton="1.0 / {0}")
-    sin = PointwiseSpec(torch.sin, torch.sin, printed=_float_suffixed, triton="tl.sin({0})")
-    cos = PointwiseSpec(torch.cos, torch.cos, printed=_float_suffixed, triton="tl.cos({0})")
-    tanh = PointwiseSpec(torch.tanh, torch.tanh, printed=_float_suffixed, triton="_tanh({0})")
-    sigmoid = PointwiseSpec(torch.sigmoid, torch.sigmoid, triton="_sigmoid({0})")
-    relu = PointwiseSpec(torch.relu, triton="tl.where({0} < 0, 0, {0})")  # NaN stays NaN
-    silu = PointwiseSpec(F.silu, triton="{0} * _sigmoid({0})")
-    gelu = PointwiseSpec(F.gelu, triton="0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476))")
-    #: 0.5 * x * (1 + tanh(u)) is x * sigmoid(2u): one exp and one reciprocal instead of libdevice's
-    #: tanh, which made the kernel compute-bound on an H200 (0.73 of copy bandwidth); as accurate
-    #: (no cancellation in 1 + tanh(u) for negative x).
-    gelu_tanh = PointwiseSpec(lambda x: F.gelu(x, approximate="tanh"),
-                              triton="{0} * _sigmoid(1.5957691216057308 * ({0} + 0.044715 * {0} * {0} * {0}))")
-    erf = PointwiseSpec(torch.erf, torch.erf, printed=_float_suffixed, triton="tl.erf({0})")
-    logical_not = PointwiseSpec(torch.logical_not, inline="!", triton="{0} == 0")
+    neg = PointwiseSpec(torch.neg, torch.neg, inline="-")
+    abs = PointwiseSpec(torch.abs, torch.abs)
+    exp = PointwiseSpec(torch.exp, torch.exp, printed=_float_suffixed)
+    log = PointwiseSpec(torch.log, torch.log, printed=_float_suffixed)
+    sqrt = PointwiseSpec(torch.sqrt, torch.sqrt, printed=_float_suffixed)
+    rsqrt = PointwiseSpec(torch.rsqrt, torch.rsqrt, printed=_float_suffixed)
+    reciprocal = PointwiseSpec(torch.reciprocal, torch.reciprocal)
+    sin = PointwiseSpec(torch.sin, torch.sin, printed=_float_suffixed)
+    cos = PointwiseSpec(torch.cos, torch.cos, printed=_float_suffixed)
+    tanh = PointwiseSpec(torch.tanh, torch.tanh, printed=_float_suffixed)
+    sigmoid = PointwiseSpec(torch.sigmoid, torch.sigmoid)
+    relu = PointwiseSpec(torch.relu)
+    silu = PointwiseSpec(F.silu)
+    gelu = PointwiseSpec(F.gelu)
+    gelu_tanh = PointwiseSpec(lambda x: F.gelu(x, approximate="tanh"))
+    erf = PointwiseSpec(torch.erf, torch.erf, printed=_float_suffixed)
+    logical_not = PointwiseSpec(torch.logical_not, inline="!")
     bitwise_not = PointwiseSpec(torch.bitwise_not, torch.bitwise_not, inline="~")
     acos = PointwiseSpec(torch.acos, torch.acos, printed=_float_suffixed)
     acosh = PointwiseSpec(torch.acosh, torch.acosh, printed=_float_suffixed)
@@ -132,7 +125,7 @@ class UnaryOpType(Enum):
     imag = PointwiseSpec(torch.imag)
     #: ``x.to(output dtype)`` (no function: the output dtype is the attribute); printed with nvFuser's
     #: cast names (``__half2float``).
-    cast = PointwiseSpec(None, triton="{0}")
+    cast = PointwiseSpec(None)
 
     @property
     def spec(self) -> PointwiseSpec:
@@ -218,28 +211,23 @@ def _scalar_logical_right_shift(a: int, b: int) -> int:
 class BinaryOpType(Enum):
     """Binary pointwise kinds (``fd.ops.<name>``), with torch's broadcasting and type promotion."""
 
-    add = PointwiseSpec(operator.add, torch.add, inline="+", triton="{0} + {1}")
-    sub = PointwiseSpec(operator.sub, torch.sub, inline="-", triton="{0} - {1}")
-    mul = PointwiseSpec(operator.mul, torch.mul, inline="*", triton="{0} * {1}")
+    add = PointwiseSpec(operator.add, torch.add, inline="+")
+    sub = PointwiseSpec(operator.sub, torch.sub, inline="-")
+    mul = PointwiseSpec(operator.mul, torch.mul, inline="*")
     #: true division for floating operands, truncation for integers (decided per op from the dtypes)
-    div = PointwiseSpec(_div, inline="/", triton="_div({0}, {1})", integer_domain="a divisor is 0")
-    truediv = PointwiseSpec(_true_div, torch.true_divide, inline="/", triton="{0} / {1}")
-    pow = PointwiseSpec(operator.pow, triton="_pow({0}, {1})", floating_only=True,
-                       integer_domain="an exponent is negative")
-    maximum = PointwiseSpec(_tensor_or_scalar(torch.maximum, max), printed=_fmax_or_max,
-                            triton="tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)")
-    minimum = PointwiseSpec(_tensor_or_scalar(torch.minimum, min), printed=_fmax_or_max,
-                            triton="tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)")
-    eq = PointwiseSpec(operator.eq, inline="==", triton="{0} == {1}")
-    ne = PointwiseSpec(operator.ne, inline="!=", triton="{0} != {1}")
-    lt = PointwiseSpec(operator.lt, inline="<", triton="{0} < {1}")
-    le = PointwiseSpec(operator.le, inline="<=", triton="{0} <= {1}")
-    gt = PointwiseSpec(operator.gt, inline=">", triton="{0} > {1}")
-    ge = PointwiseSpec(operator.ge, inline=">=", triton="{0} >= {1}")
-    logical_and = PointwiseSpec(_tensor_or_scalar(torch.logical_and, lambda a, b: bool(a) and bool(b)), inline="&&",
-                                triton="tl.where({0} != 0, {1} != 0, False)")
-    logical_or = PointwiseSpec(_tensor_or_scalar(torch.logical_or, lambda a, b: bool(a) or bool(b)), inline="||",
-                               triton="tl.where({0} != 0, True, {1} != 0)")
+    div = PointwiseSpec(_div, inline="/", integer_domain="a divisor is 0")
+    truediv = PointwiseSpec(_true_div, torch.true_divide, inline="/")
+    pow = PointwiseSpec(operator.pow, integer_domain="an exponent is negative")
+    maximum = PointwiseSpec(_tensor_or_scalar(torch.maximum, max), printed=_fmax_or_max)
+    minimum = PointwiseSpec(_tensor_or_scalar(torch.minimum, min), printed=_fmax_or_max)
+    eq = PointwiseSpec(operator.eq, inline="==")
+    ne = PointwiseSpec(operator.ne, inline="!=")
+    lt = PointwiseSpec(operator.lt, inline="<")
+    le = PointwiseSpec(operator.le, inline="<=")
+    gt = PointwiseSpec(operator.gt, inline=">")
+    ge = PointwiseSpec(operator.ge, inline=">=")
+    logical_and = PointwiseSpec(_tensor_or_scalar(torch.logical_and, lambda a, b: bool(a) and bool(b)), inline="&&")
+    logical_or = PointwiseSpec(_tensor_or_scalar(torch.logical_or, lambda a, b: bool(a) or bool(b)), inline="||")
     bitwise_and = PointwiseSpec(operator.and_, torch.bitwise_and, inline="&")
     bitwise_or = PointwiseSpec(operator.or_, torch.bitwise_or, inline="|")
     bitwise_xor = PointwiseSpec(operator.xor, torch.bitwise_xor, inline="^")
@@ -302,8 +290,8 @@ class TernaryOpType(Enum):
     """Ternary pointwise kinds: ``where(cond, a, b)``, ``clamp(x, min, max)``, ``lerp(start, end, weight)``,
     ``threshold(x, threshold, value)``."""
 
-    where = PointwiseSpec(_where, triton="tl.where({0} != 0, {1}, {2})")
-    clamp = PointwiseSpec(_clamp, triton="_clamp({0}, {1}, {2})")
+    where = PointwiseSpec(_where)
+    clamp = PointwiseSpec(_clamp)
     lerp = PointwiseSpec(_lerp)
     threshold = PointwiseSpec(_threshold)
 

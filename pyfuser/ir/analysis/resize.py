@@ -1,11 +1,10 @@
-"""Slice, pad and cat in a generated kernel: ops that move a producer's elements along an axis.
+"""Slice, pad and cat: ops that move a producer's elements along an axis.
 
 A consumer's index on a resized axis becomes its producer's through the op: a slice reads
-``start + index * step``, a pad and each operand of a cat read ``index - offset``. Where the
-producer has no element there (a pad's border, the other operands' part of a cat) the read is
-masked off and the op chooses another value with ``tl.where`` over the in-range condition, as
-nvFuser lowers its resize ops. The rotary embedding (``cat(-x2, x1)``) and its backward (``pad``)
-so become part of the kernel around them instead of ATen copies.
+``start + index * step``, a pad and each operand of a cat read ``index - offset``; a pad or a cat
+may fall outside its producer there (the generated kernel masks that read and picks the other
+value, as nvFuser lowers its resize ops). The code generator indexes with these axes; the pointwise
+scheduler uses them to count the producer axes a resize reads into its reference.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ a broadcast input is indexed inside its consumer's loop. Both maps then grow thr
 transforms: two splits with mapped inputs and the same factor have mapped outputs, and likewise two
 merges whose inputs are mapped pairwise (nvFuser's forward propagation of ``IdModel``).
 
-The code generator uses the loop map to bind every tensor's loop IDs to the kernel's loop nest and
-the exact map to give every ID a runtime extent (``concrete`` ID: a non-broadcast member).
+Schedulers ask it which axes of a segment correspond; the code generator uses the loop map to bind
+every tensor's loop IDs to the kernel's loop nest and the exact map to give every ID a runtime
+extent (``concrete`` ID: a non-broadcast member).
 """
 
 from __future__ import annotations
