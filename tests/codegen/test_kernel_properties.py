@@ -44,7 +44,8 @@ def programs(draw: st.DrawFn) -> Program:
                                                                for a, b in zip(v, values[k], strict=True))]
             j = draw(st.sampled_from(partners))
             steps.append((draw(st.sampled_from(BINARY)), (k, j)))
-            values.append(tuple(max(a, b) for a, b in zip(values[k], values[j], strict=True)))
+            # broadcasting: a size-1 axis takes the other's size, 0 included (max would say 1)
+            values.append(tuple(b if a == 1 else a for a, b in zip(values[k], values[j], strict=True)))
         else:
             perm = tuple(draw(st.permutations(range(rank))))
             steps.append(("permute", (k, *perm)))
