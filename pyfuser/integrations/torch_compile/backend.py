@@ -34,6 +34,7 @@ from torch._guards import TracingContext
 from torch.fx import GraphModule, Node
 
 from pyfuser.integrations.torch_compile.bound_graph import BoundGraph
+from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul, lower_collective_matmuls
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
 from pyfuser.integrations.torch_compile.eager_methods import call_views_as_methods
@@ -56,6 +57,8 @@ class CompiledGraph:
     regions: list[FusionRegion]
     #: FX node name -> why it stays in eager
     eager: dict[str, str] = field(default_factory=dict)
+    #: the all-gather + matmul and matmul + reduce-scatter patterns run as pyfuser pipelines
+    collective_matmuls: list[CollectiveMatmul] = field(default_factory=list)
     #: the whole graph replayed from CUDA graphs (the ``cuda_graph`` option, when it can be captured)
     replay: GraphReplay | None = None
     #: what the backend hands AOTAutograd otherwise: the graph, specialized after its first calls
@@ -115,6 +118,7 @@ class PyfuserBackend:
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
+        pipelines = lower_collective_matmuls(gm, f"pyfuser_{kind}{sum(g.kind == kind for g in self.graphs)}")
         plan = plan_regions(gm)
         dump(DumpOption.fx_graph, lambda: format_plan(gm, plan, title))
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -131,7 +135,7 @@ class PyfuserBackend:
         aliasing = _aliasing_outputs(gm, kind, saved_from)
         collapse_view_chains(gm, aliasing)
         call_views_as_methods(gm, aliasing)
-        compiled = CompiledGraph(kind, finish(gm), regions, eager)
+        compiled = CompiledGraph(kind, finish(gm), regions, eager, pipelines)
         if self.cuda_graph and any(r.device.type == "cuda" for r in regions):
             why = capturable(compiled.graph_module)
             if why is None:
