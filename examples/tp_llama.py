@@ -48,12 +48,15 @@ for _name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_D
     os.environ.setdefault(_name, "0" if _name == "NCCL_NVLS_ENABLE" else "1")
 
 
-def build_model(heads: int, layers: int, hidden: int, vocab: int, dtype: torch.dtype,
-                device: torch.device) -> transformers.LlamaForCausalLM:
-    """The same random model on every rank (one seed); ``heads`` and the MLP width divide by the ranks."""
-    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                                      num_attention_heads=heads, num_key_value_heads=heads, vocab_size=vocab,
-                                      max_position_embeddings=256, attn_implementation="sdpa")
+def build_model(heads: int, layers: int, hidden: int, vocab: int, dtype: torch.dtype, device: torch.device,
+                kv_heads: int | None = None, intermediate: int | None = None,
+                max_positions: int = 256) -> transformers.LlamaForCausalLM:
+    """The same random model on every rank (one seed); the heads, key / value heads, MLP width and vocabulary
+    divide by the ranks."""
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+                                      num_hidden_layers=layers, num_attention_heads=heads,
+                                      num_key_value_heads=kv_heads or heads, vocab_size=vocab,
+                                      max_position_embeddings=max_positions, attn_implementation="sdpa")
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype)
 
@@ -82,23 +85,25 @@ def parallelize(model: transformers.LlamaForCausalLM, mesh: DeviceMesh) -> None:
         })
 
 
+def train_step(run: object, optimizer: torch.optim.Optimizer, ids: torch.Tensor) -> torch.Tensor:
+    """One SGD step on ``ids`` (next-token loss); its loss."""
+    optimizer.zero_grad(set_to_none=True)
+    # The positions and the causal mask of the whole sequence: the embedding's output is sequence-sharded,
+    # and Hugging Face would otherwise derive the rotary table and the mask from the local shard's length.
+    seq = ids.shape[1]
+    positions = torch.arange(seq, device=ids.device)
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=ids.device).tril().expand(ids.shape[0], 1, seq, seq)
+    loss = run(ids, labels=ids, use_cache=False, position_ids=positions[None],  # type: ignore[operator]
+               cache_position=positions, attention_mask=causal).loss
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
 def train(model: torch.nn.Module, run: object, batches: list[torch.Tensor], lr: float) -> list[float]:
     """Plain SGD steps (the same arithmetic on DTensor shards as on whole tensors); the loss of each."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = []
-    for ids in batches:
-        optimizer.zero_grad(set_to_none=True)
-        # The positions and the causal mask of the whole sequence: the embedding's output is sequence-sharded,
-        # and Hugging Face would otherwise derive the rotary table and the mask from the local shard's length.
-        seq = ids.shape[1]
-        positions = torch.arange(seq, device=ids.device)
-        causal = torch.ones(seq, seq, dtype=torch.bool, device=ids.device).tril().expand(ids.shape[0], 1, seq, seq)
-        loss = run(ids, labels=ids, use_cache=False, position_ids=positions[None],  # type: ignore[operator]
-                   cache_position=positions, attention_mask=causal).loss
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach().float()))
-    return losses
+    return [float(train_step(run, optimizer, ids).float()) for ids in batches]
 
 
 def main() -> int:
