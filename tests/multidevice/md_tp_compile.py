@@ -79,6 +79,16 @@ class Attention(nn.Module):
         return x + self.o(out.transpose(1, 2).reshape(b, s, -1))
 
 
+class Block(nn.Module):
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.attn = Attention(heads)
+        self.mlp = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.attn(x))
+
+
 def tp_sp_plan(column: list[str], row: list[str]) -> dict[str, object]:
     """Norm sequence-parallel, ``column`` column-parallel, ``row`` row-parallel back to the sequence sharding."""
     plan: dict[str, object] = {"norm": SequenceParallel()}
@@ -144,30 +154,23 @@ def kept(backend: PyfuserBackend, kind: str, op: str) -> list[str]:
 
 
 @case(min_world=2)
-def tp_sp_mlp_block() -> None:
+def tp_sp_transformer_block() -> None:
+    """An attention block then an MLP block, each a sequence-parallel norm, column-parallel projections and a
+    row-parallel one back to the sequence sharding (one compilation for both: the launch stays short)."""
     torch.manual_seed(0)
-    backend = run_block(MLP(), tp_sp_plan(["up"], ["down"]), 4 * comm().size(), "TP + SP MLP")
-    # The down projection's matmul + reduce-scatter is a pipeline, forward and backward (the up projection's
-    # input gradient); its all-gather feeds the up projection and is saved for the weight gradient.
-    check_pipelines(backend, "forward", {"matmul_reduce_scatter": 1})
-    check_pipelines(backend, "backward", {"matmul_reduce_scatter": 1})
-    (why,) = kept(backend, "forward", "all_gather_into_tensor")
-    if "not pipelined" not in why or "is read by 2 ops" not in why:
-        raise AssertionError(f"the forward all-gather should stay torch's, read twice: {why}")
-
-
-@case(min_world=2)
-def tp_sp_attention_block() -> None:
-    torch.manual_seed(1)
     d = comm().size()
-    backend = run_block(Attention(heads=2 * d), tp_sp_plan(["q", "k", "v"], ["o"]), 2 * d, "TP + SP attention")
-    # Each projection's input gradient is a matmul + reduce-scatter (one per projection: their inputs were
-    # gathered one by one); the gathered activations feed three matmuls and are saved: torch's all-gather.
-    check_pipelines(backend, "forward", {"matmul_reduce_scatter": 1})
-    check_pipelines(backend, "backward", {"matmul_reduce_scatter": 3})
-    (why,) = kept(backend, "forward", "all_gather_into_tensor")
-    if "is read by 4 ops" not in why:
-        raise AssertionError(f"the forward all-gather should stay torch's, read by 3 matmuls and saved: {why}")
+    plan = {f"attn.{k}": v for k, v in tp_sp_plan(["q", "k", "v"], ["o"]).items()}
+    plan.update({f"mlp.{k}": v for k, v in tp_sp_plan(["up"], ["down"]).items()})
+    backend = run_block(Block(heads=2 * d), plan, 2 * d, "TP + SP transformer block")
+    # Forward: each block's row-parallel matmul + reduce-scatter is a pipeline. Backward: the input gradient
+    # of every column-parallel projection (one reduce-scatter each: their inputs were gathered one by one).
+    check_pipelines(backend, "forward", {"matmul_reduce_scatter": 2})
+    check_pipelines(backend, "backward", {"matmul_reduce_scatter": 4})
+    # The gathered activations feed the column-parallel matmuls and are saved for their weight gradients:
+    # torch's all-gathers, with why.
+    reasons = kept(backend, "forward", "all_gather_into_tensor")
+    if len(reasons) != 2 or "is read by 4 ops" not in reasons[0] or "is read by 2 ops" not in reasons[1]:
+        raise AssertionError(f"the forward all-gathers should stay torch's, read by the matmuls and saved: {reasons}")
 
 
 @case(min_world=2)

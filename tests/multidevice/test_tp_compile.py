@@ -8,7 +8,7 @@ import re
 import pytest
 from test_multidevice import _backend_env, torchrun
 
-BLOCKS = ["tp_sp_mlp_block", "tp_sp_attention_block"]
+BLOCKS = ["tp_sp_transformer_block"]
 #: the pattern matcher's cases do not depend on the ranks' count: on 2 ranks only (each launch compiles anew)
 CASES = [*BLOCKS, "allgather_matmul_pipeline_in_inference", "collectives_not_fed_by_a_matmul_run_as_they_are"]
 
