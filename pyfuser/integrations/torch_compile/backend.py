@@ -4,7 +4,9 @@ Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) tra
 with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
 backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
 backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
-which drops the transposes that undo each other and the detaches (``view_pairs.py``), partitions it into pyfuser
+which drops the transposes that undo each other and the detaches (``view_pairs.py``), turns all-gather ->
+matmul and matmul -> reduce-scatter into pyfuser's multi-device pipelines (``collective_matmul.py``; other
+collectives stay torch's, region boundaries), partitions it into pyfuser
 regions and eager ops, collapses the chains of views left in eager (``view_chains.py``) and calls the other
 views as tensor methods (``eager_methods.py``). After its first calls a graph of static shapes runs as a
 copy specialized to them: regions as their straight-line functions, eager views as reinterpretations
