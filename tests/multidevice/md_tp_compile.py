@@ -162,15 +162,21 @@ def tp_sp_transformer_block() -> None:
     plan = {f"attn.{k}": v for k, v in tp_sp_plan(["q", "k", "v"], ["o"]).items()}
     plan.update({f"mlp.{k}": v for k, v in tp_sp_plan(["up"], ["down"]).items()})
     backend = run_block(Block(heads=2 * d), plan, 2 * d, "TP + SP transformer block")
-    # Forward: each block's row-parallel matmul + reduce-scatter is a pipeline. Backward: the input gradient
-    # of every column-parallel projection (one reduce-scatter each: their inputs were gathered one by one).
-    check_pipelines(backend, "forward", {"matmul_reduce_scatter": 2})
-    check_pipelines(backend, "backward", {"matmul_reduce_scatter": 4})
-    # The gathered activations feed the column-parallel matmuls and are saved for their weight gradients:
-    # torch's all-gathers, with why.
-    reasons = kept(backend, "forward", "all_gather_into_tensor")
-    if len(reasons) != 2 or "is read by 4 ops" not in reasons[0] or "is read by 2 ops" not in reasons[1]:
-        raise AssertionError(f"the forward all-gathers should stay torch's, read by the matmuls and saved: {reasons}")
+    # Forward: each block's all-gather feeds its column-parallel matmuls (three, then one) and is saved for
+    # their weight gradients: an all-gather + matmuls pipeline that returns the gathered activations too;
+    # each row-parallel matmul + reduce-scatter is a pipeline. Backward: the gathered output gradient of each
+    # row-parallel projection feeds its input gradient's matmul (and, returned, its weight gradient's); the
+    # input gradient of every column-parallel projection is a matmul + reduce-scatter (one each: their inputs
+    # were gathered one by one). No collective is left to torch.
+    check_pipelines(backend, "forward", {"allgather_matmul": 2, "matmul_reduce_scatter": 2})
+    check_pipelines(backend, "backward", {"allgather_matmul": 2, "matmul_reduce_scatter": 4})
+    forward = [c for g in graphs(backend, "forward") for c in g.collective_matmuls if c.kind == "allgather_matmul"]
+    if [len(c.out_shapes) for c in forward] != [4, 2]:
+        raise AssertionError(f"expected the q, k, v and up matmuls, each with the gathered value: "
+                             f"{[c.out_shapes for c in forward]}")
+    left = kept(backend, "forward", "") + kept(backend, "backward", "")
+    if left:
+        raise AssertionError(f"every collective of the block should be in a pipeline: {left}")
 
 
 @case(min_world=2)
@@ -212,17 +218,17 @@ def allgather_matmul_pipeline_in_inference() -> None:
 @case(min_world=2)
 def collectives_not_fed_by_a_matmul_run_as_they_are() -> None:
     """A reduce-scatter of something else than a matmul, one that averages, an all-reduce and an all-gather
-    whose value is read twice stay torch's collectives, between pyfuser's regions, with why."""
+    along the contracted dim stay torch's collectives, between pyfuser's regions, with why."""
     d, rank = comm().size(), comm().rank()
     group = mesh().get_group()
-    w = randn(HIDDEN, HIDDEN)
+    w, wide = randn(HIDDEN, HIDDEN), randn(d * HIDDEN, HIDDEN)
 
     def blocks(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         scattered = funcol.reduce_scatter_tensor(torch.relu(x) * 2, "sum", 0, group)
         averaged = funcol.reduce_scatter_tensor(x @ w, "avg", 0, group)
         reduced = funcol.all_reduce(x.sin() @ w, "sum", group)
-        gathered = funcol.all_gather_tensor(x, 0, group)
-        return scattered + 1, averaged, reduced, gathered @ w + gathered.sum()
+        gathered = funcol.all_gather_tensor(x, 1, group)  # along the contracted dim
+        return scattered + 1, averaged, reduced, gathered @ wide
 
     fn, backend = compile_with_pyfuser(blocks)
     x = randn(2 * d, HIDDEN) + rank  # different on every rank: the sums are sums
@@ -231,10 +237,10 @@ def collectives_not_fed_by_a_matmul_run_as_they_are() -> None:
     want_scattered = sum(torch.relu(t) * 2 for t in xs).chunk(d, 0)[rank] + 1  # type: ignore[union-attr]
     want_averaged = (sum(t @ w for t in xs) / d).chunk(d, 0)[rank]  # type: ignore[operator]
     want_reduced = sum(t.sin() @ w for t in xs)
-    full = torch.cat(xs)
+    full = torch.cat(xs, 1)
     for value, want, what in ((got[0], want_scattered, "reduce-scatter of a relu"),
                               (got[1], want_averaged, "averaging reduce-scatter"),
-                              (got[2], want_reduced, "all-reduce"), (got[3], full @ w + full.sum(), "all-gather")):
+                              (got[2], want_reduced, "all-reduce"), (got[3], full @ wide, "all-gather")):
         assert_close(value, want, what, atol=1e-3)
     (graph,) = graphs(backend, "inference")
     if graph.collective_matmuls:
@@ -242,7 +248,7 @@ def collectives_not_fed_by_a_matmul_run_as_they_are() -> None:
     reasons = " | ".join(kept(backend, "inference", "reduce_scatter_tensor") + kept(backend, "inference", "all_"))
     for needle in ("its input is not a matmul's output but mul", "it reduces with 'avg'",
                    "_c10d_functional.all_reduce.default is a collective, run by torch between regions",
-                   "is read by 2 ops"):
+                   "it gathers the contracted (last) dim"):
         if needle not in reasons:
             raise AssertionError(f"expected {needle!r} among the reasons: {reasons}")
     if not graph.regions:

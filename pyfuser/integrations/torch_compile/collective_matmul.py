@@ -7,10 +7,12 @@ as any op outside the op table), except two patterns, which this pass replaces, 
 partitioned, by one call of a multi-device pyfuser program (``CollectiveMatmul``):
 
 * ``all_gather_into_tensor(x) -> wait_tensor -> [split + cat along the gathered dim] -> [views] -> mm``
-  (a column-parallel linear on a sequence-sharded input): a fusion whose input ``[d, rows, K]`` is sharded
-  over the group on its outer axis and whose output is the replicated ``linear`` / ``matmul``. pyfuser
-  inserts the all-gather, and ``CommunicatorBackend.cuda`` lowers it with the GEMM into the P2P pipeline
-  (each rank's block multiplied as soon as it lands; ``comm/p2p_pipelines.py``).
+  (column-parallel linears on a sequence-sharded input; several matmuls may read the gathered rows, and
+  other ops too: then the call returns them as well, as the weight gradients need them): a fusion whose
+  input ``[d, rows, K]`` is sharded over the group on its outer axis and whose outputs are the replicated
+  ``linear`` / ``matmul`` results (and the gathered rows). pyfuser inserts the all-gather, and
+  ``CommunicatorBackend.cuda`` lowers it with the GEMMs into the P2P pipeline (each rank's block multiplied
+  as soon as it lands; ``comm/p2p_pipelines.py``).
 * ``mm -> [views] -> [split + cat moving the scattered dim outermost] -> reduce_scatter_tensor('sum') ->
   wait_tensor`` (a row-parallel linear with a sequence-sharded output): the contraction dim sharded, the
   output sharded on its outer axis: the GEMM + reduce-scatter pipeline.
@@ -21,9 +23,10 @@ program does. DTensor gathers and scatters along dim 0 only; a sequence dim ``g`
 as a split along dim 0 and a cat along ``g`` (or the reverse): the program computes the rows in block
 order and the call puts them back in the graph's order (a view when nothing precedes ``g``).
 
-Anything else keeps torch's collective, with why in the ``fx_graph`` dump: a reduce-scatter not fed by a
-matmul, a gathered value read by other ops too (saved for the backward, several GEMMs), a reduction other
-than a sum, symbolic sizes, a group pyfuser's communicator does not span.
+Anything else keeps torch's collective, with why in the ``fx_graph`` dump: a reduce-scatter not fed by one
+matmul (the sum of several projections' input gradients), a gathered value that no matmul reads as its
+rows, a gather along the contracted dim, a reduction other than a sum, symbolic sizes, a group pyfuser's
+communicator does not span.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import GraphModule, Node
+from torch.fx.passes.tools_common import legalize_graph
 
 from pyfuser.comm.communicator import Communicator
 from pyfuser.comm.nodes import Communication
@@ -77,31 +81,32 @@ class CollectiveMatmul:
     before the sequence dim (the rows that interleave with the ranks' blocks; 1: blocks are contiguous)."""
 
     def __init__(self, name: str, kind: str, fd: FusionDefinition, parts: int, outer: int,
-                 out_shape: Sequence[int], nodes: Sequence[str]) -> None:
+                 out_shapes: Sequence[Sequence[int]], nodes: Sequence[str]) -> None:
         self.__name__ = self.__qualname__ = name  # how torch.fx prints the call
         self.name = name
         self.kind = kind
         self.fd = fd
         self.parts = parts
         self.outer = outer
-        self.out_shape = tuple(out_shape)
+        #: the shape of each value the call returns (the graph's: its matmuls', then the gathered value)
+        self.out_shapes = [tuple(shape) for shape in out_shapes]
         self.nodes = list(nodes)
         self.executor = MultiDeviceExecutor(fd.fusion, MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda))
         #: never a region's: the partitioner leaves the call in eager with this reason
         self.eager_reason = f"pyfuser's {_LABELS[kind]} pipeline (one multi-device program)"
 
-    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *weights: torch.Tensor) -> list[torch.Tensor]:
         d, a = self.parts, self.outer
         if self.kind == "allgather_matmul":
             rows = x.numel() // x.shape[-1]
-            (out,) = self.executor.run([x.reshape(1, rows, x.shape[-1]), w])
+            outs = self.executor.run([x.reshape(1, rows, x.shape[-1]), *weights])
             if a > 1:  # block p's rows (a, b) go to rows (a, p, b)
-                out = out.view(d, a, rows // a, out.shape[-1]).transpose(0, 1)
-            return out.reshape(self.out_shape)
+                outs = [out.view(d, a, rows // a, out.shape[-1]).transpose(0, 1) for out in outs]
+            return [out.reshape(shape) for out, shape in zip(outs, self.out_shapes, strict=True)]
         rows = x.shape[0] // d
         blocks = x.reshape(a, d, rows // a, x.shape[-1]).transpose(0, 1).reshape(d, rows, x.shape[-1])
-        (out,) = self.executor.run([blocks, w])
-        return out.reshape(self.out_shape)
+        (out,) = self.executor.run([blocks, *weights])
+        return [out.reshape(self.out_shapes[0])]
 
     def host_ir(self) -> str:
         """This rank's program of the latest call."""
@@ -133,11 +138,14 @@ class CollectiveMatmul:
 class _Match:
     kind: str
     x: Node  # the local operand: the all-gather's input, or the matmul's rows
-    w: Node  # the weight as the fusion reads it (the untransposed one of a linear)
-    linear: bool
-    nodes: list[Node]  # what the call replaces, in graph order; the last one's value is the call's
+    #: per matmul, the weight as the fusion reads it (the untransposed one of a linear) and whether it is one
+    weights: list[tuple[Node, bool]]
+    nodes: list[Node]  # what the call replaces (erased)
+    results: list[Node]  # the nodes whose values the call returns, in order
     outer: int
     team: tuple[int, ...]
+    #: all-gather: the gathered value (``results[-1]``) is read by other ops too, and returned
+    keeps_gathered: bool = False
 
 
 class _Refused(Exception):
@@ -222,17 +230,19 @@ def _match_allgather(ag: Node) -> _Match:
         value = cat
     if gathered_dim == len(chunk) - 1:
         raise _Refused("it gathers the contracted (last) dim")
-    while (user := _only_user(value)).target in _RESHAPES:
+    while len(value.users) == 1 and (user := next(iter(value.users))).target in _RESHAPES:
         nodes.append(user)
         value = user
-    if user.target is not aten.mm.default or user.args[0] is not value:
-        raise _Refused(f"the gathered value reaches {user.name} ({user.target}), not the rows of an aten.mm")
     shape = _static(value)
+    mms = [u for u in value.users if u.target is aten.mm.default and u.args[0] is value and u.args[1] is not value]
+    if not mms:
+        raise _Refused(f"the gathered value {value.name} is not the rows of an aten.mm")
     if len(shape) != 2 or shape[1] != chunk[-1]:
         raise _Refused(f"the matmul reads the gathered value as {shape}, not its rows flattened")
-    w, linear = _weight(user, 1)
-    nodes.append(user)
-    return _Match("allgather_matmul", x, w, linear, nodes, math.prod(chunk[:gathered_dim]), _team(parts, ag.args[2]))
+    nodes += mms
+    keeps = len(mms) < len(value.users)  # read by other ops too (saved for the weight gradient): returned
+    return _Match("allgather_matmul", x, [_weight(mm, 1) for mm in mms], nodes, [*mms, *([value] if keeps else [])],
+                  math.prod(chunk[:gathered_dim]), _team(parts, ag.args[2]), keeps)
 
 
 def _match_reduce_scatter(rs: Node) -> _Match:
@@ -270,32 +280,38 @@ def _match_reduce_scatter(rs: Node) -> _Match:
         raise _Refused(f"its input is not a matmul's output but {value.name} ({value.target})")
     _only_user(value)
     rows = _node(value.args[0], f"{value.name}'s rows")
-    w, linear = _weight(value, 1)
     nodes.insert(0, value)
-    return _Match("matmul_reduce_scatter", rows, w, linear, nodes, math.prod(full[:scattered_dim]),
+    return _Match("matmul_reduce_scatter", rows, [_weight(value, 1)], nodes, [wait], math.prod(full[:scattered_dim]),
                   _team(parts, rs.args[3]))
 
 
 def _fusion(match: _Match) -> FusionDefinition:
-    """The multi-device fusion of a match, in global shapes (``[d, rows, K]``; the weight ``[N, K]`` of a
-    linear or ``[K, N]`` of a matmul), sharded as the pipelines of ``comm/p2p_pipelines.py`` expect."""
+    """The multi-device fusion of a match, in global shapes (``[d, rows, K]``; each weight ``[N, K]`` of a
+    linear or ``[K, N]`` of a matmul), sharded as the pipelines of ``comm/p2p_pipelines.py`` expect: the
+    all-gather's input on its outer axis (several matmuls, or the gathered value returned too: gathered
+    once, by a ``set``), the reduce-scatter's contraction axis, and its output on its outer axis."""
     d = len(match.team)
     mesh = DeviceMesh(sorted(match.team))
-    x_meta, w_meta = match.x.meta["val"], match.w.meta["val"]
     mesh_x = ParallelType.mesh_x
     with FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1, -1], contiguity=True, dtype=DataType.from_torch(x_meta.dtype))
-        w = fd.define_tensor([-1, -1], dtype=DataType.from_torch(w_meta.dtype))
-        out = fd.ops.linear(x, w) if match.linear else fd.ops.matmul(x, w)
-        fd.add_output(out)
-    for tv in (x, w, out):
+        x = fd.define_tensor([-1, -1, -1], contiguity=True, dtype=DataType.from_torch(match.x.meta["val"].dtype))
+        ws = [fd.define_tensor([-1, -1], dtype=DataType.from_torch(w.meta["val"].dtype)) for w, _ in match.weights]
+        gathered = fd.ops.set(x) if match.keeps_gathered or len(ws) > 1 else x
+        outs = [fd.ops.linear(gathered, w) if linear else fd.ops.matmul(gathered, w)
+                for w, (_, linear) in zip(ws, match.weights, strict=True)]
+        for out in outs:
+            fd.add_output(out)
+        if match.keeps_gathered:
+            fd.add_output(gathered)
+    for tv in (x, gathered, *ws, *outs):
         tv.set_device_mesh(mesh)
     if match.kind == "allgather_matmul":
-        x.axis(0).parallelize(mesh_x)  # each rank holds block [1, rows, K]; the output is whole
+        x.axis(0).parallelize(mesh_x)  # each rank holds block [1, rows, K]; the outputs are whole
     else:
+        (w,), ((_, linear),), (out,) = ws, match.weights, outs
         x.outer_split(2, d)  # the contraction dim is sharded: partial sums, scattered by rows
         x.axis(2).parallelize(mesh_x)
-        contracted = 1 if match.linear else 0
+        contracted = 1 if linear else 0
         w.outer_split(contracted, d)
         w.axis(contracted).parallelize(mesh_x)
         out.axis(0).parallelize(mesh_x)
@@ -315,26 +331,30 @@ def lower_collective_matmuls(gm: GraphModule, prefix: str = "pyfuser") -> list[C
             node.meta[WHY_KEPT] = f"not pipelined: {e}"
             continue
         name = f"{prefix}_{match.kind}_{len(calls)}"
-        last = match.nodes[-1]
         try:
             with unset_fake_temporarily():  # the backend compiles under the tracer's fake mode; meshes are real
                 call = CollectiveMatmul(name, match.kind, _fusion(match), len(match.team), match.outer,
-                                        _static(last), [n.name for n in match.nodes])
+                                        [_static(r) for r in match.results], [n.name for n in match.nodes])
         except Exception as e:  # a case the fusion cannot express: torch's collective runs, with why
             node.meta[WHY_KEPT] = f"not pipelined: its program could not be built: {type(e).__name__}: {e}"
             continue
-        with gm.graph.inserting_before(last):
-            new = gm.graph.call_function(call, (match.x, match.w))
-        new.meta.update(last.meta)
-        last.replace_all_uses_with(new)
+        first = min(match.results, key=list(gm.graph.nodes).index)
+        with gm.graph.inserting_before(first):
+            new = gm.graph.call_function(call, (match.x, *(w for w, _ in match.weights)))
+        new.meta["val"] = [r.meta.get("val") for r in match.results]
+        with gm.graph.inserting_after(new):
+            for k, result in reversed(list(enumerate(match.results))):
+                item = gm.graph.call_function(operator.getitem, (new, k))
+                item.meta.update(result.meta)
+                result.replace_all_uses_with(item)
         for old in reversed(match.nodes):
             gm.graph.erase_node(old)
-        weight_view = None if not match.linear else next((u for u in match.w.users if u.target is aten.t.default
-                                                           and not u.users), None)
-        if weight_view is not None:
-            gm.graph.erase_node(weight_view)
+        for w, linear in match.weights:  # the transposes the matmuls read (the fusion reads the weights)
+            for view in [u for u in w.users if linear and u.target is aten.t.default and not u.users]:
+                gm.graph.erase_node(view)
         calls.append(call)
     if calls:
+        legalize_graph(gm)  # a weight's view may come after the first matmul it fed: order the call after it
         gm.graph.lint()
         gm.recompile()
     return calls
