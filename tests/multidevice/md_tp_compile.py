@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 import torch.nn.functional as F
-from harness import assert_close, case, comm, device, main, randn
+from harness import assert_close, case, comm, device, expect_error, main, randn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import (
@@ -213,6 +213,13 @@ def allgather_matmul_pipeline_in_inference() -> None:
     w_local = w.chunk(d, 0)[rank]
     assert_close(fn(xs.chunk(d, 0)[rank], w_local), xs @ w_local.t(), "all-gather along dim 0 + matmul")
     check_pipelines(backend, "inference", {"allgather_matmul": 1})
+    # A weight of the wrong width on every rank: an error naming the pipeline and its FX nodes, before any
+    # transfer (the peers never wait on a rank that failed).
+    (graph,) = graphs(backend, "inference")
+    (call,) = graph.collective_matmuls
+    message = expect_error(lambda: call(xs.chunk(d, 0)[rank], randn(8, HIDDEN + 1)), Exception, call.name, "FX nodes")
+    if "all_gather_into_tensor" not in message:
+        raise AssertionError(f"the error should name the pipeline's FX nodes: {message}")
 
 
 @case(min_world=2)

@@ -74,8 +74,9 @@ _LABELS = {"allgather_matmul": "all-gather + matmul", "matmul_reduce_scatter": "
 
 
 class CollectiveMatmul:
-    """``call(x, w)``: one rank's part of an all-gather + matmul or a matmul + reduce-scatter, as one pyfuser
-    program (``executor``), returning what the replaced graph node returned.
+    """``call(x, *weights)``: one rank's part of an all-gather + matmuls or a matmul + reduce-scatter, as one
+    pyfuser program (``executor``), returning the values of the graph nodes it replaced (a list: each matmul's,
+    then the gathered rows where other ops read them; the reduce-scatter's).
 
     ``kind``: ``"allgather_matmul"`` or ``"matmul_reduce_scatter"``; ``outer``: the product of the dims
     before the sequence dim (the rows that interleave with the ranks' blocks; 1: blocks are contiguous)."""
@@ -96,6 +97,15 @@ class CollectiveMatmul:
         self.eager_reason = f"pyfuser's {_LABELS[kind]} pipeline (one multi-device program)"
 
     def __call__(self, x: torch.Tensor, *weights: torch.Tensor) -> list[torch.Tensor]:
+        try:
+            return self._run(x, weights)
+        except (ValueError, TypeError, RuntimeError) as e:  # peers waiting on this rank fail within the timeout
+            if type(e) not in (ValueError, TypeError, RuntimeError):
+                raise
+            raise type(e)(f"pyfuser {_LABELS[self.kind]} pipeline {self.name} (FX nodes {', '.join(self.nodes)}) "
+                          f"failed: {e}") from e
+
+    def _run(self, x: torch.Tensor, weights: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         d, a = self.parts, self.outer
         if self.kind == "allgather_matmul":
             rows = x.numel() // x.shape[-1]
