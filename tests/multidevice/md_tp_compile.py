@@ -213,10 +213,14 @@ def allgather_matmul_pipeline_in_inference() -> None:
     w_local = w.chunk(d, 0)[rank]
     assert_close(fn(xs.chunk(d, 0)[rank], w_local), xs @ w_local.t(), "all-gather along dim 0 + matmul")
     check_pipelines(backend, "inference", {"allgather_matmul": 1})
-    # A weight of the wrong width on every rank: an error naming the pipeline and its FX nodes, before any
-    # transfer (the peers never wait on a rank that failed).
     (graph,) = graphs(backend, "inference")
     (call,) = graph.collective_matmuls
+    # A shard laid out column-major (a transposed activation): the program reads it as laid out.
+    shard = xs.chunk(d, 0)[rank]
+    (got,) = call(shard.t().contiguous().t(), w_local)
+    assert_close(got, xs @ w_local.t(), "all-gather + matmul of a column-major shard")
+    # A weight of the wrong width on every rank: an error naming the pipeline and its FX nodes, before any
+    # transfer (the peers never wait on a rank that failed).
     message = expect_error(lambda: call(xs.chunk(d, 0)[rank], randn(8, HIDDEN + 1)), Exception, call.name, "FX nodes")
     if "all_gather_into_tensor" not in message:
         raise AssertionError(f"the error should name the pipeline's FX nodes: {message}")

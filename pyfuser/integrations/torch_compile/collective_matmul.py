@@ -304,7 +304,7 @@ def _fusion(match: _Match) -> FusionDefinition:
     mesh = DeviceMesh(sorted(match.team))
     mesh_x = ParallelType.mesh_x
     with FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1, -1], contiguity=True, dtype=DataType.from_torch(match.x.meta["val"].dtype))
+        x = fd.define_tensor([-1, -1, -1], dtype=DataType.from_torch(match.x.meta["val"].dtype))
         ws = [fd.define_tensor([-1, -1], dtype=DataType.from_torch(w.meta["val"].dtype)) for w, _ in match.weights]
         gathered = fd.ops.set(x) if match.keeps_gathered or len(ws) > 1 else x
         outs = [fd.ops.linear(gathered, w) if linear else fd.ops.matmul(gathered, w)
