@@ -224,6 +224,14 @@ def allgather_matmul_pipeline_in_inference() -> None:
     message = expect_error(lambda: call(xs.chunk(d, 0)[rank], randn(8, HIDDEN + 1)), Exception, call.name, "FX nodes")
     if "all_gather_into_tensor" not in message:
         raise AssertionError(f"the error should name the pipeline's FX nodes: {message}")
+    # Another row count: dynamo recompiles with a symbolic size, which the pattern does not take: torch's
+    # all-gather runs, with why.
+    xs = randn(5 * d, HIDDEN)
+    assert_close(fn(xs.chunk(d, 0)[rank], w_local), xs @ w_local.t(), "all-gather + matmul of symbolic size")
+    dynamic = graphs(backend, "inference")[-1]
+    why = [w for w in dynamic.eager.values() if w.startswith("_c10d_functional.all_gather_into_tensor")]
+    if dynamic.collective_matmuls or len(why) != 1 or "symbolic or unknown sizes" not in why[0]:
+        raise AssertionError(f"expected torch's all-gather for symbolic sizes, with why: {why}")
 
 
 @case(min_world=2)
