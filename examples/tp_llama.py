@@ -17,6 +17,7 @@ each graph.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 from pathlib import Path
@@ -147,9 +148,13 @@ def main() -> int:
         print(f"{size} ranks, {dtype}: step losses, one process in eager:   {[f'{v:.6f}' for v in want]}")
         ok = all(abs(a - b) <= tolerance * max(1.0, abs(b)) for a, b in zip(losses, want, strict=True))
         for graph in backend.graphs:
-            pipelines = getattr(graph, "collective_matmuls", [])
-            print(f"{graph.kind} graph: {len(graph.regions)} regions, {len(pipelines)} pipelined collective matmuls"
-                  + "".join(f"\n  {p.summary()}" for p in pipelines))
+            pipelines = graph.collective_matmuls
+            kept = collections.Counter(why.split(" (not pipelined: ")[-1].removesuffix(")") for why in graph.eager.values()
+                                       if why.startswith("_c10d_functional.") and "wait_tensor" not in why)
+            print(f"{graph.kind} graph: {len(graph.regions)} regions, {len(pipelines)} pipelines (all-gather + matmuls, "
+                  f"matmul + reduce-scatter), {sum(kept.values())} collectives left to torch"
+                  + "".join(f"\n  pipeline {p.summary()}" for p in pipelines)
+                  + "".join(f"\n  torch's x{n}: {why}" for why, n in kept.items()))
         print("losses match" if ok else f"LOSSES DIFFER (tolerance {tolerance})")
     flag = torch.tensor([int(ok)], device=device)
     dist.broadcast(flag, 0)

@@ -237,7 +237,7 @@ def allgather_matmul_pipeline_in_inference() -> None:
 @case(min_world=2)
 def collectives_not_fed_by_a_matmul_run_as_they_are() -> None:
     """A reduce-scatter of something else than a matmul, one that averages, an all-reduce and an all-gather
-    along the contracted dim stay torch's collectives, between pyfuser's regions, with why."""
+    along the last dim stay torch's collectives, between pyfuser's regions, with why."""
     d, rank = comm().size(), comm().rank()
     group = mesh().get_group()
     w, wide = randn(HIDDEN, HIDDEN), randn(d * HIDDEN, HIDDEN)
@@ -267,7 +267,7 @@ def collectives_not_fed_by_a_matmul_run_as_they_are() -> None:
     reasons = " | ".join(kept(backend, "inference", "reduce_scatter_tensor") + kept(backend, "inference", "all_"))
     for needle in ("its input is not a matmul's output but mul", "it reduces with 'avg'",
                    "_c10d_functional.all_reduce.default is a collective, run by torch between regions",
-                   "it gathers the contracted (last) dim"):
+                   "it gathers along the last dim"):
         if needle not in reasons:
             raise AssertionError(f"expected {needle!r} among the reasons: {reasons}")
     if not graph.regions:

@@ -25,7 +25,7 @@ order and the call puts them back in the graph's order (a view when nothing prec
 
 Anything else keeps torch's collective, with why in the ``fx_graph`` dump: a reduce-scatter not fed by one
 matmul (the sum of several projections' input gradients), a gathered value that no matmul reads as its
-rows, a gather along the contracted dim, a reduction other than a sum, symbolic sizes, a group pyfuser's
+rows, a gather along the last dim, a reduction other than a sum, symbolic sizes, a group pyfuser's
 communicator does not span.
 """
 
@@ -239,7 +239,7 @@ def _match_allgather(ag: Node) -> _Match:
         nodes += [user, *pieces, cat]
         value = cat
     if gathered_dim == len(chunk) - 1:
-        raise _Refused("it gathers the contracted (last) dim")
+        raise _Refused("it gathers along the last dim, which a matmul of the gathered rows contracts")
     while len(value.users) == 1 and (user := next(iter(value.users))).target in _RESHAPES:
         nodes.append(user)
         value = user
