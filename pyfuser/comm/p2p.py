@@ -168,3 +168,20 @@ class Accumulate(HostNode):
         pad = indent_str(indent)
         return f"{pad}{self.out}\n{pad}   = {self.out}\n{pad}   + {self.inp}\n"
 
+
+
+class BlockCopy(HostNode):
+    """``out = inp`` in place (``out`` a block of a whole tensor): an all-gather pipeline whose gathered tensor
+    is also read after its GEMMs copies this rank's shard and each received block into it."""
+
+    chunk_local = True
+
+    def __init__(self, out: TensorView, inp: TensorView) -> None:
+        self.out = out
+        self.inp = inp
+        self.inputs = [out, inp]
+        self.outputs = [out]
+
+    def to_string(self, indent: int = 0) -> str:
+        pad = indent_str(indent)
+        return f"{pad}{self.out}\n{pad}   = copy of {self.inp}\n"

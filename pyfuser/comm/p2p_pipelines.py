@@ -11,7 +11,10 @@ All-gather + GEMM (docs/allgather_gemm.md; a loop body, or the top level when th
                                                                O[p] = linear(G[p], W)          # as G[p] lands
 
 ``G`` becomes a symmetric buffer (``SymmetricAllocate``) that peers write; ``G[p]`` is peer ``p``'s block
-along the gathered dim and ``O[p]`` the output rows it produces, written in place. Each rank sends to
+along the gathered dim and ``O[p]`` the output rows it produces, written in place. Where ``G`` is also read after the
+GEMMs (a program output: the activations a training forward saves for its weight gradients), or several
+GEMMs read it, at the top level, the blocks land in a symmetric buffer of their own and each is copied into
+``G`` (``BlockCopy``, this rank's shard too) and multiplied by every GEMM as it lands. Each rank sends to
 ``team[pos - j]`` and receives from ``team[pos + j]`` at step ``j``: a permutation, so every GPU serves one
 peer per step (what a ring achieves on a ring topology, with no forwarding hop on an NVLink switch).
 
@@ -38,6 +41,7 @@ from pyfuser.comm.communicator import Communicator
 from pyfuser.comm.nodes import Communication, Wait
 from pyfuser.comm.p2p import (
     Accumulate,
+    BlockCopy,
     P2PCommunication,
     P2PCommunicationType,
     P2PRelease,
@@ -201,7 +205,7 @@ class _P2PLowering:
         k = 0
         while k < len(body.nodes):
             node = body.nodes[k]
-            if isinstance(node, Communication) and self._allgather_gemm(body, k):
+            if isinstance(node, Communication) and (self._allgather_gemm(body, k) or self._allgather_gemms(body, k)):
                 continue
             if isinstance(node, AtenCall) and self._gemm_reduce_scatter(body, k):
                 continue
@@ -269,6 +273,82 @@ class _P2PLowering:
             self.replaced[id(alloc)] = symmetric
             body.nodes[k:k + 2] = []
         return True
+
+    def _allgather_gemms(self, body: _Body, k: int) -> bool:
+        """All-gather + several GEMMs, the gathered tensor also read after them (a program output: the
+        activations a training forward saves for its weight gradients), at the top level. The blocks land in
+        a channel of their own; each is copied into the gathered tensor and multiplied by every GEMM as it
+        lands, this rank's shard at once."""
+        comm = body.nodes[k]
+        assert isinstance(comm, Communication)
+        plan = comm.plan
+        if (body.loop is not None or plan.type is not CommunicationType.Allgather or plan.root_from_loop
+                or not comm.sends or not comm.receives or len(plan.team) < 2 or k + 1 >= len(body.nodes)):
+            return False
+        wait, gathered = body.nodes[k + 1], comm.output_tv
+        if not isinstance(wait, Wait) or wait.communication.handle is not comm.handle:
+            return False
+        readers = [(i, n) for i, n in enumerate(body.nodes) if i > k + 1 and any(v is gathered for v in n.inputs)]
+        gemms = [(i, n) for i, n in readers if isinstance(n, AtenCall) and isinstance(n.expr, (LinearOp, MatmulOp))
+                 and n.inputs[0] is gathered and not any(v is gathered for v in n.inputs[1:]) and len(n.outputs) == 1]
+        if not gemms or any(isinstance(n, ForLoop) for _, n in readers):
+            return False
+        first = gemms[0][0]
+        # The pipeline runs where the first GEMM was: every GEMM's other operands exist by then, and whatever
+        # else reads the gathered tensor comes after it.
+        made_between = {id(v) for n in body.nodes[first:] for v in n.outputs}
+        g = plan.dim or 0
+        dims = [_output_dim(gemm, 0, g) for _, gemm in gemms]
+        if (any(d is None for d in dims) or any(id(v) in made_between for _, gemm in gemms for v in gemm.inputs[1:])
+                or any(i < first for i, _ in readers)):
+            return False
+        team, rank = plan.team, comm.rank
+        parts, pos = len(team), team.index(rank)
+        backend = self._transport(team)
+        label = str(comm.handle.number)
+        received = _like(gathered)
+        symmetric = self._symmetric(received, gathered, None, team, body, backend,
+                                    f"the all-gather of {comm.expr.inputs[0].short_name}")
+        steps = [P2PStep(f"{label}.{j}") for j in range(1, parts)]
+        compute: list[HostNode] = []
+        if not comm.into:
+            compute.append(Allocate(gathered, allocation_perm(self.fusion, gathered)))
+        for _, gemm in gemms:
+            out = gemm.outputs[0]
+            assert isinstance(out, TensorView)
+            if not gemm.into:
+                compute.append(Allocate(out, allocation_perm(self.fusion, out)))
+        mine = self._block(body, received, g, parts, pos)
+        sends = [P2PCommunication(_SEND, comm.input_tv, received, team[(pos - j) % parts], backend, steps[j - 1],
+                                  f"{label}.{2 * j - 1}", remote=mine.out) for j in range(1, parts)]
+        compute += [mine, *sends]
+        own = self._block(body, gathered, g, parts, pos)
+        compute += [own, BlockCopy(own.out, comm.input_tv)]
+        compute += self._gemm_blocks(body, gemms, dims, comm.input_tv, parts, pos)
+        for j in range(1, parts):
+            q = (pos + j) % parts
+            block, kept = self._block(body, received, g, parts, q), self._block(body, gathered, g, parts, q)
+            recv = P2PCommunication(_RECV, block.out, received, team[q], backend, steps[j - 1], f"{label}.{2 * j}")
+            compute += [block, recv, P2PWait(recv), kept, BlockCopy(kept.out, block.out)]
+            compute += self._gemm_blocks(body, gemms, dims, block.out, parts, q)
+        compute += [P2PWait(s) for s in sends]
+        compute += self._released(body, received, team, backend)
+        for i, _ in reversed(gemms[1:]):
+            del body.nodes[i]
+        body.nodes[first:first + 1] = compute
+        body.nodes[k:k + 2] = [symmetric]
+        return True
+
+    def _gemm_blocks(self, body: _Body, gemms: list[tuple[int, AtenCall]], dims: list[int | None], rows: Val,
+                     parts: int, index: int) -> list[HostNode]:
+        """Every GEMM of ``gemms`` on the rows of block ``index`` (``rows``), into that block of its output."""
+        nodes: list[HostNode] = []
+        for (_, gemm), dim in zip(gemms, dims, strict=True):
+            out = gemm.outputs[0]
+            assert isinstance(out, TensorView) and dim is not None
+            block = self._block(body, out, dim, parts, index)
+            nodes += [block, AtenCall(gemm.expr, [rows, *gemm.inputs[1:]], [block.out], into=True)]
+        return nodes
 
     # --- GEMM + reduce-scatter ---------------------------------------------------------------------------
     def _gemm_reduce_scatter(self, body: _Body, k: int) -> bool:

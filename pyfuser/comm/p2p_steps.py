@@ -11,6 +11,7 @@ import torch
 from pyfuser.comm.communicator import Communicator
 from pyfuser.comm.p2p import (
     Accumulate,
+    BlockCopy,
     P2PCommunication,
     P2PCommunicationType,
     P2PRelease,
@@ -146,7 +147,18 @@ def build_accumulate(node: Accumulate, cc: CompileContext) -> Step:
     return step
 
 
+def build_block_copy(node: BlockCopy, cc: CompileContext) -> Step:
+    out, inp = cc.slot(node.out), cc.slot(node.inp)
+
+    def step(frame: Frame) -> None:
+        values = frame.values
+        values[out].copy_(values[inp])
+
+    return step
+
+
 P2P_STEP_BUILDERS: dict[type, StepBuilder] = {
+    BlockCopy: build_block_copy,
     SymmetricAllocate: build_symmetric_allocate,
     ShardSelect: build_shard_select,
     P2PCommunication: build_p2p_communication,

@@ -189,6 +189,35 @@ def p2p_without_stream_loop() -> None:
 
 
 @case()
+def p2p_allgather_several_gemms_and_gathered_output() -> None:
+    """The gathered tensor read by two GEMMs and returned (a training forward saves it for the weight
+    gradients): one pipeline, each landed block copied into the gathered output and multiplied by both."""
+    d, rank, mesh = world()
+    with FusionDefinition() as fd:
+        x, w1, w2 = fd.define_tensor([-1, -1, -1]), fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        gathered = fd.ops.set(x)
+        fd.add_output(fd.ops.linear(gathered, w1))
+        fd.add_output(fd.ops.matmul(gathered, w2))
+        fd.add_output(gathered)
+        place(mesh, x, w1, w2, gathered)
+        x.axis(0).parallelize(X)
+    executor = MultiDeviceExecutor(fd.fusion, P2P)
+    for attempt in range(2):  # the second run reuses the channel: the returned tensors stay the first run's
+        xf, w1f, w2f = randn(d, 3 + attempt, 8), randn(5, 8), randn(8, 4)
+        got = executor.run([shard_tensor(xf, x), w1f, w2f])
+        for value, want, what in ((got[0], F.linear(xf, w1f), "linear"), (got[1], xf @ w2f, "matmul"),
+                                  (got[2], xf, "gathered")):
+            assert_close(value, want, f"P2P all-gather + two GEMMs, {what}, run {attempt}")
+        if attempt == 0:
+            first, first_want = got[2], xf
+    assert_close(first, first_want, "the first run's gathered output after the second run (its own memory)")
+    text = executor.host_ir()
+    check_pipeline(text, rank, d, "all-gather")
+    if text.count("= linear(") != d or text.count("= matmul(") != d or text.count("= copy of") != d:
+        raise AssertionError(f"expected each GEMM and a copy into the gathered output per block:\n{text}")
+
+
+@case()
 def p2p_noncontiguous_and_empty_shards() -> None:
     d, _, _ = world()
     fd, x = allgather_linear(2)

@@ -4,7 +4,9 @@ Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) tra
 with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
 backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
 backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
-which drops the transposes that undo each other and the detaches (``view_pairs.py``), partitions it into pyfuser
+which drops the transposes that undo each other and the detaches (``view_pairs.py``), turns all-gather ->
+matmul and matmul -> reduce-scatter into pyfuser's multi-device pipelines (``collective_matmul.py``; other
+collectives stay torch's, region boundaries), partitions it into pyfuser
 regions and eager ops, collapses the chains of views left in eager (``view_chains.py``) and calls the other
 views as tensor methods (``eager_methods.py``). After its first calls a graph of static shapes runs as a
 copy specialized to them: regions as their straight-line functions, eager views as reinterpretations
@@ -34,6 +36,7 @@ from torch._guards import TracingContext
 from torch.fx import GraphModule, Node
 
 from pyfuser.integrations.torch_compile.bound_graph import BoundGraph
+from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul, lower_collective_matmuls
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
 from pyfuser.integrations.torch_compile.eager_methods import call_views_as_methods
@@ -56,6 +59,8 @@ class CompiledGraph:
     regions: list[FusionRegion]
     #: FX node name -> why it stays in eager
     eager: dict[str, str] = field(default_factory=dict)
+    #: the all-gather + matmul and matmul + reduce-scatter patterns run as pyfuser pipelines
+    collective_matmuls: list[CollectiveMatmul] = field(default_factory=list)
     #: the whole graph replayed from CUDA graphs (the ``cuda_graph`` option, when it can be captured)
     replay: GraphReplay | None = None
     #: what the backend hands AOTAutograd otherwise: the graph, specialized after its first calls
@@ -115,6 +120,7 @@ class PyfuserBackend:
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
+        pipelines = lower_collective_matmuls(gm, f"pyfuser_{kind}{sum(g.kind == kind for g in self.graphs)}")
         plan = plan_regions(gm)
         dump(DumpOption.fx_graph, lambda: format_plan(gm, plan, title))
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -131,7 +137,7 @@ class PyfuserBackend:
         aliasing = _aliasing_outputs(gm, kind, saved_from)
         collapse_view_chains(gm, aliasing)
         call_views_as_methods(gm, aliasing)
-        compiled = CompiledGraph(kind, finish(gm), regions, eager)
+        compiled = CompiledGraph(kind, finish(gm), regions, eager, pipelines)
         if self.cuda_graph and any(r.device.type == "cuda" for r in regions):
             why = capturable(compiled.graph_module)
             if why is None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
+from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul
 from pyfuser.integrations.torch_compile.region import FusionRegion
 from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphRunner
 
@@ -26,6 +27,8 @@ def capturable(gm: GraphModule) -> str | None:
     """Why ``gm`` cannot be one CUDA graph (None: it can be tried): a value on another device would be
     computed once, at capture."""
     for node in gm.graph.nodes:
+        if isinstance(node.target, CollectiveMatmul):
+            return f"{node.name} runs a multi-device pipeline, whose transfers are not captured"
         values = node.meta.get("val")
         for v in values if isinstance(values, list | tuple) else [values]:
             if isinstance(v, torch.Tensor) and v.device.type != "cuda":

@@ -1,0 +1,24 @@
+"""Tensor + sequence parallel blocks compiled by the pyfuser backend, under torchrun on 2 and 4 ranks (gloo on
+CPUs, NCCL when every rank has a GPU): md_tp_compile.py's cases."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_multidevice import _backend_env, torchrun
+
+BLOCKS = ["tp_sp_transformer_block"]
+#: the pattern matcher's cases do not depend on the ranks' count: on 2 ranks only (each launch compiles anew)
+CASES = [*BLOCKS, "allgather_matmul_pipeline_in_inference", "collectives_not_fed_by_a_matmul_run_as_they_are"]
+
+
+@pytest.mark.parametrize("nproc, names", [(2, CASES), (4, BLOCKS)], ids=["2-ranks", "4-ranks"])
+def test_tp_sp_blocks_compiled(nproc: int, names: list[str]) -> None:
+    result = torchrun("md_tp_compile.py", nproc, env={**_backend_env(nproc), "PYFUSER_MD_CASES": ",".join(names)})
+    output = result.stdout + result.stderr
+    failed = sorted(set(re.findall(r"FAIL (\w+) rank", result.stdout)))
+    assert not failed and result.returncode == 0, f"failed cases {failed}:\n{output[-12000:]}"
+    for name in names:
+        passed = len(re.findall(rf"PASS {name} rank \d", result.stdout))
+        assert passed == nproc, f"{name} passed on {passed} of {nproc} ranks:\n{output[-6000:]}"
