@@ -176,7 +176,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ok = [r for r in group if r["status"] == "ok"]
         out: dict[str, Any] = {"points": len(group), "ok": len(ok),
                                "errors": sum(r["status"] == "error" for r in group),
-                               "skipped": sum(r["status"] == "skipped" for r in group)}
+                               "skipped": sum(r["status"] == "skipped" for r in group),
+                               "not_run": sum(r["status"] == "not run" for r in group)}
         if ok:
             worst = min(ok, key=lambda r: r["vs_best_anchor"])
             worst_copy = min(ok, key=lambda r: r["vs_copy"])
@@ -284,7 +285,8 @@ def markdown(result: dict[str, Any]) -> str:
     s = result["summary"]
     lines = [f"# Generated kernels over a sweep, {result['device']} ({result['date']})", "",
              f"Selection: `{result['selection']}`, {s['overall']['points']} points ({s['overall']['ok']} ran, "
-             f"{s['overall']['errors']} failed, {s['overall']['skipped']} skipped). Copy bandwidth (1 GiB, read + "
+             f"{s['overall']['errors']} failed, {s['overall']['skipped']} skipped, {s['overall']['not_run']} not run). "
+             "Copy bandwidth (1 GiB, read + "
              f"write): {result['copy_GBps']:.0f} GB/s. Ratios: pyfuser's speed over the faster of eager and "
              "Inductor (>1: pyfuser faster) and over a device copy of the point's own bytes; GB/s by the bytes "
              "the fusion must move; GPU time of one call, L2 flushed.", "",
@@ -341,14 +343,24 @@ def select(args: argparse.Namespace) -> tuple[list[Point], str]:
     return points, "_".join(parts)
 
 
+def _load_result(path: Path) -> dict[str, Any]:
+    """A results file, or a ``--progress`` file (a header line, then a line per point) of a run cut short."""
+    if path.suffix != ".jsonl":
+        return dict(json.loads(path.read_text()))
+    header, *rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {**header, "points": rows}
+
+
 def merge(paths: Sequence[str]) -> dict[str, Any]:
-    """Shards' results (``--shard``) as one result: their points, summarized again."""
-    parts = [json.loads(Path(p).read_text()) for p in paths]
+    """Shards' results (``--shard``; results files or ``--progress`` files) as one result: their points,
+    summarized again."""
+    parts = [_load_result(Path(p)) for p in paths]
     devices = {p["device"] for p in parts}
     if len(devices) != 1:
         raise SystemExit(f"--merge: the shards ran on different devices {sorted(devices)}")
     points = [r for p in parts for r in p["points"]]
-    return {**parts[0], "selection": "full", "points": points, "summary": summarize(points),
+    host = next((p["host"] for p in parts if "host" in p), None)
+    return {**parts[0], **({"host": host} if host else {}), "selection": "full", "points": points, "summary": summarize(points),
             "merged_from": [p["selection"] for p in parts]}
 
 
@@ -366,6 +378,8 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, Triton's interpreter, no timing")
     parser.add_argument("--merge", nargs="+", default=[], help="kernels_shard*.json files: write them as one run")
     parser.add_argument("--list", action="store_true", help="print the selected points and exit")
+    parser.add_argument("--progress", default="", help="append each point's row to this JSON-lines file as it "
+                        "finishes (a run that dies keeps its points: --merge takes the file)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     if args.dry_run:
@@ -392,6 +406,9 @@ def main() -> None:
         return bench(fn, args.rep_ms, max_reps=args.max_reps)
 
     copy = CopyBandwidth(dev, timer)
+    progress = Path(args.progress) if args.progress else None
+    if progress is not None:
+        progress.write_text(json.dumps({k: v for k, v in result.items() if k != "points"}) + "\n")
     start = time.perf_counter()
     for k, point in enumerate(points):
         if args.budget_s and time.perf_counter() - start > args.budget_s:
@@ -401,9 +418,15 @@ def main() -> None:
         row = run_point(point, dev, copy, timer, args.max_autotune, args.sweep)
         print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
         result["points"].append(row)
+        if progress is not None:
+            with progress.open("a") as f:
+                f.write(json.dumps(row) + "\n")
         torch.cuda.empty_cache()
     result["summary"] = summarize(result["points"])
-    result["host"] = host_overhead(dev)
+    try:
+        result["host"] = host_overhead(dev)
+    except Exception as e:  # it reaches into the runtime's program: a change there must not lose the sweep
+        result["host_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     result["seconds"] = time.perf_counter() - start
     # A partial run writes beside the full sweep's results, never over them.
     prefix = write_results("kernels", machine_kind(result["device"]), result, markdown(result), Path(args.out),

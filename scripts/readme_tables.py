@@ -61,8 +61,10 @@ def kernel_sweep(data: Data) -> tuple[str, str]:
                    f"({overall['worst_point']}), {overall['below_0_95']} of {overall['ok']} points below 0.95x; "
                    f"of a copy of the same bytes: geomean {overall['geomean_copy']:.2f}, worst "
                    f"{overall['worst_copy']:.2f} ({overall['worst_copy_point']})")
-    result += (f". Failed points: {overall['errors']}, skipped: {overall['skipped']}; cached one-kernel `fd.execute` "
-               f"{data['host']['execute_us']:.1f} us of host time; notes in `kernels_notes.md`")
+    result += f". Failed points: {overall['errors']}, skipped: {overall['skipped']}"
+    if "host" in data:
+        result += f"; cached one-kernel `fd.execute` {data['host']['execute_us']:.1f} us of host time"
+    result += "; notes in `kernels_notes.md`"
     what = (f"{overall['points']} points (`{data['selection']}`) of {len(summary['families'])} op families over "
             "sizes, dtypes and layouts, pyfuser vs torch eager and Inductor, checked before timing; GPU time of "
             f"one call, L2 flushed; copy bandwidth {data['copy_GBps']:.0f} GB/s for 1 GiB")

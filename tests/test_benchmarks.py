@@ -110,8 +110,12 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
     assert "| **overall** | 2/4 | 1.00 | 1.00 |" in text and "rmsnorm_f32_5x127: error in check" in text
     results_files.write_results("kernels", "h100", json.loads(json.dumps(result)), text, tmp_path,
                                 "2026-01-01 00:00 UTC", variant="quick")
-    merged = kernels.merge([str(tmp_path / "kernels_quick_h100.json")] * 2)
-    assert merged["summary"]["overall"]["points"] == 8 and merged["selection"] == "full"
+    progress = tmp_path / "progress.jsonl"  # a shard that died after its first point (``--progress``)
+    header = {k: v for k, v in result.items() if k not in ("points", "summary", "host")}
+    progress.write_text("\n".join(json.dumps(line) for line in (header, rows[0])) + "\n")
+    merged = kernels.merge([str(tmp_path / "kernels_quick_h100.json"), str(progress)])
+    assert merged["summary"]["overall"]["points"] == 5 and merged["selection"] == "full"
+    assert merged["summary"]["families"]["rmsnorm"]["ok"] == 2 and merged["host"] == result["host"]
     rows_md = readme_tables.table(tmp_path)
     assert len(rows_md) == 3 and "`kernels.py` `quick` cases (nvidia-h100, 2026-01-01 00:00 UTC): 4 points" in rows_md[2]
     assert "rmsnorm 1.00x (worst 1.00x), rotary 1.00x (worst 1.00x), seed003: none ran" in rows_md[2]
