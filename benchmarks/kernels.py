@@ -143,14 +143,16 @@ def run_point(point: Point, dev: str, copy: CopyBandwidth, timer: Timer, max_aut
         modes = {"inductor": {}, **({"inductor_max_autotune": {"mode": "max-autotune-no-cudagraphs"}}
                                     if max_autotune else {})}
         for name, options in modes.items():
-            stage = name
-            torch._dynamo.reset()  # a fresh compile per point: no recompile limit, no dynamic-shape fallback
-            compiled = torch.compile(family.torch_fn, dynamic=False, **options)
-            start = time.perf_counter()
-            compiled(*inputs)
-            synchronize(dev)
-            row[f"{name}_compile_s"] = time.perf_counter() - start
-            row[f"{name}_ms"] = timer(lambda compiled=compiled: compiled(*inputs))
+            try:
+                torch._dynamo.reset()  # a fresh compile per point: no recompile limit, no dynamic-shape fallback
+                compiled = torch.compile(family.torch_fn, dynamic=False, **options)
+                start = time.perf_counter()
+                compiled(*inputs)
+                synchronize(dev)
+                row[f"{name}_compile_s"] = time.perf_counter() - start
+                row[f"{name}_ms"] = timer(lambda compiled=compiled: compiled(*inputs))
+            except Exception as e:  # an anchor that fails leaves the others: the point still tells pyfuser's speed
+                row[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         stage = "copy"
         row["copy_GBps"] = copy(nbytes)
     except Exception as e:  # recorded per point: the sweep goes on and the summary names what failed
@@ -161,7 +163,8 @@ def run_point(point: Point, dev: str, copy: CopyBandwidth, timer: Timer, max_aut
             row[f"{k}_GBps"] = gbps(nbytes, row[f"{k}_ms"])
     row["best_anchor_ms"] = min(anchors)
     row["vs_best_anchor"] = row["best_anchor_ms"] / row["pyfuser_ms"]
-    row["vs_inductor"] = row["inductor_ms"] / row["pyfuser_ms"]
+    if "inductor_ms" in row:
+        row["vs_inductor"] = row["inductor_ms"] / row["pyfuser_ms"]
     row["vs_copy"] = row["pyfuser_GBps"] / row["copy_GBps"]
     row["status"] = "ok"
     if sweep:
@@ -301,13 +304,19 @@ def markdown(result: dict[str, Any]) -> str:
               "| vs copy | kernels | first call (s) |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["points"]:
         if r["status"] == "ok":
+            inductor = f"{r['inductor_GBps']:.0f}" if "inductor_GBps" in r else "failed"
             lines.append(f"| {r['point']} | {r['pyfuser_ms']:.4f} | {r['pyfuser_GBps']:.0f} | {r['eager_GBps']:.0f} | "
-                         f"{r['inductor_GBps']:.0f} | {r['copy_GBps']:.0f} | {r['vs_best_anchor']:.2f} | "
+                         f"{inductor} | {r['copy_GBps']:.0f} | {r['vs_best_anchor']:.2f} | "
                          f"{r['vs_copy']:.2f} | {r['kernels']} | {r['pyfuser_first_call_s']:.2f} |")
     failed = [r for r in result["points"] if r["status"] != "ok"]
     if failed:
         lines += ["", "Not timed:"] + [f"- {r['point']}: {r['status']}{' in ' + r['stage'] if 'stage' in r else ''}: "
                                        f"{r['reason'].splitlines()[0] if r['reason'] else ''}" for r in failed]
+    anchors = [r for r in result["points"] if r["status"] == "ok" and any(k.endswith("_error") for k in r)]
+    if anchors:
+        lines += ["", "Anchors that failed (the point compares with the others):"]
+        lines += [f"- {r['point']}: " + "; ".join(f"{k.removesuffix('_error')}: {v.splitlines()[0] if v else ''}"
+                                                  for k, v in r.items() if k.endswith("_error")) for r in anchors]
     h = result.get("host")
     if h:
         lines += ["", f"Host time of a cached one-kernel `fd.execute`: {h['execute_us']:.1f} us; launch of its "

@@ -79,7 +79,12 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
                                                              tmp_path: Path) -> None:
     """``run_point`` with a fixed timer and torch.compile as the identity (Inductor's CPU build is slow): the rows,
     the summary (worst beside geomean), a failed point left out of it, the Markdown and the README row."""
-    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
+    def compile_(fn: Any, **_: Any) -> Any:  # Inductor fails on rotary: the point keeps eager as its anchor
+        if fn is kernel_cases.FAMILIES["rotary"].torch_fn:
+            raise RuntimeError("inductor broke")
+        return fn
+
+    monkeypatch.setattr(torch, "compile", compile_)
 
     def timer(fn: Any) -> float:
         fn()
@@ -98,6 +103,7 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
     assert rows[3]["stage"] == "check" and "rmsnorm_f32_5x127" in rows[3]["reason"]
     assert rows[0]["bytes"] == 2 * 5 * 33 * 2 + 33 * 2 and rows[0]["vs_best_anchor"] == 1.0
     assert rows[0]["kernels"] >= 1 and rows[1]["pyfuser_GBps"] > 0
+    assert rows[1]["inductor_error"] == "RuntimeError: inductor broke" and "vs_inductor" not in rows[1]
 
     summary = kernels.summarize(rows)
     assert (summary["overall"]["ok"], summary["overall"]["errors"], summary["overall"]["skipped"]) == (2, 1, 1)
@@ -108,6 +114,7 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
               "points": rows, "summary": summary, "host": {"execute_us": 15.0, "launch_us": 9.0, "overhead_us": 6.0}}
     text = kernels.markdown(result)
     assert "| **overall** | 2/4 | 1.00 | 1.00 |" in text and "rmsnorm_f32_5x127: error in check" in text
+    assert "- rotary_bf16_2x3x4x8_permuted: inductor: RuntimeError: inductor broke" in text
     results_files.write_results("kernels", "h100", json.loads(json.dumps(result)), text, tmp_path,
                                 "2026-01-01 00:00 UTC", variant="quick")
     progress = tmp_path / "progress.jsonl"  # a shard that died after its first point (``--progress``)
