@@ -407,7 +407,6 @@ def main() -> None:
         print("\n".join(p.name for p in points), f"\n{len(points)} points", sep="")
         return
     dev = "cuda"
-    torch.backends.cuda.matmul.allow_tf32 = False
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                               "torch": torch.__version__, "selection": selection or "full",
                               "copy_GBps": copy_bandwidth(dev), "points": []}
