@@ -1,4 +1,5 @@
-"""Timing shared by the benchmarks: the median of per-step intervals, on the GPU's clock where there is one."""
+"""Timing shared by the benchmarks: the median of per-step intervals, on the GPU's clock where there is one
+(``time_ms_flushed``: one call's GPU time with the L2 cache flushed and host time kept out, for kernels)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,41 @@ def time_ms(step: Callable[[], Any], device: str, warmup: int, iters: int) -> fl
             step()
             samples.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(samples)
+
+
+#: Cycles of the spin kernel queued before each timed call (~0.5 ms at the H200's 1.98 GHz): longer
+#: than any call's host time, so the call's launches are queued before the GPU reaches them.
+HOST_HEADROOM_CYCLES = 1_000_000
+
+
+def time_ms_flushed(fn: Callable[[], Any], rep_ms: float = 200.0, warmup: int = 25, max_reps: int = 1000) -> float:
+    """Median GPU time (ms) of ``fn``'s launches, L2 flushed before each call as ``do_bench`` does.
+
+    ``do_bench`` alone times from an event queued right after its L2 flush: a call whose host time
+    exceeds the flush's GPU time (~80 us on the H200) leaves the GPU waiting inside the timed
+    interval, so host time shows up as GPU time, intermittently, as the host's speed drifts
+    (seed 003: 41.6 against 58-90 us in stretches; Inductor's and pyfuser's calls, not a bare
+    Triton launch's). A spin kernel queued between the flush and the start event holds the GPU
+    while the host queues the call (nvbench's blocking kernel); host time is measured apart. Each sample
+    costs the spin's ~0.5 ms whatever the call's length: ``max_reps`` bounds a sweep's time on short calls."""
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    probe = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    probe[0].record()
+    for _ in range(5):
+        fn()
+    probe[1].record()
+    torch.cuda.synchronize()
+    reps = max(10, min(max_reps, int(rep_ms / max(probe[0].elapsed_time(probe[1]) / 5, 1e-3))))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends, strict=True):
+        flush.zero_()
+        torch.cuda._sleep(HOST_HEADROOM_CYCLES)
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))

@@ -45,7 +45,36 @@ def case_label(name: str) -> str:
     return " ".join(words)
 
 
+def kernel_sweep(data: Data) -> tuple[str, str]:
+    """The op-family sweep: per family the geomean and worst ratio to the faster of eager and Inductor, then
+    overall (with copy bandwidth) and the points that failed."""
+    summary, parts = data["summary"], []
+    for name, family in summary["families"].items():
+        if "geomean" in family:
+            parts.append(f"{name} {family['geomean']:.2f}x (worst {family['worst']:.2f}x)")
+        else:
+            parts.append(f"{name}: none ran")
+    overall = summary["overall"]
+    result = "pyfuser / max(eager, Inductor) per family, geomean (worst): " + ", ".join(parts)
+    if "geomean" in overall:
+        result += (f". Overall geomean {overall['geomean']:.2f}x, worst {overall['worst']:.2f}x "
+                   f"({overall['worst_point']}), {overall['below_0_95']} of {overall['ok']} points below 0.95x; "
+                   f"of a copy of the same bytes: geomean {overall['geomean_copy']:.2f}, worst "
+                   f"{overall['worst_copy']:.2f} ({overall['worst_copy_point']})")
+    result += f". Failed points: {overall['errors']}, skipped: {overall['skipped']}"
+    if "host" in data:
+        result += f"; cached one-kernel `fd.execute` {data['host']['execute_us']:.1f} us of host time"
+    result += "; notes in `kernels_notes.md`"
+    what = (f"{overall['points']} points (`{data['selection']}`) of {len(summary['families'])} op families over "
+            "sizes, dtypes and layouts, pyfuser vs torch eager and Inductor, checked before timing; GPU time of "
+            f"one call, L2 flushed; copy bandwidth {data['copy_GBps']:.0f} GB/s for 1 GiB")
+    return what, result
+
+
 def kernels(data: Data) -> tuple[str, str]:
+    """``kernels_<kind>.json``: the op-family sweep, or the fixed cases of runs before it."""
+    if "points" in data:
+        return kernel_sweep(data)
     copy = data["copy_GBps"]
     parts, ratios = [], {}
     for case in data["cases"]:

@@ -1,0 +1,129 @@
+"""The kernel sweep (``benchmarks/kernels.py`` over ``benchmarks/kernel_cases.py``) on the CPU: every op family's
+fusion against its torch function through Triton's interpreter, the point tables, and a sweep's rows through
+the summary, the results files and the README row, so the benchmark cannot rot between GPU runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT / "benchmarks"))  # the benchmarks import their sibling modules by name
+sys.path.append(str(ROOT / "scripts"))
+
+kernel_cases: ModuleType = importlib.import_module("kernel_cases")
+kernels: ModuleType = importlib.import_module("kernels")
+results_files: ModuleType = importlib.import_module("results_files")
+readme_tables: ModuleType = importlib.import_module("readme_tables")
+
+
+@pytest.mark.parametrize("family", list(kernel_cases.FAMILIES))
+def test_dry_run_of_each_family_matches_torch(family: str) -> None:
+    points = [p for p in kernel_cases.tiny_points() if p.family == family]
+    assert points
+    rows = kernels.dry_run(points)
+    assert [r["status"] for r in rows] == ["ok"] * len(points), rows
+
+
+def test_dry_run_reports_a_wrong_fusion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A family whose fusion differs from its torch function is an error row naming the point and output."""
+    family = kernel_cases.FAMILIES["softmax"]
+    monkeypatch.setitem(kernel_cases.FAMILIES, "softmax", dataclasses.replace(
+        family, torch_fn=lambda x: torch.log_softmax(x, -1)))
+    rows = kernels.dry_run([kernel_cases.Point("softmax", (5, 33), torch.float32)])
+    assert rows[0]["status"] == "error"
+    assert "softmax_f32_5x33: output 0 differs" in rows[0]["reason"]
+
+
+def test_point_tables_cover_every_family_within_the_byte_cap() -> None:
+    full, quick = kernel_cases.full_points(), kernel_cases.QUICK
+    families = set(kernel_cases.FAMILIES)
+    assert {p.family for p in full} == families and {p.family for p in quick} == families
+    assert len({p.name for p in full}) == len(full)  # names tell points apart (results, --match)
+    for point in (*full, *quick):
+        family = kernel_cases.FAMILIES[point.family]
+        assert point.layout in family.layouts, point
+        assert kernel_cases.estimated_bytes(family, point.shape, point.dtype) <= kernel_cases.MAX_POINT_BYTES, point
+    columns = {p.shape[1] for p in full if kernel_cases.FAMILIES[p.family].grid == "2d"}
+    assert min(columns) == 64 and max(columns) == 262144 and any(c % 2 for c in columns)
+    assert {p.dtype for p in full} == {torch.bfloat16, torch.float32}
+
+
+def test_shards_split_the_sweep() -> None:
+    def selected(*argv: str) -> tuple[list[Any], str]:
+        parser_args = kernels.argparse.Namespace(quick=False, families="", match="", shard="", sweep=False)
+        for arg in argv:
+            key, _, value = arg.partition("=")
+            setattr(parser_args, key, value if value else True)
+        return kernels.select(parser_args)  # type: ignore[no-any-return]
+
+    full, name = selected()
+    shards = [selected(f"shard={k}/3") for k in (1, 2, 3)]
+    assert name == "" and [s[1] for s in shards] == ["shard1of3", "shard2of3", "shard3of3"]
+    assert sorted(p.name for s in shards for p in s[0]) == sorted(p.name for p in full)
+    points, name = selected("quick", "families=rotary,softmax")
+    assert name == "quick_rotary-softmax" and {p.family for p in points} == {"rotary", "softmax"}
+    with pytest.raises(SystemExit, match="unknown"):
+        selected("families=nope")
+
+
+def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    """``run_point`` with a fixed timer and torch.compile as the identity (Inductor's CPU build is slow): the rows,
+    the summary (worst beside geomean), a failed point left out of it, the Markdown and the README row."""
+    def compile_(fn: Any, **_: Any) -> Any:  # Inductor fails on rotary: the point keeps eager as its anchor
+        if fn is kernel_cases.FAMILIES["rotary"].torch_fn:
+            raise RuntimeError("inductor broke")
+        return fn
+
+    monkeypatch.setattr(torch, "compile", compile_)
+
+    def timer(fn: Any) -> float:
+        fn()
+        return 1.0
+
+    points = [kernel_cases.Point("rmsnorm", (5, 33), torch.bfloat16),
+              kernel_cases.Point("rotary", (2, 3, 4, 8), torch.bfloat16, "permuted"),
+              kernel_cases.Point("seed003", (1, 6, 33), torch.bfloat16, "permuted")]
+    copy = kernels.CopyBandwidth("cpu", timer)
+    rows = [kernels.run_point(p, "cpu", copy, timer, enable_options=["triton_interpreter"]) for p in points]
+    broken = dataclasses.replace(kernel_cases.FAMILIES["rmsnorm"], torch_fn=lambda x, w: x)
+    monkeypatch.setitem(kernel_cases.FAMILIES, "rmsnorm", broken)
+    rows.append(kernels.run_point(kernel_cases.Point("rmsnorm", (5, 127), torch.float32), "cpu", copy, timer,
+                                  enable_options=["triton_interpreter"]))
+    assert [r["status"] for r in rows] == ["ok", "ok", "skipped", "error"]
+    assert rows[3]["stage"] == "check" and "rmsnorm_f32_5x127" in rows[3]["reason"]
+    assert rows[0]["bytes"] == 2 * 5 * 33 * 2 + 33 * 2 and rows[0]["vs_best_anchor"] == 1.0
+    assert rows[0]["kernels"] >= 1 and rows[1]["pyfuser_GBps"] > 0
+    assert rows[1]["inductor_error"] == "RuntimeError: inductor broke" and "vs_inductor" not in rows[1]
+
+    summary = kernels.summarize(rows)
+    assert (summary["overall"]["ok"], summary["overall"]["errors"], summary["overall"]["skipped"]) == (2, 1, 1)
+    assert summary["families"]["rmsnorm"]["worst_point"] == "rmsnorm_bf16_5x33"
+    assert "geomean" not in summary["families"]["seed003"]
+
+    result = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-01-01", "selection": "quick", "copy_GBps": 3000.0,
+              "points": rows, "summary": summary, "host": {"execute_us": 15.0, "launch_us": 9.0, "overhead_us": 6.0}}
+    text = kernels.markdown(result)
+    assert "| **overall** | 2/4 | 1.00 | 1.00 |" in text and "rmsnorm_f32_5x127: error in check" in text
+    assert "- rotary_bf16_2x3x4x8_permuted: inductor: RuntimeError: inductor broke" in text
+    results_files.write_results("kernels", "h100", json.loads(json.dumps(result)), text, tmp_path,
+                                "2026-01-01 00:00 UTC", variant="quick")
+    progress = tmp_path / "progress.jsonl"  # a shard that died after its first point (``--progress``)
+    header = {k: v for k, v in result.items() if k not in ("points", "summary", "host")}
+    progress.write_text("\n".join(json.dumps(line) for line in (header, rows[0])) + "\n")
+    merged = kernels.merge([str(tmp_path / "kernels_quick_h100.json"), str(progress)])
+    assert merged["summary"]["overall"]["points"] == 5 and merged["selection"] == "full"
+    assert merged["summary"]["families"]["rmsnorm"]["ok"] == 2 and merged["host"] == result["host"]
+    rows_md = readme_tables.table(tmp_path)
+    assert len(rows_md) == 3 and "`kernels.py` `quick` cases (nvidia-h100, 2026-01-01 00:00 UTC): 4 points" in rows_md[2]
+    assert "rmsnorm 1.00x (worst 1.00x), rotary 1.00x (worst 1.00x), seed003: none ran" in rows_md[2]
+    assert "Failed points: 1, skipped: 1" in rows_md[2]
