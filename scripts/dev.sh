@@ -22,7 +22,8 @@ case "$what" in
     "$py" -m ruff check pyfuser tests examples benchmarks scripts
     "$venv/bin/lint-imports" --no-cache --no-logo
     "$py" -m mypy  # files and strictness: [tool.mypy] in pyproject.toml
-    exec "$py" -m pytest -q "${@:2}"
+    # Two workers: the Triton interpreter runs kernels on one core each (CI has two); -n 0 runs serially.
+    exec "$py" -m pytest -q -n 2 "${@:2}"
     ;;
   *)
     echo "usage: scripts/dev.sh example|test [args...]" >&2
