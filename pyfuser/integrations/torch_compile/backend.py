@@ -2,8 +2,9 @@
 
 Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) traces it to ATen
 with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
-backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
-backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
+backward (``min_cut_rematerialization_partition`` of the joint graph without its no-op detaches, as
+Inductor's joint-graph passes leave it: cheap pointwise values are recomputed in the backward rather
+than saved) and hands each ATen graph to ``compile_aten_graph``,
 which drops the transposes that undo each other and the detaches (``view_pairs.py``), partitions it into pyfuser
 regions and eager ops, collapses the chains of views left in eager (``view_chains.py``) and calls the other
 views as tensor methods (``eager_methods.py``). After its first calls a graph of static shapes runs as a
@@ -97,7 +98,7 @@ class PyfuserBackend:
             bw_compiler=self._compiler("backward"),
             inference_compiler=self._compiler("inference"),
             decompositions=decomposition_table(),
-            partition_fn=min_cut_rematerialization_partition,
+            partition_fn=_partition,
         )
         return compiler(gm, example_inputs)
 
@@ -144,6 +145,22 @@ class PyfuserBackend:
                                         _aliasing_outputs(compiled.graph_module, kind, saved_from), f"pyfuser {title}")
         self.graphs.append(compiled)
         return compiled
+
+
+def _partition(joint: GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> tuple[GraphModule, GraphModule]:
+    """``min_cut_rematerialization_partition`` of the joint graph without its ``detach`` nodes (no-ops once
+    autograd has traced it, as Inductor's joint-graph passes find them): a detach between a forward value
+    and its backward use would make the partitioner save that value rather than recompute it from cheaper
+    ones (a log-softmax's logits-sized result instead of its per-row max and log-sum-exp)."""
+    graph = joint.graph
+    for node in list(graph.nodes):
+        # (a returned detach stays: the outputs' aliasing was recorded with it)
+        if (node.op == "call_function" and node.target is torch.ops.aten.detach.default
+                and all(u.op != "output" for u in node.users)):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    joint.recompile()
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
 
 def _aliasing_outputs(gm: GraphModule, kind: str, saved_from: int | None) -> set[Node]:
