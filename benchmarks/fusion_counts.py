@@ -6,6 +6,7 @@ Runs on a CPU (kernels through Triton's interpreter) at the zoo's tiny size: fus
 on the sizes. Inductor's fusion of the same step: ``TORCH_LOGS=output_code`` on ``backend="inductor"``.
 
     python benchmarks/fusion_counts.py --models llama,gpt2 --modes training,inference
+    python benchmarks/fusion_counts.py --device cuda   # host syncs as a GPU step has them
 """
 
 from __future__ import annotations
@@ -120,12 +121,13 @@ def _step(run: Callable[..., Any], model: torch.nn.Module, kwargs: dict[str, Any
             run(**kwargs)
 
 
-def pyfuser_counts(name: str, training: bool, dtype: torch.dtype = torch.float32) -> StepCounts:
-    """Counts of one cached step (the third call: regions run their bound programs)."""
+def pyfuser_counts(name: str, training: bool, dtype: torch.dtype = torch.float32, device: str = "cpu") -> StepCounts:
+    """Counts of one cached step (the third call: regions run their bound programs); on a CPU the kernels
+    run through Triton's interpreter, and the host syncs counted are the CPU's (the index checks read back)."""
     torch._dynamo.reset()
-    model = build_model(name, "tiny").to(dtype).train(training)
-    batch = make_batch(name, "tiny", dtype=dtype)
-    backend = PyfuserBackend(triton_interpreter=True)
+    model = build_model(name, "tiny", device).to(dtype).train(training)
+    batch = make_batch(name, "tiny", device, dtype=dtype)
+    backend = PyfuserBackend(triton_interpreter=torch.device(device).type == "cpu")
     compiled = torch.compile(model, backend=backend)
     for _ in range(2):
         _step(compiled, model, batch.kwargs(training), training)
@@ -140,11 +142,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="llama,gpt2,qwen2,mistral")
     parser.add_argument("--modes", default="training,inference")
+    parser.add_argument("--device", default="cpu", help="cpu (Triton's interpreter) or cuda")
     args = parser.parse_args()
     for name in args.models.split(","):
         for mode in args.modes.split(","):
             training = mode == "training"
-            counts = pyfuser_counts(name, training)
+            counts = pyfuser_counts(name, training, device=args.device)
             print(f"{name} {mode}: {counts.line()}", flush=True)
 
 

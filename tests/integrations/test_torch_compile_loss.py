@@ -108,3 +108,9 @@ def test_out_of_range_target_is_an_error() -> None:
     compiled = torch.compile(lambda x, t: F.cross_entropy(x, t), backend=PyfuserBackend())
     with pytest.raises(RuntimeError, match="nll_loss: a target is out of range for 5 classes"):
         compiled(torch.randn(3, 5), torch.tensor([0, 5, 1]))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_empty_batch_matches_eager(reduction: str) -> None:
+    """No rows: no target to check (a minimum over no rows would not trace), the loss and gradient eager's."""
+    _run(lambda x, t: F.cross_entropy(x, t, reduction=reduction), torch.randn(0, 5), torch.zeros(0, dtype=torch.long))

@@ -66,13 +66,13 @@ def _target_class(logp: torch.Tensor, target: torch.Tensor, ignore_index: int,
     classes = logp.shape[-1]
     valid = target != ignore_index
     safe = torch.where(valid, target, 0)
-    if check:
+    if check and safe.numel() > 0:  # (no rows: nothing to check, and no minimum)
         # min over the rows of each target (-1 for one past the classes): a reduction that fuses with the
         # count of valid targets, leaving only the assert to run outside the region
         lowest = torch.where(safe < classes, safe, -1).amin() if safe.dim() else torch.where(safe < classes, safe, -1)
+        count = f"{classes} classes" if isinstance(classes, int) else "the classes"  # (a symbolic size)
         torch._assert_async(lowest >= 0,
-                            f"nll_loss: a target is out of range for {classes} classes (and is not ignore_index "
-                            f"{ignore_index})")
+                            f"nll_loss: a target is out of range for {count} (and is not ignore_index {ignore_index})")
     return valid, torch.arange(classes, device=logp.device) == safe.unsqueeze(-1)
 
 
