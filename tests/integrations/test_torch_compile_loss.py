@@ -72,11 +72,18 @@ def test_lm_loss_runs_no_aten_loss(batch: int, seq: int, vocab: int, dtype: torc
 
 
 @pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize(("batch", "seq", "vocab"), [(2, 8, 37), (3, 5, 130)])
-def test_lm_loss_saves_rows_and_its_backward_is_one_kernel(batch: int, seq: int, vocab: int) -> None:
+def test_lm_loss_saves_rows_and_its_backward_is_one_kernel(batch: int, seq: int, vocab: int,
+                                                           dtype: torch.dtype) -> None:
     """The forward saves per-row statistics, not the logits-sized log-probabilities (the backward reads no
-    logits-sized value but the logits), and the backward is one kernel over the logits."""
-    backend = _lm_case(batch, seq, vocab, torch.float32)
+    logits-sized value but the logits), and the backward is one kernel over the logits; bf16 logits are
+    converted to float32 inside the loss kernels (reshaped first: a reshape is no kernel boundary then),
+    never written out as a float32 copy."""
+    backend = _lm_case(batch, seq, vocab, dtype)
+    forward = next(gr for gr in backend.graphs if gr.kind == "forward")
+    assert not any(line.startswith("  kernel pointwise_kernel -> _to_copy")
+                   for r in forward.regions for line in r.summary().splitlines()), forward.regions[0].summary()
     backward = next(gr for gr in backend.graphs if gr.kind == "backward")
     wide = [n.name for n in backward.graph_module.graph.nodes if n.op == "placeholder"
             and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].numel() == batch * seq * vocab]

@@ -42,7 +42,11 @@ from pyfuser.integrations.torch_compile.graph_replay import GraphReplay, captura
 from pyfuser.integrations.torch_compile.partition import finish, plan_regions, splice_region
 from pyfuser.integrations.torch_compile.region import FusionRegion
 from pyfuser.integrations.torch_compile.view_chains import collapse_view_chains
-from pyfuser.integrations.torch_compile.view_pairs import drop_detaches, drop_transpose_pairs
+from pyfuser.integrations.torch_compile.view_pairs import (
+    conversions_beside_their_computation,
+    drop_detaches,
+    drop_transpose_pairs,
+)
 from pyfuser.options import DumpOption, check_options, dump
 
 _OPTION_NAMES = ("cuda_graph", "triton_interpreter", "enable_options", "disable_options")
@@ -116,6 +120,7 @@ class PyfuserBackend:
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
+        conversions_beside_their_computation(gm, outputs=kind == "backward")
         plan = plan_regions(gm)
         dump(DumpOption.fx_graph, lambda: format_plan(gm, plan, title))
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
