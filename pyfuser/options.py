@@ -126,6 +126,13 @@ class CompileOptions:
     def is_disabled(self, option: DisableOption) -> bool:
         return option in self.disabled
 
+    @property
+    def kernels(self) -> bool:
+        """Whether segments run as generated kernels: on CUDA unless disabled, on a CPU through Triton's
+        interpreter when asked."""
+        wanted = self.is_enabled(EnableOption.triton_interpreter) or self.device.type == "cuda"
+        return wanted and not self.is_disabled(DisableOption.kernel_codegen)
+
 
 def _names(raw: str | None) -> frozenset[str]:
     return frozenset(n.strip() for n in (raw or "").split(",") if n.strip())

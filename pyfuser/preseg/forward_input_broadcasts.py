@@ -1,24 +1,32 @@
-"""Forward broadcasts of fusion inputs into each of their readers (nvFuser's segmenter forwards the
-unary ops of fusion inputs the same way).
+"""Forward the cheap chains that start at a fusion input (or at nothing) into each of their readers
+(nvFuser's segmenter forwards the unary ops of fusion inputs the same way).
 
-A broadcast of an input (``cos[None, None]`` read by the rotary embedding of both q and k) that
-several exprs read would otherwise be one tensor for two segments: either a kernel of its own
-that writes the broadcast out to global memory, or a boundary that stops the segments around it
-from merging (one pointwise kernel writes outputs of one shape). A broadcast or an expand costs
-nothing to recompute, so each reader gets its own chain of them from the input, and the segmenter
-then puts every copy inside the kernel of its reader.
+A value computed from a fusion input by broadcasts, expands and unary math (``cos[None, None]``,
+``sin(freqs) * 1.0`` read by the rotary embedding of both q and k), or from nothing (an ``iota`` of
+position ids, a ``full``), that several exprs read would otherwise be one tensor for two segments:
+either a kernel of its own that writes it out to global memory, or a boundary that stops the
+segments around it from merging (one pointwise kernel writes outputs of one shape). Recomputing it
+reads nothing more than the input its readers' kernels would read anyway, so each reader gets its
+own chain from the input, and the segmenter then puts every copy inside the kernel of its reader.
 
-Only tensors as defined (loop domain = logical domain, no parallel type, no layout of its own,
-not inlined) that are not fusion outputs are forwarded: a scheduled one is the user's.
+Forwarded: broadcasts and expands (views on the ATen path too) and, where segments run as generated
+kernels (each copy computed inside its reader's kernel, not as an ATen call of its own), unary ops,
+binary ops of one tensor and a scalar, ``iota`` and ``full``, each of a fusion input or of another
+forwarded value. Only tensors as defined (loop domain
+= logical domain, no parallel type, no layout of its own, not inlined) that are not fusion outputs
+are forwarded: a scheduled one is the user's, an output is written anyway.
 """
 
 from __future__ import annotations
 
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import BroadcastOp, ExpandOp
+from pyfuser.ir.ops import BinaryOp, BroadcastOp, ExpandOp, FullOp, IotaOp, UnaryOp
 from pyfuser.ir.tensor_view import TensorView, new_like, user_scheduled
 from pyfuser.options import CompileOptions
+
+#: exprs whose result costs nothing to recompute beside their tensor operand (or from no tensor at all)
+_CHEAP = (BroadcastOp, ExpandOp, UnaryOp, BinaryOp, IotaOp, FullOp)
 
 
 def _as_defined(tv: TensorView) -> bool:
@@ -26,34 +34,55 @@ def _as_defined(tv: TensorView) -> bool:
             and not user_scheduled(tv))
 
 
+def _forwardable(expr: Expr, forwarded: set[int], kernels: bool) -> bool:
+    """Whether ``expr`` computes its output from fusion inputs and forwarded values only, cheaply: at
+    most one tensor operand (a binary op of two tensors would read two inputs in each copy); math only
+    where ``kernels`` compute it inline."""
+    cheap = _CHEAP if kernels else (BroadcastOp, ExpandOp)
+    if not isinstance(expr, cheap) or len(expr.outputs) != 1 or not isinstance(expr.outputs[0], TensorView):
+        return False
+    tensors = expr.tensor_inputs
+    if isinstance(expr, BroadcastOp | ExpandOp | UnaryOp | BinaryOp) and len(tensors) != 1:
+        return False
+    return all(t.is_fusion_input or id(t) in forwarded for t in tensors) and _as_defined(expr.output)
+
+
 def _copy_chain(tv: TensorView, fusion: Fusion) -> TensorView:
-    """A private copy of the broadcasts / expands that compute ``tv`` from a fusion input."""
+    """A private copy of the forwarded exprs that compute ``tv``."""
     expr = tv.definition
-    assert isinstance(expr, BroadcastOp | ExpandOp)
-    source = expr.inputs[0]
-    assert isinstance(source, TensorView)
-    inp = source if source.is_fusion_input else _copy_chain(source, fusion)
+    assert expr is not None
+    inputs = [v if not isinstance(v, TensorView) or v.is_fusion_input else _copy_chain(v, fusion)
+              for v in expr.inputs]
     copy = new_like(tv)
     copy.device_mesh = tv.device_mesh
-    if isinstance(expr, BroadcastOp):
-        BroadcastOp(fusion, copy, inp, expr.flags, expr.implicit)
+    if isinstance(expr, BroadcastOp | ExpandOp):
+        source = inputs[0]
+        assert isinstance(source, TensorView)
+        if isinstance(expr, BroadcastOp):
+            BroadcastOp(fusion, copy, source, expr.flags, expr.implicit)
+        else:
+            ExpandOp(fusion, copy, source, expr.size_checks, expr.shape)
+    elif isinstance(expr, UnaryOp):
+        UnaryOp(fusion, expr.kind, copy, inputs[0])
+    elif isinstance(expr, BinaryOp):
+        BinaryOp(fusion, expr.kind, copy, inputs[0], inputs[1]).number_like = expr.number_like
+    elif isinstance(expr, IotaOp):
+        IotaOp(fusion, copy, inputs[0], inputs[1], inputs[2])
     else:
-        ExpandOp(fusion, copy, inp, expr.size_checks, expr.shape)
+        assert isinstance(expr, FullOp)
+        FullOp(fusion, copy, inputs[0])
     return copy
 
 
 def forward_input_broadcasts(fusion: Fusion, options: CompileOptions) -> None:
     exprs = fusion.exprs()
     live = {id(e) for e in exprs}
-    forwarded: list[TensorView] = []  # computed from a fusion input by broadcasts and expands only
+    forwarded: list[TensorView] = []
     seen: set[int] = set()
     for expr in exprs:
-        if not isinstance(expr, BroadcastOp | ExpandOp):
-            continue
-        source, out = expr.inputs[0], expr.output
-        if isinstance(source, TensorView) and (source.is_fusion_input or id(source) in seen) and _as_defined(out):
-            forwarded.append(out)
-            seen.add(id(out))
+        if _forwardable(expr, seen, options.kernels):
+            forwarded.append(expr.output)
+            seen.add(id(expr.output))
     for tv in forwarded:
         readers: list[Expr] = list(dict.fromkeys(u for u in tv.uses if id(u) in live))
         for reader in readers[1:]:

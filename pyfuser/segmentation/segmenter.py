@@ -17,7 +17,7 @@ from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import BroadcastOp, ExpandOp, LoadStoreOp, LoadStoreOpType, PermuteOp, SliceOp, SqueezeOp
 from pyfuser.ir.tensor_view import MemoryType, TensorView, user_scheduled
-from pyfuser.options import CompileOptions, DisableOption, EnableOption
+from pyfuser.options import CompileOptions
 from pyfuser.scheduler.registry import SchedulerType, SegmentView
 from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS, is_kernel
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, boundaries
@@ -268,8 +268,7 @@ class _Segmenter:
 
 def kernels_enabled(options: CompileOptions) -> bool:
     """Generated kernels run on CUDA unless disabled, and on CPU through Triton's interpreter when asked."""
-    wanted = options.is_enabled(EnableOption.triton_interpreter) or options.device.type == "cuda"
-    return wanted and not options.is_disabled(DisableOption.kernel_codegen)
+    return options.kernels
 
 
 def segment_fusion(fusion: Fusion, options: CompileOptions) -> SegmentedFusion:

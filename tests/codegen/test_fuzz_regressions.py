@@ -390,13 +390,16 @@ def test_stream_loop_refuses_a_kernel_reading_one_input_along_two_chunked_axes(d
     """``where(t.permute(...), t, ...)`` in a stream loop over the output's axis 1, which is ``t``'s axis 0
     through the permute and ``t``'s axis 1 directly: one chunk of ``t`` cannot serve both reads (the
     kernel got the chunk along axis 0 for both, a wrong result). Refused, naming both axes; without
-    the stream split the same fusion computes."""
+    the stream split the same fusion computes. (``t2`` reads two inputs: a chain of one input is forwarded
+    into each of its reads, which then read chunks of their own.)"""
     x = torch.randn(2, 2, 2, 2, device=device)
+    threes = torch.full_like(x, 3.0)
 
     def define(stream: bool) -> FusionDefinition:
         with FusionDefinition() as fd:
             t0 = fd.define_tensor([2, -1, -1, -1], dtype=DataType.Float)
-            t2 = fd.ops.ne(fd.ops.cast(t0, DataType.Int32), fd.define_scalar(3))
+            t1 = fd.define_tensor([2, -1, -1, -1], dtype=DataType.Float)
+            t2 = fd.ops.ne(fd.ops.cast(t0, DataType.Int32), fd.ops.cast(t1, DataType.Int32))
             t5 = fd.ops.permute(t2, [2, 0, 3, 1])
             out = fd.ops.where(t5, t2, t5)
             fd.add_output(out)
@@ -407,9 +410,9 @@ def test_stream_loop_refuses_a_kernel_reading_one_input_along_two_chunked_axes(d
         return fd
 
     with pytest.raises(ValueError, match=r"reads T\d+ along axes .* a chunk of one is not a chunk of the others"):
-        run_kernels(define(True), [x])
+        run_kernels(define(True), [x, threes])
     mask = x.to(torch.int32) != 3
-    (out,) = run_kernels(define(False), [x])
+    (out,) = run_kernels(define(False), [x, threes])
     assert torch.equal(out, torch.where(mask.permute(2, 0, 3, 1), mask, mask.permute(2, 0, 3, 1)))
 
 

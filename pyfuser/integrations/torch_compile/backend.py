@@ -2,8 +2,9 @@
 
 Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) traces it to ATen
 with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
-backward (``min_cut_rematerialization_partition``: cheap pointwise values are recomputed in the
-backward rather than saved, as Inductor does) and hands each ATen graph to ``compile_aten_graph``,
+backward (``min_cut_rematerialization_partition`` of the joint graph without its no-op detaches, as
+Inductor's joint-graph passes leave it: cheap pointwise values are recomputed in the backward rather
+than saved) and hands each ATen graph to ``compile_aten_graph``,
 which drops the transposes that undo each other and the detaches (``view_pairs.py``), turns all-gather ->
 matmul and matmul -> reduce-scatter into pyfuser's multi-device pipelines (``collective_matmul.py``; other
 collectives stay torch's, region boundaries), partitions it into pyfuser
@@ -44,7 +45,11 @@ from pyfuser.integrations.torch_compile.graph_replay import GraphReplay, captura
 from pyfuser.integrations.torch_compile.partition import finish, plan_regions, splice_region
 from pyfuser.integrations.torch_compile.region import FusionRegion
 from pyfuser.integrations.torch_compile.view_chains import collapse_view_chains
-from pyfuser.integrations.torch_compile.view_pairs import drop_detaches, drop_transpose_pairs
+from pyfuser.integrations.torch_compile.view_pairs import (
+    conversions_beside_their_computation,
+    drop_detaches,
+    drop_transpose_pairs,
+)
 from pyfuser.options import DumpOption, check_options, dump
 
 _OPTION_NAMES = ("cuda_graph", "triton_interpreter", "enable_options", "disable_options")
@@ -102,7 +107,7 @@ class PyfuserBackend:
             bw_compiler=self._compiler("backward"),
             inference_compiler=self._compiler("inference"),
             decompositions=decomposition_table(),
-            partition_fn=min_cut_rematerialization_partition,
+            partition_fn=_partition,
         )
         return compiler(gm, example_inputs)
 
@@ -121,6 +126,7 @@ class PyfuserBackend:
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
         pipelines = lower_collective_matmuls(gm, f"pyfuser_{kind}{sum(g.kind == kind for g in self.graphs)}")
+        conversions_beside_their_computation(gm, outputs=kind == "backward")
         plan = plan_regions(gm)
         dump(DumpOption.fx_graph, lambda: format_plan(gm, plan, title))
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -150,6 +156,22 @@ class PyfuserBackend:
                                         _aliasing_outputs(compiled.graph_module, kind, saved_from), f"pyfuser {title}")
         self.graphs.append(compiled)
         return compiled
+
+
+def _partition(joint: GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> tuple[GraphModule, GraphModule]:
+    """``min_cut_rematerialization_partition`` of the joint graph without its ``detach`` nodes (no-ops once
+    autograd has traced it, as Inductor's joint-graph passes find them): a detach between a forward value
+    and its backward use would make the partitioner save that value rather than recompute it from cheaper
+    ones (a log-softmax's logits-sized result instead of its per-row max and log-sum-exp)."""
+    graph = joint.graph
+    for node in list(graph.nodes):
+        # (a returned detach stays: the outputs' aliasing was recorded with it)
+        if (node.op == "call_function" and node.target is torch.ops.aten.detach.default
+                and all(u.op != "output" for u in node.users)):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    joint.recompile()
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
 
 def _aliasing_outputs(gm: GraphModule, kind: str, saved_from: int | None) -> set[Node]:

@@ -13,12 +13,18 @@ Decomposed (each entry's forward and, where listed, backward):
   ``glu``, ``logit``; and the forwards of those without an ``fd.ops`` method (``leaky_relu``,
   ``hardtanh``, ``elu``, ``softplus``, ``hardswish``, ``hardsigmoid``, ``mish``, ``glu``, ``logit``);
 * ``native_dropout_backward`` (a mask multiply), ``masked_fill``, ``mse_loss`` and its backward,
-  ``std``, ``nan_to_num``, ``isneginf``.
+  ``std``, ``nan_to_num``, ``isneginf``;
+* ``nll_loss_forward`` / ``nll_loss_backward``: the one derivation of this module, since torch's
+  gathers the target's class and scatters into zeros (each an ATen call and, for the backward, a
+  logits-sized fill). Here the target's class is ``arange(classes) == target``: the forward is a
+  reduction over the classes that fuses with the log-softmax's own (one pass over the logits), the
+  backward a pointwise ``where`` that fuses into the log-softmax backward (no fill). A target out of
+  range is a device-side assert (``_assert_async``, as ATen's CUDA kernel asserts), not a wrong loss.
 
 Deliberately *not* decomposed, so they stay one ATen call (or one lowering): ``addmm`` / ``mm`` /
 ``bmm`` (cuBLAS), scaled-dot-product attention (torch's fused kernels), ``native_dropout`` (torch's
-RNG stream: results match eager), ``embedding_dense_backward`` and ``nll_loss`` (scatters),
-``native_batch_norm`` (updates running statistics in place).
+RNG stream: results match eager), ``embedding_dense_backward`` (a scatter), ``native_batch_norm``
+(updates running statistics in place).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._decomp.decompositions
 from torch._decomp import get_decompositions
 
 aten = torch.ops.aten
@@ -47,6 +54,73 @@ DECOMPOSED_OPS: tuple[Any, ...] = (
 )
 
 
+#: ``reduction`` of the loss ops (torch's ``Reduction`` enum)
+_NONE, _MEAN, _SUM = 0, 1, 2
+
+
+def _target_class(logp: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                  check: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(valid, hit)``: ``valid`` where ``target`` is not ``ignore_index``; ``hit`` (shaped like ``logp``)
+    true at each valid row's target class. ``check``: assert every valid target names a class (the
+    forward checks; its backward reads the same targets)."""
+    classes = logp.shape[-1]
+    valid = target != ignore_index
+    safe = torch.where(valid, target, 0)
+    if check and safe.numel() > 0:  # (no rows: nothing to check, and no minimum)
+        # min over the rows of each target (-1 for one past the classes): a reduction that fuses with the
+        # count of valid targets, leaving only the assert to run outside the region
+        lowest = torch.where(safe < classes, safe, -1).amin() if safe.dim() else torch.where(safe < classes, safe, -1)
+        count = f"{classes} classes" if isinstance(classes, int) else "the classes"  # (a symbolic size)
+        torch._assert_async(lowest >= 0,
+                            f"nll_loss: a target is out of range for {count} (and is not ignore_index {ignore_index})")
+    return valid, torch.arange(classes, device=logp.device) == safe.unsqueeze(-1)
+
+
+def _nll_loss_forward(logp: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
+                      ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``nll_loss_forward`` as torch's decomposition defines it, the target's class picked by a sum over
+    the classes of ``where(hit, logp, 0)`` (exact: every other term is zero)."""
+    if not (logp.dim() == 2 and target.dim() == 1) and not (logp.dim() == 1 and target.dim() == 0):
+        return torch._decomp.decompositions.nll_loss_forward(logp, target, weight, reduction, ignore_index)
+    valid, hit = _target_class(logp, target, ignore_index, check=True)
+    result = -torch.where(hit, logp, 0).sum(-1)
+    picked_weight = torch.where(hit, weight, 0).sum(-1) if weight is not None else None
+    if picked_weight is not None:
+        result = result * picked_weight
+    result = torch.where(valid, result, 0)
+    if reduction == _NONE and logp.dim() > 1:
+        return result, logp.new_full((), 0.0)
+    if picked_weight is not None:
+        total_weight = torch.where(valid, picked_weight, 0).sum()
+    else:
+        total_weight = valid.sum().to(logp.dtype)
+    if reduction == _SUM:
+        result = result.sum()
+    elif reduction == _MEAN:
+        result = result.sum() / total_weight
+    return result, total_weight
+
+
+def _nll_loss_backward(grad_output: torch.Tensor, logp: torch.Tensor, target: torch.Tensor,
+                       weight: torch.Tensor | None, reduction: int, ignore_index: int,
+                       total_weight: torch.Tensor) -> torch.Tensor:
+    """``nll_loss_backward`` as torch's decomposition defines it: ``-grad`` (times the class's weight)
+    where ``hit``, else 0, written by the kernel that reads it instead of scattered into zeros."""
+    if not (logp.dim() == 2 and target.dim() == 1) and not (logp.dim() == 1 and target.dim() == 0):
+        return torch._decomp.decompositions.nll_loss_backward(grad_output, logp, target, weight, reduction,
+                                                              ignore_index, total_weight)
+    if reduction == _MEAN:
+        grad_output = grad_output / total_weight
+    valid, hit = _target_class(logp, target, ignore_index, check=False)
+    if grad_output.dim() > 0 and logp.dim() == 2:  # reduction none: one gradient per row
+        grad_output = grad_output.unsqueeze(1)
+    if weight is not None:
+        grad_output = grad_output * weight
+    grad_output = torch.where(valid.unsqueeze(-1), grad_output, 0)
+    return torch.where(hit, -grad_output, 0).to(torch.result_type(logp, grad_output))
+
+
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """OpOverload -> decomposition, for ``aot_autograd(decompositions=...)``."""
-    return get_decompositions(list(DECOMPOSED_OPS))
+    return get_decompositions(list(DECOMPOSED_OPS)) | {aten.nll_loss_forward.default: _nll_loss_forward,
+                                                       aten.nll_loss_backward.default: _nll_loss_backward}

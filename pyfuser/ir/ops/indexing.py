@@ -1,12 +1,13 @@
 """Indexing ops: index_select, select, gather / take_along_axis, scatter, embedding and
 index_put_accumulate, evaluated with ATen.
 
-Every index is checked against the extent it indexes before ATen reads with it: an out-of-range
-index is a ValueError naming the tensor, the axis, the valid range and the offending value, never
-an out-of-bounds read. On a GPU that check reads the index's range back to the host, except where
-nothing may wait for the device (a CUDA-graph capture, or torch's sync debug mode on: the
-capture's warm-up run): there it is a device-side assert, the check ATen's own CUDA indexing
-kernels make (the program stops with CUDA's "device-side assert triggered"; CUDA drops the message).
+Every index is checked against the extent it indexes before ATen reads with it, never an
+out-of-bounds read. On a CPU an out-of-range index is a ValueError naming the tensor, the axis, the
+valid range and the offending value. On a GPU the check is a device-side assert, the check ATen's own
+CUDA indexing kernels make (the program stops with CUDA's "device-side assert triggered"; CUDA drops
+the message): reading the index's range back to the host would make every step that embeds tokens
+wait for the device (a training step's embedding forward and backward: two synchronizations), and
+a CUDA-graph capture cannot wait at all.
 """
 
 from __future__ import annotations
@@ -26,20 +27,15 @@ if TYPE_CHECKING:
     from pyfuser.ir.tensor_view import TensorView
 
 
-def _no_host_reads() -> bool:
-    """Whether reading a CUDA value back would break the caller: a stream capturing a CUDA graph, or
-    torch's sync debug mode (set by the capture's warm-up run to refuse programs that synchronize)."""
-    return torch.cuda.is_current_stream_capturing() or torch.cuda.get_sync_debug_mode() != 0
-
-
 def check_indices(op: str, index: torch.Tensor, index_tv: Any, size: int, target: Any, dim: int,
                   allow_negative: bool = False) -> None:
     """Raise ValueError when a value of ``index`` is outside ``[0, size)`` (``[-size, size)`` with
-    ``allow_negative``), the extent of ``target``'s axis ``dim``."""
+    ``allow_negative``), the extent of ``target``'s axis ``dim``; on a device other than the CPU, assert
+    it there (the caller's stream carries on)."""
     if index.numel() == 0:
         return
     lower = -size if allow_negative else 0
-    if index.is_cuda and _no_host_reads():
+    if index.device.type != "cpu":  # asserted on the device, without waiting for it
         in_range = ((index >= lower) & (index < size)).all()
         torch._assert_async(in_range, f"{op}: index {index_tv.short_name} holds a value out of range for "
                                       f"{target.short_name} axis {dim} of size {size} (valid: {lower}..{size - 1})")

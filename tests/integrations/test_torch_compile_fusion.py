@@ -1,0 +1,72 @@
+"""How many kernels and ATen calls a compiled step runs, counted from the compiled programs (never timed):
+boolean masks combined in one kernel, and a tiny Llama's training and inference steps held at or below
+the counts they reached (``benchmarks/fusion_counts.py`` prints them for every decoder of the zoo)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from benchmarks.fusion_counts import pyfuser_counts
+from pyfuser.integrations.torch_compile import PyfuserBackend
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_boolean_masks_combine_in_one_kernel(dtype: torch.dtype) -> None:
+    """An attention mask built with ``&`` / ``|`` / ``^`` of boolean comparisons (a causal and a padding
+    mask): one kernel, no ATen call between its parts; on integers the same ops stay bitwise."""
+    def mask(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(scores.shape[-2])[:, None]
+        cols = torch.arange(scores.shape[-1])[None, :]
+        allowed = ((cols <= rows) & keep[:, None, None, :]) | ((rows == cols) ^ (scores > 3))
+        return torch.where(allowed, scores, torch.finfo(scores.dtype).min)
+
+    def bits(ids: torch.Tensor) -> torch.Tensor:
+        return (ids & 6) | (ids ^ 3)
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 2, 5, 7, generator=g).to(dtype)
+    keep = torch.rand(3, 7, generator=g) > 0.3
+    ids = torch.randint(0, 100, (3, 7), generator=g)
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(mask, backend=backend)
+    for _ in range(3):
+        got = compiled(scores, keep)
+    torch.testing.assert_close(got, mask(scores, keep))
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    summary = region.summary()
+    assert "ATen calls" not in summary and summary.count(" kernel ") == 1, summary
+    torch.testing.assert_close(torch.compile(bits, backend=PyfuserBackend(triton_interpreter=True))(ids), bits(ids))
+
+
+#: a tiny Llama's step (one layer, float32), as fusion_counts counts it: generated kernels, ATen calls
+#: that compute (not views, not GEMMs or attention, which run in cuBLAS / torch either way) inside regions
+#: and between them. Lower them when a change lowers the count; never raise them.
+LLAMA_TRAINING_KERNELS = 26
+LLAMA_INFERENCE_KERNELS = 13
+LLAMA_TRAINING_OTHER_ATEN = 11
+LLAMA_INFERENCE_OTHER_ATEN = 8
+_GEMMS_AND_ATTENTION = ("Matmul", "Linear", "_scaled_dot_product")
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+def test_llama_step_kernel_count_does_not_grow(training: bool) -> None:
+    counts = pyfuser_counts("llama", training)
+    kernels = sum(counts.kernels.values())
+    views = ("Reshape", "Permute", "Squeeze", "Broadcast", "Expand", "Slice", "Set")
+    other = sum(n for k, n in counts.region_aten.items() if not k.startswith((*views, *_GEMMS_AND_ATTENTION)))
+    other += sum(n for k, n in counts.compute_eager().items() if not k.startswith(_GEMMS_AND_ATTENTION))
+    limit = (LLAMA_TRAINING_KERNELS, LLAMA_TRAINING_OTHER_ATEN) if training else \
+        (LLAMA_INFERENCE_KERNELS, LLAMA_INFERENCE_OTHER_ATEN)
+    assert kernels <= limit[0] and other <= limit[1], counts.line()
