@@ -17,7 +17,9 @@ partitioned, by one call of a multi-device pyfuser program (``CollectiveMatmul``
   wait_tensor`` (a row-parallel linear with a sequence-sharded output): the contraction dim sharded, the
   output sharded on its outer axis: the GEMM + reduce-scatter pipeline.
 
-Both communications are Host IR nodes of the program that runs the GEMMs. Where the copy engines cannot
+Both communications are Host IR nodes of the program that runs the GEMMs. Where the machine model says the
+pipeline does not pay at the graph's sizes (``comm/overlap_model.py``; options force either), the program
+runs the collective then the GEMMs instead. Where the copy engines cannot
 carry them (CPU tensors, gloo) the same program sends its blocks over the process group, as every P2P
 program does. DTensor gathers and scatters along dim 0 only; a sequence dim ``g`` > 0 reaches the graph
 as a split along dim 0 and a cat along ``g`` (or the reverse): the program computes the rows in block
