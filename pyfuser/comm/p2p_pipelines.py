@@ -90,6 +90,8 @@ class _P2PLowering:
         #: per loop, the releases that go right after it; per Allocate replaced, its symmetric version
         self.after_loop: dict[int, list[HostNode]] = {}
         self.replaced: dict[int, HostNode] = {}
+        #: per pattern (its first GEMM node), whether to pipeline it (``overlap_model``)
+        self.decided: dict[int, Decision] = {}
 
     def run(self) -> None:
         top = _Body(self.container.nodes, None)
@@ -206,7 +208,10 @@ class _P2PLowering:
         """Whether to pipeline ``gemms`` (one pattern's, sharing their rows), by ``overlap_model.decide`` on the
         sizes when they are known at compile time; with symbolic sizes the pipeline asked for runs. The
         sizes and the device kind are the same on every rank, so every rank takes the same decision."""
-        decision = forced(self.options) or self._estimate(pattern, body, gemms, ranks)
+        known = self.decided.get(id(gemms[0]))
+        if known is not None:  # the single- and several-GEMM matchers may both reach one all-gather
+            return known.pipelined
+        decision = self.decided[id(gemms[0])] = forced(self.options) or self._estimate(pattern, body, gemms, ranks)
         dump(DumpOption.host_ir_passes, lambda: f"p2p_pipelines: {pattern.value} into "
              f"{', '.join(str(g.outputs[0].short_name) for g in gemms)}: {decision}\n")  # type: ignore[attr-defined]
         return decision.pipelined
