@@ -237,33 +237,39 @@ def allgather_matmul_pipeline_in_inference() -> None:
 
 @case(min_world=2)
 def collective_matmul_chosen_by_size() -> None:
-    """The graph's static sizes decide (``comm/overlap_model.py``): at this size the CPU model says the plain
-    all-gather then matmul (one collective in the call's program), a model with a slow link says the P2P
-    pipeline; both give the matmul's result."""
+    """The graph's static sizes decide (``comm/overlap_model.py``): at these sizes the CPU model says the plain
+    collective with the matmul (one collective in the call's program), a model with a slow link says the P2P
+    pipeline; both give torch's result, for the all-gather + matmul and the matmul + reduce-scatter."""
     d, rank = comm().size(), comm().rank()
     group = mesh().get_group()
 
     def column_parallel(x_local: torch.Tensor, w_local: torch.Tensor) -> torch.Tensor:
         return funcol.all_gather_tensor(x_local, 0, group) @ w_local.t()
 
-    xs, w_local = randn(3 * d, HIDDEN), randn(8, HIDDEN).chunk(d, 0)[rank]
+    def row_parallel(x_local: torch.Tensor, w_local: torch.Tensor) -> torch.Tensor:
+        return funcol.reduce_scatter_tensor(x_local @ w_local.t(), "sum", 0, group)
+
+    xs, w = randn(3 * d, HIDDEN), randn(8, HIDDEN)
+    patterns = [(column_parallel, xs.chunk(d, 0)[rank], w.chunk(d, 0)[rank], (xs @ w.chunk(d, 0)[rank].t())),
+                (row_parallel, xs.chunk(d, 1)[rank], w.chunk(d, 1)[rank], (xs @ w.t()).chunk(d, 0)[rank])]
     saved = {name: os.environ.pop(name) for name in ("PYFUSER_ENABLE", "PYFUSER_OVERLAP_MODEL") if name in os.environ}
     try:
-        for env, pipelined in (({}, False), ({"PYFUSER_OVERLAP_MODEL": "0.000001,0.001,0,0,0"}, True)):
-            os.environ.update(env)
-            try:
-                fn, backend = compile_with_pyfuser(column_parallel)
-                got = fn(xs.chunk(d, 0)[rank], w_local)
-            finally:
-                for name in env:
-                    del os.environ[name]
-            assert_close(got, xs @ w_local.t(), f"all-gather + matmul, {env or 'CPU model'}")
-            (call,) = [c for g in graphs(backend, "inference") for c in g.collective_matmuls]
-            expected = ({"P2PCommunication": 2 * (d - 1), "Communication": 0} if pipelined
-                        else {"P2PCommunication": 0, "Communication": 1})
-            if call.decision.pipelined != pipelined or call.communications() != expected:
-                raise AssertionError(f"{env or 'CPU model'}: expected {expected}, got {call.summary()}:\n"
-                                     f"{call.host_ir()}")
+        for fn, x_local, w_local, expected_value in patterns:
+            for env, pipelined in (({}, False), ({"PYFUSER_OVERLAP_MODEL": "0.000001,0.001,0,0,0"}, True)):
+                what = f"{fn.__name__}, {env or 'CPU model'}"
+                os.environ.update(env)
+                try:
+                    compiled, backend = compile_with_pyfuser(fn)
+                    got = compiled(x_local, w_local)  # type: ignore[operator]
+                finally:
+                    for name in env:
+                        del os.environ[name]
+                assert_close(got, expected_value, what, atol=1e-4)
+                (call,) = [c for g in graphs(backend, "inference") for c in g.collective_matmuls]
+                expected = ({"P2PCommunication": 2 * (d - 1), "Communication": 0} if pipelined
+                            else {"P2PCommunication": 0, "Communication": 1})
+                if call.decision.pipelined != pipelined or call.communications() != expected:
+                    raise AssertionError(f"{what}: expected {expected}, got {call.summary()}:\n{call.host_ir()}")
     finally:
         os.environ.update(saved)
 
