@@ -13,7 +13,8 @@ shard); the output is ``[M, N]`` per rank. Measured with the same buffers, per s
 * ``torch_fused``: ``torch.ops.symm_mem.fused_all_gather_matmul``;
 * ``pyfuser_nccl_S{S}``: seed 004's fusion (``x [S, D, M/(S*D), K]``, axis 1 on mesh_x, output axis 0 on
   stream) with NCCL collectives; ``pyfuser_p2p_S{S}``: the same with ``CommunicatorBackend.cuda`` (the P2P
-  pipeline over the copy engines). ``pyfuser_best``: the fastest P2P variant.
+  pipeline over the copy engines). ``pyfuser_best``: the fastest P2P variant. ``pyfuser_auto``: S = 1 with
+  the sizes given, so the machine model (``comm/overlap_model.py``) picks the pipeline or all-gather then GEMM.
 
 Rank 0 writes ``OUT/ag_linear_<kind>.json`` and ``.md`` (kind ``h200x2``: two H200s), over the previous
 run's. ``--profile DIR``: chrome traces of pyfuser's S = 1 and S = 2 programs at the first size on every
@@ -50,17 +51,22 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 BACKENDS = {"nccl": None, "p2p": CommunicatorBackend.cuda}
 
 
-def seed_004_fusion(d: int, dtype: torch.dtype) -> FusionDefinition:
+def seed_004_fusion(d: int, dtype: torch.dtype, shapes: tuple[list[int], list[int]] | None = None) -> FusionDefinition:
+    """``shapes``: the global sizes of ``x`` and ``w`` (the pipeline-or-collective choice reads them), else
+    symbolic; an ``x`` of 3 dims ``[D, M / D, K]`` has no stream loop (S = 1)."""
     mesh = DeviceMesh(range(d))
+    x_shape, w_shape = shapes if shapes is not None else ([-1] * 4, [-1] * 2)
     with FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)  # [S, D, M / (S * D), K]
-        w = fd.define_tensor([-1, -1], dtype=dtype)
+        x = fd.define_tensor(x_shape, dtype=dtype)  # [S, D, M / (S * D), K]
+        w = fd.define_tensor(w_shape, dtype=dtype)
         out = fd.ops.linear(x, w)
         fd.add_output(out)
         for tv in (x, w, out):
             tv.set_device_mesh(mesh)
-        x.axis(1).parallelize(ParallelType.mesh_x)
-        out.axis(0).parallelize(ParallelType.stream)
+        streams = len(x_shape) == 4
+        x.axis(1 if streams else 0).parallelize(ParallelType.mesh_x)
+        if streams:
+            out.axis(0).parallelize(ParallelType.stream)
     return fd
 
 
@@ -110,6 +116,14 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
             (got,) = executor.run([local, w])
             r[f"pyfuser_{name}_S{s}_error"] = relative_error(got, expected)
             r[f"pyfuser_{name}_S{s}_ms"] = timer(lambda executor=executor, local=local: executor.run([local, w]))
+    # pyfuser's own choice (comm/overlap_model.py) at S = 1: the sizes given, so the model sees them
+    auto = MultiDeviceExecutor(seed_004_fusion(d, dtype, ([d, rows, k], [n, k])).fusion,
+                               MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda))
+    local = x.view(1, rows, k)
+    (got,) = auto.run([local, w])
+    r["pyfuser_auto_error"] = relative_error(got, reference.view(d, rows, n))
+    r["pyfuser_auto_ms"] = timer(lambda: auto.run([local, w]))
+    r["pyfuser_auto"] = "P2P S=1" if "P2PCommunication" in auto.host_ir() else "all-gather then GEMM"
     p2p = {key: value for key, value in r.items() if key.startswith("pyfuser_p2p_S") and key.endswith("_ms")}
     if p2p:
         best = min(p2p, key=p2p.__getitem__)
@@ -160,7 +174,8 @@ COLUMNS = [("size", "M, K, N per rank"), ("gemm_ms", "GEMM"), ("allgather_ms", "
            ("torch_fused_ms", "torch fused_all_gather_matmul"), ("pyfuser_nccl_S1_ms", "pyfuser NCCL S=1"),
            ("pyfuser_nccl_S2_ms", "pyfuser NCCL S=2"), ("pyfuser_p2p_S1_ms", "pyfuser P2P S=1"),
            ("pyfuser_p2p_S2_ms", "pyfuser P2P S=2"), ("pyfuser_p2p_S4_ms", "pyfuser P2P S=4"),
-           ("pyfuser_best_ms", "pyfuser best"), ("ideal_ms", "ideal max(GEMM, AG)"), ("best_vs_ideal", "best / ideal")]
+           ("pyfuser_best_ms", "pyfuser best"), ("pyfuser_auto_ms", "pyfuser auto"), ("pyfuser_auto", "auto chose"),
+           ("ideal_ms", "ideal max(GEMM, AG)"), ("best_vs_ideal", "best / ideal")]
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ sums ``[M, N]`` and keeps its ``M / D`` rows of their sum. Measured with the sam
   reduce-scattered on its own stream);
 * ``torch_fused``: ``torch.ops.symm_mem.fused_matmul_reduce_scatter``;
 * ``pyfuser_nccl_S{S}``: the fusion ``x [S, D, M/(S*D), K]`` (K sharded on mesh_x) -> ``out`` (axis 1 on
-  mesh_x, axis 0 on stream) with NCCL collectives; ``pyfuser_p2p_S{S}``: with ``CommunicatorBackend.cuda``.
+  mesh_x, axis 0 on stream) with NCCL collectives; ``pyfuser_p2p_S{S}``: with ``CommunicatorBackend.cuda``;
+  ``pyfuser_auto``: S = 1 with the sizes given, so the machine model (``comm/overlap_model.py``) picks the
+  pipeline or GEMM then reduce-scatter.
 
 Rank 0 writes ``OUT/linear_rs_<kind>.json`` and ``.md``, over the previous run's; ``--profile DIR`` as in ``ag_linear.py``.
 """
@@ -47,21 +49,26 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 BACKENDS = {"nccl": None, "p2p": CommunicatorBackend.cuda}
 
 
-def row_parallel_fusion(d: int, dtype: torch.dtype) -> FusionDefinition:
+def row_parallel_fusion(d: int, dtype: torch.dtype, shapes: tuple[list[int], list[int]] | None = None) -> FusionDefinition:
+    """``shapes``: the global sizes of ``x`` and ``w`` (the pipeline-or-collective choice reads them), else
+    symbolic; an ``x`` of 3 dims ``[D, M / D, K]`` has no stream loop (S = 1)."""
     mesh = DeviceMesh(range(d))
+    x_shape, w_shape = shapes if shapes is not None else ([-1] * 4, [-1] * 2)
     with FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1, -1, -1], dtype=dtype)  # [S, D, M / (S * D), K], K sharded
-        w = fd.define_tensor([-1, -1], dtype=dtype)  # [N, K], K sharded
+        x = fd.define_tensor(x_shape, dtype=dtype)  # [S, D, M / (S * D), K], K sharded
+        w = fd.define_tensor(w_shape, dtype=dtype)  # [N, K], K sharded
         out = fd.ops.linear(x, w)  # [S, D, M / (S * D), N]: axis 1 sharded, axis 0 on stream
         fd.add_output(out)
         for tv in (x, w, out):
             tv.set_device_mesh(mesh)
-        x.outer_split(3, d)
-        x.axis(3).parallelize(ParallelType.mesh_x)
+        streams = len(x_shape) == 4
+        x.outer_split(x.ndim - 1, d)
+        x.axis(x.ndim - 1).parallelize(ParallelType.mesh_x)
         w.outer_split(1, d)
         w.axis(1).parallelize(ParallelType.mesh_x)
-        out.axis(1).parallelize(ParallelType.mesh_x)
-        out.axis(0).parallelize(ParallelType.stream)
+        out.axis(1 if streams else 0).parallelize(ParallelType.mesh_x)
+        if streams:
+            out.axis(0).parallelize(ParallelType.stream)
     return fd
 
 
@@ -109,6 +116,14 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
             (got,) = executor.run([local, w])
             r[f"pyfuser_{name}_S{s}_error"] = relative_error(got, expected)
             r[f"pyfuser_{name}_S{s}_ms"] = timer(lambda executor=executor, local=local: executor.run([local, w]))
+    # pyfuser's own choice (comm/overlap_model.py) at S = 1: the sizes given, so the model sees them
+    auto = MultiDeviceExecutor(row_parallel_fusion(d, dtype, ([d, m // d, k * d], [n, k * d])).fusion,
+                               MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda))
+    local = x.view(d, m // d, k)
+    (got,) = auto.run([local, w])
+    r["pyfuser_auto_error"] = relative_error(got, total.view(d, m // d, n)[rank:rank + 1])
+    r["pyfuser_auto_ms"] = timer(lambda: auto.run([local, w]))
+    r["pyfuser_auto"] = "P2P S=1" if "P2PCommunication" in auto.host_ir() else "GEMM then reduce-scatter"
     p2p = {key: value for key, value in r.items() if key.startswith("pyfuser_p2p_S") and key.endswith("_ms")}
     if p2p:
         best = min(p2p, key=p2p.__getitem__)
@@ -158,7 +173,8 @@ COLUMNS = [("size", "M, K per rank, N"), ("gemm_ms", "GEMM"), ("reduce_scatter_m
            ("nccl_chunks_S2_ms", "NCCL chunks S=2"), ("pyfuser_nccl_S1_ms", "pyfuser NCCL S=1"),
            ("pyfuser_nccl_S2_ms", "pyfuser NCCL S=2"), ("pyfuser_p2p_S1_ms", "pyfuser P2P S=1"),
            ("pyfuser_p2p_S2_ms", "pyfuser P2P S=2"), ("pyfuser_p2p_S4_ms", "pyfuser P2P S=4"),
-           ("pyfuser_best_ms", "pyfuser best"), ("ideal_ms", "ideal max(GEMM, RS)"), ("best_vs_ideal", "best / ideal")]
+           ("pyfuser_best_ms", "pyfuser best"), ("pyfuser_auto_ms", "pyfuser auto"), ("pyfuser_auto", "auto chose"),
+           ("ideal_ms", "ideal max(GEMM, RS)"), ("best_vs_ideal", "best / ideal")]
 
 
 if __name__ == "__main__":

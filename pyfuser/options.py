@@ -44,6 +44,9 @@ class EnableOption(StrEnum):
     #: nvFuser's: let its matmul scheduler take matmul / linear. pyfuser has no matmul kernel scheduler,
     #: so this changes nothing: matmuls run as ATen calls unless ``matmul_expr_eval`` is disabled too
     fuse_matmul = "fuse_matmul"
+    #: ``CommunicatorBackend.cuda``: pipeline every all-gather + GEMM / GEMM + reduce-scatter, whatever the
+    #: machine model (``comm/overlap_model.py``) says
+    p2p_pipelines_always = "p2p_pipelines_always"
 
 
 class DisableOption(StrEnum):
@@ -57,6 +60,8 @@ class DisableOption(StrEnum):
     #: nvFuser's: matmul / linear segments may not run as ATen calls, and pyfuser has no other way to
     #: run them, so a fusion with one fails to compile (as nvFuser's does when no scheduler takes it)
     matmul_expr_eval = "matmul_expr_eval"
+    #: ``CommunicatorBackend.cuda``: never pipeline; the plain collective then GEMM runs
+    p2p_pipelines = "p2p_pipelines"
 
 
 class CommunicatorBackend(StrEnum):
@@ -90,6 +95,9 @@ DESCRIPTIONS: dict[StrEnum, str] = {
     EnableOption.triton_interpreter: "run generated kernels through Triton's interpreter (kernels on CPU tensors)",
     EnableOption.host_ir_lowering: "accepted for nvFuser compatibility: pyfuser always lowers through Host IR",
     EnableOption.cuda_graph: "replay each compiled program from a CUDA graph captured per input signature (CUDA only)",
+    EnableOption.p2p_pipelines_always: "P2P pipelines for every all-gather + GEMM and GEMM + reduce-scatter, even where "
+                                       "the machine model says the plain collective then GEMM is faster",
+    DisableOption.p2p_pipelines: "P2P pipelines (the plain collective then GEMM always runs)",
     DisableOption.infer_contiguity: "allocation-order inference (outputs without a requirement stay row-major)",
     DisableOption.stream_ring_buffers: "ring buffers for stream-loop intermediates (allocate them whole instead)",
     DisableOption.stream_overlap: "concurrent stream-loop iterations (docs/stream_lowering.md: each iteration joins the user's "

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pyfuser.comm.comm_plan import CommunicationType
 from pyfuser.comm.communicator import Communicator
 from pyfuser.comm.nodes import Communication, Wait
+from pyfuser.comm.overlap_model import Decision, Pattern, decide, forced
 from pyfuser.comm.p2p import (
     Accumulate,
     BlockCopy,
@@ -59,7 +60,7 @@ from pyfuser.ir.ops import LinearOp, MatmulOp
 from pyfuser.ir.symbolic import SymConst
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import MemoryType, TensorView
-from pyfuser.options import CommunicatorBackend, CompileOptions
+from pyfuser.options import CommunicatorBackend, CompileOptions, DumpOption, dump
 
 _SEND, _RECV = P2PCommunicationType.SEND, P2PCommunicationType.RECV
 
@@ -89,6 +90,8 @@ class _P2PLowering:
         #: per loop, the releases that go right after it; per Allocate replaced, its symmetric version
         self.after_loop: dict[int, list[HostNode]] = {}
         self.replaced: dict[int, HostNode] = {}
+        #: per pattern (its first GEMM node), whether to pipeline it (``overlap_model``)
+        self.decided: dict[int, Decision] = {}
 
     def run(self) -> None:
         top = _Body(self.container.nodes, None)
@@ -201,6 +204,37 @@ class _P2PLowering:
         self.after_loop.setdefault(id(body.loop), []).append(release)
         return []
 
+    def _pays(self, pattern: Pattern, body: _Body, gemms: list[AtenCall], ranks: int) -> bool:
+        """Whether to pipeline ``gemms`` (one pattern's, sharing their rows), by ``overlap_model.decide`` on the
+        sizes when they are known at compile time; with symbolic sizes the pipeline asked for runs. The
+        sizes and the device kind are the same on every rank, so every rank takes the same decision."""
+        known = self.decided.get(id(gemms[0]))
+        if known is not None:  # the single- and several-GEMM matchers may both reach one all-gather
+            return known.pipelined
+        decision = self.decided[id(gemms[0])] = forced(self.options) or self._estimate(pattern, body, gemms, ranks)
+        dump(DumpOption.host_ir_passes, lambda: f"p2p_pipelines: {pattern.value} into "
+             f"{', '.join(str(g.outputs[0].short_name) for g in gemms)}: {decision}\n")  # type: ignore[attr-defined]
+        return decision.pipelined
+
+    def _estimate(self, pattern: Pattern, body: _Body, gemms: list[AtenCall], ranks: int) -> Decision:
+        rows_tv, out = gemms[0].inputs[0], gemms[0].outputs[0]
+        assert isinstance(rows_tv, TensorView) and isinstance(out, TensorView)
+        # K from the whole tensor a loop's chunk selects: its sharding, which the chunk does not carry, says
+        # how much of K this rank holds
+        select = self._select_of(body, rows_tv) if body.loop is not None else None
+        whole = select.src if select is not None else rows_tv
+        shapes = [_static_shape(whole), _static_shape(out), *(_static_shape(g.outputs[0]) for g in gemms[1:])]
+        chunks = body.loop.stop if body.loop is not None else SymConst(1)
+        if any(shape is None for shape in shapes) or not isinstance(chunks, SymConst):
+            return Decision(True, None, None, "sizes unknown at compile time: the pipeline asked for")
+        rows, first, *rest = shapes
+        assert rows is not None and first is not None
+        m = 1
+        for extent in first[:-1]:
+            m *= extent
+        n = sum(shape[-1] for shape in (first, *rest) if shape is not None)
+        return decide(pattern, m * chunks.val, rows[-1], n, rows_tv.dtype.torch_dtype, ranks, chunks.val, self.options)
+
     def _rewrite(self, body: _Body) -> None:
         k = 0
         while k < len(body.nodes):
@@ -231,7 +265,8 @@ class _P2PLowering:
         g_out = _output_dim(gemm, 0, g)
         whole = self._whole(body, gathered)
         allowed: list[HostNode] = [comm, gemm] + ([whole[1]] if whole is not None and whole[1] is not None else [])
-        if g_out is None or whole is None or not self._only_used_by(gathered, allowed):
+        if (g_out is None or whole is None or not self._only_used_by(gathered, allowed)
+                or not self._pays(Pattern.allgather_gemm, body, [gemm], len(plan.team))):
             return False
         buffer, _, alloc = whole
         team, rank = plan.team, comm.rank
@@ -300,7 +335,8 @@ class _P2PLowering:
         g = plan.dim or 0
         dims = [_output_dim(gemm, 0, g) for _, gemm in gemms]
         if (any(d is None for d in dims) or any(id(v) in made_between for _, gemm in gemms for v in gemm.inputs[1:])
-                or any(i < first for i, _ in readers)):
+                or any(i < first for i, _ in readers)
+                or not self._pays(Pattern.allgather_gemm, body, [g for _, g in gemms], len(plan.team))):
             return False
         team, rank = plan.team, comm.rank
         parts, pos = len(team), team.index(rank)
@@ -372,7 +408,8 @@ class _P2PLowering:
         sliced = _operand_dims(gemm, g)
         whole = self._whole(body, partial)
         allowed: list[HostNode] = [gemm, comm, wait] + ([whole[1]] if whole is not None and whole[1] is not None else [])
-        if not sliced or whole is None or not self._only_used_by(partial, allowed):
+        if (not sliced or whole is None or not self._only_used_by(partial, allowed)
+                or not self._pays(Pattern.gemm_reduce_scatter, body, [gemm], len(plan.team))):
             return False
         buffer, select, alloc = whole
         team, rank = plan.team, comm.rank
@@ -423,6 +460,15 @@ class _P2PLowering:
         body.nodes[at:at + 2] = tail
         body.nodes[k:k + 1] = head
         return True
+
+def _static_shape(tv: Val) -> list[int] | None:
+    """This rank's extents of ``tv`` when every one is known at compile time, else None."""
+    assert isinstance(tv, TensorView)
+    shape = tensor_shape(tv)
+    if any(extent.free_names() for extent in shape):
+        return None
+    return [extent.evaluate({}) for extent in shape]
+
 
 def _output_dim(gemm: AtenCall, operand: int, dim: int) -> int | None:
     """The output dim that ``dim`` of the GEMM's ``operand`` becomes; None for the contracted dim."""

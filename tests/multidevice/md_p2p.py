@@ -256,6 +256,74 @@ def p2p_only_when_asked() -> None:
                  ValueError, "backend_type", "'ucx'", "cuda")
 
 
+def static_pattern(kind: str, streams: int | None, shape: list[int], n: int) -> FusionDefinition:
+    """``allgather_linear`` / ``linear_reduce_scatter`` with every size given (global ``x`` of ``shape``,
+    ``w [n, K]``): the sizes the decision between pipeline and collective reads at compile time."""
+    d, _, mesh = world()
+    k = shape[-1]
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor(shape), fd.define_tensor([n, k])
+        out = fd.ops.linear(x, w)
+        fd.add_output(out)
+        place(mesh, x, w, out)
+        rank_axis = 1 if streams else 0
+        if kind == "all-gather":
+            x.axis(rank_axis).parallelize(X)
+        else:
+            x.outer_split(x.ndim - 1, d)
+            x.axis(x.ndim - 1).parallelize(X)
+            w.outer_split(1, d)
+            w.axis(1).parallelize(X)
+            out.axis(rank_axis).parallelize(X)
+        if streams:
+            out.axis(0).parallelize(STREAM)
+    return fd
+
+
+@case()
+def p2p_chosen_by_size() -> None:
+    """With every size known, ``comm/overlap_model.py`` picks the pipeline or the plain collective then GEMM:
+    at these small sizes the CPU model says the collective; a model with a slow link says the pipeline; the
+    options force either. Every choice gives torch's result, with P2P transfers or one collective."""
+    d, rank, _ = world()
+    model = os.environ.pop("PYFUSER_OVERLAP_MODEL", None)
+    slow_link = "0.000001,0.001,0,0,0"  # 1 MFLOP/s, 1 MB/s, no latencies: GEMMs as long as transfers, hidden
+    try:
+        for kind, collective in (("all-gather", "Allgather"), ("reduce_scatter", "ReduceScatter")):
+            for streams in (None, 2):
+                k = 4 * d
+                shape = ([streams] if streams else []) + [d, 3, k]
+                fd = static_pattern(kind, streams, shape, 5)
+                xf, wf = randn(*shape), randn(5, k)
+                expected = F.linear(xf, wf)
+                if kind == "reduce_scatter":
+                    expected = expected[:, rank:rank + 1] if streams else expected[rank:rank + 1]
+                for env, pipelined in ((None, False), ({"PYFUSER_OVERLAP_MODEL": slow_link}, True),
+                                       ({"PYFUSER_ENABLE": "p2p_pipelines_always"}, True),
+                                       ({"PYFUSER_OVERLAP_MODEL": slow_link, "PYFUSER_DISABLE": "p2p_pipelines"},
+                                        False)):
+                    os.environ.update(env or {})
+                    try:
+                        executor = MultiDeviceExecutor(fd.fusion, P2P)  # options and model are read per compile
+                        inputs = [xf[:, rank:rank + 1] if streams else xf[rank:rank + 1], wf]
+                        if kind == "reduce_scatter":
+                            inputs = [xf.chunk(d, -1)[rank], wf.chunk(d, -1)[rank]]
+                        (got,) = executor.run(inputs)
+                    finally:
+                        for name in env or {}:
+                            del os.environ[name]
+                    what = f"{kind}, S={streams}, {env or 'CPU model'}"
+                    assert_close(got, expected, what, atol=1e-4)
+                    text = executor.host_ir()
+                    if pipelined:
+                        check_pipeline(text, rank, d, kind)
+                    elif f"type={collective}" not in text or "P2PCommunication" in text:
+                        raise AssertionError(f"{what}: expected the {collective} collective and no P2P transfer:\n{text}")
+    finally:
+        if model is not None:
+            os.environ["PYFUSER_OVERLAP_MODEL"] = model
+
+
 @case()
 def p2p_shards_of_different_shapes_raise() -> None:
     """A rank whose shard has another shape than its peers': every rank raises before any transfer."""

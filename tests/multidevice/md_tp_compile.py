@@ -10,6 +10,7 @@ on the compiled programs themselves (their P2P transfer nodes), and which stayed
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 
 import torch
@@ -232,6 +233,45 @@ def allgather_matmul_pipeline_in_inference() -> None:
     why = [w for w in dynamic.eager.values() if w.startswith("_c10d_functional.all_gather_into_tensor")]
     if dynamic.collective_matmuls or len(why) != 1 or "symbolic or unknown sizes" not in why[0]:
         raise AssertionError(f"expected torch's all-gather for symbolic sizes, with why: {why}")
+
+
+@case(min_world=2)
+def collective_matmul_chosen_by_size() -> None:
+    """The graph's static sizes decide (``comm/overlap_model.py``): at these sizes the CPU model says the plain
+    collective with the matmul (one collective in the call's program), a model with a slow link says the P2P
+    pipeline; both give torch's result, for the all-gather + matmul and the matmul + reduce-scatter."""
+    d, rank = comm().size(), comm().rank()
+    group = mesh().get_group()
+
+    def column_parallel(x_local: torch.Tensor, w_local: torch.Tensor) -> torch.Tensor:
+        return funcol.all_gather_tensor(x_local, 0, group) @ w_local.t()
+
+    def row_parallel(x_local: torch.Tensor, w_local: torch.Tensor) -> torch.Tensor:
+        return funcol.reduce_scatter_tensor(x_local @ w_local.t(), "sum", 0, group)
+
+    xs, w = randn(3 * d, HIDDEN), randn(8, HIDDEN)
+    patterns = [(column_parallel, xs.chunk(d, 0)[rank], w.chunk(d, 0)[rank], (xs @ w.chunk(d, 0)[rank].t())),
+                (row_parallel, xs.chunk(d, 1)[rank], w.chunk(d, 1)[rank], (xs @ w.t()).chunk(d, 0)[rank])]
+    saved = {name: os.environ.pop(name) for name in ("PYFUSER_ENABLE", "PYFUSER_OVERLAP_MODEL") if name in os.environ}
+    try:
+        for fn, x_local, w_local, expected_value in patterns:
+            for env, pipelined in (({}, False), ({"PYFUSER_OVERLAP_MODEL": "0.000001,0.001,0,0,0"}, True)):
+                what = f"{fn.__name__}, {env or 'CPU model'}"
+                os.environ.update(env)
+                try:
+                    compiled, backend = compile_with_pyfuser(fn)
+                    got = compiled(x_local, w_local)  # type: ignore[operator]
+                finally:
+                    for name in env:
+                        del os.environ[name]
+                assert_close(got, expected_value, what, atol=1e-4)
+                (call,) = [c for g in graphs(backend, "inference") for c in g.collective_matmuls]
+                expected = ({"P2PCommunication": 2 * (d - 1), "Communication": 0} if pipelined
+                            else {"P2PCommunication": 0, "Communication": 1})
+                if call.decision.pipelined != pipelined or call.communications() != expected:
+                    raise AssertionError(f"{what}: expected {expected}, got {call.summary()}:\n{call.host_ir()}")
+    finally:
+        os.environ.update(saved)
 
 
 @case(min_world=2)

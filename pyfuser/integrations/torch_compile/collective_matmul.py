@@ -17,7 +17,9 @@ partitioned, by one call of a multi-device pyfuser program (``CollectiveMatmul``
   wait_tensor`` (a row-parallel linear with a sequence-sharded output): the contraction dim sharded, the
   output sharded on its outer axis: the GEMM + reduce-scatter pipeline.
 
-Both communications are Host IR nodes of the program that runs the GEMMs. Where the copy engines cannot
+Both communications are Host IR nodes of the program that runs the GEMMs. Where the machine model says the
+pipeline does not pay at the graph's sizes (``comm/overlap_model.py``; options force either), the program
+runs the collective then the GEMMs instead. Where the copy engines cannot
 carry them (CPU tensors, gloo) the same program sends its blocks over the process group, as every P2P
 program does. DTensor gathers and scatters along dim 0 only; a sequence dim ``g`` > 0 reaches the graph
 as a split along dim 0 and a cat along ``g`` (or the reverse): the program computes the rows in block
@@ -45,12 +47,13 @@ from torch.fx.passes.tools_common import legalize_graph
 
 from pyfuser.comm.communicator import Communicator
 from pyfuser.comm.nodes import Communication
+from pyfuser.comm.overlap_model import Decision, Pattern, decide
 from pyfuser.comm.p2p import P2PCommunication
 from pyfuser.frontend.fusion_definition import FusionDefinition
 from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.iter_domain import ParallelType
-from pyfuser.options import CommunicatorBackend
+from pyfuser.options import CommunicatorBackend, CompileOptions, check_options
 from pyfuser.runtime.multidevice_executor import MultiDeviceExecutor, MultiDeviceExecutorParams
 
 aten = torch.ops.aten
@@ -82,7 +85,7 @@ class CollectiveMatmul:
     before the sequence dim (the rows that interleave with the ranks' blocks; 1: blocks are contiguous)."""
 
     def __init__(self, name: str, kind: str, fd: FusionDefinition, parts: int, outer: int,
-                 out_shapes: Sequence[Sequence[int]], nodes: Sequence[str]) -> None:
+                 out_shapes: Sequence[Sequence[int]], nodes: Sequence[str], decision: Decision) -> None:
         self.__name__ = self.__qualname__ = name  # how torch.fx prints the call
         self.name = name
         self.kind = kind
@@ -92,7 +95,10 @@ class CollectiveMatmul:
         #: the shape of each value the call returns (the graph's: its matmuls', then the gathered value)
         self.out_shapes = [tuple(shape) for shape in out_shapes]
         self.nodes = list(nodes)
-        self.executor = MultiDeviceExecutor(fd.fusion, MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda))
+        #: pipeline or the plain collective then GEMM (``comm/overlap_model.py``), from the graph's static sizes
+        self.decision = decision
+        backend = CommunicatorBackend.cuda if decision.pipelined else None
+        self.executor = MultiDeviceExecutor(fd.fusion, MultiDeviceExecutorParams(backend_type=backend))
         #: never a region's: the partitioner leaves the call in eager with this reason
         self.eager_reason = f"pyfuser's {_LABELS[kind]} pipeline (one multi-device program)"
 
@@ -138,7 +144,7 @@ class CollectiveMatmul:
     def summary(self) -> str:
         comms = self.communications()
         return (f"{self.name}: {_LABELS[self.kind]} over {self.parts} ranks, FX nodes {', '.join(self.nodes)}; "
-                f"{comms['P2PCommunication']} P2P transfers, {comms['Communication']} collectives")
+                f"{comms['P2PCommunication']} P2P transfers, {comms['Communication']} collectives; {self.decision}")
 
     def __repr__(self) -> str:
         return f"<pyfuser {self.kind} {self.name}>"
@@ -328,6 +334,18 @@ def _fusion(match: _Match) -> FusionDefinition:
     return fd
 
 
+def _decision(match: _Match) -> Decision:
+    """``overlap_model.decide`` on the match's static sizes: each rank's GEMM ``[m, k] x [k, n]`` (the gathered
+    rows of an all-gather, every matmul's columns together; the rows of the partial sums of a reduce-scatter)."""
+    x = match.x.meta["val"]
+    d = len(match.team)
+    n = sum(w.meta["val"].shape[0 if linear else 1] for w, linear in match.weights)
+    m = x.numel() // x.shape[-1] * (d if match.kind == "allgather_matmul" else 1)
+    pattern = Pattern.allgather_gemm if match.kind == "allgather_matmul" else Pattern.gemm_reduce_scatter
+    enabled, disabled = check_options((), ())  # PYFUSER_ENABLE / PYFUSER_DISABLE force either
+    return decide(pattern, m, x.shape[-1], n, x.dtype, d, 1, CompileOptions(enabled, disabled, x.device))
+
+
 def lower_collective_matmuls(gm: GraphModule, prefix: str = "pyfuser") -> list[CollectiveMatmul]:
     """Replace each all-gather -> matmul and matmul -> reduce-scatter of ``gm`` by a ``CollectiveMatmul``
     call; every other collective is left to torch with why (``node.meta[WHY_KEPT]``)."""
@@ -344,7 +362,8 @@ def lower_collective_matmuls(gm: GraphModule, prefix: str = "pyfuser") -> list[C
         try:
             with unset_fake_temporarily():  # the backend compiles under the tracer's fake mode; meshes are real
                 call = CollectiveMatmul(name, match.kind, _fusion(match), len(match.team), match.outer,
-                                        [_static(r) for r in match.results], [n.name for n in match.nodes])
+                                        [_static(r) for r in match.results], [n.name for n in match.nodes],
+                                        _decision(match))
         except Exception as e:  # a case the fusion cannot express: torch's collective runs, with why
             node.meta[WHY_KEPT] = f"not pipelined: its program could not be built: {type(e).__name__}: {e}"
             continue
