@@ -238,138 +238,153 @@ def launcher_source(s: KernelSource, direct: bool = False) -> tuple[str, dict[st
     the caller, and ``variants``, its ``variants``: ``run`` calls a variant launched before itself,
     else ``launches.launch``). ``direct``: a compiled (not interpreted) kernel, whose outputs on the
     current CUDA device are allocated without the dispatcher."""
-    env: dict[str, Any] = {"torch": torch, "_size_error": _size_error, "_constant_error": _constant_error,
-                           "_unknown": _unknown_output_size, "names": s.tensor_names}
-    n_in = len(s.tensor_inputs)
-    body = [f"t{k} = args[{p}]" for k, p in enumerate(s.tensor_inputs)]
-    for k, src in enumerate(s.sizes):
-        if src.extent is not None:
-            env[f"_extent{k}"] = src.extent
-        if src.index >= 0 and not src.output:
-            body.append(f"{src.symbol} = t{src.index}.shape[{src.dim}]")
-        elif src.index >= 0:  # an output's size: a given buffer (a stream loop's chunk) says it first
-            body.append("if out is not None:")
-            body.append(f"    {src.symbol} = out[{src.index}].shape[{src.dim}]")
-            if src.extent is not None:
-                body.append("else:")
-                body.append(f"    {src.symbol} = _extent{k}.evaluate(ctx.env)")
-            else:
-                body.append("else:")
-                body.append(f"    raise _unknown({s.name!r}, names[{n_in + src.index}], {src.dim})")
-        else:
-            body.append(f"{src.symbol} = _extent{k}.evaluate(ctx.env)")
-    for k, (extent, loop, message) in enumerate(s.mapped_extent_checks):
-        env[f"_mapped{k}"], env[f"_mapped_message{k}"] = extent, message
-        body.append(f"if _mapped{k}.evaluate(ctx.env) != {host_int_expr(loop)}:")
-        body.append(f"    raise ValueError(_mapped_message{k}.format(_mapped{k}.evaluate(ctx.env), {host_int_expr(loop)}))")
-    for a, da, b, db in s.size_checks:
-        body.append(f"if t{a}.shape[{da}] != t{b}.shape[{db}]:")
-        body.append(f"    raise _size_error(names, {a}, {da}, t{a}.shape[{da}], {b}, {db}, t{b}.shape[{db}])")
-    for a, da, size in s.constant_checks:
-        body.append(f"if t{a}.shape[{da}] != {size}:")
-        body.append(f"    raise _constant_error(names, {a}, {da}, t{a}.shape[{da}], {size})")
-    for k, (extent, constant, message) in enumerate(s.extent_checks):
-        env[f"_whole{k}"], env[f"_whole_message{k}"] = extent, message
-        body.append(f"if _whole{k}.evaluate(ctx.env) != {constant}:")
-        body.append(f"    raise ValueError(_whole_message{k}.format(_whole{k}.evaluate(ctx.env)))")
-    for k, (extent, message) in enumerate(s.nonempty_checks):
-        env[f"_empty_message{k}"] = message
-        body.append(f"if {host_int_expr(extent)} == 0:")
-        body.append(f"    raise ValueError(_empty_message{k})")
-    for k, (extent, message) in enumerate(s.nonnegative_checks):
-        env[f"_negative_message{k}"] = message
-        body.append(f"if {host_int_expr(extent)} < 0:")
-        body.append(f"    raise ValueError(_negative_message{k}.format({host_int_expr(extent)}))")
-    for k, (param, extent, limit, message) in enumerate(s.dynamic_tiles):
-        env[f"_tile_message{k}"] = message
-        body.append(f"{param} = _next_pow2({host_int_expr(extent)})")
-        body.append(f"if {param} > {limit}:")
-        body.append(f"    raise ValueError(_tile_message{k} + ', ' + str({host_int_expr(extent)}) + ' elements, over the "
-                    f"{limit} a tile may hold; schedule it in a loop')")
-    for k, (extent, factor, message) in enumerate(s.divisibility_checks):
-        env[f"_message{k}"] = message
-        body.append(f"if {host_int_expr(extent)} % {factor}:")
-        body.append(f"    raise ValueError(_message{k} + ', but it is ' + str({host_int_expr(extent)}))")
+    w = PythonWriter(f"launcher of {s.name}", {
+        "torch": torch, "_size_error": _size_error, "_constant_error": _constant_error, "_unknown": _unknown_output_size,
+        "names": s.tensor_names, "_dense": dense_strides, "_next_pow2": next_power_of_2, "_NoPrograms": NoPrograms,
+        "_raw_stream": raw_stream})
+    n_in, n_out = len(s.tensor_inputs), len(s.output_shapes)
     device = "t0.device" if n_in else "ctx.device"
-    body.append("if out is None:")
     # On the current CUDA device, outputs come from torch's allocator without the dispatcher
     # (Inductor's ``empty_strided_cuda``: 1 us less per output on a 2 us call).
     fast = direct and n_in > 0 and _empty_cuda is not None and _current_device is not None
     if fast:
-        env["_empty_cuda"], env["_current_device"] = _empty_cuda, _current_device
-        body.append("    _here = t0.get_device() == _current_device()")
+        w.env["_empty_cuda"], w.env["_current_device"] = _empty_cuda, _current_device
+    # The constants, bound once: ``prepare`` and ``run`` read the same names.
+    extents = [w.constant(src.extent, "_extent") if src.extent is not None else None for src in s.sizes]
+    mapped = [(w.constant(extent, "_mapped"), host_int_expr(loop), w.constant(message, "_mapped_message"))
+              for extent, loop, message in s.mapped_extent_checks]
+    whole = [(w.constant(extent, "_whole"), constant, w.constant(message, "_whole_message"))
+             for extent, constant, message in s.extent_checks]
+    nonempty = [(host_int_expr(extent), w.constant(message, "_empty_message")) for extent, message in s.nonempty_checks]
+    nonnegative = [(host_int_expr(extent), w.constant(message, "_negative_message"))
+                   for extent, message in s.nonnegative_checks]
+    tiles = [(param, host_int_expr(extent), limit, w.constant(message, "_tile_message"))
+             for param, extent, limit, message in s.dynamic_tiles]
+    divisible = [(host_int_expr(extent), factor, w.constant(message, "_message"))
+                 for extent, factor, message in s.divisibility_checks]
+    allocations: list[tuple[str, str, str | None]] = []  # per output: its shape, the general allocation, the fast one
     for k, (shape, perm, dtype) in enumerate(zip(s.output_shapes, s.output_perms, s.output_dtypes, strict=True)):
-        env[f"_dtype{k}"] = dtype.torch_dtype
+        dtype_name = w.constant(dtype.torch_dtype, "_dtype")
         sizes = ", ".join(host_int_expr(e) for e in shape)
-        env[f"_perm{k}"] = perm
-        body.append(f"    _shape{k} = ({sizes}{',' if len(shape) == 1 else ''})")
         if tuple(perm) == tuple(range(len(shape))):  # row-major: torch.empty is the cheaper call
-            general = f"torch.empty(_shape{k}, dtype=_dtype{k}, device={device})"
+            general = f"torch.empty(_shape{k}, dtype={dtype_name}, device={device})"
         else:
-            general = f"torch.empty_strided(_shape{k}, _dense(_shape{k}, _perm{k}), dtype=_dtype{k}, device={device})"
-        if fast:
-            strides = _dense_stride_exprs(f"_shape{k}", len(shape), perm)
-            body.append(f"    o{k} = _empty_cuda(_shape{k}, {strides}, _dtype{k}) if _here else {general}")
-        else:
-            body.append(f"    o{k} = {general}")
-    body.append("else:")
-    for k in range(len(s.output_shapes)):
-        body.append(f"    o{k} = out[{k}]")
-    outputs = ", ".join(f"o{k}" for k in range(len(s.output_shapes)))
+            general = (f"torch.empty_strided(_shape{k}, _dense(_shape{k}, {w.constant(perm, '_perm')}), "
+                       f"dtype={dtype_name}, device={device})")
+        quick = (f"_empty_cuda(_shape{k}, {_dense_stride_exprs(f'_shape{k}', len(shape), perm)}, {dtype_name}) "
+                 f"if _here else {general}") if fast else None
+        allocations.append((f"({sizes}{',' if len(shape) == 1 else ''})", general, quick))
+    outputs = ", ".join(f"o{k}" for k in range(n_out))
     # Nothing to compute only when every output is empty (an empty one beside others is written by
     # no program, the others still are).
-    empty = " and ".join(f"o{k}.numel() == 0" for k in range(len(s.output_shapes)))
-    tensors = [*(f"t{k}" for k in range(n_in)), *(f"o{k}" for k in range(len(s.output_shapes)))]
-    # One stride() call per tensor (a call costs as much as reading every element of the tuple).
-    strided = sorted({k for k, _ in s.stride_args})
-    for k in strided:
-        body.append(f"_st{k} = {tensors[k]}.stride()")
-    for k, d in s.stride_args:
-        body.append(f"st{k}_{d} = _st{k}[{d}]")
-    for k, d, outer in s.stride_fallbacks:
-        fallback = f"st{k}_{d}"
-        for o in reversed(outer):
-            fallback = f"_st{k}[{o}] if {tensors[k]}.shape[{o}] != 1 else {fallback}"
-        body.append(f"if {tensors[k]}.shape[{d}] == 1:")
-        body.append(f"    st{k}_{d} = {fallback}")
+    empty = " and ".join(f"o{k}.numel() == 0" for k in range(n_out))
+    tensors = [*(f"t{k}" for k in range(n_in)), *(f"o{k}" for k in range(n_out))]
     strides = [f"st{k}_{d}" for k, d in s.stride_args]
     scalars = [f"sc{k}" for k in range(len(s.scalar_inputs))]
-    for k, p in enumerate(s.scalar_inputs):
-        value = f"args[{p}].item()" if k in s.cpu_scalars else f"args[{p}]"
-        body.append(f"sc{k} = int({value})" if k in s.bool_scalars else f"sc{k} = {value}")
-    tiles = [param for param, *_ in s.dynamic_tiles]
-    params = ", ".join([*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles])
-    grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")
-    env["_dense"] = dense_strides
-    env["_next_pow2"] = next_power_of_2
-    empty_grid = " or ".join(f"{host_int_expr(e)} == 0" for e in s.grid if e.value is None or e.value == 0)
-    env["_NoPrograms"] = NoPrograms
-    # No output to write: nothing to launch. Outputs but no program to write them (a reduction of an
-    # empty axis, or a broadcast, beside an empty output): the caller computes them with ATen.
-    no_programs = [f"if {empty_grid}:", "    raise _NoPrograms()"] if empty_grid else []
-    prepare = [*body, f"if {empty}:", f"    return [{outputs}], None, []", *no_programs,
-               f"return [{outputs}], ({grid}), [{params}]"]
-    names = [*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tiles]
+    tile_params = [param for param, *_ in s.dynamic_tiles]
+    names = [*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tile_params]
+    params = ", ".join(names)
     kinds = [*(["tensor"] * len(tensors)), *(["int"] * (len(strides) + len(s.sizes))),
-             *(["scalar"] * len(scalars)), *(["tile"] * len(tiles))]
+             *(["scalar"] * len(scalars)), *(["tile"] * len(tile_params))]
+    grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")
     grid3 = ", ".join([*(host_int_expr(e) for e in s.grid), *(["1"] * (3 - len(s.grid)))])  # the runner's x, y, z
-    # The compiled variant's launch looked up here, not in a call of ``launches.launch`` (which
-    # compiles a variant the first time, and runs an interpreted kernel).
+    empty_grid = " or ".join(f"{host_int_expr(e)} == 0" for e in s.grid if e.value is None or e.value == 0)
     spec = _specialization(names, kinds)
-    call = "\n".join(["_device = o0.get_device()", f"_variant = variants.get((_device, {spec}))",
-                      "if _variant is not None:", f"    _variant(({grid3}), [{params}], _raw_stream(_device))",
-                      "else:", f"    launches.launch({spec}, ({grid3}), [{params}], _device)"])
-    env["_raw_stream"] = raw_stream
-    # The same key from what ``prepare`` returned (a launch that takes the arguments over).
-    key = ["def key(params):", f"    {', '.join(names)}, = params", f"    return {_specialization(names, kinds)}"]
-    run = [*body, f"if {empty}:", f"    return [{outputs}]", *no_programs, *call.split("\n"), f"return [{outputs}]"]
-    writer = PythonWriter(f"launcher of {s.name}", env)
-    writer.function("def prepare(ctx, args, out):", prepare)
-    writer.line("", "")
-    writer.function("def run(ctx, *args, out=None):", run)
-    writer.line("", "")
-    writer.line(*key)
-    return writer.source, env
+
+    def arguments() -> None:
+        """Read the sizes, check them, allocate (or take) the outputs, read the strides and scalars."""
+        for k, p in enumerate(s.tensor_inputs):
+            w.line(f"t{k} = args[{p}]")
+        for src, extent in zip(s.sizes, extents, strict=True):
+            if src.index >= 0 and not src.output:
+                w.line(f"{src.symbol} = t{src.index}.shape[{src.dim}]")
+            elif src.index >= 0:  # an output's size: a given buffer (a stream loop's chunk) says it first
+                with w.block("if out is not None:"):
+                    w.line(f"{src.symbol} = out[{src.index}].shape[{src.dim}]")
+                with w.block("else:"):
+                    w.line(f"{src.symbol} = {extent}.evaluate(ctx.env)" if extent is not None
+                           else f"raise _unknown({s.name!r}, names[{n_in + src.index}], {src.dim})")
+            else:
+                w.line(f"{src.symbol} = {extent}.evaluate(ctx.env)")
+        for extent_name, loop, message in mapped:
+            with w.block(f"if {extent_name}.evaluate(ctx.env) != {loop}:"):
+                w.line(f"raise ValueError({message}.format({extent_name}.evaluate(ctx.env), {loop}))")
+        for a, da, b, db in s.size_checks:
+            with w.block(f"if t{a}.shape[{da}] != t{b}.shape[{db}]:"):
+                w.line(f"raise _size_error(names, {a}, {da}, t{a}.shape[{da}], {b}, {db}, t{b}.shape[{db}])")
+        for a, da, size in s.constant_checks:
+            with w.block(f"if t{a}.shape[{da}] != {size}:"):
+                w.line(f"raise _constant_error(names, {a}, {da}, t{a}.shape[{da}], {size})")
+        for extent_name, constant, message in whole:
+            with w.block(f"if {extent_name}.evaluate(ctx.env) != {constant}:"):
+                w.line(f"raise ValueError({message}.format({extent_name}.evaluate(ctx.env)))")
+        for extent, message in nonempty:
+            with w.block(f"if {extent} == 0:"):
+                w.line(f"raise ValueError({message})")
+        for extent, message in nonnegative:
+            with w.block(f"if {extent} < 0:"):
+                w.line(f"raise ValueError({message}.format({extent}))")
+        for param, extent, limit, message in tiles:
+            w.line(f"{param} = _next_pow2({extent})")
+            with w.block(f"if {param} > {limit}:"):
+                w.line(f"raise ValueError({message} + ', ' + str({extent}) + ' elements, over the {limit} a tile may "
+                       "hold; schedule it in a loop')")
+        for extent, factor, message in divisible:
+            with w.block(f"if {extent} % {factor}:"):
+                w.line(f"raise ValueError({message} + ', but it is ' + str({extent}))")
+        with w.block("if out is None:"):
+            if fast:
+                w.line("_here = t0.get_device() == _current_device()")
+            for k, (shape, general, quick) in enumerate(allocations):
+                w.line(f"_shape{k} = {shape}", f"o{k} = {quick or general}")
+        with w.block("else:"):
+            w.line(*(f"o{k} = out[{k}]" for k in range(n_out)))
+        # One stride() call per tensor (a call costs as much as reading every element of the tuple).
+        for k in sorted({k for k, _ in s.stride_args}):
+            w.line(f"_st{k} = {tensors[k]}.stride()")
+        for k, d in s.stride_args:
+            w.line(f"st{k}_{d} = _st{k}[{d}]")
+        for k, d, outer in s.stride_fallbacks:
+            fallback = f"st{k}_{d}"
+            for o in reversed(outer):
+                fallback = f"_st{k}[{o}] if {tensors[k]}.shape[{o}] != 1 else {fallback}"
+            with w.block(f"if {tensors[k]}.shape[{d}] == 1:"):
+                w.line(f"st{k}_{d} = {fallback}")
+        for k, p in enumerate(s.scalar_inputs):
+            value = f"args[{p}].item()" if k in s.cpu_scalars else f"args[{p}]"
+            w.line(f"sc{k} = int({value})" if k in s.bool_scalars else f"sc{k} = {value}")
+
+    def no_programs() -> None:
+        """No output to write: nothing to launch. Outputs but no program to write them (a reduction of
+        an empty axis, or a broadcast, beside an empty output): the caller computes them with ATen."""
+        if empty_grid:
+            with w.block(f"if {empty_grid}:"):
+                w.line("raise _NoPrograms()")
+
+    with w.block("def prepare(ctx, args, out):"):
+        arguments()
+        with w.block(f"if {empty}:"):
+            w.line(f"return [{outputs}], None, []")
+        no_programs()
+        w.line(f"return [{outputs}], ({grid}), [{params}]")
+    w.line("", "")
+    with w.block("def run(ctx, *args, out=None):"):
+        arguments()
+        with w.block(f"if {empty}:"):
+            w.line(f"return [{outputs}]")
+        no_programs()
+        # The compiled variant's launch looked up here, not in a call of ``launches.launch`` (which
+        # compiles a variant the first time, and runs an interpreted kernel).
+        w.line("_device = o0.get_device()", f"_variant = variants.get((_device, {spec}))")
+        with w.block("if _variant is not None:"):
+            w.line(f"_variant(({grid3}), [{params}], _raw_stream(_device))")
+        with w.block("else:"):
+            w.line(f"launches.launch({spec}, ({grid3}), [{params}], _device)")
+        w.line(f"return [{outputs}]")
+    w.line("", "")
+    with w.block("def key(params):"):  # the same key from what ``prepare`` returned (a launch that takes them over)
+        w.line(f"{params}, = params", f"return {spec}")
+    return w.source, w.env
 
 
 #: What a parameter of a bound launch is: ("slot", k) the value in slot k (the arguments first,

@@ -14,7 +14,12 @@ from pyfuser.ir.tensor_view import TensorView
 
 @dataclass(frozen=True, slots=True)
 class OutputLayout:
-    """Allocation order of one output (outermost first) and whether a user required it."""
+    """Allocation order of one output (outermost first) and whether a user required it.
+
+    Not an ``ir.layout.Layout``: that is what a kernel may assume of every tensor it is given (a
+    contiguity per dim, other strides read at run time); this is what the program hands back, always
+    dense in ``perm``, and whether a stride-for-stride match is owed (a requirement) or only the
+    order (a hint), with the allocation and conforming that follow from it."""
 
     perm: tuple[int, ...]
     required: bool

@@ -12,7 +12,8 @@ every level:
 * a Host IR program (``host_ir/evaluator.py``): its run as one straight-line function
   (``host_ir/straight_line.py``), the launches inlined;
 * a torch.compile graph (``integrations/torch_compile/bound_graph.py``): a copy of the FX graph
-  calling its regions' straight-line functions, views as reinterpretations.
+  calling its regions' straight-line functions, views as reinterpretations; each region keeps its
+  bound programs the same way (``region.py``).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any, TypeVar
 
 import torch
 
-#: Signatures remembered per specialized thing (a region binds one; more only through re-binding):
-#: one more forgets them all, so a caller cycling through signatures costs recordings, not memory.
+#: Signatures remembered per specialized thing (a graph of static shapes sees few: an incoming
+#: gradient's strides may vary): one more forgets them all, so a caller cycling through signatures costs recordings, not memory.
 SPECIALIZATION_LIMIT = 8
 
 K = TypeVar("K", bound=Hashable)

@@ -21,6 +21,7 @@ from pyfuser.host_ir.nodes import (
     ForLoop,
     HirAliasSelect,
     HostStream,
+    KernelSegment,
     LaunchKernel,
     LoopIndex,
     NotOnThisRank,
@@ -162,7 +163,7 @@ class BoundLaunches:
 
     __slots__ = ("by_binding", "segment")
 
-    def __init__(self, segment: Any) -> None:
+    def __init__(self, segment: KernelSegment) -> None:
         self.segment = segment
         self.by_binding: Specializations[object, Any] = Specializations()
 
@@ -171,13 +172,9 @@ class BoundLaunches:
         binding, or an argument whose alignment changed)."""
         launch = self.by_binding.get(ctx.binding, _UNBOUND)
         if launch is _UNBOUND:
-            bind = getattr(self.segment, "bind", None)
-            if bind is None:
-                self.by_binding.record(ctx.binding, None)
-                return None
-            outputs, launch = bind(ctx, args)
+            outputs, launch = self.segment.bind(ctx, args)
             self.by_binding.record(ctx.binding, launch)
-            return outputs  # type: ignore[no-any-return]
+            return outputs
         return launch(args) if launch is not None else None
 
 

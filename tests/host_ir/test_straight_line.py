@@ -132,5 +132,5 @@ def test_a_compiled_layer_trains_through_straight_line_regions(device: str, kern
         for g, p in zip(grads, layer.parameters(), strict=True):
             torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-5)
         layer.zero_grad()
-    functions = [r._bound.function for g in backend.graphs for r in g.regions if r._bound is not None]
+    functions = [b.function for g in backend.graphs for r in g.regions for b in r._bound.values()]
     assert functions and all(functions), functions

@@ -419,7 +419,7 @@ def test_static_regions_run_their_bound_program(monkeypatch: pytest.MonkeyPatch)
         torch.testing.assert_close(ys.grad, ye.grad)
     regions = [r for g in backend.graphs for r in g.regions]
     assert [g.kind for g in backend.graphs] == ["forward", "backward"] and len(regions) == 2
-    assert all(r._bound is not None for r in regions)
+    assert all(r._bound for r in regions)
     # Forward: the first call only. Backward: the first, and the transposed gradient's unless AOTAutograd
     # made it contiguous as traced.
     assert 2 <= len(calls) <= 3, len(calls)
@@ -443,7 +443,7 @@ def test_dynamic_regions_keep_the_cache(monkeypatch: pytest.MonkeyPatch) -> None
         x, y = torch.randn(n, 6), torch.randn(6)
         torch.testing.assert_close(compiled(x, y), pointwise_and_reduce(x, y))
     (region,) = backend.graphs[0].regions
-    assert region._bound is None and len(calls) == 3
+    assert not region._bound and len(calls) == 3
 
 
 def test_eager_views_are_tensor_method_calls_and_chains_one_call() -> None:

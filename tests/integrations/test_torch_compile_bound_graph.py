@@ -11,6 +11,7 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
+from pyfuser.host_ir import specialization
 from pyfuser.integrations.torch_compile import PyfuserBackend
 from pyfuser.integrations.torch_compile.bound_graph import WARM_CALLS, BoundGraph
 from pyfuser.integrations.torch_compile.region import FusionRegion
@@ -155,6 +156,57 @@ def test_inputs_at_other_offsets_or_strides() -> None:
     for g, w in zip(got, _attention_of_input(other), strict=True):
         torch.testing.assert_close(g, w)
     assert bound.specialized is not None and bound.declined is None
+
+
+def _check_bound(bound: BoundGraph, x: torch.Tensor) -> None:
+    for got, want in zip(bound([x]), _attention_of_input(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def _strided(stride: int) -> torch.Tensor:
+    """An input of the graph's sizes whose size-1 axis has the stride ``stride`` (another signature)."""
+    return torch.randn(48).as_strided((1, 6, 8), (stride, 8, 1))
+
+
+def test_a_second_signature_gets_its_own_specialized_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs of other strides than the recorded call's (an incoming gradient may have them) are warmed
+    up, recorded and specialized on their own: then calls of either signature run their copy."""
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(_attention_of_input, backend=backend)
+    for _ in range(WARM_CALLS + 1):
+        _check(compiled, torch.randn(1, 6, 8))
+    (bound,) = _bound_graphs(backend)
+    calls = _region_calls(monkeypatch)
+    for _ in range(WARM_CALLS + 1):
+        _check_bound(bound, _strided(5))
+    assert calls, "the second signature's warm-up calls run the graph as compiled"
+    calls.clear()
+    for x in (torch.randn(1, 6, 8), _strided(5), torch.randn(1, 6, 8), _strided(5)):
+        _check_bound(bound, x)
+    assert not calls, calls
+    assert [s.graph is not None for s in bound.signatures.values()] == [True, True], bound.signatures
+    assert bound.declined is None
+
+
+def test_signatures_beyond_the_limit_forget_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One signature more than ``SPECIALIZATION_LIMIT`` forgets the graph's specialized copies and its
+    regions' bindings (a caller cycling through strides costs recordings, not memory); a forgotten
+    signature is warmed up and specialized again."""
+    monkeypatch.setattr(specialization, "SPECIALIZATION_LIMIT", 2)
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(_attention_of_input, backend=backend)
+    _check(compiled, torch.randn(1, 6, 8))
+    (bound,) = _bound_graphs(backend)
+    for stride in (48, 5, 7):
+        for _ in range(WARM_CALLS + 1):
+            _check_bound(bound, _strided(stride))
+        assert all(s.graph is not None for s in bound.signatures.values()), bound.signatures
+    assert len(bound.signatures) == 1
+    assert all(len(r._bound) == 1 for r in backend.graphs[0].regions)
+    calls = _region_calls(monkeypatch)
+    for _ in range(WARM_CALLS + 2):
+        _check_bound(bound, _strided(48))
+    assert len(calls) == WARM_CALLS + 1 and len(bound.signatures) == 2, calls
 
 
 def test_a_failing_specialized_graph_runs_as_compiled() -> None:

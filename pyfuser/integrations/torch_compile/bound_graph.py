@@ -15,9 +15,11 @@ node's result's geometry) and rewrites a copy of itself, Inductor's wrapper code
   aliasing AOTAutograd tracks, becomes one ``reinterpret_tensor`` of the nearest value that is not
   such a view: chains collapse, and a view only other views read is dropped.
 
-A call whose inputs' strides differ from the recorded call's, or on another current CUDA device,
-runs the graph as compiled (its regions then decide, as before). A graph with a region that has no
-straight-line function, or whose recorded call left anything unexpected, keeps running as compiled.
+Each input signature (``BoundGraph``: the inputs' strides, on CUDA the current device) is warmed up,
+recorded and specialized on its own, at most ``SPECIALIZATION_LIMIT`` of them: an incoming gradient
+of other strides gets its own copy (its regions bind those strides too). A signature with a region
+that has no straight-line function for it, or whose recorded call left anything unexpected, keeps
+running as compiled; a graph whose inputs are not all tensors (symbolic sizes) runs as compiled.
 """
 
 from __future__ import annotations
@@ -25,22 +27,23 @@ from __future__ import annotations
 import copy
 import operator
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.fx import Graph, GraphModule, Interpreter, Node
 
 from pyfuser.codegen.launcher import reinterpret_tensor
-from pyfuser.host_ir.specialization import Recording, Seen
+from pyfuser.host_ir.specialization import Recording, Seen, Specializations
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.region import FusionRegion, static_tensor
 from pyfuser.integrations.torch_compile.view_chains import CHAIN_OPS, ViewChain, viewed_operand
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
-#: Calls the graph runs as compiled before it records one: a region binds on its first call and writes
-#: its straight-line function during its second.
+#: Calls of a signature the graph runs as compiled before it records one: a region binds the signature on
+#: its first call and writes its straight-line function during its second.
 WARM_CALLS = 2
 
 #: Tensor methods that view their operand (``reshape`` too: the recorded storage tells whether it copied).
@@ -133,10 +136,25 @@ def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
     return GraphModule(gm, graph)
 
 
+@dataclass(slots=True)
+class Signature:
+    """One input signature's state in a ``BoundGraph``: its calls run as compiled so far, then its
+    specialized copy (``run`` its forward) or why it has none (its calls run as compiled)."""
+
+    calls: int = 0
+    run: Callable[..., Any] | None = None
+    graph: GraphModule | None = None
+    why: str | None = None
+
+
 class BoundGraph:
     """The compiled graph as the backend hands it to AOTAutograd (a boxed callable: ``bound(args)``),
-    run through its specialized copy once that exists and the call's input strides are the recorded
-    ones."""
+    run through the specialized copy of the call's input signature once that exists.
+
+    A signature is the inputs' strides and, on a CUDA device, the current device: dynamo's guards fix
+    the rest (sizes, dtypes, the inputs' devices) for a graph of static shapes, and autograd the sizes of
+    an incoming gradient, whose strides may differ from call to call. Each signature gets its own
+    warm-up calls, recording and copy, at most ``SPECIALIZATION_LIMIT`` of them (``Specializations``)."""
 
     def __init__(self, graph_module: GraphModule, regions: Sequence[FusionRegion], protected: Collection[Node],
                  name: str) -> None:
@@ -147,67 +165,96 @@ class BoundGraph:
         self._forward = graph_module.forward
         self._regions = list(regions)
         self._protected = frozenset(protected)
-        self._calls = 0
-        #: the graph specialized to the recorded call (None before it, or where it was declined)
-        self.specialized: GraphModule | None = None
-        #: why the graph runs as compiled for good (None while it may still be specialized, or once it is)
-        self.declined: str | None = None if self._regions else "no regions"
+        devices = {r.device for r in self._regions}
+        #: the regions' CUDA device (None on the CPU): a call's current device is part of its signature
+        self._device = next(iter(devices)) if len(devices) == 1 else None
+        self._on_cuda = self._device is not None and self._device.type == "cuda" and _current_device is not None
+        #: per input signature: its warm-up calls, then its specialized copy or why it has none
+        self.signatures: Specializations[Hashable, Signature] = Specializations()
+        #: the latest call's signature, when it has a specialized copy: that copy's forward, the inputs'
+        #: strides and (on CUDA) the current device
         self._run: Callable[..., Any] | None = None
         self._strides: list[tuple[int, ...]] = []
-        self._device: int | None = None
+        self._current: int | None = None
+        #: why the graph runs as compiled for good (None while its signatures may be specialized)
+        self.declined: str | None = None
+        if not self._regions:
+            self.declined = "no regions"
+        elif len(devices) != 1:
+            self.declined = f"regions on {len(devices)} devices"
+        elif not all(isinstance(n.meta.get("val"), torch.Tensor)
+                     for n in graph_module.graph.nodes if n.op == "placeholder"):
+            self.declined = "an input that is not a tensor"
 
     def __call__(self, args: list[Any]) -> Any:
         run = self._run
-        if run is not None:
-            if [a.stride() for a in args] != self._strides or (
-                    self._device is not None and _current_device() != self._device):  # type: ignore[misc]
-                return self._forward(*args)
+        if run is not None and [a.stride() for a in args] == self._strides and (
+                self._current is None or _current_device() == self._current):  # type: ignore[misc]
             try:
                 return run(*args)
             except Exception as e:  # the graph as compiled reports it, naming the region and its FX nodes
                 self._decline(f"the specialized graph failed ({type(e).__name__}: {e})")
                 return self._forward(*args)
+        return self._lookup(args)
+
+    def _lookup(self, args: list[Any]) -> Any:
+        """A call of another signature than the latest call's: its specialized copy (then the latest
+        signature's, which ``__call__`` compares with a list, cheaper than hashing a key), its warm-up,
+        or the graph as compiled."""
         if self.declined is not None:
             return self._forward(*args)
-        if self._calls < WARM_CALLS:
-            self._calls += 1
-            return self._forward(*args)
-        return self._record(args)
+        strides = [a.stride() for a in args]
+        key: Hashable = tuple(strides)
+        current = None
+        if self._on_cuda:
+            current = _current_device()  # type: ignore[misc]
+            key = (key, current)
+        signature = self.signatures.get(key)
+        if signature is None or signature.run is None:
+            return self._warm_up(key, signature, args, strides, current)
+        self._run, self._strides, self._current = signature.run, strides, current
+        return self(args)
 
-    def _record(self, args: list[Any]) -> Any:
+    def _warm_up(self, key: Hashable, signature: Signature | None, args: list[Any],
+                 strides: list[tuple[int, ...]], current: int | None) -> Any:
+        """A call of a signature without a specialized copy: one of its warm-up calls, its recorded
+        call, or (declined) a call of the graph as compiled."""
+        if signature is None:  # (may forget the others: so the latest call's copy too)
+            self._run = None
+            signature = self.signatures.record(key, Signature())
+        if signature.why is not None or signature.calls < WARM_CALLS:
+            signature.calls += 1
+            return self._forward(*args)
         recorder = _Recorder(self.graph_module)
         outputs = recorder.run(*args)
-        why = self._specialize(recorder, args)
-        if why is not None:
-            self.declined = why
+        specialized = self._specialize(recorder, current)
+        if isinstance(specialized, str):
+            signature.why = specialized
+        else:
+            signature.graph, signature.run = specialized, specialized.forward
+            self._run, self._strides, self._current = signature.run, strides, current
         return outputs
 
-    def _specialize(self, recorder: _Recorder, args: list[Any]) -> str | None:
-        if not all(isinstance(a, torch.Tensor) for a in args):
-            return "an input that is not a tensor"
-        devices = {r.device for r in self._regions}
-        if len(devices) != 1:
-            return f"regions on {len(devices)} devices"
-        (device,) = devices
-        if device.type == "cuda":
-            if _current_device is None or device.index is None or _current_device() != device.index:
-                return "a call on another device than the regions'"
-            self._device = device.index
-        specialized = specialize(self.graph_module, recorder.recording, self._protected, recorder.requires_grad)
-        if isinstance(specialized, str):
-            return specialized
-        self.specialized = specialized
-        self._strides = [a.stride() for a in args]
-        self._run = specialized.forward
-        return None
+    def _specialize(self, recorder: _Recorder, current: int | None) -> GraphModule | str:
+        device = self._device
+        if device is not None and device.type == "cuda" and (current is None or current != device.index):
+            return "a call on another device than the regions'"
+        return specialize(self.graph_module, recorder.recording, self._protected, recorder.requires_grad)
 
     def _decline(self, why: str) -> None:
         warnings.warn(f"{self.name}: {why}; it runs as compiled from now on", stacklevel=3)
         self.declined = why
         self._run = None
-        self.specialized = None
+        self.signatures.clear()
+
+    @property
+    def specialized(self) -> GraphModule | None:
+        """The latest specialized copy (None before the first, or once the graph is declined)."""
+        graphs = [s.graph for s in self.signatures.values() if s.graph is not None]
+        return graphs[-1] if graphs else None
 
     @property
     def code(self) -> str:
-        """The specialized graph's Python code (empty before it exists)."""
-        return self.specialized.code if self.specialized is not None else ""
+        """The latest specialized copy's Python code (empty before it exists)."""
+        specialized = self.specialized
+        return specialized.code if specialized is not None else ""

@@ -21,6 +21,7 @@ from torch.fx import Node
 
 from pyfuser.codegen.kernel_source import KernelLaunchError
 from pyfuser.host_ir.nodes import AtenCall, LaunchKernel
+from pyfuser.host_ir.specialization import Specializations
 from pyfuser.integrations.torch_compile.support import op_name
 from pyfuser.integrations.torch_compile.translator import TranslatedRegion
 from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphRunner
@@ -96,8 +97,8 @@ class FusionRegion:
         #: every fusion input a tensor of static sizes and strides (a graph without dynamic shapes):
         #: after the first call the region runs its program with the sizes bound then
         self._fixed_signature = all(static_tensor(translated.inputs[k].meta.get("val")) for k in self._positions)
-        self._bound: BoundProgram | None = None
-        self._bound_strides: list[tuple[int, ...]] = []
+        #: the fusion's program bound to each input signature it was called with, by the inputs' strides
+        self._bound: Specializations[tuple[tuple[int, ...], ...], BoundProgram] = Specializations()
         self.use_cuda_graphs(cuda_graph)
 
     def use_cuda_graphs(self, on: bool) -> None:
@@ -111,19 +112,22 @@ class FusionRegion:
     def _execute(self, inputs: list[Any]) -> list[torch.Tensor]:
         """The fusion's outputs for ``inputs``. In a graph of static shapes, dynamo's guards fix the
         graph's inputs (sizes, strides, dtypes, devices), autograd the sizes of incoming gradients, and
-        the graph computes everything else the same way each call: so after the first call the region
-        skips the executor cache's signature, lookup and binding, comparing only the strides (an
-        incoming gradient's may differ; then the cache decides, as on the first call)."""
-        bound = self._bound
-        if bound is not None and [t.stride() for t in inputs] == self._bound_strides:
-            return bound.run(inputs)
+        the graph computes everything else the same way each call: so after the first call of each
+        input strides (an incoming gradient's may differ) the region skips the executor cache's
+        signature, lookup and binding, looking its binding up by the strides."""
+        bindings = self._bound
+        if bindings:
+            bound = bindings.get(tuple([t.stride() for t in inputs]))
+            if bound is not None:
+                return bound.run(inputs)
         outputs = self.fec.run(inputs, device=self.device, enable_options=self._enable, disable_options=self._disable)
-        if bound is None and self._fixed_signature:
-            self._bound = self.fec.bound_program(inputs, device=self.device, enable_options=self._enable,
-                                                 disable_options=self._disable)
-            self._bound_strides = [t.stride() for t in inputs]
-            # A fusion with work of its own on every call (outputs written into inputs) is not asked again.
-            self._fixed_signature = self._bound is not None
+        if self._fixed_signature:
+            bound = self.fec.bound_program(inputs, device=self.device, enable_options=self._enable,
+                                           disable_options=self._disable)
+            if bound is None:  # a fusion with work of its own on every call (outputs written into inputs)
+                self._fixed_signature = False  # is not asked again
+            else:
+                bindings.record(tuple([t.stride() for t in inputs]), bound)
         return outputs
 
     def _dtype_casts(self, inputs: Sequence[Any]) -> tuple[tuple[int, torch.dtype], ...]:
@@ -167,13 +171,11 @@ class FusionRegion:
         call's arguments' strides, in order; None for a non-tensor): the region's straight-line
         function (``function(fusion_inputs)`` -> the fusion's outputs), the position of each fusion input
         among the call's arguments, and each region output's position among the function's outputs.
-        None where the region has no such function (not bound yet, a program that keeps its steps, CUDA
-        graphs of its own) or is bound to other strides."""
-        bound = self._bound
+        None where the region has no such function (those strides not bound yet, a program that keeps
+        its steps, CUDA graphs of its own)."""
+        bound = self._bound.get(tuple([arg_strides[k] for k in self._positions]))
         function = bound.function if bound is not None else None
         if not function or self._graphs is not None:
-            return None
-        if [arg_strides[k] for k in self._positions] != self._bound_strides:
             return None
         casts = self._casts
         if casts:  # the inputs the region converts to their traced dtype (``_dtype_casts``)
@@ -192,8 +194,8 @@ class FusionRegion:
         except Exception:
             raise self._error(error) from error
         self._disable = (*self._disable, "kernel_codegen")
-        if self._bound is not None:  # bound to the program with kernels: bind the one without
-            self._bound = None
+        if self._bound:  # bound to the program with kernels: bind the one without
+            self._bound.clear()
             self._fixed_signature = True
         launch = _launch_error(error)
         source = f"\n--- the source of {launch.kernel} ---\n{launch.source}" if launch is not None else ""
