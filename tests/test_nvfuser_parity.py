@@ -357,3 +357,19 @@ def test_a_tensor_for_a_scalar_input_is_named_not_printed() -> None:
     with pytest.raises(TypeError, match=r"^input 1 \(d\d+\): expected a double scalar, got a torch.float32 tensor of "
                                         r"rank 1$"):
         fd.execute([x, x])
+
+
+def test_never_defined_and_empty_definitions_get_nvfusers_two_errors() -> None:
+    """A definition never written is nvFuser's "Fusion does not exist!" (a forgotten ``with``);
+    one written without outputs is "Fusion is empty!"."""
+    x = torch.randn(4, 4)
+    with pytest.raises(NotImplementedError, match="Fusion does not exist! Use `with FusionDefinition"):
+        FusionDefinition().execute([x])
+    with FusionDefinition() as fd:
+        pass
+    with pytest.raises(NotImplementedError, match="Fusion is empty!"):
+        fd.execute([x])
+    with FusionDefinition() as fd:
+        fd.define_tensor([-1, -1])
+    with pytest.raises(NotImplementedError, match="Fusion is empty!"):
+        fd.manual_execute([x])

@@ -77,6 +77,7 @@ class FusionDefinition:
         self._fusion = DefinedFusion()
         self._ops = Ops(self._fusion)
         self._closed = False  # the ``with`` block ended: no more ops
+        self._entered = False  # a ``with`` block ran: an empty fusion is then "empty", not "not defined"
         #: the fusion version whose kernel parallel types ``execute`` last looked for (warned once a version)
         self._schedule_checked = -1
         self.sched = ScheduleOps(self._fusion)
@@ -90,6 +91,7 @@ class FusionDefinition:
 
     def __enter__(self) -> FusionDefinition:
         self._closed = False
+        self._entered = True
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -267,6 +269,16 @@ class FusionDefinition:
             self._fusion.set_output_stride_order(tv, stride_order)
 
     # --- execution ---------------------------------------------------------------------------------
+    def _check_not_empty(self, what: str) -> None:
+        """A definition never written (no ``with`` block, no ops) and one written without outputs get
+        nvFuser's two messages: the first is usually a forgotten ``with``."""
+        if self.fusion.outputs():
+            return
+        if not self._entered and self._fec is None and not self._fusion.inputs():
+            raise EmptyFusionError("Fusion does not exist! Use `with FusionDefinition() as fd: ...` to define a "
+                                   f"fusion. Nothing was defined before {what}.")
+        raise EmptyFusionError(f"Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before {what}")
+
     def execute(self, inputs: Sequence[Any], *, device: torch.device | str | int | None = None,
                 save_repro_inputs: bool = False, _enable_options: Sequence[str] = (),
                 _disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
@@ -277,8 +289,7 @@ class FusionDefinition:
     def _execute(self, inputs: Sequence[Any], device: torch.device | str | int | None, save_repro_inputs: bool,
                  enable_options: Sequence[str], disable_options: Sequence[str], check_schedule: bool,
                  ) -> list[torch.Tensor]:
-        if not self.fusion.outputs():
-            raise EmptyFusionError("Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before execute")
+        self._check_not_empty("execute")
         args = _flatten(inputs)
         if save_repro_inputs:
             self._repro_inputs = record_inputs(args)
@@ -293,9 +304,7 @@ class FusionDefinition:
     def manual_execute(self, inputs: Sequence[Any], heuristic_params: KernelParams | None = None) -> list[torch.Tensor]:
         """Run the whole fusion as one kernel, scheduled as the user (or ``schedule.schedule``) left it:
         no automatic scheduling. Kernels are generated on CUDA, through Triton's interpreter on CPU."""
-        if not self.fusion.outputs():
-            raise EmptyFusionError("Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before "
-                                   "manual_execute")
+        self._check_not_empty("manual_execute")
         self._last_was_manual = True
         if heuristic_params is None:
             return self._manual.run(_flatten(inputs))
