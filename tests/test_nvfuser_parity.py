@@ -373,3 +373,26 @@ def test_never_defined_and_empty_definitions_get_nvfusers_two_errors() -> None:
         fd.define_tensor([-1, -1])
     with pytest.raises(NotImplementedError, match="Fusion is empty!"):
         fd.manual_execute([x])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_outputs_of_a_value_written_into_an_input_are_that_input(dtype: torch.dtype) -> None:
+    """``add_output(y, x)`` writes ``y`` into ``x``: returning ``y`` (or ``x``) again gives ``x`` itself,
+    holding ``y``, as nvFuser's; other outputs keep their own memory."""
+    x = torch.randn(3, 6, dtype=dtype)[:, ::2]  # non-contiguous
+    expected = torch.relu(x.float()).to(dtype)
+    doubled = (x.float() * 2).to(dtype)
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(x)
+        t1 = fd.ops.relu(t0)
+        t2 = fd.ops.mul(t0, 2.0)
+        fd.add_output(t1)
+        fd.add_output(t1, t0)
+        fd.add_output(t2)
+        fd.add_output(t0)
+    outs = fd.execute([x], _enable_options=["triton_interpreter"])
+    assert len(outs) == 3
+    assert outs[0] is x and outs[2] is x
+    torch.testing.assert_close(x, expected)
+    assert outs[1].data_ptr() != x.data_ptr()
+    torch.testing.assert_close(outs[1], doubled)
