@@ -396,3 +396,23 @@ def test_outputs_of_a_value_written_into_an_input_are_that_input(dtype: torch.dt
     torch.testing.assert_close(x, expected)
     assert outs[1].data_ptr() != x.data_ptr()
     torch.testing.assert_close(outs[1], doubled)
+
+
+def test_repro_scripts_speak_the_name_pyfuser_was_imported_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the alias, a repro script imports ``nvfuser_direct`` (as nvFuser's do) behind the alias line,
+    and still runs; ``last_repro_script`` without saved inputs is nvFuser's AssertionError."""
+    x = torch.randn(3, 5)[:, 1:]
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.ops.mul(fd.from_pytorch(x), 3.0), [1]))
+    assert "from pyfuser import FusionDefinition, DataType" in fd.repro_script_for([x])
+    monkeypatch.setitem(sys.modules, "nvfuser_direct", pyfuser)
+    with pytest.raises(AssertionError, match="cannot provide a repro because"):
+        fd.last_repro_script()
+    fd.execute([x], save_repro_inputs=True)
+    script = fd.last_repro_script()
+    assert "import pyfuser.nvfuser_direct_alias  # nvfuser_direct is pyfuser\nimport torch\n" \
+           "from nvfuser_direct import FusionDefinition, DataType\ndef nvfuser_fusion(fd" in script
+    namespace: dict[str, object] = {}
+    exec(script, namespace)
+    rebuilt = namespace["fd"]
+    assert isinstance(rebuilt, FusionDefinition) and repr(rebuilt) == repr(fd)

@@ -39,6 +39,11 @@ class EmptyFusionError(NotImplementedError, ValueError):
     other error about what a caller passed."""
 
 
+class MissingReproInputsError(AssertionError, ValueError):
+    """``last_repro_script`` before ``execute(..., save_repro_inputs=True)``: nvFuser raises an
+    AssertionError; a ValueError too, as every other error about how the API was called."""
+
+
 class ClosedDefinitionError(RuntimeError):
     """An op added after the ``with FusionDefinition() as fd:`` block closed (nvFuser raises a RuntimeError:
     "Attempting to add to a completed definition!")."""
@@ -389,8 +394,8 @@ class FusionDefinition:
 
     def last_repro_script(self) -> str:
         if self._repro_inputs is None:
-            raise ValueError("fd.last_repro_script() cannot provide a repro because fd.execute(inputs, "
-                             "save_repro_inputs=True) was not executed!")
+            raise MissingReproInputsError("fd.last_repro_script() cannot provide a repro because fd.execute(inputs, "
+                                          "save_repro_inputs=True) was not executed!")
         return repro_script(repr(self), self._repro_inputs)
 
 
