@@ -357,3 +357,62 @@ def test_a_tensor_for_a_scalar_input_is_named_not_printed() -> None:
     with pytest.raises(TypeError, match=r"^input 1 \(d\d+\): expected a double scalar, got a torch.float32 tensor of "
                                         r"rank 1$"):
         fd.execute([x, x])
+
+
+def test_never_defined_and_empty_definitions_get_nvfusers_two_errors() -> None:
+    """A definition never written is nvFuser's "Fusion does not exist!" (a forgotten ``with``);
+    one written without outputs is "Fusion is empty!"."""
+    x = torch.randn(4, 4)
+    with pytest.raises(NotImplementedError, match="Fusion does not exist! Use `with FusionDefinition"):
+        FusionDefinition().execute([x])
+    with FusionDefinition() as fd:
+        pass
+    with pytest.raises(NotImplementedError, match="Fusion is empty!"):
+        fd.execute([x])
+    with FusionDefinition() as fd:
+        fd.define_tensor([-1, -1])
+    with pytest.raises(NotImplementedError, match="Fusion is empty!"):
+        fd.manual_execute([x])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_outputs_of_a_value_written_into_an_input_are_that_input(dtype: torch.dtype) -> None:
+    """``add_output(y, x)`` writes ``y`` into ``x``: returning ``y`` (or ``x``) again gives ``x`` itself,
+    holding ``y``, as nvFuser's; other outputs keep their own memory."""
+    x = torch.randn(3, 6, dtype=dtype)[:, ::2]  # non-contiguous
+    expected = torch.relu(x.float()).to(dtype)
+    doubled = (x.float() * 2).to(dtype)
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(x)
+        t1 = fd.ops.relu(t0)
+        t2 = fd.ops.mul(t0, 2.0)
+        fd.add_output(t1)
+        fd.add_output(t1, t0)
+        fd.add_output(t2)
+        fd.add_output(t0)
+    outs = fd.execute([x], _enable_options=["triton_interpreter"])
+    assert len(outs) == 3
+    assert outs[0] is x and outs[2] is x
+    torch.testing.assert_close(x, expected)
+    assert outs[1].data_ptr() != x.data_ptr()
+    torch.testing.assert_close(outs[1], doubled)
+
+
+def test_repro_scripts_speak_the_name_pyfuser_was_imported_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the alias, a repro script imports ``nvfuser_direct`` (as nvFuser's do) behind the alias line,
+    and still runs; ``last_repro_script`` without saved inputs is nvFuser's AssertionError."""
+    x = torch.randn(3, 5)[:, 1:]
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.ops.mul(fd.from_pytorch(x), 3.0), [1]))
+    assert "from pyfuser import FusionDefinition, DataType" in fd.repro_script_for([x])
+    monkeypatch.setitem(sys.modules, "nvfuser_direct", pyfuser)
+    with pytest.raises(AssertionError, match="cannot provide a repro because"):
+        fd.last_repro_script()
+    fd.execute([x], save_repro_inputs=True)
+    script = fd.last_repro_script()
+    assert "import pyfuser.nvfuser_direct_alias  # nvfuser_direct is pyfuser\nimport torch\n" \
+           "from nvfuser_direct import FusionDefinition, DataType\ndef nvfuser_fusion(fd" in script
+    namespace: dict[str, object] = {}
+    exec(script, namespace)
+    rebuilt = namespace["fd"]
+    assert isinstance(rebuilt, FusionDefinition) and repr(rebuilt) == repr(fd)

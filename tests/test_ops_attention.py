@@ -121,3 +121,30 @@ def test_backward_takes_none_for_the_forward_defaults() -> None:
     F.scaled_dot_product_attention(*leaves).backward(grad)
     for got, leaf in zip(fd.execute([q, k, v, grad]), leaves, strict=True):
         torch.testing.assert_close(got, leaf.grad)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_boolean_mask_keeps_true_entries_and_cpu_results_are_torchs(transposed: bool, causal: bool) -> None:
+    """A boolean ``mask`` drops its False entries (torch's ``attn_mask`` and nvFuser's), and on a CPU the
+    output is exactly what torch's attention gives in bf16, for [N, S, H, E] operands viewed as [N, H, S, E]."""
+    n, h, lq, s, e = 3, 2, 5, 7, 4
+    if transposed:
+        q, k, v = (torch.randn(n, m, h, e, dtype=torch.bfloat16).transpose(1, 2) for m in (lq, s, s))
+    else:
+        q, k, v = (torch.randn(n, h, m, e, dtype=torch.bfloat16) for m in (lq, s, s))
+    bias = torch.randn(n, h, lq, s, dtype=torch.bfloat16)
+    mask = torch.rand(n, h, lq, s) > 0.3
+    mask[..., 0] = True  # no fully masked row
+    with FusionDefinition() as fd:
+        tq, tk, tv, tb, tm = (fd.from_pytorch(t) for t in (q, k, v, bias, mask))
+        out, lse, _, _ = fd.ops.sdpfa_fwd(tq, tk, tv, bias=tb, mask=tm, is_causal=causal)
+        fd.add_output(out)
+        fd.add_output(lse)
+    got, got_lse = fd.execute([q, k, v, bias, mask])
+    attn_mask = (bias + torch.where(mask, 0.0, float("-inf"))).to(torch.bfloat16)
+    if causal:
+        attn_mask = attn_mask.masked_fill(~torch.ones(lq, s, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask), rtol=0, atol=0)
+    scores = (q.float() @ k.float().transpose(-2, -1)) / e ** 0.5 + attn_mask.float()
+    torch.testing.assert_close(got_lse, torch.logsumexp(scores, -1), rtol=2e-2, atol=2e-2)

@@ -39,6 +39,11 @@ class EmptyFusionError(NotImplementedError, ValueError):
     other error about what a caller passed."""
 
 
+class MissingReproInputsError(AssertionError, ValueError):
+    """``last_repro_script`` before ``execute(..., save_repro_inputs=True)``: nvFuser raises an
+    AssertionError; a ValueError too, as every other error about how the API was called."""
+
+
 class ClosedDefinitionError(RuntimeError):
     """An op added after the ``with FusionDefinition() as fd:`` block closed (nvFuser raises a RuntimeError:
     "Attempting to add to a completed definition!")."""
@@ -77,6 +82,7 @@ class FusionDefinition:
         self._fusion = DefinedFusion()
         self._ops = Ops(self._fusion)
         self._closed = False  # the ``with`` block ended: no more ops
+        self._entered = False  # a ``with`` block ran: an empty fusion is then "empty", not "not defined"
         #: the fusion version whose kernel parallel types ``execute`` last looked for (warned once a version)
         self._schedule_checked = -1
         self.sched = ScheduleOps(self._fusion)
@@ -90,6 +96,7 @@ class FusionDefinition:
 
     def __enter__(self) -> FusionDefinition:
         self._closed = False
+        self._entered = True
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -267,6 +274,16 @@ class FusionDefinition:
             self._fusion.set_output_stride_order(tv, stride_order)
 
     # --- execution ---------------------------------------------------------------------------------
+    def _check_not_empty(self, what: str) -> None:
+        """A definition never written (no ``with`` block, no ops) and one written without outputs get
+        nvFuser's two messages: the first is usually a forgotten ``with``."""
+        if self.fusion.outputs():
+            return
+        if not self._entered and self._fec is None and not self._fusion.inputs():
+            raise EmptyFusionError("Fusion does not exist! Use `with FusionDefinition() as fd: ...` to define a "
+                                   f"fusion. Nothing was defined before {what}.")
+        raise EmptyFusionError(f"Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before {what}")
+
     def execute(self, inputs: Sequence[Any], *, device: torch.device | str | int | None = None,
                 save_repro_inputs: bool = False, _enable_options: Sequence[str] = (),
                 _disable_options: Sequence[str] = ()) -> list[torch.Tensor]:
@@ -277,8 +294,7 @@ class FusionDefinition:
     def _execute(self, inputs: Sequence[Any], device: torch.device | str | int | None, save_repro_inputs: bool,
                  enable_options: Sequence[str], disable_options: Sequence[str], check_schedule: bool,
                  ) -> list[torch.Tensor]:
-        if not self.fusion.outputs():
-            raise EmptyFusionError("Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before execute")
+        self._check_not_empty("execute")
         args = _flatten(inputs)
         if save_repro_inputs:
             self._repro_inputs = record_inputs(args)
@@ -293,9 +309,7 @@ class FusionDefinition:
     def manual_execute(self, inputs: Sequence[Any], heuristic_params: KernelParams | None = None) -> list[torch.Tensor]:
         """Run the whole fusion as one kernel, scheduled as the user (or ``schedule.schedule``) left it:
         no automatic scheduling. Kernels are generated on CUDA, through Triton's interpreter on CPU."""
-        if not self.fusion.outputs():
-            raise EmptyFusionError("Fusion is empty! The fusion has no outputs; call fd.add_output(tv) before "
-                                   "manual_execute")
+        self._check_not_empty("manual_execute")
         self._last_was_manual = True
         if heuristic_params is None:
             return self._manual.run(_flatten(inputs))
@@ -380,8 +394,8 @@ class FusionDefinition:
 
     def last_repro_script(self) -> str:
         if self._repro_inputs is None:
-            raise ValueError("fd.last_repro_script() cannot provide a repro because fd.execute(inputs, "
-                             "save_repro_inputs=True) was not executed!")
+            raise MissingReproInputsError("fd.last_repro_script() cannot provide a repro because fd.execute(inputs, "
+                                          "save_repro_inputs=True) was not executed!")
         return repro_script(repr(self), self._repro_inputs)
 
 

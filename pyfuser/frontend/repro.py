@@ -3,6 +3,7 @@ strides, dtypes and devices (``fd.repro_script_for``, ``fd.last_repro_script``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,11 +53,20 @@ def _tensor_source(t: TensorRecord) -> str:
     return f"{base}.as_strided({shape}, {tuple(t.stride)})"
 
 
+def _imports() -> list[str]:
+    """Code that imported pyfuser as ``nvfuser_direct`` (the alias) gets a script in nvFuser's words,
+    which the alias line makes runnable without nvFuser; otherwise pyfuser's own names."""
+    if sys.modules.get("nvfuser_direct") is sys.modules.get("pyfuser"):
+        return ["import pyfuser.nvfuser_direct_alias  # nvfuser_direct is pyfuser", "import torch",
+                "from nvfuser_direct import FusionDefinition, DataType"]
+    return ["import torch", "from pyfuser import FusionDefinition, DataType"]
+
+
 def repro_script(definition: str, inputs: Sequence[InputRecord] | None) -> str:
     lines = ["# CUDA devices:"]
     lines += [f"#  {i}: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
-    lines += [f"# torch version: {torch.__version__}", f"# cuda version: {torch.version.cuda}",
-              "import torch", "from pyfuser import FusionDefinition, DataType"]
+    lines += [f"# torch version: {torch.__version__}", f"# cuda version: {torch.version.cuda}"]
+    lines += _imports()
     text = "\n".join(lines) + "\n" + definition + "with FusionDefinition() as fd:\n    nvfuser_fusion(fd)\n"
     if inputs is None:
         return text

@@ -87,6 +87,8 @@ class FusionExecutorCache:
         self._by_layout: dict[tuple[Any, ...], Program] = {}
         #: (output position, input position) of outputs written in place into an input
         self._aliases: list[tuple[int, int]] = []
+        #: returned output position -> the input it is: the value written into that input (or the input itself)
+        self._returns_input: dict[int, int] = {}
         self.compile_count = 0
         #: The program the latest ``run`` executed (for dumps and tests: ``str(program)`` is its Host IR).
         self.last_program: Program | None = None
@@ -117,10 +119,21 @@ class FusionExecutorCache:
         self._by_layout.clear()
         inputs = self.fusion.inputs()
         self._aliases = []
-        for pos in range(len(self.fusion.outputs())):
+        outputs = self.fusion.outputs()
+        for pos in range(len(outputs)):
             target = self.fusion.output_alias(pos)
             if target is not None:
                 self._aliases.append((pos, next(k for k, v in enumerate(inputs) if v is target)))
+        # An output that is also written into an input, or is that input, is returned as the input, as
+        # nvFuser's: after the write the input's buffer holds it, and a copy would be stale or redundant.
+        self._returns_input = {}
+        written = {pos for pos, _ in self._aliases}
+        returned = [pos for pos in range(len(outputs)) if pos not in written]
+        for place, pos in enumerate(returned):
+            for alias_pos, k in self._aliases:
+                if outputs[pos] is outputs[alias_pos] or outputs[pos] is inputs[k]:
+                    self._returns_input[place] = k
+                    break
 
     def run(self, args: Sequence[Any], *, device: torch.device | str | int | None = None,
             enable_options: Sequence[str] = (), disable_options: Sequence[str] = (),
@@ -223,7 +236,8 @@ class FusionExecutorCache:
         return target
 
     def _write_aliases(self, args: Sequence[Any], outputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Copy each in-place output into its input (any strides) and return only the others."""
+        """Copy each in-place output into its input (any strides) and return only the others (those that
+        are a written input's value, as that input)."""
         for pos, k in self._aliases:
             dst, src = args[k], outputs[pos]
             if dst.shape != src.shape:  # copy_ would broadcast silently
@@ -232,7 +246,10 @@ class FusionExecutorCache:
                                  f"({self.fusion.inputs()[k].short_name}) of shape {tuple(dst.shape)}")  # type: ignore[attr-defined]
             dst.copy_(src)
         written = {pos for pos, _ in self._aliases}
-        return [o for pos, o in enumerate(outputs) if pos not in written]
+        returned = [o for pos, o in enumerate(outputs) if pos not in written]
+        for place, k in self._returns_input.items():
+            returned[place] = args[k]
+        return returned
 
     def compiled_outputs(self) -> list[TensorView]:
         """The returned outputs of the latest run's program, as compiled: after the pre-segmentation

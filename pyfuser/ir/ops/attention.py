@@ -2,12 +2,14 @@
 
 Both are evaluated by attention's definition with ATen ops (matmul, logsumexp, softmax), computed
 in float32 (float64 for double inputs) as a flash kernel accumulates: ``scores = q @ k^T * scale
-(+ bias + mask)``, causal masking keeps the lower triangle (top-left aligned, as torch's), ``lse``
-is the row-wise logsumexp (float32), dropout drops with probability ``p`` and rescales. The
-forward returns nvFuser's four outputs; its RNG state is ``philox_seed = [seed, offset]`` (uint64,
-drawn from torch's generator of the device when dropout is on) and an empty ``philox_offset``, so
-the backward regenerates the same dropout mask. The backward recomputes the forward from q, k, v
-and differentiates it with autograd; like nvFuser's, it takes no bias or mask.
+(+ bias + mask)`` (a boolean mask drops its False entries), causal masking keeps the lower triangle
+(top-left aligned, as torch's), ``lse`` is the row-wise logsumexp (float32), dropout drops with
+probability ``p`` and rescales. The forward returns nvFuser's four outputs; its RNG state is
+``philox_seed = [seed, offset]`` (uint64, drawn from torch's generator of the device when dropout
+is on) and an empty ``philox_offset``, so the backward regenerates the same dropout mask. The
+backward recomputes the forward from q, k, v and differentiates it with autograd; like nvFuser's,
+it takes no bias or mask. Without dropout on a CPU, both run torch's fused CPU kernel instead,
+whose results torch's own attention gives.
 """
 
 from __future__ import annotations
@@ -33,11 +35,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
               seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` in the compute dtype (float32, or float64 for double inputs)."""
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    additive = _additive_mask(bias, mask)
+    if dropout_p == 0 and _cpu_flash_takes(q, k, v):
+        # torch's own fused CPU kernel: the same numbers as F.scaled_dot_product_attention, as nvFuser
+        # (which calls ATen's flash attention) gives torch's on CUDA.
+        scores_shape = (*q.shape[:-1], k.shape[-2])
+        attn_mask = None if additive is None else additive.to(q.dtype).expand(scores_shape)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)
+        return out, lse
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale
-    for additive in (bias, mask):
-        if additive is not None:
-            scores = scores + additive.to(compute)
+    if additive is not None:
+        scores = scores + additive.to(compute)
     if is_causal:
         keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -48,6 +58,28 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Ten
         kept = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=compute) >= dropout_p
         probs = probs * kept / (1 - dropout_p)
     return torch.matmul(probs, v.to(compute)), lse
+
+
+#: dtypes torch's fused CPU attention kernel takes
+_CPU_FLASH_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _cpu_flash_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether torch's fused CPU kernel computes this attention: [N, H, L, E] operands of one head size
+    and one batch, in a dtype it takes."""
+    return (q.device.type == "cpu" and q.dtype in _CPU_FLASH_DTYPES and q.dtype == k.dtype == v.dtype
+            and q.ndim == k.ndim == v.ndim == 4
+            and q.shape[-1] == k.shape[-1] == v.shape[-1] and q.shape[:2] == k.shape[:2] == v.shape[:2])
+
+
+def _additive_mask(bias: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``bias + mask`` as one additive term; a boolean mask keeps its True entries (0) and drops the
+    others (-inf), as torch's ``attn_mask`` and nvFuser's."""
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.where(mask, 0.0, float("-inf"))
+    if bias is None or mask is None:
+        return bias if mask is None else mask
+    return bias + mask
 
 
 def _flag(value: Any, default: Any) -> Any:
