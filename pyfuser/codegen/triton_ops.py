@@ -64,6 +64,11 @@ TRITON_POINTWISE: dict[PointwiseKind, TritonOp] = {
     BinaryOpType.ge: TritonOp("{0} >= {1}"),
     BinaryOpType.logical_and: TritonOp("tl.where({0} != 0, {1} != 0, False)"),
     BinaryOpType.logical_or: TritonOp("tl.where({0} != 0, True, {1} != 0)"),
+    # Integer and boolean operands only (torch's rule, checked at definition); exact on the operands
+    # converted to the output's type: the low bits of a sign-extended value are the value's.
+    BinaryOpType.bitwise_and: TritonOp("{0} & {1}"),
+    BinaryOpType.bitwise_or: TritonOp("{0} | {1}"),
+    BinaryOpType.bitwise_xor: TritonOp("{0} ^ {1}"),
     TernaryOpType.where: TritonOp("tl.where({0} != 0, {1}, {2})"),
     TernaryOpType.clamp: TritonOp("_clamp({0}, {1}, {2})"),
 }

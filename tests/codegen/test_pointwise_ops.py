@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from pyfuser import DataType, FusionDefinition
 from pyfuser.codegen.triton_ops import TRITON_POINTWISE
 from pyfuser.ir.ops import BinaryOpType, TernaryOpType, UnaryOpType
+from tests.codegen.conftest import kernel_schedulers
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.bool]
 SHAPE = (5, 7)
@@ -184,3 +185,25 @@ def test_python_int_beyond_an_int32_operands_range(value: int, device: str, run_
         want = fn(x, value)
         assert g.dtype == want.dtype
         torch.testing.assert_close(g, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.int64])
+def test_bitwise_ops_run_in_kernels(dtype: torch.dtype, device: str, run_kernels) -> None:
+    """``& | ^`` of integers and booleans (attention masks) are computed by the kernel, a broadcast operand
+    and a number included, not as ATen calls between kernels."""
+    high = 2 if dtype == torch.bool else 2**20
+    a = torch.randint(-high if dtype != torch.bool else 0, high, (5, 7), device=device).to(dtype)
+    b = torch.randint(-high if dtype != torch.bool else 0, high, (7,), device=device).to(dtype)
+    number = True if dtype == torch.bool else -6
+    ops = [torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor]
+    with FusionDefinition() as fd:
+        x, y = fd.from_pytorch(a), fd.from_pytorch(b)
+        for fn in ops:
+            fd.add_output(getattr(fd.ops, fn.__name__)(x, y))
+        fd.add_output(fd.ops.bitwise_xor(fd.ops.bitwise_and(x, number), y))
+    got = run_kernels(fd, [a, b])
+    want = [fn(a, b) for fn in ops] + [torch.bitwise_xor(torch.bitwise_and(a, number), b)]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w)
+    assert kernel_schedulers(fd) == ["pointwise"]
