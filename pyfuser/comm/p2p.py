@@ -12,7 +12,7 @@ transfers), and every transfer names its slot, so signals never race.
 from __future__ import annotations
 
 from enum import Enum
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pyfuser.host_ir.nodes import Allocate, HostNode, LoopIndex
 from pyfuser.ir.base import indent_str
@@ -153,35 +153,21 @@ class P2PRelease(HostNode):
                 f"backend={self.backend.upper()})\n")
 
 
-class Accumulate(HostNode):
-    """``out += inp`` in place (a reduce-scatter's received partial sums added to this rank's own)."""
+class BlockUpdate(HostNode):
+    """``out`` updated in place from ``inp`` (``out`` a block of a whole tensor): ``add`` for a
+    reduce-scatter's received partial sums added to this rank's own, ``copy`` for an all-gather pipeline
+    whose gathered tensor is also read after its GEMMs (this rank's shard and each received block)."""
 
     chunk_local = True
 
-    def __init__(self, out: TensorView, inp: TensorView) -> None:
+    def __init__(self, out: TensorView, inp: TensorView, op: Literal["add", "copy"]) -> None:
         self.out = out
         self.inp = inp
+        self.op = op
         self.inputs = [out, inp]
         self.outputs = [out]
 
     def to_string(self, indent: int = 0) -> str:
         pad = indent_str(indent)
-        return f"{pad}{self.out}\n{pad}   = {self.out}\n{pad}   + {self.inp}\n"
-
-
-
-class BlockCopy(HostNode):
-    """``out = inp`` in place (``out`` a block of a whole tensor): an all-gather pipeline whose gathered tensor
-    is also read after its GEMMs copies this rank's shard and each received block into it."""
-
-    chunk_local = True
-
-    def __init__(self, out: TensorView, inp: TensorView) -> None:
-        self.out = out
-        self.inp = inp
-        self.inputs = [out, inp]
-        self.outputs = [out]
-
-    def to_string(self, indent: int = 0) -> str:
-        pad = indent_str(indent)
-        return f"{pad}{self.out}\n{pad}   = copy of {self.inp}\n"
+        value = f"{self.out}\n{pad}   + {self.inp}" if self.op == "add" else f"copy of {self.inp}"
+        return f"{pad}{self.out}\n{pad}   = {value}\n"

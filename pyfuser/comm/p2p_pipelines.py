@@ -14,7 +14,7 @@ All-gather + GEMM (docs/allgather_gemm.md; a loop body, or the top level when th
 along the gathered dim and ``O[p]`` the output rows it produces, written in place. Where ``G`` is also read after the
 GEMMs (a program output: the activations a training forward saves for its weight gradients), or several
 GEMMs read it, at the top level, the blocks land in a symmetric buffer of their own and each is copied into
-``G`` (``BlockCopy``, this rank's shard too) and multiplied by every GEMM as it lands. Each rank sends to
+``G`` (``BlockUpdate``, this rank's shard too) and multiplied by every GEMM as it lands. Each rank sends to
 ``team[pos - j]`` and receives from ``team[pos + j]`` at step ``j``: a permutation, so every GPU serves one
 peer per step (what a ring achieves on a ring topology, with no forwarding hop on an NVLink switch).
 
@@ -41,8 +41,7 @@ from pyfuser.comm.communicator import Communicator
 from pyfuser.comm.nodes import Communication, Wait
 from pyfuser.comm.overlap_model import Decision, Pattern, decide, forced
 from pyfuser.comm.p2p import (
-    Accumulate,
-    BlockCopy,
+    BlockUpdate,
     P2PCommunication,
     P2PCommunicationType,
     P2PRelease,
@@ -359,13 +358,13 @@ class _P2PLowering:
                                   f"{label}.{2 * j - 1}", remote=mine.out) for j in range(1, parts)]
         compute += [mine, *sends]
         own = self._block(body, gathered, g, parts, pos)
-        compute += [own, BlockCopy(own.out, comm.input_tv)]
+        compute += [own, BlockUpdate(own.out, comm.input_tv, "copy")]
         compute += self._gemm_blocks(body, gemms, dims, comm.input_tv, parts, pos)
         for j in range(1, parts):
             q = (pos + j) % parts
             block, kept = self._block(body, received, g, parts, q), self._block(body, gathered, g, parts, q)
             recv = P2PCommunication(_RECV, block.out, received, team[q], backend, steps[j - 1], f"{label}.{2 * j}")
-            compute += [block, recv, P2PWait(recv), kept, BlockCopy(kept.out, block.out)]
+            compute += [block, recv, P2PWait(recv), kept, BlockUpdate(kept.out, block.out, "copy")]
             compute += self._gemm_blocks(body, gemms, dims, block.out, parts, q)
         compute += [P2PWait(s) for s in sends]
         compute += self._released(body, received, team, backend)
@@ -454,7 +453,7 @@ class _P2PLowering:
             block = self._block(body, chunk, g, parts, source, like=partial)
             recv = P2PCommunication(_RECV, block.out, received, team[source], backend, steps[j - 1],
                                     f"{label}.{2 * j}", loop_index=index)
-            tail += [block, recv, P2PWait(recv), Accumulate(out, block.out)]
+            tail += [block, recv, P2PWait(recv), BlockUpdate(out, block.out, "add")]
         tail += [P2PWait(s) for s in sends]
         tail += self._released(body, received, team, backend)
         body.nodes[at:at + 2] = tail

@@ -10,8 +10,7 @@ import torch
 
 from pyfuser.comm.communicator import Communicator
 from pyfuser.comm.p2p import (
-    Accumulate,
-    BlockCopy,
+    BlockUpdate,
     P2PCommunication,
     P2PCommunicationType,
     P2PRelease,
@@ -137,34 +136,24 @@ def build_p2p_release(node: P2PRelease, cc: CompileContext) -> Step:
     return step
 
 
-def build_accumulate(node: Accumulate, cc: CompileContext) -> Step:
+def build_block_update(node: BlockUpdate, cc: CompileContext) -> Step:
     out, inp = cc.slot(node.out), cc.slot(node.inp)
+    update = torch.Tensor.add_ if node.op == "add" else torch.Tensor.copy_
 
     def step(frame: Frame) -> None:
         values = frame.values
-        values[out].add_(values[inp])
-
-    return step
-
-
-def build_block_copy(node: BlockCopy, cc: CompileContext) -> Step:
-    out, inp = cc.slot(node.out), cc.slot(node.inp)
-
-    def step(frame: Frame) -> None:
-        values = frame.values
-        values[out].copy_(values[inp])
+        update(values[out], values[inp])
 
     return step
 
 
 P2P_STEP_BUILDERS: dict[type, StepBuilder] = {
-    BlockCopy: build_block_copy,
+    BlockUpdate: build_block_update,
     SymmetricAllocate: build_symmetric_allocate,
     ShardSelect: build_shard_select,
     P2PCommunication: build_p2p_communication,
     P2PWait: build_p2p_wait,
     P2PRelease: build_p2p_release,
-    Accumulate: build_accumulate,
 }
 
 

@@ -44,13 +44,23 @@ def place(mesh: DeviceMesh, *tvs: TensorView) -> None:
         tv.set_device_mesh(mesh)
 
 
-def allgather_linear(streams: int | None, bias: bool = True) -> tuple[FusionDefinition, TensorView]:
+def _operands(fd: FusionDefinition, streams: int | None, sizes: tuple[list[int], int] | None,
+              ) -> tuple[TensorView, TensorView]:
+    """``x`` and ``w`` of a linear: symbolic, or with every size given (``sizes``: global ``x``'s shape and
+    ``w``'s rows), the sizes the decision between pipeline and collective reads at compile time."""
+    if sizes is None:
+        return fd.define_tensor([-1] * (4 if streams else 3)), fd.define_tensor([-1, -1])
+    shape, n = sizes
+    return fd.define_tensor(shape), fd.define_tensor([n, shape[-1]])
+
+
+def allgather_linear(streams: int | None, bias: bool = True, sizes: tuple[list[int], int] | None = None,
+                     ) -> tuple[FusionDefinition, TensorView]:
     """Seed 004: ``x [S, D, m, K]`` sharded on axis 1, output stream-parallel on axis 0 (no loop: ``[D, m, K]``);
     returns the fusion and ``x``."""
     _, _, mesh = world()
     with FusionDefinition() as fd:
-        x = fd.define_tensor([-1] * (4 if streams else 3))
-        w = fd.define_tensor([-1, -1])
+        x, w = _operands(fd, streams, sizes)
         b = fd.define_tensor([-1]) if bias else None
         out = fd.ops.linear(x, w, b)
         fd.add_output(out)
@@ -61,13 +71,14 @@ def allgather_linear(streams: int | None, bias: bool = True) -> tuple[FusionDefi
     return fd, x
 
 
-def linear_reduce_scatter(streams: int | None) -> tuple[FusionDefinition, TensorView, TensorView]:
+def linear_reduce_scatter(streams: int | None, sizes: tuple[list[int], int] | None = None,
+                          ) -> tuple[FusionDefinition, TensorView, TensorView]:
     """Row-parallel linear into ``out [S, D, m, N]`` sharded on axis 1 (no loop: ``[D, m, N]``): K is sharded.
     Returns the fusion, ``x`` and ``w``."""
     d, _, mesh = world()
     rank_axis = 1 if streams else 0
     with FusionDefinition() as fd:
-        x, w = fd.define_tensor([-1] * (4 if streams else 3)), fd.define_tensor([-1, -1])
+        x, w = _operands(fd, streams, sizes)
         out = fd.ops.linear(x, w)
         fd.add_output(out)
         place(mesh, x, w, out)
@@ -258,26 +269,10 @@ def p2p_only_when_asked() -> None:
 
 def static_pattern(kind: str, streams: int | None, shape: list[int], n: int) -> FusionDefinition:
     """``allgather_linear`` / ``linear_reduce_scatter`` with every size given (global ``x`` of ``shape``,
-    ``w [n, K]``): the sizes the decision between pipeline and collective reads at compile time."""
-    d, _, mesh = world()
-    k = shape[-1]
-    with FusionDefinition() as fd:
-        x, w = fd.define_tensor(shape), fd.define_tensor([n, k])
-        out = fd.ops.linear(x, w)
-        fd.add_output(out)
-        place(mesh, x, w, out)
-        rank_axis = 1 if streams else 0
-        if kind == "all-gather":
-            x.axis(rank_axis).parallelize(X)
-        else:
-            x.outer_split(x.ndim - 1, d)
-            x.axis(x.ndim - 1).parallelize(X)
-            w.outer_split(1, d)
-            w.axis(1).parallelize(X)
-            out.axis(rank_axis).parallelize(X)
-        if streams:
-            out.axis(0).parallelize(STREAM)
-    return fd
+    ``w [n, K]``)."""
+    if kind == "all-gather":
+        return allgather_linear(streams, bias=False, sizes=(shape, n))[0]
+    return linear_reduce_scatter(streams, sizes=(shape, n))[0]
 
 
 @case()

@@ -65,12 +65,16 @@ P2P_CASES = [
                                                       ("md_p2p.py", 2, P2P_CASES), ("md_p2p.py", 4, P2P_CASES)],
                          ids=["2-ranks", "4-ranks", "p2p-2-ranks", "p2p-4-ranks"])
 def test_multidevice_cases(script: str, nproc: int, expected: list[str]) -> None:
-    result = torchrun(script, nproc, env=_backend_env(nproc))
+    assert_cases_passed(torchrun(script, nproc, env=_backend_env(nproc)), nproc, expected)
+
+
+def assert_cases_passed(result: subprocess.CompletedProcess[str], nproc: int, names: list[str]) -> None:
+    """Every rank of a torchrun of case scripts printed PASS for each of ``names`` and none FAIL."""
     output = result.stdout + result.stderr
     # Ranks share one stdout, so lines of different ranks may interleave: match without anchors.
     failed = sorted(set(re.findall(r"FAIL (\w+) rank", result.stdout)))
     assert not failed and result.returncode == 0, f"failed cases {failed}:\n{output[-12000:]}"
-    for name in expected:
+    for name in names:
         passed = len(re.findall(rf"PASS {name} rank \d", result.stdout))
         assert passed == nproc, f"{name} passed on {passed} of {nproc} ranks:\n{output[-6000:]}"
 

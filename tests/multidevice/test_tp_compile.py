@@ -3,10 +3,8 @@ CPUs, NCCL when every rank has a GPU): md_tp_compile.py's cases."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from test_multidevice import _backend_env, torchrun
+from test_multidevice import _backend_env, assert_cases_passed, torchrun
 
 BLOCKS = ["tp_sp_transformer_block"]
 #: the pattern matcher's cases do not depend on the ranks' count: on 2 ranks only (each launch compiles anew)
@@ -19,11 +17,5 @@ FORCE_PIPELINES = {"PYFUSER_ENABLE": "p2p_pipelines_always"}
 
 @pytest.mark.parametrize("nproc, names", [(2, CASES), (4, BLOCKS)], ids=["2-ranks", "4-ranks"])
 def test_tp_sp_blocks_compiled(nproc: int, names: list[str]) -> None:
-    result = torchrun("md_tp_compile.py", nproc, env={**_backend_env(nproc), **FORCE_PIPELINES,
-                                                        "PYFUSER_MD_CASES": ",".join(names)})
-    output = result.stdout + result.stderr
-    failed = sorted(set(re.findall(r"FAIL (\w+) rank", result.stdout)))
-    assert not failed and result.returncode == 0, f"failed cases {failed}:\n{output[-12000:]}"
-    for name in names:
-        passed = len(re.findall(rf"PASS {name} rank \d", result.stdout))
-        assert passed == nproc, f"{name} passed on {passed} of {nproc} ranks:\n{output[-6000:]}"
+    env = {**_backend_env(nproc), **FORCE_PIPELINES, "PYFUSER_MD_CASES": ",".join(names)}
+    assert_cases_passed(torchrun("md_tp_compile.py", nproc, env=env), nproc, names)
