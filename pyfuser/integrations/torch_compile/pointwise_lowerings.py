@@ -42,6 +42,9 @@ _BINARY: dict[Any, str] = {
     aten.lt.Tensor: "lt", aten.lt.Scalar: "lt", aten.le.Tensor: "le", aten.le.Scalar: "le",
     aten.gt.Tensor: "gt", aten.gt.Scalar: "gt", aten.ge.Tensor: "ge", aten.ge.Scalar: "ge",
     aten.logical_and.default: "logical_and", aten.logical_or.default: "logical_or",
+    aten.bitwise_and.Tensor: "bitwise_and", aten.bitwise_and.Scalar: "bitwise_and",
+    aten.bitwise_or.Tensor: "bitwise_or", aten.bitwise_or.Scalar: "bitwise_or",
+    aten.bitwise_xor.Tensor: "bitwise_xor", aten.bitwise_xor.Scalar: "bitwise_xor",
     aten.fmod.Tensor: "fmod", aten.fmod.Scalar: "fmod",
     aten.remainder.Tensor: "remainder", aten.remainder.Scalar: "remainder",
     aten.atan2.default: "atan2",
@@ -54,22 +57,6 @@ def _unary(name: str) -> Lowering:
 
 def _binary(name: str) -> Lowering:
     return Lowering(lambda ctx, a, b: getattr(ctx.ops, name)(a, b))
-
-
-#: bitwise ops, each with the logical op of the same math on booleans
-_BITWISE: dict[Any, tuple[str, str]] = {
-    aten.bitwise_and.Tensor: ("bitwise_and", "logical_and"), aten.bitwise_and.Scalar: ("bitwise_and", "logical_and"),
-    aten.bitwise_or.Tensor: ("bitwise_or", "logical_or"), aten.bitwise_or.Scalar: ("bitwise_or", "logical_or"),
-    aten.bitwise_xor.Tensor: ("bitwise_xor", "ne"), aten.bitwise_xor.Scalar: ("bitwise_xor", "ne"),
-}
-
-
-def _bitwise(name: str, logical: str) -> Lowering:
-    """On booleans (a mask combined with ``&``: a causal and a padding mask) the logical op, which a
-    kernel computes (Triton has no bitwise template for them); on integers the bitwise one."""
-    def lower(ctx: LoweringContext, a: Any, b: Any) -> Any:
-        return getattr(ctx.ops, logical if ctx.meta.dtype == torch.bool else name)(a, b)
-    return Lowering(lower)
 
 
 def _scaled(ctx: LoweringContext, value: Any, alpha: Any) -> Any:
@@ -147,7 +134,6 @@ def _check_float_operands(node: Node) -> str | None:
 POINTWISE_LOWERINGS: dict[Any, Lowering] = {
     **{op: _unary(name) for op, name in _UNARY.items()},
     **{op: _binary(name) for op, name in _BINARY.items()},
-    **{op: _bitwise(name, logical) for op, (name, logical) in _BITWISE.items()},
     aten.add.Tensor: Lowering(_add), aten.add.Scalar: Lowering(_add),
     aten.sub.Tensor: Lowering(_sub), aten.sub.Scalar: Lowering(_sub),
     aten.rsub.Tensor: Lowering(_rsub), aten.rsub.Scalar: Lowering(_rsub),
