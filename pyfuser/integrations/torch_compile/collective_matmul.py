@@ -50,6 +50,7 @@ from pyfuser.comm.nodes import Communication
 from pyfuser.comm.overlap_model import Decision, Pattern, decide
 from pyfuser.comm.p2p import P2PCommunication
 from pyfuser.frontend.fusion_definition import FusionDefinition
+from pyfuser.integrations.torch_compile.lowering import RESHAPES
 from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.iter_domain import ParallelType
@@ -61,7 +62,6 @@ _C10D = torch.ops._c10d_functional
 ALL_GATHER = _C10D.all_gather_into_tensor.default
 REDUCE_SCATTER = _C10D.reduce_scatter_tensor.default
 WAIT = _C10D.wait_tensor.default
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 #: namespaces of the ops through which DTensor and functional collectives communicate
 COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "_c10d_functional_autograd", "c10d_functional", "_dtensor"})
 #: where a kept collective's reason is recorded for the ``fx_graph`` dump (``support.refusal``)
@@ -246,7 +246,7 @@ def _match_allgather(ag: Node) -> _Match:
         value = cat
     if gathered_dim == len(chunk) - 1:
         raise _Refused("it gathers along the last dim, which a matmul of the gathered rows contracts")
-    while len(value.users) == 1 and (user := next(iter(value.users))).target in _RESHAPES:
+    while len(value.users) == 1 and (user := next(iter(value.users))).target in RESHAPES:
         nodes.append(user)
         value = user
     shape = _static(value)
@@ -288,7 +288,7 @@ def _match_reduce_scatter(rs: Node) -> _Match:
     full = _static(value)
     if scattered_dim == len(full) - 1:
         raise _Refused("it scatters the matmul's columns")
-    while value.target in _RESHAPES:
+    while value.target in RESHAPES:
         _only_user(value)
         nodes.insert(0, value)
         value = _node(value.args[0], f"what {value.name} reshapes")

@@ -77,6 +77,10 @@ def meta_of(value: Any) -> Any:
     return value.meta.get("val") if isinstance(value, Node) else value
 
 
+#: the ATen ops that reshape a tensor (a view where its strides allow)
+RESHAPES = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
+
+
 def swapped_dims(node: Any) -> tuple[int, int] | None:
     """The two dims a transposing node exchanges, smaller first: ``t``, ``transpose``, or a
     ``permute`` that moves exactly two dims; None for any other value."""

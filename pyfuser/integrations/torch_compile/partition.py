@@ -22,7 +22,7 @@ from torch.fx.node import map_arg
 from torch.fx.passes.tools_common import legalize_graph
 
 from pyfuser.integrations.torch_compile.grouping import leading_views, propose_groups, trim_edges
-from pyfuser.integrations.torch_compile.lowering import OpClass
+from pyfuser.integrations.torch_compile.lowering import RESHAPES, OpClass
 from pyfuser.integrations.torch_compile.region import FusionRegion
 from pyfuser.integrations.torch_compile.support import op_class, refusal
 from pyfuser.integrations.torch_compile.translator import RegionTranslator, TranslatedRegion, TranslationError
@@ -53,9 +53,8 @@ def _is_view(node: Node) -> bool:
 #: position of the operand -> the view ops it folds (a transposed weight -> ``linear``; rows
 #: flattened from an N-D tensor -> the N-D tensor)
 _TRANSPOSES = (aten.t.default, aten.transpose.int, aten.permute.default)
-_FLATTENINGS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-FOLDED_OPERANDS = {aten.mm.default: {1: _TRANSPOSES, 0: _FLATTENINGS},
-                   aten.addmm.default: {2: _TRANSPOSES, 1: _FLATTENINGS}}
+FOLDED_OPERANDS = {aten.mm.default: {1: _TRANSPOSES, 0: RESHAPES},
+                   aten.addmm.default: {2: _TRANSPOSES, 1: RESHAPES}}
 
 
 def _keep_folded_operands(members: list[Node], proposed: set[Node], leading: set[Node],

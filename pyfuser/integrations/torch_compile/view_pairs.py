@@ -23,11 +23,10 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from pyfuser.integrations.torch_compile.lowering import swapped_dims
+from pyfuser.integrations.torch_compile.lowering import RESHAPES, swapped_dims
 
 aten = torch.ops.aten
 
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 #: values no kernel computes: a reshape of one is a free view
 _OUTSIDE_KERNELS = (aten.mm.default, aten.addmm.default, aten.bmm.default)
 
@@ -83,7 +82,7 @@ def _conversion(node: Node) -> bool:
 
 
 def _reshape(node: Node) -> bool:
-    return node.op == "call_function" and node.target in _RESHAPES and isinstance(node.args[0], Node)
+    return node.op == "call_function" and node.target in RESHAPES and isinstance(node.args[0], Node)
 
 
 def _computed_in_kernels(node: Node) -> bool:
