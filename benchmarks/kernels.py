@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from kernel_cases import FAMILIES, QUICK, Point, check, full_points, moved_bytes, outputs_of, tiny_points
 from results_files import RESULTS, machine_kind, write_results
-from timing import synchronize, time_ms_flushed
+from timing import synchronize, time_ms_flushed, timing_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -389,6 +389,8 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print the selected points and exit")
     parser.add_argument("--progress", default="", help="append each point's row to this JSON-lines file as it "
                         "finishes (a run that dies keeps its points: --merge takes the file)")
+    parser.add_argument("--timing-lock", default=None, metavar="FILE",
+                        help="hold FILE's exclusive lock while timing (other benchmarks in parallel on one GPU)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     if args.dry_run:
@@ -407,11 +409,14 @@ def main() -> None:
         print("\n".join(p.name for p in points), f"\n{len(points)} points", sep="")
         return
     dev = "cuda"
+    with timing_lock(args.timing_lock):
+        copy_gbps = copy_bandwidth(dev)
     result: dict[str, Any] = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
                               "torch": torch.__version__, "selection": selection or "full",
-                              "copy_GBps": copy_bandwidth(dev), "points": []}
+                              "copy_GBps": copy_gbps, "points": []}
     def timer(fn: Callable[[], Any]) -> float:
-        return bench(fn, args.rep_ms, max_reps=args.max_reps)
+        with timing_lock(args.timing_lock):
+            return bench(fn, args.rep_ms, max_reps=args.max_reps)
 
     copy = CopyBandwidth(dev, timer)
     progress = Path(args.progress) if args.progress else None
@@ -432,7 +437,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     result["summary"] = summarize(result["points"])
     try:
-        result["host"] = host_overhead(dev)
+        with timing_lock(args.timing_lock):
+            result["host"] = host_overhead(dev)
     except Exception as e:  # it reaches into the runtime's program: a change there must not lose the sweep
         result["host_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     result["seconds"] = time.perf_counter() - start

@@ -30,10 +30,14 @@ and exits with status 1 when any case failed.
 Writes ``<out>/models[_<variant>]_<kind>.json`` and ``.md`` (``benchmarks/results_files.py``; ``--out``
 defaults to ``benchmarks/results``); a run of another size or a quick run is a variant of its own.
 ``--merge`` keeps the cases of the file it writes over that this run did not repeat (a full run in
-several processes). ``--profile MODEL`` instead writes ``models_profile_<model>_<kind>.md``: each
-variant's kernels by GPU time side by side (``torch.profiler``, aggregated by name) with totals of
-generated kernels, GEMM / convolution / attention library kernels and other ATen kernels, and what each pyfuser
-region ran.
+several processes, one after another); the file is rewritten after each model, so a run cut short keeps
+what it finished. Shards in parallel on one GPU: ``--timing-lock FILE`` (timed steps never overlap; first
+calls compile in parallel, so their seconds include contention) and ``--out`` per shard, then
+``--combine shard*/models_<kind>.json`` writes them as one run.
+
+``--profile MODEL`` instead writes ``models_profile_<model>_<mode>_<dtype>_<kind>.md``: each variant's kernels by GPU time
+side by side (``torch.profiler``, aggregated by name) with totals of generated kernels, GEMM / convolution /
+attention library kernels and other ATen kernels, and what each pyfuser region ran.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ import torch._inductor.config
 import transformers
 from model_zoo import ARCHS, SIZES, Batch, Size, build_model, make_batch, output_logits, output_loss
 from results_files import RESULTS, kind_label, machine_kind, now_stamp, run_line, write_results
-from timing import synchronize, time_ms
+from timing import synchronize, time_ms, timing_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -88,6 +92,8 @@ class Options:
     interpreter: bool
     grads: int = 3
     seed: int = 0
+    #: a file whose exclusive lock the timed steps hold (shards of one run in parallel processes on one GPU)
+    timing_lock: str | None = None
 
 
 # --- steps ---------------------------------------------------------------------------------------------------
@@ -207,7 +213,8 @@ def run_case(model: torch.nn.Module, batch: Batch, record: dict[str, Any], refer
             step()
             synchronize(device)
             record["first_call_s"] = time.perf_counter() - t0
-            record["ms"] = time_ms(step, device, opts.warmup, opts.iters)
+            with timing_lock(opts.timing_lock):
+                record["ms"] = time_ms(step, device, opts.warmup, opts.iters)
             record["units_per_s"] = batch.units / (record["ms"] / 1e3)
             record["errors"] = errors(checked(step(), model, training, grad_names), reference)
             if device == "cuda":
@@ -341,7 +348,9 @@ def markdown(report: dict[str, Any]) -> str:
              f"{meta['iters']} steps after {meta['warmup']} warm-up steps ({meta['timer']}). Ratios: anchor time over "
              "the variant's (above 1: faster than Inductor, CUDA-graph variants against `reduce-overhead`). "
              "Errors: max abs error over the fp32 eager reference's max abs value, worst of logits, loss and "
-             "gradients.", "", "## Summary: pyfuser / Inductor across models", "",
+             "gradients." + (" Shards ran in parallel processes on the GPU, timed steps one at a time (one lock): "
+                             "first calls compiled beside other shards' compilation." if meta.get("timing_lock") else ""),
+             "", "## Summary: pyfuser / Inductor across models", "",
              "| mode | dtype | variant | models | geomean | worst | geomean vs eager | failed |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for row in report["summary"]:
@@ -395,18 +404,6 @@ def results_variant(args: argparse.Namespace, profile: str | None = None) -> str
     return "_".join(p for p in parts if p)
 
 
-def merged(path: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``records`` plus the cases of the results file at ``path`` that they do not repeat."""
-    if not path.exists():
-        return records
-    key = ("model", "mode", "dtype", "variant")
-    done = {tuple(r[k] for k in key) for r in records}
-    kept = [r for r in json.loads(path.read_text())["cases"] if tuple(r[k] for k in key) not in done]
-    order = {name: k for k, name in enumerate(ARCHS)}
-    return sorted(kept + records, key=lambda r: (order.get(r["model"], len(order)), MODES.index(r["mode"]),
-                                                 list(DTYPES).index(r["dtype"]), VARIANTS.index(r["variant"])))
-
-
 # --- profile -------------------------------------------------------------------------------------------------
 GEMM = re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|splitkreduce|flash|fmha|cudnn|attention|sdpa|convolution|"
                   r"aten::(mm|bmm|addmm|baddbmm|linear|matmul|_grouped_mm)$", re.I)
@@ -451,6 +448,7 @@ def run_profile(name: str, mode: str, dtype: str, variants: list[str], opts: Opt
     model = build_model(name, opts.size, opts.device, opts.seed).to(DTYPES[dtype]).train(training)
     batch = make_batch(name, opts.size, opts.device, DTYPES[dtype], opts.seed)
     tables: dict[str, dict[str, list[float]]] = {}
+    step_ms: dict[str, float] = {}  # unprofiled: beside the kernels' sum it shows host-bound steps
     regions: dict[str, list[str]] = {}
     failures = []
     for variant in variants:
@@ -461,7 +459,9 @@ def run_profile(name: str, mode: str, dtype: str, variants: list[str], opts: Opt
                 step = make_step(run, model, batch, training, variant == "inductor_cuda_graph")
                 for _ in range(1 + opts.warmup):
                     step()
-                tables[variant] = profile_kernels(step, opts.device, steps)
+                with timing_lock(opts.timing_lock):
+                    step_ms[variant] = time_ms(step, opts.device, 2, 10)
+                    tables[variant] = profile_kernels(step, opts.device, steps)
                 if backend is not None:
                     regions[variant] = [r.summary() for g in backend.graphs for r in g.regions]
         except Exception as e:
@@ -485,6 +485,7 @@ def run_profile(name: str, mode: str, dtype: str, variants: list[str], opts: Opt
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
     lines.append("| **total** | " + " | ".join(f"**{sum(e[0] for e in t.values()):.1f}** ({sum(e[1] for e in t.values()):.0f})"
                                                for t in tables.values()) + " |")
+    lines.append("| step (median of 10, not profiled) | " + " | ".join(f"{step_ms[v] * 1e3:.1f}" for v in tables) + " |")
     ranked = {v: sorted(t.items(), key=lambda kv: -kv[1][0])[:top] for v, t in tables.items()}
     lines += ["", "| # | " + " | ".join(f"{v} | us" for v in ranked) + " |",
               "| ---: | " + " | ".join("--- | ---:" for _ in ranked) + " |"]
@@ -532,6 +533,10 @@ def main() -> int:
                         help="keep Inductor's FX-graph / autotune caches (first calls then reuse earlier runs)")
     parser.add_argument("--out", default=str(RESULTS), help="results folder")
     parser.add_argument("--merge", action="store_true", help="keep the written file's cases this run does not repeat")
+    parser.add_argument("--timing-lock", default=None, metavar="FILE",
+                        help="hold FILE's exclusive lock while timing (shards in parallel on one GPU)")
+    parser.add_argument("--combine", nargs="+", default=[], metavar="JSON",
+                        help="write these results files' cases as one run (no model runs)")
     parser.add_argument("--profile", default=None, metavar="MODEL", help="profile MODEL's kernels instead")
     parser.add_argument("--top", type=int, default=25, help="--profile: kernels listed per variant")
     parser.add_argument("--profile-steps", type=int, default=3, help="--profile: steps profiled")
@@ -544,7 +549,8 @@ def main() -> int:
     opts = Options(device=args.device, size=SIZES[args.size],
                    warmup=args.warmup if args.warmup is not None else (1 if args.quick else 5),
                    iters=args.iters if args.iters is not None else (2 if args.quick else 20),
-                   interpreter=args.interpreter if args.interpreter is not None else args.device == "cpu")
+                   interpreter=args.interpreter if args.interpreter is not None else args.device == "cpu",
+                   timing_lock=args.timing_lock)
     if not args.inductor_caches:
         torch._inductor.config.force_disable_caches = True
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
@@ -563,25 +569,46 @@ def main() -> int:
         if failures:
             text += "\n## Failures\n\n" + "\n".join(f"```\n{f}\n```" for f in failures) + "\n"
         out.mkdir(parents=True, exist_ok=True)
-        path = out / f"models_{results_variant(args, args.profile)}_{kind}.md"
+        path = out / f"models_{results_variant(args, f'{args.profile}_{modes[0]}_{dtypes[0]}')}_{kind}.md"
         path.write_text(text)
         print(f"wrote {path}")
         return 1 if failures else 0
-    records = []
+    variant = results_variant(args)
+    if args.combine:
+        shards = [json.loads(Path(f).read_text()) for f in args.combine]
+        combined = merged_cases([r for shard in shards for r in shard["cases"]])
+        meta = {**shards[0]["meta"], "models": list(dict.fromkeys(r["model"] for r in combined)),
+                "command": "; ".join(shard["meta"]["command"] for shard in shards)}
+        return write_report(combined, meta, machine_kind(meta["device_name"]), out, variant)
+    meta = {"device": args.device, "device_name": device_name, "machine_kind": kind_label(kind),
+            "size": args.size, "shape": dataclasses.asdict(opts.size), "warmup": opts.warmup,
+            "iters": opts.iters, "timer": "CUDA events" if args.device == "cuda" else "wall clock",
+            "interpreter": opts.interpreter, "inductor_caches": args.inductor_caches,
+            "timing_lock": bool(args.timing_lock), "torch": torch.__version__,
+            "transformers": transformers.__version__, "command": " ".join(["python", *sys.argv])}
+    path = out / ("_".join(p for p in ("models", variant, kind) if p) + ".json")
+    kept = json.loads(path.read_text())["cases"] if args.merge and path.exists() else []
+    records: list[dict[str, Any]] = []
+    status = 0
     for name in models:
         records += run_model(name, modes, dtypes, variants, opts)
-    variant = results_variant(args)
-    if args.merge:
-        records = merged(out / ("_".join(p for p in ("models", variant, kind) if p) + ".json"), records)
+        status = write_report(merged_cases(kept + records), {**meta, "models": models}, kind, out, variant)
+    return status
+
+
+def merged_cases(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per (model, mode, dtype, variant), the later one kept, in the zoo's order."""
+    key = ("model", "mode", "dtype", "variant")
+    latest = {tuple(r[k] for k in key): r for r in records}
+    order = {name: k for k, name in enumerate(ARCHS)}
+    return sorted(latest.values(), key=lambda r: (order.get(r["model"], len(order)), MODES.index(r["mode"]),
+                                                  list(DTYPES).index(r["dtype"]), VARIANTS.index(r["variant"])))
+
+
+def write_report(records: list[dict[str, Any]], meta: dict[str, Any], kind: str, out: Path, variant: str) -> int:
+    """Write the results files of ``records``; 1 when a case failed."""
     add_ratios(records)
-    report = {"meta": {"device": args.device, "device_name": device_name, "machine_kind": kind_label(kind),
-                       "size": args.size, "shape": dataclasses.asdict(opts.size),
-                       "models": list(dict.fromkeys(r["model"] for r in records)), "warmup": opts.warmup,
-                       "iters": opts.iters, "timer": "CUDA events" if args.device == "cuda" else "wall clock",
-                       "interpreter": opts.interpreter, "inductor_caches": args.inductor_caches,
-                       "torch": torch.__version__, "transformers": transformers.__version__,
-                       "command": " ".join(["python", *sys.argv])},
-              "summary": summarize(records), "cases": records}
+    report: dict[str, Any] = {"meta": meta, "summary": summarize(records), "cases": records}
     for row in report["summary"]:
         if "geomean" in row:
             print(f"{row['mode']} {row['dtype']} {row['variant']} / {row['anchor']}: geomean {row['geomean']:.2f}x, "

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -14,6 +16,22 @@ import torch
 def synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+@contextmanager
+def timing_lock(path: str | None) -> Iterator[None]:
+    """Hold ``path``'s exclusive ``flock`` (nothing without a path): benchmark processes sharing one GPU
+    compile and check in parallel but never time at once. Their untimed GPU work (first calls, checks)
+    can still overlap a timed step; medians over many steps keep such a step out."""
+    if not path:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def time_ms(step: Callable[[], Any], device: str, warmup: int, iters: int) -> float:

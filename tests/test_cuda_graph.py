@@ -10,7 +10,7 @@ import torch
 
 from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.ir.eval_context import EvalContext
-from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphProgram, CudaGraphRunner, _StaticInput
+from pyfuser.runtime.cuda_graph import CapturedGraph, CaptureError, CudaGraphProgram, CudaGraphRunner, _StaticInput
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -262,3 +262,25 @@ def test_stream_loop_over_an_empty_input_under_cuda_graphs() -> None:
         warnings.simplefilter("ignore")  # whether this program is captured is the runner's call
         (out,) = fd.execute([x, 0], _enable_options=["cuda_graph"])
     assert out.shape == (0,) and out.dtype == torch.int32 and out.is_cuda
+
+
+@cuda
+def test_a_capture_that_fails_midway_leaves_random_numbers_working() -> None:
+    """A program that synchronizes inside the capture (past the warm-up's check) invalidates it: the
+    capture is refused, and torch's CUDA generator is not left capturing (every later random op of
+    the process raised "Offset increment outside graph capture")."""
+    calls: list[int] = []
+
+    def syncs_when_captured(args: list[object]) -> list[object]:
+        calls.append(1)
+        x = args[0]
+        assert isinstance(x, torch.Tensor)
+        y = torch.rand_like(x) + x
+        if len(calls) > 1:  # the capture, not the warm-up
+            torch.cuda.synchronize()
+        return [y]
+
+    x = torch.randn(8, device="cuda")
+    with pytest.raises(CaptureError, match="cannot be captured"):
+        CapturedGraph(syncs_when_captured, [x], frozenset(), torch.cuda.graph_pool_handle(), "the program")
+    assert torch.randn(4, device="cuda").shape == (4,)

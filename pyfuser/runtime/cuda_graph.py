@@ -130,6 +130,19 @@ def _warm_up(run: Run, inputs: list[Any], name: str) -> None:
         torch.cuda.set_sync_debug_mode(previous)
 
 
+def _end_generator_capture(device: torch.device) -> None:
+    """After a failed capture: a capture that torch cannot end (an invalidated stream capture) never
+    runs its generators' capture epilogue, leaving ``device``'s default generator marked as capturing,
+    so every later random op of the process raises. An empty capture begins and ends that state once
+    more."""
+    try:
+        with torch.cuda.device(device):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                pass
+    except RuntimeError:
+        pass
+
+
 class CapturedGraph:
     """One captured execution: static inputs, the graph, its output buffers."""
 
@@ -159,8 +172,10 @@ class CapturedGraph:
                 self.outputs: list[torch.Tensor | None] = run(list(inputs))
                 self._sort_outputs(inputs, in_place, name, hands_out)
         except CaptureError:
+            _end_generator_capture(device)
             raise
         except RuntimeError as e:
+            _end_generator_capture(device)
             raise CaptureError(f"{name}: the program cannot be captured into a CUDA graph: {e}") from e
         # Inputs refreshed by one batched copy per dtype (torch's fast path takes one dtype at a time).
         groups: dict[torch.dtype, list[tuple[int, _StaticInput]]] = {}

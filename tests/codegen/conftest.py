@@ -16,7 +16,8 @@ RunKernels = Callable[..., list[torch.Tensor]]
 
 def execute_with_kernels(fd: FusionDefinition, inputs: Sequence[Any], **kwargs: Any) -> list[torch.Tensor]:
     """Execute with generated kernels (the interpreter on CPU) and check a kernel actually ran."""
-    on_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in inputs)
+    on_cuda = (any(isinstance(a, torch.Tensor) and a.is_cuda for a in inputs)
+               or torch.device(kwargs.get("device") or "cpu").type == "cuda")
     options = list(kwargs.pop("_enable_options", ()))
     if not on_cuda:
         options.append("triton_interpreter")

@@ -81,7 +81,7 @@ def test_a_mask_beside_the_positions_it_compares(device: str, outputs: tuple[str
             fd.add_output(named[name])
         fd.add_output(fd.ops.le(kv, q))
     base_values = torch.arange(37, device=device) * 3 - 20
-    got = execute_with_kernels(fd, [base_values] if length is None else [])
+    got = execute_with_kernels(fd, [base_values] if length is None else [], device=device)
     p = (base_values if length is None else torch.arange(37, device=device)) + 1
     want = {"positions": p[None, :], "q": p[None, None, :, None], "kv": p[None, None, None, :]}
     for name, out in zip(outputs, got, strict=False):
