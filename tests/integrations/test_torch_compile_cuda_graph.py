@@ -164,6 +164,34 @@ def test_index_check_waits_for_nothing() -> None:
     torch.testing.assert_close(out, weight[ids])
 
 
+@pytest.mark.parametrize("op", ["gather", "index_select", "embedding", "index_put_accumulate"])
+def test_aten_indexing_kernels_are_their_own_index_check(op: str) -> None:
+    """Where ATen's CUDA kernel asserts each index it reads (gather, index_select, embedding), pyfuser
+    adds no check of its own (it read the whole index tensor once more); CUDA's accumulating index_put
+    reads without one, so pyfuser asserts its indices."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        idx = fd.define_tensor([-1, -1] if op == "gather" else [-1], dtype=DataType.Int)
+        if op == "gather":
+            out = fd.ops.gather(x, idx, 1)
+        elif op == "index_select":
+            out = fd.ops.index_select(x, idx, 0)
+        elif op == "embedding":
+            out = fd.ops.embedding_fwd(idx, x)
+        else:
+            values = fd.define_tensor([-1, -1])
+            out = fd.ops.index_put_accumulate(x, idx, values)
+        fd.add_output(out)
+    x0 = torch.randn(6, 5, device="cuda")
+    idx0 = torch.tensor([[0, 4], [3, 1], [2, 2], [4, 0], [1, 1], [0, 3]] if op == "gather" else [5, 0, 3], device="cuda")
+    inputs = [x0, idx0] + ([torch.randn(3, 5, device="cuda")] if op == "index_put_accumulate" else [])
+    fd.execute(inputs)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fd.execute(inputs)
+    asserts = [e.name for e in prof.events() if e.name == "aten::_assert_async"]
+    assert len(asserts) == (1 if op == "index_put_accumulate" else 0), asserts
+
+
 def test_index_out_of_range_is_a_device_assert(tmp_path: pathlib.Path) -> None:
     """Out of range on a GPU stops the program with a device-side assert, as ATen's CUDA indexing does
     (in a child process: a device assert leaves the CUDA context unusable)."""

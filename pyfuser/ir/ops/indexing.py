@@ -3,11 +3,12 @@ index_put_accumulate, evaluated with ATen.
 
 Every index is checked against the extent it indexes before ATen reads with it, never an
 out-of-bounds read. On a CPU an out-of-range index is a ValueError naming the tensor, the axis, the
-valid range and the offending value. On a GPU the check is a device-side assert, the check ATen's own
-CUDA indexing kernels make (the program stops with CUDA's "device-side assert triggered"; CUDA drops
-the message): reading the index's range back to the host would make every step that embeds tokens
-wait for the device (a training step's embedding forward and backward: two synchronizations), and
-a CUDA-graph capture cannot wait at all.
+valid range and the offending value. On a GPU the check is a device-side assert (the program stops
+with CUDA's "device-side assert triggered"; CUDA drops the message): reading the index's range back
+to the host would make every step that embeds tokens wait for the device, and a CUDA-graph capture
+cannot wait at all. Where ATen's CUDA kernel asserts each index it reads (gather, scatter,
+index_select, embedding) that assert is the check: a separate one would read the indices once more
+(DeBERTa's relative-position gathers: int64 indices of a whole attention map, a millisecond a step).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ if TYPE_CHECKING:
 
 
 def check_indices(op: str, index: torch.Tensor, index_tv: Any, size: int, target: Any, dim: int,
-                  allow_negative: bool = False) -> None:
+                  allow_negative: bool = False, asserted_by_aten: bool = True) -> None:
     """Raise ValueError when a value of ``index`` is outside ``[0, size)`` (``[-size, size)`` with
     ``allow_negative``), the extent of ``target``'s axis ``dim``; on a device other than the CPU, assert
-    it there (the caller's stream carries on)."""
-    if index.numel() == 0:
+    it there (the caller's stream carries on) unless ``asserted_by_aten``: the ATen kernel that reads
+    the indices asserts them itself."""
+    if index.numel() == 0 or (asserted_by_aten and index.device.type == "cuda"):
         return
     lower = -size if allow_negative else 0
     if index.device.type != "cpu":  # asserted on the device, without waiting for it
@@ -258,7 +260,8 @@ class IndexPutAccumulateOp(Expr):
             raise ValueError(f"index_put_accumulate: value {value_tv.short_name} has shape {tuple(value.shape)} but "  # type: ignore[attr-defined]
                              f"must be {want} (one row per index of {index_tv.short_name}, shaped like a row of "  # type: ignore[attr-defined]
                              f"{acc_tv.short_name})")  # type: ignore[attr-defined]
-        check_indices("index_put_accumulate", index, index_tv, acc.shape[0], acc_tv, 0)
+        # CUDA's accumulating index_put sorts the indices and reads without a bounds assert.
+        check_indices("index_put_accumulate", index, index_tv, acc.shape[0], acc_tv, 0, asserted_by_aten=False)
         return [torch.index_put(acc, (index,), value.to(acc.dtype), accumulate=True)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
