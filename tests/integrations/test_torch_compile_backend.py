@@ -671,6 +671,35 @@ def test_batch_norm_training_steps_match_eager(dtype: torch.dtype) -> None:
         assert not converted
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_batch_norm_in_eval_mode_is_pointwise_math_in_a_kernel(dtype: torch.dtype) -> None:
+    """A ResNet block in eval mode: each batch norm is pointwise math with the running statistics,
+    fused with the ReLU and the residual add into generated kernels (no ATen batch norm)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+    norm = torch.nn.BatchNorm2d(4)
+    with torch.no_grad():
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.5, 2)
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    conv, norm = conv.to(dtype).eval(), norm.to(dtype).eval()
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(norm(conv(x)) + x)
+
+    backend = PyfuserBackend()
+    x = torch.randn(2, 4, 7, 5, dtype=dtype).permute(0, 1, 3, 2)
+    with torch.no_grad():
+        got = torch.compile(block, backend=backend)(x)
+        want = block(x)
+    torch.testing.assert_close(got, want, **({"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}))
+    eager = [str(n) for g in backend.graphs for n in g.eager]
+    regions = "".join(repr(r.fd) for g in backend.graphs for r in g.regions)
+    assert not any("batch_norm" in e for e in eager), eager
+    assert "batch_norm" not in regions and "rsqrt(" in regions, regions
+
+
 @torch.library.custom_op("pyfuser_test::halve_to_bfloat16", mutates_args=())
 def _halve_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
     return (x / 2).to(torch.bfloat16)

@@ -12,6 +12,10 @@ Decomposed (each entry's forward and, where listed, backward):
   ``leaky_relu``, ``hardtanh``, ``elu``, ``softplus``, ``hardswish``, ``hardsigmoid``, ``mish``,
   ``glu``, ``logit``; and the forwards of those without an ``fd.ops`` method (``leaky_relu``,
   ``hardtanh``, ``elu``, ``softplus``, ``hardswish``, ``hardsigmoid``, ``mish``, ``glu``, ``logit``);
+* batch norm in eval mode (``_native_batch_norm_legit_no_training``): pointwise math with the
+  running statistics, fused with the convolution's neighbours (ReLU, the residual add). Written
+  here: torch's entry calls ``_native_batch_norm_legit``, an op that may update the statistics in
+  place, which AOTAutograd refuses in a functional graph;
 * ``native_dropout_backward`` (a mask multiply), ``masked_fill``, ``mse_loss`` and its backward,
   ``std``, ``nan_to_num``, ``isneginf``;
 * ``nll_loss_forward`` / ``nll_loss_backward``: the one derivation of this module, since torch's
@@ -23,7 +27,7 @@ Decomposed (each entry's forward and, where listed, backward):
 
 Deliberately *not* decomposed, so they stay one ATen call (or one lowering): ``addmm`` / ``mm`` /
 ``bmm`` (cuBLAS), scaled-dot-product attention (torch's fused kernels), ``native_dropout`` (torch's
-RNG stream: results match eager), ``embedding_dense_backward`` (a scatter), ``native_batch_norm``
+RNG stream: results match eager), ``embedding_dense_backward`` (a scatter), batch norm in training
 (updates running statistics in place).
 """
 
@@ -120,7 +124,25 @@ def _nll_loss_backward(grad_output: torch.Tensor, logp: torch.Tensor, target: to
     return torch.where(hit, -grad_output, 0).to(torch.result_type(logp, grad_output))
 
 
+def _batch_norm_in_eval_mode(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                             running_mean: torch.Tensor, running_var: torch.Tensor, momentum: float,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` per channel (axis 1), in float32 for reduced
+    precision inputs as ATen computes it; the saved statistics are empty, as ATen's are in eval mode."""
+    compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    scale = torch.rsqrt(running_var.to(compute) + eps)
+    if weight is not None:
+        scale = scale * weight.to(compute)
+    out = (x.to(compute) - running_mean.to(compute).reshape(shape)) * scale.reshape(shape)
+    if bias is not None:
+        out = out + bias.to(compute).reshape(shape)
+    empty = x.new_zeros((0,))
+    return out.to(x.dtype), empty, empty
+
+
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """OpOverload -> decomposition, for ``aot_autograd(decompositions=...)``."""
-    return get_decompositions(list(DECOMPOSED_OPS)) | {aten.nll_loss_forward.default: _nll_loss_forward,
-                                                       aten.nll_loss_backward.default: _nll_loss_backward}
+    return get_decompositions(list(DECOMPOSED_OPS)) | {
+        aten.nll_loss_forward.default: _nll_loss_forward, aten.nll_loss_backward.default: _nll_loss_backward,
+        aten._native_batch_norm_legit_no_training.default: _batch_norm_in_eval_mode}
