@@ -167,6 +167,12 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     reduced, kept = hints.reduced, hints.kept
     vec = max(1, 16 // bytes_per_element)
     inner = min(32 * vec, next_power_of_2(kept)) if kept is not None else 32 * vec
+    if not splittable and kept is not None:
+        # A normalization cannot split its reduced axis over programs: narrower column blocks (down to
+        # 64-byte row segments, two sectors) give every SM programs. Whisper's layer norms over
+        # channels stored outermost (1024 x 12000 bf16) ran on 47 programs of 256 columns.
+        while inner > 4 * vec and -(-kept // inner) < WAVES * m.sm_count:
+            inner //= 2
     if persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent:
         tile = next_power_of_2(max(reduced, 1)) * inner
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition, schedule
-from pyfuser.scheduler import inner_outer_persistent, inner_persistent, reduction
+from pyfuser.scheduler import inner_outer_persistent, inner_persistent, outer_persistent, reduction
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from tests.codegen.conftest import kernel_schedulers, kernel_segments
 
@@ -223,6 +223,27 @@ def test_outer_normalization(rows: int, device: str, run_kernels) -> None:
     (out,) = run_kernels(fd, [x])
     _close(out, (x - x.mean(0)) * torch.rsqrt(x.var(0, unbiased=False) + 1e-5))
     assert kernel_schedulers(fd) == ["outer_persistent"]
+
+
+def test_outer_normalization_gives_every_sm_programs() -> None:
+    """A normalization over channels stored outermost (a layer norm of a transposed activation, as
+    Whisper's encoder has) cannot split its reduced axis, so its column blocks narrow (to 64-byte row
+    segments at least) until the programs fill the SMs twice over."""
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        tf = fd.ops.cast(t, DataType.Float)
+        var, mean = fd.ops.var_mean(tf, [0], correction=0, keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.sub(tf, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5))),
+                                  DataType.BFloat16))
+    machine = Machine(132, 16384, 2048)
+    for channels, columns in ((1024, 12000), (768, 3000), (64, 1 << 20), (1024, 100)):
+        params = outer_persistent.compute_heuristics(fd.fusion, SizeHints(reduced=channels, kept=columns,
+                                                                          machine=machine))
+        programs = -(-columns // params.tile)
+        assert params.tile >= 32, (channels, columns, params)  # 64-byte segments of bf16
+        assert programs >= 2 * machine.sm_count or params.tile == 32, (channels, columns, params)
+        wider = -(-columns // (2 * params.tile))  # programs of twice the columns: too few, or the widest tile
+        assert params.tile == 256 or wider < 2 * machine.sm_count, (channels, columns, params)
 
 
 def _seed003() -> FusionDefinition:
