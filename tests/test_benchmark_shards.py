@@ -1,0 +1,72 @@
+"""Shards of one benchmark run on one GPU (``benchmarks/models.py``, ``benchmarks/kernels.py``): timed steps
+never overlap (``timing.timing_lock``), and the shards' results files combine into one run."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT / "benchmarks"))  # the benchmarks import their sibling modules by name
+
+timing: ModuleType = importlib.import_module("timing")
+models: ModuleType = importlib.import_module("models")
+
+
+def test_timed_sections_of_several_holders_never_overlap(tmp_path: Path) -> None:
+    """Each holder opens the lock file itself, as separate processes do: their sections run one at a time."""
+    lock, spans = str(tmp_path / "gpu.lock"), []
+
+    def hold() -> None:
+        for _ in range(3):
+            with timing.timing_lock(lock):
+                start = time.perf_counter()
+                time.sleep(0.01)
+                spans.append((start, time.perf_counter()))
+
+    threads = [threading.Thread(target=hold) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spans.sort()
+    assert len(spans) == 9
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans)), spans
+    with timing.timing_lock(None):  # no lock file: nothing to hold
+        pass
+
+
+def _case(model: str, mode: str, variant: str, ms: float) -> dict[str, object]:
+    return {"model": model, "mode": mode, "dtype": "bf16", "variant": variant, "status": "ok", "ms": ms,
+            "unit": "tokens", "units_per_step": 100, "first_call_s": 1.0, "units_per_s": 1.0, "errors": {}}
+
+
+def test_shards_combine_into_one_run_in_the_zoo_order(tmp_path: Path) -> None:
+    """Cases of several shards, a case repeated by a later shard replaced by it, ordered as the zoo lists the
+    models; ratios and the summary are those of the combined cases."""
+    meta = {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "size": "default", "warmup": 1, "iters": 2,
+            "models": ["llama", "vit"],
+            "timer": "CUDA events", "torch": "2", "transformers": "5", "command": "python models.py"}
+    shards = [[_case("vit", "inference", "eager", 4.0), _case("vit", "inference", "inductor", 2.0),
+               _case("vit", "inference", "pyfuser", 4.0)],
+              [_case("llama", "training", "inductor", 3.0), _case("llama", "training", "pyfuser", 2.0),
+               _case("vit", "inference", "pyfuser", 1.0)]]
+    combined = models.merged_cases([c for shard in shards for c in shard])
+    assert [(c["model"], c["variant"]) for c in combined] == [
+        ("llama", "inductor"), ("llama", "pyfuser"), ("vit", "eager"), ("vit", "inductor"), ("vit", "pyfuser")]
+    assert models.write_report(combined, meta, "h100", tmp_path, "") == 0
+    report = json.loads((tmp_path / "models_h100.json").read_text())
+    ratios = {(c["model"], c["variant"]): c.get("vs_inductor") for c in report["cases"]}
+    assert ratios[("vit", "pyfuser")] == 2.0 and ratios[("llama", "pyfuser")] == 1.5
+    (training,) = [row for row in report["summary"] if row["mode"] == "training"]
+    assert (training["models"], training["worst"]) == (1, 1.5)
