@@ -6,72 +6,146 @@ the user's definition stays as written), so the copy is done in two flat phases 
 discover every IR node and make an empty instance of each, then fill in their attributes with
 references remapped to the new instances. Anything that is not an IR node (ints, strings,
 enums, symbolic extents, dtypes, functions, device meshes) is immutable and shared.
+
+Copies are a large part of compiling a model (every segment's fusion is one), so what a value is
+(an IR node, a container, anything else) is decided once per type, and each node's attributes are
+read once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-_CONTAINERS = (list, tuple, dict, set, frozenset)
+_LEAF, _NODE, _LIST, _TUPLE, _DICT, _SET = range(6)
 
 
-def _attribute_names(obj: object) -> list[str]:
-    names: list[str] = []
-    for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        names.extend([slots] if isinstance(slots, str) else slots)
-    names = [n for n in names if n not in ("__dict__", "__weakref__") and hasattr(obj, n)]
-    if hasattr(obj, "__dict__"):
-        names.extend(vars(obj))
-    return names
+class _Kinds(dict[type, int]):
+    """What each type's values are to the copy (``kinds[type(value)]``), by ``issubclass`` once per type:
+    the node types are abstract classes, and an ``isinstance`` against them is slow."""
+
+    def __init__(self, node_types: tuple[type, ...]) -> None:
+        super().__init__({int: _LEAF, float: _LEAF, str: _LEAF, bool: _LEAF, type(None): _LEAF})
+        self.node_types = node_types
+
+    def __missing__(self, t: type) -> int:
+        if issubclass(t, self.node_types):
+            kind = _NODE
+        elif issubclass(t, dict):
+            kind = _DICT
+        elif issubclass(t, list):
+            kind = _LIST
+        elif issubclass(t, tuple):
+            kind = _TUPLE
+        elif issubclass(t, (set, frozenset)):
+            kind = _SET
+        else:
+            kind = _LEAF
+        self[t] = kind
+        return kind
 
 
-def _children(value: Any, node_types: tuple[type, ...], out: list[Any]) -> None:
-    """Append the IR nodes found in ``value`` (looking inside plain containers)."""
+_SLOTS: dict[type, tuple[tuple[str, ...], bool]] = {}
+
+
+def _layout(t: type) -> tuple[tuple[str, ...], bool]:
+    """A type's slot names (every class of its MRO) and whether its instances have a ``__dict__``."""
+    layout = _SLOTS.get(t)
+    if layout is None:
+        names: list[str] = []
+        for cls in t.__mro__:
+            slots = cls.__dict__.get("__slots__", ())
+            names.extend([slots] if isinstance(slots, str) else slots)
+        slots_only = tuple(n for n in names if n not in ("__dict__", "__weakref__"))
+        layout = _SLOTS[t] = (slots_only, any("__dict__" in c.__dict__ for c in t.__mro__))
+    return layout
+
+
+def _attributes(obj: object) -> list[tuple[str, Any]]:
+    slots, has_dict = _layout(type(obj))
+    items: list[tuple[str, Any]] = []
+    for name in slots:
+        try:
+            items.append((name, getattr(obj, name)))
+        except AttributeError:  # a slot never assigned
+            pass
+    if has_dict:
+        items.extend(vars(obj).items())
+    return items
+
+
+def _children(value: Any, kinds: _Kinds, out: list[Any], dropped: frozenset[int]) -> bool:
+    """Append the IR nodes found in ``value`` (looking inside plain containers), except those
+    ``dropped``; whether it holds any node (dropped ones included: they are removed from it)."""
+    found = False
     stack = [value]
     while stack:
         v = stack.pop()
-        if isinstance(v, node_types):
-            out.append(v)
-        elif isinstance(v, dict):
+        kind = kinds[type(v)]
+        if kind == _LEAF:
+            continue
+        if kind == _NODE:
+            if id(v) not in dropped:
+                out.append(v)
+            found = True
+        elif kind == _DICT:
             stack.extend(v.keys())
             stack.extend(v.values())
-        elif isinstance(v, _CONTAINERS):
+        else:
             stack.extend(v)
+    return found
 
 
-def _remap(value: Any, node_types: tuple[type, ...], memo: dict[int, Any]) -> Any:
-    if isinstance(value, node_types):
-        return memo[id(value)]
-    if isinstance(value, list):
-        return [_remap(v, node_types, memo) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_remap(v, node_types, memo) for v in value)
-    if isinstance(value, dict):
-        return {_remap(k, node_types, memo): _remap(v, node_types, memo) for k, v in value.items()}
-    if isinstance(value, (set, frozenset)):
-        return type(value)(_remap(v, node_types, memo) for v in value)
-    return value
+_DROPPED = object()
 
 
-def clone_graph(root: Any, node_types: tuple[type, ...], memo: dict[int, Any] | None = None) -> Any:
+def _remap(value: Any, kinds: _Kinds, memo: dict[int, Any]) -> Any:
+    """``value`` with its nodes replaced by their copies; a node not copied (dropped) is left out of
+    containers, and is ``_DROPPED`` itself."""
+    kind = kinds[type(value)]
+    if kind == _LEAF:
+        return value
+    if kind == _NODE:
+        return memo.get(id(value), _DROPPED)
+    if kind == _DICT:
+        items = ((_remap(k, kinds, memo), _remap(v, kinds, memo)) for k, v in value.items())
+        return {k: v for k, v in items if k is not _DROPPED and v is not _DROPPED}
+    values = [v for v in (_remap(v, kinds, memo) for v in value) if v is not _DROPPED]
+    if kind == _LIST:
+        return values
+    if kind == _TUPLE:
+        return tuple(values)
+    return type(value)(values)
+
+
+def clone_graph(root: Any, node_types: tuple[type, ...], memo: dict[int, Any] | None = None,
+                dropped: frozenset[int] = frozenset(), also: Sequence[Any] = ()) -> Any:
     """A deep copy of every IR node (an instance of ``node_types``) reachable from ``root``; other
-    values are shared. ``memo`` (``id(original) -> copy``) is filled for callers that need the map."""
+    values are shared. ``memo`` (``id(original) -> copy``) is filled for callers that need the map.
+    Nodes whose ids are ``dropped`` are neither copied nor followed: a reference to one is left out
+    of the container holding it, an attribute that is one becomes None (a segment's copy drops the
+    rest of the graph: its inputs lose their definitions, its values the uses outside it); ``also``
+    are nodes to copy beside ``root`` (a segment's values that only dropped nodes lead to)."""
     memo = {} if memo is None else memo
-    originals: list[Any] = []
-    pending = [root]
+    kinds = _Kinds(node_types)
+    #: each original node's copy with its attributes, and whether each holds IR nodes (to remap)
+    filled: list[tuple[Any, list[tuple[str, Any, bool]]]] = []
+    pending = [root, *also]
     while pending:
         node = pending.pop()
         if id(node) in memo:
             continue
-        memo[id(node)] = object.__new__(type(node))
-        originals.append(node)
+        copy = memo[id(node)] = object.__new__(type(node))
         found: list[Any] = []
-        for name in _attribute_names(node):
-            _children(getattr(node, name), node_types, found)
+        attributes = [(name, value, _children(value, kinds, found, dropped)) for name, value in _attributes(node)]
+        filled.append((copy, attributes))
         pending.extend(f for f in found if id(f) not in memo)
-    for node in originals:
-        copy = memo[id(node)]
-        for name in _attribute_names(node):
-            object.__setattr__(copy, name, _remap(getattr(node, name), node_types, memo))
+    setattr_ = object.__setattr__
+    for copy, attributes in filled:
+        for name, value, holds_nodes in attributes:
+            if holds_nodes:
+                value = _remap(value, kinds, memo)
+                if value is _DROPPED:
+                    value = None
+            setattr_(copy, name, value)
     return memo[id(root)]

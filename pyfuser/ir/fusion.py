@@ -35,6 +35,19 @@ class Fusion:
         ``id(original node) -> copy``."""
         return clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo)
 
+    def clone_segment(self, inputs: Sequence[Val], outputs: Sequence[Val],
+                      memo: dict[int, object] | None = None) -> Fusion:
+        """A copy computing ``outputs`` from ``inputs`` only (``restrict`` of a copy), made without
+        copying the rest of the graph: a model's region copies it once per segment it compiles."""
+        kept = {id(e) for e in self.exprs_between(inputs, outputs)}
+        outside = frozenset(id(e) for v in self.vals() for e in (v.definition, *v.uses)
+                            if e is not None and id(e) not in kept)
+        memo = {} if memo is None else memo
+        copy: Fusion = clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo, outside,
+                                   also=[*inputs, *outputs])
+        copy.restrict([memo[id(v)] for v in inputs], [memo[id(v)] for v in outputs])  # type: ignore[misc]
+        return copy
+
     def __deepcopy__(self, memo: dict[int, object]) -> Fusion:
         return self.clone()
 
@@ -128,12 +141,17 @@ class Fusion:
     # --- traversal -------------------------------------------------------------------------------
     def exprs(self) -> list[Expr]:
         """Exprs needed to compute the outputs, in topological order (depth-first from outputs)."""
-        input_ids = {id(v) for v in self._inputs}
+        return self.exprs_between(self._inputs, self._outputs)
+
+    @staticmethod
+    def exprs_between(inputs: Sequence[Val], outputs: Sequence[Val]) -> list[Expr]:
+        """Exprs needed to compute ``outputs`` from ``inputs``, in topological order."""
+        input_ids = {id(v) for v in inputs}
         order: list[Expr] = []
         done: set[int] = set()
         # Iterative post-order DFS: (expr, expanded?) entries.
         stack: list[tuple[Expr, bool]] = []
-        for out in reversed(self._outputs):
+        for out in reversed(outputs):
             if out.definition is not None and id(out) not in input_ids:
                 stack.append((out.definition, False))
         while stack:

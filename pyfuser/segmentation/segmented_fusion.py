@@ -69,8 +69,7 @@ def segment_fusion_copy(fusion: Fusion, group: SegmentedGroup) -> tuple[Fusion, 
     and devices are the program's business, not the kernel's; the kernel sees chunks and shards as
     they are). Returns the copy and ``id(original node) -> copy``."""
     memo: dict[int, object] = {}
-    copy = fusion.clone(memo)
-    copy.restrict([memo[id(v)] for v in group.inputs], [memo[id(v)] for v in group.outputs])  # type: ignore[misc]
+    copy = fusion.clone_segment(group.inputs, group.outputs, memo)
     for tv in copy.tensors():
         if tv.is_fusion_input or tv.is_fusion_output:
             tv.memory_type = MemoryType.Global
