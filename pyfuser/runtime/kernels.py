@@ -62,8 +62,10 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
     target = kernel_target(options)
     machine = Machine.of(options.device)
 
+    unscheduled: list[Fusion] = []  # a copy analyzed for its extents, scheduled by the first build
+
     def build(hints: SizeHints | tuple[()]) -> CompiledKernel | KernelSequence:
-        copy, _ = segment_fusion_copy(fusion, group)
+        copy = unscheduled.pop() if unscheduled else segment_fusion_copy(fusion, group)[0]
         params = scheduler.compute_heuristics(copy, hints)
         dump(DumpOption.scheduler_params, lambda: f"Segment g{index} ({group.scheduler.name}):\n{params}")
         scheduler.schedule(copy, params)
@@ -87,6 +89,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
     assert analysis is not None, reason
     reduced, kept = analysis.extents()
     perms = tuple(layouts[o.name].perm for o in group.outputs)
+    unscheduled.append(view)
     return SizeDispatchedKernel(name, build, reduced, kept, machine, perms)
 
 
