@@ -24,6 +24,8 @@ from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGrou
 
 #: Exprs that only change how an input is viewed: a segment of nothing else computes nothing.
 INPUT_VIEW_OPS = (BroadcastOp, ExpandOp, SqueezeOp, SliceOp)
+#: Ops that end a kernel as a view of its output where only ATen calls read them, and what each is.
+_VIEWS_AT_KERNEL_ENDS: dict[type, str] = {PermuteOp: "a permute", ExpandOp: "an expand", BroadcastOp: "a broadcast"}
 
 #: Why an ATen segment is not a kernel when kernels are off.
 KERNELS_OFF = "generated kernels are off (they run on CUDA, or with _enable_options=['triton_interpreter'])"
@@ -56,7 +58,7 @@ class _Segmenter:
             self._merge_producers_into_consumers()
             if len(set(map(id, self.group_of.values()))) < groups:
                 self._merge_siblings()
-            self._permutes_read_by_aten_as_views()
+            self._views_read_by_aten_as_views()
             self._input_broadcasts_as_views()
         groups = self._topological(list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs)))
         for group in groups:
@@ -133,24 +135,27 @@ class _Segmenter:
         meshes = {tv.device_mesh for e in exprs for tv in (*e.tensor_inputs, *e.tensor_outputs)}
         return len(meshes) <= 1
 
-    def _permutes_read_by_aten_as_views(self) -> None:
+    def _views_read_by_aten_as_views(self) -> None:
         """A permute at the end of a kernel whose result only ATen calls read (a matmul of a
         transpose, as every weight gradient of a backward pass) is a view of the kernel's output,
         not a transposed copy: it leaves the kernel as an ATen call of its own. So is a permute that
         is a kernel of its own (a transpose kernel copying a tensor for a matmul that reads either
-        layout)."""
+        layout). So are an expand and a broadcast: an ATen call reads stride-0 axes as they are
+        (DeBERTa's relative-position gathers: the kernel wrote each [1, S, S] index expanded to a
+        [batch x heads, S, S] int64 tensor)."""
         outputs = {id(v) for v in self.fusion.outputs()}
         for expr in self.exprs:
             group = self.group_of[id(expr)]
-            if not isinstance(expr, PermuteOp) or not self._mergeable(group) or not is_kernel(group.scheduler):
+            what = _VIEWS_AT_KERNEL_ENDS.get(type(expr))
+            if what is None or not self._mergeable(group) or not is_kernel(group.scheduler):
                 continue
             out = expr.outputs[0]
             readers = [self.group_of[id(u)] for u in out.uses if id(u) in self.live]
             if id(out) in outputs or not readers or any(is_kernel(g.scheduler) for g in readers):
                 continue
+            reason = f"{what} only ATen calls read: a view"
             if len(group.exprs) == 1:
-                self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval,
-                                                         reason="a permute only ATen calls read: a view")
+                self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval, reason=reason)
                 continue
             rest = [e for e in group.exprs if e is not expr]
             remaining = self._scheduled(rest)
@@ -158,8 +163,7 @@ class _Segmenter:
                 continue
             for e in rest:
                 self.group_of[id(e)] = remaining
-            self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval,
-                                                     reason="a permute only ATen calls read: a view")
+            self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval, reason=reason)
 
     def _is_input_broadcast(self, group: SegmentedGroup) -> bool:
         """Whether ``group`` only broadcasts, expands, squeezes or slices fusion inputs, as defined (a

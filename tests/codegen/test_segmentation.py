@@ -152,6 +152,30 @@ def test_a_head_merge_reshape_is_a_view_of_the_kernels_output(device: str, run_k
     assert not copies and len(kernel_segments(fd)) == 1, copies
 
 
+def test_an_index_expanded_for_a_gather_is_a_view(monkeypatch, capsys, device) -> None:
+    """DeBERTa's relative positions: an index computed once per [S, S] and expanded over batch x heads
+    for a gather (an ATen call): the kernel writes the [1, S, S] index, the expand is a view (stride 0),
+    not a kernel output of the expanded size."""
+    scores = torch.randn(6, 5, 9, device=device)
+    positions = torch.arange(5, device=device)
+    with FusionDefinition() as fd:
+        s = fd.from_pytorch(scores)
+        p = fd.from_pytorch(positions)
+        relative = fd.ops.sub(fd.ops.broadcast(p, [False, True]), fd.ops.broadcast(p, [True, False]))
+        index = fd.ops.clamp(fd.ops.add(relative, 4), 0, 8)
+        expanded = fd.ops.expand(fd.ops.broadcast(index, [True, False, False]), [6, 5, 5])
+        fd.add_output(fd.ops.gather(s, expanded, 2))
+    kernels_on = ["triton_interpreter"] if device == "cpu" else []
+    (out,), dump = _dump(monkeypatch, capsys, fd, [scores, positions],
+                         lambda fd, i: fd.execute(i, _enable_options=kernels_on))
+    want_index = ((positions[:, None] - positions[None, :]) + 4).clamp(0, 8).expand(6, 5, 5)
+    torch.testing.assert_close(out, torch.gather(scores, 2, want_index))
+    assert "an expand only ATen calls read: a view" in dump
+    launch = next(line for line in dump.splitlines() if "LaunchKernel(" in line)
+    written = launch.split("outputs = ")[1]
+    assert "{6}" not in written and "bS" in written, dump  # the index as computed, not expanded
+
+
 def test_a_transpose_only_a_matmul_reads_is_a_view(monkeypatch, capsys, device) -> None:
     """A permute that would be a kernel of its own (a transpose kernel) for a matmul, which reads either
     layout, is a view: no kernel, no copy."""
