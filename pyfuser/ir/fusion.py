@@ -95,6 +95,16 @@ class Fusion:
         self._outputs.append(val)
         self.mark_changed()
 
+    def replace_output(self, old: Val, new: Val) -> None:
+        """Make ``new`` the output in ``old``'s places (a pass that recomputes an output another way)."""
+        self._check_owned(new, "fusion output")
+        if not isinstance(new, TensorView):
+            raise TypeError(f"fusion outputs must be tensors, got {new}")
+        if any(o is old for o in self._outputs):
+            new.memory_type = MemoryType.Global
+            self._outputs = [new if o is old else o for o in self._outputs]
+            self.mark_changed()
+
     def alias_output_to_input(self, out: TensorView, inp: TensorView) -> None:
         """Add ``out`` as an output written in place into input ``inp`` (not returned)."""
         self._check_owned(out, "aliased output")

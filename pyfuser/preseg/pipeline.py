@@ -12,6 +12,7 @@ from pyfuser.preseg.input_layouts import bind_input_layouts
 from pyfuser.preseg.loop_allocation_decoupling import decouple_loop_and_allocation
 from pyfuser.preseg.propagate_shardings import propagate_shardings
 from pyfuser.preseg.required_output_layouts import apply_required_output_layouts
+from pyfuser.preseg.staged_var_mean import stage_var_means
 from pyfuser.preseg.view_friendly_layouts import permuted_layouts_for_reshapes
 
 #: In the order they run. Layout passes run after the sharding passes, and
@@ -22,6 +23,7 @@ PRESEG_PASSES: list[Pass[Fusion]] = [
     Pass("decompose_resharding", decompose_resharding),
     Pass("bind_input_layouts", bind_input_layouts),
     Pass("apply_required_output_layouts", apply_required_output_layouts),
+    Pass("stage_var_means", stage_var_means),
     Pass("infer_allocation_order", infer_allocation_order, disabled_by=DisableOption.infer_contiguity),
     Pass("permuted_layouts_for_reshapes", permuted_layouts_for_reshapes, disabled_by=DisableOption.infer_contiguity),
     Pass("decouple_loop_and_allocation", decouple_loop_and_allocation),

@@ -161,6 +161,10 @@ def inner_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     return ReductionParams(scheduler_type, ref.name, "loop", tile=step, num_warps=warps_for(step))
 
 
+#: The narrowest column block of an outer reduction (elements of the kept axis per program).
+MIN_OUTER_TILE = 32
+
+
 def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHints, persistent: bool,
                  splittable: bool, bytes_per_element: int) -> ReductionParams:
     m = hints.machine
@@ -176,8 +180,13 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     if persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent:
         tile = next_power_of_2(max(reduced, 1)) * inner
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))
-    rows = max(1, min(ROWS_TILE // inner, next_power_of_2(reduced) if reduced is not None else 64))
     split = 1
+    if not splittable and kept is not None:
+        # Without a split, programs come from the kept axis only: narrower column blocks (down to a
+        # warp's width, whole 32-byte sectors of 16-bit data) before too few programs.
+        while inner > MIN_OUTER_TILE and -(-kept // inner) < WAVES * m.sm_count:
+            inner //= 2
+    rows = max(1, min(ROWS_TILE // inner, next_power_of_2(reduced) if reduced is not None else 64))
     if splittable and reduced is not None and kept is not None:
         programs = -(-kept // inner)
         if programs < WAVES * m.sm_count:

@@ -1,0 +1,98 @@
+"""Staged ``var_mean``: a mean and variance over several axes that a reduction kernel cannot read well
+in one pass are computed in two stages, first over all the reduced axes but the outermost in memory,
+then over that one.
+
+Welford's partial results are not combined across programs (``codegen/grid_reduction.py``), so a
+one-stage ``var_mean`` runs one program per kept element. Batch-norm statistics (``var_mean`` over
+N, H, W of [N, C, H, W]) then get C programs: for NCHW each loops over N*H*W elements that are not
+contiguous (an index divided and wrapped per element), for channels-last they are an outer reduction
+whose C contiguous channels fill two programs. Reducing H, W first keeps N*C programs on contiguous
+rows (NCHW) or N*C / tile programs (channels-last); the second stage reduces N partial results.
+
+Every partial of the first stage covers the same number of elements (the product of the other
+reduced extents), so the second stage is exact algebra, not a heuristic: the mean is the mean of the
+partial means and the (biased) variance is the mean of the partial variances plus the variance of the
+partial means (the law of total variance with equal weights), both stable in floating point.
+"""
+
+from __future__ import annotations
+
+from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
+from pyfuser.ir.dtypes import DataType
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import IterDomain, IterType
+from pyfuser.ir.ops import BinaryOp, BinaryOpType, ReductionOp, ReductionOpType, VarMeanOp
+from pyfuser.ir.tensor_domain import TensorDomain
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.options import CompileOptions
+
+#: Exact in these dtypes' own arithmetic (the kernels accumulate them at their own precision); a
+#: half-precision var_mean rounds each stage's results, so it keeps one stage.
+_DTYPES = (DataType.Float, DataType.Double)
+
+
+def stage_var_means(fusion: Fusion, options: CompileOptions) -> None:
+    """Rewrite each ``var_mean`` that ``staged_axes`` picks into its two stages."""
+    orders = infer_allocation_orders(fusion)
+    for expr in fusion.exprs():
+        if not isinstance(expr, VarMeanOp):
+            continue
+        x = expr.tensor_inputs[0]
+        split = staged_axes(expr, orders[id(x)])
+        if split is not None:
+            _stage(fusion, expr, *split)
+
+
+def staged_axes(expr: VarMeanOp, order: list[IterDomain]) -> tuple[int, list[int]] | None:
+    """``(outer, inner)``: the reduced axis the second stage reduces and those the first does, or None
+    to keep one stage: one reduced axis, a reduction of every axis, a correction (unbiased variance:
+    the stages combine biased ones), half-precision data, or reduced axes that are contiguous and
+    innermost in memory (a plain inner reduction of whole rows, which a kernel reads well)."""
+    x = expr.tensor_inputs[0]
+    fusion = x.fusion
+    logical = x.get_logical_domain(no_reductions=True)
+    reduced = [a for a in expr.axes if not logical[a].is_broadcast]  # size-1 axes cost nothing
+    if (expr.correction != 0 or x.dtype not in _DTYPES or len(reduced) < 2
+            or all(logical[k].is_broadcast for k in range(len(logical)) if k not in expr.axes)
+            or any(fusion.get_output_stride_order(o) is not None
+                   for o in expr.tensor_outputs if o.is_fusion_output)):
+        return None
+    position = {id(i): k for k, i in enumerate(logical)}
+    memory = [position[id(i)] for i in order if id(i) in position and not i.is_broadcast]
+    if len(memory) != sum(not i.is_broadcast for i in logical):
+        return None
+    places = [k for k, a in enumerate(memory) if a in reduced]
+    gap = places[-1] - places[0] + 1 != len(places)  # a kept axis lies between reduced ones
+    outer = memory[-1] not in reduced  # the innermost axis is kept: an outer reduction
+    if not (gap or outer):
+        return None
+    first = memory[places[0]]
+    return first, [a for a in expr.axes if a != first]
+
+
+def _tensor(fusion: Fusion, source: TensorView, reduced: list[int], dtype: DataType) -> TensorView:
+    """A new tensor over ``source``'s axes, those at ``reduced`` reduction axes."""
+    ids = [IterDomain(fusion, i.extent, IterType.Reduction if k in reduced else
+                      IterType.Broadcast if i.is_broadcast else IterType.Iteration)
+           for k, i in enumerate(source.get_logical_domain(no_reductions=True))]
+    return TensorView(fusion, TensorDomain(ids), dtype)
+
+
+def _stage(fusion: Fusion, expr: VarMeanOp, outer: int, inner: list[int]) -> None:
+    x = expr.tensor_inputs[0]
+    var, mean = expr.tensor_outputs
+    part_var, part_mean = _tensor(fusion, x, inner, var.dtype), _tensor(fusion, x, inner, mean.dtype)
+    VarMeanOp(fusion, part_var, part_mean, x, inner, 0)
+    axis = outer - sum(a < outer for a in inner)  # the outer axis among the partials' axes
+    spread, new_mean = _tensor(fusion, part_mean, [axis], var.dtype), _tensor(fusion, part_mean, [axis], mean.dtype)
+    VarMeanOp(fusion, spread, new_mean, part_mean, [axis], 0)
+    within = _tensor(fusion, part_var, [axis], var.dtype)
+    ReductionOp(fusion, ReductionOpType.mean, within, part_var, [axis])
+    new_var = _tensor(fusion, spread, [], var.dtype)
+    BinaryOp(fusion, BinaryOpType.add, new_var, within, spread)
+    x.uses[:] = [e for e in x.uses if e is not expr]
+    for old, new in ((var, new_var), (mean, new_mean)):
+        for use in list(old.uses):
+            use.replace_input(old, new)
+        fusion.replace_output(old, new)
+    fusion.mark_changed()
