@@ -172,20 +172,16 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     vec = max(1, 16 // bytes_per_element)
     inner = min(32 * vec, next_power_of_2(kept)) if kept is not None else 32 * vec
     if not splittable and kept is not None:
-        # A normalization cannot split its reduced axis over programs: narrower column blocks (down to
-        # 64-byte row segments, two sectors) give every SM programs. Whisper's layer norms over
-        # channels stored outermost (1024 x 12000 bf16) ran on 47 programs of 256 columns.
-        while inner > 4 * vec and -(-kept // inner) < WAVES * m.sm_count:
+        # Without a split (a normalization, a var_mean, a grid reduction's final step), programs come
+        # from the kept axis only: narrower column blocks (down to a warp's width, whole 32-byte
+        # sectors of 16-bit data) before too few programs. Whisper's layer norms over channels stored
+        # outermost (1024 x 12000 bf16) ran on 47 programs of 256 columns.
+        while inner > MIN_OUTER_TILE and -(-kept // inner) < WAVES * m.sm_count:
             inner //= 2
     if persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent:
         tile = next_power_of_2(max(reduced, 1)) * inner
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))
     split = 1
-    if not splittable and kept is not None:
-        # Without a split, programs come from the kept axis only: narrower column blocks (down to a
-        # warp's width, whole 32-byte sectors of 16-bit data) before too few programs.
-        while inner > MIN_OUTER_TILE and -(-kept // inner) < WAVES * m.sm_count:
-            inner //= 2
     rows = max(1, min(ROWS_TILE // inner, next_power_of_2(reduced) if reduced is not None else 64))
     if splittable and reduced is not None and kept is not None:
         programs = -(-kept // inner)
