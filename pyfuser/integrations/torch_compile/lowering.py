@@ -77,6 +77,13 @@ def meta_of(value: Any) -> Any:
     return value.meta.get("val") if isinstance(value, Node) else value
 
 
+def device_arg(value: object) -> torch.device:
+    """A ``device=`` argument of an ATen call (FX records a device, its name or its index)."""
+    if not isinstance(value, torch.device | str | int):
+        raise TypeError(f"expected a device argument, got {value!r}")
+    return torch.device(value)
+
+
 #: the ATen ops that reshape a tensor (a view where its strides allow)
 RESHAPES = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
 
