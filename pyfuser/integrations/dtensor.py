@@ -15,7 +15,7 @@ combination of input placements.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -75,8 +75,7 @@ def _check_placed(tv: TensorView, t: DTensor, mesh: DeviceMesh) -> None:
 class DTensorFusion:
     def __init__(self, define: Callable[[FusionDefinition], None]) -> None:
         self.define = define
-        #: per input placements and dtypes: the definition built for them and its output tensors
-        self._built: dict[tuple[Any, ...], tuple[FusionDefinition, list[TensorView]]] = {}
+        self._built: dict[tuple[Any, ...], FusionDefinition] = {}
 
     def __call__(self, *inputs: DTensor) -> list[DTensor]:
         for k, t in enumerate(inputs):
@@ -97,14 +96,16 @@ class DTensorFusion:
                                      "equal shards: pad the tensor or replicate that dim")
         key = (tuple(tuple(repr(p) for p in t.placements) for t in inputs),
                tuple((t.dtype, t.dim()) for t in inputs))
-        built = self._built.get(key)
-        if built is None:
-            built = self._built[key] = self._build(inputs)
-        fd, output_tvs = built
+        fd = self._built.get(key)
+        if fd is None:
+            fd = self._build(inputs)
+            self._built[key] = fd
         outputs = fd.execute([t.to_local() for t in inputs])
-        return [_wrap(local, tv, torch_mesh) for local, tv in zip(outputs, output_tvs, strict=True)]
+        # cast: FusionDefinition.add_output makes every output a tensor (a scalar one a 0-dim tensor)
+        tvs = cast(list[TensorView], fd.fusion.outputs())
+        return [_wrap(local, tv, torch_mesh) for local, tv in zip(outputs, tvs, strict=True)]
 
-    def _build(self, inputs: tuple[DTensor, ...]) -> tuple[FusionDefinition, list[TensorView]]:
+    def _build(self, inputs: tuple[DTensor, ...]) -> FusionDefinition:
         fd = FusionDefinition()
         self.define(fd)
         tvs = [v for v in fd.fusion.inputs() if isinstance(v, TensorView)]
@@ -116,13 +117,7 @@ class DTensorFusion:
             tv.set_device_mesh(mesh)
             shard(tv, _axes_of(tv, t.placements, mesh))
         propagate_shardings(fd.fusion)  # outputs' shardings decide the returned placements
-        outputs = []
-        for k, out in enumerate(fd.fusion.outputs()):
-            if not isinstance(out, TensorView):
-                raise ValueError(f"the definition's output {k} ({out}) is a scalar; a DTensorFusion returns DTensors, "
-                                 "so each output must be a tensor")
-            outputs.append(out)
-        return fd, outputs
+        return fd
 
 
 def _axes_of(tv: TensorView, placements: tuple[Placement, ...], mesh: DeviceMesh) -> dict[int, Any]:
