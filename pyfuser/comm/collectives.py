@@ -30,7 +30,8 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "prod": dist
 @dataclass(slots=True)
 class Pending:
     works: list[Any] = field(default_factory=list)
-    finish: Callable[[], None] | None = None
+    #: copies a staging buffer to its destination once the work is done (its result is not read)
+    finish: Callable[[], object] | None = None
 
     def wait(self) -> None:
         for work in self.works:
@@ -164,9 +165,10 @@ def _send_recv(plan: CommPlan, rank: int, src: torch.Tensor | None, dst: torch.T
         return Pending()
     if rank == sender:
         return Pending([dist.isend(_need(src, plan, "input").contiguous(), dst=receiver)])
-    buf = _staging(_need(dst, plan, "output"))
+    out = _need(dst, plan, "output")
+    buf = _staging(out)
     work = dist.irecv(buf, src=sender)
-    return Pending([work], None if buf is dst else (lambda: dst.copy_(buf)))  # type: ignore[union-attr]
+    return Pending([work], None if buf is out else (lambda: out.copy_(buf)))
 
 
 def _gather(plan: CommPlan, rank: int, group: Any, src: torch.Tensor, dst: torch.Tensor | None) -> Pending:

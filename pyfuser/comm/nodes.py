@@ -10,7 +10,7 @@ What they do at run time is ``comm/steps.py``.
 from __future__ import annotations
 
 from pyfuser.comm.comm_plan import CommPlan, CommunicationType
-from pyfuser.host_ir.nodes import HostNode, LoopIndex
+from pyfuser.host_ir.nodes import HostNode, LoopIndex, chunk_of
 from pyfuser.ir.base import Val, indent_str
 from pyfuser.ir.ops import LoadStoreOp
 from pyfuser.ir.tensor_view import TensorView
@@ -37,6 +37,8 @@ class Communication(HostNode):
     """
 
     chunk_local = True  # collectives are issued in program order on every rank, whichever stream posts them
+    inputs: list[TensorView]
+    outputs: list[TensorView]
 
     def __init__(self, expr: LoadStoreOp, plan: CommPlan, rank: int, backend: str, *, into: bool = False,
                  handle: Handle | None = None, input_tv: TensorView | None = None,
@@ -48,7 +50,7 @@ class Communication(HostNode):
         self.backend = backend
         self.into = into
         self.handle = handle or Handle(expr.name)
-        self.input_tv: TensorView = input_tv or expr.inputs[0]  # type: ignore[assignment]
+        self.input_tv: TensorView = input_tv or expr.tensor_inputs[0]
         self.output_tv: TensorView = output_tv or expr.output
         self.loop_index = loop_index
         self.sends = _sends(expr, plan, rank)
@@ -70,8 +72,8 @@ class Communication(HostNode):
     def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> Communication:
         return Communication(self.expr, self.plan, self.rank, self.backend, into=self.output_tv in mapping,
                              handle=self.handle,
-                             input_tv=mapping.get(self.input_tv, self.input_tv),  # type: ignore[arg-type]
-                             output_tv=mapping.get(self.output_tv, self.output_tv),  # type: ignore[arg-type]
+                             input_tv=chunk_of(mapping, self.input_tv),
+                             output_tv=chunk_of(mapping, self.output_tv),
                              loop_index=index if self.plan.root_from_loop else self.loop_index)
 
 
@@ -81,15 +83,17 @@ class Wait(HostNode):
     binds_to_previous = True
     chunk_local = True
 
-    def __init__(self, communication: Communication, inputs: list[Val] | None = None) -> None:
+    inputs: list[TensorView]
+
+    def __init__(self, communication: Communication, inputs: list[TensorView] | None = None) -> None:
         self.communication = communication
         # The collective reads its input until it completes: passes that free or reuse buffers (ring
         # buffers, deallocation) must see this Wait, not the Communication, as the input's last use.
-        self.inputs = list(communication.inputs) if inputs is None else inputs  # type: ignore[arg-type]
+        self.inputs = list(communication.inputs) if inputs is None else inputs
         self.outputs = []
 
     def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> Wait:
-        return Wait(self.communication, [mapping.get(v, v) for v in self.inputs])  # type: ignore[misc]
+        return Wait(self.communication, [chunk_of(mapping, v) for v in self.inputs])
 
     def to_string(self, indent: int = 0) -> str:
         return f"{indent_str(indent)}Wait Communication {self.communication.handle.number}\n"
@@ -99,6 +103,8 @@ class LocalSlice(HostNode):
     """A replicated tensor becomes sharded on the same mesh: each rank keeps its slice (no traffic)."""
 
     chunk_local = True
+    inputs: list[TensorView]
+    outputs: list[TensorView]
 
     def __init__(self, expr: LoadStoreOp, plan: CommPlan, rank: int, *, into: bool = False,
                  input_tv: TensorView | None = None, output_tv: TensorView | None = None) -> None:
@@ -107,7 +113,7 @@ class LocalSlice(HostNode):
         self.plan = plan
         self.rank = rank
         self.into = into
-        self.input_tv: TensorView = input_tv or expr.inputs[0]  # type: ignore[assignment]
+        self.input_tv: TensorView = input_tv or expr.tensor_inputs[0]
         self.output_tv: TensorView = output_tv or expr.output
         self.inputs = [self.input_tv]
         self.outputs = [self.output_tv]
@@ -119,8 +125,8 @@ class LocalSlice(HostNode):
 
     def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> LocalSlice:
         return LocalSlice(self.expr, self.plan, self.rank, into=self.output_tv in mapping,
-                          input_tv=mapping.get(self.input_tv, self.input_tv),  # type: ignore[arg-type]
-                          output_tv=mapping.get(self.output_tv, self.output_tv))  # type: ignore[arg-type]
+                          input_tv=chunk_of(mapping, self.input_tv),
+                          output_tv=chunk_of(mapping, self.output_tv))
 
 
 def _sends(expr: LoadStoreOp, plan: CommPlan, rank: int) -> bool:

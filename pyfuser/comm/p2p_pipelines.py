@@ -174,6 +174,7 @@ class _P2PLowering:
 
     def _choose_transport(self, team: tuple[int, ...]) -> str:
         device, fallback = self.options.device, self.comm.backend
+        problem: str | None
         if device.type != "cuda":
             problem = f"the program runs on {device.type} tensors"
         else:
@@ -212,7 +213,8 @@ class _P2PLowering:
             return known.pipelined
         decision = self.decided[id(gemms[0])] = forced(self.options) or self._estimate(pattern, body, gemms, ranks)
         dump(DumpOption.host_ir_passes, lambda: f"p2p_pipelines: {pattern.value} into "
-             f"{', '.join(str(g.outputs[0].short_name) for g in gemms)}: {decision}\n")  # type: ignore[attr-defined]
+             f"{', '.join(v.short_name for g in gemms for v in g.outputs[:1] if isinstance(v, TensorView))}: "
+             f"{decision}\n")
         return decision.pipelined
 
     def _estimate(self, pattern: Pattern, body: _Body, gemms: list[AtenCall], ranks: int) -> Decision:
@@ -274,7 +276,7 @@ class _P2PLowering:
         index = body.loop.index if body.loop is not None else None
         label = str(comm.handle.number)
         symmetric = self._symmetric(buffer, buffer, alloc, team, body, backend,
-                                    f"the all-gather of {comm.expr.inputs[0].short_name}")
+                                    f"the all-gather of {comm.expr.tensor_inputs[0].short_name}")
         steps = [P2PStep(f"{label}.{j}") for j in range(1, parts)]
         out = gemm.outputs[0]
         assert isinstance(out, TensorView)
@@ -343,7 +345,7 @@ class _P2PLowering:
         label = str(comm.handle.number)
         received = _like(gathered)
         symmetric = self._symmetric(received, gathered, None, team, body, backend,
-                                    f"the all-gather of {comm.expr.inputs[0].short_name}")
+                                    f"the all-gather of {comm.expr.tensor_inputs[0].short_name}")
         steps = [P2PStep(f"{label}.{j}") for j in range(1, parts)]
         compute: list[HostNode] = []
         if not comm.into:
@@ -392,8 +394,8 @@ class _P2PLowering:
         if not isinstance(gemm.expr, (LinearOp, MatmulOp)) or len(gemm.outputs) != 1:
             return False
         partial = gemm.outputs[0]
-        at = next((i for i in range(k + 1, len(body.nodes)) if isinstance(body.nodes[i], Communication)
-                   and body.nodes[i].input_tv is partial), None)  # type: ignore[attr-defined]
+        at = next((i for i in range(k + 1, len(body.nodes)) if isinstance(node := body.nodes[i], Communication)
+                   and node.input_tv is partial), None)
         if at is None or at + 1 >= len(body.nodes):
             return False
         comm, wait = body.nodes[at], body.nodes[at + 1]
@@ -426,6 +428,7 @@ class _P2PLowering:
             if not gemm.into:
                 head.append(Allocate(partial, symmetric.perm))
         else:
+            assert alloc is not None  # _whole gives a loop's select with the allocation it selects from
             self.container.nodes.insert(self.container.nodes.index(alloc), symmetric)
             chunk = _chunk_like(partial, received)
             axis = received.get_logical_domain(no_reductions=True)[select.dim]

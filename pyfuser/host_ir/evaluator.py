@@ -54,20 +54,19 @@ def _allocations(node: HostNode) -> dict[Val, tuple[int, ...]]:
     allocates its outputs densely in a known order."""
     if isinstance(node, Allocate):
         return {node.tv: node.perm}
-    perms = node.segment.output_perms if isinstance(node, LaunchKernel) and not node.into else None
-    if perms is None:
-        return {}
-    return {v: tuple(p) for v, p in zip(node.outputs, perms, strict=True)}  # type: ignore[misc]
+    if isinstance(node, LaunchKernel) and not node.into and (perms := node.segment.output_perms) is not None:
+        return {v: tuple(p) for v, p in zip(node.outputs, perms, strict=True)}
+    return {}
 
 
 def _fresh_buffers(container: HostIrContainer) -> dict[Val, tuple[int, ...]]:
     """Tensors the program allocates itself and no other top-level node rebinds, with their layout:
     as outputs they need no check for aliasing or layout."""
     fresh: dict[Val, tuple[int, ...]] = {}
-    written: dict[Val, int] = {}
+    written: dict[HostVal, int] = {}
     for node in container.nodes:
         for v in node.outputs:
-            written[v] = written.get(v, 0) + 1  # type: ignore[index]
+            written[v] = written.get(v, 0) + 1
         fresh.update(_allocations(node))
     return {tv: perm for tv, perm in fresh.items() if written.get(tv) == 1}
 
@@ -81,7 +80,7 @@ def _outputs_with_own_memory(container: HostIrContainer) -> set[int]:
     itself (an allocation, a kernel's results, an op that returns new memory), and no other output
     derives from the same memory. Their per-call aliasing check is skipped."""
     unknown = frozenset([_UNKNOWN])
-    roots: dict[Val, frozenset[object]] = {v: frozenset([v]) for v in container.inputs}
+    roots: dict[HostVal, frozenset[object]] = {v: frozenset([v]) for v in container.inputs}
     for node in container.nodes:
         into = getattr(node, "into", False)
         if _allocations(node) or (isinstance(node, AtenCall) and not into and node.expr.returns_new_memory):
@@ -93,9 +92,9 @@ def _outputs_with_own_memory(container: HostIrContainer) -> set[int]:
         else:  # writes into given buffers, loops, communications: not followed
             derived = unknown
         for v in node.outputs:
-            roots[v] = frozenset([v]) if derived is None else derived  # type: ignore[index]
+            roots[v] = frozenset([v]) if derived is None else derived
     inputs = set(container.inputs)
-    outputs = [roots.get(v, unknown) for v in container.outputs]  # type: ignore[call-overload]
+    outputs = [roots.get(v, unknown) for v in container.outputs]
     own = set()
     for pos, mine in enumerate(outputs):
         if _UNKNOWN in mine or mine & inputs:
@@ -335,7 +334,8 @@ class HostIrEvaluator:
     def straight_line(self, binding: object) -> Callable[[Sequence[Any]], list[Any] | None] | None:
         """The function runs under ``binding`` take after the first (None: they take the steps); its
         ``source`` attribute is the code."""
-        return (self._straight or {}).get(binding)
+        straight = self._straight
+        return straight.get(binding) if straight is not None else None
 
     def __str__(self) -> str:
         return str(self.container)

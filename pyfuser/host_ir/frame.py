@@ -31,8 +31,11 @@ class CompileContext(Protocol):
     """What a step builder sees while turning a node into a step (implemented by the evaluator)."""
 
     device: torch.device
-    #: whether the nodes being compiled run once per program run (not in a loop's body)
-    top_level: bool
+
+    @property
+    def top_level(self) -> bool:
+        """Whether the nodes being compiled run once per program run (not in a loop's body)."""
+        ...
 
     def slot(self, val: HostVal | Hashable) -> int:
         """The value slot of ``val`` (a Val, a host value, or a private key like a loop's chunk bounds)."""

@@ -28,7 +28,7 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -81,8 +81,10 @@ HostVal = Val | LoopIndex | HostStream
 
 # --- nodes ----------------------------------------------------------------------------------------------
 class HostNode(ABC):
-    inputs: list[HostVal]
-    outputs: list[HostVal]
+    #: Read-only to passes (a pass rewrites a node with ``substitute``), so a node holding fusion values
+    #: only declares ``list[Val]``.
+    inputs: Sequence[HostVal]
+    outputs: Sequence[HostVal]
     #: The fusion Expr this node computes, for nodes the stream pass may put in a loop.
     source_expr: Expr | None = None
     binds_to_previous: ClassVar[bool] = False
@@ -106,6 +108,12 @@ class HostNode(ABC):
 
     def __str__(self) -> str:
         return self.to_string()
+
+
+def chunk_of(mapping: dict[Val, Val], tv: TensorView) -> TensorView:
+    """``tv`` as a substituted node reads it: its chunk where ``mapping`` has one, else itself."""
+    # cast: the stream pass maps a tensor only to a tensor (its HirAliasSelect chunk)
+    return cast(TensorView, mapping.get(tv, tv))
 
 
 def tensor_shape(tv: TensorView) -> list[SymExpr]:
@@ -160,6 +168,9 @@ class AtenCall(HostNode):
     """
 
     chunk_local = True
+    #: the expr's operands (or their chunks): fusion values only
+    inputs: list[Val]
+    outputs: list[Val]
 
     def __init__(self, expr: Expr, inputs: Sequence[Val] | None = None, outputs: Sequence[Val] | None = None,
                  into: bool = False) -> None:
@@ -171,13 +182,13 @@ class AtenCall(HostNode):
 
     def to_string(self, indent: int = 0) -> str:
         shown = copy.copy(self.expr)  # printing only: the expr on this node's operands
-        shown.inputs, shown.outputs = self.inputs, self.outputs  # type: ignore[assignment]
+        shown.inputs, shown.outputs = self.inputs, self.outputs
         return shown.to_string(indent)
 
     def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None, *,
                    operands: Sequence[Val] | None = None) -> AtenCall:
         inputs = list(operands) if operands is not None else [mapping.get(v, v) for v in self.inputs]
-        return AtenCall(self.expr, inputs, [mapping.get(v, v) for v in self.outputs],  # type: ignore[misc]
+        return AtenCall(self.expr, inputs, [mapping.get(v, v) for v in self.outputs],
                         into=any(v in mapping for v in self.outputs))
 
 
@@ -254,6 +265,10 @@ class LaunchKernel(HostNode):
     outputs are preallocated buffers (chunks, in a stream loop) the kernel writes.
     """
 
+    #: the kernel's arguments: fusion values only
+    inputs: list[Val]
+    outputs: list[Val]
+
     def __init__(self, segment: KernelSegment | SegmentRun, inputs: Sequence[Val], outputs: Sequence[Val],
                  source: Any = None, into: bool = False) -> None:
         # checked once here, so that everything downstream reads the whole protocol
@@ -269,8 +284,8 @@ class LaunchKernel(HostNode):
         return f"{indent_str(indent)}LaunchKernel( {self.segment.name}, inputs = ( {ins} ), outputs = ( {outs} ) )\n"
 
     def substitute(self, mapping: dict[Val, Val], index: LoopIndex | None = None) -> LaunchKernel:
-        return LaunchKernel(self.segment, [mapping.get(v, v) for v in self.inputs],  # type: ignore[misc]
-                            [mapping.get(v, v) for v in self.outputs], self.source_expr,  # type: ignore[misc]
+        return LaunchKernel(self.segment, [mapping.get(v, v) for v in self.inputs],
+                            [mapping.get(v, v) for v in self.outputs], self.source_expr,
                             into=any(v in mapping for v in self.outputs))
 
 
@@ -394,5 +409,5 @@ class HostIrContainer:
 __all__ = [
     "NUMBER_OF_STREAMS", "Allocate", "AtenCall", "Deallocate", "ForLoop", "HirAliasSelect", "HostIrContainer",
     "HostNode", "HostStream", "HostVal", "KernelSegment", "LaunchKernel", "LoopIndex", "NotOnThisRank",
-    "PlainSegment", "SegmentRun", "tensor_shape",
+    "PlainSegment", "SegmentRun", "chunk_of", "tensor_shape",
 ]

@@ -109,7 +109,7 @@ class StraightLine:
         writer.function("def run(args):", [unpack, *head, *body, f"return [{', '.join(returned)}]"])
         run = writer.define("run")
         run.source = writer.source
-        return run  # type: ignore[no-any-return]
+        return run
 
     # --- nodes ---------------------------------------------------------------------------------------
     def _node(self, node: HostNode, step: Any, results: Sequence[Seen | None], ctx: EvalContext) -> bool:

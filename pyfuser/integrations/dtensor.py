@@ -15,7 +15,7 @@ combination of input placements.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -101,7 +101,9 @@ class DTensorFusion:
             fd = self._build(inputs)
             self._built[key] = fd
         outputs = fd.execute([t.to_local() for t in inputs])
-        return [_wrap(local, tv, torch_mesh) for local, tv in zip(outputs, fd.fusion.outputs(), strict=True)]
+        # cast: FusionDefinition.add_output makes every output a tensor (a scalar one a 0-dim tensor)
+        tvs = cast(list[TensorView], fd.fusion.outputs())
+        return [_wrap(local, tv, torch_mesh) for local, tv in zip(outputs, tvs, strict=True)]
 
     def _build(self, inputs: tuple[DTensor, ...]) -> FusionDefinition:
         fd = FusionDefinition()

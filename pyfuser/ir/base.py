@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -33,6 +33,8 @@ class Val:
 
     #: True for TensorView: lets modules below tensor_view.py tell tensors from scalars.
     is_tensor: ClassVar[KindFlag] = KindFlag(False)
+    #: The number the fusion gave the value, unique among its kind (printed ``T3``, ``i2``).
+    name: int
 
     def __init__(self, fusion: Fusion, dtype: DataType) -> None:
         self.fusion = fusion
@@ -87,8 +89,8 @@ class Scalar(Val):
     def host_expr(self) -> SymExpr | None:
         """The value as a host expression when it is known before any op runs (a constant, an
         integer input, scalar arithmetic of those and sizes), else None."""
-        if self.is_const:
-            return SymConst(self.value)  # type: ignore[arg-type]
+        if self.value is not None:
+            return SymConst(self.value)
         if self.extent_expr is not None:
             return self.extent_expr
         if self.is_fusion_input and self.dtype.is_integral:
@@ -101,7 +103,7 @@ class Scalar(Val):
             return sym_call("", (self.dtype.name,), "Int", _whole_size(str(self)), (self.extent_expr,))
         if not (self.dtype.is_integral):
             raise TypeError(f"scalar {self} of type {self.dtype} cannot be used as a size; expected an integer")
-        if self.is_const:
+        if self.value is not None:
             return SymConst(int(self.value))
         if self.extent_expr is not None:
             return self.extent_expr
@@ -149,7 +151,7 @@ class Expr(ABC):
     #: Host IR evaluator then needs no aliasing check for a fusion output derived from it).
     returns_new_memory: ClassVar[bool] = False
 
-    def __init__(self, fusion: Fusion, inputs: list[Val], outputs: list[Val]) -> None:
+    def __init__(self, fusion: Fusion, inputs: Sequence[Val], outputs: Sequence[Val]) -> None:
         self.fusion = fusion
         self.inputs: list[Val] = list(inputs)
         #: Inputs as defined: positional attributes (runtime size checks) refer to these, and stay valid

@@ -106,7 +106,7 @@ def _trunc_mod(a: int, b: int) -> int:
     return a - _trunc_div(a, b) * b
 
 
-_APPLY = {
+_APPLY: dict[str, Callable[[int, int], int]] = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,

@@ -75,7 +75,7 @@ def _lasting(t: torch.Tensor, declared: bool = False) -> bool:
     view of one (the optimizer updates it in place), a tensor on such a storage, or a result of a
     captured graph."""
     # The storage's address without building its Python object (a call's key reads every input).
-    address = t.data_ptr() - t.storage_offset() * t.element_size()
+    address = t.data_ptr() - int(t.storage_offset()) * t.element_size()  # int: an eager tensor's offset
     known = _parameter_storages.get(address)
     if known is not None and not known.expired():  # a storage freed since is expired, whatever took its address
         return True
@@ -169,7 +169,7 @@ class CapturedGraph:
         torch.cuda.current_stream(device).wait_stream(side)
         try:
             with torch.cuda.graph(self.graph, pool=pool):
-                self.outputs: list[torch.Tensor | None] = run(list(inputs))
+                self.outputs: list[torch.Tensor | None] = list(run(list(inputs)))
                 self._sort_outputs(inputs, in_place, name, hands_out)
         except CaptureError:
             _end_generator_capture(device)
@@ -205,7 +205,7 @@ class CapturedGraph:
                 raise CaptureError(f"{name}: output {j} is a {o.device.type} tensor, computed once at capture")
             k = callers.get(o.untyped_storage().data_ptr())
             if k is not None:
-                self._on_inputs.append((j, k, tuple(o.shape), o.stride(), o.storage_offset()))
+                self._on_inputs.append((j, k, tuple(o.shape), o.stride(), int(o.storage_offset())))
                 self.outputs[j] = None
             elif _use_count is None or not hands_out(j, o):
                 # (and all without a way to tell when the caller lets go); ``self.outputs`` keeps the
@@ -350,6 +350,7 @@ class CudaGraphRunner:
 
     def __call__(self, args: Sequence[Any]) -> list[torch.Tensor]:
         recent = self._recent
+        replicas: list[CapturedGraph] | None
         if recent is not None and self.fits(recent[0], args):
             replicas = recent[1]
         else:

@@ -59,7 +59,7 @@ class BoundProgram:
         if function:
             outputs = function(args)
             if outputs is not None:  # None: another current device
-                return outputs  # type: ignore[no-any-return]
+                return outputs
         outputs = self.program.run(args, EvalContext(self.env.copy(), self.device, self.binding))
         if function is None:
             straight_line = getattr(self.program, "straight_line", None)
@@ -312,7 +312,7 @@ class FusionExecutorCache:
 
 def _layout_key(args: Sequence[Any]) -> tuple[Any, ...]:
     """What a compiled program may depend on: dtypes, ranks, size-1 axes, memory orders and density."""
-    key = []
+    key: list[object] = []
     for a in args:
         if isinstance(a, torch.Tensor):
             order = tuple(memory_order(a.shape, a.stride()))

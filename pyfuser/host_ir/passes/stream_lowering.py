@@ -16,7 +16,7 @@ other node closes the open loop. A loop is emitted as::
 
 from __future__ import annotations
 
-from pyfuser.host_ir.nodes import Allocate, ForLoop, HirAliasSelect, HostIrContainer, HostNode, LoopIndex
+from pyfuser.host_ir.nodes import Allocate, AtenCall, ForLoop, HirAliasSelect, HostIrContainer, HostNode, LoopIndex
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, Synchronize
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.fused_exprs import FusedExprs
@@ -145,8 +145,14 @@ class _StreamLowering:
             self._select(loop, out, logical)
             loop.produced.add(out)
             mapping[out] = loop.chunks[out][1]
-        loop.body.append(node.substitute(mapping, loop.index, operands=operands) if by_position
-                         else node.substitute(mapping, loop.index))
+        if not by_position:
+            loop.body.append(node.substitute(mapping, loop.index))
+        elif isinstance(node, AtenCall):
+            loop.body.append(node.substitute(mapping, loop.index, operands=operands))
+        else:
+            raise ValueError(f"{axis.describe()} is parallelized on stream, but the {expr.op_description} reads one "
+                             f"tensor both chunked and whole, which only an ATen-evaluated op can take; copy the "
+                             f"tensor (segment_set) for one of the reads")
 
     @staticmethod
     def _select(loop: _OpenLoop, tv: TensorView, logical: IterDomain) -> None:

@@ -115,7 +115,10 @@ class PyfuserBackend:
         def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             static = _static_input_indices() if kind != "backward" else []
             compiled = self.compile_aten_graph(gm, kind, static, _saved_outputs_start() if kind == "forward" else None)
-            return compiled.replay if compiled.replay is not None else compiled.bound
+            if compiled.replay is not None:
+                return compiled.replay
+            assert compiled.bound is not None  # compile_aten_graph binds every graph it does not replay
+            return compiled.bound
         return compile_graph
 
     def compile_aten_graph(self, gm: GraphModule, kind: str, static_input_indices: Sequence[int] = (),

@@ -11,13 +11,14 @@ there, never discovered while translating.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import torch
 from torch.fx import Node
+from torch.fx.node import Argument
 
 from pyfuser.frontend.fusion_definition import FusionDefinition
 from pyfuser.frontend.ops import Ops
@@ -77,6 +78,13 @@ def meta_of(value: Any) -> Any:
     return value.meta.get("val") if isinstance(value, Node) else value
 
 
+def device_arg(value: object) -> torch.device:
+    """A ``device=`` argument of an ATen call (FX records a device, its name or its index)."""
+    if not isinstance(value, torch.device | str | int):
+        raise TypeError(f"expected a device argument, got {value!r}")
+    return torch.device(value)
+
+
 #: the ATen ops that reshape a tensor (a view where its strides allow)
 RESHAPES = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default)
 
@@ -91,13 +99,31 @@ def swapped_dims(node: Any) -> tuple[int, int] | None:
         return (0, 1)
     value = meta_of(node)
     rank = value.dim() if isinstance(value, torch.Tensor) else 0
-    if node.target is ops.transpose.int and rank and all(isinstance(d, int) for d in node.args[1:]):
-        a, b = sorted(d % rank for d in node.args[1:3])
-        return (a, b)
-    if node.target is ops.permute.default and rank and all(isinstance(d, int) for d in node.args[1]):
-        moved = [k for k, d in enumerate(node.args[1]) if d % rank != k]
-        return (moved[0], moved[1]) if len(moved) == 2 else None
+    if node.target is ops.transpose.int and rank:
+        dims = _int_items(node.args[1:])
+        if dims is not None:
+            a, b = sorted(d % rank for d in dims[:2])
+            return (a, b)
+    if node.target is ops.permute.default and rank:
+        perm = _int_items(list_arg(node, 1))
+        if perm is not None:
+            moved = [k for k, d in enumerate(perm) if d % rank != k]
+            return (moved[0], moved[1]) if len(moved) == 2 else None
     return None
+
+
+def _int_items(values: Sequence[Argument]) -> list[int] | None:
+    """``values`` when all are ints (constant dims), else None."""
+    ints = [v for v in values if isinstance(v, int)]
+    return ints if len(ints) == len(values) else None
+
+
+def list_arg(node: Node, position: int) -> Sequence[Argument]:
+    """A list argument of an ATen call (``cat``'s tensors, ``permute``'s dims)."""
+    value = node.args[position]
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"{node.target}: argument {position} must be a list, got {value!r}")
+    return value
 
 
 def is_tensor_meta(value: Any) -> bool:

@@ -68,7 +68,7 @@ def _keep_folded_operands(members: list[Node], proposed: set[Node], leading: set
     for node in members:
         if node.target not in FOLDED_OPERANDS:
             continue
-        for position, views in FOLDED_OPERANDS[node.target].items():  # type: ignore[index]
+        for position, views in FOLDED_OPERANDS[node.target].items():
             operand = node.args[position] if position < len(node.args) else None
             if (isinstance(operand, Node) and (operand in proposed or operand in leading) and operand not in kept
                     and operand.target in views and all(user in kept for user in operand.users)):
@@ -160,8 +160,10 @@ def splice_region(gm: GraphModule, nodes: list[Node], translated: TranslatedRegi
     last = replacements[-1][1] if replacements else call
     for view in translated.rederived:  # in eager, from the returned value it views (``finish`` orders them)
         with graph.inserting_after(last):
+            source, target = view.args[0], view.target
+            assert isinstance(source, Node) and callable(target)  # a rederived view: a view op's call on a node
             rest = map_arg(view.args[1:], lambda a: replaced.get(a, a))
-            last = graph.call_function(view.target, (replaced[view.args[0]], *rest), dict(view.kwargs))
+            last = graph.call_function(target, (replaced[source], *rest), dict(view.kwargs))
         last.meta.update(view.meta)
         view.replace_all_uses_with(last, delete_user_cb=lambda user: user not in nodes)
         replaced[view] = last

@@ -7,12 +7,13 @@ translator requires them of each output).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch.fx import Node
 
-from pyfuser.integrations.torch_compile.lowering import Lowering, LoweringContext, OpClass, arg, meta_of
+from pyfuser.integrations.torch_compile.lowering import Lowering, LoweringContext, OpClass, arg, list_arg, meta_of
 from pyfuser.ir.ops import ReshapeOp
 
 aten = torch.ops.aten
@@ -40,7 +41,8 @@ def _check_clone(node: Node) -> str | None:
 def static_sizes(tv: Any) -> list[int] | None:
     """A pyfuser tensor's sizes when all are constant (None when one is symbolic)."""
     sizes = [i.extent.value for i in tv.get_logical_domain(no_reductions=True)]
-    return sizes if all(s is not None for s in sizes) else None  # type: ignore[return-value]
+    known = [s for s in sizes if s is not None]
+    return known if len(known) == len(sizes) else None
 
 
 def _reshape(ctx: LoweringContext, x: Any, size: Any) -> Any:
@@ -94,6 +96,7 @@ def _squeeze(ctx: LoweringContext, x: Any, dims: Any = None) -> Any:
     symbolic size never is: dynamo specializes sizes 0 and 1)."""
     shape = meta_of(ctx.node.args[0]).shape
     rank = len(shape)
+    wanted: Sequence[int]
     if dims is None:
         wanted = range(rank)
     else:
@@ -136,13 +139,13 @@ def _is_legacy_empty(meta: torch.Tensor, rank: int) -> bool:
 
 def _cat(ctx: LoweringContext, tensors: Any, dim: int = 0) -> Any:
     rank = ctx.meta.dim()
-    kept = [t for t, a in zip(tensors, ctx.node.args[0], strict=True) if not _is_legacy_empty(meta_of(a), rank)]
+    kept = [t for t, a in zip(tensors, list_arg(ctx.node, 0), strict=True) if not _is_legacy_empty(meta_of(a), rank)]
     return ctx.ops.cat(kept, dim) if len(kept) > 1 else ctx.ops.set(kept[0])
 
 
 def _check_cat(node: Node) -> str | None:
     rank = meta_of(node).dim()
-    metas = [meta_of(t) for t in node.args[0]]
+    metas = [meta_of(t) for t in list_arg(node, 0)]
     kept = [m for m in metas if not _is_legacy_empty(m, rank)]
     if not kept or any(m.dim() != rank for m in kept):
         return "cat of tensors of different ranks"

@@ -8,7 +8,14 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from pyfuser.integrations.torch_compile.lowering import Lowering, LoweringContext, OpClass, meta_of, swapped_dims
+from pyfuser.integrations.torch_compile.lowering import (
+    Lowering,
+    LoweringContext,
+    OpClass,
+    device_arg,
+    meta_of,
+    swapped_dims,
+)
 
 aten = torch.ops.aten
 
@@ -26,8 +33,8 @@ def _to_copy(ctx: LoweringContext, x: Any, **kwargs: Any) -> Any:
 def _check_to_copy(node: Node) -> str | None:
     source = meta_of(node.args[0])
     device = node.kwargs.get("device")
-    if device is not None and torch.device(device) != source.device:
-        return f"_to_copy moves {source.device} -> {torch.device(device)}"
+    if device is not None and device_arg(device) != source.device:
+        return f"_to_copy moves {source.device} -> {device_arg(device)}"
     if node.kwargs.get("layout") not in (None, torch.strided):
         return f"_to_copy to layout {node.kwargs['layout']}"
     if node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):

@@ -49,7 +49,7 @@ class ViewChain:
         if self._root is None and out.numel() and out.dtype == root.dtype \
                 and out.untyped_storage().data_ptr() == root.untyped_storage().data_ptr():
             self._root = (root.shape, root.stride())
-            self._result = (tuple(out.shape), out.stride(), out.storage_offset() - root.storage_offset())
+            self._result = (tuple(out.shape), out.stride(), int(out.storage_offset() - root.storage_offset()))
         return out
 
     def __repr__(self) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch.fx import GraphModule, Node
 
-from pyfuser.integrations.torch_compile.lowering import RESHAPES, swapped_dims
+from pyfuser.integrations.torch_compile.lowering import RESHAPES, device_arg, swapped_dims
 
 aten = torch.ops.aten
 
@@ -38,8 +38,10 @@ def drop_transpose_pairs(gm: GraphModule, *, outputs: bool = True) -> int:
     dropped = 0
     for node in list(gm.graph.nodes):
         swap = swapped_dims(node)
-        inner = node.args[0] if swap is not None else None
-        if swap is None or swapped_dims(inner) != swap or not isinstance(inner.args[0], Node):
+        if swap is None:
+            continue
+        inner = node.args[0]
+        if not isinstance(inner, Node) or swapped_dims(inner) != swap or not isinstance(inner.args[0], Node):
             continue
         base = inner.args[0]
         if node.replace_all_uses_with(base, delete_user_cb=lambda user: outputs or user.op != "output"):
@@ -78,7 +80,7 @@ def _conversion(node: Node) -> bool:
     value = source.meta.get("val") if isinstance(source, Node) else None
     return ("dtype" in kwargs and set(kwargs) <= {"dtype", "layout", "device"}
             and kwargs.get("layout", torch.strided) == torch.strided and isinstance(value, torch.Tensor)
-            and torch.device(kwargs.get("device", value.device)) == value.device)
+            and device_arg(kwargs.get("device", value.device)) == value.device)
 
 
 def _reshape(node: Node) -> bool:

@@ -96,8 +96,9 @@ class SdpaFwdOp(Expr):
 
     def __init__(self, fusion: Fusion, outputs: list[TensorView], q: TensorView, k: TensorView, v: TensorView,
                  options: dict[str, Val | None]) -> None:
-        self.given = tuple(name for name in self.OPTIONS if options.get(name) is not None)
-        super().__init__(fusion, [q, k, v, *(options[name] for name in self.given)], outputs)  # type: ignore[misc]
+        given = {name: val for name in self.OPTIONS if (val := options.get(name)) is not None}
+        self.given = tuple(given)
+        super().__init__(fusion, [q, k, v, *given.values()], outputs)
 
     def evaluate(self, ctx: EvalContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any) -> list[Any]:
         opts = dict(zip(self.given, rest, strict=True))
@@ -143,7 +144,7 @@ class SdpaBwdOp(Expr):
              "philox_seed", "philox_offset", "scale")
 
     def __init__(self, fusion: Fusion, outputs: list[TensorView], inputs: list[Val]) -> None:
-        super().__init__(fusion, inputs, outputs)  # type: ignore[arg-type]
+        super().__init__(fusion, inputs, outputs)
 
     def evaluate(self, ctx: EvalContext, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  output: torch.Tensor, lse: torch.Tensor, dropout_p: Any, is_causal: Any, philox_seed: torch.Tensor,
@@ -151,7 +152,8 @@ class SdpaBwdOp(Expr):
         seed = int(philox_seed.reshape(-1)[0].item()) if philox_seed.numel() else 0
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-            out, _ = attention(*leaves, None, None, float(dropout_p), bool(is_causal), scale, seed)
+            q_leaf, k_leaf, v_leaf = leaves
+            out, _ = attention(q_leaf, k_leaf, v_leaf, None, None, float(dropout_p), bool(is_causal), scale, seed)
             grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
         return [g.to(t.dtype) for g, t in zip(grads, (q, k, v), strict=True)]
 

@@ -53,6 +53,12 @@ class PointwiseSpec:
     #: naming the operands.
     integer_domain: str | None = None
 
+    def reference(self, name: str) -> Callable[..., Any]:
+        """``fn``, which every kind but a cast has (a cast's evaluation is the dtype conversion)."""
+        if self.fn is None:
+            raise NotImplementedError(f"pointwise op {name} has no torch reference")
+        return self.fn
+
 
 def _float_suffixed(name: str, out: DataType) -> str:
     """Math functions with a single-precision variant spelled with an ``f`` suffix."""
@@ -417,14 +423,14 @@ class BinaryOp(Expr):
         super().__init__(fusion, [lhs, rhs], [out])
         self.kind = kind
         self._checks = size_checks((lhs, rhs), 0, 1)
-        self._fn = kind.spec.fn
+        self._fn = kind.spec.reference(kind.name)
         out_fn = kind.spec.out_fn
         integral = not any(v.dtype.is_floating or v.dtype.is_complex for v in (lhs, rhs))
         if kind is BinaryOpType.div:  # integer or true division is decided by the operand dtypes, once
             self._fn = _trunc_div if integral else _true_div
             out_fn = None if integral else BinaryOpType.truediv.spec.out_fn
         if integral and kind.spec.integer_domain is not None:
-            self._fn = _naming_integer_domain(self._fn, kind, lhs, rhs)  # type: ignore[arg-type]
+            self._fn = _naming_integer_domain(self._fn, kind, lhs, rhs)
             out_fn = None
         #: a torch function with an ``out=`` overload taking a tensor first and a tensor or number second
         self._out_fn = out_fn
@@ -471,7 +477,7 @@ class TernaryOp(Expr):
         operands = (a, b, c)
         tensors = [k for k, v in enumerate(operands) if v.is_tensor]
         self._checks = [s for ka, kb in itertools.combinations(tensors, 2) for s in size_checks(operands, ka, kb)]
-        self._fn = kind.spec.fn
+        self._fn = kind.spec.reference(kind.name)
         #: Operands that were 0-dim tensors before the frontend broadcast them (see ``as_numbers``).
         self.number_like: tuple[int, ...] = ()
 

@@ -89,8 +89,8 @@ def _apply(t: IdTransform, x: torch.Tensor, dims: list[IterDomain], pad: float |
         d = dims.index(t.in_id)
         size = x.shape[d]
         factor = int(t.factor.evaluate(ctx.env))
-        rest = -(-size // factor)
-        outer, inner = (rest, factor) if t.inner_split else (factor, rest)
+        parts = -(-size // factor)
+        outer, inner = (parts, factor) if t.inner_split else (factor, parts)
         if outer * inner != size:
             spec = [0, 0] * (x.ndim - 1 - d) + [0, outer * inner - size]
             x = F.pad(x, spec, value=pad) if x.dtype is not torch.bool else \

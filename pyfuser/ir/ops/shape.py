@@ -205,9 +205,9 @@ class ReshapeOp(Expr):
         #: the shape as given (None: the -1 entry), printed by the Python definition
         self.new_shape = list(new_shape) if new_shape is not None else list(self._extents)
         #: the output sizes when all are constant (shapes torch.compile marks static), and their product
-        values = [e.value for e in self._extents]
-        self._static = tuple(values) if all(v is not None for v in values) else None
-        self._static_numel = math.prod(values) if self._static is not None else -1  # type: ignore[arg-type]
+        known = [e.value for e in self._extents if e.value is not None]
+        self._static = tuple(known) if len(known) == len(self._extents) else None
+        self._static_numel = math.prod(known) if self._static is not None else -1
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         if self._static is not None and (ctx.binding is not None or x.numel() == self._static_numel):
