@@ -78,11 +78,12 @@ class Indices:
 class KernelBuilder(ValueLowering):
     def __init__(self, fusion: Fusion, name: str, target: str, layouts: Layouts,
                  reference: TensorView | None = None, loop_stages: int = 0, chunked: bool = False,
-                 evict_last: bool = True) -> None:
+                 evict_last: bool = True, partials: frozenset[str] = frozenset()) -> None:
         """``chunked``: the kernel runs in a stream loop on chunks of its tensors, so an extent the
         fusion knows statically (an ``expand`` target) is not the extent of what it gets: extents
         come from the tensors, and static ones are checked against the whole tensors' sizes.
-        ``evict_last``: loads ask L2 to keep their lines (``eviction_policy='evict_last'``)."""
+        ``evict_last``: loads ask L2 to keep their lines (``eviction_policy='evict_last'``).
+        ``partials``: names of inputs that hold an earlier launch's partial results per program."""
         """``layouts``: per tensor name, the layout that holds for every tensor the kernel will be
         given (default: ``Layout.strided``)."""
         self.fusion = fusion
@@ -93,6 +94,7 @@ class KernelBuilder(ValueLowering):
         self.range = loop_range(target)
         self.loop_stages = loop_stages if target == "cuda" else 0
         self.evict_last = evict_last
+        self.partials = partials
         self.layouts = layouts
         self.exprs = fusion.exprs()
         self.tensors = fusion.tensors()

@@ -246,10 +246,13 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, refe
             if isinstance(tv, TensorView) and tv.name not in part_layouts:  # a partial: dense, row-major
                 dims = tv.get_logical_domain(no_reductions=True)
                 part_layouts[tv.name] = Layout.dense(range(len(dims)), [i.is_broadcast for i in dims])
+        partials = frozenset(tv.name for tv in part.fusion.inputs() if isinstance(tv, TensorView)
+                             and tv.name not in layouts)
         kind = "final" if k == len(parts) - 1 else f"partial{k}"
         stages = loop_stages if k == 0 else 0  # the final step is small
         result.append((part.fusion, KernelBuilder(part.fusion, f"{name}_{kind}", target, part_layouts,
-                                                  part.reference, stages, chunked, evict_last).build()))
+                                                  part.reference, stages, chunked, evict_last,
+                                                  partials).build()))
     return result
 
 

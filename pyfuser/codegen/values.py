@@ -16,7 +16,8 @@ Floating reductions are as accurate as torch's, also on data far from 0 (rows of
   deviations from it and of their squares, which correct the mean and give the spread exactly;
 * ``var_mean`` of a row read in a loop is Welford's update per lane on the lane's values less its
   first value (a shift), so the running mean is a small number that rounds little, then Welford's
-  combine of the shifted means across lanes in float64; the shift is added back once at the end.
+  combine of the shifted means across lanes in float64; the shift is added back once at the end;
+* the programs' partial sums of a reduction across programs add up in float64 in the last launch.
 """
 
 from __future__ import annotations
@@ -556,6 +557,16 @@ class ValueLowering:
                 self._sum_over_pair(total, compensation, axes)
                 acc = code.assign("v", f"{total} - {compensation}", cse=False)
                 acc_dtype = wide
+            elif kind in (ReductionOpType.sum, ReductionOpType.mean) and acc_dtype is DataType.Float and \
+                    self._sums_partials(expr):
+                # Programs' partial sums (the last step of a reduction across programs): few values,
+                # each as large as a share of the total, added in float64. A float32 order of them
+                # (the GPU's and numpy's reduce of a tile axis adds one after another) rounds at the
+                # scale of the total once per partial.
+                wide = DataType.Double
+                acc = code.assign("v", self.convert(acc, acc_dtype, wide), cse=False)
+                self._sum_over(acc, axes)
+                acc_dtype = wide
             elif kind in (ReductionOpType.sum, ReductionOpType.mean):
                 self._sum_over(acc, axes)
             else:
@@ -574,6 +585,14 @@ class ValueLowering:
             out_key = (tv.name, *key[1:])
             result = _rounded(result, tv.dtype)
             code.remember(out_key, result if result.isidentifier() else code.assign("v", result, cse=False))
+
+    def _sums_partials(self: KernelBuilder, expr: Expr) -> bool:
+        """Whether ``expr`` reduces programs' partial results (an input of this launch that an
+        earlier launch wrote), read as they are or through copies."""
+        source = expr.inputs[0]
+        while isinstance(source, TensorView) and isinstance(source.definition, LoadStoreOp):
+            source = source.definition.inputs[0]
+        return isinstance(source, TensorView) and source.name in self.partials
 
     def _sum_over(self: KernelBuilder, name: str, axes: list[int | None]) -> None:
         """``name`` summed over tile ``axes`` in place: a tree on the GPU; in Triton's interpreter

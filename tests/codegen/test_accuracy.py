@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks.accuracy import OPS, floor, fusion, max_error
+from pyfuser.scheduler.registry import Machine
 from tests.codegen.conftest import kernel_segments
 
 #: (op, rows, cols, the reduction shape its kernel takes on this machine: see reduction_schedule.py)
@@ -30,19 +31,51 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("offset", [1e2, 1e3, 1e4])
-@pytest.mark.parametrize(("op", "rows", "cols", "shape"), CASES)
-def test_error_within_twice_torchs(op: str, rows: int, cols: int, shape: str, offset: float, device: str,
-                                   run_kernels) -> None:
-    x = (torch.randn(rows, cols, dtype=torch.float64) + offset).float().to(device)
+#: an H100's or H200's machine description (132 SMs): the schedules a GPU runs, in Triton's interpreter
+GPU_MACHINE = Machine(132, 16384, 2048)
+
+#: (op, rows, cols, the reduction shape its kernel takes on ``GPU_MACHINE``): rows on chip up to 16384,
+#: columns summed in an inner-outer kernel's partials per program, then across them
+GPU_CASES = [
+    ("layernorm", 2, 1531, "tile"),
+    ("layernorm_sums", 2, 1500, "tile"),
+    ("var_mean", 2, 1500, "tile"),
+    ("sum", 3, 1531, "tile"),
+    ("sum", 2, 20000, "loop"),
+    ("sum_all", 1, 200000, "split"),
+    ("row_and_column_sums", 1500, 24, "tile"),
+    ("rmsnorm", 2, 1500, "tile"),
+]
+
+
+def _check_error(op: str, rows: int, cols: int, shape: str, offset: float, device: str, run_kernels) -> None:
+    x = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows * cols), dtype=torch.float64)
+         + offset).float().to(device)
     ref = OPS[op].torch_fn(x.double())
     fd = fusion(OPS[op])
     got = run_kernels(fd, [x])
-    if device == "cpu":  # the machine of Triton's interpreter: the path this case is for
+    if device == "cpu":  # the machine description this case is for
         assert kernel_segments(fd)[0].scheduler_params.shape == shape
     ours, torchs = max_error(got, ref), max_error(OPS[op].torch_fn(x), ref)
     assert ours <= 2 * max(torchs, floor(ref)), f"{op} {rows}x{cols} offset {offset:g}: pyfuser {ours:.3e}, " \
                                                 f"torch {torchs:.3e}"
+
+
+@pytest.mark.parametrize("offset", [1e2, 1e3, 1e4])
+@pytest.mark.parametrize(("op", "rows", "cols", "shape"), CASES)
+def test_error_within_twice_torchs(op: str, rows: int, cols: int, shape: str, offset: float, device: str,
+                                   run_kernels) -> None:
+    _check_error(op, rows, cols, shape, offset, device, run_kernels)
+
+
+@pytest.mark.parametrize("offset", [1e2, 1e3, 1e4])
+@pytest.mark.parametrize(("op", "rows", "cols", "shape"), GPU_CASES)
+def test_error_within_twice_torchs_on_a_gpus_schedule(op: str, rows: int, cols: int, shape: str, offset: float,
+                                                      device: str, run_kernels,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The schedules of an H100 or H200 (larger tiles, 132 programs' partial results), also on the CPU."""
+    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: GPU_MACHINE))
+    _check_error(op, rows, cols, shape, offset, device, run_kernels)
 
 
 def test_var_mean_of_rows_with_inf_and_nan(device: str, run_kernels) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .case import Case, Output, TensorInput
+from .case import Case, Output, TensorInput, prelude_namespace
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ class Category(Enum):
     wrong = "wrong result"
     #: any other exception, or an error that names nothing
     internal = "internal error"
+    #: an oracle artifact, not a defect: the only differing elements are those computed from a float
+    #: converted to an integer type outside that type's range (inf, nan, too large), which C++ and torch
+    #: leave undefined (x86 CPUs give the integer's minimum, GPUs saturate or give other values)
+    undefined_cast = "undefined in torch: float-to-integer cast out of range"
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,93 @@ def compare(out: Any, want: torch.Tensor, low_precision: bool = False) -> str | 
     except AssertionError as e:
         return "values differ: " + " ".join(str(e).split())[:300]
     return None
+
+
+def mismatches(out: torch.Tensor, want: torch.Tensor, low_precision: bool = False) -> torch.Tensor:
+    """Where ``out`` differs from ``want`` (same shape and dtype) beyond ``compare``'s tolerance."""
+    out = out.to(want.device)
+    if not (want.dtype.is_floating_point or want.dtype.is_complex):
+        return out != want
+    both = ~torch.isfinite(out) & ~torch.isfinite(want)
+    tol = tolerance(want.dtype, low_precision)
+    close = torch.isclose(out, want, rtol=tol["rtol"], atol=tol["atol"], equal_nan=True)
+    return ~(close | both)
+
+
+#: the reference's form of a cast (the generator's ``cast`` step): ``t3.to(torch.int32)``
+_CAST = re.compile(r"^(t\d+)\.to\(torch\.(u?int\d+)\)$")
+
+
+def _undefined_cast_mask(source: Any, dtype: torch.dtype) -> torch.Tensor | None:
+    """Where converting the float tensor ``source`` to the integer ``dtype`` is undefined: a value that
+    is not finite or whose truncation does not fit ``dtype``; None when ``source`` is not a float tensor."""
+    if not isinstance(source, torch.Tensor) or not source.dtype.is_floating_point:
+        return None
+    info, x = torch.iinfo(dtype), source.double()
+    return ~torch.isfinite(x) | (x <= info.min - 1) | (x >= info.max + 1.0)
+
+
+def reference_with_undefined_casts(case: Case, values: Sequence[Any], fill: int | None) -> tuple[list[Any], bool]:
+    """The reference's outputs with each float-to-integer cast's undefined elements set to ``fill``
+    (None: torch's own values); and whether any cast had such an element. The values of the
+    reference's intermediates decide, not the program text: a cast of in-range values is defined."""
+    namespace = dict(case_namespace(case, values))
+    undefined = False
+    for step in case.steps:
+        exec(f"{', '.join(step.outs)} = {step.ref}", namespace)
+        cast = _CAST.match(step.ref)
+        if cast is None or len(step.outs) != 1:
+            continue
+        result = namespace[step.outs[0]]
+        mask = _undefined_cast_mask(namespace[cast.group(1)], result.dtype)
+        if mask is None or not bool(mask.any()):
+            continue
+        undefined = True
+        if fill is not None:
+            info = torch.iinfo(result.dtype)
+            namespace[step.outs[0]] = result.masked_fill(mask, max(info.min, min(info.max, fill)))
+    return [namespace[o.name] for o in case.outputs], undefined
+
+
+def case_namespace(case: Case, values: Sequence[Any]) -> dict[str, Any]:
+    """The reference program's names bound to ``values`` (what ``Case.reference`` starts from)."""
+    namespace = prelude_namespace()
+    for inp, value in zip(case.inputs, values, strict=True):
+        namespace[inp.name] = value
+    return namespace
+
+
+def undefined_cast_artifact(case: Case, values: Sequence[Any], outs: Sequence[Any],
+                            wants: Sequence[torch.Tensor]) -> tuple[str, list[torch.Tensor]] | None:
+    """When every element where ``outs`` differ from ``wants`` depends on an undefined float-to-integer
+    cast of the reference: a description, and ``wants`` with those elements taken from ``outs`` (to check
+    the executor's other promises); None when any differing element does not (a wrong result), or when
+    no cast was undefined.
+
+    Dependence is found by running the reference again with those casts' undefined elements set to
+    the integer type's minimum, maximum and zero: an output element that changes depends on them."""
+    try:
+        _, undefined = reference_with_undefined_casts(case, values, None)
+        if not undefined:
+            return None
+        variants = [reference_with_undefined_casts(case, values, fill)[0] for fill in (-2 ** 63, 2 ** 63 - 1, 0)]
+    except Exception:
+        return None  # the reference does not run again this way: no verdict but "wrong"
+    low, described, patched = low_precision(case), [], []
+    for k, (out, want) in enumerate(zip(outs, wants, strict=True)):
+        if not isinstance(out, torch.Tensor) or out.shape != want.shape or out.dtype != want.dtype:
+            return None
+        differ = mismatches(out, want, low)
+        depends = torch.zeros_like(differ)
+        for variant in variants:
+            depends |= mismatches(variant[k], want, low)
+        if bool((differ & ~depends).any()):
+            return None
+        patched.append(torch.where(differ, out.to(want.device), want))
+        if bool(differ.any()):
+            described.append(f"output {k} ({case.outputs[k].name}): {int(differ.sum())} element(s) differ, each "
+                             f"computed from a float cast to an integer type out of its range")
+    return ("; ".join(described), patched) if described else None
 
 
 def _dense_strides(shape: Sequence[int], stride_order: Sequence[int]) -> list[int]:
@@ -214,7 +305,7 @@ def _runs(case: Case) -> list[tuple[str, Callable[[], list[Any]]]]:
 
 
 def _bound_runs(case: Case, fd: Any, mode: ExecutionMode, make_inputs: Callable[[], list[Any]],
-                wants: Sequence[torch.Tensor]) -> Outcome | None:
+                wants: Sequence[torch.Tensor], values: Sequence[Any]) -> Outcome | None:
     """The inputs of an execution that matched, three times through its bound program (none for a
     fusion with scalar inputs or outputs written into inputs): None if each run matches too."""
     options = {"enable_options": list(mode.enable), "disable_options": list(mode.disable)}
@@ -227,8 +318,23 @@ def _bound_runs(case: Case, fd: Any, mode: ExecutionMode, make_inputs: Callable[
             return Outcome(Category.internal, mode.name, f"bound run {k + 1} raised {type(e).__name__}: {e}")
         problem = check_outputs(case, outs, wants, args, originals)
         if problem is not None:
-            return Outcome(Category.wrong, mode.name, f"bound run {k + 1}: {problem}")
+            return _wrong_or_artifact(case, mode, values, outs, wants, args, originals, problem, f"bound run {k + 1}: ")
     return None
+
+
+def _wrong_or_artifact(case: Case, mode: ExecutionMode, values: Sequence[Any], outs: Sequence[Any],
+                       wants: Sequence[torch.Tensor], args: Sequence[Any], originals: Sequence[Any],
+                       problem: str, where: str) -> Outcome:
+    """A wrong result, unless the only differences are values torch leaves undefined (see
+    ``undefined_cast_artifact``) and the executor's other promises hold."""
+    artifact = undefined_cast_artifact(case, values, outs, wants) if "values differ" in problem else None
+    if artifact is not None:
+        description, patched = artifact
+        other = check_outputs(case, outs, patched, args, originals)
+        if other is None:
+            return Outcome(Category.undefined_cast, mode.name, f"{where}{description}")
+        problem = other
+    return Outcome(Category.wrong, mode.name, f"{where}{problem}")
 
 
 def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | None, torch_error: str | None) -> Outcome:
@@ -237,7 +343,7 @@ def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | No
         fd, _ = case.build()
     except Exception as e:
         return _rejection_or_internal(e, mode.name, wants is not None, "at definition")
-    stream_loops = 0
+    stream_loops, artifact = 0, None
     for k, (attempt, make_values) in enumerate(_runs(case)):
         if k > 0:  # the reference of other inputs
             try:
@@ -262,13 +368,18 @@ def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | No
             return Outcome(Category.wrong, mode.name, f"torch raised {torch_error}, but pyfuser returned outputs")
         problem = check_outputs(case, outs, wants, args, originals)
         if problem is not None:
-            return Outcome(Category.wrong, mode.name, f"{attempt}: {problem}")
-        if mode.bound:
-            failed = _bound_runs(case, fd, mode, make_inputs, wants)
-            if failed is not None:
+            verdict = _wrong_or_artifact(case, mode, make_values(), outs, wants, args, originals, problem,
+                                         f"{attempt}: ")
+            if verdict.category is not Category.undefined_cast:
+                return verdict
+            artifact = artifact or verdict  # the other runs still check everything else
+        elif mode.bound:
+            failed = _bound_runs(case, fd, mode, make_inputs, wants, make_values())
+            if failed is not None and failed.category is not Category.undefined_cast:
                 return replace(failed, detail=f"{attempt}: {failed.detail}")
+            artifact = artifact or (failed and replace(failed, detail=f"{attempt}: {failed.detail}"))
         stream_loops = stream_loops or str(fd.fec.last_program).count("FOR StreamIdx")
-    return Outcome(Category.match, mode.name, stream_loops=stream_loops)
+    return artifact or Outcome(Category.match, mode.name, stream_loops=stream_loops)
 
 
 def reference(case: Case) -> tuple[list[torch.Tensor] | None, str | None]:

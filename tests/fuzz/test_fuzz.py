@@ -113,3 +113,39 @@ def test_outputs_may_share_a_storage_but_not_memory() -> None:
     overlapping = [buffer[:4], buffer[2:6]]
     assert check_outputs(case, overlapping, [t.clone() for t in overlapping], [x], [x.clone()]) == \
         "output 1 shares memory with output 0"
+
+
+def _cast_case(fd_cast: str) -> Case:
+    """t0 * 1e9 cast to int32 (about 3% of the values beyond int32's range),
+    then + 1: ``fd_cast`` is the fusion's cast, the reference's is torch's ``.to(torch.int32)``."""
+    x = TensorInput("t0", (64, 33), torch.float32, 5, (0, 1), declaration="fd.define_tensor([-1, -1])")
+    steps = (Step(("t1",), "fd.ops.mul(t0, 1e9)", "t0 * 1e9"),
+             Step(("t2",), fd_cast, "t1.to(torch.int32)"),
+             Step(("t3",), "fd.ops.add(t2, 1)", "t2 + 1"))
+    return Case(0, (x,), steps, (Output("t3"),))
+
+
+#: the fusion's cast where torch's is defined, another value (0) where it is not: a GPU's behaviour
+_IN_RANGE = "fd.ops.lt(fd.ops.abs(t1), 2.0 ** 31)"
+
+
+def test_an_undefined_float_to_int_cast_is_an_oracle_artifact() -> None:
+    case = _cast_case(f"fd.ops.cast(fd.ops.where({_IN_RANGE}, t1, 0.0), DataType.Int32)")
+    out_of_range = (case.input_values()[0].double() * 1e9).abs() >= 2 ** 31
+    assert out_of_range.any() and not out_of_range.all()
+    (outcome,) = run_case(case, [MODES["default"]])
+    assert outcome.category is Category.undefined_cast, outcome
+    assert not outcome.failed and "output 0 (t3)" in outcome.detail
+
+
+def test_a_wrong_integer_cast_stays_a_wrong_result() -> None:
+    # wrong on defined elements too (+ 1 before the cast), though the undefined ones differ as well
+    case = _cast_case(f"fd.ops.cast(fd.ops.where({_IN_RANGE}, fd.ops.add(t1, 1.0), 0.0), DataType.Int32)")
+    (outcome,) = run_case(case, [MODES["default"]])
+    assert outcome.category is Category.wrong and "values differ" in outcome.detail
+    # and a cast of in-range values only is defined: any difference is wrong
+    x = TensorInput("t0", (8, 5), torch.float32, 5, (0, 1), declaration="fd.define_tensor([-1, -1])")
+    small = Case(0, (x,), (Step(("t1",), "fd.ops.cast(fd.ops.add(t0, 1.0), DataType.Int32)", "t0.to(torch.int32)"),),
+                 (Output("t1"),))
+    (outcome,) = run_case(small, [MODES["default"]])
+    assert outcome.category is Category.wrong
