@@ -248,6 +248,8 @@ def models(data: Data) -> tuple[str, str]:
                 if (row["dtype"], row["mode"]) != (dtype, mode) or "geomean" not in row:
                     continue
                 label = " with CUDA graphs" if row["variant"].endswith("cuda_graph") else ""
+                if row["models"] < len(meta["models"]):
+                    label += f" over {row['models']} models"
                 rated.append(f"{row['geomean']:.2f}x{label} (worst {row['worst']:.2f}x, {row['worst_model']})")
             if rated:
                 modes.append(f"{mode} {', '.join(rated)}")
@@ -259,6 +261,20 @@ def models(data: Data) -> tuple[str, str]:
               + f". Failed cases: {len(failed)} ({fallbacks} with a kernel fallback)")
     what = (f"{len(meta['models'])} `transformers` models (size `{meta['size']}`), inference and training, eager / "
             "Inductor / pyfuser, without and with CUDA graphs; median ms per step, checked against fp32 eager")
+    return what, result
+
+
+def tp_training(data: Data) -> tuple[str, str]:
+    """Tensor + sequence parallel training: each variant's step against Inductor's and async-TP's, and
+    whether every variant's first loss matched eager."""
+    config, by_variant = data["config"], {r["variant"]: r for r in data["results"]}
+    pyfuser, anchors = by_variant.get("pyfuser"), [v for v in ("inductor", "inductor_async_tp") if v in by_variant]
+    parts = [f"{v} {by_variant[v]['step_ms']:.2f} ms" for v in ("eager", *anchors, "pyfuser") if v in by_variant]
+    result = "step: " + ", ".join(parts)
+    if pyfuser is not None:
+        result += "; pyfuser / " + ", ".join(f"{v} {by_variant[v]['step_ms'] / pyfuser['step_ms']:.2f}x" for v in anchors)
+    what = (f"TP + SP training step of a Llama (hidden {config['hidden']}, {config['layers']} layers, sequence "
+            f"{config['seq']}) over {config['world']} ranks, {config['dtype']}, through torch.compile")
     return what, result
 
 
@@ -274,6 +290,7 @@ ROWS: dict[str, Callable[[Data], tuple[str, str]]] = {
     "persistent_tiles": persistent_tiles,
     "accuracy": accuracy,
     "models": models,
+    "tp_training": tp_training,
 }
 
 
