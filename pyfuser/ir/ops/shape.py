@@ -264,7 +264,8 @@ class SliceOp(Expr):
         """nvFuser prints the normalized bounds with ``manual_normalization=True``; a bound whose
         normalized form is symbolic (a ``min`` / ``max`` against an extent) is printed as given
         instead, and then the flag is left out so that the rebuilt slice normalizes it again."""
-        starts, stops = [], []
+        starts: list[SymExpr] = []
+        stops: list[SymExpr] = []
         normalized = True
         for (lo, hi, _), (first, last, _) in zip(self.ranges, self.given, strict=True):
             for bound, as_given, printed in ((lo, first, starts), (hi, last, stops)):
