@@ -247,9 +247,10 @@ def models(data: Data) -> tuple[str, str]:
             for row in data["summary"]:
                 if (row["dtype"], row["mode"]) != (dtype, mode) or "geomean" not in row:
                     continue
-                label = " with CUDA graphs" if row["variant"].endswith("cuda_graph") else ""
-                if row["models"] < len(meta["models"]):
-                    label += f" over {row['models']} models"
+                label = ""
+                if row["variant"].endswith("cuda_graph"):  # a partial run may time only some models with graphs
+                    label = " with CUDA graphs" + (f" over {row['models']} models"
+                                                   if row["models"] < len(meta["models"]) else "")
                 rated.append(f"{row['geomean']:.2f}x{label} (worst {row['worst']:.2f}x, {row['worst_model']})")
             if rated:
                 modes.append(f"{mode} {', '.join(rated)}")
