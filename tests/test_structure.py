@@ -16,6 +16,7 @@ from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.passes.pipeline import HOST_PASSES
 from pyfuser.ir.layout import Layout
 from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOpType
+from pyfuser.ir.ops.pointwise import BinaryOpType, TernaryOpType
 from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
 from pyfuser.preseg.pipeline import PRESEG_PASSES
 from pyfuser.runtime.backends import HOST_PASSES as RUNTIME_HOST_PASSES
@@ -173,3 +174,9 @@ def test_kernel_layouts_are_one_layout_type() -> None:
     fd.execute([x], _enable_options=["triton_interpreter"])
     (segment,) = [n.segment for n in fd.fec.last_program.container.walk() if isinstance(n, LaunchKernel)]
     assert segment.output_perms == ((1, 0),)  # the input's column-major order, from its Layout
+
+
+@pytest.mark.parametrize("kind", [*BinaryOpType, *TernaryOpType], ids=lambda k: k.name)
+def test_every_binary_and_ternary_op_has_its_torch_reference(kind: BinaryOpType | TernaryOpType) -> None:
+    """Their evaluation calls it (only casts, unary, have none)."""
+    assert callable(kind.spec.reference(kind.name))
