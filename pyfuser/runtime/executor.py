@@ -53,8 +53,12 @@ class BoundProgram:
     binding: object = field(default_factory=object, compare=False)
     #: the program's run as one function under ``binding``, once written (False: it has none)
     function: Any = field(default=None, compare=False)
+    #: converts the input scalars to their declared types (a fusion with scalar inputs, bound to their values)
+    coerce: Any = field(default=None, compare=False)
 
     def run(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        if self.coerce is not None:
+            args = self.coerce(list(args))
         function = self.function
         if function:
             outputs = function(args)
@@ -206,12 +210,14 @@ class FusionExecutorCache:
         return sig, target, (sig, target, tuple(enable_options), tuple(disable_options), backend)
 
     def bound_program(self, args: Sequence[Any], *, device: torch.device | str | int | None = None,
-                      enable_options: Sequence[str] = (), disable_options: Sequence[str] = ()) -> BoundProgram | None:
+                      enable_options: Sequence[str] = (), disable_options: Sequence[str] = (),
+                      scalars_fixed: bool = False) -> BoundProgram | None:
         """The program that ``run`` with these arguments executed, its sizes bound to theirs: for a caller
-        that knows every later call has the same input signature. None before such a run, and for a
-        fusion whose every call has work of its own (input scalars to convert and bind, outputs
-        written in place into inputs)."""
-        if self._version != self.fusion.version or self._has_scalars or self._aliases:
+        that knows every later call has the same input signature (and, with ``scalars_fixed``, the same
+        values of the input scalars: a dynamic-shape graph's size symbols, which its caller keys its
+        bindings by). None before such a run, and for a fusion whose every call has work of its own
+        (input scalars to bind whose values may change, outputs written in place into inputs)."""
+        if self._version != self.fusion.version or (self._has_scalars and not scalars_fixed) or self._aliases:
             return None
         binder = self._binder
         assert binder is not None  # set by _reset
@@ -222,6 +228,10 @@ class FusionExecutorCache:
         program, resolved, moved = entry
         if moved:  # each call moves its CPU scalars: no binding
             return None
+        if self._has_scalars:
+            if not binder.scalars_are_numbers(args):
+                return None
+            return BoundProgram(program, binder.bind(binder.coerce(list(args))), resolved, coerce=binder.coerce)
         return BoundProgram(program, binder.bind_signature(sig, args), resolved)
 
     def _target(self, device: torch.device | str | int, args: Sequence[Any], binder: InputBinder) -> torch.device:

@@ -187,6 +187,11 @@ class InputBinder:
     def has_scalars(self) -> bool:
         return bool(self._scalar_types)
 
+    def scalars_are_numbers(self, args: Sequence[Any]) -> bool:
+        """Whether every input scalar is passed as a Python number (not a tensor, whose value a caller
+        keying its calls by sizes and strides would not see)."""
+        return not any(isinstance(args[pos], torch.Tensor) for pos, *_ in self._scalar_types)
+
     def coerce(self, args: list[Any]) -> list[Any]:
         """``args`` with each scalar input converted to its declared Python type (``2`` for a Double
         scalar computes as ``2.0``; a 0-dim tensor becomes a number), so ops see the dtypes the

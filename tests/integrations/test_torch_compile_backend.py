@@ -434,16 +434,17 @@ def test_static_regions_run_their_bound_program(monkeypatch: pytest.MonkeyPatch)
     assert len(calls) > before
 
 
-def test_dynamic_regions_keep_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With symbolic sizes every call goes through the executor cache (sizes are bound per call)."""
+def test_dynamic_regions_bind_each_concrete_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With symbolic sizes a region binds each call's concrete sizes (and size scalars): the first call
+    of each goes through the executor cache, a later call of the same sizes runs its bound program."""
     calls = _count_cache_runs(monkeypatch)
     backend = PyfuserBackend()
     compiled = torch.compile(pointwise_and_reduce, backend=backend, dynamic=True)
-    for n in (4, 7, 7):
+    for n in (4, 7, 7, 4, 9):
         x, y = torch.randn(n, 6), torch.randn(6)
         torch.testing.assert_close(compiled(x, y), pointwise_and_reduce(x, y))
     (region,) = backend.graphs[0].regions
-    assert not region._bound and len(calls) == 3
+    assert len(region._bound) == 3 and len(calls) == 3
 
 
 def test_eager_views_are_tensor_method_calls_and_chains_one_call() -> None:

@@ -228,16 +228,27 @@ def test_a_failing_specialized_graph_runs_as_compiled() -> None:
     _check(compiled, torch.randn(1, 6, 8))
 
 
-def test_graphs_of_symbolic_sizes_run_as_compiled() -> None:
-    """Symbolic sizes (sizes are graph inputs, regions bind nothing): not specialized, saying why."""
+def test_graphs_of_symbolic_sizes_are_specialized_per_concrete_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Symbolic sizes (the size symbols are graph inputs, the regions take them as scalars): each
+    concrete call's sizes get their own warm-up, recording and specialized copy, in which regions run
+    bound to those sizes; calls alternating between sizes match eager's outputs and strides."""
     backend = PyfuserBackend(triton_interpreter=True)
     compiled = torch.compile(_attention_of_input, backend=backend, dynamic=True)
+    calls = _region_calls(monkeypatch)
+    sizes = [2, 3]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for _ in range(WARM_CALLS + 2):
-            _check(compiled, torch.randn(1, 6, 8))
+        for _ in range(WARM_CALLS + 1):
+            for batch in sizes:
+                _check(compiled, torch.randn(batch, 6, 8))
+        calls.clear()
+        for _ in range(2):
+            for batch in sizes:
+                _check(compiled, torch.randn(batch, 6, 8))
     (bound,) = _bound_graphs(backend)
-    assert bound.specialized is None and bound.declined == "an input that is not a tensor", bound.declined
+    assert bound.declined is None and len(bound.signatures) == len(sizes), bound.declined
+    assert all(s.run is not None for s in bound.signatures.values()), [s.why for s in bound.signatures.values()]
+    assert not calls, calls  # every call ran a specialized copy
 
 
 def test_views_of_data_dependent_results_follow_the_data(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,9 +17,12 @@ node's result's geometry) and rewrites a copy of itself, Inductor's wrapper code
 
 Each input signature (``BoundGraph``: the inputs' strides, on CUDA the current device) is warmed up,
 recorded and specialized on its own, at most ``SPECIALIZATION_LIMIT`` of them: an incoming gradient
-of other strides gets its own copy (its regions bind those strides too). A signature with a region
-that has no straight-line function for it, or whose recorded call left anything unexpected, keeps
-running as compiled; a graph whose inputs are not all tensors (symbolic sizes) runs as compiled.
+of other strides gets its own copy (its regions bind those strides too). A graph of dynamic shapes
+(dynamo marks sizes symbolic once a frame is called with other sizes; the size symbols are inputs)
+is specialized the same way per concrete call: its signature adds the tensors' sizes and the
+numbers' values, which then fix every value's geometry as guards fix a static graph's. A signature
+with a region that has no straight-line function for it, or whose recorded call left anything
+unexpected, keeps running as compiled.
 """
 
 from __future__ import annotations
@@ -27,15 +30,16 @@ from __future__ import annotations
 import copy
 import operator
 import warnings
-from collections.abc import Callable, Collection, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.fx import Graph, GraphModule, Interpreter, Node
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from pyfuser.codegen.launcher import reinterpret_tensor
-from pyfuser.host_ir.specialization import Recording, Seen, Specializations
+from pyfuser.host_ir.specialization import Recording, Specializations
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.region import FusionRegion, static_tensor
 from pyfuser.integrations.torch_compile.view_chains import CHAIN_OPS, ViewChain, viewed_operand
@@ -52,18 +56,45 @@ VIEW_METHODS = frozenset(METHODS.values())
 
 class _Recorder(Interpreter):
     """Runs the graph once, node by node, into a ``Recording`` (each strided tensor result's
-    geometry), keeping which results require grad (views autograd must see)."""
+    geometry), keeping which results require grad (views autograd must see) and each number's value
+    (a size symbol's, in a graph of dynamic shapes)."""
 
     def __init__(self, gm: GraphModule) -> None:
         super().__init__(gm)
         self.recording = Recording()
         self.requires_grad: set[Node] = set()
+        self.numbers: dict[Node, int | float | bool] = {}
 
     def run_node(self, n: Node) -> Any:
         value = super().run_node(n)
         if self.recording.note(n, value) is not None and value.requires_grad:
             self.requires_grad.add(n)
+        elif isinstance(value, (int, float, bool)):
+            self.numbers[n] = value
         return value
+
+
+def _number(value: Any) -> bool:
+    """Whether an FX value is a number (a size symbol of a graph of dynamic shapes, or a constant)."""
+    return isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _fixed_by_inputs(value: Any) -> bool:
+    """Whether an FX value is a tensor whose sizes and strides follow from the graph's inputs (plain
+    ints, or symbols the inputs carry: not sizes of data-dependent results)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    if static_tensor(value):
+        return True
+    return not any(free_unbacked_symbols(s) for s in (*value.shape, *value.stride()))
+
+
+def _follows_inputs(value: Any) -> bool:
+    """Whether an FX value is the same on every call of one signature: a tensor's geometry fixed by the
+    inputs (``_fixed_by_inputs``), or a number that is not a data-dependent size."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return not free_unbacked_symbols(value)
+    return _number(value) or _fixed_by_inputs(value)
 
 
 def _view_operand(node: Node) -> Node | None:
@@ -75,12 +106,9 @@ def _view_operand(node: Node) -> Node | None:
     return viewed_operand(node) if is_view else None
 
 
-def _strides(seen: Seen | None) -> tuple[int, ...] | None:
-    return seen.strides if seen is not None else None
-
 
 def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
-               requires_grad: Collection[Node] = ()) -> GraphModule | str:
+               requires_grad: Collection[Node] = (), numbers: Mapping[Node, Any] | None = None) -> GraphModule | str:
     """A copy of ``gm`` specialized to the geometry of a recorded call (see the module's docstring), or
     why it cannot be."""
     graph = Graph()
@@ -95,8 +123,10 @@ def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
     for node in gm.graph.nodes:
         new = env[node]
         if node.op == "call_function" and isinstance(node.target, FusionRegion):
-            arg_strides = [_strides(seen.get(a)) if isinstance(a, Node) else None for a in node.args]
-            function = node.target.straight_line(arg_strides)
+            if not all(_follows_inputs(a.meta.get("val")) for a in node.args if isinstance(a, Node)):
+                return f"{node.target.name} reads a value of data-dependent sizes"
+            recorded = [(seen.get(a) or (numbers or {}).get(a)) if isinstance(a, Node) else a for a in node.args]
+            function = node.target.straight_line(recorded)
             if function is None:
                 return f"{node.target.name} has no straight-line function for the recorded call"
             run, positions, slots = function
@@ -109,7 +139,7 @@ def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
             regions += 1
             continue
         operand = _view_operand(node)
-        if operand is None or node in protected or not static_tensor(node.meta.get("val")):
+        if operand is None or node in protected or not _fixed_by_inputs(node.meta.get("val")):
             continue  # (sizes the graph does not fix: a view of a data-dependent result)
         result, source = seen.get(node), seen.get(operand)
         if result is None or source is None or result.numel == 0 or node in requires_grad or operand in requires_grad \
@@ -136,6 +166,17 @@ def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
     return GraphModule(gm, graph)
 
 
+def _strides(args: list[Any]) -> list[Any]:
+    """The signature of a call of a graph of static shapes: its tensors' strides."""
+    return [a.stride() for a in args]
+
+
+def _dynamic_signature(args: list[Any]) -> list[Any]:
+    """The signature of a call of a graph of dynamic shapes: its tensors' sizes and strides, its
+    numbers' types and values."""
+    return [(a.shape, a.stride()) if isinstance(a, torch.Tensor) else (type(a), a) for a in args]
+
+
 @dataclass(slots=True)
 class Signature:
     """One input signature's state in a ``BoundGraph``: its calls run as compiled so far, then its
@@ -151,9 +192,10 @@ class BoundGraph:
     """The compiled graph as the backend hands it to AOTAutograd (a boxed callable: ``bound(args)``),
     run through the specialized copy of the call's input signature once that exists.
 
-    A signature is the inputs' strides and, on a CUDA device, the current device: dynamo's guards fix
-    the rest (sizes, dtypes, the inputs' devices) for a graph of static shapes, and autograd the sizes of
-    an incoming gradient, whose strides may differ from call to call. Each signature gets its own
+    A signature is the inputs' strides (in a graph of dynamic shapes also their sizes and the numbers'
+    values) and, on a CUDA device, the current device: dynamo's guards fix the rest (sizes, dtypes, the
+    inputs' devices) for a graph of static shapes, and autograd the sizes of an incoming gradient, whose
+    strides may differ from call to call. Each signature gets its own
     warm-up calls, recording and copy, at most ``SPECIALIZATION_LIMIT`` of them (``Specializations``)."""
 
     def __init__(self, graph_module: GraphModule, regions: Sequence[FusionRegion], protected: Collection[Node],
@@ -166,29 +208,36 @@ class BoundGraph:
         self._regions = list(regions)
         self._protected = frozenset(protected)
         devices = {r.device for r in self._regions}
-        #: the regions' CUDA device (None on the CPU): a call's current device is part of its signature
-        self._device = next(iter(devices)) if len(devices) == 1 else None
+        cuda = {d for d in devices if d.type == "cuda"}
+        #: the regions' CUDA device (else the CPU; regions on the CPU beside it, say of index arithmetic on
+        #: CPU tensors, do not depend on the current device): a call's current device is part of its signature
+        self._device = next(iter(cuda)) if len(cuda) == 1 else next(iter(devices)) if len(devices) == 1 else None
         self._on_cuda = self._device is not None and self._device.type == "cuda" and _current_device is not None
+        values = [n.meta.get("val") for n in graph_module.graph.nodes if n.op == "placeholder"]
+        #: a graph of dynamic shapes (size symbols among its inputs, symbolic sizes): a signature holds the
+        #: tensors' sizes and the numbers' values besides the strides (dynamo's guards do not fix them)
+        self._dynamic = not all(static_tensor(v) for v in values)
+        #: the call's arguments -> the list its signature is made of
+        self._signature_of: Callable[[list[Any]], list[Any]] = _dynamic_signature if self._dynamic else _strides
         #: per input signature: its warm-up calls, then its specialized copy or why it has none
         self.signatures: Specializations[Hashable, Signature] = Specializations()
         #: the latest call's signature, when it has a specialized copy: that copy's forward, the inputs'
         #: strides and (on CUDA) the current device
         self._run: Callable[..., Any] | None = None
-        self._strides: list[tuple[int, ...]] = []
+        self._strides: list[Any] = []
         self._current: int | None = None
         #: why the graph runs as compiled for good (None while its signatures may be specialized)
         self.declined: str | None = None
         if not self._regions:
             self.declined = "no regions"
-        elif len(devices) != 1:
+        elif self._device is None:
             self.declined = f"regions on {len(devices)} devices"
-        elif not all(isinstance(n.meta.get("val"), torch.Tensor)
-                     for n in graph_module.graph.nodes if n.op == "placeholder"):
-            self.declined = "an input that is not a tensor"
+        elif not all(isinstance(v, torch.Tensor) or _number(v) for v in values):
+            self.declined = "an input that is neither a tensor nor a number"
 
     def __call__(self, args: list[Any]) -> Any:
         run = self._run
-        if run is not None and [a.stride() for a in args] == self._strides and (
+        if run is not None and self._signature_of(args) == self._strides and (
                 self._current is None or _current_device() == self._current):  # type: ignore[misc]
             try:
                 return run(*args)
@@ -203,7 +252,7 @@ class BoundGraph:
         or the graph as compiled."""
         if self.declined is not None:
             return self._forward(*args)
-        strides = [a.stride() for a in args]
+        strides = self._signature_of(args)
         key: Hashable = tuple(strides)
         current = None
         if self._on_cuda:
@@ -239,7 +288,8 @@ class BoundGraph:
         device = self._device
         if device is not None and device.type == "cuda" and (current is None or current != device.index):
             return "a call on another device than the regions'"
-        return specialize(self.graph_module, recorder.recording, self._protected, recorder.requires_grad)
+        return specialize(self.graph_module, recorder.recording, self._protected, recorder.requires_grad,
+                          recorder.numbers)
 
     def _decline(self, why: str) -> None:
         warnings.warn(f"{self.name}: {why}; it runs as compiled from now on", stacklevel=3)

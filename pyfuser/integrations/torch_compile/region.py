@@ -21,7 +21,7 @@ from torch.fx import Node
 
 from pyfuser.codegen.kernel_source import KernelLaunchError
 from pyfuser.host_ir.nodes import AtenCall, LaunchKernel
-from pyfuser.host_ir.specialization import Specializations
+from pyfuser.host_ir.specialization import Seen, Specializations
 from pyfuser.integrations.torch_compile.support import op_name
 from pyfuser.integrations.torch_compile.translator import TranslatedRegion
 from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphRunner
@@ -50,6 +50,26 @@ def _converting(function: Callable[[list[Any]], Any],
 def static_tensor(value: Any) -> bool:
     """Whether an FX value is a tensor whose sizes and strides are plain ints (no symbols)."""
     return isinstance(value, torch.Tensor) and all(type(s) is int for s in (*value.shape, *value.stride()))
+
+
+def _signature(inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """A call's signature in a region of dynamic shapes: each tensor's sizes and strides, each
+    scalar's type and value (a size symbol's value decides sizes the bound program has fixed)."""
+    return tuple([(t.shape, t.stride()) if isinstance(t, torch.Tensor) else (type(t), t) for t in inputs])
+
+
+def _recorded_signature(arguments: Sequence[Seen | Any]) -> tuple[Any, ...] | None:
+    """``_signature`` of a recorded call (a tensor's ``Seen``, a scalar's value); None where an argument
+    is neither (a tensor the recording has no geometry of)."""
+    key: list[Any] = []
+    for a in arguments:
+        if isinstance(a, Seen):
+            key.append((a.sizes, a.strides))
+        elif isinstance(a, (int, float, bool)):
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
 
 
 def _launch_error(error: BaseException | None) -> KernelLaunchError | None:
@@ -95,10 +115,15 @@ class FusionRegion:
         #: what those conversions are: ``"getitem_3: torch.bfloat16 -> torch.float32"``
         self.converted_inputs: list[str] = []
         #: every fusion input a tensor of static sizes and strides (a graph without dynamic shapes):
-        #: after the first call the region runs its program with the sizes bound then
-        self._fixed_signature = all(static_tensor(translated.inputs[k].meta.get("val")) for k in self._positions)
-        #: the fusion's program bound to each input signature it was called with, by the inputs' strides
-        self._bound: Specializations[tuple[tuple[int, ...], ...], BoundProgram] = Specializations()
+        #: dynamo's guards fix the sizes, so a call's strides are its signature; otherwise (symbolic sizes,
+        #: size symbols as scalar inputs) a signature is every tensor's sizes and strides and every
+        #: scalar's value (``signature_of``)
+        self._static_shapes = all(static_tensor(translated.inputs[k].meta.get("val")) for k in self._positions)
+        #: whether a call's program is bound to its signature after the call (not for a fusion with
+        #: work of its own on every call)
+        self._binds = True
+        #: the fusion's program bound to each input signature it was called with
+        self._bound: Specializations[tuple[Any, ...], BoundProgram] = Specializations()
         self.use_cuda_graphs(cuda_graph)
 
     def use_cuda_graphs(self, on: bool) -> None:
@@ -117,17 +142,17 @@ class FusionRegion:
         signature, lookup and binding, looking its binding up by the strides."""
         bindings = self._bound
         if bindings:
-            bound = bindings.get(tuple([t.stride() for t in inputs]))
+            bound = bindings.get(tuple([t.stride() for t in inputs]) if self._static_shapes else _signature(inputs))
             if bound is not None:
                 return bound.run(inputs)
         outputs = self.fec.run(inputs, device=self.device, enable_options=self._enable, disable_options=self._disable)
-        if self._fixed_signature:
+        if self._binds:
             bound = self.fec.bound_program(inputs, device=self.device, enable_options=self._enable,
-                                           disable_options=self._disable)
+                                           disable_options=self._disable, scalars_fixed=not self._static_shapes)
             if bound is None:  # a fusion with work of its own on every call (outputs written into inputs)
-                self._fixed_signature = False  # is not asked again
+                self._binds = False  # is not asked again
             else:
-                bindings.record(tuple([t.stride() for t in inputs]), bound)
+                bindings.record(tuple([t.stride() for t in inputs]) if self._static_shapes else _signature(inputs), bound)
         return outputs
 
     def _dtype_casts(self, inputs: Sequence[Any]) -> tuple[tuple[int, torch.dtype], ...]:
@@ -166,14 +191,19 @@ class FusionRegion:
             outputs = self._without_kernels(inputs, e)
         return outputs if self._in_order else [outputs[k] for k in self._slots]
 
-    def straight_line(self, arg_strides: Sequence[Any]) -> tuple[Callable[..., Any], list[int], list[int]] | None:
-        """For a caller that vouches every call passes arguments of the strides ``arg_strides`` (the
-        call's arguments' strides, in order; None for a non-tensor): the region's straight-line
+    def straight_line(self, arguments: Sequence[Seen | Any]) -> tuple[Callable[..., Any], list[int], list[int]] | None:
+        """For a caller that vouches every call passes arguments like ``arguments`` (per argument of the
+        call, in order: a tensor's recorded geometry, a scalar's value): the region's straight-line
         function (``function(fusion_inputs)`` -> the fusion's outputs), the position of each fusion input
         among the call's arguments, and each region output's position among the function's outputs.
-        None where the region has no such function (those strides not bound yet, a program that keeps
+        None where the region has no such function (that signature not bound yet, a program that keeps
         its steps, CUDA graphs of its own)."""
-        bound = self._bound.get(tuple([arg_strides[k] for k in self._positions]))
+        given = [arguments[k] for k in self._positions]
+        if self._static_shapes:
+            key: tuple[Any, ...] | None = tuple([a.strides if isinstance(a, Seen) else None for a in given])
+        else:
+            key = _recorded_signature(given)
+        bound = self._bound.get(key) if key is not None else None
         function = bound.function if bound is not None else None
         if not function or self._graphs is not None:
             return None
@@ -196,7 +226,7 @@ class FusionRegion:
         self._disable = (*self._disable, "kernel_codegen")
         if self._bound:  # bound to the program with kernels: bind the one without
             self._bound.clear()
-            self._fixed_signature = True
+            self._binds = True
         launch = _launch_error(error)
         source = f"\n--- the source of {launch.kernel} ---\n{launch.source}" if launch is not None else ""
         warnings.warn(KernelFallbackWarning(f"{self._error(error)}; the region runs its ops as ATen calls from now "
