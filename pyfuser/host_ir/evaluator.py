@@ -282,6 +282,8 @@ class HostIrEvaluator:
         else:
             self._execute(Frame(values, ctx, None), recorded)
         outputs = [values[s] for s in self._output_slots]
+        #: what conforming did to each output it changed, for the binding's straight-line function
+        fixes: list[tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = []
         if self._conform and ctx.binding not in self._conforming:
             # An output never shares memory with an input or with another output (``b`` and ``set(b)``
             # both returned, or one tensor returned twice): the caller may write to any of them.
@@ -291,12 +293,14 @@ class HostIrEvaluator:
                 taken.update(values[s].untyped_storage().data_ptr() for s in self._fresh_output_slots)
             unchanged = taken is None and not self._repeated_outputs
             for pos, layout, shared in self._conform:
-                result = outputs[pos]
+                result = given = outputs[pos]
                 if pos in self._repeated_outputs:
                     result = layout.copy(result)
                 else:
                     result = layout.conform(result, taken if shared else None)
-                unchanged = unchanged and result is outputs[pos]
+                unchanged = unchanged and result is given
+                if recorded is not None and result is not given:
+                    fixes.append((pos, _conformed_again(layout, given, result)))
                 outputs[pos] = result
                 if taken is not None:
                     taken.add(result.untyped_storage().data_ptr())
@@ -304,7 +308,7 @@ class HostIrEvaluator:
                 # A bound program's outputs have the layouts of its first run: these need nothing.
                 self._conforming.record(ctx.binding, True)
         if recorded is not None:
-            self._write_straight_line(ctx, recorded)
+            self._write_straight_line(ctx, recorded, fixes)
         return outputs
 
     def _execute(self, frame: Frame, recorded: Recording | None = None) -> None:
@@ -318,17 +322,20 @@ class HostIrEvaluator:
             for j, v in enumerate(node.outputs):
                 recorded.note((k, j), values[slot[v]])
 
-    def _write_straight_line(self, ctx: EvalContext, recorded: Recording) -> None:
-        """After the first run under ``ctx.binding``: its later runs as one generated function, where
-        their outputs need no conforming per run."""
+    def _write_straight_line(self, ctx: EvalContext, recorded: Recording,
+                             fixes: Sequence[tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = ()) -> None:
+        """After the first run under ``ctx.binding``: its later runs as one generated function. Outputs
+        conforming changed on that run (``fixes``: a copy where an output shares memory with an input
+        or another output, a restride) are changed the same way on each: under a binding, which
+        output is a view of what, and its strides, are the same on every run."""
         straight = self._straight
         assert straight is not None
-        run = None
-        if not self._conform or ctx.binding in self._conforming:
-            inputs = [recorded[("input", k)] for k in range(len(self.container.inputs))]
-            results = [[recorded[(k, j)] for j in range(len(node.outputs))] for k, node in enumerate(self._step_nodes)]
-            run = StraightLine(self.slot, self._initial, self.device).build(
-                self.container.inputs, inputs, self._step_nodes, self._steps, results, self.container.outputs, ctx)
+        inputs = [recorded[("input", k)] for k in range(len(self.container.inputs))]
+        results = [[recorded[(k, j)] for j in range(len(node.outputs))] for k, node in enumerate(self._step_nodes)]
+        run = StraightLine(self.slot, self._initial, self.device).build(
+            self.container.inputs, inputs, self._step_nodes, self._steps, results, self.container.outputs, ctx)
+        if run is not None and fixes:
+            run = _with_fixes(run, tuple(fixes))
         straight.record(ctx.binding, run)
 
     def straight_line(self, binding: object) -> Callable[[Sequence[Any]], list[Any] | None] | None:
@@ -339,3 +346,29 @@ class HostIrEvaluator:
 
     def __str__(self) -> str:
         return str(self.container)
+
+
+def _conformed_again(layout: OutputLayout, given: torch.Tensor,
+                     result: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What conforming did to ``given`` (giving ``result``), as a function doing it to a later run's
+    output: a restride of the same memory, else a copy in the layout."""
+    if result.untyped_storage().data_ptr() == given.untyped_storage().data_ptr():
+        strides = result.stride()
+        return lambda t: t.as_strided(t.shape, strides, t.storage_offset())
+    return layout.copy
+
+
+_Run = Callable[[Sequence[Any]], "list[Any] | None"]
+
+
+def _with_fixes(run: _Run, fixes: tuple[tuple[int, Callable[[torch.Tensor], torch.Tensor]], ...]) -> _Run:
+    """``run`` with each output at a fix's position changed by it."""
+    def conformed(args: Sequence[Any]) -> list[Any] | None:
+        outputs = run(args)
+        if outputs is not None:
+            for pos, fix in fixes:
+                outputs[pos] = fix(outputs[pos])
+        return outputs
+
+    conformed.source = getattr(run, "source", "")  # type: ignore[attr-defined]
+    return conformed
