@@ -481,6 +481,20 @@ class KernelBuilder(ValueLowering):
     def build(self) -> KernelSource:
         self._check_inlined_producers()
         loops = self._loop_nest()
+        self._open_nest(loops)
+        # Reductions whose iteration axes the nest indexes here are computed up front; one nested in
+        # another's loop (a row's reduction inside a reduction across rows) where its value is read.
+        for expr in self.exprs:
+            if isinstance(expr, ReductionOp | VarMeanOp) and self._indexed_here(expr.output):
+                self.reduce(expr)
+        for position, tv in enumerate(self.outputs, start=len(self.inputs)):
+            if id(tv) not in self._stored:
+                self._store(tv, position)
+        return self._source(loops)
+
+    def _open_nest(self, loops: list[Loop]) -> None:
+        """The program ids and tile indices of the nest, and its serial loops but those over an axis
+        some reduction of the kernel reduces."""
         code = self.code
         tiles = [loop for loop in loops if loop.kind == "tile"]
         self.tile_shape = [str(loop.tile_size) if loop.tile_size else loop.tile_param for loop in tiles]
@@ -507,15 +521,6 @@ class KernelBuilder(ValueLowering):
                 loop.index = code.fresh("i")
                 code.open(f"for {loop.index} in {self._loop(int_expr(loop.extent))}:")
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
-        # Reductions whose iteration axes the nest indexes here are computed up front; one nested in
-        # another's loop (a row's reduction inside a reduction across rows) where its value is read.
-        for expr in self.exprs:
-            if isinstance(expr, ReductionOp | VarMeanOp) and self._indexed_here(expr.output):
-                self.reduce(expr)
-        for position, tv in enumerate(self.outputs, start=len(self.inputs)):
-            if id(tv) not in self._stored:
-                self._store(tv, position)
-        return self._source(loops)
 
     def _loop(self, extent: str) -> str:
         if self.loop_stages > 1:
