@@ -128,7 +128,8 @@ class ScatterKernelBuilder(KernelBuilder):
             raise KernelError("a scatter kernel writes one output, an index_put_accumulate")
         self._check_inlined_producers()
         loops = self._loop_nest()
-        self._open_nest(loops)
+        self._open_parallel(loops)
+        self._open_serial(loops)
         out = self.outputs[0]
         position = len(self.inputs)
         op = out.definition

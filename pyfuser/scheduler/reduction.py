@@ -52,9 +52,14 @@ def schedule(fusion: Fusion, params: ReductionParams) -> None:
     schedule_segment(fusion, params, KINDS)
 
 
-def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView:
+def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView | None:
     """Schedule the second launch of a grid reduction afresh: it reduces the programs' partial
-    results (and computes what follows), never split again. Returns the kernel's reference."""
+    results (and computes what follows), never split again. Returns the kernel's reference; None
+    (the fusion untouched) where the launch is no plain reduction: a split normalization's next
+    launch, which keeps its split schedule (reading its share of the row again)."""
+    analysis, _ = analyze(fusion)
+    if analysis is None or analysis.kind not in KINDS:
+        return None
     reset_schedule(fusion)
     analysis = checked_analysis(fusion, KINDS)
     reduced, _ = analysis.extents()
