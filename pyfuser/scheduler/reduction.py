@@ -18,6 +18,7 @@ from pyfuser.scheduler.reduction_schedule import (
     outer_params,
     schedule_segment,
     size_hints,
+    streamed_bytes,
     warps_for,
 )
 from pyfuser.scheduler.registry import FusionLike, Machine, Scheduler, SchedulerType, SizeHints
@@ -45,7 +46,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     if analysis.inner:
         return inner_params(SchedulerType.reduction, analysis.reference, hints, splittable)
-    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, splittable, element_bytes(fusion))
+    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, splittable, streamed_bytes(fusion))
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:
