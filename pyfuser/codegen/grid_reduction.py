@@ -133,7 +133,17 @@ def _keep_schedule(fusion: Fusion, memo: dict[int, object], reductions: list[Ten
     # An output iterating grid axes the reference does not (a split normalization's output, written
     # in shares of the row by the programs of each row) is the loop nest.
     wider = [o for o in outputs if _grid_types(o) > _grid_types(chosen)]  # type: ignore[arg-type]
-    return max(wider, key=lambda o: len(_grid_types(o))) if wider else chosen  # type: ignore[return-value]
+    chosen = max(wider, key=lambda o: len(_grid_types(o))) if wider else chosen
+    # A broadcast axis split like the row (a row's sum broadcast back to it) keeps the row's grid and
+    # tile axes; where the launch's loop nest has none of them (its outputs are per row), it indexes
+    # nothing.
+    nest = {i.parallel_type for i in chosen.get_loop_domain()}  # type: ignore[union-attr]
+    for tv in fusion.tensors():
+        for i in tv.get_loop_domain():
+            if i.is_broadcast and i.parallel_type not in nest:
+                i.parallel_type = ParallelType.serial
+    fusion.mark_changed()
+    return chosen  # type: ignore[return-value]
 
 
 def _grid_types(tv: TensorView) -> set[ParallelType]:

@@ -81,6 +81,26 @@ def test_few_wide_rows_are_split_across_programs(rows: int, cols: int, dtype: to
         assert kernel_segments(fd)[0].scheduler_params.shape == "loop"
 
 
+def test_split_rows_with_per_row_results_and_independent_reductions(device: str, run_kernels) -> None:
+    """Cross-entropy's loss per row over few wide rows: the target's logit summed beside the max (two
+    grid reductions at once), the results per row only (the last launch has no share of the row to
+    loop over, so the broadcasts of the row's sums index nothing there)."""
+    x = torch.randn(2, 4100, device=device) * 3
+    target = torch.tensor([7, 4099], device=device)
+    with FusionDefinition() as fd:
+        t, tgt = fd.from_pytorch(x), fd.from_pytorch(target)
+        m = fd.ops.max(t, [1], keepdim=True)
+        lse = fd.ops.add(fd.ops.log(fd.ops.sum(fd.ops.exp(fd.ops.sub(t, m)), [1], keepdim=True)), m)
+        hot = fd.ops.eq(fd.ops.broadcast(fd.ops.iota(4100, dtype=DataType.Int), [True, False]),
+                        fd.ops.broadcast(tgt, [False, True]))
+        picked = fd.ops.sum(fd.ops.where(hot, t, 0.0), [1], keepdim=True)
+        fd.add_output(fd.ops.squeeze(fd.ops.sub(lse, picked), [1]))
+    (out,) = run_kernels(fd, [x, target])
+    _close(out, F.cross_entropy(x, target, reduction="none"))
+    if device == "cpu":
+        assert kernel_segments(fd)[0].scheduler_params.shape == "split"
+
+
 def test_split_rows_as_the_machine_has_programs() -> None:
     """Programs per row: enough for two programs per SM (``WAVES``), at most one per 4 loop steps of
     the row (an H200: 132 SMs, steps of 8192)."""
