@@ -172,3 +172,15 @@ def test_deterministic_algorithms_turned_on_after_compiling_use_atens_index_put(
     torch.use_deterministic_algorithms(True)
     (out,) = run_kernels(fd, [grad, index])
     torch.testing.assert_close(out, _reference(grad, index, 4))
+
+
+@pytest.mark.usefixtures("nondeterministic")
+def test_integer_rows_add_exactly(run_kernels: RunKernels) -> None:
+    value = torch.randint(-5, 5, (7, 3), dtype=torch.int32)
+    index = torch.tensor([0, 4, 4, 1, 0, 2, 4])
+    with FusionDefinition() as fd:
+        v, i = fd.from_pytorch(value), fd.from_pytorch(index)
+        fd.add_output(fd.ops.index_put_accumulate(fd.ops.full([5, 3], 0, DataType.Int32), i, v))
+    (out,) = run_kernels(fd, [value, index])
+    assert kernel_schedulers(fd) == ["scatter"]
+    assert torch.equal(out, torch.zeros(5, 3, dtype=torch.int32).index_put((index,), value, accumulate=True))
