@@ -367,7 +367,8 @@ def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, ref
     """Build and compile the kernel(s) of scheduled ``fusion`` (``chunked``: it runs in a stream loop;
     ``cooperative``: a grid reduction's launches become one where its programs fit on the device;
     ``evict_last``: loads ask L2 to keep their lines)."""
-    if scatter_op(fusion.exprs()) is not None:
+    op = scatter_op(fusion.exprs())
+    if op is not None and op.inputs[2] is reference:  # the scatter scheduler's: the added rows' loop nest
         return compile_scatter(fusion, name, target, layouts, reference, num_warps)
     built = build_sources(fusion, name, target, layouts, reference, finish, loop_stages, chunked, evict_last)
     if len(built) == 1:
