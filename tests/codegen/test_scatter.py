@@ -46,27 +46,27 @@ def nondeterministic() -> Iterator[None]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize(("tokens", "hidden", "vocab"), [(37, 33, 11), (1, 5, 3), (300, 8, 2), (64, 129, 1000)])
 def test_embedding_backward_is_one_scatter_kernel(run_kernels: RunKernels, dtype: torch.dtype, tokens: int,
-                                                  hidden: int, vocab: int) -> None:
-    grad = torch.randn(tokens, hidden, dtype=dtype)
-    index = torch.randint(0, vocab, (tokens,))
+                                                  hidden: int, vocab: int, device: str) -> None:
+    grad = torch.randn(tokens, hidden, dtype=dtype, device=device)
+    index = torch.randint(0, vocab, (tokens,), device=device)
     index[: tokens // 2] = index[0]  # many duplicates: additions into one row from many programs
     fd = _embedding_backward(grad, index, None)
     (out,) = run_kernels(fd, [grad, index, vocab])
     assert kernel_schedulers(fd) == ["scatter", "pointwise"]
     assert isinstance(kernel_segments(fd)[0], ScatterSequence)
-    torch.testing.assert_close(out, _reference(grad, index, vocab))
+    torch.testing.assert_close(out.cpu(), _reference(grad.cpu(), index.cpu(), vocab))
     assert "tl.atomic_add" in fd.last_kernel_code()
 
 
 @pytest.mark.usefixtures("nondeterministic")
-def test_scatter_reads_strided_values_and_int32_indices(run_kernels: RunKernels) -> None:
+def test_scatter_reads_strided_values_and_int32_indices(run_kernels: RunKernels, device: str) -> None:
     """A transposed gradient (column-major rows) and 32-bit indices; the vocabulary a constant."""
-    grad = torch.randn(24, 19).t()  # [19, 24], strides (1, 19)
-    index = torch.randint(0, 7, (19,), dtype=torch.int32)
+    grad = torch.randn(24, 19, device=device).t()  # [19, 24], strides (1, 19)
+    index = torch.randint(0, 7, (19,), dtype=torch.int32, device=device)
     fd = _embedding_backward(grad, index, 7)
     (out,) = run_kernels(fd, [grad, index])
     assert kernel_schedulers(fd) == ["scatter", "pointwise"]
-    torch.testing.assert_close(out, _reference(grad, index, 7))
+    torch.testing.assert_close(out.cpu(), _reference(grad.cpu(), index.cpu(), 7))
 
 
 @pytest.mark.usefixtures("nondeterministic")
