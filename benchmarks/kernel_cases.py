@@ -36,6 +36,11 @@ ROWS_COLUMNS_LARGE = ((262144, 64), (131072, 127), (65536, 512), (32768, 1000), 
 ROWS_COLUMNS_SMALL = ((4097, 64), (1023, 127), (4097, 512), (1023, 1000), (1023, 4096), (255, 11008),
                       (127, 32000), (63, 65536), (33, 128256), (1, 262144))
 
+#: Few rows, each wide (a vocabulary, a long sequence): fewer rows than an H100 or H200 has SMs, so one
+#: program per row leaves most idle and the normalizations split each row across programs. The
+#: normalization families (softmax, log-softmax, cross-entropy) run these too, in bf16 and fp32.
+ROWS_FEW_WIDE = ((8, 262144), (32, 262144), (63, 262144), (130, 131072), (17, 128256), (66, 65536), (127, 32768))
+
 #: Shapes per grid name. ``2d``: (rows, columns); ``rotary``: (batch, sequence, heads, head dim);
 #: ``batchnorm``: (N, C, H, W); ``embedding``: (tokens, hidden, vocabulary); ``seed003``: (1, rows, columns).
 GRIDS: dict[str, tuple[tuple[int, ...], ...]] = {
@@ -44,7 +49,8 @@ GRIDS: dict[str, tuple[tuple[int, ...], ...]] = {
     "batchnorm": ((32, 256, 56, 56), (32, 64, 112, 112), (64, 512, 28, 28), (128, 2048, 7, 7), (3, 127, 33, 33),
                   (256, 64, 32, 32)),
     "embedding": ((4096, 1024, 32000), (8192, 2048, 32000), (4096, 1024, 128256), (16384, 4096, 1000),
-                  (1023, 4096, 151936), (65536, 768, 50257)),
+                  (1023, 4096, 151936), (65536, 768, 50257), (512, 1024, 32000), (2047, 2048, 50257),
+                  (32768, 1024, 1000)),
     "seed003": ((1, 4096, 4096), (1, 1024, 65536), (1, 16384, 1000)),
 }
 
@@ -81,6 +87,8 @@ class Family:
     scheduler: SchedulerType = SchedulerType.pointwise
     #: Layouts, dtypes or shapes the family does not run, with the reason (recorded in the results).
     skip: Callable[[Point], str | None] = lambda point: None
+    #: Shapes beyond the grid's the family runs in both dtypes (``ROWS_FEW_WIDE`` for normalizations).
+    extra: tuple[tuple[int, ...], ...] = ()
 
 
 # Helpers --------------------------------------------------------------------------------------------------
@@ -549,11 +557,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("rmsnorm_bwd", "2d", _make_rmsnorm_bwd, _def_rmsnorm_bwd, _torch_rmsnorm_bwd, (5, 33), copies=3,
            scheduler=SchedulerType.inner_outer_persistent),
     Family("softmax", "2d", _make_2d, _def_softmax, _torch_softmax, (5, 33), ("contiguous", "permuted"),
-           scheduler=SchedulerType.inner_persistent),
+           scheduler=SchedulerType.inner_persistent, extra=ROWS_FEW_WIDE),
     Family("log_softmax", "2d", _make_2d, _def_log_softmax, _torch_log_softmax, (5, 33),
-           scheduler=SchedulerType.inner_persistent),
+           scheduler=SchedulerType.inner_persistent, extra=ROWS_FEW_WIDE),
     Family("cross_entropy_fwd", "2d", _make_cross_entropy, _def_cross_entropy_fwd, _torch_cross_entropy_fwd,
-           (5, 33), copies=1, scheduler=SchedulerType.inner_persistent),
+           (5, 33), copies=1, scheduler=SchedulerType.inner_persistent, extra=ROWS_FEW_WIDE),
     Family("cross_entropy_bwd", "2d", _make_cross_entropy, _def_cross_entropy_bwd, _torch_cross_entropy_bwd,
            (5, 33), scheduler=SchedulerType.inner_persistent),
     Family("rotary", "rotary", _make_rotary, _def_rotary, _torch_rotary, (2, 3, 4, 8), ("contiguous", "permuted"), copies=3,
@@ -599,6 +607,7 @@ def full_points() -> list[Point]:
             variants = [(shape, BF, "contiguous") for shape in GRIDS["2d"]]
             variants += [(shape, F32, "contiguous") for shape in ROWS_COLUMNS_LARGE]
             variants += [(shape, BF, layout) for shape in ROWS_COLUMNS_LARGE for layout in family.layouts[1:]]
+            variants += [(shape, dtype, "contiguous") for shape in family.extra for dtype in DTYPES]
         else:
             variants = list(itertools.product(GRIDS[family.grid], DTYPES, family.layouts))
         for shape, dtype, layout in variants:
@@ -626,6 +635,7 @@ QUICK: tuple[Point, ...] = (
     Point("rmsnorm_bwd", (8192, 4096), BF), Point("rmsnorm_bwd", (1024, 11008), BF),
     Point("softmax", (1024, 65536), BF), Point("softmax", (512, 128256), BF), Point("softmax", (4097, 127), F32),
     Point("log_softmax", (1024, 32000), BF), Point("log_softmax", (63, 262144), F32),
+    Point("softmax", (8, 262144), BF), Point("log_softmax", (130, 131072), BF),
     Point("cross_entropy_fwd", (512, 128256), BF), Point("cross_entropy_fwd", (4097, 32000), BF),
     Point("cross_entropy_bwd", (512, 128256), BF), Point("cross_entropy_bwd", (2047, 32000), BF),
     Point("rotary", (1, 4096, 32, 128), BF, "permuted"), Point("rotary", (8, 512, 16, 64), BF),

@@ -201,7 +201,11 @@ def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
         tiles = [dataclasses.replace(params, shape="tile", rows=r, num_warps=w) for r in (1, 2, 4, 8, 16) for w in (2, 4, 8, 16)]
         loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w, num_stages=st)
                  for t in (2048, 4096, 8192) for w in (2, 4, 8) for st in (0, 3)]
-        return tiles + loops
+        # Programs per row for few wide rows (the split's heuristic: two programs per SM, at most one per
+        # 4 loop steps of the row; ``reduction_schedule.inner_params``).
+        splits = [dataclasses.replace(params, shape="split", tile=t, split=g, num_warps=w)
+                  for g in (2, 3, 4, 6, 8, 12) for t in (4096, 8192) for w in (4, 8)]
+        return tiles + loops + (splits if params.shape in ("loop", "split") else [])
     if scheduler is SchedulerType.inner_outer_persistent:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         return [dataclasses.replace(params, split=waves * sms, rows=r, num_warps=w, num_stages=stages)

@@ -55,8 +55,10 @@ def _grid_reductions(fusion: Fusion) -> list[TensorView]:
 
 
 #: Schedules a grid reduction's second launch afresh and returns its reference (automatic schedules;
-#: a manual schedule keeps the user's, with the grid axes of the reduction turned into loops).
-FinishStep = Callable[[Fusion], TensorView]
+#: a manual schedule keeps the user's, with the grid axes of the reduction turned into loops), or
+#: returns None, leaving it untouched, where the launch keeps the schedule it has (a split
+#: normalization: its final step reads the row again, split across programs as the first one).
+FinishStep = Callable[[Fusion], TensorView | None]
 
 
 def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: FinishStep | None = None,
@@ -92,7 +94,8 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
         # Each final step on its own, scheduled afresh for its shape.
         for tv, partial in split:
             mine = [o for o, owner in zip(rest, owners, strict=True) if owner[0] is tv]
-            parts.extend(_final_step(fusion, mine, [partial], lambda f, _m: finish(f)))
+            parts.extend(_final_step(fusion, mine, [partial], lambda f, m, tv=tv: finish(f) or _keep_schedule(
+                f, m, [tv], reference)))
         return parts
     return [*parts, *_final_step(fusion, rest, [p for _, p in split],
                                  lambda f, m: _keep_schedule(f, m, [tv for tv, _ in split], reference))]
@@ -126,7 +129,25 @@ def _keep_schedule(fusion: Fusion, memo: dict[int, object], reductions: list[Ten
         _grid_to_loops(memo[id(tv)])  # type: ignore[arg-type]
     outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
     mapped = memo.get(id(reference))
-    return mapped if any(mapped is o for o in fusion.tensors()) else outputs[0]  # type: ignore[return-value]
+    chosen = mapped if any(mapped is o for o in fusion.tensors()) else outputs[0]
+    # An output iterating grid axes the reference does not (a split normalization's output, written
+    # in shares of the row by the programs of each row) is the loop nest.
+    wider = [o for o in outputs if _grid_types(o) > _grid_types(chosen)]  # type: ignore[arg-type]
+    chosen = max(wider, key=lambda o: len(_grid_types(o))) if wider else chosen
+    # A broadcast axis split like the row (a row's sum broadcast back to it) keeps the row's grid and
+    # tile axes; where the launch's loop nest has none of them (its outputs are per row), it indexes
+    # nothing.
+    nest = {i.parallel_type for i in chosen.get_loop_domain()}  # type: ignore[union-attr]
+    for tv in fusion.tensors():
+        for i in tv.get_loop_domain():
+            if i.is_broadcast and i.parallel_type not in nest:
+                i.parallel_type = ParallelType.serial
+    fusion.mark_changed()
+    return chosen  # type: ignore[return-value]
+
+
+def _grid_types(tv: TensorView) -> set[ParallelType]:
+    return {i.parallel_type for i in tv.get_loop_domain() if not i.is_reduction and i.parallel_type in GRID_TYPES}
 
 
 def _grid_to_loops(tv: TensorView) -> None:

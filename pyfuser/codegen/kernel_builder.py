@@ -481,6 +481,29 @@ class KernelBuilder(ValueLowering):
     def build(self) -> KernelSource:
         self._check_inlined_producers()
         loops = self._loop_nest()
+        self._open_parallel(loops)
+        # Reductions whose iteration axes the nest indexes here are computed up front, before the
+        # serial loops of the nest (their values do not vary along them: a split normalization's final
+        # step reduces the programs' partial results once, then loops over its share of the row); one
+        # nested in another's loop (a row's reduction inside a reduction across rows) where its value
+        # is read.
+        self._reduce_indexed()
+        self._open_serial(loops)
+        self._reduce_indexed()
+        for position, tv in enumerate(self.outputs, start=len(self.inputs)):
+            if id(tv) not in self._stored:
+                self._store(tv, position)
+        return self._source(loops)
+
+    def _reduce_indexed(self) -> None:
+        """Compute each reduction whose iteration axes have indices here (one computed already is
+        recalled, not computed again)."""
+        for expr in self.exprs:
+            if isinstance(expr, ReductionOp | VarMeanOp) and self._indexed_here(expr.output):
+                self.reduce(expr)
+
+    def _open_parallel(self, loops: list[Loop]) -> None:
+        """The program ids and tile indices of the nest."""
         code = self.code
         tiles = [loop for loop in loops if loop.kind == "tile"]
         self.tile_shape = [str(loop.tile_size) if loop.tile_size else loop.tile_param for loop in tiles]
@@ -497,6 +520,10 @@ class KernelBuilder(ValueLowering):
                     code.add_condition(f"({loop.index} < {int_expr(loop.extent)})", frozenset({loop.tile_pos}))
             if loop.kind != "serial":
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
+
+    def _open_serial(self, loops: list[Loop]) -> None:
+        """The serial loops of the nest but those over an axis some reduction of the kernel reduces."""
+        code = self.code
         # A serial loop over an axis some reduction of the kernel reduces must not enclose that
         # reduction (it would reduce one chunk of the row): consumers open it after the reduction
         # (a multi-pass kernel), in ``_store``.
@@ -507,15 +534,6 @@ class KernelBuilder(ValueLowering):
                 loop.index = code.fresh("i")
                 code.open(f"for {loop.index} in {self._loop(int_expr(loop.extent))}:")
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
-        # Reductions whose iteration axes the nest indexes here are computed up front; one nested in
-        # another's loop (a row's reduction inside a reduction across rows) where its value is read.
-        for expr in self.exprs:
-            if isinstance(expr, ReductionOp | VarMeanOp) and self._indexed_here(expr.output):
-                self.reduce(expr)
-        for position, tv in enumerate(self.outputs, start=len(self.inputs)):
-            if id(tv) not in self._stored:
-                self._store(tv, position)
-        return self._source(loops)
 
     def _loop(self, extent: str) -> str:
         if self.loop_stages > 1:

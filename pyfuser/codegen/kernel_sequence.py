@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,9 +17,11 @@ from pyfuser.codegen.grid_reduction import FinishStep, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.codegen.launcher import BoundParam, BoundRun, DirectLaunches, VariantLaunch, bound_launch, raw_stream
-from pyfuser.ir.eval_context import EvalContext
+from pyfuser.codegen.scatter import ScatterKernelBuilder, init_layouts, scatter_op, split_scatter
+from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.layout import Layout
+from pyfuser.ir.layout import Layout, dense_strides
+from pyfuser.ir.ops.indexing import check_indices
 from pyfuser.ir.tensor_view import TensorView
 
 
@@ -231,6 +234,107 @@ class CooperativeSequence(KernelSequence):
             args, slots[len(args):], entries, self._outputs, steps[0][1], launch, lambda stream: _counter(device))
 
 
+@dataclass
+class ScatterKernels:
+    """The kernels of a scatter segment and the segment input each of their inputs is. ``init``
+    computes ``acc`` (None: ``acc`` is input ``acc_slot``, copied); ``scatter`` adds into the buffer
+    (its first input, not in ``scatter_reads``); ``values`` computes the rows added (None: they are
+    input ``value_slot``), for ATen's deterministic ``index_put`` when torch asks for one."""
+
+    init: CompiledKernel | None
+    init_reads: list[int]
+    scatter: CompiledKernel
+    scatter_reads: list[int]
+    values: CompiledKernel | None
+    value_reads: list[int]
+    acc_slot: int
+    value_slot: int
+    index_slot: int
+    #: the index and acc tensors, which an index error names
+    index: TensorView
+    acc: TensorView
+
+
+class ScatterSequence(KernelSequence):
+    """A scatter segment's launches (``codegen/scatter.py``): ``acc`` computed into a fresh buffer
+    (the first kernel; a copy of ``acc`` where it is a segment input), then the atomic adds of the
+    second kernel into that buffer, which is the segment's output. Under
+    ``torch.use_deterministic_algorithms(True)`` (turned on after the segment was compiled: a
+    segment compiled under it is ATen's) the rows are computed and added by ATen's sorted
+    ``index_put`` instead."""
+
+    def __init__(self, name: str, kernels: ScatterKernels, output_perm: tuple[int, ...], target: str) -> None:
+        launched = [k for k in (kernels.init, kernels.scatter) if k is not None]
+        reads = [kernels.init_reads, [-1, *kernels.scatter_reads]][-len(launched):]
+        super().__init__(name, launched, reads, [], (output_perm,))
+        self.parts = kernels
+        self._target = target
+
+    def _buffer(self, ctx: EvalContext, args: Sequence[Any]) -> torch.Tensor:
+        k = self.parts
+        if k.init is not None:
+            return k.init.run(ctx, *[args[s] for s in k.init_reads])[0]
+        acc = args[k.acc_slot]
+        buffer = torch.empty_strided(acc.shape, dense_strides(acc.shape, self.output_perms[0]), dtype=acc.dtype,
+                                     device=acc.device)
+        return buffer.copy_(acc)
+
+    def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        k = self.parts
+        buffer = self._buffer(ctx, args)
+        index = args[k.index_slot]
+        if torch.are_deterministic_algorithms_enabled():
+            values = k.values.run(ctx, *[args[s] for s in k.value_reads])[0] if k.values is not None \
+                else args[k.value_slot]
+            check_indices("index_put_accumulate", index, k.index, buffer.shape[0], k.acc, 0, asserted_by_aten=False)
+            return _deliver([buffer.index_put_((index,), values.to(buffer.dtype), accumulate=True)], out)
+        if self._target != "cuda":  # the interpreter has no device asserts: the host checks first
+            check_indices("index_put_accumulate", index, k.index, buffer.shape[0], k.acc, 0, asserted_by_aten=False)
+        try:
+            k.scatter.run(ctx, buffer, *[args[s] for s in k.scatter_reads], out=[buffer])
+        except NoPrograms:  # no rows to add: the buffer is the result
+            pass
+        return _deliver([buffer], out)
+
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+        """Nothing bound: the second launch writes the first one's output, which a bound launch would
+        allocate afresh."""
+        return self.run(ctx, *args), None
+
+
+def compile_scatter(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
+                    num_warps: int) -> ScatterSequence:
+    """The launches of a scheduled scatter segment (see ``ScatterSequence``)."""
+    op = scatter_op(fusion.exprs())
+    assert op is not None
+    parts = split_scatter(fusion, op, reference)
+    out = fusion.outputs()[0]
+    assert isinstance(out, TensorView)
+    slot_of = {_key(v): k for k, v in enumerate(fusion.inputs())}
+
+    def compiled(part: Fusion | None, ref: TensorView | None, kind: str, part_layouts: Layouts) -> CompiledKernel | None:
+        if part is None or ref is None:
+            return None
+        return CompiledKernel(KernelBuilder(part, f"{name}_{kind}", target, part_layouts, ref,
+                                            evict_last=False).build(), num_warps)
+
+    def reads(part: Fusion | None) -> list[int]:
+        return [] if part is None else [slot_of[_key(v)] for v in part.inputs()]
+
+    # Each value is read once: nothing to keep in L2 (the rows of the index are, by every element).
+    scatter = CompiledKernel(ScatterKernelBuilder(parts.scatter, f"{name}_add", target, layouts,
+                                                  parts.scatter_reference, evict_last=False).build(), num_warps)
+    acc, index, value = op.inputs
+    assert isinstance(acc, TensorView) and isinstance(index, TensorView)
+    kernels = ScatterKernels(
+        compiled(parts.init, parts.init_reference, "init", init_layouts(layouts, parts, out.name)), reads(parts.init),
+        scatter, [slot_of[_key(v)] for v in parts.scatter.inputs()[1:]],
+        compiled(parts.values, parts.values_reference, "values", layouts), reads(parts.values),
+        slot_of.get(_key(acc), -1), slot_of.get(_key(value), -1), slot_of[_key(index)], index, acc)
+    perm = layouts[out.name].perm if out.name in layouts else tuple(range(out.ndim))
+    return ScatterSequence(name, kernels, tuple(perm), target)
+
+
 def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
                   finish: FinishStep | None = None, loop_stages: int = 0, chunked: bool = False,
                   evict_last: bool = True) -> list[tuple[Fusion, KernelSource]]:
@@ -263,6 +367,9 @@ def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, ref
     """Build and compile the kernel(s) of scheduled ``fusion`` (``chunked``: it runs in a stream loop;
     ``cooperative``: a grid reduction's launches become one where its programs fit on the device;
     ``evict_last``: loads ask L2 to keep their lines)."""
+    op = scatter_op(fusion.exprs())
+    if op is not None and op.inputs[2] is reference:  # the scatter scheduler's: the added rows' loop nest
+        return compile_scatter(fusion, name, target, layouts, reference, num_warps)
     built = build_sources(fusion, name, target, layouts, reference, finish, loop_stages, chunked, evict_last)
     if len(built) == 1:
         return CompiledKernel(built[0][1], num_warps)

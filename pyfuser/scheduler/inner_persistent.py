@@ -1,7 +1,8 @@
 """The inner persistent scheduler (softmax, layernorm, rmsnorm and their backward): reductions
 over the innermost axes whose results are read back along the row. Rows that fit a tile stay on
 chip between the reduction and its consumers (one read, one write); longer rows are read once per
-pass (multi-pass)."""
+pass (multi-pass), and fewer such rows than the machine fills are split across programs (each
+reduction a grid reduction, the programs' shares of the row read again by the launch that follows)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.ops import VarMeanOp
 from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
 from pyfuser.scheduler.reduction_schedule import (
     ReductionParams,
@@ -43,7 +45,13 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
 def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ReductionParams:
     analysis = checked_analysis(fusion, KINDS)
     hints = size_hints(fusion, analysis, inputs)
-    params = inner_params(SchedulerType.inner_persistent, analysis.reference, hints, False)
+    # Few long rows are split across programs (a row's share each), as reductions are: each reduction a
+    # grid reduction whose final step reads the share again (softmax: the shares' maxima, then their
+    # sums of exponentials, then the output: three launches, the row read three times as by one
+    # program per row, on enough programs to fill the machine). Welford's partial results are not
+    # finished across programs: var_mean is never split.
+    splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
+    params = inner_params(SchedulerType.inner_persistent, analysis.reference, hints, splittable)
     if hints.kept is not None and hints.reduced is not None:
         params = replace(params, evict_last=2 * hints.kept * hints.reduced * element_bytes(fusion) >= EVICT_LAST_MIN_BYTES)
     return params

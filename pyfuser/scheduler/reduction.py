@@ -18,6 +18,7 @@ from pyfuser.scheduler.reduction_schedule import (
     outer_params,
     schedule_segment,
     size_hints,
+    streamed_bytes,
     warps_for,
 )
 from pyfuser.scheduler.registry import FusionLike, Machine, Scheduler, SchedulerType, SizeHints
@@ -45,16 +46,21 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     if analysis.inner:
         return inner_params(SchedulerType.reduction, analysis.reference, hints, splittable)
-    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, splittable, element_bytes(fusion))
+    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, splittable, streamed_bytes(fusion))
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:
     schedule_segment(fusion, params, KINDS)
 
 
-def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView:
+def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView | None:
     """Schedule the second launch of a grid reduction afresh: it reduces the programs' partial
-    results (and computes what follows), never split again. Returns the kernel's reference."""
+    results (and computes what follows), never split again. Returns the kernel's reference; None
+    (the fusion untouched) where the launch is no plain reduction: a split normalization's next
+    launch, which keeps its split schedule (reading its share of the row again)."""
+    analysis, _ = analyze(fusion)
+    if analysis is None or analysis.kind not in KINDS:
+        return None
     reset_schedule(fusion)
     analysis = checked_analysis(fusion, KINDS)
     reduced, _ = analysis.extents()

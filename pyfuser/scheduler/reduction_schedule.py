@@ -121,6 +121,16 @@ def element_bytes(fusion: FusionLike) -> int:
                 if isinstance(v, TensorView)), default=4)
 
 
+def streamed_bytes(fusion: FusionLike) -> int:
+    """The widest element of the tensors a reduction streams: its inputs and its outputs of the
+    input's size, not its reduced results (a float32 column max of bfloat16 data reads 2-byte
+    elements: a column block of 32 x 16 bytes is 256 of them, not the 128 its float32 result has)."""
+    full = [v for v in fusion.outputs() if isinstance(v, TensorView)
+            and not any(i.is_reduction or i.is_broadcast for i in v.get_logical_domain())]
+    return max((v.dtype.torch_dtype.itemsize for v in (*fusion.inputs(), *full) if isinstance(v, TensorView)),
+               default=4)
+
+
 def warps_for(tile: int) -> int:
     """Warps for a tile of ``tile`` elements: 2 to 8 warps, about 32 elements per thread from 2048
     elements up (an H200 sweep of layernorm / rmsnorm / softmax rows of 8192: 8 warps best or within
@@ -182,7 +192,10 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
         tile = next_power_of_2(max(reduced, 1)) * inner
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))
     split = 1
-    rows = max(1, min(ROWS_TILE // inner, next_power_of_2(reduced) if reduced is not None else 64))
+    # As many bytes per loop step as ``ROWS_TILE`` float32 elements: a step of 16-bit data has twice
+    # the rows (the loads in flight, not the elements, keep the memory system busy).
+    rows = max(1, min(ROWS_TILE * 4 // max(bytes_per_element, 1) // inner,
+                      next_power_of_2(reduced) if reduced is not None else 64))
     if splittable and reduced is not None and kept is not None:
         programs = -(-kept // inner)
         if programs < WAVES * m.sm_count:

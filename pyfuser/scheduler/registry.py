@@ -47,6 +47,9 @@ class SchedulerType(Enum):
     outer_persistent = "outer_persistent"
     #: a reduction per row and a reduction across rows in one pass (layernorm backward, docs/cached_inputs.md)
     inner_outer_persistent = "inner_outer_persistent"
+    #: rows added into a tensor at indexed rows with atomic adds (``index_put_accumulate``, an embedding's
+    #: backward; not one of nvFuser's: there, an ATen call)
+    scatter = "scatter"
 
 
 @dataclass(frozen=True)

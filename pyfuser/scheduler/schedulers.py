@@ -10,12 +10,13 @@ from pyfuser.scheduler.outer_persistent import OUTER_PERSISTENT
 from pyfuser.scheduler.pointwise import POINTWISE
 from pyfuser.scheduler.reduction import REDUCTION
 from pyfuser.scheduler.registry import Scheduler, SchedulerType
+from pyfuser.scheduler.scatter import SCATTER
 from pyfuser.scheduler.transpose import TRANSPOSE
 
 #: Kernel schedulers first; their ``can_schedule`` exclude each other, so their order is only the
 #: order of the reasons a rejected segment prints. ``expr_eval`` takes what none of them does.
 ALL_SCHEDULERS: list[Scheduler] = [POINTWISE, TRANSPOSE, REDUCTION, INNER_PERSISTENT, OUTER_PERSISTENT,
-                                   INNER_OUTER_PERSISTENT, EXPR_EVAL]
+                                   INNER_OUTER_PERSISTENT, SCATTER, EXPR_EVAL]
 
 KERNEL_SCHEDULERS: list[Scheduler] = [s for s in ALL_SCHEDULERS if s.is_kernel]
 

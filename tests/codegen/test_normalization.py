@@ -47,6 +47,71 @@ def test_softmax_and_log_softmax(cols: int, device: str, run_kernels) -> None:
             assert kernel_segments(fd)[0].scheduler_params.shape == ("tile" if cols < 1024 else "loop")
 
 
+@pytest.mark.parametrize(("rows", "cols", "dtype"), [(1, 4100, torch.float32), (3, 5001, torch.bfloat16)])
+def test_few_wide_rows_are_split_across_programs(rows: int, cols: int, dtype: torch.dtype, device: str,
+                                                 run_kernels) -> None:
+    """Fewer rows than the machine has programs, each longer than a loop's few steps: each row's max,
+    sum of exponentials (or of squares) and output are computed by several programs, a share of the
+    row each (a grid reduction per reduction, the share read again by the next launch)."""
+    x = torch.randn(rows, cols, device=device).to(dtype) * 4
+    w = torch.randn(cols, device=device).to(dtype)
+    for log in (False, True):
+        with FusionDefinition() as fd:
+            t = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
+            shifted = fd.ops.sub(t, fd.ops.max(t, [1], keepdim=True))
+            s = fd.ops.sum(fd.ops.exp(shifted), [1], keepdim=True)
+            y = fd.ops.sub(shifted, fd.ops.log(s)) if log else fd.ops.div(fd.ops.exp(shifted), s)
+            fd.add_output(fd.ops.cast(y, DT[dtype]))
+        (out,) = run_kernels(fd, [x])
+        _close(out, (torch.log_softmax if log else torch.softmax)(x.float(), 1).to(dtype), dtype)
+        assert kernel_schedulers(fd) == ["inner_persistent"]
+        if device == "cpu":
+            params = kernel_segments(fd)[0].scheduler_params
+            assert params.shape == "split" and params.split >= 2
+    fd = _rmsnorm(DT[dtype])
+    (out,) = run_kernels(fd, [x, w])
+    xf = x.float()
+    _close(out, (xf * torch.rsqrt((xf * xf).mean(1, keepdim=True) + 1e-6) * w.float()).to(dtype), dtype)
+    if device == "cpu":
+        assert kernel_segments(fd)[0].scheduler_params.shape == "split"
+    fd = _layernorm(DT[dtype])  # var_mean: Welford's partial results are not finished across programs
+    (out,) = run_kernels(fd, [x, w, w])
+    _close(out, F.layer_norm(x.float(), (cols,), w.float(), w.float(), 1e-5).to(dtype), dtype)
+    if device == "cpu":
+        assert kernel_segments(fd)[0].scheduler_params.shape == "loop"
+
+
+def test_split_rows_with_per_row_results_and_independent_reductions(device: str, run_kernels) -> None:
+    """Cross-entropy's loss per row over few wide rows: the target's logit summed beside the max (two
+    grid reductions at once), the results per row only (the last launch has no share of the row to
+    loop over, so the broadcasts of the row's sums index nothing there)."""
+    x = torch.randn(2, 4100, device=device) * 3
+    target = torch.tensor([7, 4099], device=device)
+    with FusionDefinition() as fd:
+        t, tgt = fd.from_pytorch(x), fd.from_pytorch(target)
+        m = fd.ops.max(t, [1], keepdim=True)
+        lse = fd.ops.add(fd.ops.log(fd.ops.sum(fd.ops.exp(fd.ops.sub(t, m)), [1], keepdim=True)), m)
+        hot = fd.ops.eq(fd.ops.broadcast(fd.ops.iota(4100, dtype=DataType.Int), [True, False]),
+                        fd.ops.broadcast(tgt, [False, True]))
+        picked = fd.ops.sum(fd.ops.where(hot, t, 0.0), [1], keepdim=True)
+        fd.add_output(fd.ops.squeeze(fd.ops.sub(lse, picked), [1]))
+    (out,) = run_kernels(fd, [x, target])
+    _close(out, F.cross_entropy(x, target, reduction="none"))
+    if device == "cpu":
+        assert kernel_segments(fd)[0].scheduler_params.shape == "split"
+
+
+def test_split_rows_as_the_machine_has_programs() -> None:
+    """Programs per row: enough for two programs per SM (``WAVES``), at most one per 4 loop steps of
+    the row (an H200: 132 SMs, steps of 8192)."""
+    h200 = Machine(132, 16384, 2048)
+    fd = _softmax(False)
+    for rows, cols, split in [(63, 262144, 5), (1, 262144, 8), (33, 128256, 3), (63, 65536, 2), (132, 262144, 2),
+                              (264, 262144, 1), (63, 16384, 1)]:
+        params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(cols, rows, h200))
+        assert (params.shape == "split", params.split) == (split > 1, split), (rows, cols)
+
+
 def test_softmax_backward(device: str, run_kernels) -> None:
     y, dy = torch.softmax(torch.randn(7, 40, device=device), 1), torch.randn(7, 40, device=device)
     with FusionDefinition() as fd:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition, schedule
-from pyfuser.scheduler.registry import SchedulerType
+from pyfuser.scheduler import reduction
+from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from tests.codegen.conftest import kernel_schedulers, kernel_segments
 
 DTYPES = {torch.float32: DataType.Float, torch.float16: DataType.Half, torch.bfloat16: DataType.BFloat16,
@@ -100,6 +101,19 @@ def test_long_rows_loop_and_few_rows_split(device: str, run_kernels) -> None:
     if device == "cpu":
         assert kernel_segments(fd)[0].scheduler_params.shape == "split"
         assert "_partial0" in fd.last_kernel_code() and "_final" in fd.last_kernel_code()
+
+
+def test_column_blocks_of_16_bit_data_are_as_many_bytes_as_of_float32() -> None:
+    """A column reduction's block is 16 bytes a thread wide and its loop step as many bytes as 4096
+    float32 elements, counted in the data it reads, not its float32 result: bfloat16 columns in blocks
+    of 256, 32 rows a step (128 and 32 for float32 data)."""
+    h200 = Machine(132, 16384, 2048)
+    for dtype, (tile, rows) in {DataType.BFloat16: (256, 32), DataType.Float: (128, 32)}.items():
+        with FusionDefinition() as fd:
+            x = fd.define_tensor([-1, -1], dtype=dtype, contiguity=True)
+            fd.add_output(fd.ops.max(fd.ops.cast(x, DataType.Float), [0]))
+        params = reduction.compute_heuristics(fd.fusion, SizeHints(65536, 1000, h200))
+        assert (params.shape, params.tile, params.tile_reduced) == ("outer", tile, rows), params
 
 
 def test_prologue_and_epilogue_share_the_reduction_kernel(device: str, run_kernels) -> None:

@@ -265,9 +265,16 @@ class IndexPutAccumulateOp(Expr):
         return [torch.index_put(acc, (index,), value.to(acc.dtype), accumulate=True)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        if producer is not self.inputs[0]:
-            return {}
-        return _positional(producer.get_logical_domain(no_reductions=True), self.output.get_logical_domain())
+        """``acc`` maps onto the output axis by axis; ``value`` on every axis but the indexed one (a
+        row of value is added into a row of the output, so they are one size: a kernel's launch
+        checks it); ``index`` onto none."""
+        out_ids = self.output.get_logical_domain()
+        ids = producer.get_logical_domain(no_reductions=True)
+        if producer is self.inputs[0]:
+            return _positional(ids, out_ids)
+        if producer is self.inputs[2]:
+            return _positional(ids, out_ids, 0, 0)
+        return {}
 
     def python_call(self) -> PythonCall:
         return PythonCall("index_put_accumulate", tuple(self.inputs))

@@ -1,0 +1,171 @@
+"""The kernels of a scheduled scatter segment (``scheduler/scatter.py``): ``out = acc`` with
+``out[index[i], ...] += value[i, ...]``.
+
+Two launches write one buffer: the first computes ``acc`` into it (an ordinary kernel of the code
+generator: a fill of zeros, or whatever pointwise ops compute ``acc``), the second iterates
+``value``'s elements (computing them from the segment's inputs, a cast of a bfloat16 gradient),
+reads each element's row index and adds the element into the buffer at that row with
+``tl.atomic_add``. The buffer is an input of the second launch (it reads its sizes and strides
+from it) and the output it is given (``out=``), so nothing else is allocated.
+
+An index out of ``[0, rows)`` is never written (the add is masked by the range). It is reported as
+torch reports it: on a GPU by a device-side assert in the kernel (compiled with Triton's ``debug``,
+as Inductor compiles its kernels), without waiting for the device; through Triton's interpreter,
+which has no device asserts, by ``check_indices`` on the host before the launch (a ValueError naming
+the index, the tensor and the axis).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from pyfuser.codegen.kernel_builder import Indices, KernelBuilder, Layouts
+from pyfuser.codegen.kernel_source import KernelError, KernelSource
+from pyfuser.codegen.triton_support import int_expr
+from pyfuser.ir.base import Expr
+from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.layout import Layout
+from pyfuser.ir.ops.indexing import IndexPutAccumulateOp
+from pyfuser.ir.tensor_view import MemoryType, TensorView
+
+
+@dataclasses.dataclass
+class ScatterParts:
+    """The fusions of a scatter segment's launches: ``init`` computes ``acc`` (None where ``acc`` is a
+    segment input, copied on the host); ``scatter`` reads ``acc`` as its first input (the buffer it
+    adds into) and has the segment's output as its own; ``values`` computes ``value`` alone."""
+
+    op: IndexPutAccumulateOp
+    init: Fusion | None
+    init_reference: TensorView | None
+    scatter: Fusion
+    scatter_reference: TensorView
+    #: ``value`` computed and stored (None where it is a segment input), for ATen's deterministic
+    #: index_put under ``torch.use_deterministic_algorithms(True)``
+    values: Fusion | None
+    values_reference: TensorView | None
+
+
+def scatter_op(exprs: Sequence[Expr]) -> IndexPutAccumulateOp | None:
+    """The segment's one ``index_put_accumulate`` (None: none, or several)."""
+    found = [e for e in exprs if isinstance(e, IndexPutAccumulateOp)]
+    return found[0] if len(found) == 1 else None
+
+
+def split_scatter(fusion: Fusion, op: IndexPutAccumulateOp, reference: TensorView) -> ScatterParts:
+    """The launches' fusions, cut out of scheduled ``fusion`` (``reference``: the ``value`` tensor whose
+    loop nest the scatter launch runs)."""
+    acc = op.inputs[0]
+    assert isinstance(acc, TensorView)
+    init = init_reference = None
+    if not any(acc is v for v in fusion.inputs()):
+        memo: dict[int, Any] = {}
+        init = fusion.clone(memo)
+        init_reference = memo[id(acc)]
+        assert isinstance(init_reference, TensorView)
+        init_reference.memory_type = MemoryType.Global
+        init.restrict(_inputs_of(init, [init_reference]), [init_reference])
+    memo2: dict[int, Any] = {}
+    second = fusion.clone(memo2)
+    buffer, out = memo2[id(acc)], memo2[id(op.output)]
+    assert isinstance(buffer, TensorView) and isinstance(out, TensorView)
+    buffer.memory_type = MemoryType.Global
+    second.restrict(_inputs_of(second, [out], buffer), [out])
+    scatter_reference = memo2.get(id(reference), reference)
+    assert isinstance(scatter_reference, TensorView)
+    values = values_reference = None
+    if not any(reference is v for v in fusion.inputs()):
+        memo3: dict[int, Any] = {}
+        values = fusion.clone(memo3)
+        values_reference = memo3[id(reference)]
+        assert isinstance(values_reference, TensorView)
+        values_reference.memory_type = MemoryType.Global
+        values.restrict(_inputs_of(values, [values_reference]), [values_reference])
+    return ScatterParts(op, init, init_reference, second, scatter_reference, values, values_reference)
+
+
+def _inputs_of(fusion: Fusion, outputs: list[TensorView], first: TensorView | None = None) -> list[Any]:
+    """The fusion inputs ``outputs`` are computed from (``first``: a tensor that becomes the first
+    input, its definition dropped)."""
+    boundary = {id(v) for v in fusion.inputs()}
+    if first is not None:
+        boundary.add(id(first))
+    found: set[int] = set()
+    stack: list[Any] = list(outputs)
+    seen: set[int] = set()
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if id(v) in boundary:
+            found.add(id(v))
+            continue
+        if v.definition is not None:
+            stack.extend(v.definition.inputs)
+    rest = [v for v in fusion.inputs() if id(v) in found and v is not first]
+    return [first, *rest] if first is not None else rest
+
+
+def init_layouts(layouts: Layouts, parts: ScatterParts, out_name: int) -> Layouts:
+    """The fill's output is dense in the segment output's allocation order: it is that output."""
+    result = dict(layouts)
+    if parts.init_reference is not None:
+        dims = parts.init_reference.get_logical_domain(no_reductions=True)
+        perm = layouts[out_name].perm if out_name in layouts else tuple(range(len(dims)))
+        result[parts.init_reference.name] = Layout.dense(perm, [i.is_broadcast for i in dims])
+    return result
+
+
+class ScatterKernelBuilder(KernelBuilder):
+    """The scatter launch: the reference (``value``) is computed as a pointwise kernel computes an
+    output, then added into the segment output at its rows' indices instead of stored."""
+
+    def build(self) -> KernelSource:
+        if len(self.outputs) != 1 or not isinstance(self.outputs[0].definition, IndexPutAccumulateOp):
+            raise KernelError("a scatter kernel writes one output, an index_put_accumulate")
+        self._check_inlined_producers()
+        loops = self._loop_nest()
+        self._open_parallel(loops)
+        self._open_serial(loops)
+        out = self.outputs[0]
+        position = len(self.inputs)
+        op = out.definition
+        assert isinstance(op, IndexPutAccumulateOp)
+        acc, index, value = op.inputs
+        assert isinstance(acc, TensorView) and isinstance(index, TensorView) and isinstance(value, TensorView)
+        code = self.code
+        at = self.walk_back(value)
+        element = self.value(value, at)
+        value_ids = value.get_logical_domain(no_reductions=True)
+        out_ids = out.get_logical_domain(no_reductions=True)
+        row = at.of[id(value_ids[0])]
+        target_row = self.value(index, Indices(of={id(index.get_logical_domain()[0]): row}, valid=at.valid))
+        rows = int_expr(self.size_symbol(out_ids[0]))
+        in_range = code.assign("inside", f"({target_row} >= 0) & ({target_row} < {rows})")
+        where = Indices(of={id(out_ids[0]): target_row,
+                            **{id(o): at.of[id(v)] for o, v in zip(out_ids[1:], value_ids[1:], strict=True)}})
+        branched = code.branch(code.uniform())
+        offset, dims = self.offset(out, position, where)
+        mask = code.mask(dims | code.dims_of(in_range), uses=offset)
+        if self.target == "cuda":
+            message = (f"index_put_accumulate: index {index.short_name} holds a value out of range for "
+                       f"{acc.short_name} axis 0 (valid: 0 to its size - 1)")
+            code.emit(f"tl.device_assert({in_range}, {message!r}{', mask=' + mask if mask else ''})")
+        # ``!= 0``: the interpreter's ``&`` of a tile mask with a 0-dim condition (the index of a single
+        # row) is no boolean mask; a compiled kernel folds it away. Without a mask, the condition is
+        # widened to the address's shape.
+        both = code.assign("mask", f"({mask} & {in_range}) != 0" if mask else f"((({offset}) * 0 == 0) & {in_range}) != 0")
+        code.emit(f"tl.atomic_add(T{position} + {offset}, {self.store_value(element, out)}, mask={both}, "
+                  "sem='relaxed')")
+        if branched:
+            code.close()
+        self._stored.add(id(out))
+        source = self._source(loops)
+        if self.target != "cuda":
+            return source
+        # Device asserts are compiled only into a debug kernel (Inductor compiles its kernels so).
+        return dataclasses.replace(source, source=source.source.replace(
+            f"@_jit\ndef {self.name}(", f"@triton.jit(debug=True)\ndef {self.name}("))

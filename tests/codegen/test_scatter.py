@@ -1,0 +1,186 @@
+"""The scatter scheduler: ``index_put_accumulate`` (an embedding's backward) as atomic adds in a
+generated kernel, against ATen's accumulating ``index_put`` on the same data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from pyfuser import DataType, FusionDefinition
+from pyfuser.codegen.kernel_sequence import ScatterSequence
+from tests.codegen.conftest import RunKernels, kernel_schedulers, kernel_segments
+
+DTYPES = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16, torch.float16: DataType.Half,
+          torch.float64: DataType.Double}
+
+
+def _embedding_backward(grad: torch.Tensor, index: torch.Tensor, vocab: int | None) -> FusionDefinition:
+    """The weight's gradient as the kernel benchmark and an embedding's backward compute it: float32
+    rows summed into a zero table, cast back to the gradient's dtype. ``vocab`` None: a scalar input."""
+    with FusionDefinition() as fd:
+        g, i = fd.from_pytorch(grad), fd.from_pytorch(index)
+        rows = fd.define_scalar(None, DataType.Int) if vocab is None else vocab
+        acc = fd.ops.full([rows, grad.shape[1]], 0.0, DataType.Float)
+        summed = fd.ops.index_put_accumulate(acc, i, fd.ops.cast(g, DataType.Float))
+        fd.add_output(fd.ops.cast(summed, DTYPES[grad.dtype]))
+    return fd
+
+
+def _reference(grad: torch.Tensor, index: torch.Tensor, vocab: int) -> torch.Tensor:
+    acc = torch.zeros(vocab, grad.shape[1], dtype=torch.float64)
+    return acc.index_put_((index.long(),), grad.double(), accumulate=True).to(grad.dtype)
+
+
+@pytest.fixture
+def nondeterministic() -> Iterator[None]:
+    """The test runs with torch's default (atomic adds allowed), whatever the session set."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(False)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.usefixtures("nondeterministic")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize(("tokens", "hidden", "vocab"), [(37, 33, 11), (1, 5, 3), (300, 8, 2), (64, 129, 1000)])
+def test_embedding_backward_is_one_scatter_kernel(run_kernels: RunKernels, dtype: torch.dtype, tokens: int,
+                                                  hidden: int, vocab: int, device: str) -> None:
+    grad = torch.randn(tokens, hidden, dtype=dtype, device=device)
+    index = torch.randint(0, vocab, (tokens,), device=device)
+    index[: tokens // 2] = index[0]  # many duplicates: additions into one row from many programs
+    fd = _embedding_backward(grad, index, None)
+    (out,) = run_kernels(fd, [grad, index, vocab])
+    assert kernel_schedulers(fd) == ["scatter", "pointwise"]
+    assert isinstance(kernel_segments(fd)[0], ScatterSequence)
+    torch.testing.assert_close(out.cpu(), _reference(grad.cpu(), index.cpu(), vocab))
+    assert "tl.atomic_add" in fd.last_kernel_code()
+
+
+@pytest.mark.usefixtures("nondeterministic")
+def test_scatter_reads_strided_values_and_int32_indices(run_kernels: RunKernels, device: str) -> None:
+    """A transposed gradient (column-major rows) and 32-bit indices; the vocabulary a constant."""
+    grad = torch.randn(24, 19, device=device).t()  # [19, 24], strides (1, 19)
+    index = torch.randint(0, 7, (19,), dtype=torch.int32, device=device)
+    fd = _embedding_backward(grad, index, 7)
+    (out,) = run_kernels(fd, [grad, index])
+    assert kernel_schedulers(fd) == ["scatter", "pointwise"]
+    torch.testing.assert_close(out.cpu(), _reference(grad.cpu(), index.cpu(), 7))
+
+
+@pytest.mark.usefixtures("nondeterministic")
+def test_scatter_into_an_input_adds_to_a_copy_of_it(run_kernels: RunKernels) -> None:
+    """``acc`` a fusion input: the kernel adds into a copy (the input is left as it was), float64 too."""
+    acc = torch.randn(6, 5, dtype=torch.float64)
+    value = torch.randn(9, 5, dtype=torch.float64)
+    index = torch.tensor([5, 0, 0, 3, 5, 5, 1, 0, 2])
+    with FusionDefinition() as fd:
+        a, i, v = fd.from_pytorch(acc), fd.from_pytorch(index), fd.from_pytorch(value)
+        fd.add_output(fd.ops.index_put_accumulate(a, i, fd.ops.mul(v, 2.0)))
+    before = acc.clone()
+    (out,) = run_kernels(fd, [acc, index, value])
+    assert kernel_schedulers(fd) == ["scatter"]
+    torch.testing.assert_close(acc, before)
+    torch.testing.assert_close(out, before.index_put((index,), value * 2.0, accumulate=True))
+
+
+@pytest.mark.usefixtures("nondeterministic")
+def test_scatter_of_no_rows_is_the_initial_value(run_kernels: RunKernels) -> None:
+    grad = torch.randn(0, 4)
+    index = torch.zeros(0, dtype=torch.long)
+    fd = _embedding_backward(grad, index, 3)
+    (out,) = run_kernels(fd, [grad, index])
+    torch.testing.assert_close(out, torch.zeros(3, 4))
+
+
+@pytest.mark.usefixtures("nondeterministic")
+@pytest.mark.parametrize("bad", [7, -1])
+def test_out_of_range_index_is_an_error_naming_the_tensors(run_kernels: RunKernels, bad: int) -> None:
+    grad = torch.randn(4, 3)
+    index = torch.tensor([0, bad, 2, 1])
+    fd = _embedding_backward(grad, index, 7 if bad < 0 else None)
+    inputs = [grad, index] if bad < 0 else [grad, index, 7]
+    with pytest.raises(ValueError, match=rf"index_put_accumulate: index T1 holds {bad}, out of range for T\d+ axis 0 "
+                                         r"of size 7 \(valid: 0..6\)"):
+        run_kernels(fd, inputs)
+
+
+@pytest.mark.usefixtures("nondeterministic")
+def test_rows_of_another_width_are_an_error(run_kernels: RunKernels) -> None:
+    """``value``'s rows must be ``acc``'s: the launch compares the sizes (a kernel would write past them)."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1])
+        i = fd.define_tensor([-1], dtype=DataType.Int)
+        v = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.index_put_accumulate(fd.ops.mul(a, 1.0), i, v))
+    with pytest.raises(ValueError, match=r"T\d axis 1 has size \d but T\d axis 1 has size \d; they must be equal"):
+        run_kernels(fd, [torch.zeros(3, 4), torch.tensor([0, 1]), torch.randn(2, 5)])
+
+
+def test_deterministic_algorithms_keep_atens_sorted_index_put(run_kernels: RunKernels) -> None:
+    grad = torch.randn(10, 4)
+    index = torch.randint(0, 5, (10,))
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        fd = _embedding_backward(grad, index, 5)
+        (out,) = run_kernels(fd, [grad, index])
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert "scatter" not in kernel_schedulers(fd)
+    torch.testing.assert_close(out, _reference(grad, index, 5))
+
+
+@pytest.mark.usefixtures("nondeterministic")
+def test_half_precision_accumulators_stay_aten(run_kernels: RunKernels) -> None:
+    """A bfloat16 ``acc``: ATen sums each row in float32 and rounds once; atomic adds would round each
+    addition, so the op is not a scatter kernel."""
+    grad = torch.randn(10, 4, dtype=torch.bfloat16)
+    index = torch.randint(0, 5, (10,))
+    with FusionDefinition() as fd:
+        g, i = fd.from_pytorch(grad), fd.from_pytorch(index)
+        acc = fd.ops.full([5, 4], 0.0, DataType.BFloat16)
+        fd.add_output(fd.ops.index_put_accumulate(acc, i, fd.ops.cast(fd.ops.mul(g, 1.0), DataType.BFloat16)))
+    (out,) = run_kernels(fd, [grad, index])
+    assert "scatter" not in kernel_schedulers(fd)
+    want = torch.zeros(5, 4, dtype=torch.bfloat16).index_put((index,), grad, accumulate=True)
+    torch.testing.assert_close(out, want)
+
+
+@pytest.mark.usefixtures("nondeterministic")
+@pytest.mark.parametrize("computed", [True, False])
+def test_deterministic_algorithms_turned_on_after_compiling_use_atens_index_put(
+        run_kernels: RunKernels, computed: bool) -> None:
+    """A segment compiled with atomic adds honours the flag turned on later: its rows computed by a
+    kernel of their own (or read from the input) and added by ATen's sorted index_put."""
+    grad = torch.randn(13, 6, dtype=torch.bfloat16 if computed else torch.float32)
+    index = torch.randint(0, 4, (13,))
+    if computed:
+        fd = _embedding_backward(grad, index, 4)
+    else:
+        with FusionDefinition() as fd:
+            g, i = fd.from_pytorch(grad), fd.from_pytorch(index)
+            fd.add_output(fd.ops.index_put_accumulate(fd.ops.full([4, 6], 0.0, DataType.Float), i, g))
+    run_kernels(fd, [grad, index])
+    (segment,) = [s for s in kernel_segments(fd) if isinstance(s, ScatterSequence)]
+
+    def atomic(*args: object, **kwargs: object) -> None:
+        raise AssertionError("atomic adds under torch.use_deterministic_algorithms(True)")
+
+    segment.parts.scatter.run = atomic  # type: ignore[method-assign]
+    torch.use_deterministic_algorithms(True)
+    (out,) = run_kernels(fd, [grad, index])
+    torch.testing.assert_close(out, _reference(grad, index, 4))
+
+
+@pytest.mark.usefixtures("nondeterministic")
+def test_integer_rows_add_exactly(run_kernels: RunKernels) -> None:
+    value = torch.randint(-5, 5, (7, 3), dtype=torch.int32)
+    index = torch.tensor([0, 4, 4, 1, 0, 2, 4])
+    with FusionDefinition() as fd:
+        v, i = fd.from_pytorch(value), fd.from_pytorch(index)
+        fd.add_output(fd.ops.index_put_accumulate(fd.ops.full([5, 3], 0, DataType.Int32), i, v))
+    (out,) = run_kernels(fd, [value, index])
+    assert kernel_schedulers(fd) == ["scatter"]
+    assert torch.equal(out, torch.zeros(5, 3, dtype=torch.int32).index_put((index,), value, accumulate=True))
