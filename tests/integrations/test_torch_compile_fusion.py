@@ -51,10 +51,11 @@ def test_boolean_masks_combine_in_one_kernel(dtype: torch.dtype) -> None:
 
 #: a tiny Llama's step (one layer, float32), as fusion_counts counts it: generated kernels, ATen calls
 #: that compute (not views, not GEMMs or attention, which run in cuBLAS / torch either way) inside regions
-#: and between them. Lower them when a change lowers the count; never raise them.
-LLAMA_TRAINING_KERNELS = 26
+#: and between them. Lower them when a change lowers the count; never raise them (the embedding's
+#: backward, one ATen call of several CUDA kernels, a sort among them, is one scatter kernel since).
+LLAMA_TRAINING_KERNELS = 27
 LLAMA_INFERENCE_KERNELS = 13
-LLAMA_TRAINING_OTHER_ATEN = 11
+LLAMA_TRAINING_OTHER_ATEN = 10
 LLAMA_INFERENCE_OTHER_ATEN = 8
 _GEMMS_AND_ATTENTION = ("Matmul", "Linear", "_scaled_dot_product")
 

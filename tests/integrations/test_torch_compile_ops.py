@@ -104,3 +104,31 @@ def test_generated_kernels_match_eager(case: Case) -> None:
 def test_op_names() -> None:
     node = torch.fx.Graph().call_function(torch.ops.aten.add.Tensor, ())
     assert op_name(node) == "aten.add.Tensor"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("padding_idx", [None, 3])
+def test_an_embeddings_gradient_is_a_scatter_kernel(dtype: torch.dtype, padding_idx: int | None) -> None:
+    """An embedding's backward through the backend: rows of repeated indices summed (float32, cast to
+    the weight's dtype), the padding row's left zero, by an atomic scatter-add kernel, not ATen's
+    sort; with deterministic algorithms on, ATen's."""
+    indices = torch.tensor([[1, 3, 3, 10, 0], [0, 1, 5, 3, 3]])
+    for deterministic in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        embedding = torch.nn.Embedding(11, 7, padding_idx=padding_idx).to(dtype)
+        backend = PyfuserBackend(triton_interpreter=True)
+        compiled = torch.compile(lambda i, e=embedding: (e(i) * 2).float().sum(), backend=backend)
+        was = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            compiled(indices).backward()
+        finally:
+            torch.use_deterministic_algorithms(was)
+        got, embedding.weight.grad = embedding.weight.grad, None
+        (embedding(indices) * 2).float().sum().backward()
+        torch.testing.assert_close(got, embedding.weight.grad)
+        summaries = "\n".join(r.summary() for g in backend.graphs for r in g.regions)
+        eager = [e for g in backend.graphs for e in g.eager]
+        assert ("scatter_kernel" in summaries) != deterministic, summaries
+        assert any("embedding_dense_backward" in e for e in eager) == deterministic, eager

@@ -202,6 +202,9 @@ CASES: list[Case] = [
     Case(aten.embedding.default, lambda w, idx: aten.embedding.default(w * 2, idx) + 1, inputs(f(6, 4), i(3, 2, high=6))),
     Case(aten.index_select.default, lambda x, idx: aten.index_select.default(x * 2, 1, idx) + 1,
          inputs(f(3, 4), i(5, high=4))),
+    Case(aten.embedding_dense_backward.default,
+         lambda g, idx: aten.embedding_dense_backward.default(g * 2, idx, 7, 2, False) + 1,
+         inputs(f(3, 5, 4), i(3, 5, high=7)), grad=False),
     Case(aten.gather.default, lambda x, idx: aten.gather.default(x * 2, 1, idx) + 1, inputs(f(3, 4), i(3, 2, high=4))),
     Case(aten.triu.default, lambda x: aten.triu.default(x * 2, 1) + 1, inputs(f(4, 4))),
 ]

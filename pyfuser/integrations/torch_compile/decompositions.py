@@ -27,8 +27,8 @@ Decomposed (each entry's forward and, where listed, backward):
 
 Deliberately *not* decomposed, so they stay one ATen call (or one lowering): ``addmm`` / ``mm`` /
 ``bmm`` (cuBLAS), scaled-dot-product attention (torch's fused kernels), ``native_dropout`` (torch's
-RNG stream: results match eager), ``embedding_dense_backward`` (a scatter), batch norm in training
-(updates running statistics in place).
+RNG stream: results match eager), ``embedding_dense_backward`` (lowered as an atomic scatter-add), batch
+norm in training (updates running statistics in place).
 """
 
 from __future__ import annotations

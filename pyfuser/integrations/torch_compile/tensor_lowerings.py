@@ -226,6 +226,35 @@ def _gather(ctx: LoweringContext, x: Any, dim: int, index: Any, *, sparse_grad: 
     return ctx.ops.gather(x, index, dim)
 
 
+def _embedding_dense_backward(ctx: LoweringContext, grad: Any, indices: Any, num_weights: Any, padding_idx: int,
+                              scale_grad_by_freq: bool) -> Any:
+    """The weight's gradient as Inductor computes it: each index's gradient row added into a zeroed
+    float32 table (an atomic scatter-add kernel), the rows of ``padding_idx`` left out, cast back to
+    the gradient's dtype."""
+    width = ctx.meta.shape[-1]
+    accumulate = torch.float64 if ctx.meta.dtype == torch.float64 else torch.float32
+    rows = ctx.ops.reshape(indices, [-1])
+    values = ctx.ops.reshape(grad, [-1, width])
+    if values.dtype.torch_dtype != accumulate:
+        values = ctx.ops.cast(values, accumulate)
+    if padding_idx >= 0:
+        kept = ctx.ops.broadcast(ctx.ops.ne(rows, padding_idx), [False, True])
+        values = ctx.ops.where(kept, values, 0.0)
+    table = ctx.ops.index_put_accumulate(ctx.ops.full([num_weights, width], 0.0, accumulate), rows, values)
+    return table if ctx.meta.dtype == accumulate else ctx.ops.cast(table, ctx.meta.dtype)
+
+
+def _check_embedding_dense_backward(node: Node) -> str | None:
+    grad = meta_of(node.args[0])
+    if node.args[4] if len(node.args) > 4 else node.kwargs.get("scale_grad_by_freq", False):
+        return "embedding_dense_backward scaled by frequency (ATen counts the indices)"
+    if torch.are_deterministic_algorithms_enabled():
+        return "embedding_dense_backward with deterministic algorithms on (ATen's sorted sum; atomics are not)"
+    if grad.dtype not in (torch.float64, torch.float32, torch.bfloat16, torch.float16):
+        return f"embedding_dense_backward of a {grad.dtype} gradient"
+    return None
+
+
 def _triu(ctx: LoweringContext, x: Any, diagonal: int = 0) -> Any:
     return ctx.ops.triu(x, diagonal)
 
@@ -268,5 +297,6 @@ TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten.embedding.default: Lowering(_embedding),
     aten.index_select.default: Lowering(_index_select),
     aten.gather.default: Lowering(_gather),
+    aten.embedding_dense_backward.default: Lowering(_embedding_dense_backward, check=_check_embedding_dense_backward),
     aten.triu.default: Lowering(_triu),
 }
