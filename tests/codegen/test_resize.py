@@ -194,3 +194,22 @@ def test_pad_cropping_more_than_an_axis_has_is_a_clear_error(device: str, run_ke
         fd.add_output(fd.ops.pad(fd.ops.tanh(x), [-1, 1, 2, 2], value=0.5))
     with pytest.raises(ValueError, match=r"axis 1 is cropped by 1 \(widths -1, 1\)"):
         run_kernels(fd, [torch.randn(3, 0, device=device)])
+
+
+def test_slices_and_pads_to_one_element_broadcast(device: str, run_kernels) -> None:
+    """An axis sliced or padded to the constant extent 1 is a broadcast (nvFuser's resize): it
+    broadcasts against a full operand as torch's size-1 axes do, and summing it is a squeeze."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 9], contiguity=[False, True], dtype=DataType.BFloat16)
+        y = fd.define_tensor([4, 9], contiguity=True)
+        column = fd.ops.slice(fd.ops.exp(x), [0, 5], [4, 6])  # [4, 1]
+        row = fd.ops.pad(fd.ops.sin(y), [0, 0, -3, 0], 2.0)  # the last row: [1, 9]
+        fd.add_output(fd.ops.mul(fd.ops.add(column, y), row))
+        fd.add_output(fd.ops.sum(column, [1]))
+    assert "ReductionOp" not in [type(e).__name__ for e in fd.fusion.exprs()]
+    x = torch.randn(8, 9, device=device, dtype=torch.bfloat16)[::2]  # rows strided
+    y = torch.randn(4, 9, device=device)
+    product, summed = run_kernels(fd, [x, y])
+    column = x.exp()[:, 5:6]
+    torch.testing.assert_close(product, (column + y) * y.sin()[3:])
+    torch.testing.assert_close(summed, column.sum(1))
