@@ -213,3 +213,25 @@ def test_slices_and_pads_to_one_element_broadcast(device: str, run_kernels) -> N
     column = x.exp()[:, 5:6]
     torch.testing.assert_close(product, (column + y) * y.sin()[3:])
     torch.testing.assert_close(summed, column.sum(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_slice_to_one_element_of_a_computed_value_stays_in_its_kernel(device: str, run_kernels,
+                                                                       dtype: torch.dtype) -> None:
+    """``torch.diff(p, prepend=p[:, :1] - 1)`` of a computed ``p`` (Hugging Face's packed-sequence check
+    of position ids): the first column, sliced to a broadcast, is read at one index by the kernel that
+    computes ``p`` rather than splitting it into a slice and a kernel that writes ``p`` out."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([3, 8], contiguity=[False, True], dtype=DataType.from_torch(dtype))
+        bias = fd.define_tensor([8], contiguity=True)
+        p = fd.ops.mul(fd.ops.cast(x, DataType.Float), 2.0)
+        first = fd.ops.sub(fd.ops.slice(p, [0, 0], [3, 1]), 1.0)
+        prepended = fd.ops.cat([first, p], 1)
+        diff = fd.ops.sub(fd.ops.slice(prepended, [0, 1], [3, 9]), fd.ops.slice(prepended, [0, 0], [3, 8]))
+        fd.add_output(fd.ops.add(diff, bias))
+    x = torch.randn(6, 8, device=device).to(dtype)[::2]
+    bias = torch.randn(8, device=device)
+    (out,) = run_kernels(fd, [x, bias])
+    p = x.float() * 2
+    torch.testing.assert_close(out, torch.diff(p, prepend=p[:, :1] - 1, dim=-1) + bias)
+    assert kernel_schedulers(fd) == ["pointwise"]
