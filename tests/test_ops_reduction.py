@@ -48,8 +48,7 @@ def test_reduction(op: str, dims: list[int], keepdim: bool, device: str) -> None
 def test_reduction_over_broadcast_axes(op: str, dims: list[int], keepdim: bool, device: str,
                                       kernel_options: list[str]) -> None:
     """Size-1 broadcast axes among the reduced ones are squeezed (a trivial reduction), the others
-    reduced; all of them broadcast: a reduction as before. Values and shapes as torch's, through
-    generated kernels."""
+    reduced. Values and shapes as torch's, through generated kernels."""
     x = (torch.rand(1, 4, 5) + 0.5).to(device)
     with FusionDefinition() as fd:
         t = fd.from_pytorch(x)  # axis 0 (size 1) is a broadcast axis
@@ -60,10 +59,29 @@ def test_reduction_over_broadcast_axes(op: str, dims: list[int], keepdim: bool, 
     assert len(reduced) == len([d for d in dims if d != 0])
     (out,) = fd.execute([x], _enable_options=kernel_options)
     assert_close(out, torch_reduce(op, x, dims, keepdim, None))
-    with FusionDefinition() as fd:  # only the broadcast axis: a reduction of it, as before
-        fd.add_output(getattr(fd.ops, op)(fd.from_pytorch(x), [0], keepdim=keepdim))
+
+
+@pytest.mark.parametrize(("op", "dtype", "requested"), [
+    ("sum", torch.float32, DataType.Null), ("sum", torch.bfloat16, DataType.Float),
+    ("sum", torch.int32, DataType.Null),  # torch's int64: a cast, then the squeeze
+    ("prod", torch.bool, DataType.Null), ("max", torch.bfloat16, DataType.Null),
+    ("min", torch.int32, DataType.Null), ("mean", torch.bfloat16, DataType.Null),
+])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_reduction_of_only_broadcast_axes_is_a_squeeze(op: str, dtype: torch.dtype, requested: DataType,
+                                                       keepdim: bool, device: str,
+                                                       kernel_options: list[str]) -> None:
+    """Every reduced axis a size-1 broadcast: nothing is reduced, the result is the input in the
+    result's dtype with those axes squeezed (nvFuser builds, and prints, the same squeeze)."""
+    x = (torch.rand(1, 4, 1, 5) * 4 + 0.5).to(dtype).to(device).transpose(1, 3)  # [1, 5, 1, 4], strided
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.mul(getattr(fd.ops, op)(t, [0, 2], keepdim=keepdim, dtype=requested), 1))
+    kinds = [type(e).__name__ for e in fd.fusion.exprs()]
+    assert "ReductionOp" not in kinds and "SqueezeOp" in kinds
     (out,) = fd.execute([x], _enable_options=kernel_options)
-    assert_close(out, torch_reduce(op, x, [0], keepdim, None))
+    want = torch_reduce(op, x, [0, 2], keepdim, None if requested is DataType.Null else requested.torch_dtype)
+    assert_close(out, want * 1)
 
 
 @pytest.mark.parametrize(("op", "in_dtype", "dtype"), [

@@ -19,8 +19,8 @@ from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOp
 from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
 from pyfuser.preseg.pipeline import PRESEG_PASSES
 from pyfuser.runtime.backends import HOST_PASSES as RUNTIME_HOST_PASSES
-from pyfuser.scheduler.registry import SchedulerType
-from pyfuser.scheduler.schedulers import ALL_SCHEDULERS, KERNEL_SCHEDULERS, is_kernel, size_dependent
+from pyfuser.scheduler.registry import KernelParams, SchedulerType
+from pyfuser.scheduler.schedulers import ALL_SCHEDULERS, KERNEL_SCHEDULERS, SCHEDULERS, is_kernel, size_dependent
 
 
 @pytest.mark.parametrize("kind", [*UnaryOpType, *BinaryOpType, *TernaryOpType, *ReductionOpType],
@@ -134,6 +134,20 @@ def test_scheduler_params_are_frozen_cache_keys(scheduler_type: SchedulerType, s
         first.num_warps = 8  # type: ignore[misc]
     edited = dataclasses.replace(first, num_warps=8)
     assert edited != first and hash(edited) != hash(first)
+
+
+def test_kernel_heuristics_are_a_kernels_params() -> None:
+    """What the runtime compiles a kernel from: a kernel scheduler's params, read through ``KernelParams``;
+    the expression evaluator's make no kernel and say so."""
+    x = torch.randn(4, 6)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.exp(fd.from_pytorch(x)))
+    for scheduler in KERNEL_SCHEDULERS:
+        if scheduler.can_schedule(fd.fusion)[0]:
+            params = scheduler.kernel_heuristics(fd.fusion, [x])
+            assert isinstance(params, KernelParams) and params.reference == fd.fusion.outputs()[0].name
+    with pytest.raises(TypeError, match="the expr_eval scheduler makes no kernel: its ExprEvalParams lacks"):
+        SCHEDULERS[SchedulerType.expr_eval].kernel_heuristics(fd.fusion, [x])
 
 
 class _NameAndRun:

@@ -15,7 +15,7 @@ import torch
 
 from pyfuser.frontend.attention_ops import AttentionOps
 from pyfuser.frontend.indexing_ops import IndexingOps
-from pyfuser.frontend.ops_base import Operand, SizeLike, clone_id, normalize_axis
+from pyfuser.frontend.ops_base import Operand, OpsBase, SizeLike, clone_id, normalize_axis
 from pyfuser.frontend.random_ops import RandomOps
 from pyfuser.frontend.reduction_ops import ReductionOps
 from pyfuser.frontend.scan_ops import ScanOps
@@ -215,7 +215,7 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
             if extent == i.extent:
                 ids.append(clone_id(self, i))
             else:
-                ids.append(self._id(extent, IterType.Broadcast if extent.value == 1 and i.is_broadcast else IterType.Iteration))
+                ids.append(_resized_id(self, extent))
         out = self._new_tv(ids, tv.dtype)
         SliceOp(self._fusion, out, tv, ranges, given)
         return out
@@ -274,7 +274,7 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
                 raise ValueError(f"pad: {tv.short_name} axis {d} has extent {in_ids[d].extent}; pad widths "
                                  f"{left}, {right} would crop {-cropped.value} elements more than it has")
             padded[d] = extent
-        ids = [self._id(padded[d]) if d in padded else clone_id(self, i) for d, i in enumerate(in_ids)]
+        ids = [_resized_id(self, padded[d]) if d in padded else clone_id(self, i) for d, i in enumerate(in_ids)]
         fill = self._val(0 if value is None else value, "pad value")
         out = self._new_tv(ids, tv.dtype)
         PadOp(self._fusion, out, tv, widths, fill)  # type: ignore[arg-type]
@@ -322,6 +322,12 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
 
 
 # --- helpers -------------------------------------------------------------------------------------
+def _resized_id(ops: OpsBase, extent: SymExpr) -> IterDomain:
+    """A sliced or padded axis: a broadcast when its extent is the constant 1, as nvFuser's resize
+    makes it, so it broadcasts against other operands and reducing it is a squeeze."""
+    return ops._id(1, IterType.Broadcast) if extent.value == 1 else ops._id(extent)
+
+
 def _sum(extents: list[SymExpr]) -> SymExpr:
     total: SymExpr = SymConst(0)
     for e in extents:

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from pyfuser.ir.fusion import Fusion
 
 Operand = TensorView | Scalar | int | float | bool | complex
+#: What a pointwise op returns: a tensor when any operand is one, else a scalar (host arithmetic),
+#: itself an operand of further ops.
+PointwiseResult = TensorView | Scalar
 SizeLike = int | Scalar | SymExpr
 
 

@@ -50,6 +50,12 @@ class ReductionOps(PointwiseOps):
                                 "floating-point or complex dtype")
             raise TypeError(f"mean: {tv.short_name} has dtype {tv.dtype}; mean needs a floating-point dtype "
                             "(pass dtype= or cast first)")
+        if trivial:
+            # Every reduced axis is a size-1 broadcast: the result is the input in the result's dtype,
+            # squeezed (nvFuser builds the same cast and squeeze, and prints it so).
+            cast = self.cast(tv, out_dtype) if out_dtype != tv.dtype else tv  # type: ignore[attr-defined]
+            out = self.squeeze(cast, trivial)  # type: ignore[attr-defined]
+            return self._keepdim(out, axes, tv.ndim) if keepdim else out
         out = self._new_tv(_reduced_ids(self, tv, axes), out_dtype)
         ReductionOp(self._fusion, kind, out, tv, axes)
         return self._keepdim(out, axes, tv.ndim) if keepdim else out

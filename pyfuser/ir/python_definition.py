@@ -1,10 +1,12 @@
 """A fusion as an executable Python definition: ``repr(fd)``, nvFuser's ``translate_fusion``.
 
 The text is a function ``nvfuser_fusion(fd)`` that rebuilds an equal fusion: inputs in order,
-every expr reachable from the outputs as its ``fd.ops`` call (``Expr.python_call``), then the
-outputs with their stride orders and aliases. Tensors are named ``tv<N>`` and scalars ``c<N>`` as
-nvFuser names them, numbered in the order they are printed, so the text of a rebuilt fusion is
-the same text; constants of Python's own types (bool, int, float, complex) are written inline.
+every expr reachable from the outputs as its ``fd.ops`` call (``Expr.python_call``), in the order
+``Fusion.exprs`` visits them, then the outputs with their stride orders and aliases: nvFuser's
+text. A tensor ``T<N>`` is ``tv<N>`` as nvFuser prints its IR names, so a rebuilt fusion, whose
+tensors are numbered in the printed order, prints the same text up to that renumbering. Scalars
+are ``c<N>``, numbered in the order they are printed (size arithmetic has no IR scalar to name
+it); constants of Python's own types (bool, int, float, complex) are written inline.
 Size arguments (reshape shapes, slice bounds, pad widths) are symbolic extents: they are written
 as scalar arithmetic on ``fd.ops.size`` of the input they come from, so a definition with
 symbolic shapes rebuilds the same extents. Schedules are not part of a definition.
@@ -76,7 +78,8 @@ class _Printer:
         #: input scalars by the symbol they bind
         self.scalar_symbols: dict[str, Scalar] = {}
         self.size_names: dict[SymExpr, str] = {}
-        self.counts = {"tv": 0, "c": 0}
+        self.counts = {"c": 0}
+        self.tensor_names: set[str] = set()
 
     def run(self) -> str:
         for v in self.fusion.inputs():
@@ -142,7 +145,17 @@ class _Printer:
     def _name(self, v: Val) -> str:
         name = self.names.get(id(v))
         if name is None:
-            name = self.names[id(v)] = self._fresh("tv" if isinstance(v, TensorView) else "c")
+            name = self._tensor_name(v) if isinstance(v, TensorView) else self._fresh("c")
+            self.names[id(v)] = name
+        return name
+
+    def _tensor_name(self, tv: TensorView) -> str:
+        """``tv<N>`` for the tensor ``T<N>``, as nvFuser names it; a name another tensor of the
+        definition already has (a fusion whose tensors were renumbered) gets a number above all."""
+        name = f"tv{tv.name}"
+        if name in self.tensor_names:
+            name = f"tv{max(t.name for t in self.fusion.tensors()) + 1 + len(self.tensor_names)}"
+        self.tensor_names.add(name)
         return name
 
     def _kwargs(self, kwargs: dict[str, Any]) -> str:

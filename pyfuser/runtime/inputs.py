@@ -140,7 +140,8 @@ class InputBinder:
         self.specs: list[TensorSpec | ScalarSpec] = []
         #: (input position, axis, symbol, shard factor) for each symbolic extent of an input tensor
         self._tensor_symbols: list[tuple[int, int, str, int]] = []
-        #: (input position, symbol) for each input scalar
+        #: (input position, symbol) for each integer input scalar: the only scalars sizes and host
+        #: expressions read (``Scalar.host_expr``); the others reach kernels and ops as arguments
         self._scalar_symbols: list[tuple[int, str]] = []
         #: (input position, Python type, dtype, name) of each input scalar: values are converted to it
         #: (and checked to fit it) each run
@@ -157,7 +158,8 @@ class InputBinder:
                         self._tensor_symbols.append((pos, d, i.extent.name, spec.shard_factors[d]))
             elif isinstance(val, Scalar):
                 self.specs.append(ScalarSpec(str(val), val.dtype))
-                self._scalar_symbols.append((pos, val.symbol))
+                if val.dtype.is_integral:
+                    self._scalar_symbols.append((pos, val.symbol))
                 self._scalar_types.append((pos, python_scalar_type(val.dtype), val.dtype, str(val)))
                 if val.lower_bound is not None:
                     self._bounded.append((pos, str(val), *val.lower_bound))
@@ -213,14 +215,15 @@ class InputBinder:
         return self.bind(args)
 
     def bind(self, args: Sequence[Any]) -> dict[str, int]:
+        """The sizes and integer scalars ``args`` bind, by symbol; ``args`` as ``coerce`` returns them
+        (an integer scalar given as a 0-dim tensor is an int by then)."""
         if self._bind_sizes is not None:
             return self._bind_sizes(args)
         env: dict[str, int] = {}
         for pos, d, name, factor in self._tensor_symbols:
             env[name] = args[pos].shape[d] * factor  # symbols are global extents
         for pos, name in self._scalar_symbols:
-            value = args[pos]
-            env[name] = value.item() if isinstance(value, torch.Tensor) else value
+            env[name] = args[pos]
         for pos, name, minimum, use in self._bounded:  # scalar values are not in the signature: check each run
             value = env[name]  # an input scalar prints as its symbol
             if value < minimum:

@@ -66,7 +66,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
 
     def build(hints: SizeHints | tuple[()]) -> CompiledKernel | KernelSequence:
         copy = unscheduled.pop() if unscheduled else segment_fusion_copy(fusion, group)[0]
-        params = scheduler.compute_heuristics(copy, hints)
+        params = scheduler.kernel_heuristics(copy, hints)
         dump(DumpOption.scheduler_params, lambda: f"Segment g{index} ({group.scheduler.name}):\n{params}")
         scheduler.schedule(copy, params)
         reference = next(tv for tv in copy.tensors() if tv.name == params.reference)

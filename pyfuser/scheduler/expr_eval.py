@@ -14,7 +14,7 @@ from typing import Any
 
 from pyfuser.codegen.support import unsupported_in_pointwise_kernel
 from pyfuser.ir.fusion import Fusion
-from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     return False, f"a generated kernel computes {names}; the expression evaluator takes ATen-only ops"
 
 
-def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] = ()) -> ExprEvalParams:
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ExprEvalParams:
     return ExprEvalParams()
 
 

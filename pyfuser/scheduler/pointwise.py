@@ -25,7 +25,7 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.pointwise_analysis import check_pointwise, innermost_classes, reference_output
-from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
 
 
@@ -65,7 +65,7 @@ def element_bytes(fusion: FusionLike) -> int:
                 if isinstance(v, TensorView)), default=4)
 
 
-def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] = ()) -> PointwiseParams:
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> PointwiseParams:
     ok, reason = can_schedule(fusion)
     if not ok:
         raise ValueError(f"the pointwise scheduler cannot schedule this fusion: {reason}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -127,6 +127,7 @@ class SchedulerParams(Protocol):
     def __hash__(self) -> int: ...
 
 
+@runtime_checkable
 class KernelParams(SchedulerParams, Protocol):
     """What the code generator reads of a kernel scheduler's params: the tensor whose loop nest the
     kernel runs, warps per program, software-pipelining stages of its serial loops (0: none) and
@@ -154,7 +155,15 @@ class Scheduler:
 
     type: SchedulerType
     can_schedule: Callable[[FusionLike], tuple[bool, str]]
-    compute_heuristics: Callable[[FusionLike, Sequence[Any]], SchedulerParams]
+    compute_heuristics: Callable[[FusionLike, Sequence[Any] | SizeHints], SchedulerParams]
     schedule: Callable[[Fusion, Any], None]
     size_dependent: bool = field(kw_only=True)
     is_kernel: bool = field(default=True, kw_only=True)
+
+    def kernel_heuristics(self, fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> KernelParams:
+        """``compute_heuristics`` of a kernel scheduler: the params the code generator reads."""
+        params = self.compute_heuristics(fusion, inputs)
+        if not self.is_kernel or not isinstance(params, KernelParams):
+            raise TypeError(f"the {self.type.name} scheduler makes no kernel: its {type(params).__name__} lacks "
+                            "a kernel's reference, num_warps, num_stages and evict_last")
+        return params

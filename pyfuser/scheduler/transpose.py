@@ -16,7 +16,7 @@ from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.pointwise import flatten_in_memory_order, merge_range, propagate
 from pyfuser.scheduler.pointwise_analysis import check_pointwise, innermost, innermost_classes, reference_output
-from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     return True, ""
 
 
-def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] = ()) -> TransposeParams:
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> TransposeParams:
     ok, reason = can_schedule(fusion)
     if not ok:
         raise ValueError(f"the transpose scheduler cannot schedule this fusion: {reason}")

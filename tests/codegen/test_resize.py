@@ -194,3 +194,44 @@ def test_pad_cropping_more_than_an_axis_has_is_a_clear_error(device: str, run_ke
         fd.add_output(fd.ops.pad(fd.ops.tanh(x), [-1, 1, 2, 2], value=0.5))
     with pytest.raises(ValueError, match=r"axis 1 is cropped by 1 \(widths -1, 1\)"):
         run_kernels(fd, [torch.randn(3, 0, device=device)])
+
+
+def test_slices_and_pads_to_one_element_broadcast(device: str, run_kernels) -> None:
+    """An axis sliced or padded to the constant extent 1 is a broadcast (nvFuser's resize): it
+    broadcasts against a full operand as torch's size-1 axes do, and summing it is a squeeze."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([4, 9], contiguity=[False, True], dtype=DataType.BFloat16)
+        y = fd.define_tensor([4, 9], contiguity=True)
+        column = fd.ops.slice(fd.ops.exp(x), [0, 5], [4, 6])  # [4, 1]
+        row = fd.ops.pad(fd.ops.sin(y), [0, 0, -3, 0], 2.0)  # the last row: [1, 9]
+        fd.add_output(fd.ops.mul(fd.ops.add(column, y), row))
+        fd.add_output(fd.ops.sum(column, [1]))
+    assert "ReductionOp" not in [type(e).__name__ for e in fd.fusion.exprs()]
+    x = torch.randn(8, 9, device=device, dtype=torch.bfloat16)[::2]  # rows strided
+    y = torch.randn(4, 9, device=device)
+    product, summed = run_kernels(fd, [x, y])
+    column = x.exp()[:, 5:6]
+    torch.testing.assert_close(product, (column + y) * y.sin()[3:])
+    torch.testing.assert_close(summed, column.sum(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_slice_to_one_element_of_a_computed_value_stays_in_its_kernel(device: str, run_kernels,
+                                                                       dtype: torch.dtype) -> None:
+    """``torch.diff(p, prepend=p[:, :1] - 1)`` of a computed ``p`` (Hugging Face's packed-sequence check
+    of position ids): the first column, sliced to a broadcast, is read at one index by the kernel that
+    computes ``p`` rather than splitting it into a slice and a kernel that writes ``p`` out."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([3, 8], contiguity=[False, True], dtype=DataType.from_torch(dtype))
+        bias = fd.define_tensor([8], contiguity=True)
+        p = fd.ops.mul(fd.ops.cast(x, DataType.Float), 2.0)
+        first = fd.ops.sub(fd.ops.slice(p, [0, 0], [3, 1]), 1.0)
+        prepended = fd.ops.cat([first, p], 1)
+        diff = fd.ops.sub(fd.ops.slice(prepended, [0, 1], [3, 9]), fd.ops.slice(prepended, [0, 0], [3, 8]))
+        fd.add_output(fd.ops.add(diff, bias))
+    x = torch.randn(6, 8, device=device).to(dtype)[::2]
+    bias = torch.randn(8, device=device)
+    (out,) = run_kernels(fd, [x, bias])
+    p = x.float() * 2
+    torch.testing.assert_close(out, torch.diff(p, prepend=p[:, :1] - 1, dim=-1) + bias)
+    assert kernel_schedulers(fd) == ["pointwise"]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition
 from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.tensor_view import TensorView
 
 STREAM = ParallelType.stream
 
@@ -111,23 +114,37 @@ def test_bad_number_of_streams(monkeypatch):
         fd.execute([torch.randn(2, 3)])
 
 
-@pytest.mark.parametrize("size", [0, 3])
-def test_stream_loop_over_extents_that_differ_at_run_time(size):
-    """A pad's static extent 1 maps to an input's symbolic one through a where, both chunked by one
-    stream loop: sizes other than 1 are an error naming the tensor, not an output the loop leaves
-    unwritten (found by the fuzzer: seed 247057 returned shape (1,) where torch gives (0,))."""
+def _stream_loop_where(flag: Callable[[FusionDefinition, TensorView], TensorView]) -> FusionDefinition:
+    """``where(flag, maximum(x, y), y)`` with a one-element ``flag``, chunked by one stream loop."""
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1], contiguity=True, dtype=DataType.Int)
         y = fd.define_tensor([1], contiguity=True, dtype=DataType.Float)
-        flag = fd.ops.pad(fd.ops.slice(fd.ops.lt(2, x), [-1], [-1], [2]), [0, 1], 1.5)  # always one element
         t = fd.ops.maximum(x, y)
-        out = fd.ops.where(flag, t, y)
+        out = fd.ops.where(flag(fd, x), t, y)
         fd.add_output(out)
         out.axis(0).parallelize(ParallelType.stream)
         t.axis(0).parallelize(ParallelType.stream)
+    return fd
+
+
+@pytest.mark.parametrize("size", [0, 3])
+def test_stream_loop_over_extents_that_differ_at_run_time(size):
+    """A cat's static extent 1 (an iteration axis) maps to an input's symbolic one through a where,
+    both chunked by one stream loop: sizes other than 1 are an error naming the tensor, not an
+    output the loop leaves unwritten (found by the fuzzer: seed 247057, with a pad, returned shape
+    (1,) where torch gives (0,)). A pad to one element is a broadcast (nvFuser's resize) and
+    broadcasts against the loop's extent as torch's does."""
+    y = torch.ones(1)
+    for x in (torch.arange(size), torch.tensor([5])):
+        padded = _stream_loop_where(lambda fd, x: fd.ops.pad(fd.ops.slice(fd.ops.lt(2, x), [-1], [-1], [2]), [0, 1],
+                                                             1.5))
+        (result,) = padded.execute([x, y])
+        torch.testing.assert_close(result, torch.where(torch.tensor([True]), torch.maximum(x, y), y))
+    concatenated = _stream_loop_where(lambda fd, x: fd.ops.cat([fd.ops.full([1], True, DataType.Bool),
+                                                                fd.ops.full([0], False, DataType.Bool)], 0))
     with pytest.raises(ValueError, match=r"axis 0 has size 1, but the stream loop over iStreamIdx\d+\{i0\} that chunks "
                                          rf"it runs over {size}; they must be equal"):
-        fd.execute([torch.zeros(size, dtype=torch.int64), torch.ones(1)])
+        concatenated.execute([torch.arange(size), y])
     x = torch.tensor([5])  # sizes agree
-    (result,) = fd.execute([x, torch.ones(1)])
-    torch.testing.assert_close(result, torch.where(torch.tensor([True]), torch.maximum(x, torch.ones(1)), torch.ones(1)))
+    (result,) = concatenated.execute([x, y])
+    torch.testing.assert_close(result, torch.where(torch.tensor([True]), torch.maximum(x, y), y))

@@ -22,6 +22,7 @@ from torch.fx.node import Argument
 
 from pyfuser.frontend.fusion_definition import FusionDefinition
 from pyfuser.frontend.ops import Ops
+from pyfuser.ir.tensor_view import TensorView
 
 
 class OpClass(Enum):
@@ -48,6 +49,13 @@ class LoweringContext:
         """The pyfuser value already translated for an FX node of the region (for lowerings that
         look through their operand's producer, as ``mm(x, t(w))`` becoming ``linear(x, w)``)."""
         return self._env[node]
+
+    def tensor(self, value: object) -> TensorView:
+        """``value`` as the tensor it is: an op of ``fd.ops`` (a pointwise op, a cast) returns a tensor
+        or a scalar by its operands, and a lowering that gave it a tensor reads its result as one."""
+        if not isinstance(value, TensorView):
+            raise TypeError(f"{self.node.target}: expected a tensor result, got {value}")
+        return value
 
     @property
     def meta(self) -> Any:

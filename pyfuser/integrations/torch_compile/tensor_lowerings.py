@@ -16,6 +16,7 @@ from pyfuser.integrations.torch_compile.lowering import (
     meta_of,
     swapped_dims,
 )
+from pyfuser.ir.tensor_view import TensorView
 
 aten = torch.ops.aten
 
@@ -146,9 +147,9 @@ def _arg_reduction(name: str) -> Any:
     return build
 
 
-def _cumsum(ctx: LoweringContext, x: Any, dim: int, **kwargs: Any) -> Any:
+def _cumsum(ctx: LoweringContext, x: TensorView, dim: int, **kwargs: Any) -> TensorView:
     dtype = ctx.meta.dtype
-    source = x if x.dtype.torch_dtype == dtype else ctx.ops.cast(x, dtype)
+    source = x if x.dtype.torch_dtype == dtype else ctx.tensor(ctx.ops.cast(x, dtype))
     return ctx.ops.cumsum(source, dim)
 
 
@@ -208,8 +209,8 @@ def _addmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, al
         if bias.ndim == 2 and rows is not None:  # a [M, N] bias does not broadcast against [..., N]
             x, rows = a, None
         product = ctx.ops.matmul(x, b)
-        product = product if alpha == 1 else ctx.ops.mul(product, alpha)
-        result = ctx.ops.add(bias if beta == 1 else ctx.ops.mul(bias, beta), product)
+        scaled = product if alpha == 1 else ctx.ops.mul(product, alpha)
+        result = ctx.tensor(ctx.ops.add(bias if beta == 1 else ctx.ops.mul(bias, beta), scaled))
     return result if rows is None else ctx.ops.reshape(result, list(ctx.meta.shape))
 
 

@@ -52,7 +52,9 @@ def resized_axes(expr: SliceOp | PadOp | CatOp, operand: int) -> list[ResizedAxi
 
 def resized_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int], allowed: set[int]) -> set[int]:
     """``allowed`` (ID classes of a kernel's reference) grown by the producer axes resize ops read
-    into them, consumers before producers (``exprs`` in definition order, walked backwards)."""
+    into them, consumers before producers (``exprs`` in definition order, walked backwards). A
+    producer axis resized to a broadcast (a slice or pad to one element) is read at one index and
+    needs no loop of the reference's: it is grown too."""
     grown = set(allowed)
     for expr in reversed(exprs):
         if not isinstance(expr, RESIZE_OPS):
@@ -61,6 +63,6 @@ def resized_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int]
         for k, v in enumerate(expr.tensor_inputs):
             p_ids = v.get_logical_domain(no_reductions=True)
             for axis in resized_axes(expr, k):
-                if class_of(out_ids[axis.dim]) in grown:
+                if out_ids[axis.dim].is_broadcast or class_of(out_ids[axis.dim]) in grown:
                     grown.add(class_of(p_ids[axis.dim]))
     return grown

@@ -261,9 +261,22 @@ class SliceOp(Expr):
         return {p_ids[d]: c_ids[d] for d in self._untouched}
 
     def python_call(self) -> PythonCall:
-        return PythonCall("slice", (self.inputs[0],), {"start_indices": [g[0] for g in self.given],
-                                                       "end_indices": [g[1] for g in self.given],
-                                                       "strides": [g[2] for g in self.given]})
+        """nvFuser prints the normalized bounds with ``manual_normalization=True``; a bound whose
+        normalized form is symbolic (a ``min`` / ``max`` against an extent) is printed as given
+        instead, and then the flag is left out so that the rebuilt slice normalizes it again."""
+        starts: list[SymExpr] = []
+        stops: list[SymExpr] = []
+        normalized = True
+        for (lo, hi, _), (first, last, _) in zip(self.ranges, self.given, strict=True):
+            for bound, as_given, printed in ((lo, first, starts), (hi, last, stops)):
+                if bound.is_const or bound == as_given:
+                    printed.append(bound)
+                else:
+                    printed.append(as_given)
+                    normalized = False
+        return PythonCall("slice", (self.inputs[0],), {"start_indices": starts, "end_indices": stops,
+                                                       "strides": [g[2] for g in self.given],
+                                                       "manual_normalization": True if normalized else None})
 
     def to_string(self, indent: int = 0) -> str:
         ranges = ", ".join(f"{a} : {b} : {c}" for a, b, c in self.ranges)
