@@ -314,6 +314,11 @@ class KernelBuilder(ValueLowering):
                 inner_extent = int_expr(self.extent(t.inner))
                 if inner_extent == "1":
                     known[id(t.outer)], known[id(t.inner)] = out, "0"
+                elif int_expr(self.extent(t.outer)) == "1":
+                    # the merged index itself (not ``out % inner``): the same text a tensor without the
+                    # outer broadcast (a squeeze's output, replayed by forwarding) computes, so a
+                    # value computed for one is found again by the other
+                    known[id(t.outer)], known[id(t.inner)] = "0", out
                 else:
                     known[id(t.outer)] = code.assign("ix", f"{out} // {inner_extent}")
                     known[id(t.inner)] = code.assign("ix", f"{out} % {inner_extent}")

@@ -146,6 +146,17 @@ def _add_pair(a0, b0, a1, b1):
 
 
 @_jit
+def _two_sum(sum_a, lost_a, sum_b, lost_b):
+    """Two sums, each with what the roundings of its adds lost: their sum and, exactly (Knuth's
+    two-sum, no assumption on the magnitudes), what rounding it loses, added to the rest. A value
+    enters with -0.0 lost (``x + -0.0`` is ``x``: the compiler drops that add)."""
+    total = sum_a + sum_b
+    part = total - sum_a
+    lost = (sum_a - (total - part)) + (sum_b - part)
+    return total, (lost_a + lost_b) + lost
+
+
+@_jit
 def _sigmoid(x):
     # tl.sigmoid is a jit function of triton.language, which Triton's interpreter cannot call
     return 1.0 / (1.0 + tl.exp(-x))

@@ -17,7 +17,11 @@ Floating reductions are as accurate as torch's, also on data far from 0 (rows of
 * ``var_mean`` of a row read in a loop is Welford's update per lane on the lane's values less its
   first value (a shift), so the running mean is a small number that rounds little, then Welford's
   combine of the shifted means across lanes in float64; the shift is added back once at the end;
-* the programs' partial sums of a reduction across programs add up in float64 in the last launch.
+* the programs' partial sums of a reduction across programs add up in float64 in the last launch;
+* a sum or mean of float32 data on chip, on a GPU, adds pairs of a sum and what its rounding lost
+  (``_two_sum``, Knuth's exact sum): a GPU thread adds its share of the tile (32 values of a row of
+  2048 on 2 warps) one after another before the tree across threads, where torch's kernel gives a
+  thread about 4 of a row of 1500 (an rmsnorm row's mean of squares rounded twice torch's error).
 """
 
 from __future__ import annotations
@@ -178,10 +182,14 @@ class _Accumulation:
     #: the tile axes the accumulators span: those the reduction's loop domain iterates
     axes: frozenset[int]
 
+    def shape(self, builder: KernelBuilder) -> str:
+        """The accumulators' tile shape: the tile's size along their axes, 1 along the others."""
+        return f"[{', '.join(t if k in self.axes else '1' for k, t in enumerate(builder.tile_shape))}]"
+
     def declare(self, builder: KernelBuilder) -> None:
         code = builder.code
         identity = 0 if self.welford else _identity(self.expr.kind, self.dtype)  # type: ignore[union-attr]
-        shape = f"[{', '.join(t if k in self.axes else '1' for k, t in enumerate(builder.tile_shape))}]"
+        shape = self.shape(builder)
         for name in self.names:
             code.emit(f"{name} = tl.full({shape}, {literal(identity, self.dtype)}, {triton_dtype(self.dtype)})")
             code.dims[name] = self.axes
@@ -189,6 +197,14 @@ class _Accumulation:
 
 class ValueLowering:
     """Mixin: the value of a tensor or scalar at a loop point."""
+
+    @property
+    def gpu_sums(self: KernelBuilder) -> bool:
+        """Whether tile sums are written as a GPU runs them: ``tl.reduce`` with a combine function, which
+        a GPU thread applies to its share of the tile one value after another before the tree across
+        threads (Triton's interpreter applies it one value after another to the whole axis), not
+        ``tl.standard._sum_combine``, which the interpreter sums with numpy (pairwise)."""
+        return self.target == "cuda"
 
     def value(self: KernelBuilder, val: Val, indices: Indices | None) -> str:
         """``val`` at the loop point where a consumer reads it with ``indices`` (None for scalars)."""
@@ -498,6 +514,7 @@ class ValueLowering:
         expr, out, names, acc_dtype, on_chip, welford, key = (acc.expr, acc.out, acc.names, acc.dtype, acc.on_chip,
                                                               acc.welford, acc.key)
         compensated = acc.compensated
+        shape = acc.shape(self)
         kind = None if welford else expr.kind
         axes: list[int | None] = sorted({self._tile_pos_of(i) for i in out.get_loop_domain()
                                          if i.is_reduction} - {None})  # type: ignore[type-var]
@@ -567,6 +584,10 @@ class ValueLowering:
                 acc = code.assign("v", self.convert(acc, acc_dtype, wide), cse=False)
                 self._sum_over(acc, axes)
                 acc_dtype = wide
+            elif kind in (ReductionOpType.sum, ReductionOpType.mean) and acc_dtype is DataType.Float and \
+                    self.gpu_sums and self._reads_float32(expr):
+                acc = self._compensated_sum_over(acc, axes, shape)
+                acc_dtype = DataType.Double
             elif kind in (ReductionOpType.sum, ReductionOpType.mean):
                 self._sum_over(acc, axes)
             else:
@@ -586,6 +607,38 @@ class ValueLowering:
             result = _rounded(result, tv.dtype)
             code.remember(out_key, result if result.isidentifier() else code.assign("v", result, cse=False))
 
+    def _reads_float32(self: KernelBuilder, expr: Expr) -> bool:
+        """Whether the values ``expr`` reduces come from a tensor input of the kernel that is not a
+        16-bit float (float32 data: float16 and bfloat16 results round far above a float32 sum's error,
+        so their memory-bound kernels keep the plain sum)."""
+        stack, seen = list(expr.inputs), set()
+        while stack:
+            val = stack.pop()
+            if id(val) in seen or not isinstance(val, TensorView):
+                continue
+            seen.add(id(val))
+            if val in self.inputs:
+                if val.dtype not in (DataType.Half, DataType.BFloat16):
+                    return True
+            elif val.definition is not None:
+                stack.extend(val.definition.inputs)
+        return False
+
+    def _compensated_sum_over(self: KernelBuilder, name: str, axes: list[int | None], shape: str) -> str:
+        """``name`` (float32) summed over tile ``axes`` as pairs of a sum and what its roundings lost
+        (``_two_sum``), joined in float64: the result rounds about once, in any order of the adds (a
+        GPU thread adds its values one after another). Where the sum is not finite (an inf or NaN
+        value) the lost part is NaN and the sum itself is the result."""
+        code = self.code
+        lost = code.assign("c", f"tl.full({shape}, -0.0, tl.float32)", dims=code.dims.get(name), cse=False)
+        for axis in axes:
+            keep = ", keep_dims=True" if axis is not None else ""
+            code.emit(f"{name}, {lost} = tl.reduce(({name}, {lost}), {axis}, _two_sum{keep})")
+        code.reduced(name, axes)
+        code.reduced(lost, axes)
+        wide = code.assign("v", f"{name}.to(tl.float64)", cse=False)
+        return code.assign("v", f"tl.where({name} - {name} == 0, {wide} + {lost}.to(tl.float64), {wide})", cse=False)
+
     def _sums_partials(self: KernelBuilder, expr: Expr) -> bool:
         """Whether ``expr`` reduces programs' partial results (an input of this launch that an
         earlier launch wrote), read as they are or through copies."""
@@ -595,10 +648,8 @@ class ValueLowering:
         return isinstance(source, TensorView) and source.name in self.partials
 
     def _sum_over(self: KernelBuilder, name: str, axes: list[int | None]) -> None:
-        """``name`` summed over tile ``axes`` in place: a tree on the GPU; in Triton's interpreter
-        with ``tl.standard._sum_combine``, which it sums with numpy (pairwise, as a tree does; its
-        ``tl.reduce`` with any other combine function adds the values one after another)."""
-        combine = "_add" if self.target == "cuda" else "_sum_combine"
+        """``name`` summed over tile ``axes`` in place (see ``gpu_sums``)."""
+        combine = "_add" if self.gpu_sums else "_sum_combine"
         for axis in axes:
             keep = ", keep_dims=True" if axis is not None else ""
             self.code.emit(f"{name} = tl.reduce({name}, {axis}, {combine}{keep})")
@@ -607,7 +658,7 @@ class ValueLowering:
     def _sum_over_pair(self: KernelBuilder, a: str, b: str, axes: list[int | None]) -> None:
         """Two values summed over tile ``axes`` in place: one reduction of the pair on the GPU (one
         exchange between warps for both), two numpy sums in the interpreter."""
-        if self.target != "cuda":
+        if not self.gpu_sums:
             self._sum_over(a, axes)
             self._sum_over(b, axes)
             return

@@ -9,7 +9,7 @@ tensor's transforms onto another (a cache, a consumer). They live in ``ir`` beca
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
@@ -98,14 +98,27 @@ def same_memory_order(a: Sequence[IterDomain], b: Sequence[IterDomain]) -> bool:
 
 
 def replay(transforms: Iterable[IdTransform], id_map: dict[int, IterDomain], owner: TensorView,
-           partial: bool = False, copy_parallel: bool = True) -> None:
+           partial: bool = False, copy_parallel: bool = True,
+           forwards: Callable[[IterDomain], bool] | None = None) -> None:
     """Apply ``transforms`` (in topological order) to the IDs ``id_map`` maps their inputs to.
 
     ``id_map`` (``id(source ID) -> target ID``) is extended with the outputs; parallel types are
     copied so a replayed device split stays device-parallel. A transform with an input that has no
     counterpart is an error, or skipped with ``partial`` (e.g. a reduction ID a copy does not have).
+
+    ``forwards``: which broadcast IDs a merge may be forwarded through (``IdGraph.forwards``): a merge
+    of such an ID the target lacks (a squeeze's output, a tensor of lower rank) with one it has maps
+    to the latter, as nvFuser's replay forwards it. The merge's extent is the other input's, so the
+    transforms after it still apply and the target follows the source's loop nest instead of
+    keeping an axis of its own.
     """
     for t in transforms:
+        if forwards is not None and isinstance(t, Merge):
+            absent = [i for i in t.inputs if id(i) not in id_map]
+            if len(absent) == 1 and absent[0].is_broadcast and forwards(absent[0]):
+                present = t.inner if absent[0] is t.outer else t.outer
+                id_map[id(t.out)] = id_map[id(present)]
+                continue
         if any(id(i) not in id_map for i in t.inputs):
             if partial:
                 continue

@@ -41,6 +41,8 @@ def stage_var_means(fusion: Fusion, options: CompileOptions) -> None:
         split = staged_axes(expr, orders[id(x)])
         if split is not None:
             _stage(fusion, expr, *split)
+            # the stages' outputs replace the var_mean's in its consumers, a later var_mean among them
+            orders = infer_allocation_orders(fusion)
 
 
 def staged_axes(expr: VarMeanOp, order: list[IterDomain]) -> tuple[int, list[int]] | None:

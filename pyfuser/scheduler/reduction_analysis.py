@@ -102,6 +102,13 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
         if not own <= full:
             return None, (f"{tv.short_name} iterates axes outside the reductions' space; one reduction kernel "
                           "iterates one space")
+    for tv in _computed_from(reductions, exprs):
+        kept_ids = [i for i in tv.get_logical_domain() if not i.is_reduction and not i.is_broadcast]
+        if len(_classes(exact, kept_ids)) < len(kept_ids):
+            # (``x + x.t()`` of a reduced value): the programs tile each axis of the space once, so a
+            # reduced value read along the other axis is one they did not compute
+            return None, (f"{tv.short_name}, computed from a reduction, iterates two axes of one axis of the "
+                          "reductions' space; one reduction kernel reads a reduced value where it computed it")
     if any(not r for r in groups):
         return None, "a reduction over no axis"
     # The kernel's programs tile the kept axes; an output that lacks one of them (a broadcast of a
@@ -148,6 +155,20 @@ def _kind(expr: Expr, order: list[IterDomain]) -> ReductionKind:
         return reduction_kind(expr, order)
     except ValueError:  # a reduction of size-1 (broadcast) axes only: any kind schedules it
         return ReductionKind.inner
+
+
+def _computed_from(reductions: list[Expr], exprs: list[Expr]) -> list[TensorView]:
+    """The reductions' outputs and every tensor the segment's ``exprs`` compute from them (a
+    ``SegmentView``'s tensors have uses outside it)."""
+    inside = {id(e) for e in exprs}
+    found: dict[int, TensorView] = {}
+    stack = [out for e in reductions for out in e.tensor_outputs]
+    while stack:
+        tv = stack.pop()
+        if id(tv) not in found:
+            found[id(tv)] = tv
+            stack.extend(out for use in tv.uses if id(use) in inside for out in use.tensor_outputs)
+    return list(found.values())
 
 
 def _persistent(fusion: FusionLike, exact: IdGraph, reductions: list[Expr]) -> bool:

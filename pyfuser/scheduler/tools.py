@@ -51,7 +51,7 @@ def transform_like(ref: TensorView, tvs: Sequence[TensorView] | None = None) -> 
             if match is not None:
                 id_map[id(r)] = match
                 taken.add(id(match))
-        replay(transforms, id_map, tv, partial=True, copy_parallel=False)
+        replay(transforms, id_map, tv, partial=True, copy_parallel=False, forwards=graph.forwards)
         loop = [id_map[id(i)] for i in ref.get_loop_domain() if id(i) in id_map]
         loop += _unused_pieces(transforms, id_map, loop)
         covered = {id(a) for i in loop for a in logical_ancestors(i, tv.get_logical_domain())}

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from benchmarks.accuracy import OPS, floor, fusion, max_error
+from pyfuser import DataType, FusionDefinition
+from pyfuser.codegen.values import ValueLowering
 from pyfuser.scheduler.registry import Machine
-from tests.codegen.conftest import kernel_segments
+from tests.codegen.conftest import execute_with_kernels, kernel_segments
 
 #: (op, rows, cols, the reduction shape its kernel takes on this machine: see reduction_schedule.py)
 CASES = [
@@ -98,3 +100,58 @@ def test_sum_with_inf_in_a_loop(device: str, run_kernels) -> None:
     x[1, 7], x[1, 900] = float("inf"), float("-inf")
     (got,) = run_kernels(fusion(OPS["sum"]), [x])
     torch.testing.assert_close(got, x.sum(1), equal_nan=True)
+
+
+@pytest.fixture
+def gpu_sums_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tile sums written as for a GPU (``ValueLowering.gpu_sums``), run by Triton's interpreter, which
+    applies their combine functions to a whole axis one value after another: the order a GPU thread
+    adds its share of a tile in (32 values of a row of 2048 on 2 warps), at its longest. On an H200,
+    plain float32 adds in that order gave rmsnorm 2x1500 (offset 1e3) twice torch's error."""
+    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: GPU_MACHINE))
+    monkeypatch.setattr(ValueLowering, "gpu_sums", property(lambda self: True))
+
+
+@pytest.mark.parametrize("offset", [1e2, 1e3, 1e4])
+@pytest.mark.parametrize(("op", "rows", "cols"), [("rmsnorm", 2, 1500), ("layernorm_sums", 2, 1500), ("sum", 3, 1531)])
+def test_float32_sums_on_chip_are_compensated_in_a_gpu_threads_order(op: str, rows: int, cols: int, offset: float,
+                                                                      gpu_sums_in_the_interpreter: None) -> None:
+    """Each add of a float32 tile sum keeps what its rounding lost (``_two_sum``): in any order the sum
+    rounds about once, within torch's error (one value after another, plain adds are 7x torch's on
+    rmsnorm at offset 1e3)."""
+    x = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows * cols), dtype=torch.float64)
+         + offset).float()
+    ref = OPS[op].torch_fn(x.double())
+    fd = fusion(OPS[op])
+    got = execute_with_kernels(fd, [x])
+    assert kernel_segments(fd)[0].scheduler_params.shape == "tile"
+    assert ", _two_sum)" in fd.last_kernel_code()
+    ours, torchs = max_error(got, ref), max_error(OPS[op].torch_fn(x), ref)
+    assert ours <= max(torchs, floor(ref)), f"{op} {rows}x{cols} offset {offset:g}: pyfuser {ours:.3e}, " \
+                                            f"torch {torchs:.3e}"
+
+
+def test_compensated_sums_of_rows_with_inf_and_nan(gpu_sums_in_the_interpreter: None) -> None:
+    """The lost part of a sum that is not finite is NaN; the sum itself is the result: inf stays inf,
+    inf - inf and NaN are NaN."""
+    x = torch.randn(4, 1531)
+    x[0, 5] = float("inf")
+    x[1, 7], x[1, 900] = float("inf"), float("-inf")
+    x[2, 3] = float("nan")
+    (got,) = execute_with_kernels(fusion(OPS["sum"]), [x])
+    torch.testing.assert_close(got, x.sum(1), equal_nan=True)
+
+
+def test_half_precision_rows_keep_the_plain_sum(gpu_sums_in_the_interpreter: None) -> None:
+    """Sums of bfloat16 data round far below a bfloat16 result's precision: their memory-bound kernels
+    keep one add per value."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        wide = fd.ops.cast(x, DataType.Float)
+        ms = fd.ops.mean(fd.ops.mul(wide, wide), [1], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.mul(wide, fd.ops.rsqrt(fd.ops.add(ms, 1e-5))), DataType.BFloat16))
+    data = torch.randn(2, 1500).bfloat16()
+    (got,) = execute_with_kernels(fd, [data])
+    assert ", _two_sum)" not in fd.last_kernel_code() and ", _add)" in fd.last_kernel_code()
+    wide = data.float()
+    torch.testing.assert_close(got, (wide * torch.rsqrt(wide.square().mean(1, keepdim=True) + 1e-5)).bfloat16())

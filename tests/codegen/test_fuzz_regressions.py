@@ -591,3 +591,64 @@ def test_a_computed_extent_is_compared_with_the_loop_it_shares(device: str, run_
     with pytest.raises(ValueError, match=r"axis 0 has size 1, but the kernel iterates it with the axes it maps to, "
                                          r"of size 3; they must be equal"):
         run_kernels(fd, [x, y, 2])
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 3), (1, 37, 19)])
+def test_a_squeezed_reduction_follows_the_reduction_loop_nest(device: str, run_kernels,
+                                                              shape: tuple[int, ...]) -> None:
+    """A keepdim var_mean over a tensor with a leading size-1 axis, squeezed to its kept axis: the
+    schedule merges that broadcast axis into the kept one, and the squeeze's output (which lacks it)
+    follows the merge by forwarding, so it is stored from the loop point the mean was computed at
+    (it kept an axis of its own: "T2 is read at a loop point where it was not reduced", CPU fuzz seed
+    2001221)."""
+    x = torch.randn(shape[0], shape[2], shape[1], device=device).transpose(1, 2)
+    with FusionDefinition() as fd:
+        t = fd.define_tensor([1, -1, -1], dtype=DataType.Float)
+        _, mean = fd.ops.var_mean(t, [1], 1, keepdim=True)
+        fd.add_output(fd.ops.squeeze(mean, [0, 1]))
+        fd.add_output(fd.ops.mean(mean, [0, 1, 2], keepdim=False))
+    squeezed, total = run_kernels(fd, [x])
+    want = torch.var_mean(x, [1], correction=1, keepdim=True)[1]
+    torch.testing.assert_close(squeezed, want.squeeze(1).squeeze(0))
+    torch.testing.assert_close(total, want.mean())
+
+
+def test_a_squeezed_var_mean_of_a_linear_output(device: str, run_kernels) -> None:
+    """CPU fuzz seed 2000625, minimized: the var_mean over two size-1 axes of a linear's output, squeezed
+    and averaged in double (the squeeze's output did not follow the merged loop nest)."""
+    a, w, b = torch.randn(2, device=device), torch.randn(6, 1, device=device), torch.randn(6, device=device)
+    with FusionDefinition() as fd:
+        ta = fd.define_tensor([-1], dtype=DataType.Float)
+        tw = fd.define_tensor([-1, -1], contiguity=True, dtype=DataType.Float)
+        tb = fd.define_tensor([-1], contiguity=True, dtype=DataType.Float)
+        x = fd.ops.broadcast(fd.ops.reshape(fd.ops.sum(ta, [0], keepdim=False), [1, 1]), [False, False, True, True])
+        _, mean = fd.ops.var_mean(fd.ops.linear(x, tw, tb), [0, 1], 0, keepdim=True)
+        fd.add_output(fd.ops.mean(mean, [0, 1, 2, 3], keepdim=True, dtype=DataType.Double))
+    (out,) = run_kernels(fd, [a, w, b])
+    lin = torch.nn.functional.linear(a.sum().reshape(1, 1)[:, :, None, None], w, b)
+    want = torch.var_mean(lin, [0, 1], correction=0, keepdim=True)[1].mean([0, 1, 2, 3], keepdim=True,
+                                                                          dtype=torch.float64)
+    torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("rows", [0, 3])
+def test_a_reduced_value_read_along_another_axis_of_its_class_is_its_own_kernel(device: str, run_kernels,
+                                                                                 rows: int) -> None:
+    """CPU fuzz seed 2001101: a column count ``s[j]`` of ``x[i, 0, j, 0]`` broadcast to ``[1, 1, 1, j]`` and
+    combined with ``x``'s own ``[i, 1, j, 1]``: the output's axes 2 and 3 both iterate ``j``, and the
+    reduction kernel's programs tile axis 2, so ``s`` read along axis 3 is a value they did not compute.
+    The reduction analysis refuses such a segment; the output is a pointwise kernel of its own."""
+    x = torch.randn(rows, 1, 4, 1, device=device)
+    x[..., 1, :] = float("nan")
+    flag = torch.tensor([[True]], device=device)
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(x)
+        t7 = fd.define_tensor([1, 1], contiguity=True, dtype=DataType.Bool)
+        le = fd.ops.le(t0, t0)
+        counts = fd.ops.silu(fd.ops.sum(le, [0, 3], keepdim=False, dtype=DataType.Float))
+        fd.add_output(fd.ops.where(fd.ops.where(le, True, le), counts, t7))
+    (out,) = run_kernels(fd, [x, flag])
+    r1 = x <= x
+    want = torch.where(torch.where(r1, True, r1), torch.nn.functional.silu(r1.sum([0, 3], dtype=torch.float32)), flag)
+    torch.testing.assert_close(out, want)
+    assert kernel_schedulers(fd) == ["reduction", "pointwise"]

@@ -120,3 +120,20 @@ def test_outer_var_mean_narrows_its_column_blocks_for_programs(kept: int) -> Non
     ref_var, ref_mean = torch.var_mean(x.float(), 0, correction=0)
     torch.testing.assert_close(mean_out, ref_mean)
     torch.testing.assert_close(var_out, ref_var)
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_a_var_mean_of_a_staged_var_mean(kernels: bool) -> None:
+    """The stages' outputs replace the first var_mean's in its consumers: a second var_mean reading it
+    is judged on the new tensor's memory order (a KeyError while compiling, CPU fuzz seed 2000530)."""
+    x = torch.randn(5, 3, 7)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        per_channel = fd.ops.var(t, [0, 2], 0, keepdim=False)
+        var, mean = fd.ops.var_mean(per_channel, [0], 1, keepdim=False)
+        fd.add_output(var)
+        fd.add_output(mean)
+    var, mean = execute_with_kernels(fd, [x]) if kernels else fd.execute([x])
+    want_var, want_mean = torch.var_mean(torch.var(x, [0, 2], correction=0), [0], correction=1)
+    torch.testing.assert_close(var, want_var)
+    torch.testing.assert_close(mean, want_mean)

@@ -74,7 +74,12 @@ class IdGraph:
         self._members: dict[int, list[IterDomain]] | None = None
         for expr in exprs:
             self._map_expr(expr)
+        concrete = {self._classes.find(k) for k, i in self._ids.items() if not i.is_broadcast}
+        #: broadcast IDs whose class has no other kind of member: never resolved against an axis of
+        #: another extent, so merging one changes no extent
+        self._unresolved = {k for k, i in self._ids.items() if i.is_broadcast and self._classes.find(k) not in concrete}
         if through_transforms:
+            self._forward(list(transforms.values()))
             self._propagate(list(transforms.values()))
 
     def _map_expr(self, expr: Expr) -> None:
@@ -87,6 +92,16 @@ class IdGraph:
         for other in outs[1:]:  # multi-output exprs (var_mean) iterate one space
             for a, b in zip(outs[0].get_logical_domain(), other.get_logical_domain(), strict=True):
                 self._classes.union(id(a), id(b))
+
+    def _forward(self, transforms: list[IdTransform]) -> None:
+        """A merge of an unresolved broadcast ID with another ID is that other ID (nvFuser's
+        forwarding): a tensor that lacks the broadcast (a squeeze's output) and splits the other ID
+        the same way iterates the same loops."""
+        for t in transforms:
+            if isinstance(t, Merge) and t.outer.is_broadcast != t.inner.is_broadcast:
+                broadcast, other = (t.outer, t.inner) if t.outer.is_broadcast else (t.inner, t.outer)
+                if id(broadcast) in self._unresolved:
+                    self._classes.union(id(t.out), id(other))
 
     def _propagate(self, transforms: list[IdTransform]) -> None:
         changed = True
@@ -102,6 +117,10 @@ class IdGraph:
                     changed |= self._classes.union(id(a), id(b))
 
     # --- queries -------------------------------------------------------------------------------
+    def forwards(self, i: IterDomain) -> bool:
+        """Whether a merge of ``i`` is forwarded to the ID it is merged with (see ``_forward``)."""
+        return id(i) in self._unresolved
+
     def mapped(self, a: IterDomain, b: IterDomain) -> bool:
         return self._classes.find(id(a)) == self._classes.find(id(b))
 
