@@ -32,7 +32,7 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.pointwise import flatten_in_memory_order, merge_range
-from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
 
 #: dtypes ``tl.atomic_add`` adds in exactly the arithmetic of ATen's accumulation
@@ -127,7 +127,7 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     return True, ""
 
 
-def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] = ()) -> ScatterParams:
+def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ScatterParams:
     ok, reason = can_schedule(fusion)
     if not ok:
         raise ValueError(f"the scatter scheduler cannot schedule this fusion: {reason}")

@@ -237,10 +237,10 @@ def _embedding_dense_backward(ctx: LoweringContext, grad: Any, indices: Any, num
     rows = ctx.ops.reshape(indices, [-1])
     values = ctx.ops.reshape(grad, [-1, width])
     if values.dtype.torch_dtype != accumulate:
-        values = ctx.ops.cast(values, accumulate)
+        values = ctx.tensor(ctx.ops.cast(values, accumulate))
     if padding_idx >= 0:
-        kept = ctx.ops.broadcast(ctx.ops.ne(rows, padding_idx), [False, True])
-        values = ctx.ops.where(kept, values, 0.0)
+        kept = ctx.ops.broadcast(ctx.tensor(ctx.ops.ne(rows, padding_idx)), [False, True])
+        values = ctx.tensor(ctx.ops.where(kept, values, 0.0))
     table = ctx.ops.index_put_accumulate(ctx.ops.full([num_weights, width], 0.0, accumulate), rows, values)
     return table if ctx.meta.dtype == accumulate else ctx.ops.cast(table, ctx.meta.dtype)
 
