@@ -164,13 +164,16 @@ def test_index_check_waits_for_nothing() -> None:
     torch.testing.assert_close(out, weight[ids])
 
 
-@pytest.mark.parametrize("op", ["gather", "index_select", "embedding", "index_put_accumulate"])
+@pytest.mark.parametrize("op", ["gather", "index_select", "embedding", "index_put_accumulate",
+                                "index_put_accumulate_bf16"])
 def test_aten_indexing_kernels_are_their_own_index_check(op: str) -> None:
     """Where ATen's CUDA kernel asserts each index it reads (gather, index_select, embedding), pyfuser
-    adds no check of its own (it read the whole index tensor once more); CUDA's accumulating index_put
-    reads without one, so pyfuser asserts its indices."""
+    adds no check of its own (it read the whole index tensor once more), nor where the generated
+    scatter kernel asserts its indices (an accumulating index_put into float32); CUDA's accumulating
+    index_put reads without one (a bfloat16 table stays ATen's), so pyfuser asserts its indices."""
+    dtype = torch.bfloat16 if op.endswith("bf16") else torch.float32
     with FusionDefinition() as fd:
-        x = fd.define_tensor([-1, -1])
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16 if dtype == torch.bfloat16 else DataType.Float)
         idx = fd.define_tensor([-1, -1] if op == "gather" else [-1], dtype=DataType.Int)
         if op == "gather":
             out = fd.ops.gather(x, idx, 1)
@@ -179,17 +182,19 @@ def test_aten_indexing_kernels_are_their_own_index_check(op: str) -> None:
         elif op == "embedding":
             out = fd.ops.embedding_fwd(idx, x)
         else:
-            values = fd.define_tensor([-1, -1])
+            values = fd.define_tensor([-1, -1], dtype=DataType.BFloat16 if dtype == torch.bfloat16 else DataType.Float)
             out = fd.ops.index_put_accumulate(x, idx, values)
         fd.add_output(out)
-    x0 = torch.randn(6, 5, device="cuda")
+    x0 = torch.randn(6, 5, device="cuda", dtype=dtype)
     idx0 = torch.tensor([[0, 4], [3, 1], [2, 2], [4, 0], [1, 1], [0, 3]] if op == "gather" else [5, 0, 3], device="cuda")
-    inputs = [x0, idx0] + ([torch.randn(3, 5, device="cuda")] if op == "index_put_accumulate" else [])
+    inputs = [x0, idx0] + ([torch.randn(3, 5, device="cuda", dtype=dtype)] if op.startswith("index_put") else [])
     fd.execute(inputs)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fd.execute(inputs)
+        got = fd.execute(inputs)[0]
     asserts = [e.name for e in prof.events() if e.name.startswith("aten::_assert_async")]
-    assert bool(asserts) == (op == "index_put_accumulate"), asserts
+    assert bool(asserts) == (op == "index_put_accumulate_bf16"), asserts
+    if op.startswith("index_put"):
+        torch.testing.assert_close(got, x0.index_put((idx0,), inputs[2], accumulate=True))
 
 
 def test_index_out_of_range_is_a_device_assert(tmp_path: pathlib.Path) -> None:
