@@ -209,14 +209,12 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
             lo = _normalize_index(first, i.extent)
             hi = _normalize_index(last, i.extent)
             ranges.append((lo, hi if lo.value == 0 else sym_max(lo, hi), step))
-        ids: list[IterDomain] = []
-        for i, (lo, hi, step) in zip(in_ids, ranges, strict=True):
+        resized: dict[int, SymExpr] = {}
+        for d, (i, (lo, hi, step)) in enumerate(zip(in_ids, ranges, strict=True)):
             extent = ceil_div(hi - lo, step)
-            if extent == i.extent:
-                ids.append(clone_id(self, i))
-            else:
-                ids.append(_resized_id(self, extent))
-        out = self._new_tv(ids, tv.dtype)
+            if extent != i.extent:
+                resized[d] = extent
+        out = self._new_tv(_resized_ids(self, in_ids, resized), tv.dtype)
         SliceOp(self._fusion, out, tv, ranges, given)
         return out
 
@@ -274,9 +272,8 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
                 raise ValueError(f"pad: {tv.short_name} axis {d} has extent {in_ids[d].extent}; pad widths "
                                  f"{left}, {right} would crop {-cropped.value} elements more than it has")
             padded[d] = extent
-        ids = [_resized_id(self, padded[d]) if d in padded else clone_id(self, i) for d, i in enumerate(in_ids)]
         fill = self._val(0 if value is None else value, "pad value")
-        out = self._new_tv(ids, tv.dtype)
+        out = self._new_tv(_resized_ids(self, in_ids, padded), tv.dtype)
         PadOp(self._fusion, out, tv, widths, fill)  # type: ignore[arg-type]
         return out
 
@@ -322,10 +319,16 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
 
 
 # --- helpers -------------------------------------------------------------------------------------
-def _resized_id(ops: OpsBase, extent: SymExpr) -> IterDomain:
-    """A sliced or padded axis: a broadcast when its extent is the constant 1, as nvFuser's resize
-    makes it, so it broadcasts against other operands and reducing it is a squeeze."""
-    return ops._id(1, IterType.Broadcast) if extent.value == 1 else ops._id(extent)
+def _resized_ids(ops: OpsBase, in_ids: Sequence[IterDomain], resized: dict[int, SymExpr]) -> list[IterDomain]:
+    """The axes of a slice's or pad's output (``resized``: the new extent of each resized axis). A
+    resized axis of the constant extent 1 is a broadcast, as nvFuser's resize makes it, so it
+    broadcasts against other operands and reducing it is a squeeze; unless no axis would be left
+    to iterate (a result of one element): the kernel writing it keeps one."""
+    ones = {d for d, extent in resized.items() if extent.value == 1}
+    if ones and all(d in ones or i.is_broadcast for d, i in enumerate(in_ids)):
+        ones = set()
+    return [ops._id(1, IterType.Broadcast) if d in ones else ops._id(resized[d]) if d in resized
+            else clone_id(ops, i) for d, i in enumerate(in_ids)]
 
 
 def _sum(extents: list[SymExpr]) -> SymExpr:

@@ -235,3 +235,17 @@ def test_a_slice_to_one_element_of_a_computed_value_stays_in_its_kernel(device: 
     p = x.float() * 2
     torch.testing.assert_close(out, torch.diff(p, prepend=p[:, :1] - 1, dim=-1) + bias)
     assert kernel_schedulers(fd) == ["pointwise"]
+
+
+@pytest.mark.parametrize("crop", ["pad", "slice"])
+def test_a_slice_or_pad_to_one_element_of_a_vector_is_computed(crop: str, device: str, run_kernels) -> None:
+    """A 1-D value cropped to one element (fuzz seed 5500: a reshape, an add, ``pad(..., [0, -1])``):
+    the kernel writes the element torch gives, not the pad value or an unread zero (no axis of the
+    result is left a broadcast with nothing to iterate)."""
+    x = torch.randn(1, 2, device=device)
+    with FusionDefinition() as fd:
+        t = fd.ops.add(fd.ops.reshape(fd.from_pytorch(x), [2]), 0.5)
+        fd.add_output(fd.ops.pad(t, [0, -1], -2.0) if crop == "pad" else fd.ops.slice(t, [1], [2]))
+    (got,) = run_kernels(fd, [x])
+    want = x.reshape(2) + 0.5
+    torch.testing.assert_close(got, want[:1] if crop == "pad" else want[1:])

@@ -129,22 +129,18 @@ def _stream_loop_where(flag: Callable[[FusionDefinition, TensorView], TensorView
 
 @pytest.mark.parametrize("size", [0, 3])
 def test_stream_loop_over_extents_that_differ_at_run_time(size):
-    """A cat's static extent 1 (an iteration axis) maps to an input's symbolic one through a where,
-    both chunked by one stream loop: sizes other than 1 are an error naming the tensor, not an
-    output the loop leaves unwritten (found by the fuzzer: seed 247057, with a pad, returned shape
-    (1,) where torch gives (0,)). A pad to one element is a broadcast (nvFuser's resize) and
-    broadcasts against the loop's extent as torch's does."""
+    """A pad's or cat's static extent 1 (an iteration axis: a result of one element keeps one) maps to
+    an input's symbolic one through a where, both chunked by one stream loop: sizes other than 1 are
+    an error naming the tensor, not an output the loop leaves unwritten (found by the fuzzer: seed
+    247057, with a pad, returned shape (1,) where torch gives (0,))."""
     y = torch.ones(1)
-    for x in (torch.arange(size), torch.tensor([5])):
-        padded = _stream_loop_where(lambda fd, x: fd.ops.pad(fd.ops.slice(fd.ops.lt(2, x), [-1], [-1], [2]), [0, 1],
-                                                             1.5))
-        (result,) = padded.execute([x, y])
+    for one_element in (lambda fd, x: fd.ops.pad(fd.ops.slice(fd.ops.lt(2, x), [-1], [-1], [2]), [0, 1], 1.5),
+                        lambda fd, x: fd.ops.cat([fd.ops.full([1], True, DataType.Bool),
+                                                  fd.ops.full([0], False, DataType.Bool)], 0)):
+        fd = _stream_loop_where(one_element)
+        with pytest.raises(ValueError, match=r"axis 0 has size 1, but the stream loop over iStreamIdx\d+\{i0\} that "
+                                             rf"chunks it runs over {size}; they must be equal"):
+            fd.execute([torch.arange(size), y])
+        x = torch.tensor([5])  # sizes agree
+        (result,) = fd.execute([x, y])
         torch.testing.assert_close(result, torch.where(torch.tensor([True]), torch.maximum(x, y), y))
-    concatenated = _stream_loop_where(lambda fd, x: fd.ops.cat([fd.ops.full([1], True, DataType.Bool),
-                                                                fd.ops.full([0], False, DataType.Bool)], 0))
-    with pytest.raises(ValueError, match=r"axis 0 has size 1, but the stream loop over iStreamIdx\d+\{i0\} that chunks "
-                                         rf"it runs over {size}; they must be equal"):
-        concatenated.execute([torch.arange(size), y])
-    x = torch.tensor([5])  # sizes agree
-    (result,) = concatenated.execute([x, y])
-    torch.testing.assert_close(result, torch.where(torch.tensor([True]), torch.maximum(x, y), y))
