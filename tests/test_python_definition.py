@@ -239,19 +239,20 @@ def test_tensors_print_as_their_ir_names_in_nvfusers_order() -> None:
 def test_slices_print_normalized_and_trivial_sums_as_squeezes() -> None:
     """As nvFuser prints them: a slice's bounds normalized (negative ones counted from the end,
     clamped) with ``manual_normalization=True``; a sum of an axis sliced to one element (a
-    broadcast) is a squeeze. Bounds against a symbolic extent are printed as given, without the flag."""
+    broadcast, beside an axis left to iterate) is a squeeze. Bounds against a symbolic extent are printed
+    as given, without the flag."""
     def build(fd: FusionDefinition) -> None:
         x = fd.define_tensor([3, 8], dtype=DataType.BFloat16)
-        fd.add_output(fd.ops.sum(fd.ops.slice(x, [-1, 2], [3, -5]), [0]))
+        fd.add_output(fd.ops.sum(fd.ops.slice(x, [-1, 2], [3, -2]), [0]))
         fd.add_output(fd.ops.slice(fd.define_tensor([-1]), [1], [-1]))
 
     x, z = torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(6)
     text = check_round_trip(build, [x, z])
-    assert "tv1 = fd.ops.slice(tv0, start_indices=[2, 2], end_indices=[3, 3], strides=[1, 1], " \
+    assert "tv1 = fd.ops.slice(tv0, start_indices=[2, 2], end_indices=[3, 6], strides=[1, 1], " \
         "manual_normalization=True)\n    tv2 = fd.ops.squeeze(tv1, dims=[0])\n" in text
     assert "tv4 = fd.ops.slice(tv3, start_indices=[1], end_indices=[-1], strides=[1])\n" in text
     with FusionDefinition() as fd:
         build(fd)
     summed, sliced = fd.execute([x, z])
-    torch.testing.assert_close(summed, x[-1:3, 2:-5].sum(0))
+    torch.testing.assert_close(summed, x[-1:3, 2:-2].sum(0))
     torch.testing.assert_close(sliced, z[1:-1])

@@ -322,8 +322,9 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
 def _resized_ids(ops: OpsBase, in_ids: Sequence[IterDomain], resized: dict[int, SymExpr]) -> list[IterDomain]:
     """The axes of a slice's or pad's output (``resized``: the new extent of each resized axis). A
     resized axis of the constant extent 1 is a broadcast, as nvFuser's resize makes it, so it
-    broadcasts against other operands and reducing it is a squeeze; unless no axis would be left
-    to iterate (a result of one element): the kernel writing it keeps one."""
+    broadcasts against other operands and reducing it is a squeeze; unless no axis would be left to
+    iterate (a result of one element, which a kernel iterating nothing wrote wrong where the sliced
+    axes came from a reshape: fuzz seed 5500)."""
     ones = {d for d, extent in resized.items() if extent.value == 1}
     if ones and all(d in ones or i.is_broadcast for d, i in enumerate(in_ids)):
         ones = set()

@@ -237,15 +237,21 @@ def test_a_slice_to_one_element_of_a_computed_value_stays_in_its_kernel(device: 
     assert kernel_schedulers(fd) == ["pointwise"]
 
 
-@pytest.mark.parametrize("crop", ["pad", "slice"])
-def test_a_slice_or_pad_to_one_element_of_a_vector_is_computed(crop: str, device: str, run_kernels) -> None:
-    """A 1-D value cropped to one element (fuzz seed 5500: a reshape, an add, ``pad(..., [0, -1])``):
-    the kernel writes the element torch gives, not the pad value or an unread zero (no axis of the
-    result is left a broadcast with nothing to iterate)."""
-    x = torch.randn(1, 2, device=device)
+@pytest.mark.parametrize("crop", ["pad", "slice", "slice_2d"])
+def test_a_slice_or_pad_to_one_element_of_a_reshape_is_computed(crop: str, device: str, run_kernels) -> None:
+    """A reshaped value cropped to one element (fuzz seed 5500: a reshape, an add, ``pad(..., [0, -1])``;
+    a [6, 4] reshape sliced to [1, 1]): the kernel writes the element torch gives, not the pad value or
+    an unread zero (no axis of the result is left a broadcast with nothing to iterate)."""
+    x = torch.randn(2, 3, 4, device=device)
+    shape = [6, 4] if crop == "slice_2d" else [24]
     with FusionDefinition() as fd:
-        t = fd.ops.add(fd.ops.reshape(fd.from_pytorch(x), [2]), 0.5)
-        fd.add_output(fd.ops.pad(t, [0, -1], -2.0) if crop == "pad" else fd.ops.slice(t, [1], [2]))
+        t = fd.ops.add(fd.ops.reshape(fd.from_pytorch(x), shape), 0.5)
+        if crop == "pad":
+            fd.add_output(fd.ops.pad(t, [0, -23], -2.0))
+        elif crop == "slice":
+            fd.add_output(fd.ops.slice(t, [5], [6]))
+        else:
+            fd.add_output(fd.ops.slice(t, [5, 1], [6, 2]))
     (got,) = run_kernels(fd, [x])
-    want = x.reshape(2) + 0.5
-    torch.testing.assert_close(got, want[:1] if crop == "pad" else want[1:])
+    want = x.reshape(shape) + 0.5
+    torch.testing.assert_close(got, want[:1] if crop == "pad" else want[5:6] if crop == "slice" else want[5:6, 1:2])
