@@ -86,7 +86,7 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
     for p in partials:
         p.memory_type = MemoryType.Global  # type: ignore[attr-defined]
     independent = [memo[id(o)] for o in fusion.outputs() if not any(_depends_on(o, tv) for tv, _ in split)]
-    first.restrict(_used_inputs(first, [*partials, *independent]), [*partials, *independent])  # type: ignore[list-item]
+    first.restrict(first.inputs_read_by([*partials, *independent]), [*partials, *independent])
     parts = [KernelPart(first, _widest(first, partials[0]))]  # type: ignore[arg-type]
     rest = [o for o in fusion.outputs() if any(_depends_on(o, tv) for tv, _ in split)]
     owners = [[tv for tv, _ in split if _depends_on(o, tv)] for o in rest]
@@ -117,7 +117,7 @@ def _final_step(fusion: Fusion, outputs: list[Val], partials: list[TensorView],
     for p in mine:
         p.memory_type = MemoryType.Global  # type: ignore[attr-defined]
     outs = [memo[id(o)] for o in outputs]
-    second.restrict(_used_inputs(second, outs, stop=mine), outs)  # type: ignore[arg-type]
+    second.restrict(second.inputs_read_by(outs, mine), outs)
     reference = schedule(second, memo)
     return split_at_grid_reductions(second, reference, None)
 
@@ -187,23 +187,3 @@ def _depends_on(val: Val, tv: TensorView) -> bool:
         seen.add(id(v))
         stack.extend(v.definition.inputs)
     return False
-
-
-def _used_inputs(fusion: Fusion, outputs: list[Val], stop: list[TensorView] | None = None) -> list[Val]:
-    """The fusion inputs (and ``stop``: tensors computed by an earlier launch) ``outputs`` read."""
-    inputs = fusion.inputs()
-    stops = list(stop or ())
-    boundary = {id(v) for v in (*inputs, *stops)}
-    found: dict[int, Val] = {}
-    stack, seen = list(outputs), set()
-    while stack:
-        v = stack.pop()
-        if id(v) in seen:
-            continue
-        seen.add(id(v))
-        if id(v) in boundary:
-            found[id(v)] = v
-            continue
-        if v.definition is not None:
-            stack.extend(v.definition.inputs)
-    return [v for v in (*stops, *inputs) if id(v) in found]

@@ -59,54 +59,31 @@ def split_scatter(fusion: Fusion, op: IndexPutAccumulateOp, reference: TensorVie
     loop nest the scatter launch runs)."""
     acc = op.inputs[0]
     assert isinstance(acc, TensorView)
-    init = init_reference = None
-    if not any(acc is v for v in fusion.inputs()):
-        memo: dict[int, Any] = {}
-        init = fusion.clone(memo)
-        init_reference = memo[id(acc)]
-        assert isinstance(init_reference, TensorView)
-        init_reference.memory_type = MemoryType.Global
-        init.restrict(_inputs_of(init, [init_reference]), [init_reference])
-    memo2: dict[int, Any] = {}
-    second = fusion.clone(memo2)
-    buffer, out = memo2[id(acc)], memo2[id(op.output)]
+    init, init_reference = _launch_writing(fusion, acc)
+    memo: dict[int, Any] = {}
+    second = fusion.clone(memo)
+    buffer, out = memo[id(acc)], memo[id(op.output)]
     assert isinstance(buffer, TensorView) and isinstance(out, TensorView)
     buffer.memory_type = MemoryType.Global
-    second.restrict(_inputs_of(second, [out], buffer), [out])
-    scatter_reference = memo2.get(id(reference), reference)
+    second.restrict(second.inputs_read_by([out], [buffer]), [out])
+    scatter_reference = memo.get(id(reference), reference)
     assert isinstance(scatter_reference, TensorView)
-    values = values_reference = None
-    if not any(reference is v for v in fusion.inputs()):
-        memo3: dict[int, Any] = {}
-        values = fusion.clone(memo3)
-        values_reference = memo3[id(reference)]
-        assert isinstance(values_reference, TensorView)
-        values_reference.memory_type = MemoryType.Global
-        values.restrict(_inputs_of(values, [values_reference]), [values_reference])
+    values, values_reference = _launch_writing(fusion, reference)
     return ScatterParts(op, init, init_reference, second, scatter_reference, values, values_reference)
 
 
-def _inputs_of(fusion: Fusion, outputs: list[TensorView], first: TensorView | None = None) -> list[Any]:
-    """The fusion inputs ``outputs`` are computed from (``first``: a tensor that becomes the first
-    input, its definition dropped)."""
-    boundary = {id(v) for v in fusion.inputs()}
-    if first is not None:
-        boundary.add(id(first))
-    found: set[int] = set()
-    stack: list[Any] = list(outputs)
-    seen: set[int] = set()
-    while stack:
-        v = stack.pop()
-        if id(v) in seen:
-            continue
-        seen.add(id(v))
-        if id(v) in boundary:
-            found.add(id(v))
-            continue
-        if v.definition is not None:
-            stack.extend(v.definition.inputs)
-    rest = [v for v in fusion.inputs() if id(v) in found and v is not first]
-    return [first, *rest] if first is not None else rest
+def _launch_writing(fusion: Fusion, tv: TensorView) -> tuple[Fusion | None, TensorView | None]:
+    """A launch of its own computing ``tv`` into global memory (a copy of ``fusion`` restricted to it),
+    and ``tv`` in it; (None, None) where ``tv`` is a fusion input, which nothing computes."""
+    if any(tv is v for v in fusion.inputs()):
+        return None, None
+    memo: dict[int, Any] = {}
+    launch = fusion.clone(memo)
+    written = memo[id(tv)]
+    assert isinstance(written, TensorView)
+    written.memory_type = MemoryType.Global
+    launch.restrict(launch.inputs_read_by([written]), [written])
+    return launch, written
 
 
 def init_layouts(layouts: Layouts, parts: ScatterParts, out_name: int) -> Layouts:

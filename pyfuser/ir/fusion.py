@@ -67,6 +67,25 @@ class Fusion:
         self._output_aliases = {}  # the whole fusion's executor writes in-place outputs, not a segment
         self.mark_changed()
 
+    def inputs_read_by(self, outputs: Sequence[Val], stops: Sequence[Val] = ()) -> list[Val]:
+        """What ``outputs`` are computed from: ``stops`` (values a launch of a segment reads as given,
+        say an earlier launch's result), then the fusion inputs the walk back from ``outputs``
+        reaches, each once."""
+        boundary = {id(v) for v in (*self._inputs, *stops)}
+        found: set[int] = set()
+        stack, seen = list(outputs), set()
+        while stack:
+            v = stack.pop()
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            if id(v) in boundary:
+                found.add(id(v))
+            elif v.definition is not None:
+                stack.extend(v.definition.inputs)
+        stopped = {id(v) for v in stops}
+        return [*stops, *(v for v in self._inputs if id(v) in found and id(v) not in stopped)]
+
     # --- naming ------------------------------------------------------------------------------
     def next_name(self, kind: str) -> int:
         n = self._counters.get(kind, 0)
