@@ -41,7 +41,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from pyfuser.codegen.launcher import reinterpret_tensor
 from pyfuser.host_ir.specialization import Recording, Specializations
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
-from pyfuser.integrations.torch_compile.region import FusionRegion, static_tensor
+from pyfuser.integrations.torch_compile.region import FusionRegion, dynamic_signature, static_tensor
 from pyfuser.integrations.torch_compile.view_chains import CHAIN_OPS, ViewChain, viewed_operand
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
@@ -171,12 +171,6 @@ def _strides(args: list[Any]) -> list[Any]:
     return [a.stride() for a in args]
 
 
-def _dynamic_signature(args: list[Any]) -> list[Any]:
-    """The signature of a call of a graph of dynamic shapes: its tensors' sizes and strides, its
-    numbers' types and values."""
-    return [(a.shape, a.stride()) if isinstance(a, torch.Tensor) else (type(a), a) for a in args]
-
-
 @dataclass(slots=True)
 class Signature:
     """One input signature's state in a ``BoundGraph``: its calls run as compiled so far, then its
@@ -218,7 +212,7 @@ class BoundGraph:
         #: tensors' sizes and the numbers' values besides the strides (dynamo's guards do not fix them)
         self._dynamic = not all(static_tensor(v) for v in values)
         #: the call's arguments -> the list its signature is made of
-        self._signature_of: Callable[[list[Any]], list[Any]] = _dynamic_signature if self._dynamic else _strides
+        self._signature_of: Callable[[list[Any]], list[Any]] = dynamic_signature if self._dynamic else _strides
         #: per input signature: its warm-up calls, then its specialized copy or why it has none
         self.signatures: Specializations[Hashable, Signature] = Specializations()
         #: the latest call's signature, when it has a specialized copy: that copy's forward, the inputs'

@@ -52,14 +52,14 @@ def static_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and all(type(s) is int for s in (*value.shape, *value.stride()))
 
 
-def _signature(inputs: Sequence[Any]) -> tuple[Any, ...]:
-    """A call's signature in a region of dynamic shapes: each tensor's sizes and strides, each
-    scalar's type and value (a size symbol's value decides sizes the bound program has fixed)."""
-    return tuple([(t.shape, t.stride()) if isinstance(t, torch.Tensor) else (type(t), t) for t in inputs])
+def dynamic_signature(values: Sequence[Any]) -> list[Any]:
+    """A call's signature where sizes are symbolic (a region's, a graph's): each tensor's sizes and
+    strides, each number's type and value (a size symbol's value decides sizes a bound program fixed)."""
+    return [(t.shape, t.stride()) if isinstance(t, torch.Tensor) else (type(t), t) for t in values]
 
 
 def _recorded_signature(arguments: Sequence[Seen | Any]) -> tuple[Any, ...] | None:
-    """``_signature`` of a recorded call (a tensor's ``Seen``, a scalar's value); None where an argument
+    """``dynamic_signature`` of a recorded call (a tensor's ``Seen``, a scalar's value); None where an argument
     is neither (a tensor the recording has no geometry of)."""
     key: list[Any] = []
     for a in arguments:
@@ -142,7 +142,7 @@ class FusionRegion:
         signature, lookup and binding, looking its binding up by the strides."""
         bindings = self._bound
         if bindings:
-            bound = bindings.get(tuple([t.stride() for t in inputs]) if self._static_shapes else _signature(inputs))
+            bound = bindings.get(self._signature(inputs))
             if bound is not None:
                 return bound.run(inputs)
         outputs = self.fec.run(inputs, device=self.device, enable_options=self._enable, disable_options=self._disable)
@@ -152,8 +152,13 @@ class FusionRegion:
             if bound is None:  # a fusion with work of its own on every call (outputs written into inputs)
                 self._binds = False  # is not asked again
             else:
-                bindings.record(tuple([t.stride() for t in inputs]) if self._static_shapes else _signature(inputs), bound)
+                bindings.record(self._signature(inputs), bound)
         return outputs
+
+    def _signature(self, inputs: list[Any]) -> tuple[Any, ...]:
+        """The bindings' key of a call: its inputs' strides (static shapes: dynamo's guards fix the
+        rest), else ``dynamic_signature``."""
+        return tuple([t.stride() for t in inputs]) if self._static_shapes else tuple(dynamic_signature(inputs))
 
     def _dtype_casts(self, inputs: Sequence[Any]) -> tuple[tuple[int, torch.dtype], ...]:
         """The fusion inputs whose value has another dtype than the graph was traced with, each with the

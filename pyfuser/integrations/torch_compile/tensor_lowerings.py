@@ -12,6 +12,7 @@ from pyfuser.integrations.torch_compile.lowering import (
     Lowering,
     LoweringContext,
     OpClass,
+    arg,
     device_arg,
     meta_of,
     swapped_dims,
@@ -247,7 +248,7 @@ def _embedding_dense_backward(ctx: LoweringContext, grad: Any, indices: Any, num
 
 def _check_embedding_dense_backward(node: Node) -> str | None:
     grad = meta_of(node.args[0])
-    if node.args[4] if len(node.args) > 4 else node.kwargs.get("scale_grad_by_freq", False):
+    if arg(node, 4, "scale_grad_by_freq", False):
         return "embedding_dense_backward scaled by frequency (ATen counts the indices)"
     if torch.are_deterministic_algorithms_enabled():
         return "embedding_dense_backward with deterministic algorithms on (ATen's sorted sum; atomics are not)"
