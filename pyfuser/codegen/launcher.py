@@ -100,14 +100,21 @@ class DirectLaunches:
         if self.interpreted:
             self._interpret(grid, params, None)
             return
-        try:
-            compiled = self.fn[grid](*params, num_warps=self.num_warps, **self.options)
-        except Exception as e:  # a variant's first launch: Triton compiles it
-            raise KernelLaunchError(self.name, self.source, e) from e
-        if self.direct and callable(getattr(compiled, "__getitem__", None)) and hasattr(compiled, "run"):
-            self.variants[(device, key)] = _static_launch(compiled) or _triton_launch(compiled)
-        else:  # a Triton without a compiled kernel's runner: always dispatch through it
+        if not self.direct or not callable(getattr(self.fn, "warmup", None)):
+            # a Triton without compile-only warm-up: it compiles and launches in one call
             self.direct = False
+            try:
+                self.fn[grid](*params, num_warps=self.num_warps, **self.options)
+            except Exception as e:
+                raise KernelLaunchError(self.name, self.source, e) from e
+            return
+        try:  # a variant's first launch: Triton compiles it (without launching)
+            compiled = self.fn.warmup(*params, grid=grid, num_warps=self.num_warps, **self.options)
+            run = _static_launch(compiled, device) or _triton_launch(compiled)
+            run(grid, params, raw_stream(device))
+        except Exception as e:
+            raise KernelLaunchError(self.name, self.source, e) from e
+        self.variants[(device, key)] = run
 
     def variant(self, key: tuple[Any, ...] | None, device: int) -> VariantLaunch | None:
         """``launch(grid, params, stream)`` of the variant ``key`` selects, launched before (None where
@@ -149,15 +156,17 @@ class StaticLaunch:
     scratch: int
 
 
-def _static_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any], None] | None:
+def _static_launch(compiled: Any, device: int) -> Callable[[tuple[int, ...], list[Any], Any], None] | None:
     """A compiled variant launched by torch's static CUDA launcher (Inductor's: the driver call in
     C++, no Python launcher in between; 4.4 vs 8.0 us per launch on the H200's host), or None where
     it does not apply: no such launcher in this torch, launch hooks set (a profiler's, e.g. Proton:
     hooks set after a variant's first launch are not called for it), scratch memory, clusters,
     cooperative launches, or an argument type it does not know.
 
-    It takes the arguments the compiled kernel keeps (Triton drops constexprs and the integers it
-    specialized to 1) and a None per scratch parameter the kernel declares."""
+    The cubin is loaded by torch's launcher too, so Triton never builds its own C launcher for the
+    variant (a host compiler run of ~0.3 s per kernel signature on a cold cache: a third of a
+    model's first call). It takes the arguments the compiled kernel keeps (Triton drops constexprs
+    and the integers it specialized to 1) and a None per scratch parameter the kernel declares."""
     launcher = getattr(torch._C, "_StaticCudaLauncher", None)
     # Loaded already: Triton has just compiled the variant (a Triton without it: hooks unknown).
     knobs = sys.modules.get("triton.knobs")
@@ -186,9 +195,11 @@ def _static_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any],
                 if getattr(metadata, size):
                     return None
                 scratch, types = (*scratch, None), types + "O"
-        compiled._init_handles()
-        function, warps, shared = compiled.function, metadata.num_warps, metadata.shared
-    except (AttributeError, KeyError, ValueError, TypeError):
+        warps, shared = metadata.num_warps, metadata.shared
+        function = _load_cubin(launcher, compiled, device)
+    except (AttributeError, KeyError, ValueError, TypeError, OSError):
+        return None
+    if function is None:
         return None
     pick = operator.itemgetter(*kept) if len(kept) > 1 else (lambda p: (p[kept[0]],)) if kept else (lambda p: ())
     call = launcher._launch_kernel
@@ -199,6 +210,22 @@ def _static_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any],
     #: what a bound launch writes as one call of its own (``BoundLaunch.write``)
     run.static = StaticLaunch(call, function, warps, shared, types, tuple(kept), len(scratch))  # type: ignore[attr-defined]
     return run
+
+
+def _load_cubin(launcher: Any, compiled: Any, device: int) -> Any:
+    """The CUDA function of a compiled variant, loaded from its cubin in Triton's cache by torch's static
+    launcher (None where the cache holds no cubin); a kernel asking for more shared memory than the
+    device has is refused as Triton refuses it."""
+    paths = [p for name, p in getattr(compiled, "metadata_group", {}).items() if name.endswith(".cubin")]
+    if not paths:
+        return None
+    shared = compiled.metadata.shared
+    available = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    if shared > available:
+        raise ValueError(f"the kernel needs {shared} bytes of shared memory; the device has {available}")
+    loaded = launcher._load_kernel(paths[0], compiled.metadata.name, shared, device)
+    # (module, function, registers, spills) in newer torch, (function, registers, spills) before
+    return loaded[1] if len(loaded) == 4 else loaded[0]
 
 
 def _dense_stride_exprs(shape: str, rank: int, perm: Sequence[int]) -> str:
