@@ -27,7 +27,8 @@ class _Compiled:
 
 
 class _JitFunction:
-    """Stands in for a ``triton.jit`` function: dispatch through it compiles (logs) and returns the kernel."""
+    """Stands in for a ``triton.jit`` function of a Triton without compile-only warm-up: dispatch through
+    it compiles (logs) and launches."""
 
     def __init__(self) -> None:
         self.log: list[str] = []
@@ -39,7 +40,15 @@ class _JitFunction:
         return call
 
 
-def test_variants_by_specialization_then_direct_launches() -> None:
+class _WarmupJitFunction(_JitFunction):
+    """A ``triton.jit`` function whose ``warmup`` compiles (logs) without launching."""
+
+    def warmup(self, *params: Any, grid: tuple[int, ...], num_warps: int) -> _Compiled:
+        self.log.append(f"compile {grid}")
+        return _Compiled(self.log)
+
+
+def _launcher_run(fn: _JitFunction) -> Any:
     with FusionDefinition() as fd:
         fd.add_output(fd.ops.exp(fd.define_tensor([-1, -1])))
     fusion = fd.fusion
@@ -52,19 +61,34 @@ def test_variants_by_specialization_then_direct_launches() -> None:
     parallelize_like(out)
     source = KernelBuilder(fusion, "k", "cuda", {}, out).build()
     code, namespace = launcher_source(source, direct=True)
-    fn = _JitFunction()
     namespace["fn"] = fn
     launches = namespace["launches"] = DirectLaunches(fn, 4, source.name, source.source)
     namespace["variants"] = launches.variants
     exec(compile(code, "<launcher>", "exec"), namespace)
-    run = namespace["run"]
+    return namespace["run"]
+
+
+def test_each_variant_compiles_once_then_launches_directly() -> None:
+    """The first launch of a variant compiles it without launching, then launches it as every later
+    call does (no Triton dispatch, so no C launcher of Triton's is built)."""
+    fn = _WarmupJitFunction()
+    run = _launcher_run(fn)
     ctx = EvalContext(device=torch.device("cpu"))
-    x = torch.randn(64, 33)
-    run(ctx, x)
-    run(ctx, x)
+    run(ctx, torch.randn(64, 33))
+    run(ctx, torch.randn(64, 33))
     run(ctx, torch.randn(64, 32))  # a size now a multiple of 16: another variant
     run(ctx, torch.randn(64, 34)[:, 1:])  # an unaligned tensor (and a stride of 34): another variant
-    assert fn.log == ["dispatch (17, 1, 1)", "direct (17, 1, 1)", "dispatch (16, 1, 1)", "dispatch (17, 1, 1)"]
+    assert fn.log == ["compile (17, 1, 1)", "direct (17, 1, 1)", "direct (17, 1, 1)", "compile (16, 1, 1)",
+                      "direct (16, 1, 1)", "compile (17, 1, 1)", "direct (17, 1, 1)"]
+
+
+def test_a_triton_without_warmup_dispatches_every_launch() -> None:
+    fn = _JitFunction()
+    run = _launcher_run(fn)
+    ctx = EvalContext(device=torch.device("cpu"))
+    run(ctx, torch.randn(64, 33))
+    run(ctx, torch.randn(64, 33))
+    assert fn.log == ["dispatch (17, 1, 1)", "dispatch (17, 1, 1)"]
 
 
 class _RefusingJitFunction:
@@ -76,8 +100,14 @@ class _RefusingJitFunction:
         return call
 
 
-def test_a_refused_variant_names_the_kernel_and_carries_its_source() -> None:
-    launches = DirectLaunches(_RefusingJitFunction(), 4, "pointwise_kernel", "def pointwise_kernel(T0, T1): ...")
+class _RefusingWarmupJitFunction(_RefusingJitFunction):
+    def warmup(self, *params: Any, grid: tuple[int, ...], num_warps: int) -> None:
+        raise ValueError("Pointer argument (at 1) cannot be accessed from Triton (cpu tensor?)")
+
+
+@pytest.mark.parametrize("fn", [_RefusingJitFunction(), _RefusingWarmupJitFunction()], ids=["dispatch", "warmup"])
+def test_a_refused_variant_names_the_kernel_and_carries_its_source(fn: _RefusingJitFunction) -> None:
+    launches = DirectLaunches(fn, 4, "pointwise_kernel", "def pointwise_kernel(T0, T1): ...")
     with pytest.raises(KernelLaunchError, match=r"generated kernel pointwise_kernel failed to compile or launch: "
                                                 r"ValueError: Pointer argument \(at 1\)") as caught:
         launches.launch(("key",), (1, 1, 1), [torch.zeros(1)], 0)
