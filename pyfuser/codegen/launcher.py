@@ -220,7 +220,8 @@ def _load_cubin(launcher: Any, compiled: Any, device: int) -> Any:
     if not paths:
         return None
     shared = compiled.metadata.shared
-    available = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    properties = torch.cuda.get_device_properties(device)
+    available = properties.shared_memory_per_block_optin  # type: ignore[attr-defined]  # not in torch's stubs
     if shared > available:
         raise ValueError(f"the kernel needs {shared} bytes of shared memory; the device has {available}")
     loaded = launcher._load_kernel(paths[0], compiled.metadata.name, shared, device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -251,7 +252,7 @@ class FusionDefinition:
         if isinstance(tv, Scalar) and tv.fusion is self._fusion:
             if stride_order not in (None, [], ()):
                 raise ValueError(f"add_output: scalar {tv} is returned as a 0-dim tensor; its stride_order must be "
-                                 f"empty, got {list(stride_order)}")  # type: ignore[arg-type]
+                                 f"empty, got {list(stride_order)}")
             tv = self._ops.full([], tv, tv.dtype)
             stride_order = None
         if isinstance(tv, TensorView) and tv.fusion is not self._fusion:
@@ -270,7 +271,7 @@ class FusionDefinition:
                                  f"tensor cannot also be required in stride_order {list(stride_order)} (add_output "
                                  f"fd.ops.set({tv.short_name}) for a second layout)")
         self._fusion.add_output(tv)
-        if stride_order is not None:
+        if isinstance(tv, TensorView) and stride_order is not None:
             self._fusion.set_output_stride_order(tv, stride_order)
 
     # --- execution ---------------------------------------------------------------------------------
@@ -336,7 +337,7 @@ class FusionDefinition:
             rtol, atol = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
                           torch.float32: (1.3e-6, 1e-5)}.get(out.dtype, (1e-7, 1e-7))
             torch.testing.assert_close(out, ref.to(out.dtype), rtol=rtol * widen, atol=atol * widen,
-                                       msg=lambda m, k=k: f"output {k}: {m}")
+                                       msg=functools.partial(_output_mismatch, k))
         return outputs
 
     def last_scheduled_fusion_ir(self) -> str:
@@ -453,3 +454,7 @@ def _check_scalar_value(value: Any, dtype: DataType) -> None:
     if not same:
         raise ValueError(f"define_scalar: {value!r} is not a {dtype} value (it would become {converted!r})"
                          if converted is not None else f"define_scalar: {value!r} is not a {dtype} value")
+
+
+def _output_mismatch(k: int, message: str) -> str:
+    return f"output {k}: {message}"

@@ -44,7 +44,7 @@ class IndexingOps(OpsBase):
         tv, idx = self._tv(arg, "index_select arg"), self._tv(index, "index_select index")
         _check_index_dtype("index_select", idx)
         if idx.ndim == 0:
-            idx = self.broadcast(idx, [True])  # type: ignore[attr-defined]
+            idx = self.broadcast(idx, [True])
         _check_rank("index_select", idx, 1, "index_select takes a 1-D or 0-dim index")
         axis = normalize_axis(dim, tv.ndim, tv, "index_select dim")
         ids = [clone_id(self, i) for i in tv.get_logical_domain(no_reductions=True)]
@@ -63,7 +63,7 @@ class IndexingOps(OpsBase):
             raise TypeError(f"select: index must be an int or an integer scalar, got tensor {position.short_name}")
         _check_index_dtype("select", position)
         extent = _static_extent(tv.get_logical_domain(no_reductions=True)[axis])
-        if isinstance(position, Scalar) and position.is_const and extent is not None \
+        if isinstance(position, Scalar) and position.is_const and extent is not None and position.value is not None \
                 and not -extent <= position.value < extent:
             raise ValueError(f"select: index {position.value} is out of range for {tv.short_name} axis {axis} of "
                              f"size {extent} (valid: {-extent}..{extent - 1})")

@@ -263,7 +263,7 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
         padded: dict[int, SymExpr] = {}
         for k in range(0, len(widths), 2):
             d = rank - 1 - k // 2
-            left, right = widths[k], widths[k + 1]  # type: ignore[assignment]
+            left, right = widths[k], widths[k + 1]
             if left.value == 0 and right.value == 0:  # type: ignore[union-attr]
                 continue
             extent = in_ids[d].extent + left + right  # type: ignore[operator]
@@ -291,15 +291,16 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
     def full(self, shape: Sequence[SizeLike], fill_value: Operand, dtype: DataType | torch.dtype) -> TensorView:
         dt = as_data_type(dtype)
         extents = [self._size(s, f"full shape[{k}]") for k, s in enumerate(shape)]
+        assert all(e is not None for e in extents)  # -1 placeholders are refused
         fill = self._val(fill_value, "full fill_value")
         if isinstance(fill, TensorView):
             raise TypeError(f"full: fill_value must be a number or a scalar, got tensor {fill.short_name}")
-        if isinstance(fill, Scalar) and fill.is_const:
+        if isinstance(fill, Scalar) and fill.is_const and fill.value is not None:
             try:  # a constant torch cannot store (1e5 as half, a complex as float) fails now, not at execution
                 torch.full((1,), fill.value, dtype=dt.torch_dtype)
             except RuntimeError as e:
                 raise ValueError(f"full: fill_value {fill_value!r} cannot be stored as {dt}: {e}") from None
-        ids = [self._id(1, IterType.Broadcast) if e.value == 1 else self._id(e) for e in extents]  # type: ignore[union-attr]
+        ids = [self._id(1, IterType.Broadcast) if e.value == 1 else self._id(e) for e in extents if e is not None]
         out = self._new_tv(ids, dt)
         FullOp(self._fusion, out, fill)
         return out

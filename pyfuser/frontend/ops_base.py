@@ -7,11 +7,16 @@ from typing import TYPE_CHECKING, Any
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType, check_scalar_in_range, data_type_of_python
 from pyfuser.ir.iter_domain import IterDomain, IterType
+from pyfuser.ir.ops.shape import BroadcastOp
 from pyfuser.ir.symbolic import SymExpr, as_sym
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import torch
+
     from pyfuser.ir.fusion import Fusion
 
 Operand = TensorView | Scalar | int | float | bool | complex
@@ -29,6 +34,13 @@ class OpsBase:
         #: (tensor name, rank) -> the broadcast inserted to bring that tensor to that rank, reused so
         #: ``x + b`` and ``x - b`` do not broadcast ``b`` twice.
         self._rank_broadcasts: dict[tuple[int, int], TensorView] = {}
+
+    if TYPE_CHECKING:  # ops of other groups that shared helpers build on (``Ops`` joins the groups)
+        def broadcast(self, x: TensorView, is_broadcast_dim: Sequence[bool]) -> TensorView: ...
+
+        def squeeze(self, x: TensorView, dims: Sequence[int] | int, squeeze_expanded: bool = False) -> TensorView: ...
+
+        def cast(self, x: Operand, dtype: DataType | torch.dtype) -> PointwiseResult: ...
 
     # --- operand handling ------------------------------------------------------------------
     def _check_operand(self, x: Any, what: str) -> None:
@@ -98,7 +110,9 @@ class OpsBase:
         key = (tv.name, rank)
         if key not in self._rank_broadcasts:
             bcast = self.broadcast(tv, [True] * missing + [False] * tv.ndim)
-            bcast.definition.implicit = True
+            definition = bcast.definition
+            assert isinstance(definition, BroadcastOp)  # axes were added
+            definition.implicit = True
             self._rank_broadcasts[key] = bcast
         return self._rank_broadcasts[key]
 

@@ -33,10 +33,10 @@ class RandomOps(OpsBase):
             raise ValueError(f"{op}: rng_seed and rng_offset go together (got only "
                              f"{'rng_seed' if rng_offset is None else 'rng_offset'})")
         seeds: list[Val] = []
-        for what, x in (("rng_seed", rng_seed), ("rng_offset", rng_offset)):
-            if x is None:
+        for what, given in (("rng_seed", rng_seed), ("rng_offset", rng_offset)):
+            if given is None:
                 continue
-            val = self._val(x, f"{op} {what}")
+            val = self._val(given, f"{op} {what}")
             if isinstance(val, TensorView) or not val.dtype.is_integral:
                 raise TypeError(f"{op}: {what} must be an int or an integer scalar, got {val}")
             seeds.append(val)

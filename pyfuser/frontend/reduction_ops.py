@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -16,7 +16,8 @@ from pyfuser.ir.ops.promotion import result_dtype
 from pyfuser.ir.tensor_view import TensorView
 
 #: What torch's reduction computes for a dtype probe (``mean`` keeps its input's dtype).
-_DTYPE_PROBES = {ReductionOpType.sum: torch.sum, ReductionOpType.prod: torch.prod, ReductionOpType.max: torch.amax,
+_DTYPE_PROBES: dict[ReductionOpType, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    ReductionOpType.sum: torch.sum, ReductionOpType.prod: torch.prod, ReductionOpType.max: torch.amax,
                  ReductionOpType.min: torch.amin}
 
 
@@ -35,7 +36,7 @@ class ReductionOps(PointwiseOps):
             # Reducing a size-1 broadcast axis is squeezing it (nvFuser's trivial reductions): the
             # reduction then iterates real axes only, as another reduction of the same tensor does
             # (a norm's weight gradient, summed over batch and rows, beside its per-row sum).
-            squeezed = self.squeeze(tv, trivial)  # type: ignore[attr-defined]
+            squeezed = self.squeeze(tv, trivial)
             rest = [d - sum(t < d for t in trivial) for d in axes if d not in trivial]
             out = self._reduce(kind, squeezed, rest, False, dtype)
             return self._keepdim(out, axes, tv.ndim) if keepdim else out
@@ -53,8 +54,9 @@ class ReductionOps(PointwiseOps):
         if trivial:
             # Every reduced axis is a size-1 broadcast: the result is the input in the result's dtype,
             # squeezed (nvFuser builds the same cast and squeeze, and prints it so).
-            cast = self.cast(tv, out_dtype) if out_dtype != tv.dtype else tv  # type: ignore[attr-defined]
-            out = self.squeeze(cast, trivial)  # type: ignore[attr-defined]
+            cast = self.cast(tv, out_dtype) if out_dtype != tv.dtype else tv
+            assert isinstance(cast, TensorView)  # a cast of a tensor
+            out = self.squeeze(cast, trivial)
             return self._keepdim(out, axes, tv.ndim) if keepdim else out
         out = self._new_tv(_reduced_ids(self, tv, axes), out_dtype)
         ReductionOp(self._fusion, kind, out, tv, axes)
@@ -139,10 +141,10 @@ class ReductionOps(PointwiseOps):
 
     def _batch_ids(self, ta: TensorView, ia: list[IterDomain], tb: TensorView, ib: list[IterDomain]) -> list[IterDomain]:
         rank = max(len(ia), len(ib))
-        ia = [None] * (rank - len(ia)) + ia  # type: ignore[list-item,operator]
-        ib = [None] * (rank - len(ib)) + ib  # type: ignore[list-item,operator]
+        padded_a: list[IterDomain | None] = [*([None] * (rank - len(ia))), *ia]
+        padded_b: list[IterDomain | None] = [*([None] * (rank - len(ib))), *ib]
         ids = []
-        for x, y in zip(ia, ib, strict=True):
+        for x, y in zip(padded_a, padded_b, strict=True):
             live = [i for i in (x, y) if i is not None and not i.is_broadcast]
             if len(live) == 2 and live[0].extent.is_const and live[1].extent.is_const and live[0].extent != live[1].extent:
                 raise ValueError(f"matmul: batch axes of {ta.short_name} and {tb.short_name} have incompatible extents "

@@ -81,7 +81,7 @@ class ScanOps(OpsBase):
         ArgReductionOp(self._fusion, out, tv, axis, largest)
         if not keepdim:
             return out
-        return self.broadcast(out, [axis is None or d == axis for d in range(tv.ndim)])  # type: ignore[attr-defined]
+        return self.broadcast(out, [axis is None or d == axis for d in range(tv.ndim)])
 
     def argmax(self, arg: TensorView, dim: int | None = None, keepdim: bool = False) -> TensorView:
         """The index of the largest element along ``dim`` (of the flattened tensor when None)."""
