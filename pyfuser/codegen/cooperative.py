@@ -48,7 +48,8 @@ class _ProgramIds(ast.NodeTransformer):
         self.generic_visit(node)
         f = node.func
         if (isinstance(f, ast.Attribute) and f.attr == "program_id" and isinstance(f.value, ast.Name)
-                and f.value.id == "tl" and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)):
+                and f.value.id == "tl" and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, int)):
             return ast.Name(f"_pid{node.args[0].value}", ast.Load())
         return node
 

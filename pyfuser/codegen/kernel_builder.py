@@ -78,7 +78,7 @@ class Indices:
 class KernelBuilder(ValueLowering):
     def __init__(self, fusion: Fusion, name: str, target: str, layouts: Layouts,
                  reference: TensorView | None = None, loop_stages: int = 0, chunked: bool = False,
-                 evict_last: bool = True, partials: frozenset[str] = frozenset()) -> None:
+                 evict_last: bool = True, partials: frozenset[int] = frozenset()) -> None:
         """``chunked``: the kernel runs in a stream loop on chunks of its tensors, so an extent the
         fusion knows statically (an ``expand`` target) is not the extent of what it gets: extents
         come from the tensors, and static ones are checked against the whole tensors' sizes.

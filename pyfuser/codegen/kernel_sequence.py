@@ -88,7 +88,7 @@ def _deliver(results: list[torch.Tensor], out: Sequence[torch.Tensor] | None) ->
 
 
 #: Per (device, stream): the counter of the grid synchronizations of the kernels launched there.
-_COUNTERS: dict[tuple[str, int | None, int], torch.Tensor] = {}
+_COUNTERS: dict[tuple[str, int | None, Any], torch.Tensor] = {}
 _SM_COUNT: dict[int, int] = {}
 #: Cooperative launches by this process (tests count them).
 cooperative_launches = 0
@@ -220,11 +220,13 @@ class CooperativeSequence(KernelSequence):
         slots, steps = prepared
         device = slots[len(args)].device
         launch = self._launch(steps, device)
+        if launch is None:  # no variant to call directly
+            return [slots[s] for s in self._outputs], None
         entries: list[BoundParam] = []
         first_output = len(args)
         for (kernel, _, params), reads in zip(steps, self._reads, strict=True):
             step_entries = kernel.bound_params(reads, first_output, params)
-            if step_entries is None or launch is None:
+            if step_entries is None:
                 return [slots[s] for s in self._outputs], None
             entries += step_entries
             first_output += len(kernel.source.output_shapes)
