@@ -15,7 +15,12 @@ import torch.nn.functional as F
 
 from pyfuser.integrations.torch_compile import PyfuserBackend
 from pyfuser.integrations.torch_compile.backend import CompiledGraph
-from pyfuser.integrations.torch_compile.translator import ROW_MAJOR_OUTPUT
+from pyfuser.integrations.torch_compile.translator import (
+    ROW_MAJOR_OUTPUT,
+    RegionTranslator,
+    TranslatedRegion,
+    TranslationError,
+)
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -90,6 +95,49 @@ def test_transposed_residual_stream_matches_eager(dtype: torch.dtype, training: 
         assert all(n.startswith("inner_persistent_kernel") for n in norms), norms
         relaid = [n for g in backend.graphs for n in g.graph_module.graph.nodes if n.meta.get(ROW_MAJOR_OUTPUT)]
         assert relaid and all(n.meta["val"].is_contiguous() for n in relaid)
+
+
+def test_dynamic_batch_writes_the_stream_row_major() -> None:
+    """With a symbolic batch size the stream is relaid out too, and one compiled graph serves two
+    batch sizes."""
+    torch.manual_seed(0)
+    model = ConvEncoderBlock().eval()
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for batch in (3, 5):
+            features = torch.randn(batch, 6, 10)
+            got, want = compiled(features), model(features)
+            torch.testing.assert_close(got, want)
+            assert got.stride() == want.stride()
+    assert len(backend.graphs) == 1
+    norms = _normalizations(backend.graphs)
+    assert norms and all(n.startswith("inner_persistent_kernel") for n in norms), norms
+
+
+def test_failed_translation_keeps_eager_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should a region not translate again with the chosen layouts, every value keeps eager's layout
+    (its example value restored) and the regions translated before are used: results stay eager's."""
+    original = RegionTranslator.translate
+    calls: list[int] = []
+
+    def translate_once_per_region(self: RegionTranslator) -> TranslatedRegion:
+        if any(n.meta.get(ROW_MAJOR_OUTPUT) for n in (*self.inputs, *self.outputs)):
+            calls.append(1)
+            raise TranslationError(self.nodes[0], "refused for the test")
+        return original(self)
+
+    monkeypatch.setattr(RegionTranslator, "translate", translate_once_per_region)
+    torch.manual_seed(0)
+    model, features = ConvEncoderBlock().eval(), torch.randn(3, 6, 10)
+    backend = PyfuserBackend(triton_interpreter=True)
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend)(features)
+    torch.testing.assert_close(got, model(features))
+    assert calls
+    nodes = [n for g in backend.graphs for n in g.graph_module.graph.nodes]
+    assert not [n for n in nodes if n.meta.get(ROW_MAJOR_OUTPUT)]
+    assert any(n.meta["val"].stride() == (240, 1, 10) for n in nodes if isinstance(n.meta.get("val"), torch.Tensor))
 
 
 def test_value_an_eager_op_reads_keeps_eager_layout() -> None:
