@@ -6,7 +6,8 @@ matmul of the group reads them, as an operand its translation folds (``mm(x, w.t
 ``linear(x, w)``, reading ``w`` as laid out), and a group with nothing to fuse (only views, or only
 matmuls, which run as ATen calls in pyfuser too) stays in eager. Each group is translated; a node
 that fails to translate is refused and the graph grouped again (groups translated before are kept),
-so an unforeseen argument combination costs a region boundary, never an error. Each region then
+so an unforeseen argument combination costs a region boundary, never an error. The values regions
+pass only to other regions then take the layout those want (``boundary_layouts``). Each region then
 replaces its nodes: one ``call_function`` of the region and a ``getitem`` per value used outside it.
 """
 
@@ -21,6 +22,7 @@ from torch.fx import GraphModule, Node
 from torch.fx.node import map_arg
 from torch.fx.passes.tools_common import legalize_graph
 
+from pyfuser.integrations.torch_compile.boundary_layouts import row_major_boundaries
 from pyfuser.integrations.torch_compile.grouping import leading_views, propose_groups, trim_edges
 from pyfuser.integrations.torch_compile.lowering import RESHAPES, OpClass
 from pyfuser.integrations.torch_compile.region import FusionRegion
@@ -125,7 +127,26 @@ def plan_regions(gm: GraphModule) -> RegionPlan:
                     continue
             regions.append((members, translated))
         if not refused:
-            return RegionPlan(regions, _eager_reasons(gm, regions, reasons, dropped))
+            return RegionPlan(_with_boundary_layouts(regions), _eager_reasons(gm, regions, reasons, dropped))
+
+
+def _with_boundary_layouts(regions: list[tuple[list[Node], TranslatedRegion]]
+                           ) -> list[tuple[list[Node], TranslatedRegion]]:
+    """``regions`` with the values only regions read written in the layout those regions want
+    (``boundary_layouts``): the regions returning or reading one are translated again. Should one
+    not translate now (its translation read a layout), every value keeps eager's layout."""
+    before = {n: dict(n.meta) for _, t in regions for n in t.outputs}
+    relaid = set(row_major_boundaries(regions))
+    if not relaid:
+        return regions
+    try:
+        return [(nodes, RegionTranslator(nodes).translate()) if relaid.intersection((*t.inputs, *t.outputs))
+                else (nodes, t) for nodes, t in regions]
+    except TranslationError:
+        for node in relaid:
+            node.meta.clear()
+            node.meta.update(before[node])
+        return regions
 
 
 def _eager_reasons(gm: GraphModule, regions: list[tuple[list[Node], TranslatedRegion]],

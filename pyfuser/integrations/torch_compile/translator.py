@@ -5,8 +5,9 @@ Inputs come from the traced example values: a tensor is declared with its dtype,
 is dense, its contiguity and stride order (``from_pytorch``'s descriptor). A symbolic size passed as
 a number (a SymInt placeholder) becomes ``fd.ops.size`` of a tensor input that has that symbol as
 an axis, else an integer scalar input; SymFloat / SymBool inputs are scalar inputs. Each output is
-required in the layout torch's meta functions promised, so a later region or eager op sees the
-strides it was traced with.
+required in the layout its example value has, so a later region or eager op sees the strides it
+was traced with (torch's meta functions', or, for a value only regions read, the layout the
+partitioner chose for them: ``boundary_layouts``).
 
 Every translated value is checked against the node's traced value (dtype, rank, static sizes); a
 node that fails to translate raises ``TranslationError`` naming it, and the partitioner leaves it
@@ -33,6 +34,10 @@ from pyfuser.ir.base import Scalar
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.layout import is_dense, tensor_descriptor
 from pyfuser.ir.tensor_view import TensorView
+
+#: ``node.meta`` key of a value the partitioner chose to have written row-major (``boundary_layouts``):
+#: its region requires that order of the output even where the inferred one would differ
+ROW_MAJOR_OUTPUT = "pyfuser_row_major_output"
 
 
 class TranslationError(ValueError):
@@ -71,7 +76,8 @@ def _hint(size: Any) -> int | None:
     return int(hint) if hint is not None else None
 
 
-def _hints(sizes: Sequence[Any]) -> list[int] | None:
+def size_hints(sizes: Sequence[Any]) -> list[int] | None:
+    """Sizes (or strides) as ints, from their traced hints (None where one has none)."""
     values = [_hint(s) for s in sizes]
     return None if any(v is None for v in values) else values  # type: ignore[return-value]
 
@@ -163,7 +169,7 @@ class RegionTranslator:
             user = next(u for u in node.users if u in set(self.nodes))
             raise TranslationError(user, f"input {node.name} is on {meta.device} but the region computes on "
                                          f"{self.device}")
-        sizes, strides = _hints(meta.shape), _hints(meta.stride())
+        sizes, strides = size_hints(meta.shape), size_hints(meta.stride())
         shape = [s if isinstance(s, int) else -1 for s in meta.shape]
         dtype = DataType.from_torch(meta.dtype)
         is_cpu = meta.device.type == "cpu" and meta.dim() == 0 and self.device.type != "cpu"
@@ -216,7 +222,11 @@ class RegionTranslator:
                 slots.append(added[id(value)])
                 continue
             tv = self.fd.ops.set(value) if id(value) in inputs else value
-            self.fd.add_output(tv, stride_order=_required_order(node.meta["val"]))
+            meta = node.meta["val"]
+            order = _required_order(meta)
+            if order is None and node.meta.get(ROW_MAJOR_OUTPUT):
+                order = list(range(meta.dim() - 1, -1, -1))
+            self.fd.add_output(tv, stride_order=order)
             added[id(value)] = count
             slots.append(count)
             count += 1
@@ -247,7 +257,7 @@ def rederived_views(used_outside: Sequence[Node], members: set[Node]) -> list[No
 
 def _required_order(meta: torch.Tensor) -> list[int] | None:
     """The stride order torch's meta function gives a dense output (None: row-major or not dense)."""
-    sizes, strides = _hints(meta.shape), _hints(meta.stride())
+    sizes, strides = size_hints(meta.shape), size_hints(meta.stride())
     if meta.dim() < 2 or sizes is None or strides is None or not is_dense(sizes, strides):
         return None
     return tensor_descriptor(sizes, strides)[1]
