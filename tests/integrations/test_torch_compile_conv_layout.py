@@ -85,7 +85,8 @@ def _run(run: Callable[..., Any], x: torch.Tensor, training: bool) -> tuple[list
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_inference_convolutions_read_channels_last(dtype: torch.dtype) -> None:
     """Inference through generated kernels: both convolutions read channels-last inputs and weights, the
-    region between them writes channels-last, and the outputs have eager's values and strides."""
+    region between them writes channels-last in one kernel, and the outputs have eager's values and
+    strides."""
     model, x = _inputs(dtype)
     model.eval()
     backend = PyfuserBackend(triton_interpreter=True)
@@ -100,6 +101,15 @@ def test_inference_convolutions_read_channels_last(dtype: torch.dtype) -> None:
     seen = convolution_operands(backend)
     assert len(seen) == 4 and all(channels_last for _, channels_last in seen), seen
     (graph,) = backend.graphs
+    # each batch norm's per-channel scale (weight * rsqrt(var + eps), viewed as [1, C, 1, 1]) is computed
+    # inside the kernel that applies it, not written by a kernel of its own
+    # (a region's transpose kernels convert the next convolution's weight to channels-last)
+    norms = [r for r in graph.regions if any("(aten.rsqrt.default)" in n for n in r.nodes)]
+    assert len(norms) == 2
+    for region in norms:
+        summary = region.summary()
+        computing = [line for line in summary.splitlines() if " kernel " in line and "transpose_kernel" not in line]
+        assert len(computing) == 1 and "Reshape" not in summary, summary
     assert graph.layout is None
     convolutions = [n for n in graph.graph_module.graph.nodes if n.target is aten.convolution.default]
     assert len(convolutions) == 2
