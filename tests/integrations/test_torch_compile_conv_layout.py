@@ -12,7 +12,7 @@ import torch
 import torch._dynamo
 
 from pyfuser.integrations.torch_compile import PyfuserBackend
-from pyfuser.integrations.torch_compile.conv_layout import layout_refusal
+from pyfuser.integrations.torch_compile.conv_layout import layout_refusal, to_channels_last
 
 pytest.importorskip("transformers")
 
@@ -143,20 +143,25 @@ def test_training_convolutions_read_channels_last(dtype: torch.dtype) -> None:
     assert [g.layout for g in backend.graphs] == [None, None]
 
 
+def inference_graph(model: torch.nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+    """The ATen inference graph AOTAutograd makes of ``model`` (eval mode, no grad) called on ``x``."""
+    captured: list[torch.fx.GraphModule] = []
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        captured.append(gm)
+        return gm
+    torch._dynamo.reset()
+    backend = torch._dynamo.backends.common.aot_autograd(fw_compiler=compiler)
+    with torch.no_grad():
+        torch.compile(model.eval(), backend=backend)(x)
+    return captured[0]
+
+
 def test_rule() -> None:
     """Channels-last where convolutions gain: not when every convolution has at most 64 channels (unless
     forced), nor with a grouped convolution of several input channels per group, nor when turned off."""
     def graph(model: torch.nn.Module) -> torch.fx.GraphModule:
-        captured: list[torch.fx.GraphModule] = []
-
-        def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            captured.append(gm)
-            return gm
-        torch._dynamo.reset()
-        backend = torch._dynamo.backends.common.aot_autograd(fw_compiler=compiler)
-        with torch.no_grad():
-            torch.compile(model.eval(), backend=backend)(torch.randn(2, 3, 8, 8))
-        return captured[0]
+        return inference_graph(model, torch.randn(2, 3, 8, 8))
 
     assert layout_refusal(graph(ConvNet())) is None
     assert layout_refusal(graph(ConvNet()), force=False) == "channels_last=False"
@@ -222,3 +227,52 @@ def test_zoo_channels_last(name: str, dtype: torch.dtype, training: bool, genera
     seen = convolution_operands(backend)
     assert seen and all(channels_last for _, channels_last in seen), seen
     assert all(g.layout is None for g in backend.graphs)
+
+
+class FlattenNet(torch.nn.Module):
+    """A convolution whose output is flattened with ``view`` (which channels-last strides do not allow: the
+    view reads the activation converted back to NCHW) and also returned as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 80, 3, padding=1)
+        self.head = torch.nn.Linear(80 * 5 * 6, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.relu(self.conv(x))
+        return self.head(y.view(y.shape[0], -1)), y * 2
+
+
+def test_view_refused_by_channels_last_reads_traced_layout() -> None:
+    """float64 training step: the flattening view reads its operand converted back to its traced layout;
+    values and strides of outputs and gradients are eager's."""
+    torch.manual_seed(0)
+    model = FlattenNet().double()
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64, requires_grad=True)
+    backend = PyfuserBackend()
+    logits, y = torch.compile(model, backend=backend)(x)
+    (logits.sum() + y.square().sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    dx = x.grad.clone()  # type: ignore[union-attr]
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    want_logits, want_y = model(x)
+    (want_logits.sum() + want_y.square().sum()).backward()
+    for g, w in [(logits, want_logits), (y, want_y), (dx, x.grad),
+                 *((grads[n], p.grad) for n, p in model.named_parameters())]:
+        torch.testing.assert_close(g, w)
+        assert g.stride() == w.stride()  # type: ignore[union-attr]
+    assert [g.layout for g in backend.graphs] == [None, None]
+    seen = convolution_operands(backend)
+    assert seen and all(channels_last for _, channels_last in seen), seen
+    # in the ATen graph: the view reads the activation converted back; the returned activation is converted
+    # back; the convolution's output is channels-last
+    gm = inference_graph(FlattenNet().double(), x.detach())
+    assert to_channels_last(gm) is None
+    (view,) = [n for n in gm.graph.nodes if n.target is aten.view.default and n.args[0].meta["val"].dim() == 4]
+    assert view.args[0].target is aten._to_copy.default
+    assert view.args[0].kwargs["memory_format"] is torch.contiguous_format
+    (convolution,) = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    assert convolution.meta["val"].is_contiguous(memory_format=torch.channels_last)
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    assert all(v.meta["val"].is_contiguous() for v in output.args[0])
