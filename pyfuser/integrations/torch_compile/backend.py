@@ -21,7 +21,9 @@ Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` direc
   ``mode="reduce-overhead"`` turns it on too;
 * ``triton_interpreter`` (bool): run generated kernels through Triton's interpreter, so regions on
   CPU tensors run fused kernels (slow: for tests);
-* ``enable_options`` / ``disable_options`` (lists of names): any ``fd.execute`` option, for every region.
+* ``enable_options`` / ``disable_options`` (lists of names): any ``fd.execute`` option, for every region;
+* ``channels_last`` (bool or None): activations of graphs of convolutions channels-last (``conv_layout.py``):
+  None (the default) where its rule finds it pays, True wherever the graph's sizes are static, False never.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from torch.fx import GraphModule, Node
 
 from pyfuser.integrations.torch_compile.bound_graph import BoundGraph
 from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul, lower_collective_matmuls
+from pyfuser.integrations.torch_compile.conv_layout import to_channels_last
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
 from pyfuser.integrations.torch_compile.eager_methods import call_views_as_methods
@@ -52,7 +55,7 @@ from pyfuser.integrations.torch_compile.view_pairs import (
 )
 from pyfuser.options import DumpOption, check_options, dump
 
-_OPTION_NAMES = ("cuda_graph", "triton_interpreter", "enable_options", "disable_options")
+_OPTION_NAMES = ("cuda_graph", "triton_interpreter", "enable_options", "disable_options", "channels_last")
 
 
 @dataclass
@@ -70,13 +73,16 @@ class CompiledGraph:
     replay: GraphReplay | None = None
     #: what the backend hands AOTAutograd otherwise: the graph, specialized after its first calls
     bound: BoundGraph | None = None
+    #: why its activations kept their traced layouts (None: convolutions read them channels-last)
+    layout: str | None = None
 
 
 class PyfuserBackend:
     """A dynamo backend; every graph it compiles is kept in ``graphs`` (in compilation order)."""
 
     def __init__(self, *, cuda_graph: bool = False, triton_interpreter: bool = False,
-                 enable_options: Sequence[str] = (), disable_options: Sequence[str] = ()) -> None:
+                 enable_options: Sequence[str] = (), disable_options: Sequence[str] = (),
+                 channels_last: bool | None = None) -> None:
         enable = [*enable_options] + (["triton_interpreter"] if triton_interpreter else [])
         check_options(enable, disable_options)  # unknown names fail here, not in the first region
         if "cuda_graph" in enable:  # the backend's own option reads the parameters in place
@@ -85,6 +91,7 @@ class PyfuserBackend:
         self.cuda_graph = bool(cuda_graph)
         self.enable_options = tuple(enable)
         self.disable_options = tuple(disable_options)
+        self.channels_last = channels_last
         self.graphs: list[CompiledGraph] = []
 
     @staticmethod
@@ -114,7 +121,8 @@ class PyfuserBackend:
     def _compiler(self, kind: str) -> Callable[[GraphModule, Sequence[Any]], Callable[..., Any]]:
         def compile_graph(gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
             static = _static_input_indices() if kind != "backward" else []
-            compiled = self.compile_aten_graph(gm, kind, static, _saved_outputs_start() if kind == "forward" else None)
+            compiled = self.compile_aten_graph(gm, kind, static, _saved_outputs_start() if kind == "forward" else None,
+                                               example_inputs)
             if compiled.replay is not None:
                 return compiled.replay
             assert compiled.bound is not None  # compile_aten_graph binds every graph it does not replay
@@ -122,10 +130,12 @@ class PyfuserBackend:
         return compile_graph
 
     def compile_aten_graph(self, gm: GraphModule, kind: str, static_input_indices: Sequence[int] = (),
-                           saved_from: int | None = None) -> CompiledGraph:
+                           saved_from: int | None = None, example_inputs: Sequence[Any] = ()) -> CompiledGraph:
         """Partition ``gm`` (an ATen graph) in place into regions and eager ops; ``saved_from``: the first
-        output a forward saves for its backward."""
+        output a forward saves for its backward; ``example_inputs``: what AOTAutograd compiles it for (a
+        backward's saved values in the layouts its forward reported)."""
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
+        layout = to_channels_last(gm, saved_from if kind == "forward" else None, self.channels_last, example_inputs)
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
         pipelines = lower_collective_matmuls(gm, f"pyfuser_{kind}{sum(g.kind == kind for g in self.graphs)}")
@@ -146,7 +156,7 @@ class PyfuserBackend:
         aliasing = _aliasing_outputs(gm, kind, saved_from)
         collapse_view_chains(gm, aliasing)
         call_views_as_methods(gm, aliasing)
-        compiled = CompiledGraph(kind, finish(gm), regions, eager, pipelines)
+        compiled = CompiledGraph(kind, finish(gm), regions, eager, pipelines, layout=layout)
         if self.cuda_graph and any(r.device.type == "cuda" for r in regions):
             why = capturable(compiled.graph_module)
             if why is None:

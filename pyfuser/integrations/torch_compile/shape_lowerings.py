@@ -14,7 +14,7 @@ import torch
 from torch.fx import Node
 
 from pyfuser.integrations.torch_compile.lowering import Lowering, LoweringContext, OpClass, arg, list_arg, meta_of
-from pyfuser.ir.ops import ReshapeOp
+from pyfuser.ir.ops import BroadcastOp, ReshapeOp
 
 aten = torch.ops.aten
 
@@ -53,10 +53,39 @@ def _reshape(ctx: LoweringContext, x: Any, size: Any) -> Any:
     if all(isinstance(s, int) and s >= 0 for s in target):
         if static_sizes(x) == target:
             return x
-        source = x.definition.inputs[0] if isinstance(x.definition, ReshapeOp) else None
+        source = x.definition.inputs[0] if isinstance(x.definition, ReshapeOp | BroadcastOp) else None
         if source is not None and static_sizes(source) == target:
             return source
-    return ctx.ops.reshape(x, target)
+    unit = _unit_axes(ctx, x)
+    return unit if unit is not None else ctx.ops.reshape(x, target)
+
+
+def _same_size(a: Any, b: Any) -> bool:
+    """Whether two traced sizes are the same size (a symbolic one: the same expression, with no guard)."""
+    if isinstance(a, int) or isinstance(b, int):
+        return isinstance(a, int) and isinstance(b, int) and a == b
+    return bool(a.node.expr == b.node.expr)
+
+
+def _unit_axes(ctx: LoweringContext, x: Any) -> Any:
+    """A reshape that only inserts size-1 axes (``view(w, [1, -1, 1, 1])`` of a per-channel vector) as a
+    broadcast, which kernels compute and the segmenter fuses into the kernel that reads the result (a
+    per-channel scale recomputed per element there; a reshape would end the kernel computing it and
+    start another). None for any other reshape."""
+    source, target = meta_of(ctx.node.args[0]).shape, ctx.meta.shape
+    inserted: list[bool] = []
+    matched = 0
+    for size in target:
+        if matched < len(source) and _same_size(source[matched], size):
+            inserted.append(False)
+            matched += 1
+        elif isinstance(size, int) and size == 1:
+            inserted.append(True)
+        else:
+            return None
+    if matched != len(source) or not any(inserted):
+        return None
+    return ctx.ops.broadcast(x, inserted)
 
 
 def _expand(ctx: LoweringContext, x: Any, size: Any, implicit: bool = False) -> Any:

@@ -39,7 +39,9 @@ def _check_to_copy(node: Node) -> str | None:
         return f"_to_copy moves {source.device} -> {device_arg(device)}"
     if node.kwargs.get("layout") not in (None, torch.strided):
         return f"_to_copy to layout {node.kwargs['layout']}"
-    if node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+    # (a region writes each output in its example value's layout, whichever format made it)
+    if node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format,
+                                                torch.channels_last, torch.channels_last_3d):
         return f"_to_copy to memory_format {node.kwargs['memory_format']}"
     return None
 

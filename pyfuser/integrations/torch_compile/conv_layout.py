@@ -1,0 +1,283 @@
+"""Channels-last activations for graphs of convolutions (the layout choice Inductor's ``layout_opt`` makes).
+
+cuDNN runs its fast convolutions on channels-last (NHWC) tensors; handed NCHW ones it transposes the
+input and weight in and the result back out around every convolution, and the fused regions between
+convolutions then read and write NCHW too. So in a graph whose convolutions make channels-last pay,
+every 2-D or 3-D convolution (forward, and ``convolution_backward`` in a backward graph) is fed its
+tensor operands channels-last (``torch.channels_last`` / ``channels_last_3d``: one copy where an
+operand is not already so), the graph's example values are propagated again from there (a
+convolution of channels-last operands returns channels-last; pointwise ops and reductions follow their
+operands' layout, views view it), and the regions then read and write what the new example values say
+(the translator requires each output in its example value's layout). Activations so stay channels-last
+from one convolution to the next.
+
+What stays as eager gives it (the user-visible contract): a value the graph returns to the user (an
+inference graph's or a backward's outputs, a forward's before those it saves for its backward) is
+converted back to its traced layout where it changed. A training forward's saved values keep their new
+layout; their strides are reported to AOTAutograd (``TracingContext.output_strides``, as Inductor
+reports them), which compiles the backward graph for example inputs of those strides: the backward's
+inputs take them, and its example values are propagated again from there. An op that
+depends on its operand's strides (``as_strided``) or refuses the new ones (a ``view`` the layout does
+not allow) reads its operand converted back to the traced layout.
+
+The rule (``layout_refusal``), Inductor's training heuristics (``GraphLowering.decide_layout_opt``)
+used for every graph: static sizes; at least one 2-D or 3-D convolution; no grouped convolution with
+more than one input channel per group (channels-last slows those many times over; depthwise ones gain);
+no convolution with a spatial kernel whose output channels are at most half its input channels
+(UNet-style decoders measured slower); and not every convolution at most 64 channels in and out (too
+small to gain). ``channels_last=True`` applies it to any graph of static sizes with such
+convolutions, ``False`` never.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._guards import TracingContext, detect_fake_mode
+from torch.fx import GraphModule, Node
+from torch.fx.node import map_aggregate
+
+from pyfuser.integrations.torch_compile.region import static_tensor
+
+aten = torch.ops.aten
+
+#: convolution ops -> positions of the tensor operands fed channels-last, of the weight, of ``transposed``
+#: and of ``groups``
+_CONVOLUTIONS: dict[Any, tuple[tuple[int, ...], int, int, int]] = {
+    aten.convolution.default: ((0, 1), 1, 6, 8),
+    aten.convolution_backward.default: ((0, 1, 2), 2, 7, 9),
+}
+
+#: ops whose result depends on their operand's strides, not only its values
+_STRIDE_DEPENDENT = frozenset((aten.as_strided.default, aten.as_strided_.default, aten.as_strided_scatter.default,
+                               aten._reshape_alias.default))
+
+#: channels at or below which a convolution gains too little from channels-last (Inductor's bound)
+SMALL_CHANNELS = 64
+
+
+def channels_last_format(rank: int) -> torch.memory_format | None:
+    """The channels-last memory format of a convolution operand of ``rank`` dims (None: a 1-D convolution's)."""
+    return {4: torch.channels_last, 5: torch.channels_last_3d}.get(rank)
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, Node) else None
+
+
+def _convolutions(gm: GraphModule) -> list[Node]:
+    """The graph's 2-D and 3-D convolutions (forward and backward)."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _CONVOLUTIONS:
+            weight = _val(node.args[_CONVOLUTIONS[node.target][1]])
+            if isinstance(weight, torch.Tensor) and channels_last_format(weight.dim()) is not None:
+                found.append(node)
+    return found
+
+
+def _channels(node: Node) -> tuple[int, int, bool]:
+    """A convolution's input and output channels, and whether it has a spatial kernel larger than 1."""
+    _, w, t, g = _CONVOLUTIONS[node.target]
+    weight, transposed, groups = _val(node.args[w]), bool(node.args[t]), int(node.args[g])  # type: ignore[arg-type]
+    first, second = int(weight.shape[0]), int(weight.shape[1])
+    inputs, outputs = (first, second * groups) if transposed else (second * groups, first)
+    return inputs, outputs, any(int(k) > 1 for k in weight.shape[2:])
+
+
+def layout_refusal(gm: GraphModule, force: bool | None = None) -> str | None:
+    """Why ``gm``'s activations stay in their traced layouts (None: they go channels-last); ``force``:
+    True applies channels-last to any graph with convolutions of static sizes, False refuses every graph."""
+    if force is False:
+        return "channels_last=False"
+    convolutions = _convolutions(gm)
+    if not convolutions:
+        return "no 2-D or 3-D convolutions"
+    placeholders = [_val(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    if not all(static_tensor(v) for v in placeholders if isinstance(v, torch.Tensor)) or any(
+            isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool) for v in placeholders):
+        return "dynamic shapes"
+    if force:
+        return None
+    channels = [_channels(n) for n in convolutions]
+    for node, (inputs, _, _) in zip(convolutions, channels, strict=True):
+        groups = int(node.args[_CONVOLUTIONS[node.target][3]])  # type: ignore[arg-type]
+        if groups > 1 and inputs // groups > 1:
+            return f"{node.name} is a grouped convolution of {inputs // groups} input channels per group"
+    for node, (inputs, outputs, spatial) in zip(convolutions, channels, strict=True):
+        if spatial and outputs * 2 <= inputs:
+            return f"{node.name} narrows {inputs} channels to {outputs}"
+    if all(i <= SMALL_CHANNELS and o <= SMALL_CHANNELS for i, o, _ in channels):
+        return f"every convolution has at most {SMALL_CHANNELS} channels"
+    return None
+
+
+def _layout(value: Any) -> Any:
+    """What of an example value the layout is: its tensors' strides."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.stride())
+    if isinstance(value, list | tuple):
+        return tuple(_layout(v) for v in value)
+    return None
+
+
+def _format_of(value: torch.Tensor) -> torch.memory_format | None:
+    """The memory format a conversion back to ``value``'s layout is made with (None: a layout no
+    format gives)."""
+    if value.is_contiguous():
+        return torch.contiguous_format
+    fmt = channels_last_format(value.dim())
+    return fmt if fmt is not None and value.is_contiguous(memory_format=fmt) else None
+
+
+@dataclass
+class _Plan:
+    """What the rewrite does, decided before the graph changes (a refusal then leaves it as it was)."""
+
+    #: node -> its example value in the new layouts (only nodes whose layout changes)
+    values: dict[Node, Any] = field(default_factory=dict)
+    #: (reader, operand, memory format): the operand converted to that format for that reader
+    conversions: list[tuple[Node, Node, torch.memory_format]] = field(default_factory=list)
+
+
+def _rerun(node: Node, values: dict[Node, Any], overrides: dict[Node, Any], mode: Any) -> Any:
+    """``node``'s example value with its operands in their new layouts."""
+    def value(a: Any) -> Any:
+        if not isinstance(a, Node):
+            return a
+        return overrides[a] if a in overrides else values.get(a, a.meta.get("val"))
+    args: Any = map_aggregate(node.args, value)
+    kwargs: Any = map_aggregate(dict(node.kwargs), value)
+    if node.target is operator.getitem:
+        return args[0][args[1]]
+    if not isinstance(node.target, torch._ops.OpOverload) or node.target in _STRIDE_DEPENDENT:
+        raise TypeError(f"{node.target} may depend on its operands' strides")
+    with mode:
+        return node.target(*args, **kwargs)
+
+
+def _plan(gm: GraphModule, convolutions: set[Node], mode: Any, inputs: dict[Node, Any]) -> _Plan | str:
+    """The new layouts of ``gm``'s values (``inputs``: the inputs' where they changed) and the conversions
+    that give them (or why there are none)."""
+    plan = _Plan(dict(inputs))
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        overrides: dict[Node, Any] = {}
+        if node in convolutions:
+            for position in _CONVOLUTIONS[node.target][0]:
+                operand = node.args[position]
+                if not isinstance(operand, Node):
+                    continue
+                current = plan.values.get(operand, _val(operand))
+                fmt = channels_last_format(current.dim()) if isinstance(current, torch.Tensor) else None
+                if fmt is not None and not current.is_contiguous(memory_format=fmt):
+                    with mode:
+                        overrides[operand] = current.contiguous(memory_format=fmt)
+        changed = [a for a in node.all_input_nodes if a in plan.values]
+        if not overrides and not changed:
+            continue
+        try:
+            value = _rerun(node, plan.values, overrides, mode)
+        except Exception:  # the op needs its operands' traced layouts (a view the new strides do not allow)
+            for operand in changed:
+                back = _format_of(_val(operand))
+                if back is None:
+                    return f"{node.name} needs {operand.name} in its traced layout, which no memory format gives"
+                plan.conversions.append((node, operand, back))
+            continue
+        for operand, converted in overrides.items():
+            fmt = channels_last_format(converted.dim())
+            assert fmt is not None  # (overrides are made only of 4-D and 5-D operands)
+            plan.conversions.append((node, operand, fmt))
+        if _layout(value) != _layout(node.meta.get("val")):
+            plan.values[node] = value
+    return plan
+
+
+def _returned(gm: GraphModule) -> tuple[Node, list[Any]]:
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    returned = output.args[0]
+    return output, list(returned) if isinstance(returned, list | tuple) else [returned]
+
+
+def _restrided_inputs(gm: GraphModule, example_inputs: Sequence[Any], mode: Any) -> dict[Node, Any]:
+    """The graph's inputs whose example value AOTAutograd gave other strides than the traced ones (a
+    backward's saved values, in the layouts the forward reported), as such example values."""
+    restrided: dict[Node, Any] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, example in zip(placeholders, example_inputs, strict=False):
+        traced = _val(node)
+        if (isinstance(example, torch.Tensor) and isinstance(traced, torch.Tensor) and static_tensor(traced)
+                and all(isinstance(s, int) for s in example.stride()) and _layout(example) != _layout(traced)):
+            with mode:
+                restrided[node] = traced.as_strided(traced.shape, example.stride())
+    return restrided
+
+
+def to_channels_last(gm: GraphModule, visible: int | None = None, force: bool | None = None,
+                     example_inputs: Sequence[Any] = ()) -> str | None:
+    """Rewrite ``gm`` (an ATen graph, in place) to channels-last activations when ``layout_refusal``
+    has no objection; ``visible``: how many leading outputs are returned to the user (None: all), whose
+    traced layouts are kept; ``example_inputs``: what AOTAutograd compiles the graph for, whose strides
+    the inputs take where they differ from the traced ones (a backward's saved values, channels-last
+    where its forward made them so). Returns why the graph's convolutions were left as they were (None:
+    they read channels-last operands)."""
+    placeholders = [_val(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = detect_fake_mode([v for v in placeholders if isinstance(v, torch.Tensor)])
+    if mode is None:
+        return "no fake mode to propagate example values in"
+    why = layout_refusal(gm, force)
+    restrided = _restrided_inputs(gm, example_inputs, mode)
+    if why is not None and not restrided:
+        return why
+    plan = _plan(gm, set(_convolutions(gm)) if why is None else set(), mode, restrided)
+    if isinstance(plan, str):
+        if restrided:
+            raise RuntimeError(f"the graph's inputs come in other layouts than traced, and {plan}")
+        return plan
+    output, returned = _returned(gm)
+    end = len(returned) if visible is None else visible
+    restored: list[tuple[int, Node, torch.memory_format]] = []
+    for k, value in enumerate(returned[:end]):
+        if isinstance(value, Node) and value in plan.values:
+            back = _format_of(_val(value))
+            if back is None:
+                why = f"output {k} ({value.name}) has a traced layout no memory format gives"
+                if restrided:
+                    raise RuntimeError(f"the graph's inputs come in other layouts than traced, and {why}")
+                return why
+            restored.append((k, value, back))
+    graph = gm.graph
+    for node, value in plan.values.items():
+        node.meta["val"] = value
+    made: dict[tuple[Node, torch.memory_format], Node] = {}
+
+    def converted(operand: Node, fmt: torch.memory_format, before: Node) -> Node:
+        key = (operand, fmt)
+        if key not in made:
+            with graph.inserting_before(before) if before.op != "output" else graph.inserting_after(operand):
+                node = graph.call_function(aten._to_copy.default, (operand,), {"memory_format": fmt})
+            with mode:
+                node.meta["val"] = aten._to_copy.default(operand.meta["val"], memory_format=fmt)
+            made[key] = node
+        return made[key]
+
+    for reader, operand, fmt in plan.conversions:
+        reader.replace_input_with(operand, converted(operand, fmt, reader))
+    if restored:
+        values = list(returned)
+        for k, value, fmt in restored:
+            values[k] = converted(value, fmt, output)
+        output.args = (tuple(values) if isinstance(output.args[0], tuple | list) else values[0],)
+    gm.graph.lint()
+    gm.recompile()
+    context = TracingContext.try_get()
+    if context is not None and context.output_strides is not None:  # a forward: its saved values' strides
+        context.output_strides.extend(_layout(_val(v)) if isinstance(_val(v), torch.Tensor) else None
+                                      for v in _returned(gm)[1])
+    return why
