@@ -118,10 +118,35 @@ def _remap(value: Any, kinds: _Kinds, memo: dict[int, Any]) -> Any:
     return type(value)(values)
 
 
+def _scan(node: Any, kinds: _Kinds, memo: dict[int, Any], dropped: frozenset[int],
+          pending: list[Any]) -> list[tuple[str, Any, bool]]:
+    """``node``'s attributes, each with whether it holds IR nodes (to remap); the nodes found that
+    are neither copied yet nor dropped go on ``pending``. A plain value or a single node (most
+    attributes) is decided without walking a container."""
+    attributes: list[tuple[str, Any, bool]] = []
+    for name, value in _attributes(node):
+        kind = kinds[type(value)]
+        if kind == _LEAF:
+            attributes.append((name, value, False))
+        elif kind == _NODE:
+            key = id(value)
+            if key not in memo and key not in dropped:
+                pending.append(value)
+            attributes.append((name, value, True))
+        else:
+            found: list[Any] = []
+            holds = _children(value, kinds, found, dropped)
+            pending.extend([f for f in found if id(f) not in memo])
+            attributes.append((name, value, holds))
+    return attributes
+
+
 def clone_graph(root: Any, node_types: tuple[type, ...], memo: dict[int, Any] | None = None,
                 dropped: frozenset[int] = frozenset(), also: Sequence[Any] = ()) -> Any:
     """A deep copy of every IR node (an instance of ``node_types``) reachable from ``root``; other
-    values are shared. ``memo`` (``id(original) -> copy``) is filled for callers that need the map.
+    values are shared. ``memo`` (``id(original) -> copy``) is filled for callers that need the map;
+    a node already in it is taken as copied (its copy neither filled in nor followed: a caller that
+    builds one node's copy itself keeps the copy from walking what that node holds).
     Nodes whose ids are ``dropped`` are neither copied nor followed: a reference to one is left out
     of the container holding it, an attribute that is one becomes None (a segment's copy drops the
     rest of the graph: its inputs lose their definitions, its values the uses outside it); ``also``
@@ -131,21 +156,20 @@ def clone_graph(root: Any, node_types: tuple[type, ...], memo: dict[int, Any] | 
     #: each original node's copy with its attributes, and whether each holds IR nodes (to remap)
     filled: list[tuple[Any, list[tuple[str, Any, bool]]]] = []
     pending = [root, *also]
+    new = object.__new__
     while pending:
         node = pending.pop()
         if id(node) in memo:
             continue
-        copy = memo[id(node)] = object.__new__(type(node))
-        found: list[Any] = []
-        attributes = [(name, value, _children(value, kinds, found, dropped)) for name, value in _attributes(node)]
-        filled.append((copy, attributes))
-        pending.extend(f for f in found if id(f) not in memo)
+        copy = memo[id(node)] = new(type(node))
+        filled.append((copy, _scan(node, kinds, memo, dropped, pending)))
     setattr_ = object.__setattr__
+    get = memo.get
     for copy, attributes in filled:
         for name, value, holds_nodes in attributes:
             if holds_nodes:
-                value = _remap(value, kinds, memo)
-                if value is _DROPPED:
+                value = get(id(value)) if kinds[type(value)] == _NODE else _remap(value, kinds, memo)
+                if value is None or value is _DROPPED:
                     value = None
             setattr_(copy, name, value)
     return memo[id(root)]
