@@ -44,6 +44,11 @@ class _Segmenter:
         inherited = inherited_stream_axes(self.exprs)
         self.stream: dict[int, StreamAxis | None] = {id(e): expr_stream_axis(e, inherited) for e in self.exprs}
         self.fixed: set[int] = set()  # groups that never merge (communications, segment_set)
+        #: The kernel scheduler that takes each set of exprs tried (None: none does), by the exprs' ids
+        #: in order: the graph does not change while it is segmented, so neither does a verdict, and a
+        #: merge refused once is tried again (a producer read twice, the second round of merges).
+        self.verdicts: dict[tuple[int, ...], SchedulerType | None] = {}
+        self.readers: dict[int, tuple[SegmentedGroup, list[Expr]]] = {}
 
     def run(self) -> list[SegmentedGroup]:
         for expr in self.exprs:
@@ -108,12 +113,12 @@ class _Segmenter:
             return None
         if self._selects_an_axis(exprs):
             return None
-        view = self._view(exprs)
-        for scheduler in KERNEL_SCHEDULERS:
-            ok, _ = scheduler.can_schedule(view)
-            if ok:
-                return SegmentedGroup(exprs, scheduler.type)
-        return None
+        key = tuple(map(id, exprs))
+        if key not in self.verdicts:
+            view = self._view(exprs)
+            self.verdicts[key] = next((s.type for s in KERNEL_SCHEDULERS if s.can_schedule(view)[0]), None)
+        verdict = self.verdicts[key]
+        return None if verdict is None else SegmentedGroup(exprs, verdict)
 
     def _selects_an_axis(self, exprs: list[Expr]) -> bool:
         """Whether a stream loop runs ``exprs`` one index of an unsplit axis at a time: its chunks
@@ -260,14 +265,23 @@ class _Segmenter:
 
     def _consumers(self, group: SegmentedGroup) -> list[SegmentedGroup]:
         result: dict[int, SegmentedGroup] = {}
-        for e in group.exprs:
-            for tv in e.outputs:
-                for use in tv.uses:
-                    if id(use) in self.live:
-                        g = self.group_of[id(use)]
-                        if g is not group:
-                            result[id(g)] = g
+        for use in self._readers(group):
+            g = self.group_of[id(use)]
+            if g is not group:
+                result[id(g)] = g
         return list(result.values())
+
+    def _readers(self, group: SegmentedGroup) -> list[Expr]:
+        """The live exprs outside ``group`` that read what it computes: fixed for a group (its exprs do
+        not change, a merge makes a new group), so found once while cycle checks walk it many times.
+        The group is kept beside them, so its id names no other group while the segmenter lives."""
+        cached = self.readers.get(id(group))
+        if cached is None:
+            members = {id(e) for e in group.exprs}
+            uses = {id(u): u for e in group.exprs for tv in e.outputs for u in tv.uses
+                    if id(u) in self.live and id(u) not in members}
+            cached = self.readers[id(group)] = (group, list(uses.values()))
+        return cached[1]
 
 
 def kernels_enabled(options: CompileOptions) -> bool:

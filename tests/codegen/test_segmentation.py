@@ -6,7 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pyfuser import FusionDefinition, ParallelType
+from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser.options import CompileOptions, EnableOption
+from pyfuser.preseg.pipeline import run_preseg_passes
+from pyfuser.scheduler import reduction_analysis
+from pyfuser.segmentation.segmenter import segment_fusion
 from tests.codegen.conftest import kernel_segments
 
 
@@ -186,3 +190,37 @@ def test_a_transpose_only_a_matmul_reads_is_a_view(monkeypatch, capsys, device) 
     (out,), dump = _dump(monkeypatch, capsys, fd, [x, w], lambda fd, i: fd.execute(i, _enable_options=kernels_on))
     torch.testing.assert_close(out, x.t() @ w, atol=1e-5, rtol=1e-5)
     assert "LaunchKernel(" not in dump and "a permute only ATen calls read: a view" in dump
+
+
+def test_segmenting_analyzes_each_candidate_segment_once(monkeypatch, device, run_kernels) -> None:
+    """Merges refused once come back (the second round of merges) and every reduction scheduler asks
+    about the same candidate: a model's graph has thousands of candidates, so each set of exprs is
+    analyzed once (counted by the ID graphs the reduction analysis builds)."""
+    x = torch.randn(6, 9, device=device, dtype=torch.bfloat16)
+    w = torch.randn(6, 7, device=device)
+    with FusionDefinition() as fd:
+        tx, tw = fd.ops.cast(fd.from_pytorch(x), DataType.Float), fd.from_pytorch(w)
+        rows = fd.ops.sum(fd.ops.exp(tx), [1])
+        # rows of another width: a kernel of its own, which the row sums' cannot take in (tried twice)
+        fd.add_output(rows)
+        fd.add_output(fd.ops.mul(fd.ops.broadcast(rows, [False, True]), tw))
+    fusion = fd.fusion.clone()
+    options = CompileOptions(enabled=frozenset({EnableOption.triton_interpreter}), device=torch.device(device))
+    run_preseg_passes(fusion, options)
+    analyzed: list[tuple[int, ...]] = []
+    id_graph = reduction_analysis.IdGraph
+
+    def counted(tensors, exprs, **kwargs):
+        exprs = list(exprs)
+        analyzed.append(tuple(map(id, exprs)))
+        return id_graph(tensors, exprs, **kwargs)
+
+    monkeypatch.setattr(reduction_analysis, "IdGraph", counted)
+    segmented = segment_fusion(fusion, options)
+    monkeypatch.undo()
+    assert len(segmented.groups) == 2 and analyzed
+    assert len(analyzed) == len(set(analyzed)), f"{len(analyzed) - len(set(analyzed))} candidates analyzed again"
+    want_rows = x.float().exp().sum(1)
+    got_rows, got_scaled = run_kernels(fd, [x, w])
+    torch.testing.assert_close(got_rows, want_rows, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_scaled, want_rows[:, None] * w, atol=1e-4, rtol=1e-4)
