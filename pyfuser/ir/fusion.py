@@ -42,13 +42,7 @@ class Fusion:
         a copy costs what the segment holds, not what the fusion does. The copy of the fusion itself
         is made here (its inputs and outputs are the segment's), so the graph copy never follows the
         whole fusion's inputs and outputs."""
-        exprs = self.exprs_between(inputs, outputs)
-        kept = {id(e) for e in exprs}
-        values = {id(v): v for v in (*inputs, *outputs)}
-        for e in exprs:
-            values.update((id(v), v) for v in (*e.inputs, *e.outputs))
-        outside = frozenset(id(e) for v in values.values() for e in (v.definition, *v.uses)
-                            if e is not None and id(e) not in kept)
+        kept = {id(e) for e in self.exprs_between(inputs, outputs)}
         memo = {} if memo is None else memo
         copy = memo[id(self)] = object.__new__(Fusion)
         copy._counters = dict(self._counters)
@@ -56,7 +50,7 @@ class Fusion:
         copy._output_aliases = {}
         copy.version = self.version
         copy._inputs, copy._outputs = [], []
-        clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo, outside,
+        clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo, (Expr, kept),
                     also=[*inputs, *outputs])
         copy.restrict([memo[id(v)] for v in inputs], [memo[id(v)] for v in outputs])  # type: ignore[misc]
         return copy
