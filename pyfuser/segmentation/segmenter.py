@@ -49,11 +49,18 @@ class _Segmenter:
         #: merge refused once is tried again (a producer read twice, the second round of merges).
         self.verdicts: dict[tuple[int, ...], SchedulerType | None] = {}
         self.readers: dict[int, tuple[SegmentedGroup, list[Expr]]] = {}
+        #: The groups in an order where each comes after every group it reads from (kept through merges,
+        #: ``_reorder``), and each group's place in it: a path to a group only passes groups before it,
+        #: so a cycle check walks the groups between the two it merges, not everything downstream.
+        self.order: list[SegmentedGroup | None] = []  # None: a place left by a merge
+        self.rank: dict[int, int] = {}
 
     def run(self) -> list[SegmentedGroup]:
         for expr in self.exprs:
             group = self._single(expr)
             self.group_of[id(expr)] = group
+            self.rank[id(group)] = len(self.order)
+            self.order.append(group)
         if self.kernels:
             self._merge_producers_into_consumers()
             self._merge_siblings()
@@ -242,26 +249,48 @@ class _Segmenter:
         merged = self._scheduled(exprs)
         if merged is None:
             return None
+        self._reorder(a, b, merged)
         for e in exprs:
             self.group_of[id(e)] = merged
         return merged
+
+    def _reorder(self, a: SegmentedGroup, b: SegmentedGroup, merged: SegmentedGroup) -> None:
+        """Put ``merged`` in the order in place of ``a`` and ``b`` (no path joins them through a third
+        group): the groups between them that the earlier one leads to move after it, the others stay
+        before it (the later one's producers among them), which keeps every edge pointing forward."""
+        lo, hi = sorted((self.rank[id(a)], self.rank[id(b)]))
+        first = a if self.rank[id(a)] == lo else b
+        after = {id(g) for g in self._reachable(first, hi)}
+        between = [g for g in self.order[lo + 1:hi] if g is not None]
+        # The places of the groups between keep their count; one place of the two merged is left empty.
+        moved = [None, *(g for g in between if id(g) not in after), merged, *(g for g in between if id(g) in after)]
+        self.order[lo:lo + len(moved)] = moved
+        self.order[lo + len(moved):hi + 1] = [None] * (hi + 1 - lo - len(moved))
+        del self.rank[id(a)], self.rank[id(b)]
+        for k, g in enumerate(moved, lo):
+            if g is not None:
+                self.rank[id(g)] = k
 
     def _creates_cycle(self, a: SegmentedGroup, b: SegmentedGroup) -> bool:
         """Whether a path leads from one group to the other through a third group."""
         return self._reaches_through_other(a, b) or self._reaches_through_other(b, a)
 
     def _reaches_through_other(self, src: SegmentedGroup, dst: SegmentedGroup) -> bool:
-        stack = [g for g in self._consumers(src) if g is not dst]
+        return any(dst in self._consumers(g) for g in self._reachable(src, self.rank[id(dst)], dst))
+
+    def _reachable(self, src: SegmentedGroup, before: int, skip: SegmentedGroup | None = None,
+                   ) -> list[SegmentedGroup]:
+        """The groups placed before ``before`` that a path from ``src`` leads to, except through ``skip``."""
+        stack = [g for g in self._consumers(src) if g is not skip and self.rank[id(g)] < before]
         seen = {id(g) for g in stack}
+        found = list(stack)
         while stack:
-            g = stack.pop()
-            for nxt in self._consumers(g):
-                if nxt is dst:
-                    return True
-                if id(nxt) not in seen:
+            for nxt in self._consumers(stack.pop()):
+                if id(nxt) not in seen and nxt is not skip and self.rank[id(nxt)] < before:
                     seen.add(id(nxt))
                     stack.append(nxt)
-        return False
+                    found.append(nxt)
+        return found
 
     def _consumers(self, group: SegmentedGroup) -> list[SegmentedGroup]:
         result: dict[int, SegmentedGroup] = {}

@@ -10,7 +10,7 @@ from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.options import CompileOptions, EnableOption
 from pyfuser.preseg.pipeline import run_preseg_passes
 from pyfuser.scheduler import reduction_analysis
-from pyfuser.segmentation.segmenter import segment_fusion
+from pyfuser.segmentation.segmenter import _Segmenter, segment_fusion
 from tests.codegen.conftest import kernel_segments
 
 
@@ -224,3 +224,39 @@ def test_segmenting_analyzes_each_candidate_segment_once(monkeypatch, device, ru
     got_rows, got_scaled = run_kernels(fd, [x, w])
     torch.testing.assert_close(got_rows, want_rows, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got_scaled, want_rows[:, None] * w, atol=1e-4, rtol=1e-4)
+
+
+def test_cycle_checks_walk_the_groups_between_the_two_merged(monkeypatch) -> None:
+    """A chain whose every link an ATen call reads, their results summed: each merge of the chain asks
+    whether a path leads back to it through another segment. A walk of everything downstream of the
+    chain makes segmenting it grow as the cube of its length; the groups between the two merged, as the
+    square (counted by the groups whose readers the walks look up)."""
+    def walked(links: int) -> int:
+        with FusionDefinition() as fd:
+            t = fd.define_tensor([-1, -1], dtype=DataType.Float)
+            w = fd.define_tensor([-1, -1], dtype=DataType.Float)
+            total = None
+            for _ in range(links):
+                t = fd.ops.exp(t)
+                product = fd.ops.matmul(t, w)
+                total = product if total is None else fd.ops.add(total, product)
+            fd.add_output(total)
+            fd.add_output(t)
+        fusion = fd.fusion.clone()
+        options = CompileOptions(enabled=frozenset({EnableOption.triton_interpreter}))
+        run_preseg_passes(fusion, options)
+        calls = [0]
+        consumers = _Segmenter._consumers
+
+        def counted(self, group):
+            calls[0] += 1
+            return consumers(self, group)
+
+        monkeypatch.setattr(_Segmenter, "_consumers", counted)
+        segmented = segment_fusion(fusion, options)
+        monkeypatch.undo()
+        assert [g.scheduler.name for g in segmented.groups].count("expr_eval") == links  # the matmuls
+        return calls[0]
+
+    small, large = walked(20), walked(40)
+    assert large < 5 * small, (small, large)
