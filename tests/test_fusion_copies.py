@@ -74,3 +74,18 @@ def test_a_segment_between_intermediate_values_is_copied() -> None:
     segment = fusion.clone_segment(inputs, outputs)
     assert str(segment) == str(_restricted_full_copy(fusion, inputs, outputs))
     assert 0 < len(segment.exprs()) < len(exprs)
+
+
+def test_a_segment_copy_costs_what_the_segment_holds_not_the_fusion() -> None:
+    """The nodes a segment's copy makes do not grow with the fusion around it (a model's region is copied
+    once per kernel: a copy proportional to the whole graph makes compiling it quadratic)."""
+    def copied(links: int) -> int:
+        fusion = _chain(links).fusion
+        outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
+        memo: dict[int, object] = {}
+        segment = fusion.clone_segment([outputs[2]], [outputs[3]], memo)
+        assert len(segment.exprs()) == len(Fusion.exprs_between([outputs[2]], [outputs[3]]))
+        return len(memo)
+
+    small, large = copied(6), copied(60)
+    assert small == large, (small, large)

@@ -81,12 +81,14 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
             split.append((tv, partial))
     if not split:
         return split_at_grid_reductions(fusion, reference, finish)
-    first = fusion.clone(memo := {})
-    partials = [memo[id(p)] for _, p in split]
+    # Each launch is a segment's copy: it copies what the launch computes, not the whole fusion twice.
+    originals = [p for _, p in split]
+    independent = [o for o in fusion.outputs() if not any(_depends_on(o, tv) for tv, _ in split)]
+    first = fusion.clone_segment(fusion.inputs_read_by([*originals, *independent]), [*originals, *independent],
+                                 memo := {})
+    partials = [memo[id(p)] for p in originals]
     for p in partials:
         p.memory_type = MemoryType.Global  # type: ignore[attr-defined]
-    independent = [memo[id(o)] for o in fusion.outputs() if not any(_depends_on(o, tv) for tv, _ in split)]
-    first.restrict(first.inputs_read_by([*partials, *independent]), [*partials, *independent])
     parts = [KernelPart(first, _widest(first, partials[0]))]  # type: ignore[arg-type]
     rest = [o for o in fusion.outputs() if any(_depends_on(o, tv) for tv, _ in split)]
     owners = [[tv for tv, _ in split if _depends_on(o, tv)] for o in rest]
@@ -112,12 +114,10 @@ def _widest(fusion: Fusion, partial: TensorView) -> TensorView:
 def _final_step(fusion: Fusion, outputs: list[Val], partials: list[TensorView],
                 schedule: Callable[[Fusion, dict[int, object]], TensorView]) -> list[KernelPart]:
     """The launch(es) computing ``outputs`` from the partial results (and the fusion's inputs)."""
-    second = fusion.clone(memo := {})
+    second = fusion.clone_segment(fusion.inputs_read_by(outputs, partials), outputs, memo := {})
     mine = [memo[id(p)] for p in partials]
     for p in mine:
         p.memory_type = MemoryType.Global  # type: ignore[attr-defined]
-    outs = [memo[id(o)] for o in outputs]
-    second.restrict(second.inputs_read_by(outs, mine), outs)
     reference = schedule(second, memo)
     return split_at_grid_reductions(second, reference, None)
 

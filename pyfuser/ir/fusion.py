@@ -38,13 +38,20 @@ class Fusion:
     def clone_segment(self, inputs: Sequence[Val], outputs: Sequence[Val],
                       memo: dict[int, object] | None = None) -> Fusion:
         """A copy computing ``outputs`` from ``inputs`` only (``restrict`` of a copy), made without
-        copying the rest of the graph: a model's region copies it once per segment it compiles."""
+        walking the rest of the graph: a model's region copies it once per segment it compiles, so
+        a copy costs what the segment holds, not what the fusion does. The copy of the fusion itself
+        is made here (its inputs and outputs are the segment's), so the graph copy never follows the
+        whole fusion's inputs and outputs."""
         kept = {id(e) for e in self.exprs_between(inputs, outputs)}
-        outside = frozenset(id(e) for v in self.vals() for e in (v.definition, *v.uses)
-                            if e is not None and id(e) not in kept)
         memo = {} if memo is None else memo
-        copy: Fusion = clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo, outside,
-                                   also=[*inputs, *outputs])
+        copy = memo[id(self)] = object.__new__(Fusion)
+        copy._counters = dict(self._counters)
+        copy._output_stride_order = dict(self._output_stride_order)
+        copy._output_aliases = {}
+        copy.version = self.version
+        copy._inputs, copy._outputs = [], []
+        clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo, (Expr, kept),
+                    also=[*inputs, *outputs])
         copy.restrict([memo[id(v)] for v in inputs], [memo[id(v)] for v in outputs])  # type: ignore[misc]
         return copy
 

@@ -44,11 +44,23 @@ class _Segmenter:
         inherited = inherited_stream_axes(self.exprs)
         self.stream: dict[int, StreamAxis | None] = {id(e): expr_stream_axis(e, inherited) for e in self.exprs}
         self.fixed: set[int] = set()  # groups that never merge (communications, segment_set)
+        #: The kernel scheduler that takes each set of exprs tried (None: none does), by the exprs' ids
+        #: in order: the graph does not change while it is segmented, so neither does a verdict, and a
+        #: merge refused once is tried again (a producer read twice, the second round of merges).
+        self.verdicts: dict[tuple[int, ...], SchedulerType | None] = {}
+        self.readers: dict[int, tuple[SegmentedGroup, list[Expr]]] = {}
+        #: The groups in an order where each comes after every group it reads from (kept through merges,
+        #: ``_reorder``), and each group's place in it: a path to a group only passes groups before it,
+        #: so a cycle check walks the groups between the two it merges, not everything downstream.
+        self.order: list[SegmentedGroup | None] = []  # None: a place left by a merge
+        self.rank: dict[int, int] = {}
 
     def run(self) -> list[SegmentedGroup]:
         for expr in self.exprs:
             group = self._single(expr)
             self.group_of[id(expr)] = group
+            self.rank[id(group)] = len(self.order)
+            self.order.append(group)
         if self.kernels:
             self._merge_producers_into_consumers()
             self._merge_siblings()
@@ -108,12 +120,12 @@ class _Segmenter:
             return None
         if self._selects_an_axis(exprs):
             return None
-        view = self._view(exprs)
-        for scheduler in KERNEL_SCHEDULERS:
-            ok, _ = scheduler.can_schedule(view)
-            if ok:
-                return SegmentedGroup(exprs, scheduler.type)
-        return None
+        key = tuple(map(id, exprs))
+        if key not in self.verdicts:
+            view = self._view(exprs)
+            self.verdicts[key] = next((s.type for s in KERNEL_SCHEDULERS if s.can_schedule(view)[0]), None)
+        verdict = self.verdicts[key]
+        return None if verdict is None else SegmentedGroup(exprs, verdict)
 
     def _selects_an_axis(self, exprs: list[Expr]) -> bool:
         """Whether a stream loop runs ``exprs`` one index of an unsplit axis at a time: its chunks
@@ -237,37 +249,68 @@ class _Segmenter:
         merged = self._scheduled(exprs)
         if merged is None:
             return None
+        self._reorder(a, b, merged)
         for e in exprs:
             self.group_of[id(e)] = merged
         return merged
+
+    def _reorder(self, a: SegmentedGroup, b: SegmentedGroup, merged: SegmentedGroup) -> None:
+        """Put ``merged`` in the order in place of ``a`` and ``b`` (no path joins them through a third
+        group): the groups between them that the earlier one leads to move after it, the others stay
+        before it (the later one's producers among them), which keeps every edge pointing forward."""
+        lo, hi = sorted((self.rank[id(a)], self.rank[id(b)]))
+        first = a if self.rank[id(a)] == lo else b
+        after = {id(g) for g in self._reachable(first, hi)}
+        between = [g for g in self.order[lo + 1:hi] if g is not None]
+        # The places of the groups between keep their count; one place of the two merged is left empty.
+        moved = [None, *(g for g in between if id(g) not in after), merged, *(g for g in between if id(g) in after)]
+        self.order[lo:lo + len(moved)] = moved
+        self.order[lo + len(moved):hi + 1] = [None] * (hi + 1 - lo - len(moved))
+        del self.rank[id(a)], self.rank[id(b)]
+        for k, g in enumerate(moved, lo):
+            if g is not None:
+                self.rank[id(g)] = k
 
     def _creates_cycle(self, a: SegmentedGroup, b: SegmentedGroup) -> bool:
         """Whether a path leads from one group to the other through a third group."""
         return self._reaches_through_other(a, b) or self._reaches_through_other(b, a)
 
     def _reaches_through_other(self, src: SegmentedGroup, dst: SegmentedGroup) -> bool:
-        stack = [g for g in self._consumers(src) if g is not dst]
+        return any(dst in self._consumers(g) for g in self._reachable(src, self.rank[id(dst)], dst))
+
+    def _reachable(self, src: SegmentedGroup, before: int, skip: SegmentedGroup | None = None,
+                   ) -> list[SegmentedGroup]:
+        """The groups placed before ``before`` that a path from ``src`` leads to, except through ``skip``."""
+        stack = [g for g in self._consumers(src) if g is not skip and self.rank[id(g)] < before]
         seen = {id(g) for g in stack}
+        found = list(stack)
         while stack:
-            g = stack.pop()
-            for nxt in self._consumers(g):
-                if nxt is dst:
-                    return True
-                if id(nxt) not in seen:
+            for nxt in self._consumers(stack.pop()):
+                if id(nxt) not in seen and nxt is not skip and self.rank[id(nxt)] < before:
                     seen.add(id(nxt))
                     stack.append(nxt)
-        return False
+                    found.append(nxt)
+        return found
 
     def _consumers(self, group: SegmentedGroup) -> list[SegmentedGroup]:
         result: dict[int, SegmentedGroup] = {}
-        for e in group.exprs:
-            for tv in e.outputs:
-                for use in tv.uses:
-                    if id(use) in self.live:
-                        g = self.group_of[id(use)]
-                        if g is not group:
-                            result[id(g)] = g
+        for use in self._readers(group):
+            g = self.group_of[id(use)]
+            if g is not group:
+                result[id(g)] = g
         return list(result.values())
+
+    def _readers(self, group: SegmentedGroup) -> list[Expr]:
+        """The live exprs outside ``group`` that read what it computes: fixed for a group (its exprs do
+        not change, a merge makes a new group), so found once while cycle checks walk it many times.
+        The group is kept beside them, so its id names no other group while the segmenter lives."""
+        cached = self.readers.get(id(group))
+        if cached is None:
+            members = {id(e) for e in group.exprs}
+            uses = {id(u): u for e in group.exprs for tv in e.outputs for u in tv.uses
+                    if id(u) in self.live and id(u) not in members}
+            cached = self.readers[id(group)] = (group, list(uses.values()))
+        return cached[1]
 
 
 def kernels_enabled(options: CompileOptions) -> bool:

@@ -6,7 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pyfuser import FusionDefinition, ParallelType
+from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser.options import CompileOptions, EnableOption
+from pyfuser.preseg.pipeline import run_preseg_passes
+from pyfuser.scheduler import reduction_analysis
+from pyfuser.segmentation.segmenter import _Segmenter, segment_fusion
 from tests.codegen.conftest import kernel_segments
 
 
@@ -186,3 +190,73 @@ def test_a_transpose_only_a_matmul_reads_is_a_view(monkeypatch, capsys, device) 
     (out,), dump = _dump(monkeypatch, capsys, fd, [x, w], lambda fd, i: fd.execute(i, _enable_options=kernels_on))
     torch.testing.assert_close(out, x.t() @ w, atol=1e-5, rtol=1e-5)
     assert "LaunchKernel(" not in dump and "a permute only ATen calls read: a view" in dump
+
+
+def test_segmenting_analyzes_each_candidate_segment_once(monkeypatch, device, run_kernels) -> None:
+    """Merges refused once come back (the second round of merges) and every reduction scheduler asks
+    about the same candidate: a model's graph has thousands of candidates, so each set of exprs is
+    analyzed once (counted by the ID graphs the reduction analysis builds)."""
+    x = torch.randn(6, 9, device=device, dtype=torch.bfloat16)
+    w = torch.randn(6, 7, device=device)
+    with FusionDefinition() as fd:
+        tx, tw = fd.ops.cast(fd.from_pytorch(x), DataType.Float), fd.from_pytorch(w)
+        rows = fd.ops.sum(fd.ops.exp(tx), [1])
+        # rows of another width: a kernel of its own, which the row sums' cannot take in (tried twice)
+        fd.add_output(rows)
+        fd.add_output(fd.ops.mul(fd.ops.broadcast(rows, [False, True]), tw))
+    fusion = fd.fusion.clone()
+    options = CompileOptions(enabled=frozenset({EnableOption.triton_interpreter}), device=torch.device(device))
+    run_preseg_passes(fusion, options)
+    analyzed: list[tuple[int, ...]] = []
+    id_graph = reduction_analysis.IdGraph
+
+    def counted(tensors, exprs, **kwargs):
+        exprs = list(exprs)
+        analyzed.append(tuple(map(id, exprs)))
+        return id_graph(tensors, exprs, **kwargs)
+
+    monkeypatch.setattr(reduction_analysis, "IdGraph", counted)
+    segmented = segment_fusion(fusion, options)
+    monkeypatch.undo()
+    assert len(segmented.groups) == 2 and analyzed
+    assert len(analyzed) == len(set(analyzed)), f"{len(analyzed) - len(set(analyzed))} candidates analyzed again"
+    want_rows = x.float().exp().sum(1)
+    got_rows, got_scaled = run_kernels(fd, [x, w])
+    torch.testing.assert_close(got_rows, want_rows, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_scaled, want_rows[:, None] * w, atol=1e-4, rtol=1e-4)
+
+
+def test_cycle_checks_walk_the_groups_between_the_two_merged(monkeypatch) -> None:
+    """A chain whose every link an ATen call reads, their results summed: each merge of the chain asks
+    whether a path leads back to it through another segment. A walk of everything downstream of the
+    chain makes segmenting it grow as the cube of its length; the groups between the two merged, as the
+    square (counted by the groups whose readers the walks look up)."""
+    def walked(links: int) -> int:
+        with FusionDefinition() as fd:
+            t = fd.define_tensor([-1, -1], dtype=DataType.Float)
+            w = fd.define_tensor([-1, -1], dtype=DataType.Float)
+            total = None
+            for _ in range(links):
+                t = fd.ops.exp(t)
+                product = fd.ops.matmul(t, w)
+                total = product if total is None else fd.ops.add(total, product)
+            fd.add_output(total)
+            fd.add_output(t)
+        fusion = fd.fusion.clone()
+        options = CompileOptions(enabled=frozenset({EnableOption.triton_interpreter}))
+        run_preseg_passes(fusion, options)
+        calls = [0]
+        consumers = _Segmenter._consumers
+
+        def counted(self, group):
+            calls[0] += 1
+            return consumers(self, group)
+
+        monkeypatch.setattr(_Segmenter, "_consumers", counted)
+        segmented = segment_fusion(fusion, options)
+        monkeypatch.undo()
+        assert [g.scheduler.name for g in segmented.groups].count("expr_eval") == links  # the matmuls
+        return calls[0]
+
+    small, large = walked(20), walked(40)
+    assert large < 5 * small, (small, large)
