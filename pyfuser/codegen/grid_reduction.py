@@ -105,10 +105,18 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
 
 def _widest(fusion: Fusion, partial: TensorView) -> TensorView:
     """The first launch's loop nest: the partial results', unless a tensor it computes iterates more
-    loops (a reduction of a step's tile axis inside the loop, rfactored out of the partial)."""
-    depth = len(partial.get_loop_domain())
-    wider = [tv for tv in fusion.tensors() if tv.definition is not None and len(tv.get_loop_domain()) > depth]
-    return max(wider, key=lambda tv: len(tv.get_loop_domain()), default=partial)
+    loops (a reduction of a step's tile axis inside the loop, rfactored out of the partial).
+
+    Only iterating loop IDs count: a broadcast loop ID (a per-row value's size-1 axis, scheduled
+    like the row) opens no loop, so a tensor wide only in broadcasts would give the nest no loop
+    for the axes the partial results iterate."""
+    depth = _iterated(partial)
+    wider = [tv for tv in fusion.tensors() if tv.definition is not None and _iterated(tv) > depth]
+    return max(wider, key=_iterated, default=partial)
+
+
+def _iterated(tv: TensorView) -> int:
+    return sum(not i.is_broadcast for i in tv.get_loop_domain())
 
 
 def _final_step(fusion: Fusion, outputs: list[Val], partials: list[TensorView],

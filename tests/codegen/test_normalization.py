@@ -249,6 +249,40 @@ def test_rmsnorm_backward_of_a_batch_of_one_is_one_inner_outer_kernel(device: st
     assert kernel_schedulers(fd) == ["inner_outer_persistent"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_channels_last_layernorm_backward_into_a_channel_scale(dtype: torch.dtype, device: str, run_kernels) -> None:
+    """ConvNeXt's training step: a channel scale ``v = u * s`` before a layer norm over the channels of a
+    channels-last activation; the backward's per-row ``rstd`` (a size-1 channel axis) is the first
+    value the scale's gradient ``ds = sum(dv * u)`` reads. The partial launch's loop nest must iterate
+    the channels: a per-row tensor of as many loop axes, whose channel axis is a broadcast, has no
+    such loop (its kernel failed to build, and the region fell back to ATen calls)."""
+    n, h, w_, c = 3, 5, 7, 24
+    u = torch.randn(n, c, h, w_, device=device).to(dtype).permute(0, 2, 3, 1)  # channels-last, non-contiguous
+    s = torch.randn(c, device=device).to(dtype)
+    w = torch.randn(c, device=device).to(dtype)
+    dy = torch.randn(n, h, w_, c, device=device).to(dtype)
+    ud, sd = u.float().requires_grad_(), s.float().requires_grad_()
+    v = ud * sd
+    F.layer_norm(v, (c,), w.float(), None, 1e-6).backward(dy.float())
+    vf = v.detach()
+    rstd = torch.rsqrt(vf.var(-1, keepdim=True, unbiased=False) + 1e-6)
+    vhat = ((vf - vf.mean(-1, keepdim=True)) * rstd).to(dtype)
+    inputs = [rstd, dy, vhat, w, u, s]
+    with FusionDefinition() as fd:
+        tr, tdy, tvhat, tw, tu, ts = (fd.from_pytorch(t) for t in inputs)
+        g = fd.ops.mul(fd.ops.cast(tdy, DataType.Float), fd.ops.broadcast(tw, [True, True, True, False]))
+        a = fd.ops.sum(g, [3], keepdim=True)
+        cg = fd.ops.sum(fd.ops.mul(g, tvhat), [3], keepdim=True)
+        dv = fd.ops.mul(tr, fd.ops.sub(fd.ops.sub(g, fd.ops.div(a, float(c))),
+                                       fd.ops.mul(tvhat, fd.ops.div(cg, float(c)))))
+        fd.add_output(fd.ops.cast(fd.ops.mul(dv, fd.ops.broadcast(ts, [True, True, True, False])), DT[dtype]))
+        fd.add_output(fd.ops.cast(fd.ops.sum(fd.ops.mul(dv, tu), [0, 1, 2]), DT[dtype]))
+    du, ds = run_kernels(fd, inputs)
+    assert kernel_schedulers(fd) == ["inner_outer_persistent"]
+    _close(du, ud.grad, dtype)
+    _close(ds, sd.grad, dtype)
+
+
 @pytest.mark.parametrize("rows_per_step", [1, 2])
 def test_pipelined_inner_outer_kernel_masks_rows_past_the_end(rows_per_step: int, device: str) -> None:
     """A software-pipelined row loop (``num_stages`` > 1, compiled) has no ``if`` in its body (Triton
