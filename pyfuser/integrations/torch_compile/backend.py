@@ -23,7 +23,8 @@ Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` direc
   CPU tensors run fused kernels (slow: for tests);
 * ``enable_options`` / ``disable_options`` (lists of names): any ``fd.execute`` option, for every region;
 * ``channels_last`` (bool or None): activations of graphs of convolutions channels-last (``conv_layout.py``):
-  None (the default) where its rule finds it pays, True wherever the graph's sizes are static, False never.
+  None (the default) where its rule finds it pays (inference graphs), True wherever the graph's sizes are
+  static (training steps too), False never.
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ class PyfuserBackend:
         output a forward saves for its backward; ``example_inputs``: what AOTAutograd compiles it for (a
         backward's saved values in the layouts its forward reported)."""
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
-        layout = to_channels_last(gm, saved_from if kind == "forward" else None, self.channels_last, example_inputs)
+        layout = to_channels_last(gm, saved_from if kind == "forward" else None, self.channels_last, example_inputs,
+                                  training=kind != "inference")
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
         pipelines = lower_collective_matmuls(gm, f"pyfuser_{kind}{sum(g.kind == kind for g in self.graphs)}")

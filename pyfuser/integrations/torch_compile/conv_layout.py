@@ -21,12 +21,15 @@ depends on its operand's strides (``as_strided``) or refuses the new ones (a ``v
 not allow) reads its operand converted back to the traced layout.
 
 The rule (``layout_refusal``), Inductor's training heuristics (``GraphLowering.decide_layout_opt``)
-used for every graph: static sizes; at least one 2-D or 3-D convolution; no grouped convolution with
-more than one input channel per group (channels-last slows those many times over; depthwise ones gain);
-no convolution with a spatial kernel whose output channels are at most half its input channels
+used for inference graphs: static sizes; at least one 2-D or 3-D convolution; no grouped convolution
+with more than one input channel per group (channels-last slows those many times over; depthwise ones
+gain); no convolution with a spatial kernel whose output channels are at most half its input channels
 (UNet-style decoders measured slower); and not every convolution at most 64 channels in and out (too
-small to gain). ``channels_last=True`` applies it to any graph of static sizes with such
-convolutions, ``False`` never.
+small to gain). The graphs of a training step keep their layouts: there the batch-norm statistics
+reduce channels-last activations with a kernel at about half Inductor's speed (the kernel benchmark's
+``batchnorm_stats`` channels-last points), and ResNet and ConvNeXt training measured slower
+channels-last than not (``benchmarks/results/models_notes.md``). ``channels_last=True`` applies the
+layout to any graph of static sizes with such convolutions, training included; ``False`` never.
 """
 
 from __future__ import annotations
@@ -89,9 +92,10 @@ def _channels(node: Node) -> tuple[int, int, bool]:
     return inputs, outputs, any(int(k) > 1 for k in weight.shape[2:])
 
 
-def layout_refusal(gm: GraphModule, force: bool | None = None) -> str | None:
+def layout_refusal(gm: GraphModule, force: bool | None = None, training: bool = False) -> str | None:
     """Why ``gm``'s activations stay in their traced layouts (None: they go channels-last); ``force``:
-    True applies channels-last to any graph with convolutions of static sizes, False refuses every graph."""
+    True applies channels-last to any graph with convolutions of static sizes, False refuses every graph;
+    ``training``: a graph of a training step (forward or backward), refused unless forced."""
     if force is False:
         return "channels_last=False"
     convolutions = _convolutions(gm)
@@ -103,6 +107,8 @@ def layout_refusal(gm: GraphModule, force: bool | None = None) -> str | None:
         return "dynamic shapes"
     if force:
         return None
+    if training:
+        return "a training step's graph (channels_last=True to apply it there)"
     channels = [_channels(n) for n in convolutions]
     for node, (inputs, _, _) in zip(convolutions, channels, strict=True):
         groups = int(node.args[_CONVOLUTIONS[node.target][3]])  # type: ignore[arg-type]
@@ -220,7 +226,7 @@ def _restrided_inputs(gm: GraphModule, example_inputs: Sequence[Any], mode: Any)
 
 
 def to_channels_last(gm: GraphModule, visible: int | None = None, force: bool | None = None,
-                     example_inputs: Sequence[Any] = ()) -> str | None:
+                     example_inputs: Sequence[Any] = (), training: bool = False) -> str | None:
     """Rewrite ``gm`` (an ATen graph, in place) to channels-last activations when ``layout_refusal``
     has no objection; ``visible``: how many leading outputs are returned to the user (None: all), whose
     traced layouts are kept; ``example_inputs``: what AOTAutograd compiles the graph for, whose strides
@@ -231,7 +237,7 @@ def to_channels_last(gm: GraphModule, visible: int | None = None, force: bool | 
     mode = detect_fake_mode([v for v in placeholders if isinstance(v, torch.Tensor)])
     if mode is None:
         return "no fake mode to propagate example values in"
-    why = layout_refusal(gm, force)
+    why = layout_refusal(gm, force, training)
     restrided = _restrided_inputs(gm, example_inputs, mode)
     if why is not None and not restrided:
         return why
