@@ -16,6 +16,7 @@ The memory order that decides inner and outer is the allocation order the segmen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from weakref import WeakKeyDictionary
@@ -130,12 +131,12 @@ def _analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
     # smaller tensor) would be written by every program along it, from loops that do not follow the
     # reference's: it belongs to a kernel of its own shape.
     kept = full - frozenset().union(*groups)
-    for out in fusion.outputs():
-        if isinstance(out, TensorView) and out.definition is not None and not isinstance(
-                out.definition, ReductionOp | VarMeanOp):
-            missing = kept - _classes(exact, out.get_logical_domain())
+    for value in fusion.outputs():
+        if isinstance(value, TensorView) and value.definition is not None and not isinstance(
+                value.definition, ReductionOp | VarMeanOp):
+            missing = kept - _classes(exact, value.get_logical_domain())
             if missing:
-                return None, (f"output {out.short_name} does not iterate every axis the reduction "
+                return None, (f"output {value.short_name} does not iterate every axis the reduction "
                               f"{reductions[0].output.short_name} keeps; one reduction kernel writes "
                               "outputs over its kept axes")
     orders = infer_allocation_orders(fusion)  # type: ignore[arg-type]
@@ -172,7 +173,7 @@ def _kind(expr: Expr, order: list[IterDomain]) -> ReductionKind:
         return ReductionKind.inner
 
 
-def _computed_from(reductions: list[Expr], exprs: list[Expr]) -> list[TensorView]:
+def _computed_from(reductions: Sequence[Expr], exprs: list[Expr]) -> list[TensorView]:
     """The reductions' outputs and every tensor the segment's ``exprs`` compute from them (a
     ``SegmentView``'s tensors have uses outside it)."""
     inside = {id(e) for e in exprs}
@@ -186,7 +187,7 @@ def _computed_from(reductions: list[Expr], exprs: list[Expr]) -> list[TensorView
     return list(found.values())
 
 
-def _persistent(fusion: FusionLike, exact: IdGraph, reductions: list[Expr]) -> bool:
+def _persistent(fusion: FusionLike, exact: IdGraph, reductions: Sequence[Expr]) -> bool:
     """Whether a value computed from a reduction is read back over the axes it reduced."""
     for e in reductions:
         reduced = _classes(exact, [i for i in e.output.get_logical_domain() if i.is_reduction])

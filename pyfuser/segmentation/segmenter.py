@@ -66,9 +66,9 @@ class _Segmenter:
             self._merge_siblings()
             # Siblings merged may now take their producer, which neither took alone (a value that two
             # slices of a rotary backward read: with one of them it had two outputs of other axes).
-            groups = len(set(map(id, self.group_of.values())))
+            count = len(set(map(id, self.group_of.values())))
             self._merge_producers_into_consumers()
-            if len(set(map(id, self.group_of.values()))) < groups:
+            if len(set(map(id, self.group_of.values()))) < count:
                 self._merge_siblings()
             self._views_read_by_aten_as_views()
             self._input_broadcasts_as_views()
