@@ -214,8 +214,8 @@ def _static_launch(compiled: Any, device: int) -> Callable[[tuple[int, ...], lis
 
 def _load_cubin(launcher: Any, compiled: Any, device: int) -> Any:
     """The CUDA function of a compiled variant, loaded from its cubin in Triton's cache by torch's static
-    launcher (None where the cache holds no cubin); a kernel asking for more shared memory than the
-    device has is refused as Triton refuses it."""
+    launcher (None where the cache holds no cubin, or the kernel asks for more shared memory than the
+    device has: Triton's own launch then refuses it with its error)."""
     paths = [p for name, p in getattr(compiled, "metadata_group", {}).items() if name.endswith(".cubin")]
     if not paths:
         return None
@@ -223,7 +223,7 @@ def _load_cubin(launcher: Any, compiled: Any, device: int) -> Any:
     properties = torch.cuda.get_device_properties(device)
     available = properties.shared_memory_per_block_optin  # type: ignore[attr-defined]  # not in torch's stubs
     if shared > available:
-        raise ValueError(f"the kernel needs {shared} bytes of shared memory; the device has {available}")
+        return None
     loaded = launcher._load_kernel(paths[0], compiled.metadata.name, shared, device)
     # (module, function, registers, spills) in newer torch, (function, registers, spills) before
     return loaded[1] if len(loaded) == 4 else loaded[0]

@@ -290,8 +290,7 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
     # --- creation ------------------------------------------------------------------------------
     def full(self, shape: Sequence[SizeLike], fill_value: Operand, dtype: DataType | torch.dtype) -> TensorView:
         dt = as_data_type(dtype)
-        extents = [self._size(s, f"full shape[{k}]") for k, s in enumerate(shape)]
-        assert all(e is not None for e in extents)  # -1 placeholders are refused
+        extents = self._shape(shape, "full shape")
         fill = self._val(fill_value, "full fill_value")
         if isinstance(fill, TensorView):
             raise TypeError(f"full: fill_value must be a number or a scalar, got tensor {fill.short_name}")
@@ -300,7 +299,7 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
                 torch.full((1,), fill.value, dtype=dt.torch_dtype)
             except RuntimeError as e:
                 raise ValueError(f"full: fill_value {fill_value!r} cannot be stored as {dt}: {e}") from None
-        ids = [self._id(1, IterType.Broadcast) if e.value == 1 else self._id(e) for e in extents if e is not None]
+        ids = [self._id(1, IterType.Broadcast) if e.value == 1 else self._id(e) for e in extents]
         out = self._new_tv(ids, dt)
         FullOp(self._fusion, out, fill)
         return out

@@ -70,6 +70,15 @@ class OpsBase:
     def _id(self, extent: SymExpr | int, iter_type: IterType = IterType.Iteration) -> IterDomain:
         return IterDomain(self._fusion, extent, iter_type)
 
+    def _shape(self, shape: Sequence[Any], what: str) -> list[SymExpr]:
+        """Each size of a new tensor's ``shape`` as an extent (``what[k]`` names it in errors; -1 refused)."""
+        extents = []
+        for k, size in enumerate(shape):
+            extent = self._size(size, f"{what}[{k}]")
+            assert extent is not None  # None only for an allowed -1
+            extents.append(extent)
+        return extents
+
     def _size(self, size: Any, what: str, allow_minus_one: bool = False, allow_negative: bool = False,
               negative_input_ok: bool = False) -> SymExpr | None:
         """A size argument as an extent (None for a -1 placeholder when allowed).

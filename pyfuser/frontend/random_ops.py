@@ -40,8 +40,7 @@ class RandomOps(OpsBase):
             if isinstance(val, TensorView) or not val.dtype.is_integral:
                 raise TypeError(f"{op}: {what} must be an int or an integer scalar, got {val}")
             seeds.append(val)
-        extents = [self._size(s, f"{op} shape[{k}]") for k, s in enumerate(shape)]
-        return self._random_tensor(kind, params, extents, seeds, dt)  # type: ignore[arg-type]
+        return self._random_tensor(kind, params, self._shape(shape, f"{op} shape"), seeds, dt)
 
     def _random_tensor(self, kind: RandomOpType, params: list[Val], extents: list[SymExpr], seeds: list[Val],
                        dtype: DataType) -> TensorView:

@@ -45,11 +45,9 @@ class Fusion:
         kept = {id(e) for e in self.exprs_between(inputs, outputs)}
         memo = {} if memo is None else memo
         copy = memo[id(self)] = object.__new__(Fusion)
-        copy._counters = dict(self._counters)
-        copy._output_stride_order = dict(self._output_stride_order)
-        copy._output_aliases = {}
-        copy.version = self.version
-        copy._inputs, copy._outputs = [], []
+        # Every attribute but the graph's ends (set by ``restrict``) is plain data: a shallow copy each.
+        copy.__dict__.update({k: v.copy() if isinstance(v, dict) else v for k, v in vars(self).items()})
+        copy._inputs, copy._outputs, copy._output_aliases = [], [], {}
         clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo, (Expr, kept),
                     also=[*inputs, *outputs])
         copy.restrict([memo[id(v)] for v in inputs], [memo[id(v)] for v in outputs])  # type: ignore[misc]
