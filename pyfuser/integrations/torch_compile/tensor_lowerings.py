@@ -128,6 +128,19 @@ def _reduction(name: str, all_axes: bool = False) -> Any:
     return build
 
 
+def _logical_reduction(name: str, all_axes: bool = False) -> Any:
+    """``all`` (``min``) or ``any`` (``max``) of the operand's truth over ``dim``, reduced as int32 (a
+    boolean has no reduction of its own); the result takes the traced dtype (bool, uint8 for uint8)."""
+    def build(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+        truth = x if x.dtype.torch_dtype is torch.bool else ctx.ops.ne(x, 0)
+        reduced = getattr(ctx.ops, name)(ctx.ops.cast(truth, torch.int32), None if all_axes else _dims(dim),
+                                         False if all_axes else keepdim)
+        return ctx.ops.cast(ctx.ops.ne(reduced, 0), ctx.meta.dtype)
+    if all_axes:
+        return lambda ctx, x: build(ctx, x)
+    return build
+
+
 def _var(ctx: LoweringContext, x: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
     return ctx.ops.var(x, _dims(dim), 1 if correction is None else correction, keepdim)
 
@@ -290,6 +303,12 @@ TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten.amin.default: Lowering(_reduction("min")),
     aten.max.default: Lowering(_reduction("max", all_axes=True)),
     aten.min.default: Lowering(_reduction("min", all_axes=True)),
+    aten.all.dim: Lowering(_logical_reduction("min")),
+    aten.all.dims: Lowering(_logical_reduction("min")),
+    aten.all.default: Lowering(_logical_reduction("min", all_axes=True)),
+    aten.any.dim: Lowering(_logical_reduction("max")),
+    aten.any.dims: Lowering(_logical_reduction("max")),
+    aten.any.default: Lowering(_logical_reduction("max", all_axes=True)),
     aten.var.correction: Lowering(_var, check=_check_correction),
     aten.var_mean.correction: Lowering(_var_mean, check=_check_correction),
     aten.argmax.default: Lowering(_arg_reduction("argmax")),
