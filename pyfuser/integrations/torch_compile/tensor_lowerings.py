@@ -129,13 +129,16 @@ def _reduction(name: str, all_axes: bool = False) -> Any:
 
 
 def _logical_reduction(name: str, all_axes: bool = False) -> Any:
-    """``all`` (``min``) or ``any`` (``max``) of the operand's truth over ``dim``, reduced as int32 (a
-    boolean has no reduction of its own); the result takes the traced dtype (bool, uint8 for uint8)."""
+    """``all`` or ``any`` of the operand's truth over ``dim``: a count (an int64 sum, whose identity
+    gives an empty axis torch's answer: ``all`` true, ``any`` false) of the false values (``all``) or
+    the true ones (``any``) compared with 0; the result takes the traced dtype (bool, uint8 for uint8)."""
     def build(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
         truth = x if x.dtype.torch_dtype is torch.bool else ctx.ops.ne(x, 0)
-        reduced = getattr(ctx.ops, name)(ctx.ops.cast(truth, torch.int32), None if all_axes else _dims(dim),
-                                         False if all_axes else keepdim)
-        return ctx.ops.cast(ctx.ops.ne(reduced, 0), ctx.meta.dtype)
+        counted = ctx.ops.logical_not(truth) if name == "all" else truth
+        count = ctx.ops.sum(ctx.tensor(ctx.ops.cast(counted, torch.int64)), None if all_axes else _dims(dim),
+                            False if all_axes else keepdim)
+        result = ctx.ops.eq(count, 0) if name == "all" else ctx.ops.ne(count, 0)
+        return ctx.ops.cast(result, ctx.meta.dtype)
     if all_axes:
         return lambda ctx, x: build(ctx, x)
     return build
@@ -303,12 +306,12 @@ TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten.amin.default: Lowering(_reduction("min")),
     aten.max.default: Lowering(_reduction("max", all_axes=True)),
     aten.min.default: Lowering(_reduction("min", all_axes=True)),
-    aten.all.dim: Lowering(_logical_reduction("min")),
-    aten.all.dims: Lowering(_logical_reduction("min")),
-    aten.all.default: Lowering(_logical_reduction("min", all_axes=True)),
-    aten.any.dim: Lowering(_logical_reduction("max")),
-    aten.any.dims: Lowering(_logical_reduction("max")),
-    aten.any.default: Lowering(_logical_reduction("max", all_axes=True)),
+    aten.all.dim: Lowering(_logical_reduction("all")),
+    aten.all.dims: Lowering(_logical_reduction("all")),
+    aten.all.default: Lowering(_logical_reduction("all", all_axes=True)),
+    aten.any.dim: Lowering(_logical_reduction("any")),
+    aten.any.dims: Lowering(_logical_reduction("any")),
+    aten.any.default: Lowering(_logical_reduction("any", all_axes=True)),
     aten.var.correction: Lowering(_var, check=_check_correction),
     aten.var_mean.correction: Lowering(_var_mean, check=_check_correction),
     aten.argmax.default: Lowering(_arg_reduction("argmax")),
