@@ -77,8 +77,8 @@ def test_a_safe_softmax_is_one_kernel(dtype: torch.dtype) -> None:
 #: that compute (not views, not GEMMs or attention, which run in cuBLAS / torch either way) inside regions
 #: and between them. Lower them when a change lowers the count; never raise one without lowering the other
 #: more (the embedding's backward, one ATen call of several CUDA kernels, a sort among them, is one scatter
-#: kernel since; the grouped-query attention's key and value repeats, ATen copies, are written by regions
-#: since: the keys' by the rotary kernel, the values' by a copy kernel).
+#: kernel since; the grouped-query attention's key and value repeats, ATen copies after the regions, are
+#: written by the regions' kernels since).
 LLAMA_TRAINING_KERNELS = 28
 LLAMA_INFERENCE_KERNELS = 14
 LLAMA_TRAINING_OTHER_ATEN = 7

@@ -249,3 +249,23 @@ def test_a_copy_at_a_region_edge_is_written_by_the_region() -> None:
     (region,) = graph.regions
     assert sum("aten.clone.default" in entry for entry in region.nodes) == 2, region.nodes
     assert not [entry for entry in graph.eager if "clone" in entry], graph.eager
+
+
+def test_a_clone_returned_beside_its_operand_has_memory_of_its_own() -> None:
+    """``y`` and ``y.clone()`` both leave the region: one kernel writes both, into separate buffers (a
+    write through one is not seen through the other, as in eager)."""
+    def twice(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2
+        return y, y.clone()
+
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(twice, backend=backend)
+    x = torch.rand(3, 5)
+    for _ in range(3):  # warm-up calls, then the specialized graph
+        y, copy = compiled(x)
+        assert y.untyped_storage().data_ptr() != copy.untyped_storage().data_ptr()
+        y.add_(1)
+        torch.testing.assert_close(copy, x * 2)
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    assert not graph.eager and region.summary().count(" kernel ") == 1, region.summary()
