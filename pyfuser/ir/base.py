@@ -190,6 +190,15 @@ class Expr(ABC):
     def tensor_outputs(self) -> list[TensorView]:
         return [cast("TensorView", v) for v in self.outputs if v.is_tensor]
 
+    def tensor_input(self, position: int, *, as_defined: bool = False) -> TensorView:
+        """The input at ``position`` of an op whose operand there is always a tensor; ``as_defined``
+        reads ``defined_inputs`` (what runtime size-check messages name). Typed, so callers reach
+        tensor attributes without a cast, and a scalar there fails naming the op and position."""
+        v = (self.defined_inputs if as_defined else self.inputs)[position]
+        if not v.is_tensor:
+            raise TypeError(f"{self.op_description}: input {position} must be a tensor, got scalar {v}")
+        return cast("TensorView", v)
+
     @property
     def output(self) -> TensorView:
         return self.outputs[0]  # type: ignore[return-value]
