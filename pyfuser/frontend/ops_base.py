@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType, check_scalar_in_range, data_type_of_python
@@ -76,10 +76,16 @@ class OpsBase:
         """Each size of a new tensor's ``shape`` as an extent (``what[k]`` names it in errors; -1 refused)."""
         extents = []
         for k, size in enumerate(shape):
-            extent = self._size(size, f"{what}[{k}]")
-            assert extent is not None  # None only for an allowed -1
-            extents.append(extent)
+            extents.append(self._size(size, f"{what}[{k}]"))
         return extents
+
+    @overload
+    def _size(self, size: Any, what: str, allow_minus_one: Literal[False] = False, allow_negative: bool = False,
+              negative_input_ok: bool = False) -> SymExpr: ...
+
+    @overload
+    def _size(self, size: Any, what: str, allow_minus_one: Literal[True], allow_negative: bool = False,
+              negative_input_ok: bool = False) -> SymExpr | None: ...
 
     def _size(self, size: Any, what: str, allow_minus_one: bool = False, allow_negative: bool = False,
               negative_input_ok: bool = False) -> SymExpr | None:
