@@ -259,6 +259,12 @@ class Expr(ABC):
         return self.to_string()
 
 
+def as_tensor(v: Val) -> TensorView | None:
+    """``v`` typed as a tensor when it is one, else None: the ``is_tensor`` check as a narrowing, for
+    modules that cannot import TensorView at run time (it imports them)."""
+    return cast("TensorView", v) if v.is_tensor else None
+
+
 def indent_str(indent: int) -> str:
     return "  " * indent
 
