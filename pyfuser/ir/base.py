@@ -201,7 +201,7 @@ class Expr(ABC):
 
     @property
     def output(self) -> TensorView:
-        return self.outputs[0]  # type: ignore[return-value]
+        return self.outputs[0]  # type: ignore[return-value]  # a tensor op's; unchecked on this hot path
 
     @property
     def op_description(self) -> str:
@@ -234,7 +234,7 @@ class Expr(ABC):
         """``logical_map`` of the input at ``position``. Ops that map their operand positions
         differently (matmul's ``a`` and ``b``) override this; their ``logical_map`` of a tensor read
         at several positions (``matmul(x, x)``) keeps only the IDs all those positions map alike."""
-        return self.logical_map(self.inputs[position])  # type: ignore[arg-type]
+        return self.logical_map(self.tensor_input(position))
 
     def agreed_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         """The IDs of ``producer`` that every position it is read at maps to the same consumer ID."""
