@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
@@ -80,7 +81,7 @@ def evaluate_reference(fusion: Fusion, inputs: Sequence[Any], device: torch.devi
     ctx = EvalContext(env, device)
     values: dict[int, Any] = {id(v): a for v, a in zip(fusion.inputs(), args, strict=True)}
     for expr in fusion.exprs():
-        args = [values[id(v)] if id(v) in values else v.value for v in expr.inputs]  # type: ignore[attr-defined]
+        args = [values[id(v)] if id(v) in values else _constant(v) for v in expr.inputs]
         for out, result in zip(expr.outputs, expr.evaluate(ctx, *args), strict=True):
             values[id(out)] = result
     return [values[id(out)] for out in _returned(fusion)]
@@ -116,8 +117,16 @@ def validate_with_auto_inferred_outputs(fusion: Fusion, outputs: Sequence[torch.
     check_outputs(fusion, outputs, inputs, None)
 
 
+def _constant(v: Val) -> Any:
+    """The value of an operand that is neither a fusion input nor computed: a constant scalar."""
+    if not isinstance(v, Scalar):
+        raise RuntimeError(f"validate: {v} is neither a fusion input nor computed by an op")
+    return v.value
+
+
 def _returned(fusion: Fusion) -> list[TensorView]:
-    return [o for pos, o in enumerate(fusion.outputs()) if fusion.output_alias(pos) is None]  # type: ignore[misc]
+    outputs = fusion.outputs()
+    return [o for pos, o in enumerate(outputs) if fusion.output_alias(pos) is None]  # type: ignore[misc]  # all tensors: add_output
 
 
 def _prepare(fusion: Fusion, inputs: Sequence[Any]) -> tuple[list[Any], dict[str, int]]:
