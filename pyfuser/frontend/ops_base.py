@@ -165,8 +165,9 @@ class OpsBase:
                     if pos + rank - x.ndim in expanded[id(x)] and want is not None:
                         shape[pos] = want
                 if shape != [i.extent for i in ids]:
-                    # (an expanded operand's definition is its ExpandOp, whose input is a tensor)
-                    x = self.expand(x.definition.inputs[0], shape)  # type: ignore[union-attr, arg-type]
+                    definition = x.definition
+                    assert isinstance(definition, ExpandOp)  # x is in expanded: an ExpandOp defines it
+                    x = self.expand(definition.tensor_input(0), shape)
             result.append(x)
         return result
 
