@@ -246,16 +246,7 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
                                      f"has extent {ref.extent}; only the cat axis may differ")
             ids.append(clone_id(self, ref))
         out = self._new_tv(ids, dtype)
-        CatOp(self._fusion, out, [self._cast_tensor(t, dtype) for t in tvs], axis)
-        return out
-
-    def _cast_tensor(self, tv: TensorView, dtype: DataType) -> TensorView:
-        """``tv`` as ``dtype``, typed as a tensor (``cast`` also takes and gives scalars)."""
-        if tv.dtype == dtype:
-            return tv
-        out = self.cast(tv, dtype)
-        if not isinstance(out, TensorView):
-            raise TypeError(f"cast of tensor {tv.short_name} to {dtype} gave the scalar {out}, not a tensor")
+        CatOp(self._fusion, out, [self.cast(t, dtype) if t.dtype != dtype else t for t in tvs], axis)
         return out
 
     def pad(self, x: TensorView, pad_widths: Sequence[SizeLike], value: Operand | None = None) -> TensorView:

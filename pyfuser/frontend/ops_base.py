@@ -40,6 +40,12 @@ class OpsBase:
 
         def squeeze(self, x: TensorView, dims: Sequence[int] | int, squeeze_expanded: bool = False) -> TensorView: ...
 
+        @overload
+        def cast(self, x: TensorView, dtype: DataType | torch.dtype) -> TensorView: ...
+
+        @overload
+        def cast(self, x: Scalar | int | float | bool | complex, dtype: DataType | torch.dtype) -> Scalar: ...
+
         def cast(self, x: Operand, dtype: DataType | torch.dtype) -> PointwiseResult: ...
 
         def expand(self, x: TensorView, shape: Sequence[SizeLike]) -> TensorView: ...
@@ -74,10 +80,7 @@ class OpsBase:
 
     def _shape(self, shape: Sequence[Any], what: str) -> list[SymExpr]:
         """Each size of a new tensor's ``shape`` as an extent (``what[k]`` names it in errors; -1 refused)."""
-        extents = []
-        for k, size in enumerate(shape):
-            extents.append(self._size(size, f"{what}[{k}]"))
-        return extents
+        return [self._size(size, f"{what}[{k}]") for k, size in enumerate(shape)]
 
     @overload
     def _size(self, size: Any, what: str, allow_minus_one: Literal[False] = False, allow_negative: bool = False,

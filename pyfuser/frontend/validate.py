@@ -125,8 +125,7 @@ def _constant(v: Val) -> Any:
 
 
 def _returned(fusion: Fusion) -> list[TensorView]:
-    outputs = fusion.outputs()
-    return [o for pos, o in enumerate(outputs) if fusion.output_alias(pos) is None]  # type: ignore[misc]  # all tensors: add_output
+    return [o for pos, o in enumerate(fusion.outputs()) if fusion.output_alias(pos) is None]  # type: ignore[misc]  # add_output takes tensors
 
 
 def _prepare(fusion: Fusion, inputs: Sequence[Any]) -> tuple[list[Any], dict[str, int]]:

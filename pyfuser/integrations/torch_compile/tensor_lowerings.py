@@ -168,7 +168,7 @@ def _arg_reduction(name: str) -> Any:
 
 def _cumsum(ctx: LoweringContext, x: TensorView, dim: int, **kwargs: Any) -> TensorView:
     dtype = ctx.meta.dtype
-    source = x if x.dtype.torch_dtype == dtype else ctx.tensor(ctx.ops.cast(x, dtype))
+    source = x if x.dtype.torch_dtype == dtype else ctx.ops.cast(x, dtype)
     return ctx.ops.cumsum(source, dim)
 
 
@@ -256,7 +256,7 @@ def _embedding_dense_backward(ctx: LoweringContext, grad: Any, indices: Any, num
     rows = ctx.ops.reshape(indices, [-1])
     values = ctx.ops.reshape(grad, [-1, width])
     if values.dtype.torch_dtype != accumulate:
-        values = ctx.tensor(ctx.ops.cast(values, accumulate))
+        values = ctx.ops.cast(values, accumulate)
     if padding_idx >= 0:
         kept = ctx.ops.broadcast(ctx.tensor(ctx.ops.ne(rows, padding_idx)), [False, True])
         values = ctx.tensor(ctx.ops.where(kept, values, 0.0))
