@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.base import evaluate_exprs
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
@@ -80,10 +80,7 @@ def evaluate_reference(fusion: Fusion, inputs: Sequence[Any], device: torch.devi
         device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), torch.device("cpu"))
     ctx = EvalContext(env, device)
     values: dict[int, Any] = {id(v): a for v, a in zip(fusion.inputs(), args, strict=True)}
-    for expr in fusion.exprs():
-        args = [values[id(v)] if id(v) in values else _constant(v) for v in expr.inputs]
-        for out, result in zip(expr.outputs, expr.evaluate(ctx, *args), strict=True):
-            values[id(out)] = result
+    evaluate_exprs(fusion.exprs(), ctx, values)
     return [values[id(out)] for out in _returned(fusion)]
 
 
@@ -115,13 +112,6 @@ def check_outputs(fusion: Fusion, outputs: Sequence[torch.Tensor], inputs: Seque
 def validate_with_auto_inferred_outputs(fusion: Fusion, outputs: Sequence[torch.Tensor], inputs: Sequence[Any]) -> None:
     """nvFuser's name for checking ``outputs`` against the fusion's torch reference."""
     check_outputs(fusion, outputs, inputs, None)
-
-
-def _constant(v: Val) -> Any:
-    """The value of an operand that is neither a fusion input nor computed: a constant scalar."""
-    if not isinstance(v, Scalar):
-        raise RuntimeError(f"validate: {v} is neither a fusion input nor computed by an op")
-    return v.value
 
 
 def _returned(fusion: Fusion) -> list[TensorView]:

@@ -28,7 +28,7 @@ from pyfuser.host_ir.nodes import (
 )
 from pyfuser.host_ir.specialization import Specializations
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotRelease, SlotWait, Synchronize
-from pyfuser.ir.base import Scalar, Val
+from pyfuser.ir.base import evaluate_exprs, operand_value
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.layout import dense_strides
 from pyfuser.ir.ops.common import checked_sizes
@@ -130,19 +130,8 @@ def _aten_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list
 
     def evaluate(ctx: EvalContext, args: list[Any], out: list[Any] | None) -> list[Any]:
         env: dict[int, Any] = {id(v): a for v, a in zip(node.inputs, args, strict=True)}
-
-        def value(v: Val) -> Any:
-            # Given (a segment input) or computed by an earlier expr; else a constant scalar.
-            if id(v) in env:
-                return env[id(v)]
-            if isinstance(v, Scalar):
-                return v.value
-            raise RuntimeError(f"{node.segment}: {v} is neither an input of the segment nor computed in it")
-
-        for expr in exprs:
-            for o, r in zip(expr.outputs, expr.evaluate(ctx, *[value(v) for v in expr.inputs]), strict=True):
-                env[id(o)] = r
-        results = [value(v) for v in node.outputs]
+        evaluate_exprs(exprs, ctx, env)
+        results = [operand_value(v, env) for v in node.outputs]
         if out is not None:
             for buffer, r in zip(out, results, strict=True):
                 buffer.copy_(r)

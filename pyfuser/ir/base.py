@@ -259,6 +259,24 @@ class Expr(ABC):
         return self.to_string()
 
 
+def operand_value(v: Val, values: dict[int, Any]) -> Any:
+    """``v``'s value: given or computed (``values``, by id), else a constant scalar's."""
+    if id(v) in values:
+        return values[id(v)]
+    if isinstance(v, Scalar):
+        return v.value
+    raise RuntimeError(f"{v} is neither given nor computed by an earlier op, and no constant")
+
+
+def evaluate_exprs(exprs: Sequence[Expr], ctx: EvalContext, values: dict[int, Any]) -> None:
+    """Each of ``exprs`` in order by its torch reference, its operands read with ``operand_value``,
+    its results written to ``values``."""
+    for expr in exprs:
+        results = expr.evaluate(ctx, *[operand_value(v, values) for v in expr.inputs])
+        for out, result in zip(expr.outputs, results, strict=True):
+            values[id(out)] = result
+
+
 def as_tensor(v: Val) -> TensorView | None:
     """``v`` typed as a tensor when it is one, else None: the ``is_tensor`` check as a narrowing, for
     modules that cannot import TensorView at run time (it imports them)."""
