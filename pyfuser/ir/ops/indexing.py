@@ -64,7 +64,7 @@ class IndexSelectOp(Expr):
         self.dim = dim
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, index: torch.Tensor) -> list[Any]:
-        arg, index_tv = self.tensor_input(0, as_defined=True), self.tensor_input(1, as_defined=True)
+        arg, index_tv = self.defined_inputs
         check_indices("index_select", index, index_tv, x.shape[self.dim], arg, self.dim)
         return [torch.index_select(x, self.dim, index)]
 
@@ -124,12 +124,13 @@ class GatherOp(Expr):
         self.dim = dim
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, index: torch.Tensor) -> list[Any]:
-        arg, index_tv = self.tensor_input(0, as_defined=True), self.tensor_input(1, as_defined=True)
+        arg, index_tv = self.defined_inputs
         for d in range(x.dim()):
             if d == self.dim:
                 continue
             if (index.shape[d] != x.shape[d]) if self.exact else (index.shape[d] > x.shape[d]):
                 relation = "equal" if self.exact else "at most"
+                arg, index_tv = self.tensor_input(0, as_defined=True), self.tensor_input(1, as_defined=True)
                 raise ValueError(f"{self.op_name}: {index_tv.short_name} axis {d} has size {index.shape[d]} but must be "
                                  f"{relation} {arg.short_name} axis {d}'s size {x.shape[d]}")
         check_indices(self.op_name, index, index_tv, x.shape[self.dim], arg, self.dim)
@@ -214,11 +215,12 @@ class EmbeddingFwdOp(Expr):
 
     def evaluate(self, ctx: EvalContext, indices: torch.Tensor, weight: torch.Tensor, *values: Any) -> list[Any]:
         options = dict(zip(self.given, values, strict=True))
-        index_tv, weight_tv = self.tensor_input(0, as_defined=True), self.tensor_input(1, as_defined=True)
+        index_tv, weight_tv = self.defined_inputs[:2]
         check_indices("embedding_fwd", indices, index_tv, weight.shape[0], weight_tv, 0)
         padding_idx = options.get("padding_idx")
         if padding_idx is not None and not -weight.shape[0] <= int(padding_idx) < weight.shape[0]:
-            raise ValueError(f"embedding_fwd: padding_idx {padding_idx} is out of range for {weight_tv.short_name} "
+            raise ValueError(f"embedding_fwd: padding_idx {padding_idx} is out of range for "
+                             f"{self.tensor_input(1, as_defined=True).short_name} "
                              f"of {weight.shape[0]} rows")
         if options.get("max_norm") is not None:
             weight = weight.clone()
@@ -254,9 +256,10 @@ class IndexPutAccumulateOp(Expr):
         super().__init__(fusion, [acc, index, value], [out])
 
     def evaluate(self, ctx: EvalContext, acc: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> list[Any]:
-        acc_tv, index_tv, value_tv = (self.tensor_input(k, as_defined=True) for k in range(3))
+        acc_tv, index_tv, value_tv = self.defined_inputs
         want = (index.shape[0], *acc.shape[1:])
         if tuple(value.shape) != want:
+            acc_tv, index_tv, value_tv = (self.tensor_input(k, as_defined=True) for k in range(3))
             raise ValueError(f"index_put_accumulate: value {value_tv.short_name} has shape {tuple(value.shape)} but "
                              f"must be {want} (one row per index of {index_tv.short_name}, shaped like a row of "
                              f"{acc_tv.short_name})")
