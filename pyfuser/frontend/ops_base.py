@@ -149,8 +149,8 @@ class OpsBase:
         result = {}
         for tv in tensors:
             definition = tv.definition
-            axes = definition._expanded if isinstance(definition, ExpandOp) else []
-            result[id(tv)] = {d + rank - tv.ndim for d, _ in axes}
+            axes = definition.expanded_axes if isinstance(definition, ExpandOp) else []
+            result[id(tv)] = {d + rank - tv.ndim for d in axes}
         return result
 
     def _meet_expanded(self, operands: list[Any], extents: list[SymExpr | None],

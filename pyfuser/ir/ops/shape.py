@@ -139,6 +139,11 @@ class ExpandOp(Expr):
         #: which may be one chunk of a stream loop
         self._extent_checks = [(d, in_ids[d].extent, size) for d, size in self.size_checks]
 
+    @property
+    def expanded_axes(self) -> list[int]:
+        """The axes expanded from broadcasts (a value repeated along each)."""
+        return [d for d, _ in self._expanded]
+
     def _check_sizes(self, ctx: EvalContext, x: torch.Tensor) -> None:
         for d, extent, size in self._extent_checks:
             have, want = extent.evaluate(ctx.env), size.evaluate(ctx.env)
