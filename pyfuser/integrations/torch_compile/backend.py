@@ -43,7 +43,7 @@ from torch.fx import GraphModule, Node
 from pyfuser.integrations.torch_compile.attention_masks import fold_constant_attention_masks
 from pyfuser.integrations.torch_compile.bound_graph import BoundGraph
 from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul, lower_collective_matmuls
-from pyfuser.integrations.torch_compile.conv_layout import to_channels_last
+from pyfuser.integrations.torch_compile.conv_layout import split_convolution_biases, to_channels_last
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
 from pyfuser.integrations.torch_compile.eager_methods import call_views_as_methods
@@ -141,6 +141,7 @@ class PyfuserBackend:
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
         layout = to_channels_last(gm, saved_from if kind == "forward" else None, self.channels_last, example_inputs,
                                   training=kind != "inference")
+        split_convolution_biases(gm)
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
         pipelines = lower_collective_matmuls(gm, f"pyfuser_{kind}{sum(g.kind == kind for g in self.graphs)}")
