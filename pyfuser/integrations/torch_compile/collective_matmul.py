@@ -132,7 +132,7 @@ class CollectiveMatmul:
         """The program's communication nodes by kind (``P2PCommunication``: the pipeline's transfers;
         ``Communication``: a collective), as the latest call ran them."""
         program = self.executor._cache.last_program
-        container = getattr(program, "container", None)
+        container = program.container if program is not None else None
         counts = {"P2PCommunication": 0, "Communication": 0}
         for node in container.walk() if container is not None else ():
             if isinstance(node, P2PCommunication):
