@@ -196,7 +196,7 @@ def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
             launch(frame.ctx, [values[i] for i in ins], [values[o] for o in outs])
 
         return step_into
-    bound = BoundLaunches(node.segment) if cc.top_level else None
+    bound = cc.bound_launches(node) if cc.top_level else None
 
     def step(frame: Frame) -> None:
         values, ctx = frame.values, frame.ctx
@@ -210,8 +210,6 @@ def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
         for o, r in zip(outs, results, strict=True):
             values[o] = r
 
-    #: what a straight-line function of a bound program replays (``straight_line.py``)
-    step.bound_launches = bound  # type: ignore[attr-defined]  # a function attribute, read with getattr
     return step
 
 
