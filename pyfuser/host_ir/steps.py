@@ -28,7 +28,8 @@ from pyfuser.host_ir.nodes import (
 )
 from pyfuser.host_ir.specialization import Specializations
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotRelease, SlotWait, Synchronize
-from pyfuser.ir.base import evaluate_exprs, operand_value
+from pyfuser.ir.analysis.fused_exprs import FusedExprs
+from pyfuser.ir.base import Expr, evaluate_exprs, operand_value
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.layout import dense_strides
 from pyfuser.ir.ops.common import checked_sizes
@@ -125,7 +126,7 @@ def _aten_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list
     """The segment's exprs evaluated by ATen, results written like the kernel's (dense in its output
     orders, or into the given buffers): for sizes where the kernel has no program (``NoPrograms``)."""
     source = node.source_expr
-    exprs = list(getattr(source, "exprs", ()))
+    exprs: list[Expr] = list(source.exprs) if isinstance(source, FusedExprs) else []  # a kernel segment lowered
     perms = node.segment.output_perms
 
     def evaluate(ctx: EvalContext, args: list[Any], out: list[Any] | None) -> list[Any]:
