@@ -9,6 +9,8 @@ promises nothing, and inside a stream loop every tensor is a chunk (a view) that
 
 from __future__ import annotations
 
+import torch
+
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
@@ -26,8 +28,10 @@ from pyfuser.scheduler.schedulers import SCHEDULERS, is_kernel, size_dependent
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, segment_fusion_copy
 
 
-def kernel_target(options: CompileOptions) -> str:
-    return "cuda" if options.device.type == "cuda" else "interpreter"
+def kernel_target(device: torch.device) -> str:
+    """What the code generator writes kernels on ``device`` for: compiled for CUDA, else run by Triton's
+    interpreter (fd.execute's and manual_execute's kernels alike)."""
+    return "cuda" if device.type == "cuda" else "interpreter"
 
 
 def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
@@ -59,7 +63,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
             layouts[original.name] = _layout(fusion, original, dense, chunked)
     scheduler = SCHEDULERS[group.scheduler]
     name = f"{group.scheduler.name}_kernel"
-    target = kernel_target(options)
+    target = kernel_target(options.device)
     machine = Machine.of(options.device)
 
     unscheduled: list[Fusion] = []  # a copy analyzed for its extents, scheduled by the first build

@@ -25,6 +25,7 @@ from pyfuser.ir.layout import Layout, contiguity_of_strides, memory_order
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime import profiling
 from pyfuser.runtime.inputs import InputBinder
+from pyfuser.runtime.kernels import kernel_target
 from pyfuser.scheduler.reduction import schedule_final_step
 from pyfuser.scheduler.registry import Machine
 from pyfuser.scheduler.tools import parallelize_like, transform_like
@@ -98,7 +99,7 @@ class ManualKernels:
                 order = tuple(memory_order(a.shape, a.stride()))
                 layouts[tv.name] = Layout.of(order, contiguity_of_strides(a.shape, a.stride(), order,
                                                                           [s == 1 for s in a.shape]))
-        target = "cuda" if device.type == "cuda" else "interpreter"
+        target = kernel_target(device)
         copy, ref, layouts = _prepared(self.fusion, reference, layouts)
         # A schedule from a scheduler (its params name the reference) gets the scheduler's final step
         # for a grid reduction; a hand-written one keeps its own.
