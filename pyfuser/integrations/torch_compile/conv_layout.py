@@ -88,10 +88,18 @@ def _convolutions(gm: GraphModule) -> list[Node]:
     return found
 
 
+def _groups(node: Node) -> int:
+    """A convolution's ``groups`` (an ``int`` in ATen's schemas)."""
+    groups = node.args[_CONVOLUTIONS[node.target][3]]
+    if not isinstance(groups, int | torch.SymInt):
+        raise TypeError(f"{node.name}: a convolution's groups is an int, got {type(groups).__name__}")
+    return int(groups)
+
+
 def _channels(node: Node) -> tuple[int, int, bool]:
     """A convolution's input and output channels, and whether it has a spatial kernel larger than 1."""
-    _, w, t, g = _CONVOLUTIONS[node.target]
-    weight, transposed, groups = _val(node.args[w]), bool(node.args[t]), int(node.args[g])  # type: ignore[arg-type]
+    _, w, t, _ = _CONVOLUTIONS[node.target]
+    weight, transposed, groups = _val(node.args[w]), bool(node.args[t]), _groups(node)
     first, second = int(weight.shape[0]), int(weight.shape[1])
     inputs, outputs = (first, second * groups) if transposed else (second * groups, first)
     return inputs, outputs, any(int(k) > 1 for k in weight.shape[2:])
@@ -115,7 +123,7 @@ def layout_refusal(gm: GraphModule, force: bool | None = None, training: bool = 
         return None
     channels = [_channels(n) for n in convolutions]
     for node, (inputs, _, _) in zip(convolutions, channels, strict=True):
-        groups = int(node.args[_CONVOLUTIONS[node.target][3]])  # type: ignore[arg-type]
+        groups = _groups(node)
         if groups > 1 and inputs // groups > 1:
             return f"{node.name} is a grouped convolution of {inputs // groups} input channels per group"
         if groups > 1 and training:
