@@ -30,6 +30,7 @@ from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
 from pyfuser.codegen.values import ValueLowering
 from pyfuser.ir.analysis.id_graph import IdGraph
+from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes
 from pyfuser.ir.base import Val
 from pyfuser.ir.dtypes import DataType
@@ -641,6 +642,28 @@ class KernelBuilder(ValueLowering):
             if self._outside_the_pass(e.inputs[0], group, set(classes)):
                 group.append(e)
         return group[1:]
+
+    def online_sums(self, group: list[ReductionOp | VarMeanOp]) -> list[tuple[ReductionOp, ReductionOp]]:
+        """Sums of ``exp(y - max(y))`` (``softmax_shift``) whose max is in ``group`` and that iterate its
+        serial reduction loops, each with that max: they accumulate in the same pass, each lane's sum
+        kept relative to the lane's running max (an online softmax), so the row is read once for
+        both."""
+        leader = group[0].outputs[0]
+        assert isinstance(leader, TensorView)
+        classes = sorted(self._serial_reduction_classes(leader))
+        members = {id(e) for e in group}
+        found: list[tuple[ReductionOp, ReductionOp]] = []
+        if not classes:
+            return found
+        for e in self.exprs:
+            if not isinstance(e, ReductionOp) or id(e) in members:
+                continue
+            shift = softmax_shift(e)
+            if shift is None or id(shift) not in members:
+                continue
+            if sorted(self._serial_reduction_classes(e.output)) == classes and self._indexed_here(e.output):
+                found.append((e, shift))
+        return found
 
     def share_reduction_loops(self, leader: TensorView, others: list[TensorView]) -> None:
         """Bind the serial reduction loop IDs of ``others`` to the loops just opened for ``leader``'s."""

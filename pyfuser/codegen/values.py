@@ -26,7 +26,7 @@ Floating reductions are as accurate as torch's, also on data far from 0 (rows of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -181,6 +181,11 @@ class _Accumulation:
 
     #: the tile axes the accumulators span: those the reduction's loop domain iterates
     axes: frozenset[int]
+    #: an online sum of ``exp(y - max(y))``: the max's accumulation its lanes' sums are relative to
+    shift: _Accumulation | None = None
+    #: a max: the online sums it rescales, and the name of its lanes' maxima kept for their finish
+    rescaled: list[_Accumulation] = field(default_factory=list)
+    lane_max: str = ""
 
     def shape(self, builder: KernelBuilder) -> str:
         """The accumulators' tile shape: the tile's size along their axes, 1 along the others."""
@@ -397,6 +402,7 @@ class ValueLowering:
         if leader is None:
             return
         group = [leader, *(a for a in map(self._accumulation, self.sibling_reductions(expr)) if a is not None)]
+        group += self._online(group)
         for acc in group:
             acc.declare(self)
         out = leader.out
@@ -406,7 +412,10 @@ class ValueLowering:
         # Conditions the same for the whole tile (a row past the end): a branch around the reads.
         branched = code.branch(code.uniform())
         for acc in group:
-            self._accumulate(acc)
+            if acc.rescaled:
+                self._accumulate_online(acc)
+            elif acc.shift is None:
+                self._accumulate(acc)
         if opened:
             for position, tv in self.outputs_of_the_pass(out, [a.expr for a in group]):
                 self._store(tv, position)
@@ -416,7 +425,55 @@ class ValueLowering:
         for _ in range(opened):
             code.close()
         for acc in group:
+            if acc.rescaled:  # the lanes' maxima, before the max's finish reduces them in place
+                acc.lane_max = code.assign("m", acc.names[0], cse=False)
+        for acc in group:
             self._finish(acc)
+
+    def _online(self: KernelBuilder, group: list[_Accumulation]) -> list[_Accumulation]:
+        """The accumulations of the online sums of ``group``'s maxima (``online_sums``): Kahan-compensated
+        sums over the same tile axes as their max, linked to it."""
+        by_expr = {id(a.expr): a for a in group}
+        found = []
+        for expr, shift in self.online_sums([a.expr for a in group]):
+            acc, m = self._accumulation(expr), by_expr[id(shift)]
+            if acc is not None and acc.compensated and acc.axes == m.axes and acc.dtype is m.dtype:
+                acc.shift = m
+                m.rescaled.append(acc)
+                found.append(acc)
+        return found
+
+    def _accumulate_online(self: KernelBuilder, m: _Accumulation) -> None:
+        """A max and the online sums of ``exp(y - max)`` it shifts, at this loop point: each lane's
+        running max grows with its value, its sums are rescaled by ``exp(m_old - m_new)``, then add
+        ``exp(y - m_new)``.
+
+        A lane whose values so far are all -inf keeps a max of -inf and sums of 0: its scale is 1
+        where the max does not change and its terms subtract 0 (``exp(-inf - 0)``, not
+        ``exp(-inf + inf)``). The lanes' sums join at the finish, each scaled by ``exp(lane max - row
+        max)``: that is NaN for a row of only -inf (``-inf + inf``), as ``exp(y - max)`` is there."""
+        code = self.code
+        expr, out, (running,) = m.expr, m.out, m.names
+        y = expr.inputs[0]
+        assert isinstance(y, TensorView)
+        indices = self.walk_back(out)
+        value = self.convert(self.value(y, self.producer_indices(expr, y, indices)), y.dtype, m.dtype)
+        own = " ".join(indices.of[id(i)] for i in _domain_ids(out) if i.is_reduction and id(i) in indices.of)
+        mask = code.mask(m.axes, uses=f"{value} {own}")
+        grown = f"_max({running}, {value})"
+        new = code.assign("m", f"tl.where({mask}, {grown}, {running})" if mask else grown, cse=False)
+        scale = code.assign("f", f"tl.where({new} == {running}, 1.0, tl.exp({running} - {new}))", cse=False)
+        shift = code.assign("m", f"tl.where({new} == -_INF, 0.0, {new})", cse=False)
+        # The terms read the lane's max where they read the row's: in a scope of their own, so that no
+        # other consumer at this loop point (an output of the pass) finds these lane-relative values.
+        code.open_private()
+        code.remember(m.key, shift)
+        for acc in m.rescaled:
+            for name in acc.names:
+                code.emit(f"{name} = {name} * {scale}")
+            self._accumulate(acc)
+        code.close_private()
+        code.emit(f"{running} = {new}")
 
     def _accumulation(self: KernelBuilder, expr: ReductionOp | VarMeanOp) -> _Accumulation | None:
         """How ``expr`` accumulates at this loop point; None when its value is already here."""
@@ -520,6 +577,13 @@ class ValueLowering:
                                          if i.is_reduction} - {None})  # type: ignore[type-var]
         if axes and len(axes) == len(self.tile_shape):
             axes = [None]  # every tile axis is reduced: one reduction to a scalar (stores take scalars)
+        if acc.shift is not None:  # an online sum: each lane's sums from its max to the row's
+            shift = acc.shift
+            row_max = code.recall((shift.out.name, *shift.key[1:]))
+            assert row_max is not None  # the max finishes first
+            scale = code.assign("f", f"tl.exp({shift.lane_max} - {row_max})", cse=False)
+            for name in names:
+                code.emit(f"{name} = {name} * {scale}")
         if on_chip:
             values, valid = names
             total = code.assign("s", values, cse=False)
