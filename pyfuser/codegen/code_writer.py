@@ -98,14 +98,6 @@ class CodeWriter:
         self.indent -= 1
         self._scopes.pop()
 
-    def open_private(self) -> None:
-        """Enter a scope with no header of its own: values computed in it, until ``close_private``,
-        are not found by later code of the enclosing scope (values only right for one consumer)."""
-        self._scopes.append(_Scope())
-
-    def close_private(self) -> None:
-        self._scopes.pop()
-
     def remember(self, key: tuple[object, ...], name: str) -> None:
         self._scopes[-1].values[key] = name
 

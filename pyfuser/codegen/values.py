@@ -444,14 +444,14 @@ class ValueLowering:
         return found
 
     def _accumulate_online(self: KernelBuilder, m: _Accumulation) -> None:
-        """A max and the online sums of ``exp(y - max)`` it shifts, at this loop point: each lane's
-        running max grows with its value, its sums are rescaled by ``exp(m_old - m_new)``, then add
-        ``exp(y - m_new)``.
+        """A max and the online sums of ``exp(y - max)`` it shifts, at this loop point, with one
+        exponential per value: where ``y`` raises the lane's running max, the lane's sums are rescaled
+        by ``exp(m_old - y)`` and add ``exp(0) = 1``; elsewhere they add ``exp(y - m)``.
 
-        A lane whose values so far are all -inf keeps a max of -inf and sums of 0: its scale is 1
-        where the max does not change and its terms subtract 0 (``exp(-inf - 0)``, not
-        ``exp(-inf + inf)``). The lanes' sums join at the finish, each scaled by ``exp(lane max - row
-        max)``: that is NaN for a row of only -inf (``-inf + inf``), as ``exp(y - max)`` is there."""
+        A lane whose values so far are all -inf keeps a max of -inf and sums of 0 (its terms are 0,
+        not ``exp(-inf + inf)``). The lanes' sums join at the finish, each scaled by ``exp(lane max -
+        row max)``: NaN for a row of only -inf (``-inf + inf``) or with a +inf, as ``exp(y - max)``
+        makes some term there; a NaN value makes the lane's max and sums NaN."""
         code = self.code
         expr, out, (running,) = m.expr, m.out, m.names
         y = expr.inputs[0]
@@ -462,17 +462,16 @@ class ValueLowering:
         mask = code.mask(m.axes, uses=f"{value} {own}")
         grown = f"_max({running}, {value})"
         new = code.assign("m", f"tl.where({mask}, {grown}, {running})" if mask else grown, cse=False)
-        scale = code.assign("f", f"tl.where({new} == {running}, 1.0, tl.exp({running} - {new}))", cse=False)
-        shift = code.assign("m", f"tl.where({new} == -_INF, 0.0, {new})", cse=False)
-        # The terms read the lane's max where they read the row's: in a scope of their own, so that no
-        # other consumer at this loop point (an output of the pass) finds these lane-relative values.
-        code.open_private()
-        code.remember(m.key, shift)
+        rises = code.assign("g", f"{mask} & ({value} > {running})" if mask else f"{value} > {running}", cse=False)
+        # (a masked lane's value is a placeholder: it neither rises nor adds, the sum's mask drops its term)
+        power = code.assign("e", f"tl.where({new} == -_INF, 0.0, tl.exp(tl.where({rises}, {running} - {value}, "
+                                 f"{value} - {new})))", cse=False)
+        scale = code.assign("f", f"tl.where({rises}, {power}, 1.0)", cse=False)
+        term = code.assign("e", f"tl.where({rises}, 1.0, {power})", cse=False)
         for acc in m.rescaled:
             for name in acc.names:
                 code.emit(f"{name} = {name} * {scale}")
-            self._accumulate(acc)
-        code.close_private()
+            self._accumulate(acc, term)
         code.emit(f"{running} = {new}")
 
     def _accumulation(self: KernelBuilder, expr: ReductionOp | VarMeanOp) -> _Accumulation | None:
@@ -516,16 +515,18 @@ class ValueLowering:
             axes |= dims
         return frozenset(axes) if axes else every  # a value per program: the stores take a tile
 
-    def _accumulate(self: KernelBuilder, acc: _Accumulation) -> None:
-        """Add this loop point's values into the accumulators of ``acc``."""
+    def _accumulate(self: KernelBuilder, acc: _Accumulation, value: str | None = None) -> None:
+        """Add this loop point's values (``value``: given, already in the accumulators' dtype) into the
+        accumulators of ``acc``."""
         code = self.code
         expr, out, names, acc_dtype, on_chip, welford = acc.expr, acc.out, acc.names, acc.dtype, acc.on_chip, acc.welford
         kind = None if welford else expr.kind
         indices = self.walk_back(out)
         producer = expr.inputs[0]
         assert isinstance(producer, TensorView)
-        value = self.convert(self.value(producer, self.producer_indices(expr, producer, indices)), producer.dtype,
-                             acc_dtype)
+        if value is None:
+            value = self.convert(self.value(producer, self.producer_indices(expr, producer, indices)), producer.dtype,
+                                 acc_dtype)
         # The bounds of the value's own indices and of the reduction's indices, from its loops to
         # its logical IDs (a split that overshoots the reduced extent is bounded there, also where
         # the value does not vary along the axis: a sum over an expanded axis); a bound of an

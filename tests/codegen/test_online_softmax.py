@@ -14,10 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyfuser import DataType, FusionDefinition
+from pyfuser.codegen.values import ValueLowering
 from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.ops import ReductionOp, ReductionOpType
 from pyfuser.ir.tensor_view import TensorView
-from tests.codegen.conftest import execute_with_aten, kernel_segments
+from pyfuser.scheduler.registry import Machine
+from tests.codegen.conftest import execute_with_aten, execute_with_kernels, kernel_segments
 
 #: Rows this wide are read in a loop on the interpreter's machine (``Machine.of``: rows on chip up to
 #: 1024, few rows split across programs from 2049 columns); odd widths, so the last step is partial.
@@ -133,6 +135,21 @@ def test_looped_rows_match_torch_in_one_pass(name: str, dtype: torch.dtype, cols
                                    rtol=1e-5 if dtype is torch.float32 else None)
     for g, a in zip(got, execute_with_aten(fd, inputs), strict=True):
         torch.testing.assert_close(g, a)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_gpus_schedule_in_the_interpreter(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel an H100 or H200 runs (132 SMs: rows of 20001 in loop steps of 8192, tile sums written
+    as a GPU thread adds), through Triton's interpreter."""
+    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(132, 16384, 2048)))
+    monkeypatch.setattr(ValueLowering, "gpu_sums", property(lambda self: True))
+    fd = _fusion(name, torch.bfloat16)
+    inputs = _inputs(name, _rows(2, 20001, torch.bfloat16, "cpu"))
+    got = execute_with_kernels(fd, inputs)
+    assert kernel_segments(fd)[0].scheduler_params.shape == "loop"
+    assert _normalization_kernel_code(fd).count(" for ") == FAMILIES[name][2]
+    for g, w in zip(got, FAMILIES[name][1](*inputs), strict=True):
+        torch.testing.assert_close(g, w.to(g.dtype))
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
