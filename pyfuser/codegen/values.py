@@ -462,10 +462,10 @@ class ValueLowering:
         mask = code.mask(m.axes, uses=f"{value} {own}")
         grown = f"_max({running}, {value})"
         new = code.assign("m", f"tl.where({mask}, {grown}, {running})" if mask else grown, cse=False)
-        rises = code.assign("g", f"{mask} & ({value} > {running})" if mask else f"{value} > {running}", cse=False)
-        # (a masked lane's value is a placeholder: it neither rises nor adds, the sum's mask drops its term)
-        power = code.assign("e", f"tl.where({new} == -_INF, 0.0, tl.exp(tl.where({rises}, {running} - {value}, "
-                                 f"{value} - {new})))", cse=False)
+        # (a masked lane's value is a placeholder: its max does not rise, the sum's mask drops its term)
+        rises = code.assign("g", f"{new} > {running}", cse=False)
+        power = code.assign("e", f"tl.where({new} == -_INF, 0.0, tl.exp(tl.where({rises}, {running}, {value}) - {new}))",
+                            cse=False)
         scale = code.assign("f", f"tl.where({rises}, {power}, 1.0)", cse=False)
         term = code.assign("e", f"tl.where({rises}, 1.0, {power})", cse=False)
         for acc in m.rescaled:

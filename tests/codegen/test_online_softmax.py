@@ -213,12 +213,17 @@ def test_one_row_of_one_column_and_no_rows(device: str, run_kernels) -> None:
             torch.testing.assert_close(got[0], FAMILIES[name][1](x)[0])
 
 
-@settings(max_examples=8, deadline=None)
-@given(cols=st.integers(1025, 2600), masked=st.integers(0, 2600), rows=st.integers(1, 3))
-def test_softmax_of_masked_rows_matches_torch(cols: int, masked: int, rows: int) -> None:
-    """Any looped width, any number of leading -inf (all of the row: NaN as torch's)."""
-    x = torch.randn(rows, cols)
+@settings(max_examples=10, deadline=None)
+@given(cols=st.integers(1025, 2048), masked=st.integers(0, 2048), rows=st.integers(1, 3),
+       special=st.sampled_from([None, float("inf"), float("nan"), float("-inf")]), at=st.integers(0, 2047))
+def test_softmax_of_masked_rows_matches_torch(cols: int, masked: int, rows: int, special: float | None,
+                                              at: int) -> None:
+    """Any looped width, any number of leading -inf (all of the row: NaN as torch's), and a value that is
+    not finite anywhere in the last row."""
+    x = torch.randn(rows, cols) * 10
     x[:, :masked] = float("-inf")
+    if special is not None:
+        x[-1, at % cols] = special
     fd = _fusion("softmax", torch.float32)
     (got,) = fd.execute([x], _enable_options=["triton_interpreter"])
     torch.testing.assert_close(got, torch.softmax(x, 1), equal_nan=True)
