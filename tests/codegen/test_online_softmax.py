@@ -203,8 +203,11 @@ def test_an_output_of_the_shifted_exponentials_is_not_lane_relative(device: str,
     torch.testing.assert_close(p, torch.softmax(x, 1))
 
 
-def test_one_row_of_one_column_and_no_rows(device: str, run_kernels) -> None:
-    """Rows of one element stay on chip; no rows of a looped width give empty results."""
+def test_rows_of_one_column_no_rows_and_empty_rows(device: str, run_kernels) -> None:
+    """Rows of one element stay on chip; no rows of a looped width give empty results; rows of no
+    element have no max (ATen's amax raises too): a clear error, not a kernel's -inf."""
+    with pytest.raises(ValueError, match="axis 1 has size 0; the max of an empty axis is undefined"):
+        run_kernels(_fusion("softmax", torch.float32), [torch.randn(3, 0, device=device)])
     for shape in ((5, 1), (0, 3001)):
         x = torch.randn(*shape, device=device)
         for name in ("softmax", "logsumexp"):
