@@ -30,7 +30,6 @@ from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
 from pyfuser.codegen.values import ValueLowering
 from pyfuser.ir.analysis.id_graph import IdGraph
-from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes
 from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.dtypes import DataType
@@ -644,8 +643,8 @@ class KernelBuilder(ValueLowering):
         return group[1:]
 
     def online_sums(self, group: list[ReductionOp | VarMeanOp]) -> list[tuple[ReductionOp, ReductionOp]]:
-        """Sums of ``exp(y - max(y))`` (``softmax_shift``) whose max is in ``group`` and that iterate its
-        serial reduction loops, each with that max: they accumulate in the same pass, each lane's sum
+        """Sums the schedule accumulates in the pass of their max (``ReductionOp.online_max``), that max
+        in ``group`` and iterating its serial reduction loops, each with that max: each lane's sum is
         kept relative to the lane's running max (an online softmax), so the row is read once for
         both."""
         leader = group[0].outputs[0]
@@ -658,7 +657,7 @@ class KernelBuilder(ValueLowering):
         for e in self.exprs:
             if not isinstance(e, ReductionOp) or id(e) in members:
                 continue
-            shift = softmax_shift(e)
+            shift = e.online_max
             if shift is None or id(shift) not in members:
                 continue
             if sorted(self._serial_reduction_classes(e.output)) == classes and self._indexed_here(e.output):

@@ -7,18 +7,20 @@ of -inf, +inf and NaN, and as accurate against float64."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyfuser import DataType, FusionDefinition
+from pyfuser import DataType, FusionDefinition, schedule
 from pyfuser.codegen.values import ValueLowering
 from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.ops import ReductionOp, ReductionOpType
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.scheduler.registry import Machine
+from pyfuser.scheduler import inner_persistent
+from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from tests.codegen.conftest import execute_with_aten, execute_with_kernels, kernel_segments
 
 #: Rows this wide are read in a loop on the interpreter's machine (``Machine.of``: rows on chip up to
@@ -139,7 +141,7 @@ def test_looped_rows_match_torch_in_one_pass(name: str, dtype: torch.dtype, cols
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_a_gpus_schedule_in_the_interpreter(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel an H100 or H200 runs (132 SMs: rows of 20001 in loop steps of 8192, tile sums written
+    """The kernel an H100 or H200 runs (132 SMs: rows of 20001 in loop steps of 4096, tile sums written
     as a GPU thread adds), through Triton's interpreter."""
     monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(132, 16384, 2048)))
     monkeypatch.setattr(ValueLowering, "gpu_sums", property(lambda self: True))
@@ -234,6 +236,51 @@ def test_softmax_of_masked_rows_matches_torch(cols: int, masked: int, rows: int,
 
 def _reductions(fd: FusionDefinition) -> dict[ReductionOpType, ReductionOp]:
     return {e.kind: e for e in fd.fusion.exprs() if isinstance(e, ReductionOp)}
+
+
+@pytest.mark.parametrize("online", [True, False])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_the_schedule_puts_the_sum_in_the_max_pass(name: str, online: bool) -> None:
+    """``ReductionParams.online`` (on by default; ``kernels.py --sweep`` turns it off): on, the schedule
+    marks the sum of ``exp(y - max)`` for its max's pass, and the statistics take one loop over the row;
+    off, one loop each. torch's values either way."""
+    fd = _fusion(name, torch.float32)
+    inputs = _inputs(name, _rows(3, 2011, torch.float32, "cpu"))
+    params = schedule.compute_heuristics(fd.fusion, SchedulerType.inner_persistent, inputs)
+    assert params.shape == "loop" and params.online
+    params = replace(params, online=online)
+    schedule.schedule(fd.fusion, SchedulerType.inner_persistent, params)
+    found = _reductions(fd)
+    assert found[ReductionOpType.sum].online_max is (found[ReductionOpType.max] if online else None)
+    got = fd.manual_execute(inputs, params)
+    code = fd.last_kernel_code()
+    loops = code[code.index("def manual_kernel"):].count(" for ")
+    assert loops == FAMILIES[name][2] + (0 if online else 1)
+    for g, w in zip(got, FAMILIES[name][1](*inputs), strict=True):
+        torch.testing.assert_close(g, w.to(g.dtype).reshape(g.shape), atol=1e-5, rtol=1e-5)
+
+
+def _row_losses(fd: FusionDefinition, dtype: torch.dtype) -> None:
+    """Cross-entropy per row of 131072 logits (one segment: no mean, no size read from the input)."""
+    x = _input(fd, dtype)
+    target = fd.define_tensor([-1], dtype=DataType.Int)
+    m = fd.ops.max(x, [1], keepdim=True)
+    lse = fd.ops.add(fd.ops.log(fd.ops.sum(fd.ops.exp(fd.ops.sub(x, m)), [1], keepdim=True)), m)
+    hot = fd.ops.eq(fd.ops.broadcast(fd.ops.iota(131072, 0, 1, DataType.Int), [True, False]),
+                    fd.ops.broadcast(target, [False, True]))
+    fd.add_output(fd.ops.sub(lse, fd.ops.sum(fd.ops.where(hot, x, 0.0), [1], keepdim=True)))
+
+
+@pytest.mark.parametrize(("define", "dtype", "step"), [(_softmax, torch.bfloat16, 4096), (_softmax, torch.float32, 2048),
+                                                       (_row_losses, torch.bfloat16, 4096)])
+def test_a_looped_row_loads_a_vector_per_thread_per_step(define: Define, dtype: torch.dtype, step: int) -> None:
+    """On a GPU (132 SMs), rows wider than a tile loop in steps of one 16-byte load per thread on 16 warps,
+    by the row's element size (a cross-entropy's int64 targets, one per row, do not count)."""
+    with FusionDefinition() as fd:
+        define(fd, dtype)
+    params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(131072, 512, Machine(132, 16384, 2048)))
+    assert (params.shape, params.tile, params.num_warps, params.online) == ("loop", step, 16, True)
+    assert f"loop step: {step}, online softmax: True" in str(params)
 
 
 def test_the_shift_is_recognized_in_the_ir() -> None:
