@@ -185,6 +185,8 @@ class _Accumulation:
     axes: frozenset[int]
     #: an online sum of ``exp(y - max(y))``: the max's accumulation its lanes' sums are relative to
     shift: _Accumulation | None = None
+    #: a sum of an online softmax's pass: a plain float32 sum per lane, the lanes' sums joined in float64
+    plain: bool = False
     #: a max: the online sums it rescales, and the name of its lanes' maxima kept for their finish
     rescaled: list[_Accumulation] = field(default_factory=list)
     lane_max: str = ""
@@ -446,7 +448,15 @@ class ValueLowering:
         if leader is None:
             return
         group = [leader, *(a for a in map(self._accumulation, self.sibling_reductions(expr)) if a is not None)]
-        group += self._online(group)
+        online = self._online(group)
+        if online:
+            # The pass computes two exponentials per value: its other sums (cross-entropy's picked
+            # logit) add plainly per lane, as the online sums do, where Kahan's terms would cost as
+            # much again (a lane adds one value per step: a few dozen on the widest rows).
+            for acc in group:
+                if acc.compensated:
+                    acc.compensated, acc.plain, acc.names = False, True, acc.names[:1]
+        group += online
         for acc in group:
             acc.declare(self)
         out = leader.out
@@ -484,7 +494,7 @@ class ValueLowering:
         for expr, shift in self.online_sums([a.expr for a in group]):
             acc, m = self._accumulation(expr), by_expr[id(shift)]
             if acc is not None and acc.compensated and acc.axes == m.axes and acc.dtype is m.dtype:
-                acc.shift, acc.compensated, acc.names = m, False, acc.names[:1]
+                acc.shift, acc.compensated, acc.plain, acc.names = m, False, True, acc.names[:1]
                 m.rescaled.append(acc)
                 found.append(acc)
         return found
@@ -663,15 +673,16 @@ class ValueLowering:
         else:
             kind = expr.kind
             value = names[0]
-            if acc.shift is not None:
-                # An online sum: each lane's sum moved from its max to the row's, then the lanes'
-                # sums added in float64 (once per row).
+            if acc.plain:
+                # A sum of an online softmax's pass: the lanes' sums added in float64 (once per row),
+                # an online sum's each moved from its lane's max to the row's first.
                 peak = acc.shift
-                row_max = code.recall((peak.out.name, *peak.key[1:]))
-                assert row_max is not None  # the max finishes first
+                if peak is not None:
+                    row_max = code.recall((peak.out.name, *peak.key[1:]))
+                    assert row_max is not None  # the max finishes first
+                    value = f"{value} * tl.exp({peak.lane_max} - {row_max})"
                 wide = DataType.Double
-                value = code.assign("v", self.convert(f"{value} * tl.exp({peak.lane_max} - {row_max})", acc_dtype,
-                                                      wide), cse=False)
+                value = code.assign("v", self.convert(value, acc_dtype, wide), cse=False)
                 self._sum_over(value, axes)
                 acc_dtype = wide
             elif compensated:
