@@ -135,11 +135,13 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
 @pytest.mark.parametrize("shape", ["loop", "split"])
 def test_the_sweep_of_looped_rows_varies_step_warps_and_the_online_pass(shape: str) -> None:
     """``--sweep`` of a normalization over looped rows: loop steps x warps x the online softmax on and off
-    (one GPU call compares them), and for few wide rows (split) programs per row too."""
-    base = ReductionParams(SchedulerType.inner_persistent, 0, shape, tile=4096, num_warps=16,
+    (one GPU call compares them), the L2 hint flipped at the default step, and for few wide rows (split)
+    programs per row too."""
+    base = ReductionParams(SchedulerType.inner_persistent, 0, shape, tile=4096, num_warps=16, evict_last=False,
                            split=3 if shape == "split" else 1)
     variants = kernels._variants(SchedulerType.inner_persistent, base, 2)
     loops = {(v.tile, v.num_warps, v.online) for v in variants if v.shape == "loop"}
     assert {(t, w, o) for t in (1024, 2048, 4096, 8192) for w in (8, 16) for o in (True, False)} <= loops
     assert any(v.shape == "split" for v in variants) == (shape == "split")
+    assert {(v.tile, v.num_warps, v.online) for v in variants if v.evict_last} == {(4096, 16, True), (4096, 16, False)}
     assert all(v.shape in ("loop", "split") for v in variants)
