@@ -203,9 +203,12 @@ def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
         loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w, online=online, num_stages=0)
                  for t in (1024, 2048, 4096, 8192) for w in (4, 8, 16) for online in (True, False)
                  if w != 4 or (online and t in (2048, 4096))]
-        # the L2 hint flipped (``inner_persistent.EVICT_LAST_MIN_BYTES``) at the default step and warps
+        # at the default step and warps: the L2 hint flipped (``inner_persistent.EVICT_LAST_MIN_BYTES``),
+        # and the loops software-pipelined (more loads in flight per program)
         loops += [dataclasses.replace(loops[0], tile=params.tile, num_warps=params.num_warps, online=online,
                                       evict_last=not params.evict_last) for online in (True, False)]
+        loops += [dataclasses.replace(loops[0], tile=params.tile, num_warps=params.num_warps, online=True,
+                                      num_stages=stages) for stages in (2, 3)]
         splits = [dataclasses.replace(params, shape="split", tile=t, split=g, num_warps=w)
                   for g in (2, 4, 8) for t in (2048, 4096) for w in (8, 16)]
         return loops + (splits if params.shape == "split" else [])

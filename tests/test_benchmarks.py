@@ -135,8 +135,8 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
 @pytest.mark.parametrize("shape", ["loop", "split"])
 def test_the_sweep_of_looped_rows_varies_step_warps_and_the_online_pass(shape: str) -> None:
     """``--sweep`` of a normalization over looped rows: loop steps x warps x the online softmax on and off
-    (one GPU call compares them), the L2 hint flipped at the default step, and for few wide rows (split)
-    programs per row too."""
+    (one GPU call compares them), the L2 hint flipped and the loops pipelined at the default step, and for
+    few wide rows (split) programs per row too."""
     base = ReductionParams(SchedulerType.inner_persistent, 0, shape, tile=4096, num_warps=16, evict_last=False,
                            split=3 if shape == "split" else 1)
     variants = kernels._variants(SchedulerType.inner_persistent, base, 2)
@@ -144,4 +144,5 @@ def test_the_sweep_of_looped_rows_varies_step_warps_and_the_online_pass(shape: s
     assert {(t, w, o) for t in (1024, 2048, 4096, 8192) for w in (8, 16) for o in (True, False)} <= loops
     assert any(v.shape == "split" for v in variants) == (shape == "split")
     assert {(v.tile, v.num_warps, v.online) for v in variants if v.evict_last} == {(4096, 16, True), (4096, 16, False)}
+    assert {(v.tile, v.num_warps, v.num_stages) for v in variants if v.num_stages} == {(4096, 16, 2), (4096, 16, 3)}
     assert all(v.shape in ("loop", "split") for v in variants)
