@@ -49,10 +49,10 @@ def _median_us(fn: Callable[[], Any], repeats: int) -> float:
 
 
 class _NoLaunch:
-    """Stands in for a jitted kernel: ``fn[grid](*args)`` does nothing."""
+    """Stands in for an interpreted kernel's launch (``DirectLaunches._interpret``): does nothing."""
 
-    def __getitem__(self, grid: Any) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
+    def __call__(self, grid: Any, params: Any, stream: Any) -> None:
+        return None
 
 
 def _compiled_kernels(segment: Any) -> list[Any]:
@@ -69,8 +69,7 @@ def _stub_launches(programs: list[Any]) -> tuple[int, int]:
             kind = type(node).__name__
             if kind == "LaunchKernel":
                 for kernel in _compiled_kernels(node.segment):
-                    kernel._run.__globals__["fn"] = _NoLaunch()
-                    kernel._interpreted = False  # no numpy error state to set around a no-op
+                    kernel.launches._interpret = _NoLaunch()  # every launch of an interpreted kernel
                     kernels += 1
             elif kind == "AtenCall":
                 aten += 1

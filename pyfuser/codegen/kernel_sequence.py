@@ -62,14 +62,15 @@ class KernelSequence:
             slots.extend(outputs)
             runs.append(run)
         results = [slots[s] for s in self._outputs]
-        if any(run is None for run in runs):
+        bound = [run for run in runs if run is not None]
+        if len(bound) < len(runs):
             return results, None
-        steps, kept = list(zip(runs, self._reads, strict=True)), self._outputs
+        steps, kept = list(zip(bound, self._reads, strict=True)), self._outputs
 
         def run_bound(args: Sequence[Any]) -> list[torch.Tensor] | None:
             slots = list(args)
             for run, reads in steps:
-                outputs = run([slots[s] for s in reads])  # type: ignore[misc]
+                outputs = run([slots[s] for s in reads])
                 if outputs is None:  # an argument's alignment changed: the caller runs the launchers
                     return None
                 slots.extend(outputs)

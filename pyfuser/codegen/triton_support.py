@@ -39,12 +39,14 @@ def literal(value: object, dtype: DataType) -> str:
     """A constant in the kernel, typed as ``dtype`` (a bare float literal would be float32)."""
     if isinstance(value, bool) or dtype is DataType.Bool:
         return "True" if value else "False"
+    if not isinstance(value, int | float):  # a complex constant has no Triton type
+        raise TypeError(f"a {dtype} constant in a kernel must be a real number, got {value!r}")
     if dtype.is_integral:
         # wrapped into the type, as torch converts a Python int operand of an integer tensor (an int32
         # tensor plus 2**31 adds -2**31); Triton refuses a literal out of its type's range
         info = torch.iinfo(dtype.torch_dtype)
-        return str((int(value) - info.min) % (info.max - info.min + 1) + info.min)  # type: ignore[call-overload]
-    number = float(value)  # type: ignore[arg-type]
+        return str((int(value) - info.min) % (info.max - info.min + 1) + info.min)
+    number = float(value)
     # NaN as ``_INF - _INF`` (folded at compile time): a NaN global would fail Triton's check that a
     # kernel's globals are unchanged at each launch (NaN != NaN).
     text = repr(number) if math.isfinite(number) else (NAN if math.isnan(number) else

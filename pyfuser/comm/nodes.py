@@ -146,5 +146,4 @@ def _receives(expr: LoadStoreOp, plan: CommPlan, rank: int) -> bool:
 
 
 def _on_mesh(tv: Val, rank: int) -> bool:
-    mesh = getattr(tv, "device_mesh", None)
-    return mesh is not None and rank in mesh
+    return isinstance(tv, TensorView) and tv.device_mesh is not None and rank in tv.device_mesh

@@ -82,10 +82,10 @@ def _outputs_with_own_memory(container: HostIrContainer) -> set[int]:
     unknown = frozenset([_UNKNOWN])
     roots: dict[HostVal, frozenset[object]] = {v: frozenset([v]) for v in container.inputs}
     for node in container.nodes:
-        into = getattr(node, "into", False)
-        if _allocations(node) or (isinstance(node, AtenCall) and not into and node.expr.returns_new_memory):
+        call = node if isinstance(node, AtenCall) and not node.into else None  # computes new values
+        if _allocations(node) or (call is not None and call.expr.returns_new_memory):
             derived = None  # each output is new memory of its own
-        elif isinstance(node, AtenCall) and not into:  # may return a view of a tensor operand
+        elif call is not None:  # may return a view of a tensor operand
             operands = [roots.get(v, unknown) for v in node.inputs if isinstance(v, TensorView)]
             # Without tensor operands (iota, full): memory the analysis has no name for.
             derived = frozenset().union(*operands) if operands else unknown
@@ -132,6 +132,8 @@ class HostIrEvaluator:
         #: the inputs take the slots right after the first one (distinct inputs): a run's slots are
         #: built in one list display, not stored one by one
         self._inputs_in_order = self._input_slots == list(range(1, len(self._input_slots) + 1))
+        #: the bound launches of each top-level launch (``bound_launches``)
+        self._bound_launches: dict[LaunchKernel, BoundLaunches] = {}
         steps = self._compile_nodes(container.nodes)
         self._steps = [step for _, step in steps]
         #: the node of each top-level step (what the first run under a binding records the results of)
@@ -190,8 +192,7 @@ class HostIrEvaluator:
         results = [next((k for k, v in enumerate(node.outputs) if v is o), -1) for o in container.outputs]
         if -1 in pick or -1 in results:
             return None
-        bound = getattr(self._steps[0], "bound_launches", None) if len(self._steps) == 1 else None
-        return node.segment.run, pick, results, bound if bound is not None else BoundLaunches(node.segment)
+        return node.segment.run, pick, results, self.bound_launches(node)
 
     # --- CompileContext ------------------------------------------------------------------------
     def slot(self, val: HostVal | Hashable) -> int:
@@ -207,6 +208,12 @@ class HostIrEvaluator:
 
     def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]:
         return [step for _, step in self._compile_nodes(nodes)]
+
+    def bound_launches(self, node: LaunchKernel) -> BoundLaunches:
+        bound = self._bound_launches.get(node)
+        if bound is None:
+            bound = self._bound_launches[node] = BoundLaunches(node.segment)
+        return bound
 
     def _compile_nodes(self, nodes: Sequence[HostNode]) -> list[tuple[HostNode, Step]]:
         """Each node with its step (nodes without one, e.g. stream nodes on CPU, left out)."""
@@ -332,8 +339,8 @@ class HostIrEvaluator:
         assert straight is not None
         inputs = [recorded[("input", k)] for k in range(len(self.container.inputs))]
         results = [[recorded[(k, j)] for j in range(len(node.outputs))] for k, node in enumerate(self._step_nodes)]
-        run = StraightLine(self.slot, self._initial, self.device).build(
-            self.container.inputs, inputs, self._step_nodes, self._steps, results, self.container.outputs, ctx)
+        run = StraightLine(self.slot, self._initial, self.device, self._bound_launches.get).build(
+            self.container.inputs, inputs, self._step_nodes, results, self.container.outputs, ctx)
         if run is not None and fixes:
             run = _with_fixes(run, tuple(fixes))
         straight.record(ctx.binding, run)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from pyfuser.host_ir.nodes import HostNode, HostVal
+from pyfuser.host_ir.nodes import HostNode, HostVal, LaunchKernel
 from pyfuser.ir.eval_context import EvalContext
+
+if TYPE_CHECKING:
+    from pyfuser.host_ir.steps import BoundLaunches
 
 
 class Frame:
@@ -50,6 +53,11 @@ class CompileContext(Protocol):
         ...
 
     def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]: ...
+
+    def bound_launches(self, node: LaunchKernel) -> BoundLaunches:
+        """The bound launches of a launch that runs once per program run (one per node): its step
+        records and replays them, and the program's straight-line function and direct path read them."""
+        ...
 
 
 #: Builds the step of one node (None: nothing to do at run time on ``cc.device``).

@@ -28,7 +28,8 @@ from pyfuser.host_ir.nodes import (
 )
 from pyfuser.host_ir.specialization import Specializations
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotRelease, SlotWait, Synchronize
-from pyfuser.ir.base import evaluate_exprs, operand_value
+from pyfuser.ir.analysis.fused_exprs import FusedExprs
+from pyfuser.ir.base import Expr, evaluate_exprs, operand_value
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.layout import dense_strides
 from pyfuser.ir.ops.common import checked_sizes
@@ -125,7 +126,7 @@ def _aten_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list
     """The segment's exprs evaluated by ATen, results written like the kernel's (dense in its output
     orders, or into the given buffers): for sizes where the kernel has no program (``NoPrograms``)."""
     source = node.source_expr
-    exprs = list(getattr(source, "exprs", ()))
+    exprs: list[Expr] = list(source.exprs) if isinstance(source, FusedExprs) else []  # a kernel segment lowered
     perms = node.segment.output_perms
 
     def evaluate(ctx: EvalContext, args: list[Any], out: list[Any] | None) -> list[Any]:
@@ -196,7 +197,7 @@ def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
             launch(frame.ctx, [values[i] for i in ins], [values[o] for o in outs])
 
         return step_into
-    bound = BoundLaunches(node.segment) if cc.top_level else None
+    bound = cc.bound_launches(node) if cc.top_level else None
 
     def step(frame: Frame) -> None:
         values, ctx = frame.values, frame.ctx
@@ -210,8 +211,6 @@ def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
         for o, r in zip(outs, results, strict=True):
             values[o] = r
 
-    #: what a straight-line function of a bound program replays (``straight_line.py``)
-    step.bound_launches = bound  # type: ignore[attr-defined]  # a function attribute, read with getattr
     return step
 
 

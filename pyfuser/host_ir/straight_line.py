@@ -30,7 +30,7 @@ from pyfuser.codegen.launcher import reinterpret_tensor
 from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.host_ir.nodes import Allocate, AtenCall, Deallocate, HostNode, LaunchKernel
 from pyfuser.host_ir.specialization import Seen
-from pyfuser.host_ir.steps import launch_with_fallback
+from pyfuser.host_ir.steps import BoundLaunches, launch_with_fallback
 from pyfuser.ir.base import Val
 from pyfuser.ir.eval_context import EvalContext
 
@@ -53,8 +53,11 @@ class StraightLine:
     """Writes the function of one program under one binding; ``build`` returns it (None where a node
     cannot be replayed as straight-line code)."""
 
-    def __init__(self, slot_of: Callable[[Val], int], constants: Sequence[Any], device: torch.device) -> None:
+    def __init__(self, slot_of: Callable[[Val], int], constants: Sequence[Any], device: torch.device,
+                 bound_launches: Callable[[LaunchKernel], BoundLaunches | None]) -> None:
         self._slot_of = slot_of
+        #: a top-level launch's bound launches, which the binding's first run recorded
+        self._bound_launches = bound_launches
         self._constants = constants
         self._device = device
         #: ``__name__``: the module of the functions it writes (how torch.fx names a call of one)
@@ -89,13 +92,13 @@ class StraightLine:
         return f"v{slot}"
 
     def build(self, inputs: Sequence[Val], inputs_seen: Sequence[Seen | None], nodes: Sequence[HostNode],
-              steps: Sequence[Any], seen: Sequence[Sequence[Seen | None]], outputs: Sequence[Val],
+              seen: Sequence[Sequence[Seen | None]], outputs: Sequence[Val],
               ctx: EvalContext) -> Callable[[Sequence[Any]], list[Any] | None] | None:
         self._env["_ctx"] = ctx
         self._input_storages = {seen.storage for seen in inputs_seen if seen is not None}
         names = [self._define(v, s) for v, s in zip(inputs, inputs_seen, strict=True)]
-        for node, step, results in zip(nodes, steps, seen, strict=True):
-            if not self._node(node, step, results, ctx):
+        for node, results in zip(nodes, seen, strict=True):
+            if not self._node(node, results, ctx):
                 return None
         returned = [self._name(v) for v in outputs]
         body = self._release(returned)
@@ -112,11 +115,11 @@ class StraightLine:
         return run
 
     # --- nodes ---------------------------------------------------------------------------------------
-    def _node(self, node: HostNode, step: Any, results: Sequence[Seen | None], ctx: EvalContext) -> bool:
+    def _node(self, node: HostNode, results: Sequence[Seen | None], ctx: EvalContext) -> bool:
         if isinstance(node, AtenCall):
             return self._aten_call(node, results)
         if isinstance(node, LaunchKernel):
-            return self._launch(node, step, results, ctx)
+            return self._launch(node, results, ctx)
         if isinstance(node, Allocate):
             (result,) = results
             if result is None:
@@ -172,14 +175,14 @@ class StraightLine:
                 return slot
         return None
 
-    def _launch(self, node: LaunchKernel, step: Any, results: Sequence[Seen | None], ctx: EvalContext) -> bool:
+    def _launch(self, node: LaunchKernel, results: Sequence[Seen | None], ctx: EvalContext) -> bool:
         ins = [self._name(v) for v in node.inputs]
         unbound = self._constant(launch_with_fallback(node), "launch")
         if node.into:
             outs = [self._name(v) for v in node.outputs]
             self._emit(f"{unbound}(_ctx, [{', '.join(ins)}], [{', '.join(outs)}])", [], [*ins, *outs])
             return True
-        bound = getattr(step, "bound_launches", None)
+        bound = self._bound_launches(node)
         replay = bound.by_binding.get(ctx.binding) if bound is not None else None
         outs = [self._define(v, s) for v, s in zip(node.outputs, results, strict=True)]
         targets = f"{outs[0]}," if len(outs) == 1 else ", ".join(outs)

@@ -43,6 +43,11 @@ class Val:
         self.uses: list[Expr] = []
 
     @property
+    def short_name(self) -> str:
+        """How an error names the value: ``T3`` for a tensor, the printed scalar otherwise."""
+        return str(self)
+
+    @property
     def is_fusion_input(self) -> bool:
         return any(v is self for v in self.fusion.inputs())
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.cloning import clone_graph
@@ -36,7 +37,7 @@ class Fusion:
         return clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo)
 
     def clone_segment(self, inputs: Sequence[Val], outputs: Sequence[Val],
-                      memo: dict[int, object] | None = None) -> Fusion:
+                      memo: dict[int, Any] | None = None) -> Fusion:
         """A copy computing ``outputs`` from ``inputs`` only (``restrict`` of a copy), made without
         walking the rest of the graph: a model's region copies it once per segment it compiles, so
         a copy costs what the segment holds, not what the fusion does. The copy of the fusion itself
@@ -50,7 +51,7 @@ class Fusion:
         copy._inputs, copy._outputs, copy._output_aliases = [], [], {}
         clone_graph(self, (Val, Expr, IterDomain, IdTransform, TensorDomain, Fusion), memo, (Expr, kept),
                     also=[*inputs, *outputs])
-        copy.restrict([memo[id(v)] for v in inputs], [memo[id(v)] for v in outputs])  # type: ignore[misc]
+        copy.restrict([memo[id(v)] for v in inputs], [memo[id(v)] for v in outputs])
         return copy
 
     def __deepcopy__(self, memo: dict[int, object]) -> Fusion:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Generic, TypeVar
 
 from pyfuser.options import CompileOptions, DisableOption, DumpOption, EnableOption, dump
@@ -37,4 +38,4 @@ def run_passes(passes: Sequence[Pass[IR]], ir: IR, options: CompileOptions, dump
     for p in passes:
         if p.applies(options):
             p.run(ir, options)
-            dump(dump_option, lambda p=p: describe(ir, p.name))  # type: ignore[misc]
+            dump(dump_option, partial(describe, ir, p.name))

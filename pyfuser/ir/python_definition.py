@@ -94,7 +94,7 @@ class _Printer:
                 continue
             self._expr(expr)
         for pos, out in enumerate(self.fusion.outputs()):
-            self._output(pos, out)  # type: ignore[arg-type]
+            self._output(pos, out)
         return HEADER + "".join(f"    {line}\n" for line in self.lines)
 
     # --- statements ------------------------------------------------------------------------------
@@ -125,12 +125,13 @@ class _Printer:
         outs = ", ".join(self._name(o) for o in expr.outputs)
         self._emit(f"{outs} = fd.ops.{call.op}({inner})")
 
-    def _output(self, pos: int, out: TensorView) -> None:
+    def _output(self, pos: int, out: Val) -> None:
         kwargs: dict[str, Any] = {}
         alias = self.fusion.output_alias(pos)
         if alias is not None:
             kwargs["alias_input"] = alias
-        order = self.fusion.get_output_stride_order(out)
+        # a fusion's outputs are tensors (``Fusion.add_output`` checks), typed as the Vals they are
+        order = self.fusion.get_output_stride_order(out) if isinstance(out, TensorView) else None
         if order is not None:
             kwargs["stride_order"] = order
         extra = self._kwargs(kwargs)

@@ -155,9 +155,10 @@ def _const_rhs(e: SymExpr, *ops: str) -> tuple[SymExpr, int] | None:
 def _add_const(a: SymExpr, c: int) -> SymExpr:
     """``a + c`` for a constant ``c``: a constant offset already on ``a`` is folded in, and a
     negative total prints as a subtraction (``( i0 - 2 )``)."""
-    if (inner := _const_rhs(a, "+", "-")) is not None:
+    if isinstance(a, SymBinary) and (inner := _const_rhs(a, "+", "-")) is not None:
         x, k = inner
-        a, c = x, c + (k if a.op == "+" else -k)  # type: ignore[attr-defined]
+        c += k if a.op == "+" else -k
+        a = x
     if c == 0:
         return a
     return SymBinary("+", a, SymConst(c)) if c > 0 else SymBinary("-", a, SymConst(-c))

@@ -37,8 +37,11 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from pyfuser.host_ir.evaluator import HostIrEvaluator
+from pyfuser.host_ir.nodes import HostIrContainer
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.tensor_view import TensorView
+from pyfuser.runtime.profiling import SegmentInfo
 
 Run = Callable[[list[Any]], list[torch.Tensor]]
 
@@ -382,7 +385,7 @@ class CudaGraphProgram:
     """A compiled program (``runtime.executor.Program``) for one input signature, run by CUDA-graph
     replay: what ``_enable_options=["cuda_graph"]`` gives ``fd.execute``."""
 
-    def __init__(self, program: Any) -> None:
+    def __init__(self, program: HostIrEvaluator) -> None:
         self.program = program
         self.output_tvs: list[TensorView] = program.output_tvs
         self._ctx: EvalContext | None = None
@@ -409,6 +412,18 @@ class CudaGraphProgram:
     @property
     def captures(self) -> int:
         return self._runner.captures if self._runner is not None else 0
+
+    @property
+    def container(self) -> HostIrContainer:
+        return self.program.container
+
+    @property
+    def segments(self) -> list[SegmentInfo]:
+        return self.program.segments
+
+    def straight_line(self, binding: object) -> None:
+        """None: a replayed graph is already one launch (a bound program of it runs ``run``)."""
+        return None
 
     def __str__(self) -> str:
         return str(self.program)

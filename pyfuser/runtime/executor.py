@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,7 +17,7 @@ import torch
 
 from pyfuser.comm.communicator import Communicator
 from pyfuser.host_ir.evaluator import HostIrEvaluator
-from pyfuser.host_ir.nodes import LaunchKernel, PlainSegment
+from pyfuser.host_ir.nodes import HostIrContainer, LaunchKernel, PlainSegment
 from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
@@ -28,15 +28,32 @@ from pyfuser.runtime import profiling
 from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.cuda_graph import CudaGraphProgram
 from pyfuser.runtime.inputs import InputBinder, check_devices, signature
+from pyfuser.runtime.profiling import SegmentInfo
 
 
 class Program(Protocol):
-    """A compiled fusion: runs on concrete inputs with bound sizes, returns the outputs."""
+    """A compiled fusion: runs on concrete inputs with bound sizes, returns the outputs. A
+    ``HostIrEvaluator``, or a ``CudaGraphProgram`` replaying one."""
 
     #: the compiled (pre-segmented) fusion's output tensors, in order
     output_tvs: list[TensorView]
 
+    @property
+    def container(self) -> HostIrContainer:
+        """The Host IR program it runs (what tools read: its kernels, its communications)."""
+        ...
+
+    @property
+    def segments(self) -> Sequence[SegmentInfo]:
+        """Its segments, each a name and a scheduler (for profiles)."""
+        ...
+
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
+
+    def straight_line(self, binding: object) -> Callable[[Sequence[Any]], list[Any] | None] | None:
+        """Its run under ``binding`` as one generated function, once the binding's first run wrote it
+        (None: runs under the binding take the program's steps)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -66,8 +83,7 @@ class BoundProgram:
                 return outputs
         outputs = self.program.run(args, EvalContext(self.env.copy(), self.device, self.binding))
         if function is None:
-            straight_line = getattr(self.program, "straight_line", None)
-            self.function = (straight_line(self.binding) if straight_line is not None else None) or False
+            self.function = self.program.straight_line(self.binding) or False
         return outputs
 
 
@@ -88,7 +104,7 @@ class FusionExecutorCache:
         #: exact input signature -> (program, the device it runs on, positions of 0-dim CPU tensors moved
         #: there)
         self._by_signature: OrderedDict[tuple[Any, ...], tuple[Program, torch.device, tuple[int, ...]]] = OrderedDict()
-        self._by_layout: dict[tuple[Any, ...], Program] = {}
+        self._by_layout: dict[tuple[Any, ...], HostIrEvaluator] = {}
         #: (output position, input position) of outputs written in place into an input
         self._aliases: list[tuple[int, int]] = []
         #: returned output position -> the input it is: the value written into that input (or the input itself)
@@ -100,9 +116,7 @@ class FusionExecutorCache:
     def kernel_codes(self) -> list[str]:
         """Sources of the generated kernels the latest program launches."""
         program = self.last_program
-        if isinstance(program, CudaGraphProgram):
-            program = program.program
-        if not isinstance(program, HostIrEvaluator):
+        if program is None:
             return []
         return [n.segment.code for n in program.container.walk()
                 if isinstance(n, LaunchKernel) and not isinstance(n.segment, PlainSegment)]
@@ -190,9 +204,7 @@ class FusionExecutorCache:
     def segments(self) -> list[profiling.SegmentInfo]:
         """The segments of the program the latest ``run`` executed."""
         program = self.last_program
-        if isinstance(program, CudaGraphProgram):
-            program = program.program
-        return list(getattr(program, "segments", []))
+        return list(program.segments) if program is not None else []
 
     def _key(self, args: Sequence[Any], binder: InputBinder, device: torch.device | str | int | None,
              enable_options: Sequence[str], disable_options: Sequence[str],

@@ -9,7 +9,10 @@ promises nothing, and inside a stream loop every tensor is a chunk (a view) that
 
 from __future__ import annotations
 
+import torch
+
 from pyfuser.codegen.compiled_kernel import CompiledKernel
+from pyfuser.codegen.grid_reduction import FinishStep
 from pyfuser.codegen.kernel_sequence import KernelSequence, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_axes
@@ -26,8 +29,16 @@ from pyfuser.scheduler.schedulers import SCHEDULERS, is_kernel, size_dependent
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, segment_fusion_copy
 
 
-def kernel_target(options: CompileOptions) -> str:
-    return "cuda" if options.device.type == "cuda" else "interpreter"
+def kernel_target(device: torch.device) -> str:
+    """What the code generator writes kernels on ``device`` for: compiled for CUDA, else run by Triton's
+    interpreter (fd.execute's and manual_execute's kernels alike)."""
+    return "cuda" if device.type == "cuda" else "interpreter"
+
+
+def final_step(machine: Machine) -> FinishStep:
+    """How the code generator schedules a grid reduction's final step on ``machine``: the reduction
+    scheduler's rule, for a scheduler's schedule (``fd.execute``'s, and ``manual_execute`` given one)."""
+    return lambda fusion: schedule_final_step(fusion, machine)
 
 
 def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
@@ -59,7 +70,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
             layouts[original.name] = _layout(fusion, original, dense, chunked)
     scheduler = SCHEDULERS[group.scheduler]
     name = f"{group.scheduler.name}_kernel"
-    target = kernel_target(options)
+    target = kernel_target(options.device)
     machine = Machine.of(options.device)
 
     unscheduled: list[Fusion] = []  # a copy analyzed for its extents, scheduled by the first build
@@ -71,7 +82,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         scheduler.schedule(copy, params)
         reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
-                                finish=lambda f: schedule_final_step(f, machine),
+                                finish=final_step(machine),
                                 loop_stages=params.num_stages, chunked=chunked,
                                 cooperative=DisableOption.cooperative_launch not in options.disabled,
                                 evict_last=params.evict_last)

@@ -25,7 +25,7 @@ from pyfuser.ir.layout import Layout, contiguity_of_strides, memory_order
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime import profiling
 from pyfuser.runtime.inputs import InputBinder
-from pyfuser.scheduler.reduction import schedule_final_step
+from pyfuser.runtime.kernels import final_step, kernel_target
 from pyfuser.scheduler.registry import Machine
 from pyfuser.scheduler.tools import parallelize_like, transform_like
 
@@ -98,12 +98,12 @@ class ManualKernels:
                 order = tuple(memory_order(a.shape, a.stride()))
                 layouts[tv.name] = Layout.of(order, contiguity_of_strides(a.shape, a.stride(), order,
                                                                           [s == 1 for s in a.shape]))
-        target = "cuda" if device.type == "cuda" else "interpreter"
+        target = kernel_target(device)
         copy, ref, layouts = _prepared(self.fusion, reference, layouts)
         # A schedule from a scheduler (its params name the reference) gets the scheduler's final step
         # for a grid reduction; a hand-written one keeps its own.
         machine = Machine.of(device)
-        finish = (lambda f: schedule_final_step(f, machine)) if reference is not None else None
+        finish = final_step(machine) if reference is not None else None
         return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps, finish, loop_stages,
                               evict_last=evict_last)
 

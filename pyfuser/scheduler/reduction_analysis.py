@@ -139,7 +139,7 @@ def _analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
                 return None, (f"output {value.short_name} does not iterate every axis the reduction "
                               f"{reductions[0].output.short_name} keeps; one reduction kernel writes "
                               "outputs over its kept axes")
-    orders = infer_allocation_orders(fusion)  # type: ignore[arg-type]
+    orders = infer_allocation_orders(fusion)
     kinds = {id(e): _kind(e, orders[id(e.tensor_inputs[0])]) for e in reductions}
     first = reductions[0]
     order = [exact.class_of(i) for i in orders[id(first.tensor_inputs[0])] if not i.is_broadcast]

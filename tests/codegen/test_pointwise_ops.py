@@ -18,7 +18,7 @@ UNARY_REFERENCE = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu": F.gelu, "silu": F.silu, "relu": torch.relu,
 }
-#: kinds a generated kernel computes (the others run as ATen calls: tests/test_ops_pointwise_more.py)
+#: kinds a generated kernel computes (the others run as ATen calls: tests/ir/ops/test_ops_pointwise_more.py)
 UNARY = [k for k in UnaryOpType if k is not UnaryOpType.cast and k in TRITON_POINTWISE]
 
 

@@ -63,7 +63,7 @@ def test_every_reduction_op_and_dtype(op: str, dtype: torch.dtype, device: str, 
                                              ((7, 1, 9), [1, 2]), ((1, 9), [0, 1]), ((2, 3, 4, 5), [1, 3])])
 def test_several_and_all_axes(shape: tuple[int, ...], dims: list[int], device: str, run_kernels) -> None:
     """A size-1 axis among the reduced ones is squeezed; reducing only such axes is a squeeze, no
-    kernel (tests/test_ops_reduction.py)."""
+    kernel (tests/ir/ops/test_ops_reduction.py)."""
     for op in ("sum", "max"):
         _reduce(op, shape, dims, False, torch.float32, device, run_kernels)
         _reduce(op, shape, dims, True, torch.float32, device, run_kernels)

@@ -4,6 +4,7 @@ gradients of inputs and weights) has eager's values and strides; the rule that d
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -299,3 +300,44 @@ def test_view_refused_by_channels_last_reads_traced_layout() -> None:
     assert convolution.meta["val"].is_contiguous(memory_format=torch.channels_last)
     (output,) = [n for n in gm.graph.nodes if n.op == "output"]
     assert all(v.meta["val"].is_contiguous() for v in output.args[0])
+
+
+class DepthwiseBlock(torch.nn.Module):
+    """ConvNeXt's block head: a depthwise 7x7 convolution with a bias, then a permute and a layer norm."""
+
+    def __init__(self, channels: int = 8) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(channels, channels, 7, padding=3, groups=channels)
+        self.norm = torch.nn.LayerNorm(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x).permute(0, 2, 3, 1))
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_convolution_bias_is_added_by_the_region_reading_it(dtype: torch.dtype, training: bool) -> None:
+    """A forward convolution runs without its bias, and the bias add (ATen's separate kernel after the
+    convolution's) is a pointwise op of the region that reads the convolution, fused with the layer
+    norm there; outputs and input gradients are as close to a float64 run as eager's are."""
+    g = torch.Generator().manual_seed(0)
+    reference = DepthwiseBlock().double()
+    model = copy.deepcopy(reference).to(dtype)
+    x64 = torch.randn(2, 8, 9, 5, generator=g, dtype=torch.float64)
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(model, backend=backend)
+
+    def step(run: Callable[..., Any], x: torch.Tensor) -> list[torch.Tensor]:
+        x = x.detach().requires_grad_(training)
+        with torch.set_grad_enabled(training):
+            out = run(x)
+            return [out, *torch.autograd.grad(out.square().sum(), x)] if training else [out]
+
+    want = step(reference, x64)
+    for got, eager, exact in zip(step(compiled, x64.to(dtype)), step(model, x64.to(dtype)), want, strict=True):
+        error = (got.double() - exact).abs().max().item()
+        assert error <= 2 * (eager.double() - exact).abs().max().item() + 1e-5, error
+    forward = backend.graphs[0]
+    (convolution,) = [n for n in forward.graph_module.graph.nodes if n.target is aten.convolution.default]
+    assert convolution.args[2] is None
+    assert any("(aten.add.Tensor)" in n for r in forward.regions for n in r.nodes)

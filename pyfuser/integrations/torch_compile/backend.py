@@ -1,6 +1,7 @@
 """The ``pyfuser`` dynamo backend: ``torch.compile(model, backend="pyfuser")``.
 
-Dynamo hands the backend a Torch-level graph; AOTAutograd (``aot_autograd``) traces it to ATen
+Dynamo hands the backend a Torch-level graph, whose attention masks that depend on no input are folded
+first (``attention_masks.py``: SDPA then gets the arguments eager passes); AOTAutograd (``aot_autograd``) traces it to ATen
 with the decomposition table of ``decompositions.py``, splits training graphs into a forward and a
 backward (``min_cut_rematerialization_partition`` of the joint graph without its no-op detaches, as
 Inductor's joint-graph passes leave it: cheap pointwise values are recomputed in the backward rather
@@ -39,9 +40,10 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import TracingContext
 from torch.fx import GraphModule, Node
 
+from pyfuser.integrations.torch_compile.attention_masks import fold_constant_attention_masks
 from pyfuser.integrations.torch_compile.bound_graph import BoundGraph
 from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul, lower_collective_matmuls
-from pyfuser.integrations.torch_compile.conv_layout import to_channels_last
+from pyfuser.integrations.torch_compile.conv_layout import split_convolution_biases, to_channels_last
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
 from pyfuser.integrations.torch_compile.eager_methods import call_views_as_methods
@@ -110,6 +112,7 @@ class PyfuserBackend:
         return PyfuserBackend(**options)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        fold_constant_attention_masks(gm)
         compiler = aot_autograd(
             fw_compiler=self._compiler("forward"),
             bw_compiler=self._compiler("backward"),
@@ -138,6 +141,7 @@ class PyfuserBackend:
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
         layout = to_channels_last(gm, saved_from if kind == "forward" else None, self.channels_last, example_inputs,
                                   training=kind != "inference")
+        split_convolution_biases(gm)
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
         pipelines = lower_collective_matmuls(gm, f"pyfuser_{kind}{sum(g.kind == kind for g in self.graphs)}")

@@ -44,7 +44,10 @@ from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.region import FusionRegion, dynamic_signature, static_tensor
 from pyfuser.integrations.torch_compile.view_chains import CHAIN_OPS, ViewChain, viewed_operand
 
-_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
+#: The current CUDA device's index (torch's own call, without ``torch.cuda.current_device``'s checks);
+#: read only where the graph runs on CUDA with that call.
+_current_device: Callable[[], int] = _cuda_get_device or torch.cuda.current_device
 
 #: Calls of a signature the graph runs as compiled before it records one: a region binds the signature on
 #: its first call and writes its straight-line function during its second.
@@ -206,7 +209,7 @@ class BoundGraph:
         #: the regions' CUDA device (else the CPU; regions on the CPU beside it, say of index arithmetic on
         #: CPU tensors, do not depend on the current device): a call's current device is part of its signature
         self._device = next(iter(cuda)) if len(cuda) == 1 else next(iter(devices)) if len(devices) == 1 else None
-        self._on_cuda = self._device is not None and self._device.type == "cuda" and _current_device is not None
+        self._on_cuda = self._device is not None and self._device.type == "cuda" and _cuda_get_device is not None
         values = [n.meta.get("val") for n in graph_module.graph.nodes if n.op == "placeholder"]
         #: a graph of dynamic shapes (size symbols among its inputs, symbolic sizes): a signature holds the
         #: tensors' sizes and the numbers' values besides the strides (dynamo's guards do not fix them)
@@ -232,7 +235,7 @@ class BoundGraph:
     def __call__(self, args: list[Any]) -> Any:
         run = self._run
         if run is not None and self._signature_of(args) == self._strides and (
-                self._current is None or _current_device() == self._current):  # type: ignore[misc]
+                self._current is None or _current_device() == self._current):
             try:
                 return run(*args)
             except Exception as e:  # the graph as compiled reports it, naming the region and its FX nodes
@@ -250,7 +253,7 @@ class BoundGraph:
         key: Hashable = tuple(strides)
         current = None
         if self._on_cuda:
-            current = _current_device()  # type: ignore[misc]
+            current = _current_device()
             key = (key, current)
         signature = self.signatures.get(key)
         if signature is None or signature.run is None:

@@ -132,7 +132,7 @@ class CollectiveMatmul:
         """The program's communication nodes by kind (``P2PCommunication``: the pipeline's transfers;
         ``Communication``: a collective), as the latest call ran them."""
         program = self.executor._cache.last_program
-        container = getattr(program, "container", None)
+        container = program.container if program is not None else None
         counts = {"P2PCommunication": 0, "Communication": 0}
         for node in container.walk() if container is not None else ():
             if isinstance(node, P2PCommunication):
@@ -201,7 +201,7 @@ def _team(group_size: int, group_name: Any) -> tuple[int, ...]:
     """The global ranks of the collective's group, in group order, where pyfuser's communicator runs it."""
     if not isinstance(group_name, str):
         raise _Refused(f"its group is given as {type(group_name).__name__}, not by name")
-    group = dist.distributed_c10d._resolve_process_group(group_name)  # type: ignore[arg-type]
+    group = dist.distributed_c10d._resolve_process_group(dist.distributed_c10d.GroupName(group_name))
     team = tuple(dist.get_process_group_ranks(group))
     if len(team) != group_size or len(team) < 2:
         raise _Refused(f"its group {group_name} has {len(team)} ranks, the op names {group_size}")

@@ -31,6 +31,10 @@ GPU time (host time around its depthwise convolutions and their backwards), wher
 GPU time (cuDNN's NCHW convolutions transpose in and out; ``benchmarks/results/models_notes.md``).
 ``channels_last=True`` applies the layout to any graph of static sizes with convolutions; ``False``
 never.
+
+Whatever the layout, a forward convolution's bias is split off (``split_convolution_biases``): ATen adds
+it in a kernel of its own, as a pointwise op of the graph it fuses into the region that reads the
+convolution.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import Any
 import torch
 from torch._guards import TracingContext, detect_fake_mode
 from torch.fx import GraphModule, Node
-from torch.fx.node import map_aggregate
+from torch.fx.node import map_aggregate, map_arg
 
 from pyfuser.integrations.torch_compile.region import static_tensor
 
@@ -84,10 +88,18 @@ def _convolutions(gm: GraphModule) -> list[Node]:
     return found
 
 
+def _groups(node: Node) -> int:
+    """A convolution's ``groups`` (an ``int`` in ATen's schemas)."""
+    groups = node.args[_CONVOLUTIONS[node.target][3]]
+    if not isinstance(groups, int | torch.SymInt):
+        raise TypeError(f"{node.name}: a convolution's groups is an int, got {type(groups).__name__}")
+    return int(groups)
+
+
 def _channels(node: Node) -> tuple[int, int, bool]:
     """A convolution's input and output channels, and whether it has a spatial kernel larger than 1."""
-    _, w, t, g = _CONVOLUTIONS[node.target]
-    weight, transposed, groups = _val(node.args[w]), bool(node.args[t]), int(node.args[g])  # type: ignore[arg-type]
+    _, w, t, _ = _CONVOLUTIONS[node.target]
+    weight, transposed, groups = _val(node.args[w]), bool(node.args[t]), _groups(node)
     first, second = int(weight.shape[0]), int(weight.shape[1])
     inputs, outputs = (first, second * groups) if transposed else (second * groups, first)
     return inputs, outputs, any(int(k) > 1 for k in weight.shape[2:])
@@ -111,7 +123,7 @@ def layout_refusal(gm: GraphModule, force: bool | None = None, training: bool = 
         return None
     channels = [_channels(n) for n in convolutions]
     for node, (inputs, _, _) in zip(convolutions, channels, strict=True):
-        groups = int(node.args[_CONVOLUTIONS[node.target][3]])  # type: ignore[arg-type]
+        groups = _groups(node)
         if groups > 1 and inputs // groups > 1:
             return f"{node.name} is a grouped convolution of {inputs // groups} input channels per group"
         if groups > 1 and training:
@@ -290,3 +302,44 @@ def to_channels_last(gm: GraphModule, visible: int | None = None, force: bool | 
         context.output_strides.extend(_layout(_val(v)) if isinstance(_val(v), torch.Tensor) else None
                                       for v in _returned(gm)[1])
     return why
+
+
+def split_convolution_biases(gm: GraphModule) -> int:
+    """Each forward convolution with a bias becomes the convolution without it and an add of the bias
+    broadcast over its output channels (in place; returns how many). ATen adds a convolution's bias in a
+    kernel of its own after cuDNN's (or the depthwise kernel's); as a pointwise op of the graph the add
+    fuses into the region that reads the convolution (ConvNeXt's permute and layer norm), as Inductor
+    fuses it."""
+    placeholders = [_val(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    mode = detect_fake_mode([v for v in placeholders if isinstance(v, torch.Tensor)])
+    split = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.convolution.default:
+            continue
+        bias, output = node.args[2], _val(node)
+        if not isinstance(bias, Node) or not isinstance(output, torch.Tensor) or mode is None:
+            continue
+        shape = [int(_val(bias).shape[0]), *[1] * (output.dim() - 2)]
+        with gm.graph.inserting_after(node):
+            unbiased = gm.graph.call_function(aten.convolution.default, (node.args[0], node.args[1], None,
+                                                                         *node.args[3:]), dict(node.kwargs))
+        with gm.graph.inserting_after(unbiased):
+            broadcast = gm.graph.call_function(aten.view.default, (bias, shape))
+        with gm.graph.inserting_after(broadcast):
+            added = gm.graph.call_function(aten.add.Tensor, (unbiased, broadcast))
+        with mode:
+            unbiased.meta["val"] = aten.convolution.default(*map_arg(unbiased.args, _val))
+            broadcast.meta["val"] = aten.view.default(_val(bias), shape)
+            added.meta["val"] = aten.add.Tensor(unbiased.meta["val"], broadcast.meta["val"])
+        if added.meta["val"].stride() != output.stride():
+            gm.graph.erase_node(added)
+            gm.graph.erase_node(broadcast)
+            gm.graph.erase_node(unbiased)
+            continue
+        node.replace_all_uses_with(added)
+        gm.graph.erase_node(node)
+        split += 1
+    if split:
+        gm.graph.lint()
+        gm.recompile()
+    return split

@@ -24,6 +24,7 @@ from pyfuser.host_ir.nodes import AtenCall, LaunchKernel
 from pyfuser.host_ir.specialization import Seen, Specializations
 from pyfuser.integrations.torch_compile.support import op_name
 from pyfuser.integrations.torch_compile.translator import TranslatedRegion
+from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphRunner
 from pyfuser.runtime.executor import BoundProgram
 
@@ -260,15 +261,15 @@ class FusionRegion:
         """What the region's latest execution ran: each generated kernel with the FX nodes whose values
         it writes, and the ATen calls by kind (before the first call: that it has not run)."""
         program = self.fec.last_program
-        program = getattr(program, "program", program)  # a CUDA-graph program wraps the Host IR one
-        container = getattr(program, "container", None)
-        if container is None:
+        if program is None:
             return f"{self.name}: not run yet"
+        container = program.container
         kernels: list[str] = []
         aten: collections.Counter[str] = collections.Counter()
         for node in container.walk():
             if isinstance(node, LaunchKernel):
-                writes = [self.names.get(getattr(v, "short_name", ""), "").split(" (")[0] for v in node.outputs]
+                writes = [self.names.get(v.short_name if isinstance(v, TensorView) else "", "").split(" (")[0]
+                          for v in node.outputs]
                 kernels.append(f"  kernel {node.segment.name} -> {', '.join(w for w in writes if w) or 'intermediates'}")
             elif isinstance(node, AtenCall):
                 aten[type(node.expr).__name__.removesuffix("Op")] += 1

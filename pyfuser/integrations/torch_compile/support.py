@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from pyfuser.integrations.torch_compile.collective_matmul import WHY_KEPT, is_collective
+from pyfuser.integrations.torch_compile.collective_matmul import WHY_KEPT, CollectiveMatmul, is_collective
 from pyfuser.integrations.torch_compile.lowering import Lowering, OpClass, is_tensor_meta, meta_of
 from pyfuser.integrations.torch_compile.pointwise_lowerings import POINTWISE_LOWERINGS
 from pyfuser.integrations.torch_compile.shape_lowerings import SHAPE_LOWERINGS
@@ -67,9 +67,8 @@ def refusal(node: Node, rejected: Mapping[Node, str] | None = None) -> str | Non
     if is_collective(node):  # a region boundary: torch runs it between the regions before and after it
         why = node.meta.get(WHY_KEPT)
         return f"{op_name(node)} is a collective, run by torch between regions" + (f" ({why})" if why else "")
-    pipeline = getattr(node.target, "eager_reason", None)
-    if isinstance(pipeline, str):
-        return pipeline
+    if isinstance(node.target, CollectiveMatmul):  # a pipeline's call: one multi-device program, never a region's
+        return node.target.eager_reason
     lowering = LOWERINGS.get(node.target)
     if lowering is None:
         return f"{op_name(node)} is not in the backend's op table"

@@ -79,7 +79,8 @@ def _hint(size: Any) -> int | None:
 def size_hints(sizes: Sequence[Any]) -> list[int] | None:
     """Sizes (or strides) as ints, from their traced hints (None where one has none)."""
     values = [_hint(s) for s in sizes]
-    return None if any(v is None for v in values) else values  # type: ignore[return-value]
+    known = [v for v in values if v is not None]
+    return known if len(known) == len(values) else None
 
 
 def region_device(inputs: Sequence[Node], nodes: Sequence[Node]) -> torch.device:
@@ -190,7 +191,9 @@ class RegionTranslator:
                 raise TranslationError(node, f"produces a tensor on {t.device} in a region on {self.device}")
         if node.target is operator.getitem:
             source, index = node.args
-            return self.env[source][index]  # type: ignore[index]
+            if not isinstance(source, Node):  # FX's getitem reads a node's result: nothing else to translate
+                raise TranslationError(node, f"takes an item of {type(source).__name__}, not of a node's result")
+            return self.env[source][index]
         lowering = LOWERINGS[node.target]
         args = map_aggregate(node.args, self._value)
         kwargs = map_aggregate(dict(node.kwargs), self._value)

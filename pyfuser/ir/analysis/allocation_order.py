@@ -20,7 +20,9 @@ classifier reads them for intermediates.
 
 from __future__ import annotations
 
-from pyfuser.ir.base import Expr
+from typing import Protocol
+
+from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain
@@ -31,7 +33,16 @@ from pyfuser.ir.tensor_view import TensorView
 Order = list[IterDomain]
 
 
-def infer_allocation_orders(fusion: Fusion) -> dict[int, Order]:
+class ExprGraph(Protocol):
+    """What the inference reads of a fusion: a whole ``Fusion``, or a scheduler's view of a segment of
+    one (``scheduler.registry.SegmentView``), which classifies reductions before anything is copied."""
+
+    def inputs(self) -> list[Val]: ...
+
+    def exprs(self) -> list[Expr]: ...
+
+
+def infer_allocation_orders(fusion: ExprGraph) -> dict[int, Order]:
     """``id(tv) -> order`` for every tensor of the fusion (an analysis; changes nothing)."""
     orders: dict[int, Order] = {}
     for tv in fusion.inputs():

@@ -160,7 +160,7 @@ def _naming_integer_domain(fn: Callable[[Any, Any], Any], kind: BinaryOpType, lh
                            rhs: Val) -> Callable[[Any, Any], Any]:
     """``fn`` with torch's errors for integer values outside the op's domain (``x // 0``) turned
     into a ValueError naming the operands; free until one is raised."""
-    names = f"{getattr(lhs, 'short_name', lhs)} and {getattr(rhs, 'short_name', rhs)}"
+    names = f"{lhs.short_name} and {rhs.short_name}"
 
     def apply(a: Any, b: Any) -> Any:
         try:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition
 from pyfuser.ir.ops.attention import attention
-from tests.test_python_definition import rebuild
+from tests.ir.test_python_definition import rebuild
 
 
 def attention_fd(causal: bool, scale: float | None, dropout: float, with_bias: bool,

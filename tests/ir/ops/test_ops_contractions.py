@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition
-from tests.test_python_definition import rebuild
+from tests.ir.test_python_definition import rebuild
 
 
 def run(build: Callable[..., Any], inputs: list[Any], device: str = "cpu") -> list[torch.Tensor]:

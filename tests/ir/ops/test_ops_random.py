@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition
-from tests.test_python_definition import rebuild
+from tests.ir.test_python_definition import rebuild
 
 
 def seeded(fd: FusionDefinition) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from pyfuser import DataType, FusionDefinition, get_val_tolerances
 from pyfuser.frontend.validate import tolerance
-from tests.test_python_definition import rebuild
+from tests.ir.test_python_definition import rebuild
 
 
 def run(build: Callable[[FusionDefinition], Any], inputs: list[Any], device: str = "cpu") -> list[torch.Tensor]:
