@@ -37,8 +37,7 @@ ROWS_COLUMNS_SMALL = ((4097, 64), (1023, 127), (4097, 512), (1023, 1000), (1023,
                       (127, 32000), (63, 65536), (33, 128256), (1, 262144))
 
 #: Few rows, each wide (a vocabulary, a long sequence): fewer rows than an H100 or H200 has SMs, so one
-#: program per row leaves most idle and the normalizations split each row across programs (a softmax
-#: only below one row per 32 SMs: one program reads its row twice, a split three times). The
+#: program per row leaves most idle and the normalizations split each row across programs. The
 #: normalization families (softmax, log-softmax, cross-entropy) run these too, in bf16 and fp32.
 ROWS_FEW_WIDE = ((8, 262144), (32, 262144), (63, 262144), (130, 131072), (17, 128256), (66, 65536), (127, 32768))
 

@@ -10,9 +10,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import ReductionOp, VarMeanOp
+from pyfuser.ir.ops import VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
 from pyfuser.scheduler.reduction_schedule import (
@@ -43,15 +42,6 @@ LOOP_WARPS = 16
 #: at 4096 on 16 warps (3 programs of 16 warps an SM), 28-32 at 2048 (4), 64 at 8192 on 16 warps
 #: (cross-entropy backward spills there), 96 at 8192 on 8 warps (127 for the two-pass loops).
 LOOP_BYTES_PER_THREAD = 16
-
-
-#: A normalization whose sums of ``exp(y - max(y))`` join their max's pass (an online softmax) splits
-#: its rows across programs only for fewer rows than one per this many SMs (4 on an H100). Split, the
-#: row is read three times (the shares' maxima, their sums, the output: three launches); one program
-#: per row reads it twice. Inductor's one-program-per-row online softmax beat the split at every
-#: few-row point of kernels_quick_h100.md: softmax bf16 8x262144 365 / 336 GB/s, log-softmax f32
-#: 63x262144 1245 / 1097, bf16 130x131072 1058 / 913.
-ONLINE_SPLIT_SMS_PER_ROW = 32
 
 
 def looped_row(machine: Machine, row_bytes: int) -> tuple[int, int]:
@@ -87,14 +77,10 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     hints = size_hints(fusion, analysis, inputs)
     # Few long rows are split across programs (a row's share each), as reductions are: each reduction a
     # grid reduction whose final step reads the share again (softmax: the shares' maxima, then their
-    # sums of exponentials, then the output: three launches, the row read three times where one
-    # program per row reads it twice, on enough programs to fill the machine): a softmax only for very
-    # few rows (``ONLINE_SPLIT_SMS_PER_ROW``). Welford's partial results are not finished across
-    # programs: var_mean is never split.
+    # sums of exponentials, then the output: three launches, the row read three times as by one
+    # program per row, on enough programs to fill the machine). Welford's partial results are not
+    # finished across programs: var_mean is never split.
     splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
-    online = any(isinstance(e, ReductionOp) and softmax_shift(e) is not None for e in fusion.exprs())
-    if online and hints.kept is not None and hints.kept * ONLINE_SPLIT_SMS_PER_ROW >= hints.machine.sm_count:
-        splittable = False
     params = inner_params(SchedulerType.inner_persistent, analysis.reference, hints, splittable)
     if params.shape == "loop":
         step, warps = looped_row(hints.machine, row_bytes(fusion, analysis))
