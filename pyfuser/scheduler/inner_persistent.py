@@ -36,17 +36,18 @@ EVICT_LAST_MIN_BYTES = 256 << 20
 #: Warps of a program that loops over a row (rows wider than a persistent tile): Inductor's looped
 #: softmax runs steps of 2048 on 16 warps on an H100 (``triton_heuristics._reduction_configs``).
 LOOP_WARPS = 16
-#: Bytes each thread loads per step of such a loop: one 16-byte vector (a step of 4096 bf16 or 2048
-#: float32 elements on 16 warps). Few values per thread keep the online softmax's per-lane max and
-#: sum and their temporaries in registers: ptxas for sm_90a gives softmax bf16 40 registers a thread
-#: at 4096 on 16 warps (3 programs of 16 warps an SM), 28-32 at 2048 (4), 64 at 8192 on 16 warps
-#: (cross-entropy backward spills there), 96 at 8192 on 8 warps (127 for the two-pass loops).
-LOOP_BYTES_PER_THREAD = 16
+#: Bytes each thread loads per step of such a loop: two 16-byte vectors (a step of 8192 bf16 or 4096
+#: float32 elements on 16 warps), the best of a sweep on one H100 (step 1024-8192 x 4, 8, 16 warps x
+#: online or not): softmax bf16 512 x 128256 1786 GB/s against 1548 at one vector (4096 on 16 warps)
+#: and 1645 at Inductor's 2048, log-softmax bf16 1024 x 32000 2138 against 1906
+#: (``benchmarks/results/kernels_notes.md``). ptxas for sm_90a: softmax 64 registers a thread there
+#: (two programs of 16 warps an SM), cross-entropy's backward 64 and 8 bytes of spills.
+LOOP_BYTES_PER_THREAD = 32
 
 
 def looped_row(machine: Machine, row_bytes: int) -> tuple[int, int]:
-    """(loop step, num_warps) of a normalization that loops over its rows: one 16-byte load per thread
-    per step on ``LOOP_WARPS`` warps (on the interpreter's machine, steps as many times smaller as its
+    """(loop step, num_warps) of a normalization that loops over its rows: ``LOOP_BYTES_PER_THREAD`` a
+    thread per step on ``LOOP_WARPS`` warps (on the interpreter's machine, steps as many times smaller as its
     loop tile: small tests still take several steps)."""
     warps = LOOP_WARPS if machine.loop_tile >= 2048 else 4
     step = 32 * LOOP_WARPS * LOOP_BYTES_PER_THREAD // max(row_bytes, 1) * machine.loop_tile // 2048

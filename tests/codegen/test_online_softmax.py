@@ -141,7 +141,7 @@ def test_looped_rows_match_torch_in_one_pass(name: str, dtype: torch.dtype, cols
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_a_gpus_schedule_in_the_interpreter(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernel an H100 or H200 runs (132 SMs: rows of 20001 in loop steps of 4096, tile sums written
+    """The kernel an H100 or H200 runs (132 SMs: rows of 20001 in loop steps of 8192, tile sums written
     as a GPU thread adds), through Triton's interpreter."""
     monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(132, 16384, 2048)))
     monkeypatch.setattr(ValueLowering, "gpu_sums", property(lambda self: True))
@@ -274,10 +274,10 @@ def _row_losses(fd: FusionDefinition, dtype: torch.dtype) -> None:
     fd.add_output(fd.ops.sub(lse, fd.ops.sum(fd.ops.where(hot, x, 0.0), [1], keepdim=True)))
 
 
-@pytest.mark.parametrize(("define", "dtype", "step"), [(_softmax, torch.bfloat16, 4096), (_softmax, torch.float32, 2048),
-                                                       (_row_losses, torch.bfloat16, 4096)])
-def test_a_looped_row_loads_a_vector_per_thread_per_step(define: Define, dtype: torch.dtype, step: int) -> None:
-    """On a GPU (132 SMs), rows wider than a tile loop in steps of one 16-byte load per thread on 16 warps,
+@pytest.mark.parametrize(("define", "dtype", "step"), [(_softmax, torch.bfloat16, 8192), (_softmax, torch.float32, 4096),
+                                                       (_row_losses, torch.bfloat16, 8192)])
+def test_a_looped_row_loads_two_vectors_per_thread_per_step(define: Define, dtype: torch.dtype, step: int) -> None:
+    """On a GPU (132 SMs), rows wider than a tile loop in steps of two 16-byte loads per thread on 16 warps,
     by the row's element size (a cross-entropy's int64 targets, one per row, do not count)."""
     with FusionDefinition() as fd:
         define(fd, dtype)
