@@ -197,6 +197,21 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
     """Hand-edited heuristics around ``params`` for ``--sweep``."""
+    if scheduler is SchedulerType.inner_persistent and params.shape in ("loop", "split"):
+        # Looped rows: step x warps x online softmax (max and sum of exp in one pass) on / off, and the
+        # split across programs for few wide rows.
+        loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w, online=online, num_stages=0)
+                 for t in (1024, 2048, 4096, 8192) for w in (4, 8, 16) for online in (True, False)
+                 if w != 4 or (online and t in (2048, 4096))]
+        # at the default step and warps: the L2 hint flipped (``inner_persistent.EVICT_LAST_MIN_BYTES``),
+        # and the loops software-pipelined (more loads in flight per program)
+        loops += [dataclasses.replace(loops[0], tile=params.tile, num_warps=params.num_warps, online=online,
+                                      evict_last=not params.evict_last) for online in (True, False)]
+        loops += [dataclasses.replace(loops[0], tile=params.tile, num_warps=params.num_warps, online=True,
+                                      num_stages=stages) for stages in (2, 3)]
+        splits = [dataclasses.replace(params, shape="split", tile=t, split=g, num_warps=w)
+                  for g in (2, 4, 8) for t in (2048, 4096) for w in (8, 16)]
+        return loops + (splits if params.shape == "split" else [])
     if scheduler in (SchedulerType.inner_persistent, SchedulerType.reduction):
         tiles = [dataclasses.replace(params, shape="tile", rows=r, num_warps=w) for r in (1, 2, 4, 8, 16) for w in (2, 4, 8, 16)]
         loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w, num_stages=st)

@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 import torch
 
+from pyfuser.schedule import SchedulerType
+from pyfuser.scheduler.reduction_schedule import ReductionParams
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "benchmarks"))  # the benchmarks import their sibling modules by name
 sys.path.append(str(ROOT / "scripts"))
@@ -127,3 +130,19 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
     assert len(rows_md) == 3 and "`kernels.py` `quick` cases (nvidia-h100, 2026-01-01 00:00 UTC): 4 points" in rows_md[2]
     assert "rmsnorm 1.00x (worst 1.00x), rotary 1.00x (worst 1.00x), seed003: none ran" in rows_md[2]
     assert "Failed points: 1, skipped: 1" in rows_md[2]
+
+
+@pytest.mark.parametrize("shape", ["loop", "split"])
+def test_the_sweep_of_looped_rows_varies_step_warps_and_the_online_pass(shape: str) -> None:
+    """``--sweep`` of a normalization over looped rows: loop steps x warps x the online softmax on and off
+    (one GPU call compares them), the L2 hint flipped and the loops pipelined at the default step, and for
+    few wide rows (split) programs per row too."""
+    base = ReductionParams(SchedulerType.inner_persistent, 0, shape, tile=4096, num_warps=16, evict_last=False,
+                           split=3 if shape == "split" else 1)
+    variants = kernels._variants(SchedulerType.inner_persistent, base, 2)
+    loops = {(v.tile, v.num_warps, v.online) for v in variants if v.shape == "loop"}
+    assert {(t, w, o) for t in (1024, 2048, 4096, 8192) for w in (8, 16) for o in (True, False)} <= loops
+    assert any(v.shape == "split" for v in variants) == (shape == "split")
+    assert {(v.tile, v.num_warps, v.online) for v in variants if v.evict_last} == {(4096, 16, True), (4096, 16, False)}
+    assert {(v.tile, v.num_warps, v.num_stages) for v in variants if v.num_stages} == {(4096, 16, 2), (4096, 16, 3)}
+    assert all(v.shape in ("loop", "split") for v in variants)

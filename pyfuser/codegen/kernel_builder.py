@@ -642,6 +642,28 @@ class KernelBuilder(ValueLowering):
                 group.append(e)
         return group[1:]
 
+    def online_sums(self, group: list[ReductionOp | VarMeanOp]) -> list[tuple[ReductionOp, ReductionOp]]:
+        """Sums the schedule accumulates in the pass of their max (``ReductionOp.online_max``), that max
+        in ``group`` and iterating its serial reduction loops, each with that max: each lane's sum is
+        kept relative to the lane's running max (an online softmax), so the row is read once for
+        both."""
+        leader = group[0].outputs[0]
+        assert isinstance(leader, TensorView)
+        classes = sorted(self._serial_reduction_classes(leader))
+        members = {id(e) for e in group}
+        found: list[tuple[ReductionOp, ReductionOp]] = []
+        if not classes:
+            return found
+        for e in self.exprs:
+            if not isinstance(e, ReductionOp) or id(e) in members:
+                continue
+            shift = e.online_max
+            if shift is None or id(shift) not in members:
+                continue
+            if sorted(self._serial_reduction_classes(e.output)) == classes and self._indexed_here(e.output):
+                found.append((e, shift))
+        return found
+
     def share_reduction_loops(self, leader: TensorView, others: list[TensorView]) -> None:
         """Bind the serial reduction loop IDs of ``others`` to the loops just opened for ``leader``'s."""
         opened: dict[int, list[str]] = {}

@@ -26,7 +26,7 @@ Floating reductions are as accurate as torch's, also on data far from 0 (rows of
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -183,6 +183,13 @@ class _Accumulation:
 
     #: the tile axes the accumulators span: those the reduction's loop domain iterates
     axes: frozenset[int]
+    #: an online sum of ``exp(y - max(y))``: the max's accumulation its lanes' sums are relative to
+    shift: _Accumulation | None = None
+    #: a sum of an online softmax's pass: a plain float32 sum per lane, the lanes' sums joined in float64
+    plain: bool = False
+    #: a max: the online sums it rescales, and the name of its lanes' maxima kept for their finish
+    rescaled: list[_Accumulation] = field(default_factory=list)
+    lane_max: str = ""
 
     @property
     def welford(self) -> bool:
@@ -232,6 +239,8 @@ class ValueLowering:
         def share_reduction_loops(self, leader: TensorView, others: list[TensorView]) -> None: ...
 
         def sibling_reductions(self, expr: ReductionOp | VarMeanOp) -> list[ReductionOp | VarMeanOp]: ...
+
+        def online_sums(self, group: list[ReductionOp | VarMeanOp]) -> list[tuple[ReductionOp, ReductionOp]]: ...
 
         def outputs_of_the_pass(self, leader: TensorView,
                                 group: list[ReductionOp | VarMeanOp]) -> list[tuple[int, TensorView]]: ...
@@ -439,6 +448,15 @@ class ValueLowering:
         if leader is None:
             return
         group = [leader, *(a for a in map(self._accumulation, self.sibling_reductions(expr)) if a is not None)]
+        online = self._online(group)
+        if online:
+            # The pass computes two exponentials per value: its other sums (cross-entropy's picked
+            # logit) add plainly per lane, as the online sums do, where Kahan's terms would cost as
+            # much again (a lane adds one value per step: a few dozen on the widest rows).
+            for acc in group:
+                if acc.compensated:
+                    acc.compensated, acc.plain, acc.names = False, True, acc.names[:1]
+        group += online
         for acc in group:
             acc.declare(self)
         out = leader.out
@@ -448,7 +466,10 @@ class ValueLowering:
         # Conditions the same for the whole tile (a row past the end): a branch around the reads.
         branched = code.branch(code.uniform())
         for acc in group:
-            self._accumulate(acc)
+            if acc.rescaled:
+                self._accumulate_online(acc)
+            elif acc.shift is None:
+                self._accumulate(acc)
         if opened:
             for position, tv in self.outputs_of_the_pass(out, [a.expr for a in group]):
                 self._store(tv, position)
@@ -458,7 +479,54 @@ class ValueLowering:
         for _ in range(opened):
             code.close()
         for acc in group:
+            if acc.rescaled:  # the lanes' maxima, before the max's finish reduces them in place
+                acc.lane_max = code.assign("m", acc.names[0], cse=False)
+        for acc in group:
             self._finish(acc)
+
+    def _online(self, group: list[_Accumulation]) -> list[_Accumulation]:
+        """The accumulations of the online sums of ``group``'s maxima (``online_sums``): one plain
+        float32 sum per lane over the same tile axes as its max, linked to it. A lane adds one value
+        per loop step (a few dozen for the widest rows), so its sum needs no compensation; the lanes'
+        sums join in float64."""
+        by_expr = {id(a.expr): a for a in group}
+        found = []
+        for expr, shift in self.online_sums([a.expr for a in group]):
+            acc, m = self._accumulation(expr), by_expr[id(shift)]
+            if acc is not None and acc.compensated and acc.axes == m.axes and acc.dtype is m.dtype:
+                acc.shift, acc.compensated, acc.plain, acc.names = m, False, True, acc.names[:1]
+                m.rescaled.append(acc)
+                found.append(acc)
+        return found
+
+    def _accumulate_online(self, m: _Accumulation) -> None:
+        """A max and the online sums of ``exp(y - max)`` it shifts, at this loop point: each lane's
+        running max ``m`` rises to ``m' = max(m, y)`` and its sums become ``s * exp(m - m') +
+        exp(y - m')`` (two exponentials per value, no select per sum: the loop is memory bound).
+
+        A lane whose values so far are all -inf (or masked) keeps a max of -inf and sums of 0: its
+        shift is 0 there, not ``m' = -inf`` (``exp(-inf + inf)`` is NaN). A +inf or NaN value makes the
+        lane's sums NaN, as ``exp(y - max)`` makes some term NaN in the two-pass form. The lanes' sums
+        join at the finish, each scaled by ``exp(lane max - row max)``: NaN for a row of only -inf,
+        as the two-pass form's ``exp(-inf + inf)`` is there."""
+        code = self.code
+        expr, out, (running,) = m.expr, m.out, m.names
+        y = expr.inputs[0]
+        assert isinstance(y, TensorView)
+        indices = self.walk_back(out)
+        value = self.convert(self.value(y, self.producer_indices(expr, y, indices)), y.dtype, m.dtype)
+        own = " ".join(indices.of[id(i)] for i in _domain_ids(out) if i.is_reduction and id(i) in indices.of)
+        mask = code.mask(m.axes, uses=f"{value} {own}")
+        # a masked lane's placeholder value is -inf: its max does not rise, its term is 0
+        kept = code.assign("y", f"tl.where({mask}, {value}, -_INF)", cse=False) if mask else value
+        new = code.assign("m", f"_max({running}, {kept})", cse=False)
+        base = code.assign("m", f"tl.where({new} == -_INF, 0.0, {new})", cse=False)
+        scale = code.assign("f", f"tl.exp({running} - {base})", cse=False)
+        term = code.assign("e", f"tl.exp({kept} - {base})", cse=False)
+        for acc in m.rescaled:
+            (total,) = acc.names
+            code.emit(f"{total} = {total} * {scale} + {term}")
+        code.emit(f"{running} = {new}")
 
     def _accumulation(self, expr: ReductionOp | VarMeanOp) -> _Accumulation | None:
         """How ``expr`` accumulates at this loop point; None when its value is already here."""
@@ -605,7 +673,19 @@ class ValueLowering:
         else:
             kind = expr.kind
             value = names[0]
-            if compensated:
+            if acc.plain:
+                # A sum of an online softmax's pass: the lanes' sums added in float64 (once per row),
+                # an online sum's each moved from its lane's max to the row's first.
+                peak = acc.shift
+                if peak is not None:
+                    row_max = code.recall((peak.out.name, *peak.key[1:]))
+                    assert row_max is not None  # the max finishes first
+                    value = f"{value} * tl.exp({peak.lane_max} - {row_max})"
+                wide = DataType.Double
+                value = code.assign("v", self.convert(value, acc_dtype, wide), cse=False)
+                self._sum_over(value, axes)
+                acc_dtype = wide
+            elif compensated:
                 # The lanes' sums and what they lost, added across lanes and joined (and divided by a
                 # mean's count) in float64: the result rounds once. Per lane, not per element: a
                 # float32 tree over the lanes' large sums would round at their scale at each level.

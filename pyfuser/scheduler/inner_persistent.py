@@ -12,7 +12,8 @@ from typing import Any
 
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import VarMeanOp
-from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
 from pyfuser.scheduler.reduction_schedule import (
     ReductionParams,
     checked_analysis,
@@ -21,7 +22,7 @@ from pyfuser.scheduler.reduction_schedule import (
     schedule_segment,
     size_hints,
 )
-from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
+from pyfuser.scheduler.registry import FusionLike, Machine, Scheduler, SchedulerType, SizeHints
 
 KINDS = (NormalizationKind.inner_persistent,)
 
@@ -31,6 +32,36 @@ KINDS = (NormalizationKind.inner_persistent,)
 #: and 3488 / 3610; 256 MiB (rows of 256) 3991 / 3987 and 3816 / 3834; 512 MiB 4182 / 4102 and 3905 /
 #: 3909 (softmax of 8192: 4156 / 3973). Inductor hints only loads that every program reads again.
 EVICT_LAST_MIN_BYTES = 256 << 20
+
+#: Warps of a program that loops over a row (rows wider than a persistent tile): Inductor's looped
+#: softmax runs steps of 2048 on 16 warps on an H100 (``triton_heuristics._reduction_configs``).
+LOOP_WARPS = 16
+#: Bytes each thread loads per step of such a loop: two 16-byte vectors (a step of 8192 bf16 or 4096
+#: float32 elements on 16 warps), the best of a sweep on one H100 (step 1024-8192 x 4, 8, 16 warps x
+#: online or not): softmax bf16 512 x 128256 1786 GB/s against 1548 at one vector (4096 on 16 warps)
+#: and 1645 at Inductor's 2048, log-softmax bf16 1024 x 32000 2138 against 1906
+#: (``benchmarks/results/kernels_notes.md``). ptxas for sm_90a: softmax 64 registers a thread there
+#: (two programs of 16 warps an SM), cross-entropy's backward 64 and 8 bytes of spills.
+LOOP_BYTES_PER_THREAD = 32
+
+
+def looped_row(machine: Machine, row_bytes: int) -> tuple[int, int]:
+    """(loop step, num_warps) of a normalization that loops over its rows: ``LOOP_BYTES_PER_THREAD`` a
+    thread per step on ``LOOP_WARPS`` warps (on the interpreter's machine, steps as many times smaller as its
+    loop tile: small tests still take several steps)."""
+    warps = LOOP_WARPS if machine.loop_tile >= 2048 else 4
+    step = 32 * LOOP_WARPS * LOOP_BYTES_PER_THREAD // max(row_bytes, 1) * machine.loop_tile // 2048
+    return step, warps
+
+
+def row_bytes(fusion: FusionLike, analysis: ReductionAnalysis) -> int:
+    """The widest element of the inputs and outputs that span the reduced axes (the rows a loop reads
+    and writes; a cross-entropy's int64 targets, one per row, do not count)."""
+    exact = analysis.exact
+    return max((v.dtype.torch_dtype.itemsize for v in (*fusion.inputs(), *fusion.outputs())
+                if isinstance(v, TensorView) and analysis.reduced <= {
+                    exact.class_of(i) for i in v.get_logical_domain() if not i.is_broadcast and not i.is_reduction}),
+               default=4)
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
@@ -52,6 +83,9 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     # finished across programs: var_mean is never split.
     splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     params = inner_params(SchedulerType.inner_persistent, analysis.reference, hints, splittable)
+    if params.shape == "loop":
+        step, warps = looped_row(hints.machine, row_bytes(fusion, analysis))
+        params = replace(params, tile=step, num_warps=warps)
     if hints.kept is not None and hints.reduced is not None:
         params = replace(params, evict_last=2 * hints.kept * hints.reduced * element_bytes(fusion) >= EVICT_LAST_MIN_BYTES)
     return params

@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
+from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType
+from pyfuser.ir.ops import ReductionOp
 from pyfuser.ir.symbolic import SymExpr, SymVar
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.cache import cache_inputs, derive_allocation_from_loop
@@ -67,6 +69,9 @@ class ReductionParams:
     num_stages: int = 0
     #: loads ask L2 to keep their lines (``eviction_policy='evict_last'``)
     evict_last: bool = True
+    #: a looped normalization's sums of ``exp(y - max(y))`` accumulate in their max's pass (an online
+    #: softmax, ``mark_online_sums``): the row is read once for both
+    online: bool = True
 
     def __str__(self) -> str:
         fields = {"tile": f"rows per program: {self.rows}, row as one tile",
@@ -77,6 +82,9 @@ class ReductionParams:
             fields = {"tile": "row as one tile", "loop": f"row in steps of {self.tile}"}
             fields = {k: f"{v}; {self.split} programs, each a block of rows, {self.rows} at a time (partials "
                          "finished by a second launch)" for k, v in fields.items()}
+        if self.scheduler_type in (SchedulerType.inner_persistent, SchedulerType.outer_persistent):
+            fields["loop"] += f", online softmax: {self.online}"
+            fields["outer"] += f", online softmax: {self.online}" if self.tile_reduced else ""
         return (f"===== Reduction Parameters ========\nscheduler: {self.scheduler_type.name}\nreference: "
                 f"T{self.reference}\nshape: {self.shape}\n{fields[self.shape]}\nnum_warps: {self.num_warps}\n"
                 f"num_stages: {self.num_stages}\nevict_last: {self.evict_last}\n"
@@ -315,3 +323,15 @@ def schedule_segment(fusion: Fusion, params: ReductionParams, kinds: Sequence[No
     ref = next(tv for tv in fusion.tensors() if tv.name == params.reference)
     schedule_reference(ref, analysis, params)
     propagate(fusion, ref, caches)
+    looped = params.shape == "loop" or (params.shape == "outer" and params.tile_reduced > 0 and params.split == 1)
+    if params.online and looped:
+        mark_online_sums(fusion)
+
+
+def mark_online_sums(fusion: Fusion) -> None:
+    """Each sum of ``exp(y - max(y))`` (``softmax_shift``) accumulates in its max's pass over the
+    row (``ReductionOp.online_max``): a looped softmax reads its row twice, a log-softmax's or a
+    cross-entropy's statistics once, where a pass for the max and one for the sum read it once more."""
+    for e in fusion.exprs():
+        if isinstance(e, ReductionOp):
+            e.online_max = softmax_shift(e)

@@ -44,6 +44,7 @@ GPU_CASES = [
     ("var_mean", 2, 1500, "tile"),
     ("sum", 3, 1531, "tile"),
     ("sum", 2, 20000, "loop"),
+    ("softmax", 2, 20001, "loop"),
     ("sum_all", 1, 200000, "split"),
     ("row_and_column_sums", 1500, 24, "tile"),
     ("rmsnorm", 2, 1500, "tile"),

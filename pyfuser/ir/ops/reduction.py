@@ -69,6 +69,9 @@ class ReductionOp(Expr):
         #: of the whole reduction), not by its own reduced extents
         self.count_ids = count_ids
         self._needs_elements = kind.spec.needs_elements
+        #: a schedule's choice for a sum of ``exp(y - max(y))`` (``ir.analysis.online_softmax``): it
+        #: accumulates in the pass of this max, each lane's sum relative to the lane's running max
+        self.online_max: ReductionOp | None = None
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         dtype = self.output.dtype.torch_dtype
