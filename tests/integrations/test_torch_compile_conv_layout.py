@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from pyfuser.integrations.torch_compile import PyfuserBackend
-from pyfuser.integrations.torch_compile.conv_layout import layout_refusal, to_channels_last
+from pyfuser.integrations.torch_compile.conv_layout import layout_refusal, split_convolution_biases, to_channels_last
 
 pytest.importorskip("transformers")
 
@@ -314,17 +316,44 @@ class DepthwiseBlock(torch.nn.Module):
         return self.norm(self.conv(x).permute(0, 2, 3, 1))
 
 
+def _convolution_graph(device: str) -> torch.fx.GraphModule:
+    """An ATen graph (fake example values on ``device``) of a biased convolution read by a ReLU."""
+    with FakeTensorMode():
+        x, w, b = (torch.empty(*shape, device=device) for shape in ((2, 3, 8, 7), (4, 3, 3, 3), (4,)))
+        return make_fx(lambda x, w, b: torch.relu(aten.convolution.default(x, w, b, [1, 1], [1, 1], [1, 1], False,
+                                                                               [0, 0], 1)))(x, w, b)
+
+
+def test_a_cuda_convolutions_bias_becomes_an_add_of_the_graph() -> None:
+    """On CUDA (fake values: no GPU needed) the convolution loses its bias and an add of the bias viewed
+    over the output channels takes its place, with the convolution's example value; on the CPU (oneDNN
+    adds the bias inside the convolution) the graph stays."""
+    gm = _convolution_graph("cuda")
+    traced = next(n for n in gm.graph.nodes if n.target is aten.convolution.default).meta["val"]
+    assert split_convolution_biases(gm) == 1
+    (convolution,) = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    (add,) = convolution.users
+    assert convolution.args[2] is None and add.target is aten.add.Tensor
+    assert add.args[1].target is aten.view.default and add.args[1].args[1] == [4, 1, 1]
+    value = add.meta["val"]
+    assert (value.shape, value.stride(), value.dtype) == (traced.shape, traced.stride(), traced.dtype)
+    assert [u.target for u in add.users] == [aten.relu.default]
+    cpu = _convolution_graph("cpu")
+    assert split_convolution_biases(cpu) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="convolution biases are split on CUDA")
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_convolution_bias_is_added_by_the_region_reading_it(dtype: torch.dtype, training: bool) -> None:
-    """A forward convolution runs without its bias, and the bias add (ATen's separate kernel after the
-    convolution's) is a pointwise op of the region that reads the convolution, fused with the layer
+    """A forward CUDA convolution runs without its bias, and the bias add (ATen's separate kernel after
+    the convolution's) is a pointwise op of the region that reads the convolution, fused with the layer
     norm there; outputs and input gradients are as close to a float64 run as eager's are."""
     g = torch.Generator().manual_seed(0)
     reference = DepthwiseBlock().double()
-    model = copy.deepcopy(reference).to(dtype)
+    model = copy.deepcopy(reference).to("cuda", dtype)
     x64 = torch.randn(2, 8, 9, 5, generator=g, dtype=torch.float64)
-    backend = PyfuserBackend(triton_interpreter=True)
+    backend = PyfuserBackend()
     compiled = torch.compile(model, backend=backend)
 
     def step(run: Callable[..., Any], x: torch.Tensor) -> list[torch.Tensor]:
@@ -334,9 +363,10 @@ def test_convolution_bias_is_added_by_the_region_reading_it(dtype: torch.dtype, 
             return [out, *torch.autograd.grad(out.square().sum(), x)] if training else [out]
 
     want = step(reference, x64)
-    for got, eager, exact in zip(step(compiled, x64.to(dtype)), step(model, x64.to(dtype)), want, strict=True):
-        error = (got.double() - exact).abs().max().item()
-        assert error <= 2 * (eager.double() - exact).abs().max().item() + 1e-5, error
+    x = x64.to("cuda", dtype)
+    for got, eager, exact in zip(step(compiled, x), step(model, x), want, strict=True):
+        error = (got.double().cpu() - exact).abs().max().item()
+        assert error <= 2 * (eager.double().cpu() - exact).abs().max().item() + 1e-5, error
     forward = backend.graphs[0]
     (convolution,) = [n for n in forward.graph_module.graph.nodes if n.target is aten.convolution.default]
     assert convolution.args[2] is None

@@ -32,9 +32,9 @@ GPU time (cuDNN's NCHW convolutions transpose in and out; ``benchmarks/results/m
 ``channels_last=True`` applies the layout to any graph of static sizes with convolutions; ``False``
 never.
 
-Whatever the layout, a forward convolution's bias is split off (``split_convolution_biases``): ATen adds
-it in a kernel of its own, as a pointwise op of the graph it fuses into the region that reads the
-convolution.
+Whatever the layout, a forward CUDA convolution's bias is split off (``split_convolution_biases``): ATen
+adds it in a kernel of its own there; as a pointwise op of the graph it fuses into the region that reads
+the convolution.
 """
 
 from __future__ import annotations
@@ -305,11 +305,12 @@ def to_channels_last(gm: GraphModule, visible: int | None = None, force: bool | 
 
 
 def split_convolution_biases(gm: GraphModule) -> int:
-    """Each forward convolution with a bias becomes the convolution without it and an add of the bias
-    broadcast over its output channels (in place; returns how many). ATen adds a convolution's bias in a
-    kernel of its own after cuDNN's (or the depthwise kernel's); as a pointwise op of the graph the add
-    fuses into the region that reads the convolution (ConvNeXt's permute and layer norm), as Inductor
-    fuses it."""
+    """Each forward convolution on CUDA with a bias becomes the convolution without it and an add of the
+    bias broadcast over its output channels (in place; returns how many). On CUDA ATen adds a
+    convolution's bias in a kernel of its own after cuDNN's (or the depthwise kernel's), rounding the
+    convolution's output first; as a pointwise op of the graph the add computes the same and fuses into
+    the region that reads the convolution (ConvNeXt's permute and layer norm), as Inductor fuses it. On
+    the CPU oneDNN adds the bias inside the convolution: split, its output would be rounded twice."""
     placeholders = [_val(n) for n in gm.graph.nodes if n.op == "placeholder"]
     mode = detect_fake_mode([v for v in placeholders if isinstance(v, torch.Tensor)])
     split = 0
@@ -317,7 +318,8 @@ def split_convolution_biases(gm: GraphModule) -> int:
         if node.op != "call_function" or node.target is not aten.convolution.default:
             continue
         bias, output = node.args[2], _val(node)
-        if not isinstance(bias, Node) or not isinstance(output, torch.Tensor) or mode is None:
+        if not isinstance(bias, Node) or not isinstance(output, torch.Tensor) or mode is None \
+                or output.device.type != "cuda":
             continue
         shape = [int(_val(bias).shape[0]), *[1] * (output.dim() - 2)]
         with gm.graph.inserting_after(node):
