@@ -307,8 +307,9 @@ def to_channels_last(gm: GraphModule, visible: int | None = None, force: bool | 
 def split_convolution_biases(gm: GraphModule) -> int:
     """Each forward convolution on CUDA with a bias becomes the convolution without it and an add of the
     bias broadcast over its output channels (in place; returns how many). On CUDA ATen adds a
-    convolution's bias in a kernel of its own after cuDNN's (or the depthwise kernel's), rounding the
-    convolution's output first; as a pointwise op of the graph the add computes the same and fuses into
+    convolution's bias in a kernel of its own after cuDNN's (channels-last depthwise ones included),
+    rounding the convolution's output first; as a pointwise op of the graph the add computes the same
+    (ATen's native NCHW depthwise kernel, which adds it inside, rounds once less) and fuses into
     the region that reads the convolution (ConvNeXt's permute and layer norm), as Inductor fuses it. On
     the CPU oneDNN adds the bias inside the convolution: split, its output would be rounded twice."""
     placeholders = [_val(n) for n in gm.graph.nodes if n.op == "placeholder"]
