@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser.host_ir import specialization
 from pyfuser.ir.eval_context import EvalContext
+from pyfuser.runtime import cuda_graph
 from pyfuser.runtime.cuda_graph import CapturedGraph, CaptureError, CudaGraphProgram, CudaGraphRunner, _StaticInput
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -179,6 +181,41 @@ def test_results_are_graph_buffers_replayed_once_let_go() -> None:
     assert runner.graphs_captured == 2 and runner.plain_runs == 1
     torch.testing.assert_close(kept[0], xs[1] @ weight + 1)
     torch.testing.assert_close(total[0], (xs[0] @ weight + 1).sum(1))
+
+
+class _FakeCapture:
+    """A capture without a GPU: replays ``run`` and records whether its graph was released."""
+
+    def __init__(self, run: cuda_graph.Run, args: list[object], *rest: object) -> None:
+        self.run, self.released = run, False
+
+    def free(self) -> bool:
+        return True
+
+    def replay(self, args: list[object]) -> list[torch.Tensor]:
+        return self.run(list(args))
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_captures_are_specializations_forgotten_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner keeps its captures per key as every specialization is kept: one key more than
+    ``SPECIALIZATION_LIMIT`` forgets them all (each graph released, its buffers' addresses no longer
+    lasting) and captures the new key; a forgotten key captures again."""
+    monkeypatch.setattr(specialization, "SPECIALIZATION_LIMIT", 3)
+    monkeypatch.setattr(cuda_graph, "CapturedGraph", _FakeCapture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    runner = CudaGraphRunner(lambda args: [args[0] * 2])
+    xs = [torch.randn(n + 1, 2) for n in range(4)]
+    for x in xs[:3] + xs[:3]:
+        torch.testing.assert_close(runner([x])[0], x * 2)
+    assert runner.captures == 3 and isinstance(runner._graphs, specialization.Specializations)
+    first = [runner._graphs[runner.key([x])][0] for x in xs[:3]]
+    runner([xs[3]])
+    assert all(g.released for g in first) and list(runner._graphs) == [runner.key([xs[3]])]
+    torch.testing.assert_close(runner([xs[0]])[0], xs[0] * 2)
+    assert runner.captures == 5
 
 
 @cuda
