@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,6 +120,19 @@ def test_each_scheduler_type_is_registered_once_with_its_facts() -> None:
     assert bucketed == {SchedulerType.reduction, SchedulerType.inner_persistent, SchedulerType.outer_persistent,
                         SchedulerType.inner_outer_persistent}
     assert [s.type for s in KERNEL_SCHEDULERS] == [t for t in registered if is_kernel(t)]
+
+
+def test_the_runtime_reaches_the_schedulers_through_their_registry_level_modules() -> None:
+    """Scheduling decisions (heuristics, size buckets, a grid reduction's final step) are the schedulers':
+    the runtime imports the registry, the kernel-scheduling entry point and the public schedule tools,
+    never a scheduler's internals."""
+    allowed = {"pyfuser.scheduler.registry", "pyfuser.scheduler.schedulers", "pyfuser.scheduler.kernel_scheduling",
+               "pyfuser.scheduler.tools"}
+    runtime = Path(__file__).parents[1] / "pyfuser" / "runtime"
+    imported = {(path.name, node.module) for path in runtime.glob("*.py")
+                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+                and node.module is not None and node.module.startswith("pyfuser.scheduler")}
+    assert imported and {(f, m) for f, m in imported if m not in allowed} == set()
 
 
 @pytest.mark.parametrize(("scheduler_type", "shape"), [(SchedulerType.pointwise, (4, 6)),
