@@ -9,15 +9,16 @@ from __future__ import annotations
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 from pyfuser.comm.communicator import Communicator
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import HostIrContainer, LaunchKernel, PlainSegment
+from pyfuser.host_ir.straight_line import StraightLineFunction
 from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
@@ -50,7 +51,7 @@ class Program(Protocol):
 
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
 
-    def straight_line(self, binding: object) -> Callable[[Sequence[Any]], list[Any] | None] | None:
+    def straight_line(self, binding: object) -> StraightLineFunction | None:
         """Its run under ``binding`` as one generated function, once the binding's first run wrote it
         (None: runs under the binding take the program's steps)."""
         ...
@@ -69,7 +70,7 @@ class BoundProgram:
     #: the ``EvalContext.binding`` of its runs: their kernel launches replay what the first recorded
     binding: object = field(default_factory=object, compare=False)
     #: the program's run as one function under ``binding``, once written (False: it has none)
-    function: Any = field(default=None, compare=False)
+    function: StraightLineFunction | Literal[False] | None = field(default=None, compare=False)
     #: converts the input scalars to their declared types (a fusion with scalar inputs, bound to their values)
     coerce: Any = field(default=None, compare=False)
 
@@ -78,7 +79,7 @@ class BoundProgram:
             args = self.coerce(list(args))
         function = self.function
         if function:
-            outputs = function(args)
+            outputs = function.run(args)
             if outputs is not None:  # None: another current device
                 return outputs
         outputs = self.program.run(args, EvalContext(self.env.copy(), self.device, self.binding))

@@ -15,7 +15,7 @@ import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence
-from pyfuser.codegen.launcher import BoundRun
+from pyfuser.codegen.launcher import Bound
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.scheduler.kernel_scheduling import Bucket, BucketFunction
 
@@ -57,7 +57,7 @@ class SizeDispatchedKernel:
         kernel = self.last = self.kernel_for(ctx.env)
         return kernel.run(ctx, *args, out=out)
 
-    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], Bound | None]:
         """The bucket's kernel's ``bind`` (a bound program's sizes keep it in the bucket)."""
         kernel = self.last = self.kernel_for(ctx.env)
         return kernel.bind(ctx, args)
