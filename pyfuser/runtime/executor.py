@@ -17,7 +17,7 @@ import torch
 
 from pyfuser.comm.communicator import Communicator
 from pyfuser.host_ir.evaluator import HostIrEvaluator
-from pyfuser.host_ir.nodes import HostIrContainer, LaunchKernel, PlainSegment
+from pyfuser.host_ir.nodes import HostIrContainer, KernelSegment, LaunchKernel, PlainSegment
 from pyfuser.host_ir.straight_line import StraightLineFunction
 from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
 from pyfuser.ir.eval_context import EvalContext
@@ -114,21 +114,21 @@ class FusionExecutorCache:
         #: The program the latest ``run`` executed (for dumps and tests: ``str(program)`` is its Host IR).
         self.last_program: Program | None = None
 
-    def kernel_codes(self) -> list[str]:
-        """Sources of the generated kernels the latest program launches."""
+    def _launched_segments(self) -> list[KernelSegment]:
+        """The segments the latest program launches, read off its Host IR (``Program.container``), so a
+        program replayed from CUDA graphs shows the kernels of the program it captured."""
         program = self.last_program
         if program is None:
             return []
-        return [n.segment.code for n in program.container.walk()
-                if isinstance(n, LaunchKernel) and not isinstance(n.segment, PlainSegment)]
+        return [n.segment for n in program.container.walk() if isinstance(n, LaunchKernel)]
+
+    def kernel_codes(self) -> list[str]:
+        """Sources of the generated kernels the latest program launches."""
+        return [s.code for s in self._launched_segments() if not isinstance(s, PlainSegment)]
 
     def scheduled_fusion_irs(self) -> list[str]:
         """Each kernel segment of the latest program as scheduled (math and domains)."""
-        program = self.last_program
-        if not isinstance(program, HostIrEvaluator):
-            return []
-        return [n.segment.scheduled_ir for n in program.container.walk()
-                if isinstance(n, LaunchKernel) and n.segment.scheduled_ir]
+        return [s.scheduled_ir for s in self._launched_segments() if s.scheduled_ir]
 
     def _reset(self) -> None:
         self._version = self.fusion.version

@@ -45,6 +45,32 @@ def test_option_runs_plainly_on_cpu() -> None:
     assert not isinstance(fd.fec.last_program, CudaGraphProgram)
 
 
+def _dumps(fd: FusionDefinition) -> tuple[str, str]:
+    return fd.last_kernel_code(), fd.last_scheduled_fusion_ir()
+
+
+def test_dumps_of_a_program_replayed_from_graphs_are_its_programs() -> None:
+    """``last_kernel_code`` and ``last_scheduled_fusion_ir`` both read the program a CUDA-graph program
+    captures (on CPU the option runs plainly: the program is wrapped here as a GPU run wraps it)."""
+    fd = define()
+    x, w = torch.randn(6, 4), torch.randn(5, 4)
+    fd.execute([x, w, 0.5], _enable_options=["triton_interpreter"])
+    plain = _dumps(fd)
+    assert "tl.store(" in plain[0] and "loop domain" in plain[1]
+    fd.fec.last_program = CudaGraphProgram(fd.fec.last_program)
+    assert _dumps(fd) == plain
+
+
+@cuda
+def test_dumps_under_the_cuda_graph_option() -> None:
+    fd = define()
+    w = torch.randn(16, 8, device="cuda")
+    fd.execute([torch.randn(12, 8, device="cuda"), w, 0.5])
+    plain = _dumps(fd)
+    fd.execute([torch.randn(12, 8, device="cuda"), w, 0.5], _enable_options=["cuda_graph"])
+    assert isinstance(fd.fec.last_program, CudaGraphProgram) and _dumps(fd) == plain
+
+
 def test_static_input_buffer_of_an_expanded_tensor() -> None:
     """A stride-0 input is copied as the span it addresses and viewed with its own strides."""
     example = torch.randn(3, 1).expand(3, 4)
