@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
 
 from pyfuser import FusionDefinition, schedule
+from pyfuser.codegen.launcher import BoundLaunch, Variant
 from pyfuser.frontend.ops import Ops
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import HostIrContainer, HostNode, KernelSegment, LaunchKernel, PlainSegment
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.passes.pipeline import HOST_PASSES
+from pyfuser.host_ir.straight_line import StraightLineFunction
 from pyfuser.ir.layout import Layout
 from pyfuser.ir.ops import BinaryOpType, ReductionOpType, TernaryOpType, UnaryOpType
 from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
@@ -120,6 +124,19 @@ def test_each_scheduler_type_is_registered_once_with_its_facts() -> None:
     assert [s.type for s in KERNEL_SCHEDULERS] == [t for t in registered if is_kernel(t)]
 
 
+def test_the_runtime_reaches_the_schedulers_through_their_registry_level_modules() -> None:
+    """Scheduling decisions (heuristics, size buckets, a grid reduction's final step) are the schedulers':
+    the runtime imports the registry, the kernel-scheduling entry point and the public schedule tools,
+    never a scheduler's internals."""
+    allowed = {"pyfuser.scheduler.registry", "pyfuser.scheduler.schedulers", "pyfuser.scheduler.kernel_scheduling",
+               "pyfuser.scheduler.tools"}
+    runtime = Path(__file__).parents[1] / "pyfuser" / "runtime"
+    imported = {(path.name, node.module) for path in runtime.glob("*.py")
+                for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+                and node.module is not None and node.module.startswith("pyfuser.scheduler")}
+    assert imported and {(f, m) for f, m in imported if m not in allowed} == set()
+
+
 @pytest.mark.parametrize(("scheduler_type", "shape"), [(SchedulerType.pointwise, (4, 6)),
                                                         (SchedulerType.reduction, (8, 33))])
 def test_scheduler_params_are_frozen_cache_keys(scheduler_type: SchedulerType, shape: tuple[int, ...]) -> None:
@@ -173,6 +190,33 @@ def test_launch_kernel_holds_the_whole_kernel_segment_protocol() -> None:
     (doubled,) = node.segment.run(None, x)
     torch.testing.assert_close(doubled, x * 2)
     assert node.substitute({}).segment is node.segment
+
+
+def test_bound_launches_and_straight_line_functions_are_typed_objects(device: str, kernel_options: list[str]) -> None:
+    """What a bound program's first run records is read through typed members, never function
+    attributes: a launch's ``BoundLaunch`` (its source, the variant it replays, whether torch's static
+    launcher calls it) and the program's ``StraightLineFunction`` (its run and source)."""
+    x = torch.randn(4, 8, device=device)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.exp(fd.from_pytorch(x)))
+    fd.execute([x], _enable_options=kernel_options)
+    bound = fd.fec.bound_program([x], enable_options=kernel_options)
+    assert bound is not None
+    for _ in range(3):
+        (out,) = bound.run([x])
+        torch.testing.assert_close(out, x.exp())
+    program = fd.fec.last_program
+    (node,) = [n for n in program.container.walk() if isinstance(n, LaunchKernel)]
+    (launch,) = program.bound_launches(node).by_binding.values()
+    assert isinstance(launch, BoundLaunch) and isinstance(launch.variant, Variant)
+    assert launch.source.startswith("def run(args):") and "data_ptr() % 16" in launch.source
+    assert isinstance(bound.function, StraightLineFunction) and bound.function.source.startswith("def run(args):")
+    package = Path(__file__).parents[1] / "pyfuser"
+    read_by_name = [f"{path.relative_to(package)}:{node.lineno}" for path in package.rglob("*.py")
+                    for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) > 1
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in ("plan", "source", "static")]
+    assert read_by_name == []
 
 
 def test_kernel_layouts_are_one_layout_type() -> None:

@@ -23,10 +23,10 @@ import torch
 
 from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.codegen.launcher import (
+    Bound,
     BoundParam,
-    BoundRun,
     DirectLaunches,
-    VariantLaunch,
+    Variant,
     bound_launch,
     launcher_source,
 )
@@ -116,7 +116,7 @@ class CompiledKernel:
         empty and nothing runs). ``run`` is ``prepare`` then ``launch``, in one generated function."""
         return self._prepare(ctx, args, out)
 
-    def launch(self, grid: tuple[int, ...], params: Sequence[Any]) -> VariantLaunch | None:
+    def launch(self, grid: tuple[int, ...], params: Sequence[Any]) -> Variant | None:
         """Launch the kernel with what ``prepare`` returned, as ``run`` does; returns the launched
         variant's ``launch(grid, params, stream)`` for a bound launch (None: none to call directly)."""
         device = next(p for p in params if isinstance(p, torch.Tensor)).get_device()
@@ -136,7 +136,7 @@ class CompiledKernel:
         entries += [("value", v) for v in params[n_in + n_out:]]
         return entries
 
-    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], Bound | None]:
         """Run on ``args``, and return with the outputs a ``bound_launch`` for later calls of a bound
         program (None where there can be none: nothing launched, a scalar parameter, no variant to
         call directly)."""

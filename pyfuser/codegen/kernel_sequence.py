@@ -16,7 +16,15 @@ from pyfuser.codegen.cooperative import cooperative_source
 from pyfuser.codegen.grid_reduction import FinishStep, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelSource
-from pyfuser.codegen.launcher import BoundParam, BoundRun, DirectLaunches, VariantLaunch, bound_launch, raw_stream
+from pyfuser.codegen.launcher import (
+    Bound,
+    BoundFunction,
+    BoundParam,
+    DirectLaunches,
+    Variant,
+    bound_launch,
+    raw_stream,
+)
 from pyfuser.codegen.scatter import ScatterKernelBuilder, init_layouts, scatter_op, split_scatter
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.fusion import Fusion
@@ -52,7 +60,7 @@ class KernelSequence:
             slots.extend(kernel.run(ctx, *[slots[s] for s in reads]))
         return _deliver([slots[s] for s in self._outputs], out)
 
-    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], Bound | None]:
         """Run on ``args``, and return with the outputs the launches bound for a bound program's later
         calls, one after another (None unless every kernel's binds: see ``CompiledKernel.bind``)."""
         slots: list[Any] = list(args)
@@ -65,7 +73,7 @@ class KernelSequence:
         bound = [run for run in runs if run is not None]
         if len(bound) < len(runs):
             return results, None
-        steps, kept = list(zip(bound, self._reads, strict=True)), self._outputs
+        steps, kept = [(b.run, reads) for b, reads in zip(bound, self._reads, strict=True)], self._outputs
 
         def run_bound(args: Sequence[Any]) -> list[torch.Tensor] | None:
             slots = list(args)
@@ -76,7 +84,7 @@ class KernelSequence:
                 slots.extend(outputs)
             return [slots[s] for s in kept]
 
-        return results, run_bound
+        return results, BoundFunction(run_bound)
 
 
 def _deliver(results: list[torch.Tensor], out: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
@@ -181,9 +189,9 @@ class CooperativeSequence(KernelSequence):
             return None
         return slots, steps
 
-    def _launch(self, steps: list[Any], device: torch.device) -> VariantLaunch | None:
-        """Launch the steps as one cooperative launch; returns ``launch(grid, params, stream)`` of the
-        variant launched, for a bound launch (None: no variant to call directly)."""
+    def _launch(self, steps: list[Any], device: torch.device) -> Variant | None:
+        """Launch the steps as one cooperative launch; returns the variant launched, counting its
+        launches, for a bound launch (None: no variant to call directly)."""
         params = [p for _, _, step_params in steps for p in step_params]
         params += [g for _, grid, _ in steps[1:] for g in grid]
         params.append(_counter(device))
@@ -197,12 +205,14 @@ class CooperativeSequence(KernelSequence):
         if variant is None:
             return None
 
+        run = variant.launch
+
         def launch(grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
             global cooperative_launches
-            variant(grid, params, stream)
+            run(grid, params, stream)
             cooperative_launches += 1
 
-        return launch
+        return Variant(launch)
 
     def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         prepared = self._prepared(ctx, args)
@@ -212,7 +222,7 @@ class CooperativeSequence(KernelSequence):
         self._launch(steps, slots[len(args)].device)
         return _deliver([slots[s] for s in self._outputs], out)
 
-    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], Bound | None]:
         """``KernelSequence.bind`` for one cooperative launch: the steps' parameters, grids and counter
         recorded as one bound launch."""
         prepared = self._prepared(ctx, args)
@@ -299,7 +309,7 @@ class ScatterSequence(KernelSequence):
             pass
         return _deliver([buffer], out)
 
-    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], Bound | None]:
         """Nothing bound: the second launch writes the first one's output, which a bound launch would
         allocate afresh."""
         return self.run(ctx, *args), None

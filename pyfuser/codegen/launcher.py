@@ -89,6 +89,8 @@ class DirectLaunches:
         self.options = {"launch_cooperative_grid": True} if cooperative and not interpreted else {}
         #: (device, key) -> ``run(grid, params, stream)`` of the compiled variant
         self.variants: dict[tuple[Any, ...], VariantLaunch] = {}
+        #: (device, key) -> the variant's launch in parts, where torch's static launcher calls it
+        self.static: dict[tuple[Any, ...], StaticLaunch] = {}
         self.direct = not interpreted
 
     def launch(self, key: tuple[Any, ...] | None, grid: tuple[int, ...], params: list[Any], device: int) -> None:
@@ -110,18 +112,22 @@ class DirectLaunches:
             return
         try:  # a variant's first launch: Triton compiles it (without launching)
             compiled = self.fn.warmup(*params, grid=grid, num_warps=self.num_warps, **self.options)
-            run = _static_launch(compiled, device) or _triton_launch(compiled)
+            static = _static_launch(compiled, device)
+            run = static.launcher() if static is not None else _triton_launch(compiled)
             run(grid, params, raw_stream(device))
         except Exception as e:
             raise KernelLaunchError(self.name, self.source, e) from e
         self.variants[(device, key)] = run
+        if static is not None:
+            self.static[(device, key)] = static
 
-    def variant(self, key: tuple[Any, ...] | None, device: int) -> VariantLaunch | None:
-        """``launch(grid, params, stream)`` of the variant ``key`` selects, launched before (None where
-        there is none to call directly); the interpreter's launch for an interpreted kernel."""
+    def variant(self, key: tuple[Any, ...] | None, device: int) -> Variant | None:
+        """The variant ``key`` selects, launched before (None where there is none to call directly);
+        the interpreter's launch for an interpreted kernel."""
         if self.interpreted:
-            return self._interpret
-        return self.variants.get((device, key)) if self.direct else None
+            return Variant(self._interpret)
+        run = self.variants.get((device, key)) if self.direct else None
+        return Variant(run, self.static.get((device, key))) if run is not None else None
 
     def _interpret(self, grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
         # Masked-off lanes compute on placeholder values (log(0)); numpy must not warn about them.
@@ -145,7 +151,7 @@ _STATIC_TYPES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1":
 class StaticLaunch:
     """A compiled variant's launch through torch's static launcher, in parts: ``call(function, grid x,
     y, z, warps, shared memory, types, arguments, stream)`` with the parameters at ``kept`` and
-    ``scratch`` Nones."""
+    ``scratch`` Nones. A bound launch writes it as one call of its own (``BoundLaunch.write``)."""
 
     call: Callable[..., None]
     function: Any
@@ -155,8 +161,30 @@ class StaticLaunch:
     kept: tuple[int, ...]
     scratch: int
 
+    def launcher(self) -> VariantLaunch:
+        """``run(grid, params, stream)``: the launch as one closure (the launcher's hot path reads no
+        attribute of this object)."""
+        kept, call, function, warps, shared, types = self.kept, self.call, self.function, self.warps, self.shared, \
+            self.types
+        scratch: tuple[None, ...] = (None,) * self.scratch
+        pick = operator.itemgetter(*kept) if len(kept) > 1 else (lambda p: (p[kept[0]],)) if kept else (lambda p: ())
 
-def _static_launch(compiled: Any, device: int) -> Callable[[tuple[int, ...], list[Any], Any], None] | None:
+        def run(grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
+            call(function, grid[0], grid[1], grid[2], warps, shared, types, pick(params) + scratch, stream)
+
+        return run
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A compiled variant launched before: ``launch(grid, params, stream)``, and its parts where
+    torch's static launcher calls it (None: Triton's runner, a cooperative launch, the interpreter)."""
+
+    launch: VariantLaunch
+    static: StaticLaunch | None = None
+
+
+def _static_launch(compiled: Any, device: int) -> StaticLaunch | None:
     """A compiled variant launched by torch's static CUDA launcher (Inductor's: the driver call in
     C++, no Python launcher in between; 4.4 vs 8.0 us per launch on the H200's host), or None where
     it does not apply: no such launcher in this torch, launch hooks set (a profiler's, e.g. Proton:
@@ -189,27 +217,19 @@ def _static_launch(compiled: Any, device: int) -> Callable[[tuple[int, ...], lis
                 continue
             kept.append(position)
             types += "O" if ty.startswith("*") else _STATIC_TYPES[ty]
-        scratch: tuple[None, ...] = ()
+        scratch = 0
         for size in ("global_scratch_size", "profile_scratch_size"):
             if hasattr(metadata, size):
                 if getattr(metadata, size):
                     return None
-                scratch, types = (*scratch, None), types + "O"
+                scratch, types = scratch + 1, types + "O"
         warps, shared = metadata.num_warps, metadata.shared
         function = _load_cubin(launcher, compiled, device)
     except (AttributeError, KeyError, ValueError, TypeError, OSError):
         return None
     if function is None:
         return None
-    pick = operator.itemgetter(*kept) if len(kept) > 1 else (lambda p: (p[kept[0]],)) if kept else (lambda p: ())
-    call = launcher._launch_kernel
-
-    def run(grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
-        call(function, grid[0], grid[1], grid[2], warps, shared, types, pick(params) + scratch, stream)
-
-    #: what a bound launch writes as one call of its own (``BoundLaunch.write``)
-    run.static = StaticLaunch(call, function, warps, shared, types, tuple(kept), len(scratch))  # type: ignore[attr-defined]  # read with getattr
-    return run
+    return StaticLaunch(launcher._launch_kernel, function, warps, shared, types, tuple(kept), scratch)
 
 
 def _load_cubin(launcher: Any, compiled: Any, device: int) -> Any:
@@ -419,7 +439,17 @@ def launcher_source(s: KernelSource, direct: bool = False) -> tuple[str, dict[st
 #: then each allocated output), ("value", v) the constant v, ("counter", None) the grid
 #: synchronizations' counter of the launch's stream.
 BoundParam = tuple[str, Any]
+#: ``run(args)``: launches bound to one binding replayed on ``args`` (None: an argument's alignment
+#: differs from the recorded call's, so the caller runs the launcher).
 BoundRun = Callable[[Sequence[Any]], "list[torch.Tensor] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class BoundFunction:
+    """A bound replay called as a function of its own (a sequence's launches, one after another),
+    where a straight-line function cannot inline it as it does a ``BoundLaunch``."""
+
+    run: BoundRun
 
 
 class BoundLaunch:
@@ -432,10 +462,10 @@ class BoundLaunch:
 
     ``write`` renders the replay as lines of Python for a caller's generated code (a bound
     program's straight-line function inlines its launches); ``run`` is the replay as a function of
-    its own."""
+    its own, ``source`` its text."""
 
     def __init__(self, args: Sequence[Any], made: Sequence[torch.Tensor], params: Sequence[BoundParam],
-                 results: Sequence[int], grid: tuple[int, ...], launch: Callable[[tuple[int, ...], list[Any], Any], None],
+                 results: Sequence[int], grid: tuple[int, ...], variant: Variant,
                  counter: Callable[[Any], torch.Tensor] | None) -> None:
         self.n_args = len(args)
         self.device = made[0].device
@@ -444,7 +474,8 @@ class BoundLaunch:
         self.made = [(tuple(t.shape), t.stride(), t.dtype) for t in made]
         self.params = list(params)
         self.results = list(results)
-        self.grid, self.launch, self.counter = grid, launch, counter
+        self.grid, self.variant, self.counter = grid, variant, counter
+        self.source = ""
         self.run: BoundRun = self._function()
 
     def misaligned(self, names: Sequence[str], fixed: Sequence[bool] = ()) -> str:
@@ -458,7 +489,7 @@ class BoundLaunch:
         """Lines allocating the outputs into ``made`` and launching on ``stream`` (an expression), for
         the arguments ``names``; the constants they read are bound into ``writer``'s globals."""
         slots = [*names, *made]
-        launch, grid = writer.constant(self.launch, "_launch"), writer.constant(self.grid, "_grid")
+        launch, grid = writer.constant(self.variant.launch, "_launch"), writer.constant(self.grid, "_grid")
         cuda = self.device.type == "cuda" and _empty_cuda is not None
         device = self.device
         alloc = writer.constant(_empty_cuda if cuda else (
@@ -476,7 +507,7 @@ class BoundLaunch:
                 values.append(repr(value))
             else:
                 values.append(writer.constant(value, "_v"))
-        static: StaticLaunch | None = getattr(self.launch, "static", None)
+        static = self.variant.static
         if static is None or len(self.grid) != 3:
             lines.append(f"{launch}({grid}, [{', '.join(values)}], {stream})")
             return lines
@@ -508,21 +539,24 @@ class BoundLaunch:
         body.append(f"return [{', '.join(slots[s] for s in self.results)}]")
         writer.function("def run(args):", body)
         run: BoundRun = writer.define("run")
-        run.source = writer.source  # type: ignore[attr-defined]  # a function attribute, read with getattr
-        run.plan = self  # type: ignore[attr-defined]  # a function attribute, read with getattr
+        self.source = writer.source
         return run
 
 
+#: What a segment's ``bind`` returns (``host_ir.nodes.BoundSegment``): one launch a caller's generated
+#: code may inline, or a replay it calls.
+Bound = BoundLaunch | BoundFunction
+
+
 def bound_launch(args: Sequence[Any], made: Sequence[torch.Tensor], params: Sequence[BoundParam],
-                 results: Sequence[int], grid: tuple[int, ...], launch: Callable[[tuple[int, ...], list[Any], Any], None],
-                 counter: Callable[[Any], torch.Tensor] | None = None) -> BoundRun | None:
-    """``run(args) -> results``: the ``BoundLaunch`` of the first call's arguments ``args`` (slots
-    ``0..``), the outputs it allocated ``made`` (slots ``len(args)..``), the launch's parameters,
-    the slots of its results, its grid, ``launch(grid, params, stream)`` (the compiled variant's)
-    and ``counter(stream)`` (the counter for ("counter", None) parameters). ``run`` returns None
-    when an argument's alignment differs from the first call's (the caller runs the launcher
-    then); None instead of ``run`` when an output the first call allocated was not aligned.
-    ``run.plan`` is the ``BoundLaunch``."""
+                 results: Sequence[int], grid: tuple[int, ...], variant: Variant,
+                 counter: Callable[[Any], torch.Tensor] | None = None) -> BoundLaunch | None:
+    """The ``BoundLaunch`` of the first call's arguments ``args`` (slots ``0..``), the outputs it
+    allocated ``made`` (slots ``len(args)..``), the launch's parameters, the slots of its results,
+    its grid, the compiled variant it launched and ``counter(stream)`` (the counter for ("counter",
+    None) parameters). Its ``run`` returns None when an argument's alignment differs from the
+    first call's (the caller runs the launcher then); None instead of it when an output the first
+    call allocated was not aligned."""
     if any(t.data_ptr() % 16 for t in made):
         return None
-    return BoundLaunch(args, made, params, results, grid, launch, counter).run
+    return BoundLaunch(args, made, params, results, grid, variant, counter)

@@ -27,7 +27,7 @@ from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, AtenCall, HostIrC
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.specialization import Recording, Specializations
 from pyfuser.host_ir.steps import CORE_STEP_BUILDERS, BoundLaunches
-from pyfuser.host_ir.straight_line import STRAIGHT_LINE_NODES, StraightLine
+from pyfuser.host_ir.straight_line import STRAIGHT_LINE_NODES, StraightLine, StraightLineFunction
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
@@ -172,7 +172,7 @@ class HostIrEvaluator:
         #: binding's run could not be written so); None for programs that keep their steps. A program of
         #: one launch has one too: a compiled graph calls its regions' functions, never their programs
         #: (``integrations/torch_compile/bound_graph.py``), so each region needs one
-        self._straight: Specializations[object, Any] | None = None
+        self._straight: Specializations[object, StraightLineFunction | None] | None = None
         if not self._uses_streams and all(isinstance(n, STRAIGHT_LINE_NODES) for n in container.nodes):
             self._straight = Specializations()
 
@@ -345,9 +345,8 @@ class HostIrEvaluator:
             run = _with_fixes(run, tuple(fixes))
         straight.record(ctx.binding, run)
 
-    def straight_line(self, binding: object) -> Callable[[Sequence[Any]], list[Any] | None] | None:
-        """The function runs under ``binding`` take after the first (None: they take the steps); its
-        ``source`` attribute is the code."""
+    def straight_line(self, binding: object) -> StraightLineFunction | None:
+        """The function runs under ``binding`` take after the first (None: they take the steps)."""
         straight = self._straight
         return straight.get(binding) if straight is not None else None
 
@@ -365,11 +364,11 @@ def _conformed_again(layout: OutputLayout, given: torch.Tensor,
     return layout.copy
 
 
-_Run = Callable[[Sequence[Any]], "list[Any] | None"]
+def _with_fixes(function: StraightLineFunction,
+                fixes: tuple[tuple[int, Callable[[torch.Tensor], torch.Tensor]], ...]) -> StraightLineFunction:
+    """``function`` with each output at a fix's position changed by it."""
+    run = function.run
 
-
-def _with_fixes(run: _Run, fixes: tuple[tuple[int, Callable[[torch.Tensor], torch.Tensor]], ...]) -> _Run:
-    """``run`` with each output at a fix's position changed by it."""
     def conformed(args: Sequence[Any]) -> list[Any] | None:
         outputs = run(args)
         if outputs is not None:
@@ -377,5 +376,4 @@ def _with_fixes(run: _Run, fixes: tuple[tuple[int, Callable[[torch.Tensor], torc
                 outputs[pos] = fix(outputs[pos])
         return outputs
 
-    conformed.source = getattr(run, "source", "")  # type: ignore[attr-defined]  # a function attribute, read with getattr
-    return conformed
+    return StraightLineFunction(conformed, function.source)

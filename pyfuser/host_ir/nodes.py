@@ -192,8 +192,13 @@ class AtenCall(HostNode):
                         into=any(v in mapping for v in self.outputs))
 
 
-#: A launch bound to one binding's arguments: its outputs, or None where the caller runs the segment.
-BoundSegmentRun = Callable[[Sequence[Any]], "list[torch.Tensor] | None"]
+class BoundSegment(Protocol):
+    """A segment's launches bound to one binding's arguments (``KernelSegment.bind``): ``run(args)``
+    replays them on a later run's arguments, returning the outputs, or None where the caller runs
+    the segment (an argument whose alignment differs from the recorded run's)."""
+
+    @property
+    def run(self) -> Callable[[Sequence[Any]], list[torch.Tensor] | None]: ...
 
 
 @runtime_checkable
@@ -202,7 +207,7 @@ class KernelSegment(Protocol):
     attribute the host program and the runtime read of one.
 
     ``run`` launches it on concrete tensors, allocating its outputs or writing into ``out``;
-    ``bind`` runs it once and returns a launch bound to these arguments' binding (None: nothing to
+    ``bind`` runs it once and returns its launches bound to these arguments' binding (None: nothing to
     bind); ``output_perms``: the memory order of each output it allocates (None: not dense in a known
     order); ``code``: the generated source; ``scheduled_ir``: the segment as scheduled (``""``: none);
     ``scheduler_params``: the heuristics it was compiled with."""
@@ -224,7 +229,7 @@ class KernelSegment(Protocol):
 
     def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]: ...
 
-    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundSegmentRun | None]: ...
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundSegment | None]: ...
 
 
 class SegmentRun(Protocol):
@@ -252,7 +257,7 @@ class PlainSegment:
     def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         return self.segment.run(ctx, *args) if out is None else self.segment.run(ctx, *args, out=out)
 
-    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundSegmentRun | None]:
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundSegment | None]:
         return self.run(ctx, *args), None
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from enum import Enum
+from typing import Any, Final
 
 import torch
 
@@ -17,6 +18,7 @@ from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CompileContext, Frame,
 from pyfuser.host_ir.nodes import (
     Allocate,
     AtenCall,
+    BoundSegment,
     Deallocate,
     ForLoop,
     HirAliasSelect,
@@ -145,7 +147,14 @@ def _aten_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list
     return evaluate
 
 
-_UNBOUND = object()
+class _Unbound(Enum):
+    """No bound launches recorded for a binding yet (None is recorded: nothing to bind)."""
+
+    token = 0
+
+
+#: The token as a global: reading an enum member off its class costs a descriptor call per launch.
+_UNBOUND: Final = _Unbound.token
 
 
 class BoundLaunches:
@@ -159,17 +168,17 @@ class BoundLaunches:
 
     def __init__(self, segment: KernelSegment) -> None:
         self.segment = segment
-        self.by_binding: Specializations[object, Any] = Specializations()
+        self.by_binding: Specializations[object, BoundSegment | None] = Specializations()
 
     def run(self, ctx: EvalContext, args: list[Any]) -> list[Any] | None:
         """The outputs, or None where the caller runs the segment itself (nothing bound for this
         binding, or an argument whose alignment changed)."""
-        launch = self.by_binding.get(ctx.binding, _UNBOUND)
-        if launch is _UNBOUND:
-            outputs, launch = self.segment.bind(ctx, args)
-            self.by_binding.record(ctx.binding, launch)
+        bound = self.by_binding.get(ctx.binding, _UNBOUND)
+        if bound is _UNBOUND:
+            outputs, made = self.segment.bind(ctx, args)
+            self.by_binding.record(ctx.binding, made)
             return outputs
-        return launch(args) if launch is not None else None
+        return bound.run(args) if bound is not None else None
 
 
 def launch_with_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list[Any] | None], list[Any]]:

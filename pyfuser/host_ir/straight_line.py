@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from pyfuser.codegen.launcher import reinterpret_tensor
+from pyfuser.codegen.launcher import BoundLaunch, reinterpret_tensor
 from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.host_ir.nodes import Allocate, AtenCall, Deallocate, HostNode, LaunchKernel
 from pyfuser.host_ir.specialization import Seen
@@ -38,6 +38,18 @@ from pyfuser.ir.eval_context import EvalContext
 STRAIGHT_LINE_NODES = (AtenCall, LaunchKernel, Allocate, Deallocate)
 
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+#: ``run(args)``: a program's run under its binding (None: another current device, the steps run).
+StraightLineRun = Callable[[Sequence[Any]], "list[Any] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class StraightLineFunction:
+    """A program's run under one binding as a generated function, with its source (what a reader or
+    a test checks of it)."""
+
+    run: StraightLineRun
+    source: str
 
 
 @dataclass
@@ -93,7 +105,7 @@ class StraightLine:
 
     def build(self, inputs: Sequence[Val], inputs_seen: Sequence[Seen | None], nodes: Sequence[HostNode],
               seen: Sequence[Sequence[Seen | None]], outputs: Sequence[Val],
-              ctx: EvalContext) -> Callable[[Sequence[Any]], list[Any] | None] | None:
+              ctx: EvalContext) -> StraightLineFunction | None:
         self._env["_ctx"] = ctx
         self._input_storages = {seen.storage for seen in inputs_seen if seen is not None}
         names = [self._define(v, s) for v, s in zip(inputs, inputs_seen, strict=True)]
@@ -110,9 +122,7 @@ class StraightLine:
         unpack = f"{', '.join(names)}, = args" if names else "del args"
         writer = self._writer
         writer.function("def run(args):", [unpack, *head, *body, f"return [{', '.join(returned)}]"])
-        run = writer.define("run")
-        run.source = writer.source
-        return run
+        return StraightLineFunction(writer.define("run"), writer.source)
 
     # --- nodes ---------------------------------------------------------------------------------------
     def _node(self, node: HostNode, results: Sequence[Seen | None], ctx: EvalContext) -> bool:
@@ -190,13 +200,13 @@ class StraightLine:
         if replay is None:
             self._emit(f"{targets} = {unbound}(_ctx, {arguments}, None)", outs, ins)
             return True
-        plan = getattr(replay, "plan", None)
-        if plan is None:  # a replay of its own (a sequence of launches): called
+        if not isinstance(replay, BoundLaunch):  # a replay of its own (a sequence of launches): called
             # It returns None where an argument's 16-byte alignment differs from the recorded run's
             # (part of the compiled variant): the launcher runs then.
-            self._emit(f"_r = {self._constant(replay, 'bound')}({arguments})\n"
+            self._emit(f"_r = {self._constant(replay.run, 'bound')}({arguments})\n"
                        f"if _r is None:\n    _r = {unbound}(_ctx, {arguments}, None)\n{targets} = _r", outs, ins)
             return True
+        plan = replay
         n_args = plan.n_args
         made = [outs[plan.results.index(n_args + j)] if n_args + j in plan.results else self._writer.fresh("_t")
                 for j in range(len(plan.made))]
@@ -217,7 +227,7 @@ class StraightLine:
         base = self._base.get(slot) if slot in self._written else None
         return base is not None and base[1].storage not in self._input_storages
 
-    def _stream(self, plan: Any) -> str:
+    def _stream(self, plan: BoundLaunch) -> str:
         """``_stream``: the current stream, read once at the function's start (a straight-line program
         switches none)."""
         if "_stream" not in self._head:

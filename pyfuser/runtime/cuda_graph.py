@@ -22,15 +22,16 @@ backward), the next call replays another *replica* of the graph, captured the fi
 needed, and with every replica's results held the call runs without a graph. Scalar inputs are
 baked into the captured kernels' arguments: their values are part of the key too. One set of
 replicas per key, so a new input size (or bucket of sizes the caller rounds to) captures once and
-replays from then on; at most ``max_graphs`` keys are kept (least recently used dropped, freeing
-their memory once the caller drops their results). Most calls repeat the last call's signature,
-checked first without building a key.
+replays from then on. The keys' captures are a ``Specializations`` (``host_ir/specialization.py``,
+what every other per-signature specialization is kept in): one key more than
+``SPECIALIZATION_LIMIT`` forgets them all, freeing their memory once the caller drops their results,
+and the new key captures anew. Most calls repeat the last call's signature, checked first without
+building a key.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -39,6 +40,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import HostIrContainer
+from pyfuser.host_ir.specialization import Specializations
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime.profiling import SegmentInfo
@@ -278,10 +280,24 @@ class CapturedGraph:
         return results
 
 
+class Captures(Specializations[Hashable, list[CapturedGraph]]):
+    """A runner's captured replicas per key. Forgetting them (the limit reached) releases each graph:
+    the addresses of its buffers no longer last, so no later key reads a dropped graph's results in
+    place."""
+
+    __slots__ = ()
+
+    def clear(self) -> None:
+        for replicas in self.values():
+            for graph in replicas:
+                graph.release()
+        super().clear()
+
+
 class CudaGraphRunner:
     """Runs ``run(args)`` by replaying a CUDA graph captured for the arguments' signature."""
 
-    def __init__(self, run: Run, static_inputs: Sequence[int] = (), max_graphs: int = 8, name: str = "program",
+    def __init__(self, run: Run, static_inputs: Sequence[int] = (), name: str = "program",
                  replicas: int = 2, hand_out_bytes: int = 1 << 20, handed_from: int | None = None) -> None:
         self.run = run
         #: results at least this large are handed out as the graph's buffers, smaller ones copied
@@ -290,10 +306,9 @@ class CudaGraphRunner:
         #: activations saved for its backward (whose graph reads them in place, not a copy of a copy)
         self.handed_from = handed_from
         self.static_inputs = frozenset(static_inputs)
-        self.max_graphs = max_graphs
         self.replicas = replicas
         self.name = name
-        self._graphs: OrderedDict[Hashable, list[CapturedGraph]] = OrderedDict()
+        self._graphs = Captures()
         self._pool: Any = None
         #: how many signatures were captured (a test counts re-captures with it)
         self.captures = 0
@@ -360,13 +375,8 @@ class CudaGraphRunner:
             key = self.key(args)
             replicas = self._graphs.get(key)
             if replicas is None:
-                replicas = self._graphs[key] = []
+                replicas = self._graphs.record(key, [])
                 self.captures += 1
-                if len(self._graphs) > self.max_graphs:
-                    for dropped in self._graphs.popitem(last=False)[1]:
-                        dropped.release()
-            else:
-                self._graphs.move_to_end(key)
             self._recent = (key, replicas)
         graph = next((g for g in replicas if g.free()), None)
         if graph is None:

@@ -9,15 +9,16 @@ from __future__ import annotations
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 from pyfuser.comm.communicator import Communicator
 from pyfuser.host_ir.evaluator import HostIrEvaluator
-from pyfuser.host_ir.nodes import HostIrContainer, LaunchKernel, PlainSegment
+from pyfuser.host_ir.nodes import HostIrContainer, KernelSegment, LaunchKernel, PlainSegment
+from pyfuser.host_ir.straight_line import StraightLineFunction
 from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
@@ -50,7 +51,7 @@ class Program(Protocol):
 
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]: ...
 
-    def straight_line(self, binding: object) -> Callable[[Sequence[Any]], list[Any] | None] | None:
+    def straight_line(self, binding: object) -> StraightLineFunction | None:
         """Its run under ``binding`` as one generated function, once the binding's first run wrote it
         (None: runs under the binding take the program's steps)."""
         ...
@@ -69,7 +70,7 @@ class BoundProgram:
     #: the ``EvalContext.binding`` of its runs: their kernel launches replay what the first recorded
     binding: object = field(default_factory=object, compare=False)
     #: the program's run as one function under ``binding``, once written (False: it has none)
-    function: Any = field(default=None, compare=False)
+    function: StraightLineFunction | Literal[False] | None = field(default=None, compare=False)
     #: converts the input scalars to their declared types (a fusion with scalar inputs, bound to their values)
     coerce: Any = field(default=None, compare=False)
 
@@ -78,7 +79,7 @@ class BoundProgram:
             args = self.coerce(list(args))
         function = self.function
         if function:
-            outputs = function(args)
+            outputs = function.run(args)
             if outputs is not None:  # None: another current device
                 return outputs
         outputs = self.program.run(args, EvalContext(self.env.copy(), self.device, self.binding))
@@ -113,21 +114,21 @@ class FusionExecutorCache:
         #: The program the latest ``run`` executed (for dumps and tests: ``str(program)`` is its Host IR).
         self.last_program: Program | None = None
 
-    def kernel_codes(self) -> list[str]:
-        """Sources of the generated kernels the latest program launches."""
+    def _launched_segments(self) -> list[KernelSegment]:
+        """The segments the latest program launches, read off its Host IR (``Program.container``), so a
+        program replayed from CUDA graphs shows the kernels of the program it captured."""
         program = self.last_program
         if program is None:
             return []
-        return [n.segment.code for n in program.container.walk()
-                if isinstance(n, LaunchKernel) and not isinstance(n.segment, PlainSegment)]
+        return [n.segment for n in program.container.walk() if isinstance(n, LaunchKernel)]
+
+    def kernel_codes(self) -> list[str]:
+        """Sources of the generated kernels the latest program launches."""
+        return [s.code for s in self._launched_segments() if not isinstance(s, PlainSegment)]
 
     def scheduled_fusion_irs(self) -> list[str]:
         """Each kernel segment of the latest program as scheduled (math and domains)."""
-        program = self.last_program
-        if not isinstance(program, HostIrEvaluator):
-            return []
-        return [n.segment.scheduled_ir for n in program.container.walk()
-                if isinstance(n, LaunchKernel) and n.segment.scheduled_ir]
+        return [s.scheduled_ir for s in self._launched_segments() if s.scheduled_ir]
 
     def _reset(self) -> None:
         self._version = self.fusion.version

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
-from pyfuser.codegen.grid_reduction import FinishStep
 from pyfuser.codegen.kernel_sequence import KernelSequence, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_axes
@@ -22,10 +21,8 @@ from pyfuser.ir.layout import Layout
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, DisableOption, DumpOption, dump
 from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
-from pyfuser.scheduler.reduction import schedule_final_step
-from pyfuser.scheduler.reduction_analysis import analyze
-from pyfuser.scheduler.registry import Machine, SizeHints
-from pyfuser.scheduler.schedulers import SCHEDULERS, is_kernel, size_dependent
+from pyfuser.scheduler.kernel_scheduling import Bucket, KernelScheduling
+from pyfuser.scheduler.schedulers import is_kernel
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, segment_fusion_copy
 
 
@@ -33,12 +30,6 @@ def kernel_target(device: torch.device) -> str:
     """What the code generator writes kernels on ``device`` for: compiled for CUDA, else run by Triton's
     interpreter (fd.execute's and manual_execute's kernels alike)."""
     return "cuda" if device.type == "cuda" else "interpreter"
-
-
-def final_step(machine: Machine) -> FinishStep:
-    """How the code generator schedules a grid reduction's final step on ``machine``: the reduction
-    scheduler's rule, for a scheduler's schedule (``fd.execute``'s, and ``manual_execute`` given one)."""
-    return lambda fusion: schedule_final_step(fusion, machine)
 
 
 def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
@@ -68,21 +59,20 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         if isinstance(original, TensorView):
             dense = id(original) in written_by_kernel and not chunked
             layouts[original.name] = _layout(fusion, original, dense, chunked)
-    scheduler = SCHEDULERS[group.scheduler]
+    scheduling = KernelScheduling.of(group.scheduler, options.device)
     name = f"{group.scheduler.name}_kernel"
     target = kernel_target(options.device)
-    machine = Machine.of(options.device)
 
     unscheduled: list[Fusion] = []  # a copy analyzed for its extents, scheduled by the first build
 
-    def build(hints: SizeHints | tuple[()]) -> CompiledKernel | KernelSequence:
+    def build(bucket: Bucket | None) -> CompiledKernel | KernelSequence:
         copy = unscheduled.pop() if unscheduled else segment_fusion_copy(fusion, group)[0]
-        params = scheduler.kernel_heuristics(copy, hints)
+        params = scheduling.heuristics(copy, bucket)
         dump(DumpOption.scheduler_params, lambda: f"Segment g{index} ({group.scheduler.name}):\n{params}")
-        scheduler.schedule(copy, params)
+        scheduling.schedule(copy, params)
         reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
-                                finish=final_step(machine),
+                                finish=scheduling.finish,
                                 loop_stages=params.num_stages, chunked=chunked,
                                 cooperative=DisableOption.cooperative_launch not in options.disabled,
                                 evict_last=params.evict_last)
@@ -93,15 +83,13 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         dump(DumpOption.kernel, lambda: f"Kernel of segment g{index} ({group.scheduler.name}):\n{kernel.code}\n")
         return kernel
 
-    if not size_dependent(group.scheduler):
-        return build(())
     view, _ = segment_fusion_copy(fusion, group)
-    analysis, reason = analyze(view)
-    assert analysis is not None, reason
-    reduced, kept = analysis.extents()
-    perms = tuple(layouts[o.name].perm for o in group.outputs)
     unscheduled.append(view)
-    return SizeDispatchedKernel(name, build, reduced, kept, machine, perms)
+    buckets = scheduling.buckets(view)
+    if buckets is None:
+        return build(None)
+    perms = tuple(layouts[o.name].perm for o in group.outputs)
+    return SizeDispatchedKernel(name, build, buckets, perms)
 
 
 def scheduled_ir(fusion: Fusion) -> str:

@@ -25,7 +25,8 @@ from pyfuser.ir.layout import Layout, contiguity_of_strides, memory_order
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime import profiling
 from pyfuser.runtime.inputs import InputBinder
-from pyfuser.runtime.kernels import final_step, kernel_target
+from pyfuser.runtime.kernels import kernel_target
+from pyfuser.scheduler.kernel_scheduling import final_step
 from pyfuser.scheduler.registry import Machine
 from pyfuser.scheduler.tools import parallelize_like, transform_like
 

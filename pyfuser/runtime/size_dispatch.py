@@ -1,10 +1,9 @@
 """Kernels whose schedule depends on the sizes (reductions and normalizations): one compiled per
 size bucket, chosen at launch.
 
-The bucket is the next power of two of the reduced extent and of the kept extent (capped: past
-it no heuristic changes), read from the sizes bound for the launch. The first launch in a bucket
-schedules a fresh copy of the segment for it and compiles it; later launches in the bucket only
-look it up (nvFuser compiles per heuristic parameters the same way).
+The scheduler decides the buckets (``scheduler/kernel_scheduling.py``); here each launch reads its
+bucket from the sizes bound for it. The first launch in a bucket schedules a fresh copy of the
+segment for it and compiles it; later launches in the bucket only look it up.
 """
 
 from __future__ import annotations
@@ -16,38 +15,30 @@ import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence
-from pyfuser.codegen.launcher import BoundRun
-from pyfuser.codegen.python_writer import define_function
-from pyfuser.codegen.triton_support import host_int_expr
+from pyfuser.codegen.launcher import Bound
 from pyfuser.ir.eval_context import EvalContext
-from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
-from pyfuser.scheduler.registry import Machine, SizeHints
-from pyfuser.utils import next_power_of_2
-
-#: Kept extents from here on schedule alike (every SM busy many times over).
-KEPT_CAP = 1 << 16
+from pyfuser.scheduler.kernel_scheduling import Bucket, BucketFunction
 
 Kernel = CompiledKernel | KernelSequence
 
 
 class SizeDispatchedKernel:
-    """Runs like a ``CompiledKernel``; compiles ``build(hints)`` per size bucket."""
+    """Runs like a ``CompiledKernel``; compiles ``build(bucket)`` per size bucket."""
 
-    def __init__(self, name: str, build: Callable[[SizeHints], Kernel], reduced: SymExpr, kept: SymExpr,
-                 machine: Machine, output_perms: tuple[tuple[int, ...], ...]) -> None:
+    def __init__(self, name: str, build: Callable[[Bucket], Kernel], bucket: BucketFunction,
+                 output_perms: tuple[tuple[int, ...], ...]) -> None:
         self.name = name
         self.output_perms = output_perms
         self._build = build
-        self._bucket = _bucket_function(reduced, kept)
-        self._machine = machine
-        self._by_bucket: dict[tuple[int, int], Kernel] = {}
+        self._bucket = bucket
+        self._by_bucket: dict[Bucket, Kernel] = {}
         self.last: Kernel | None = None
 
     def kernel_for(self, env: dict[str, int]) -> Kernel:
         bucket = self._bucket(env)
         kernel = self._by_bucket.get(bucket)
         if kernel is None:
-            kernel = self._by_bucket[bucket] = self._build(SizeHints(*bucket, self._machine))
+            kernel = self._by_bucket[bucket] = self._build(bucket)
         return kernel
 
     @property
@@ -66,33 +57,7 @@ class SizeDispatchedKernel:
         kernel = self.last = self.kernel_for(ctx.env)
         return kernel.run(ctx, *args, out=out)
 
-    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], BoundRun | None]:
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], Bound | None]:
         """The bucket's kernel's ``bind`` (a bound program's sizes keep it in the bucket)."""
         kernel = self.last = self.kernel_for(ctx.env)
         return kernel.bind(ctx, args)
-
-
-def _symbols(e: SymExpr) -> set[str]:
-    if isinstance(e, SymVar):
-        return {e.name}
-    if isinstance(e, SymBinary):
-        return _symbols(e.lhs) | _symbols(e.rhs)
-    return set()
-
-
-def _plain(e: SymExpr) -> bool:
-    """Whether ``e`` is size arithmetic only (host scalar arithmetic, ``SymCall``, evaluates instead)."""
-    if isinstance(e, SymBinary):
-        return _plain(e.lhs) and _plain(e.rhs)
-    return isinstance(e, (SymConst, SymVar))
-
-
-def _bucket_function(reduced: SymExpr, kept: SymExpr) -> Callable[[dict[str, int]], tuple[int, int]]:
-    """``env -> (reduced bucket, kept bucket)`` as straight-line Python (it runs on every launch)."""
-    names = sorted(_symbols(reduced) | _symbols(kept))
-    if not all(n.isidentifier() for n in names) or not (_plain(reduced) and _plain(kept)):
-        return lambda env: (next_power_of_2(max(1, int(reduced.evaluate(env)))),
-                            min(next_power_of_2(max(1, int(kept.evaluate(env)))), KEPT_CAP))
-    body = [*(f"{n} = env[{n!r}]" for n in names),
-            f"return (_pow2(max(1, {host_int_expr(reduced)})), min(_pow2(max(1, {host_int_expr(kept)})), {KEPT_CAP}))"]
-    return define_function("def bucket(env):", body, "size bucket", {"_pow2": next_power_of_2})

@@ -12,7 +12,7 @@ import torch
 from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.codegen.kernel_builder import KernelBuilder
 from pyfuser.codegen.kernel_source import KernelLaunchError
-from pyfuser.codegen.launcher import DirectLaunches, launcher_source
+from pyfuser.codegen.launcher import DirectLaunches, StaticLaunch, Variant, bound_launch, launcher_source
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.schedule import parallelize_like, transform_like
 
@@ -115,12 +115,30 @@ def test_a_refused_variant_names_the_kernel_and_carries_its_source(fn: _Refusing
     assert not launches.variants
 
 
+def test_a_static_launch_calls_torchs_launcher_with_the_kept_arguments_and_bound_launches_inline_it() -> None:
+    """``StaticLaunch.launcher()`` passes the parameters Triton kept, a None per scratch parameter, the
+    grid, warps, shared memory and types; a bound launch of such a variant writes that call inline."""
+    calls: list[tuple[Any, ...]] = []
+    static = StaticLaunch(lambda *a: calls.append(a), "function", 4, 128, "OOi", (0, 2), 1)
+    run = static.launcher()
+    a, b = torch.zeros(4), torch.zeros(4)
+    run((3, 1, 1), [a, b, 7], "stream")
+    assert calls == [("function", 3, 1, 1, 4, 128, "OOi", (a, 7, None), "stream")]
+    calls.clear()
+    x = torch.zeros(8)
+    bound = bound_launch([x], [torch.empty(8)], [("slot", 0), ("slot", 1), ("value", 8)], [1], (2, 1, 1),
+                         Variant(run, static))
+    assert bound is not None and "_call(_function, 2, 1, 1, 4, 128, _types, (a0, 8, None), _stream)" in bound.source
+    (out,) = bound.run([x])
+    assert calls == [("function", 2, 1, 1, 4, 128, "OOi", (x, 8, None), None)] and out.shape == (8,)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled kernels")
 def test_cuda_variants_launch_through_torchs_static_launcher() -> None:
     """Compiled variants launch through torch's static CUDA launcher with the arguments Triton kept
     (it drops constexprs and integers it specialized to 1) and a float scalar; through Triton's
     runner with a torch that has no static launcher."""
-    launcher = "_static_launch" if getattr(torch._C, "_StaticCudaLauncher", None) is not None else "_triton_launch"
+    static = getattr(torch._C, "_StaticCudaLauncher", None) is not None
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1])
         s = fd.define_scalar(dtype=DataType.Float)
@@ -131,4 +149,6 @@ def test_cuda_variants_launch_through_torchs_static_launcher() -> None:
         torch.testing.assert_close(out, t.exp() * 2.5)
     kernel = fd.fec.last_program.container.nodes[0].segment
     variants = kernel.launches.variants
-    assert variants and all(run.__qualname__.startswith(launcher) for run in variants.values())
+    assert variants and set(kernel.launches.static) == (set(variants) if static else set())
+    assert all(run.__qualname__.startswith("StaticLaunch.launcher" if static else "_triton_launch")
+               for run in variants.values())

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser.host_ir import specialization
 from pyfuser.ir.eval_context import EvalContext
+from pyfuser.runtime import cuda_graph
 from pyfuser.runtime.cuda_graph import CapturedGraph, CaptureError, CudaGraphProgram, CudaGraphRunner, _StaticInput
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -41,6 +43,32 @@ def test_option_runs_plainly_on_cpu() -> None:
     for got, want in zip(fd.execute([x, w, 0.5], _enable_options=["cuda_graph"]), reference(x, w, 0.5), strict=True):
         torch.testing.assert_close(got, want)
     assert not isinstance(fd.fec.last_program, CudaGraphProgram)
+
+
+def _dumps(fd: FusionDefinition) -> tuple[str, str]:
+    return fd.last_kernel_code(), fd.last_scheduled_fusion_ir()
+
+
+def test_dumps_of_a_program_replayed_from_graphs_are_its_programs() -> None:
+    """``last_kernel_code`` and ``last_scheduled_fusion_ir`` both read the program a CUDA-graph program
+    captures (on CPU the option runs plainly: the program is wrapped here as a GPU run wraps it)."""
+    fd = define()
+    x, w = torch.randn(6, 4), torch.randn(5, 4)
+    fd.execute([x, w, 0.5], _enable_options=["triton_interpreter"])
+    plain = _dumps(fd)
+    assert "tl.store(" in plain[0] and "loop domain" in plain[1]
+    fd.fec.last_program = CudaGraphProgram(fd.fec.last_program)
+    assert _dumps(fd) == plain
+
+
+@cuda
+def test_dumps_under_the_cuda_graph_option() -> None:
+    fd = define()
+    w = torch.randn(16, 8, device="cuda")
+    fd.execute([torch.randn(12, 8, device="cuda"), w, 0.5])
+    plain = _dumps(fd)
+    fd.execute([torch.randn(12, 8, device="cuda"), w, 0.5], _enable_options=["cuda_graph"])
+    assert isinstance(fd.fec.last_program, CudaGraphProgram) and _dumps(fd) == plain
 
 
 def test_static_input_buffer_of_an_expanded_tensor() -> None:
@@ -179,6 +207,41 @@ def test_results_are_graph_buffers_replayed_once_let_go() -> None:
     assert runner.graphs_captured == 2 and runner.plain_runs == 1
     torch.testing.assert_close(kept[0], xs[1] @ weight + 1)
     torch.testing.assert_close(total[0], (xs[0] @ weight + 1).sum(1))
+
+
+class _FakeCapture:
+    """A capture without a GPU: replays ``run`` and records whether its graph was released."""
+
+    def __init__(self, run: cuda_graph.Run, args: list[object], *rest: object) -> None:
+        self.run, self.released = run, False
+
+    def free(self) -> bool:
+        return True
+
+    def replay(self, args: list[object]) -> list[torch.Tensor]:
+        return self.run(list(args))
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_captures_are_specializations_forgotten_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner keeps its captures per key as every specialization is kept: one key more than
+    ``SPECIALIZATION_LIMIT`` forgets them all (each graph released, its buffers' addresses no longer
+    lasting) and captures the new key; a forgotten key captures again."""
+    monkeypatch.setattr(specialization, "SPECIALIZATION_LIMIT", 3)
+    monkeypatch.setattr(cuda_graph, "CapturedGraph", _FakeCapture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    runner = CudaGraphRunner(lambda args: [args[0] * 2])
+    xs = [torch.randn(n + 1, 2) for n in range(4)]
+    for x in xs[:3] + xs[:3]:
+        torch.testing.assert_close(runner([x])[0], x * 2)
+    assert runner.captures == 3 and isinstance(runner._graphs, specialization.Specializations)
+    first = [runner._graphs[runner.key([x])][0] for x in xs[:3]]
+    runner([xs[3]])
+    assert all(g.released for g in first) and list(runner._graphs) == [runner.key([xs[3]])]
+    torch.testing.assert_close(runner([xs[0]])[0], xs[0] * 2)
+    assert runner.captures == 5
 
 
 @cuda

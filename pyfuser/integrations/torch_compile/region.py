@@ -210,9 +210,10 @@ class FusionRegion:
         else:
             key = _recorded_signature(given)
         bound = self._bound.get(key) if key is not None else None
-        function = bound.function if bound is not None else None
-        if not function or self._graphs is not None:
+        written = bound.function if bound is not None else None
+        if not written or self._graphs is not None:
             return None
+        function: Callable[..., Any] = written.run
         casts = self._casts
         if casts:  # the inputs the region converts to their traced dtype (``_dtype_casts``)
             function = _converting(function, casts)
