@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import VarMeanOp
+from pyfuser.ir.ops import ReductionOp, VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
 from pyfuser.scheduler.reduction_schedule import (
@@ -36,21 +37,39 @@ EVICT_LAST_MIN_BYTES = 256 << 20
 #: Warps of a program that loops over a row (rows wider than a persistent tile): Inductor's looped
 #: softmax runs steps of 2048 on 16 warps on an H100 (``triton_heuristics._reduction_configs``).
 LOOP_WARPS = 16
-#: Bytes each thread loads per step of such a loop: two 16-byte vectors (a step of 8192 bf16 or 4096
-#: float32 elements on 16 warps), the best of a sweep on one H100 (step 1024-8192 x 4, 8, 16 warps x
-#: online or not): softmax bf16 512 x 128256 1786 GB/s against 1548 at one vector (4096 on 16 warps)
-#: and 1645 at Inductor's 2048, log-softmax bf16 1024 x 32000 2138 against 1906
-#: (``benchmarks/results/kernels_notes.md``). ptxas for sm_90a: softmax 64 registers a thread there
-#: (two programs of 16 warps an SM), cross-entropy's backward 64 and 8 bytes of spills.
+#: Bytes each thread loads per step of such a loop where the row's pass carries at most two running
+#: results (softmax's max and sum) over enough rows for two programs an SM: two 16-byte vectors (a step
+#: of 8192 bf16 or 4096 float32 elements on 16 warps), the best of a sweep on one H100 (step 1024-8192 x
+#: 4, 8, 16 warps x online or not): softmax bf16 512 x 128256 1786 GB/s against 1548 at one vector and
+#: 1645 at Inductor's 2048; log-softmax bf16 1024 x 32000 2138 against 1906. Otherwise one vector: at
+#: two, cross-entropy's forward (max, sum and the picked logit) ran 0.27 against 0.19 ms (4097 x 32000)
+#: and log-softmax over 130 rows (one program an SM) 0.074 against 0.058 ms
+#: (``benchmarks/results/kernels_notes.md``). ptxas for sm_90a at two: 64 registers a thread.
 LOOP_BYTES_PER_THREAD = 32
+LOOP_BYTES_PER_THREAD_NARROW = 16
+#: Running results a row's pass may carry for the wide step.
+LOOP_WIDE_MAX_RESULTS = 2
 
 
-def looped_row(machine: Machine, row_bytes: int) -> tuple[int, int]:
-    """(loop step, num_warps) of a normalization that loops over its rows: ``LOOP_BYTES_PER_THREAD`` a
-    thread per step on ``LOOP_WARPS`` warps (on the interpreter's machine, steps as many times smaller as its
+#: A normalization whose sums of ``exp(y - max(y))`` join their max's pass (an online softmax) splits
+#: its rows across programs only for fewer rows than half the SMs. Split, the row is read three times
+#: (the shares' maxima, their sums, the output: three launches); one program per row reads it twice but
+#: leaves SMs idle. One H100, ratio to the best of eager and Inductor, split / one program per row:
+#: softmax bf16 8 x 262144 0.90 / 0.28, log-softmax f32 63 x 262144 0.88 / 0.67, bf16 130 x 131072
+#: 0.60 / 0.77 (``benchmarks/results/kernels_notes.md``).
+ONLINE_SPLIT_SMS_PER_ROW = 2
+
+
+def looped_row(machine: Machine, row_bytes: int, rows: int | None = None, results: int = 1) -> tuple[int, int]:
+    """(loop step, num_warps) of a normalization that loops over its ``rows`` (None: unknown), its pass
+    carrying ``results`` running reductions: ``LOOP_BYTES_PER_THREAD`` a thread per step on
+    ``LOOP_WARPS`` warps where two programs fit each SM and the pass carries few results, else
+    ``LOOP_BYTES_PER_THREAD_NARROW`` (on the interpreter's machine, steps as many times smaller as its
     loop tile: small tests still take several steps)."""
     warps = LOOP_WARPS if machine.loop_tile >= 2048 else 4
-    step = 32 * LOOP_WARPS * LOOP_BYTES_PER_THREAD // max(row_bytes, 1) * machine.loop_tile // 2048
+    wide = rows is not None and rows >= 2 * machine.sm_count and results <= LOOP_WIDE_MAX_RESULTS
+    per_thread = LOOP_BYTES_PER_THREAD if wide else LOOP_BYTES_PER_THREAD_NARROW
+    step = 32 * LOOP_WARPS * per_thread // max(row_bytes, 1) * machine.loop_tile // 2048
     return step, warps
 
 
@@ -78,13 +97,18 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     hints = size_hints(fusion, analysis, inputs)
     # Few long rows are split across programs (a row's share each), as reductions are: each reduction a
     # grid reduction whose final step reads the share again (softmax: the shares' maxima, then their
-    # sums of exponentials, then the output: three launches, the row read three times as by one
-    # program per row, on enough programs to fill the machine). Welford's partial results are not
-    # finished across programs: var_mean is never split.
+    # sums of exponentials, then the output: three launches, the row read three times where one
+    # program per row reads it twice, on enough programs to fill the machine): an online softmax only
+    # for fewer rows than half the SMs (``ONLINE_SPLIT_SMS_PER_ROW``). Welford's partial results are
+    # not finished across programs: var_mean is never split.
     splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
+    online = any(isinstance(e, ReductionOp) and softmax_shift(e) is not None for e in fusion.exprs())
+    if online and hints.kept is not None and hints.kept * ONLINE_SPLIT_SMS_PER_ROW >= hints.machine.sm_count:
+        splittable = False
     params = inner_params(SchedulerType.inner_persistent, analysis.reference, hints, splittable)
     if params.shape == "loop":
-        step, warps = looped_row(hints.machine, row_bytes(fusion, analysis))
+        results = sum(isinstance(e, ReductionOp | VarMeanOp) for e in fusion.exprs())
+        step, warps = looped_row(hints.machine, row_bytes(fusion, analysis), hints.kept, results)
         params = replace(params, tile=step, num_warps=warps)
     if hints.kept is not None and hints.reduced is not None:
         params = replace(params, evict_last=2 * hints.kept * hints.reduced * element_bytes(fusion) >= EVICT_LAST_MIN_BYTES)

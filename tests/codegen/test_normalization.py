@@ -47,12 +47,20 @@ def test_softmax_and_log_softmax(cols: int, device: str, run_kernels) -> None:
             assert kernel_segments(fd)[0].scheduler_params.shape == ("tile" if cols < 1024 else "loop")
 
 
+def _many_sms(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    """On the CPU, the interpreter's tiles on a machine of 132 SMs: rows of a softmax few enough to
+    split across programs (fewer than half the SMs: ``ONLINE_SPLIT_SMS_PER_ROW``) on any machine."""
+    if device == "cpu":
+        monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(132, 1024, 128)))
+
+
 @pytest.mark.parametrize(("rows", "cols", "dtype"), [(1, 4100, torch.float32), (3, 5001, torch.bfloat16)])
 def test_few_wide_rows_are_split_across_programs(rows: int, cols: int, dtype: torch.dtype, device: str,
-                                                 run_kernels) -> None:
+                                                 run_kernels, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fewer rows than the machine has programs, each longer than a loop's few steps: each row's max,
     sum of exponentials (or of squares) and output are computed by several programs, a share of the
     row each (a grid reduction per reduction, the share read again by the next launch)."""
+    _many_sms(monkeypatch, device)
     x = torch.randn(rows, cols, device=device).to(dtype) * 4
     w = torch.randn(cols, device=device).to(dtype)
     for log in (False, True):
@@ -81,10 +89,12 @@ def test_few_wide_rows_are_split_across_programs(rows: int, cols: int, dtype: to
         assert kernel_segments(fd)[0].scheduler_params.shape == "loop"
 
 
-def test_split_rows_with_per_row_results_and_independent_reductions(device: str, run_kernels) -> None:
+def test_split_rows_with_per_row_results_and_independent_reductions(device: str, run_kernels,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Cross-entropy's loss per row over few wide rows: the target's logit summed beside the max (two
     grid reductions at once), the results per row only (the last launch has no share of the row to
     loop over, so the broadcasts of the row's sums index nothing there)."""
+    _many_sms(monkeypatch, device)
     x = torch.randn(2, 4100, device=device) * 3
     target = torch.tensor([7, 4099], device=device)
     with FusionDefinition() as fd:
@@ -105,11 +115,23 @@ def test_split_rows_as_the_machine_has_programs() -> None:
     """Programs per row: enough for two programs per SM (``WAVES``), at most one per 4 loop steps of
     the row (an H200: 132 SMs, steps of 8192)."""
     h200 = Machine(132, 16384, 2048)
-    fd = _softmax(False)
+    fd = _rmsnorm(DataType.Float)
     for rows, cols, split in [(63, 262144, 5), (1, 262144, 8), (33, 128256, 3), (63, 65536, 2), (132, 262144, 2),
                               (264, 262144, 1), (63, 16384, 1)]:
         params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(cols, rows, h200))
         assert (params.shape == "split", params.split) == (split > 1, split), (rows, cols)
+
+
+def test_a_softmax_splits_only_rows_fewer_than_half_the_sms() -> None:
+    """A softmax reads a looped row twice in one program (max and sum of exponentials in one pass),
+    three times split across programs: it splits only rows fewer than half the SMs (66 on an H200)."""
+    h200 = Machine(132, 16384, 2048)
+    for log in (False, True):
+        fd = _softmax(log)
+        for rows, cols, split in [(130, 131072, 1), (66, 262144, 1), (65, 262144, 5), (63, 262144, 5),
+                                  (8, 262144, 8), (1, 262144, 8), (2, 65536, 2)]:
+            params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(cols, rows, h200))
+            assert (params.shape, params.split) == (("split", split) if split > 1 else ("loop", 1)), (rows, cols)
 
 
 def test_softmax_backward(device: str, run_kernels) -> None:

@@ -274,14 +274,17 @@ def _row_losses(fd: FusionDefinition, dtype: torch.dtype) -> None:
     fd.add_output(fd.ops.sub(lse, fd.ops.sum(fd.ops.where(hot, x, 0.0), [1], keepdim=True)))
 
 
-@pytest.mark.parametrize(("define", "dtype", "step"), [(_softmax, torch.bfloat16, 8192), (_softmax, torch.float32, 4096),
-                                                       (_row_losses, torch.bfloat16, 8192)])
-def test_a_looped_row_loads_two_vectors_per_thread_per_step(define: Define, dtype: torch.dtype, step: int) -> None:
-    """On a GPU (132 SMs), rows wider than a tile loop in steps of two 16-byte loads per thread on 16 warps,
-    by the row's element size (a cross-entropy's int64 targets, one per row, do not count)."""
+@pytest.mark.parametrize(("define", "dtype", "rows", "step"), [
+    (_softmax, torch.bfloat16, 512, 8192), (_softmax, torch.float32, 512, 4096), (_softmax, torch.bfloat16, 200, 4096),
+    (_row_losses, torch.bfloat16, 512, 4096)])
+def test_a_looped_row_loads_vectors_per_thread_per_step(define: Define, dtype: torch.dtype, rows: int, step: int) -> None:
+    """On a GPU (132 SMs), rows wider than a tile loop on 16 warps in steps of two 16-byte loads per thread
+    where two programs fit each SM and the pass carries at most two running results (softmax's max and
+    sum), else one (200 rows; cross-entropy's max, sum and picked logit), by the row's element size (a
+    cross-entropy's int64 targets, one per row, do not count)."""
     with FusionDefinition() as fd:
         define(fd, dtype)
-    params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(131072, 512, Machine(132, 16384, 2048)))
+    params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(131072, rows, Machine(132, 16384, 2048)))
     assert (params.shape, params.tile, params.num_warps, params.online) == ("loop", step, 16, True)
     assert f"loop step: {step}, online softmax: True" in str(params)
 
