@@ -13,15 +13,22 @@ Every partial of the first stage covers the same number of elements (the product
 reduced extents), so the second stage is exact algebra, not a heuristic: the mean is the mean of the
 partial means and the (biased) variance is the mean of the partial variances plus the variance of the
 partial means (the law of total variance with equal weights), both stable in floating point.
+
+The second stage is one normalization kernel over the partials: the mean of the partial means, read
+back to take each partial mean's deviation from it, and the mean of the partial variances plus those
+squared deviations. A ``var_mean`` of the partial means beside a mean of the partial variances would be
+two kernels: they reduce tensors whose axes only a fusion input relates.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, IterType
-from pyfuser.ir.ops import BinaryOp, BinaryOpType, ReductionOp, ReductionOpType, VarMeanOp
+from pyfuser.ir.ops import BinaryOp, BinaryOpType, BroadcastOp, ReductionOp, ReductionOpType, VarMeanOp
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions
@@ -72,26 +79,41 @@ def staged_axes(expr: VarMeanOp, order: list[IterDomain]) -> tuple[int, list[int
     return first, [a for a in expr.axes if a != first]
 
 
-def _tensor(fusion: Fusion, source: TensorView, reduced: list[int], dtype: DataType) -> TensorView:
-    """A new tensor over ``source``'s axes, those at ``reduced`` reduction axes."""
-    ids = [IterDomain(fusion, i.extent, IterType.Reduction if k in reduced else
+def _tensor(fusion: Fusion, source: TensorView, reduced: list[int], dtype: DataType,
+            broadcast: Sequence[int] = ()) -> TensorView:
+    """A new tensor over ``source``'s axes, those at ``reduced`` reduction axes and those at
+    ``broadcast`` size-1 broadcast axes."""
+    ids = [IterDomain(fusion, 1, IterType.Broadcast) if k in broadcast else
+           IterDomain(fusion, i.extent, IterType.Reduction if k in reduced else
                       IterType.Broadcast if i.is_broadcast else IterType.Iteration)
            for k, i in enumerate(source.get_logical_domain(no_reductions=True))]
     return TensorView(fusion, TensorDomain(ids), dtype)
 
 
 def _stage(fusion: Fusion, expr: VarMeanOp, outer: int, inner: list[int]) -> None:
+    """The first stage's partials, then the second stage as one normalization over them: the mean of
+    the partial means, broadcast back, and the mean of each partial's variance plus its mean's squared
+    deviation from it (two passes over the partials, so a mean far from 0 costs no precision). Both
+    reductions read tensors of one space, so the second stage is one kernel."""
     x = expr.tensor_inputs[0]
     var, mean = expr.tensor_outputs
     part_var, part_mean = _tensor(fusion, x, inner, var.dtype), _tensor(fusion, x, inner, mean.dtype)
     VarMeanOp(fusion, part_var, part_mean, x, inner, 0)
     axis = outer - sum(a < outer for a in inner)  # the outer axis among the partials' axes
-    spread, new_mean = _tensor(fusion, part_mean, [axis], var.dtype), _tensor(fusion, part_mean, [axis], mean.dtype)
-    VarMeanOp(fusion, spread, new_mean, part_mean, [axis], 0)
-    within = _tensor(fusion, part_var, [axis], var.dtype)
-    ReductionOp(fusion, ReductionOpType.mean, within, part_var, [axis])
-    new_var = _tensor(fusion, spread, [], var.dtype)
-    BinaryOp(fusion, BinaryOpType.add, new_var, within, spread)
+    new_mean = _tensor(fusion, part_mean, [axis], mean.dtype)
+    ReductionOp(fusion, ReductionOpType.mean, new_mean, part_mean, [axis])
+    rank = len(part_mean.get_logical_domain(no_reductions=True))
+    flags = [k == axis for k in range(rank)]
+    center = _tensor(fusion, part_mean, [], mean.dtype, broadcast=[axis])
+    BroadcastOp(fusion, center, new_mean, flags)
+    deviation = _tensor(fusion, part_mean, [], var.dtype)
+    BinaryOp(fusion, BinaryOpType.sub, deviation, part_mean, center)
+    square = _tensor(fusion, part_mean, [], var.dtype)
+    BinaryOp(fusion, BinaryOpType.mul, square, deviation, deviation)
+    spread = _tensor(fusion, part_var, [], var.dtype)
+    BinaryOp(fusion, BinaryOpType.add, spread, part_var, square)
+    new_var = _tensor(fusion, spread, [axis], var.dtype)
+    ReductionOp(fusion, ReductionOpType.mean, new_var, spread, [axis])
     x.uses[:] = [e for e in x.uses if e is not expr]
     for old, new in ((var, new_var), (mean, new_mean)):
         for use in list(old.uses):
