@@ -197,6 +197,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
     """Hand-edited heuristics around ``params`` for ``--sweep``."""
+    if params.shape == "outer":
+        return _outer_variants(params)
     if scheduler in (SchedulerType.inner_persistent, SchedulerType.reduction):
         tiles = [dataclasses.replace(params, shape="tile", rows=r, num_warps=w) for r in (1, 2, 4, 8, 16) for w in (2, 4, 8, 16)]
         loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w, num_stages=st)
@@ -219,6 +221,17 @@ def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
     inner = params.block[0] // 4
     return flat + [dataclasses.replace(params, break_point=1, block=(o, i), num_warps=w)
                    for i in (inner // 2, inner, inner * 2) for o in (1, 2, 4, 8) for w in (4, 8)]
+
+
+def _outer_variants(params: Any) -> list[Any]:
+    """An outer reduction's column block ``BI`` (``tile``), rows per loop step ``BR`` (``tile_reduced``),
+    programs along the reduced axis (``split``: half, the heuristic's and twice, where it splits) and warps
+    (``reduction_schedule.outer_params``)."""
+    splits = sorted({max(2, params.split // 2), params.split, params.split * 2}) if params.split > 1 else [1]
+    if not params.tile_reduced:  # the reduced extent whole on chip (a persistent block of columns)
+        return [dataclasses.replace(params, tile=t, num_warps=w) for t in (8, 16, 32, 64, 128) for w in (2, 4, 8)]
+    return [dataclasses.replace(params, tile=t, tile_reduced=r, split=g, num_warps=w)
+            for t in (32, 64, 128, 256) for r in (8, 16, 32, 64) for g in splits for w in (4, 8)]
 
 
 def sweep_point(point: Point, inputs: list[Any], nbytes: int, timer: Timer) -> list[dict[str, Any]]:
