@@ -41,8 +41,10 @@ from timing import synchronize, time_ms_flushed, timing_lock
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pyfuser import FusionDefinition, schedule
+from pyfuser.host_ir.nodes import LaunchKernel
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.schedule import SchedulerType
+from pyfuser.scheduler.reduction_schedule import OuterHeuristic, outer_heuristic
 
 #: The fusions other benchmarks time (``seed003_ceiling.py``, ``persistent_tiles.py``) and their timer.
 bench = time_ms_flushed
@@ -168,7 +170,8 @@ def run_point(point: Point, dev: str, copy: CopyBandwidth, timer: Timer, max_aut
     row["vs_copy"] = row["pyfuser_GBps"] / row["copy_GBps"]
     row["status"] = "ok"
     if sweep:
-        row["sweep"] = sweep_point(point, inputs, nbytes, timer)
+        outer = sweep_outer(point, inputs, nbytes, timer, enable_options) if runs_outer(fd) else []
+        row["sweep"] = sorted(sweep_point(point, inputs, nbytes, timer) + outer, key=lambda r: r["ms"])
     return row
 
 
@@ -232,6 +235,58 @@ def _outer_variants(params: Any) -> list[Any]:
         return [dataclasses.replace(params, tile=t, num_warps=w) for t in (8, 16, 32, 64, 128) for w in (2, 4, 8)]
     return [dataclasses.replace(params, tile=t, tile_reduced=r, split=g, num_warps=w)
             for t in (32, 64, 128, 256) for r in (8, 16, 32, 64) for g in splits for w in (4, 8)]
+
+
+def launched_params(fd: FusionDefinition) -> list[Any]:
+    """The scheduler parameters of each kernel the latest program of ``fd`` launches, in launch order."""
+    program = fd.fec.last_program
+    program = getattr(program, "program", program)  # the program a CUDA graph replays
+    container = getattr(program, "container", None)
+    if container is None:
+        return []
+    return [params for n in container.walk() if isinstance(n, LaunchKernel)
+            if (params := getattr(n.segment, "scheduler_params", None)) is not None]
+
+
+def runs_outer(fd: FusionDefinition) -> bool:
+    """Whether the latest program of ``fd`` launches a kernel scheduled as an outer reduction."""
+    return any(getattr(p, "shape", None) == "outer" for p in launched_params(fd))
+
+
+def _outer_summary(params: Any) -> str:
+    return (f"{params.scheduler_type.name}: tile {params.tile}, tile_reduced {params.tile_reduced}, "
+            f"split {params.split}, warps {params.num_warps}")
+
+
+#: The outer heuristic's variants ``--sweep`` times a fusion with outer segments under: the column block's bytes,
+#: the bytes of a loop step, the programs per SM before a split (or narrower blocks) and the narrowest block.
+OUTER_HEURISTICS = [OuterHeuristic(column_bytes=c, step_bytes=b, waves=w, min_columns=m)
+                    for c in (128, 256, 512, 1024) for b in (8192, 16384, 32768) for w in (1, 2, 4) for m in (32, 64)]
+
+
+def sweep_outer(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str] = (),
+                heuristics: Sequence[OuterHeuristic] = tuple(OUTER_HEURISTICS)) -> list[dict[str, Any]]:
+    """The whole fusion (every segment, as ``fd.execute`` runs it) compiled and timed under each outer
+    heuristic: also fusions of several segments (batch-norm statistics' two stages), which ``sweep_point``
+    cannot schedule as one."""
+    results = []
+    for heuristic in heuristics:
+        with outer_heuristic(heuristic):
+            fd = _define(point, inputs)
+
+            def run(fd: FusionDefinition = fd) -> Any:
+                return fd.execute(inputs, _enable_options=list(enable_options))
+
+            try:
+                check(run(), outputs_of(FAMILIES[point.family].torch_fn(*inputs)), point.name)
+                ms = timer(run)
+            except Exception as e:  # a variant over the machine's limits: recorded, the sweep goes on
+                results.append({"params": str(heuristic), "ms": float("inf"), "GBps": 0.0,
+                                "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                continue
+        kernels = [_outer_summary(p) for p in launched_params(fd) if getattr(p, "shape", None) == "outer"]
+        results.append({"params": f"{heuristic} ({'; '.join(kernels)})", "ms": ms, "GBps": gbps(nbytes, ms)})
+    return sorted(results, key=lambda r: r["ms"])
 
 
 def sweep_point(point: Point, inputs: list[Any], nbytes: int, timer: Timer) -> list[dict[str, Any]]:

@@ -127,3 +127,23 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
     assert len(rows_md) == 3 and "`kernels.py` `quick` cases (nvidia-h100, 2026-01-01 00:00 UTC): 4 points" in rows_md[2]
     assert "rmsnorm 1.00x (worst 1.00x), rotary 1.00x (worst 1.00x), seed003: none ran" in rows_md[2]
     assert "Failed points: 1, skipped: 1" in rows_md[2]
+
+
+def test_the_outer_heuristic_sweep_times_every_segment_under_each_variant() -> None:
+    """``--sweep`` of a fusion with outer segments (channels-last batch-norm statistics: an outer var_mean, then
+    a normalization of its partials) compiles the whole fusion under each outer heuristic: both segments follow
+    it, and each variant's answer is checked against torch."""
+    point = kernel_cases.Point("batchnorm_stats", (3, 5, 4, 3), torch.bfloat16, "channels_last")
+    inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
+    fd = kernels._define(point, inputs)
+    fd.execute(inputs, _enable_options=["triton_interpreter"])
+    assert kernels.runs_outer(fd)
+    narrow, wide = (kernels.OuterHeuristic(column_bytes=b, min_columns=m) for b, m in ((16, 8), (512, 16)))
+    rows = kernels.sweep_outer(point, inputs, 100, lambda fn: (fn(), 1.0)[1], ["triton_interpreter"], [narrow, wide])
+    assert [r.get("error") for r in rows] == [None, None]
+    by_bytes = {("column_bytes=16" in r["params"]): r["params"] for r in rows}
+    # 16 bytes of bf16 data: blocks of 8 columns (4 of the float32 partials); 512 bytes, at least 16 columns
+    # (the interpreter's 4 SMs would narrow them further): the first stage's N*C = 15 columns whole, the
+    # second stage's C = 5 whole
+    assert "reduction: tile 8," in by_bytes[True] and "outer_persistent: tile 4," in by_bytes[True], by_bytes
+    assert "reduction: tile 16," in by_bytes[False] and "outer_persistent: tile 8," in by_bytes[False], by_bytes

@@ -18,7 +18,8 @@ On-chip caches of the inputs get an allocation derived from their loop domain (d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,18 +176,54 @@ def inner_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
 MIN_OUTER_TILE = 32
 
 
+@dataclass(frozen=True)
+class OuterHeuristic:
+    """The knobs ``outer_params`` sizes outer reductions and normalizations by, in one object so that
+    ``benchmarks/kernels.py --sweep`` can time whole fusions (every outer segment, the first stage of
+    channels-last batch-norm statistics among them) under variants of it (``outer_heuristic``).
+
+    A program reads a block of ``column_bytes`` of the kept (innermost) axis per row, ``step_bytes``
+    per loop step (rows of the block, pipelined ``stages`` deep); where the kept axis gives fewer than
+    ``waves`` programs per SM, a plain reduction splits the reduced axis across programs (a grid
+    reduction, each program at least ``min_steps`` loop steps), and one that cannot split (a var_mean,
+    a normalization) narrows its block down to ``min_columns`` elements instead."""
+
+    column_bytes: int = 512
+    step_bytes: int = ROWS_TILE * 4
+    waves: int = WAVES
+    min_steps: int = 4
+    min_columns: int = MIN_OUTER_TILE
+    stages: int = LOOP_STAGES
+
+
+#: The heuristic ``outer_params`` reads (replaced only by ``outer_heuristic``).
+_OUTER = [OuterHeuristic()]
+
+
+@contextmanager
+def outer_heuristic(heuristic: OuterHeuristic) -> Iterator[OuterHeuristic]:
+    """Size outer reductions by ``heuristic`` inside the block (kernels compiled there keep it)."""
+    _OUTER.append(heuristic)
+    try:
+        yield heuristic
+    finally:
+        _OUTER.pop()
+
+
 def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHints, persistent: bool,
                  splittable: bool, bytes_per_element: int) -> ReductionParams:
     m = hints.machine
+    h = _OUTER[-1]
     reduced, kept = hints.reduced, hints.kept
-    vec = max(1, 16 // bytes_per_element)
-    inner = min(32 * vec, next_power_of_2(kept)) if kept is not None else 32 * vec
+    # Whole 16-byte vectors per lane: 32 lanes of them by default.
+    widest = next_power_of_2(max(1, h.column_bytes // max(bytes_per_element, 1)))
+    inner = min(widest, next_power_of_2(kept)) if kept is not None else widest
     if not splittable and kept is not None:
         # Without a split (a normalization, a var_mean, a grid reduction's final step), programs come
         # from the kept axis only: narrower column blocks (down to a warp's width, whole 32-byte
         # sectors of 16-bit data) before too few programs. Whisper's layer norms over channels stored
         # outermost (1024 x 12000 bf16) ran on 47 programs of 256 columns.
-        while inner > MIN_OUTER_TILE and -(-kept // inner) < WAVES * m.sm_count:
+        while inner > h.min_columns and -(-kept // inner) < h.waves * m.sm_count:
             inner //= 2
     if persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent:
         tile = next_power_of_2(max(reduced, 1)) * inner
@@ -194,14 +231,14 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     split = 1
     # As many bytes per loop step as ``ROWS_TILE`` float32 elements: a step of 16-bit data has twice
     # the rows (the loads in flight, not the elements, keep the memory system busy).
-    rows = max(1, min(ROWS_TILE * 4 // max(bytes_per_element, 1) // inner,
+    rows = max(1, min(h.step_bytes // max(bytes_per_element, 1) // inner,
                       next_power_of_2(reduced) if reduced is not None else 64))
     if splittable and reduced is not None and kept is not None:
         programs = -(-kept // inner)
-        if programs < WAVES * m.sm_count:
-            split = max(1, min(-(-WAVES * m.sm_count // programs), reduced // (4 * rows)))
+        if programs < h.waves * m.sm_count:
+            split = max(1, min(-(-h.waves * m.sm_count // programs), reduced // (h.min_steps * rows)))
     return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
-                           num_warps=warps_for(rows * inner), num_stages=LOOP_STAGES)
+                           num_warps=warps_for(rows * inner), num_stages=h.stages)
 
 
 # --- schedules ------------------------------------------------------------------------------------------
