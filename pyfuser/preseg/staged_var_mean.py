@@ -1,13 +1,14 @@
-"""Staged ``var_mean``: a mean and variance over several axes that a reduction kernel cannot read well
-in one pass are computed in two stages, first over all the reduced axes but the outermost in memory,
-then over that one.
+"""Staged ``var_mean``: a mean and variance over reduced axes that a kept axis separates in memory are
+computed in two stages, first over all the reduced axes but the outermost in memory, then over that one.
 
-Welford's partial results are not combined across programs (``codegen/grid_reduction.py``), so a
-one-stage ``var_mean`` runs one program per kept element. Batch-norm statistics (``var_mean`` over
-N, H, W of [N, C, H, W]) then get C programs: for NCHW each loops over N*H*W elements that are not
-contiguous (an index divided and wrapped per element), for channels-last they are an outer reduction
-whose C contiguous channels fill two programs. Reducing H, W first keeps N*C programs on contiguous
-rows (NCHW) or N*C / tile programs (channels-last); the second stage reduces N partial results.
+Batch-norm statistics of NCHW activations (``var_mean`` over N, H, W of [N, C, H, W]) in one stage are a
+reduction whose elements are not contiguous (an index divided and wrapped per element, C apart).
+Reducing H, W first keeps N*C programs on contiguous rows; the second stage reduces N partial results.
+Reduced axes that are together in memory need no stages: innermost, whole rows; outermost (channels-last
+statistics: N*H*W rows of C contiguous channels), an outer reduction split across programs (Welford's
+partial results per program, combined by a second launch: ``codegen/grid_reduction.py``), unless a
+normalization reads the results back (batch-norm's forward), which is not split: then H, W first gives
+the first stage N*C columns.
 
 Every partial of the first stage covers the same number of elements (the product of the other
 reduced extents), so the second stage is exact algebra, not a heuristic: the mean is the mean of the
@@ -55,8 +56,9 @@ def stage_var_means(fusion: Fusion, options: CompileOptions) -> None:
 def staged_axes(expr: VarMeanOp, order: list[IterDomain]) -> tuple[int, list[int]] | None:
     """``(outer, inner)``: the reduced axis the second stage reduces and those the first does, or None
     to keep one stage: one reduced axis, a reduction of every axis, a correction (unbiased variance:
-    the stages combine biased ones), half-precision data, or reduced axes that are contiguous and
-    innermost in memory (a plain inner reduction of whole rows, which a kernel reads well)."""
+    the stages combine biased ones), half-precision data, or reduced axes together in memory (whole
+    rows innermost, or an outer reduction, which splits across programs, unless its results are
+    broadcast back to a normalization)."""
     x = expr.tensor_inputs[0]
     fusion = x.fusion
     logical = x.get_logical_domain(no_reductions=True)
@@ -73,10 +75,27 @@ def staged_axes(expr: VarMeanOp, order: list[IterDomain]) -> tuple[int, list[int
     places = [k for k, a in enumerate(memory) if a in reduced]
     gap = places[-1] - places[0] + 1 != len(places)  # a kept axis lies between reduced ones
     outer = memory[-1] not in reduced  # the innermost axis is kept: an outer reduction
-    if not (gap or outer):
+    if not (gap or (outer and _broadcast_back(expr))):
         return None
     first = memory[places[0]]
     return first, [a for a in expr.axes if a != first]
+
+
+def _broadcast_back(expr: VarMeanOp) -> bool:
+    """Whether a result of ``expr`` is broadcast back (a normalization reads it over the axes it
+    reduces: batch-norm's forward). A normalization is not split across programs: one outer
+    normalization over channels-last activations would have C / column-block programs."""
+    stack = [use for out in expr.outputs for use in out.uses]
+    seen: set[int] = set()
+    while stack:
+        use = stack.pop()
+        if id(use) in seen:
+            continue
+        seen.add(id(use))
+        if isinstance(use, BroadcastOp):
+            return True
+        stack.extend(u for out in use.outputs for u in out.uses)
+    return False
 
 
 def _tensor(fusion: Fusion, source: TensorView, reduced: list[int], dtype: DataType,

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
 from pyfuser.scheduler.reduction_schedule import (
@@ -42,11 +41,10 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
 def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ReductionParams:
     analysis = checked_analysis(fusion, KINDS)
     hints = size_hints(fusion, analysis, inputs)
-    # Welford's partial results are not finished across programs: var_mean is never split.
-    splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
+    # A var_mean splits too: Welford's partial results per program, combined by the second launch.
     if analysis.inner:
-        return inner_params(SchedulerType.reduction, analysis.reference, hints, splittable)
-    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, splittable, streamed_bytes(fusion))
+        return inner_params(SchedulerType.reduction, analysis.reference, hints, True)
+    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, True, streamed_bytes(fusion))
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:
