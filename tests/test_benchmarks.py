@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 import torch
 
+from pyfuser import DataType, FusionDefinition, schedule
+from pyfuser.schedule import SchedulerType
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "benchmarks"))  # the benchmarks import their sibling modules by name
 sys.path.append(str(ROOT / "scripts"))
@@ -130,10 +133,10 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
 
 
 def test_the_outer_heuristic_sweep_times_every_segment_under_each_variant() -> None:
-    """``--sweep`` of a fusion with outer segments (channels-last batch-norm statistics: an outer var_mean, then
-    a normalization of its partials) compiles the whole fusion under each outer heuristic: both segments follow
-    it, and each variant's answer is checked against torch."""
-    point = kernel_cases.Point("batchnorm_stats", (3, 5, 4, 3), torch.bfloat16, "channels_last")
+    """``--sweep`` of a fusion with outer segments (channels-last batch-norm forward: an outer var_mean over
+    H, W, then a normalization of its partials over N, then the pointwise normalization) compiles the whole
+    fusion under each outer heuristic: both outer segments follow it, each variant checked against torch."""
+    point = kernel_cases.Point("batchnorm_fwd", (3, 5, 4, 3), torch.bfloat16, "channels_last")
     inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
     fd = kernels._define(point, inputs)
     fd.execute(inputs, _enable_options=["triton_interpreter"])
@@ -147,3 +150,21 @@ def test_the_outer_heuristic_sweep_times_every_segment_under_each_variant() -> N
     # second stage's C = 5 whole
     assert "reduction: tile 8," in by_bytes[True] and "outer_persistent: tile 4," in by_bytes[True], by_bytes
     assert "reduction: tile 16," in by_bytes[False] and "outer_persistent: tile 8," in by_bytes[False], by_bytes
+
+
+def test_outer_sweep_variants_keep_the_outer_shape() -> None:
+    """``--sweep`` of an outer reduction varies its column block, rows per step, split and warps (the inner
+    shapes would read the rows across memory); each variant runs (Triton's interpreter) and matches torch."""
+    x = torch.randn(300, 20).to(torch.bfloat16)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0]))
+    base = schedule.compute_heuristics(fd.fusion, SchedulerType.reduction, [x])
+    variants = kernels._variants(SchedulerType.reduction, dataclasses.replace(base, split=4), 2)
+    assert {v.shape for v in variants} == {"outer"} and {v.split for v in variants} == {2, 4, 8}
+    assert {v.tile for v in variants} == {32, 64, 128, 256} and {v.tile_reduced for v in variants} == {8, 16, 32, 64}
+    for params in (variants[0], variants[-1]):
+        with FusionDefinition() as fd:
+            fd.add_output(fd.ops.sum(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0]))
+        schedule.schedule(fd.fusion, SchedulerType.reduction, params)
+        (out,) = fd.manual_execute([x], params)
+        torch.testing.assert_close(out, x.float().sum(0), rtol=1e-5, atol=1e-4)
