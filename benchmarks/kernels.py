@@ -16,8 +16,10 @@ Per family and overall: the worst ratio beside the geomean, against the faster a
     python benchmarks/kernels.py --dry-run                # CPU: every family at a tiny size, correctness only
 
 ``--sweep`` also times hand-edited heuristics of each point's scheduler (``schedule.compute_heuristics`` +
-``fd.manual_execute``) to tune the defaults. Writes ``kernels_<kind>.json`` and ``.md`` into ``--out``; a partial
-selection (``--quick``, ``--families``, ``--match``, ``--shard``, ``--sweep``) writes ``kernels_<selection>_<kind>``.
+``fd.manual_execute``) to tune the defaults, and where the point runs an outer reduction, the whole fusion under
+variants of ``OuterHeuristic`` (every segment follows it: ``OUTER_HEURISTICS``). Writes ``kernels_<kind>.json``
+and ``.md`` into ``--out``; a partial selection (``--quick``, ``--families``, ``--match``, ``--shard``, ``--sweep``)
+writes ``kernels_<selection>_<kind>``.
 """
 
 from __future__ import annotations
