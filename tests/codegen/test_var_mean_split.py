@@ -51,7 +51,7 @@ SMALL_STEPS = OuterHeuristic(step_bytes=256)
 @pytest.mark.parametrize("shape", [(4, 5, 24, 24), (1, 3, 37, 41), (1300, 7, 1, 1)],
                          ids=["4x5x24x24", "N=1", "H=W=1"])
 def test_channels_last_batchnorm_statistics_split_across_programs(shape: tuple[int, ...], dtype: torch.dtype) -> None:
-    """Few channels (fewer column blocks than the interpreter's programs): the N*H*W rows are split across
+    """Fewer column blocks of channels than the interpreter's programs: the N*H*W rows are split across
     programs, one var_mean segment, means far from 0 (the combine must keep the spread)."""
     x = (torch.randn(*shape) * 3 + 100).to(dtype).contiguous(memory_format=torch.channels_last)
     fd = _var_mean(x, [0, 2, 3])
