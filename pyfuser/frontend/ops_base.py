@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType, check_scalar_in_range, data_type_of_python
 from pyfuser.ir.iter_domain import IterDomain, IterType
-from pyfuser.ir.ops.shape import BroadcastOp
+from pyfuser.ir.ops.shape import BroadcastOp, ExpandOp
 from pyfuser.ir.symbolic import SymExpr, as_sym
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView
@@ -40,7 +40,15 @@ class OpsBase:
 
         def squeeze(self, x: TensorView, dims: Sequence[int] | int, squeeze_expanded: bool = False) -> TensorView: ...
 
+        @overload
+        def cast(self, x: TensorView, dtype: DataType | torch.dtype) -> TensorView: ...
+
+        @overload
+        def cast(self, x: Scalar | int | float | bool | complex, dtype: DataType | torch.dtype) -> Scalar: ...
+
         def cast(self, x: Operand, dtype: DataType | torch.dtype) -> PointwiseResult: ...
+
+        def expand(self, x: TensorView, shape: Sequence[SizeLike]) -> TensorView: ...
 
     # --- operand handling ------------------------------------------------------------------
     def _check_operand(self, x: Any, what: str) -> None:
@@ -72,12 +80,15 @@ class OpsBase:
 
     def _shape(self, shape: Sequence[Any], what: str) -> list[SymExpr]:
         """Each size of a new tensor's ``shape`` as an extent (``what[k]`` names it in errors; -1 refused)."""
-        extents = []
-        for k, size in enumerate(shape):
-            extent = self._size(size, f"{what}[{k}]")
-            assert extent is not None  # None only for an allowed -1
-            extents.append(extent)
-        return extents
+        return [self._size(size, f"{what}[{k}]") for k, size in enumerate(shape)]
+
+    @overload
+    def _size(self, size: Any, what: str, allow_minus_one: Literal[False] = False, allow_negative: bool = False,
+              negative_input_ok: bool = False) -> SymExpr: ...
+
+    @overload
+    def _size(self, size: Any, what: str, allow_minus_one: Literal[True], allow_negative: bool = False,
+              negative_input_ok: bool = False) -> SymExpr | None: ...
 
     def _size(self, size: Any, what: str, allow_minus_one: bool = False, allow_negative: bool = False,
               negative_input_ok: bool = False) -> SymExpr | None:
@@ -126,21 +137,65 @@ class OpsBase:
         return self._rank_broadcasts[key]
 
     @staticmethod
-    def _pointwise_extents(op: str, tensors: list[TensorView]) -> list[SymExpr | None]:
-        """Output extents of a pointwise op (None: broadcast), numpy-style (operands aligned right).
+    def _expanded_positions(tensors: Sequence[TensorView]) -> dict[int, set[int]]:
+        """Per tensor (by id): output positions (operands aligned right) of its axes that an ``expand``
+        made from broadcast axes.
+
+        An expanded broadcast holds one value along the axis, and nvFuser keeps it a broadcast whose
+        expanded extent gives way to any other axis it meets (``broadcast_in_dim`` of a mask to
+        ``[b, n, n, c]`` then ``where`` on a ``[b, n, n, 2 * c]`` tensor); torch's rule, which the
+        other axes follow, would reject the pair."""
+        rank = max(t.ndim for t in tensors)
+        result = {}
+        for tv in tensors:
+            definition = tv.definition
+            axes = definition.expanded_axes if isinstance(definition, ExpandOp) else []
+            result[id(tv)] = {d + rank - tv.ndim for d in axes}
+        return result
+
+    def _meet_expanded(self, operands: list[Any], extents: list[SymExpr | None],
+                       expanded: dict[int, set[int]]) -> list[Any]:
+        """``operands`` with each one whose expanded axes differ from the op's output ``extents`` expanded
+        again, from its broadcast axes, to those extents."""
+        rank = len(extents)
+        result = []
+        for x in operands:
+            if isinstance(x, TensorView) and expanded[id(x)]:
+                ids = x.get_logical_domain(no_reductions=True)
+                shape = [i.extent for i in ids]
+                for pos in range(len(ids)):
+                    want = extents[pos + rank - x.ndim]
+                    if pos + rank - x.ndim in expanded[id(x)] and want is not None:
+                        shape[pos] = want
+                if shape != [i.extent for i in ids]:
+                    definition = x.definition
+                    assert isinstance(definition, ExpandOp)  # x is in expanded: an ExpandOp defines it
+                    x = self.expand(definition.tensor_input(0), shape)
+            result.append(x)
+        return result
+
+    @staticmethod
+    def _pointwise_extents(op: str, tensors: list[TensorView],
+                           expanded: dict[int, set[int]] | None = None) -> list[SymExpr | None]:
+        """Output extents of a pointwise op (None: broadcast), numpy-style (operands aligned right);
+        an ``expanded`` axis (``_expanded_positions``) counts only where no other axis is concrete.
 
         Checks static extents on the operands as the user wrote them, before anything is created,
         so a rejected op leaves the fusion untouched and the error names the user's axes.
         """
         rank = max(t.ndim for t in tensors)
         domains = [t.get_logical_domain(no_reductions=True) for t in tensors]
+        expanded = expanded or {}
         out: list[SymExpr | None] = []
         for d in range(rank):
             chosen: IterDomain | None = None
             owner = ""
+            concrete = {id(tv) for tv, ids in zip(tensors, domains, strict=True)
+                        if d - (rank - len(ids)) >= 0 and not ids[d - (rank - len(ids))].is_broadcast
+                        and d not in expanded.get(id(tv), ())}
             for tv, ids in zip(tensors, domains, strict=True):
                 pos = d - (rank - len(ids))
-                if pos < 0 or ids[pos].is_broadcast:
+                if pos < 0 or ids[pos].is_broadcast or (concrete and id(tv) not in concrete):
                     continue
                 i = ids[pos]
                 where = f"{tv.short_name} axis {pos}" + (f" (output axis {d})" if pos != d else "")

@@ -5,7 +5,7 @@ output dtype)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -32,7 +32,9 @@ class PointwiseOps(OpsBase):
         assert fn is not None  # only cast has no reference, and it does not come through here
         probed = result_dtype(fn, operands)  # also rejects operands torch's op does not take
         dtype = probed if dtype is None else dtype
-        extents = self._pointwise_extents(op, tensors) if tensors else []
+        expanded = self._expanded_positions(tensors) if tensors else {}
+        extents = self._pointwise_extents(op, tensors, expanded) if tensors else []
+        operands = self._meet_expanded(list(operands), extents, expanded)
         vals = [self._val(x, f"{op} operand {k}") for k, x in enumerate(operands)]
         if tensors:
             vals = [self._broadcast_to_rank(v, len(extents)) if isinstance(v, TensorView) else v for v in vals]
@@ -52,7 +54,14 @@ class PointwiseOps(OpsBase):
                                  if isinstance(x, TensorView) and x.ndim == 0 and extents)
         return out
 
+    @overload
+    def cast(self, x: TensorView, dtype: DataType | torch.dtype) -> TensorView: ...
+
+    @overload
+    def cast(self, x: Scalar | int | float | bool | complex, dtype: DataType | torch.dtype) -> Scalar: ...
+
     def cast(self, x: Operand, dtype: DataType | torch.dtype) -> PointwiseResult:
+        """``x`` as ``dtype``: a tensor of a tensor, a scalar of a scalar."""
         target = as_data_type(dtype)
         val = self._val(x, "cast")
         if isinstance(val, TensorView):

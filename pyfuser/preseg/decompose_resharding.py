@@ -75,7 +75,7 @@ def _decompose(expr: Expr) -> None:
         compute_axes = dict(partial)
     for inp in _distinct(expr.tensor_inputs):
         required = _required_input_axes(expr, inp, out, compute_axes)
-        if inp.device_mesh == mesh and dict(sharding_of(inp).axes) == required:
+        if inp.device_mesh == mesh and _complete_axes(inp) == required:
             continue
         expr.replace_input(inp, _resharded_copy(expr, inp, out, mesh, required))
     if compute_axes != out_axes or mesh != out.device_mesh:
@@ -87,26 +87,35 @@ def _decompose(expr: Expr) -> None:
             LoadStoreOp(expr.fusion, old, new)
 
 
+def _complete_axes(tv: TensorView) -> dict[int, ParallelType]:
+    """``tv``'s sharded axes, less a sharded reduction ID whose device type also shards an iteration ID:
+    the output of a reduce-scatter, whose sums are complete."""
+    logical = tv.get_logical_domain()
+    axes = dict(sharding_of(tv).axes)
+    iteration_types = {p for a, p in axes.items() if not logical[a].is_reduction}
+    return {a: p for a, p in axes.items() if not (logical[a].is_reduction and p in iteration_types)}
+
+
 def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
     """``out = linear(x, w, b)`` -> ``y = linear(x, w)``, ``out = y + broadcast(b)``: with partial sums
     every rank would add the bias, so it is added once, after the reduction."""
     fusion = linear.fusion
-    x, w, bias = linear.inputs
+    x, w, bias = (linear.tensor_input(k) for k in range(3))
     out = linear.output
     for inp in (x, w, bias):
         inp.uses[:] = [e for e in inp.uses if e is not linear]
     reduced = _partial_copy(out, out.device_mesh, dict(sharding_of(out).axes))
     _copy_stream_schedule(out, reduced)
-    bare = LinearOp(fusion, reduced, x, w, None)  # type: ignore[arg-type]
+    bare = LinearOp(fusion, reduced, x, w, None)
     rank = len(reduced.get_logical_domain(no_reductions=True))
     # bias [n] or [*wb, n] (a weight of rank >= 3): it broadcasts over the input's axes before n
-    own = bias.get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+    own = bias.get_logical_domain(no_reductions=True)
     flags = [False] * (len(own) - 1) + [True] * (rank - len(own)) + [False]
     bias_ids = [i.clone() for i in own[:-1]] + [IterDomain(fusion, 1, IterType.Broadcast) for _ in range(rank - len(own))]
     bias_ids.append(own[-1].clone())
     broadcast_bias = TensorView(fusion, TensorDomain(bias_ids), bias.dtype)
-    broadcast_bias.set_device_mesh(out.device_mesh)  # type: ignore[arg-type]
-    BroadcastOp(fusion, broadcast_bias, bias, flags)  # type: ignore[arg-type]
+    broadcast_bias.set_device_mesh(out.device_mesh)
+    BroadcastOp(fusion, broadcast_bias, bias, flags)
     # The bias operand first: its broadcast is then ordered before the linear, so a stream loop over out
     # holds the linear, its communication and the add together.
     return bare, BinaryOp(fusion, BinaryOpType.add, out, broadcast_bias, reduced)
@@ -120,7 +129,7 @@ def _global_extent_axes(expr: Expr) -> set[int]:
     if isinstance(expr, (FullOp, IotaOp)) or not expr.chunkable:
         return every
     if isinstance(expr, ExpandOp):
-        inp = expr.inputs[0].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+        inp = expr.tensor_input(0).get_logical_domain(no_reductions=True)
         return {d for d, (i, o) in enumerate(zip(inp, out.get_logical_domain(), strict=False))
                 if i.is_broadcast and not o.is_broadcast}
     return set()
@@ -146,6 +155,9 @@ def _partial_axes(expr: Expr, out: TensorView) -> tuple[dict[int, ParallelType],
         sources = [(inp, sharding_of(inp).axes.get(axis)) for inp in expr.tensor_inputs
                    for axis, pid in enumerate(inp.get_logical_domain()) if expr.logical_map(inp).get(pid) is rid]
         sharded = {(inp.device_mesh, ptype) for inp, ptype in sources if ptype is not None}
+        requested = sharding_of(out).axes.get(pos)
+        if not sharded and requested is not None:  # out asks for partial sums of locally sliced operands
+            sharded = {(out.device_mesh, requested)}
         if len(sharded) == 1:
             ((source_mesh, ptype),) = sharded
             if ptype not in partial.values():
@@ -174,13 +186,46 @@ def _required_input_axes(expr: Expr, inp: TensorView, out: TensorView,
 
 def _resharded_copy(expr: Expr, inp: TensorView, out: TensorView, mesh: DeviceMesh | None,
                     axes: dict[int, ParallelType]) -> TensorView:
-    """``copy = set(inp)`` on ``mesh``, sharded on ``axes`` and stream-parallel where ``out`` is."""
+    """``copy = set(inp)`` on ``mesh``, sharded on ``axes`` and stream-parallel where ``out`` is. On one
+    mesh, a change along several device parallel types is a chain of sets, one type each: local slices
+    first (less to move), then all-to-alls, then all-gathers."""
+    for step in _one_type_at_a_time(inp, mesh, axes):
+        inp = _plain_copy(inp, mesh, step)
     copy = new_like(inp)
-    copy.set_device_mesh(mesh)  # type: ignore[arg-type]
+    copy.set_device_mesh(mesh)
     shard(copy, axes)
     stream_axis = _mapped_stream_axis(expr, inp, out)
     if stream_axis is not None and stream_axis not in axes and _chunkable(inp, stream_axis):
         copy.get_logical_domain()[stream_axis].parallelize(ParallelType.stream)
+    LoadStoreOp(inp.fusion, copy, inp)
+    return copy
+
+
+def _one_type_at_a_time(inp: TensorView, mesh: DeviceMesh | None,
+                        axes: dict[int, ParallelType]) -> list[dict[int, ParallelType]]:
+    """The shardings between ``inp``'s and ``axes`` (the last excluded), each differing from the one
+    before along one device parallel type; none when at most one type changes or the mesh does."""
+    current = _complete_axes(inp)
+    if inp.device_mesh != mesh or any(inp.get_logical_domain()[a].is_reduction for a in current):
+        return []
+    have = {p: a for a, p in current.items()}
+    want = {p: a for a, p in axes.items()}
+    moved = [p for p in dict.fromkeys((*have, *want)) if have.get(p) != want.get(p)]
+    moved.sort(key=lambda p: 0 if p not in have else (1 if p in want else 2))
+    steps = []
+    for ptype in moved[:-1]:
+        current = {a: p for a, p in current.items() if p is not ptype}
+        if ptype in want:
+            current[want[ptype]] = ptype
+        steps.append(dict(current))
+    return steps
+
+
+def _plain_copy(inp: TensorView, mesh: DeviceMesh | None, axes: dict[int, ParallelType]) -> TensorView:
+    """``set(inp)`` on ``mesh`` sharded on ``axes``: one step of a chain (no stream loop of its own)."""
+    copy = new_like(inp)
+    copy.set_device_mesh(mesh)
+    shard(copy, axes)
     LoadStoreOp(inp.fusion, copy, inp)
     return copy
 
@@ -204,7 +249,7 @@ def _partial_copy(tv: TensorView, mesh: DeviceMesh | None, axes: dict[int, Paral
     """A fresh tensor with ``tv``'s full logical domain (reductions kept), on ``mesh``, sharded on ``axes``."""
     logical: list[IterDomain] = [i.clone() for i in tv.get_logical_domain()]
     copy = TensorView(tv.fusion, TensorDomain(logical), tv.dtype)
-    copy.set_device_mesh(mesh)  # type: ignore[arg-type]
+    copy.set_device_mesh(mesh)
     shard(copy, axes)
     return copy
 

@@ -196,10 +196,10 @@ def rfactor(tv: TensorView, axes: Sequence[int]) -> TensorView:
     split = _Factored(tv, positions)
     partial = split.partial(_partial_dtype(tv.dtype))
     split.install()
-    x = expr.inputs[0]
+    x = expr.tensor_input(0)
     x.uses[:] = [e for e in x.uses if e is not expr]
     kind = ReductionOpType.sum if expr.kind is ReductionOpType.mean else expr.kind
-    RFactorOp(fusion, kind, partial, x, split.partial_axes)  # type: ignore[arg-type]
+    RFactorOp(fusion, kind, partial, x, split.partial_axes)
     count = expr.count_ids or split.reduced_copies
     final = ReductionOp(fusion, expr.kind, tv, partial, split.final_axes,
                         count_ids=count if expr.kind is ReductionOpType.mean else ())
