@@ -23,7 +23,7 @@ def _load_terms(code: str, tensor: str) -> list[int]:
 @pytest.mark.parametrize("shape", [(4, 33, 17), (1, 5, 7), (3, 1, 9), (2, 6, 1)], ids=["odd", "N=1", "H=1", "W=1"])
 def test_three_axis_input_beside_a_broadcast_is_read_linearly(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
     """Scores scaled plus a mask shared by the batch: the scores and the output span the flat loop and
-    are indexed by it alone; the broadcast mask keeps its own indices."""
+    are indexed by it alone, the mask by the flat index modulo its extent (the inner axes merged first)."""
     x = torch.randn(*shape, dtype=dtype)
     m = torch.randn(1, *shape[1:], dtype=dtype)
     with FusionDefinition() as fd:
@@ -34,7 +34,7 @@ def test_three_axis_input_beside_a_broadcast_is_read_linearly(shape: tuple[int, 
     torch.testing.assert_close(out, (x.float() * 0.125 + m.float()).to(dtype))
     code = fd.last_kernel_code()
     if all(s > 1 for s in shape):
-        assert _load_terms(code, "T0") == [1], code
+        assert _load_terms(code, "T0") == [1] and _load_terms(code, "T1") == [1], code
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
