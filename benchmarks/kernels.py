@@ -45,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from pyfuser import FusionDefinition, schedule
 from pyfuser.host_ir.nodes import LaunchKernel
 from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.ops import VarMeanOp
+from pyfuser.preseg.staged_var_mean import stage_outer_var_means
 from pyfuser.schedule import SchedulerType
 from pyfuser.scheduler.reduction_schedule import OuterHeuristic, outer_heuristic
 
@@ -260,20 +262,48 @@ def _outer_summary(params: Any) -> str:
             f"split {params.split}, warps {params.num_warps}")
 
 
-#: The outer heuristic's variants ``--sweep`` times a fusion with outer segments under: the column block's bytes,
-#: the bytes of a loop step, the programs per SM before a split (or narrower blocks) and the narrowest block.
-OUTER_HEURISTICS = [OuterHeuristic(column_bytes=c, step_bytes=b, waves=w, min_columns=m)
-                    for c in (128, 256, 512, 1024) for b in (8192, 16384, 32768) for w in (1, 2, 4) for m in (32, 64)]
+def _outer_variants_of_heuristic() -> list[OuterHeuristic]:
+    """The outer heuristic's variants ``--sweep`` times a fusion with outer segments under: each knob of
+    ``OuterHeuristic`` moved alone from its default (column block, loop step, programs per SM, narrowing
+    before a split, a var_mean's steps / programs / elements per thread, the final step's columns and
+    programs, pipelining, L2 hints), then the schedule before narrowing and the small Welford steps."""
+    base = OuterHeuristic()
+    knobs: dict[str, tuple[Any, ...]] = {
+        "column_bytes": (256, 1024), "step_bytes": (8192, 32768), "waves": (1, 4), "min_columns": (64,),
+        "narrow_bytes": (0, 64, 256), "welford_step_bytes": (2048, 8192, 16384), "welford_waves": (2, 4, 16),
+        "welford_elements": (4, 16, 32), "final_waves": (2, 4), "final_min_columns": (1, 16, 32), "stages": (2, 4),
+        "evict_last": (False,)}
+    variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
+    # split-first column blocks and the first var_mean split (fewer, fuller programs; wide final columns)
+    variants.append(OuterHeuristic(narrow_bytes=0, welford_step_bytes=16384, welford_waves=2, welford_elements=32,
+                                   final_waves=0, final_min_columns=32))
+    return variants
+
+
+#: The outer heuristics ``--sweep`` times (``_outer_variants_of_heuristic``).
+OUTER_HEURISTICS = _outer_variants_of_heuristic()
+
+
+def heuristic_name(heuristic: Any) -> str:
+    """``heuristic``'s fields that differ from its class's defaults (``default`` where none do)."""
+    changed = [f"{f.name}={getattr(heuristic, f.name)}" for f in dataclasses.fields(heuristic)
+               if getattr(heuristic, f.name) != f.default]
+    return f"{type(heuristic).__name__}({', '.join(changed) or 'default'})"
 
 
 def sweep_outer(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str] = (),
                 heuristics: Sequence[OuterHeuristic] = tuple(OUTER_HEURISTICS)) -> list[dict[str, Any]]:
     """The whole fusion (every segment, as ``fd.execute`` runs it) compiled and timed under each outer
     heuristic: also fusions of several segments (batch-norm statistics' two stages), which ``sweep_point``
-    cannot schedule as one."""
+    cannot schedule as one. A fusion with a var_mean is also timed with outer var_means staged (H, W first)
+    under the first few heuristics (``stage_outer_var_means``)."""
+    variants = [(h, False) for h in heuristics]
+    if _has_var_mean(_define(point, inputs)):
+        variants += [(h, True) for h in heuristics[:4]]
     results = []
-    for heuristic in heuristics:
-        with outer_heuristic(heuristic):
+    for heuristic, staged in variants:
+        name = heuristic_name(heuristic) + (" staged" if staged else "")
+        with outer_heuristic(heuristic), stage_outer_var_means(staged):
             fd = _define(point, inputs)
 
             def run(fd: FusionDefinition = fd) -> Any:
@@ -283,12 +313,17 @@ def sweep_outer(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enab
                 check(run(), outputs_of(FAMILIES[point.family].torch_fn(*inputs)), point.name)
                 ms = timer(run)
             except Exception as e:  # a variant over the machine's limits: recorded, the sweep goes on
-                results.append({"params": str(heuristic), "ms": float("inf"), "GBps": 0.0,
+                results.append({"params": name, "ms": float("inf"), "GBps": 0.0,
                                 "error": f"{type(e).__name__}: {str(e)[:200]}"})
                 continue
         kernels = [_outer_summary(p) for p in launched_params(fd) if getattr(p, "shape", None) == "outer"]
-        results.append({"params": f"{heuristic} ({'; '.join(kernels)})", "ms": ms, "GBps": gbps(nbytes, ms)})
+        results.append({"params": f"{name} ({'; '.join(kernels)}; {len(launched_params(fd))} launches)", "ms": ms,
+                        "GBps": gbps(nbytes, ms)})
     return sorted(results, key=lambda r: r["ms"])
+
+
+def _has_var_mean(fd: FusionDefinition) -> bool:
+    return any(isinstance(e, VarMeanOp) for e in fd.fusion.exprs())
 
 
 def sweep_point(point: Point, inputs: list[Any], nbytes: int, timer: Timer) -> list[dict[str, Any]]:

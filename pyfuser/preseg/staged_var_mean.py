@@ -23,7 +23,8 @@ two kernels: they reduce tensors whose axes only a fusion input relates.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
 from pyfuser.ir.dtypes import DataType
@@ -33,6 +34,24 @@ from pyfuser.ir.ops import BinaryOp, BinaryOpType, BroadcastOp, ReductionOp, Red
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions
+
+#: Whether an outer var_mean (channels-last statistics) is staged even where nothing reads its results
+#: back: H, W first (N*C columns), then N. Off: one var_mean split across programs (N*H*W rows, C
+#: columns: Welford's partials, one combine), which reads the same contiguous rows in one launch fewer.
+#: ``benchmarks/kernels.py --sweep`` times both (``stage_outer_var_means``).
+_STAGE_OUTER = [False]
+
+
+@contextmanager
+def stage_outer_var_means(staged: bool) -> Iterator[bool]:
+    """Stage outer var_means (``staged``) or split them across programs inside the block (fusions compiled
+    there keep it)."""
+    _STAGE_OUTER.append(staged)
+    try:
+        yield staged
+    finally:
+        _STAGE_OUTER.pop()
+
 
 #: Exact in these dtypes' own arithmetic (the kernels accumulate them at their own precision); a
 #: half-precision var_mean rounds each stage's results, so it keeps one stage.
@@ -58,7 +77,7 @@ def staged_axes(expr: VarMeanOp, order: list[IterDomain]) -> tuple[int, list[int
     to keep one stage: one reduced axis, a reduction of every axis, a correction (unbiased variance:
     the stages combine biased ones), half-precision data, or reduced axes together in memory (whole
     rows innermost, or an outer reduction, which splits across programs, unless its results are
-    broadcast back to a normalization)."""
+    broadcast back to a normalization or ``stage_outer_var_means`` asks for stages)."""
     x = expr.tensor_inputs[0]
     fusion = x.fusion
     logical = x.get_logical_domain(no_reductions=True)
@@ -75,7 +94,7 @@ def staged_axes(expr: VarMeanOp, order: list[IterDomain]) -> tuple[int, list[int
     places = [k for k, a in enumerate(memory) if a in reduced]
     gap = places[-1] - places[0] + 1 != len(places)  # a kept axis lies between reduced ones
     outer = memory[-1] not in reduced  # the innermost axis is kept: an outer reduction
-    if not (gap or (outer and _broadcast_back(expr))):
+    if not (gap or (outer and (_STAGE_OUTER[-1] or _broadcast_back(expr)))):
         return None
     first = memory[places[0]]
     return first, [a for a in expr.axes if a != first]

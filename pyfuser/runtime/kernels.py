@@ -71,7 +71,8 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         scheduler.schedule(copy, params)
         reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
-                                finish=lambda f: schedule_final_step(f, machine),
+                                finish=lambda f: schedule_final_step(
+                                    f, machine, hints.kept if isinstance(hints, SizeHints) else None),
                                 loop_stages=params.num_stages, chunked=chunked,
                                 cooperative=DisableOption.cooperative_launch not in options.disabled,
                                 evict_last=params.evict_last)

@@ -178,15 +178,29 @@ MIN_OUTER_TILE = 32
 
 @dataclass(frozen=True)
 class OuterHeuristic:
-    """The knobs ``outer_params`` sizes outer reductions and normalizations by, in one object so that
-    ``benchmarks/kernels.py --sweep`` can time whole fusions (every outer segment, the first stage of
-    channels-last batch-norm statistics among them) under variants of it (``outer_heuristic``).
+    """The knobs ``outer_params`` sizes outer reductions and normalizations by (and ``final_params`` the
+    last launch of a reduction split across programs), in one object so that ``benchmarks/kernels.py
+    --sweep`` can time whole fusions (every outer segment, channels-last batch-norm statistics among
+    them) under variants of it (``outer_heuristic``).
 
     A program reads a block of ``column_bytes`` of the kept (innermost) axis per row, ``step_bytes``
-    per loop step (rows of the block, pipelined ``stages`` deep); where the kept axis gives fewer than
-    ``waves`` programs per SM, a plain reduction splits the reduced axis across programs (a grid
-    reduction, each program at least ``min_steps`` loop steps), and one that cannot split (a var_mean,
-    a normalization) narrows its block down to ``min_columns`` elements instead."""
+    per loop step (rows of the block, pipelined ``stages`` deep). Where the kept axis gives fewer than
+    ``waves`` programs per SM:
+
+    * a plain reduction first narrows its block, down to ``narrow_bytes`` (whole 128-byte lines), if
+      that alone gives every SM a program (no second launch: the permuted mean of 16384 columns, 256
+      programs of 64 bf16 columns, as Inductor runs it); else it keeps the wide block and splits the
+      reduced axis across programs (a grid reduction, each program at least ``min_steps`` loop steps);
+    * a var_mean splits the same way, into ``welford_waves`` programs per SM of ``welford_step_bytes``
+      steps: Welford's four accumulators per element (and a division) make its per-thread share
+      costly, so its steps are small (``welford_elements`` per thread) and its programs many;
+    * a normalization, which cannot split, narrows its block down to ``min_columns`` elements.
+
+    The final step of a split reads the programs' partial results (few rows, all in one tile where
+    they fit) in column blocks narrowed down to ``final_min_columns`` until there are ``final_waves``
+    programs per SM: its data is small and mostly in L2, and a var_mean's combine (float64) is
+    latency-bound, so programs matter more than whole lines there. ``evict_last``: the loads of the
+    split's first step ask L2 to keep their lines."""
 
     column_bytes: int = 512
     step_bytes: int = ROWS_TILE * 4
@@ -194,6 +208,13 @@ class OuterHeuristic:
     min_steps: int = 4
     min_columns: int = MIN_OUTER_TILE
     stages: int = LOOP_STAGES
+    narrow_bytes: int = 128
+    welford_step_bytes: int = 4096
+    welford_waves: int = 8
+    welford_elements: int = 8
+    final_waves: int = 1
+    final_min_columns: int = 4
+    evict_last: bool = True
 
 
 #: The heuristic ``outer_params`` reads (replaced only by ``outer_heuristic``).
@@ -211,34 +232,65 @@ def outer_heuristic(heuristic: OuterHeuristic) -> Iterator[OuterHeuristic]:
 
 
 def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHints, persistent: bool,
-                 splittable: bool, bytes_per_element: int) -> ReductionParams:
+                 splittable: bool, bytes_per_element: int, welford: bool = False) -> ReductionParams:
     m = hints.machine
     h = _OUTER[-1]
     reduced, kept = hints.reduced, hints.kept
     # Whole 16-byte vectors per lane: 32 lanes of them by default.
-    widest = next_power_of_2(max(1, h.column_bytes // max(bytes_per_element, 1)))
+    element = max(bytes_per_element, 1)
+    widest = next_power_of_2(max(1, h.column_bytes // element))
     inner = min(widest, next_power_of_2(kept)) if kept is not None else widest
-    if not splittable and kept is not None:
-        # Without a split (a normalization, a var_mean, a grid reduction's final step), programs come
-        # from the kept axis only: narrower column blocks (down to a warp's width, whole 32-byte
-        # sectors of 16-bit data) before too few programs. Whisper's layer norms over channels stored
-        # outermost (1024 x 12000 bf16) ran on 47 programs of 256 columns.
-        while inner > h.min_columns and -(-kept // inner) < h.waves * m.sm_count:
+    target = (h.welford_waves if welford else h.waves) * m.sm_count
+    if kept is not None and not splittable:
+        # Without a split (a normalization, a grid reduction's final step), programs come from the
+        # kept axis only: narrower column blocks (down to a warp's width, whole 32-byte sectors of
+        # 16-bit data) before too few programs. Whisper's layer norms over channels stored outermost
+        # (1024 x 12000 bf16) ran on 47 programs of 256 columns.
+        while inner > h.min_columns and -(-kept // inner) < target:
             inner //= 2
+    elif kept is not None and not welford and h.narrow_bytes:
+        narrowed = inner
+        floor = next_power_of_2(max(1, h.narrow_bytes // element))
+        while narrowed > floor and -(-kept // narrowed) < target:
+            narrowed //= 2
+        if -(-kept // narrowed) >= m.sm_count:  # a program for every SM without a second launch
+            inner, splittable = narrowed, False
     if persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent:
         tile = next_power_of_2(max(reduced, 1)) * inner
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))
     split = 1
     # As many bytes per loop step as ``ROWS_TILE`` float32 elements: a step of 16-bit data has twice
     # the rows (the loads in flight, not the elements, keep the memory system busy).
-    rows = max(1, min(h.step_bytes // max(bytes_per_element, 1) // inner,
-                      next_power_of_2(reduced) if reduced is not None else 64))
+    step = h.welford_step_bytes if welford else h.step_bytes
+    rows = max(1, min(step // element // inner, next_power_of_2(reduced) if reduced is not None else 64))
     if splittable and reduced is not None and kept is not None:
         programs = -(-kept // inner)
-        if programs < h.waves * m.sm_count:
-            split = max(1, min(-(-h.waves * m.sm_count // programs), reduced // (h.min_steps * rows)))
+        if programs < target:
+            split = max(1, min(-(-target // programs), reduced // (h.min_steps * rows)))
+    warps = max(1, min(8, rows * inner // (32 * h.welford_elements))) if welford else warps_for(rows * inner)
     return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
-                           num_warps=warps_for(rows * inner), num_stages=h.stages)
+                           num_warps=warps, num_stages=h.stages, evict_last=h.evict_last)
+
+
+def final_params(ref: TensorView, reduced: int | None, kept: int | None, machine: Machine,
+                 bytes_per_element: int, final_tile: int) -> ReductionParams:
+    """The last launch of an outer reduction split across programs: the programs' partial results
+    (``reduced`` rows of them) per column. Every row in one tile of at most ``final_tile`` elements
+    where they fit, so each program issues all its loads at once (the seed003 case's final step had 32
+    programs loop over [32, 128] tiles); columns from 128 bytes narrowed while the kept extent gives
+    fewer than ``final_waves`` programs per SM (channels-last batch-norm statistics: 256 channels,
+    the float64 combine of a var_mean's partials ran on 4 programs)."""
+    h = _OUTER[-1]
+    hints = SizeHints(reduced, kept, machine)
+    if reduced is None or next_power_of_2(reduced) * h.final_min_columns > final_tile:
+        return outer_params(SchedulerType.reduction, ref, hints, False, False, bytes_per_element)
+    rows = next_power_of_2(reduced)
+    columns = max(h.final_min_columns, min(32 * max(1, 16 // max(bytes_per_element, 1)), final_tile // rows))
+    if kept is not None:
+        columns = min(columns, max(h.final_min_columns, next_power_of_2(kept)))
+        while columns > h.final_min_columns and -(-kept // columns) < h.final_waves * machine.sm_count:
+            columns //= 2
+    return ReductionParams(SchedulerType.reduction, ref.name, "outer", tile=columns, num_warps=warps_for(rows * columns))
 
 
 # --- schedules ------------------------------------------------------------------------------------------

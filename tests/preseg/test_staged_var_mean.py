@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition
+from pyfuser.preseg.staged_var_mean import stage_outer_var_means
 from pyfuser.scheduler import reduction
-from pyfuser.scheduler.reduction_schedule import WAVES
+from pyfuser.scheduler.reduction_schedule import OuterHeuristic
 from pyfuser.scheduler.registry import Machine, SizeHints
 from tests.codegen.conftest import execute_with_kernels
 
@@ -112,14 +113,19 @@ def _outer_var_mean() -> FusionDefinition:
 def test_outer_var_mean_splits_across_programs(rows: int, kept: int) -> None:
     """An outer var_mean (channels-last batch-norm statistics: N*H*W rows of C channels on an H200) keeps
     whole 512-byte column blocks and splits its rows across programs where the channels give too few
-    programs (Welford's partial results, combined by a second launch), as a column sum does."""
+    programs (Welford's partial results, combined by a second launch), into more programs than a column
+    sum (``welford_waves`` per SM) of small steps (``welford_elements`` per thread)."""
+    h = OuterHeuristic()
     params = reduction.compute_heuristics(_outer_var_mean().fusion, SizeHints(rows, kept, H200))
     assert params.shape == "outer" and params.tile == min(256, 1 << (kept - 1).bit_length()), params
+    assert params.tile * params.tile_reduced * 2 <= h.welford_step_bytes, params
+    assert params.num_warps * 32 * h.welford_elements in (params.tile * params.tile_reduced, 256 * h.welford_elements)
     programs = -(-kept // params.tile)
-    if programs >= WAVES * H200.sm_count:
+    target = h.welford_waves * H200.sm_count
+    if programs >= target:
         assert params.split == 1, params
     else:
-        assert params.split == min(-(-WAVES * H200.sm_count // programs), rows // (4 * params.tile_reduced)), params
+        assert params.split == min(-(-target // programs), rows // (4 * params.tile_reduced)), params
         assert params.split >= 2 or rows < 8 * params.tile_reduced, params
 
 
@@ -154,3 +160,22 @@ def test_a_var_mean_of_a_staged_var_mean(kernels: bool) -> None:
     want_var, want_mean = torch.var_mean(torch.var(x, [0, 2], correction=0), [0], correction=1)
     torch.testing.assert_close(var, want_var)
     torch.testing.assert_close(mean, want_mean)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (1, 4, 3, 5), (6, 3, 1, 1)], ids=["odd", "N=1", "H=W=1"])
+def test_channels_last_statistics_staged_on_request(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """``stage_outer_var_means`` (a ``--sweep`` variant): channels-last statistics in two stages (H, W
+    first, then N), not one var_mean split across programs; both match torch."""
+    x = (torch.randn(*shape) * 3 + 20).to(dtype).contiguous(memory_format=torch.channels_last)
+    counts = []
+    for staged in (False, True):
+        fd = _stats(x, [0, 2, 3])
+        with stage_outer_var_means(staged):
+            mean, var = execute_with_kernels(fd, [x])
+        ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
+        torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(var.double(), ref_var, rtol=1e-5, atol=1e-4)
+        counts.append(_kernels(fd))
+    several = sum(shape[d] > 1 for d in (0, 2, 3)) >= 2  # one reduced axis of size > 1: nothing to stage
+    assert counts == ([1, 2] if several else [1, 1]), counts

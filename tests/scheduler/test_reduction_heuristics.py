@@ -1,0 +1,109 @@
+"""The reduction scheduler's sizing (issue 30, reductions that lost to Inductor), as schedule facts on an
+H100-sized machine and through the generated kernels (Triton's interpreter) against torch.
+
+* An outer reduction with enough kept columns narrows its column block (down to whole 128-byte lines)
+  rather than split its rows across programs: no second launch (a mean over the outer axis of
+  16384 x 4096 bf16, 256 programs of 64 columns, as Inductor runs it). Too few columns even then
+  (1000): the wide block, split.
+* The last launch of a split outer reduction sizes its column blocks for programs, not for whole lines:
+  the float64 combine of a var_mean's partials over 256 channels ran on 4 programs.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from pyfuser import DataType, FusionDefinition
+from pyfuser.scheduler import reduction
+from pyfuser.scheduler.reduction_schedule import OuterHeuristic, final_params, outer_heuristic
+from pyfuser.scheduler.registry import Machine, SizeHints
+from tests.codegen.conftest import execute_with_kernels, kernel_segments
+
+H100 = Machine(132, 16384, 2048)
+
+
+def _outer(op: str, dtype: DataType) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=dtype), DataType.Float)
+        if op == "var_mean":
+            var, mean = fd.ops.var_mean(x, [0], correction=0)
+            fd.add_output(mean)
+            fd.add_output(var)
+        else:
+            fd.add_output({"sum": fd.ops.sum, "max": fd.ops.max, "mean": fd.ops.mean}[op](x, [0]))
+    return fd
+
+
+@pytest.mark.parametrize(("dtype", "kept", "tile"), [(DataType.BFloat16, 16384, 64), (DataType.Float, 32000, 64),
+                                                     (DataType.BFloat16, 131072, 256)])
+def test_outer_reduction_narrows_its_columns_before_splitting(dtype: DataType, kept: int, tile: int) -> None:
+    params = reduction.compute_heuristics(_outer("mean", dtype).fusion, SizeHints(4096, kept, H100))
+    assert (params.shape, params.tile, params.split) == ("outer", tile, 1), params
+    assert -(-kept // params.tile) >= H100.sm_count
+
+
+@pytest.mark.parametrize(("dtype", "kept"), [(DataType.BFloat16, 1000), (DataType.Float, 4096), (DataType.Float, 1)])
+def test_outer_reduction_with_few_columns_keeps_wide_blocks_and_splits(dtype: DataType, kept: int) -> None:
+    params = reduction.compute_heuristics(_outer("max", dtype).fusion, SizeHints(65536, kept, H100))
+    widest = 512 // (2 if dtype is DataType.BFloat16 else 4)
+    assert params.tile == min(widest, 1 << (kept - 1).bit_length()) and params.split >= 2, params
+
+
+def test_narrowing_is_a_knob() -> None:
+    """``narrow_bytes=0``: split first, as before narrowing (the sweep compares both)."""
+    with outer_heuristic(OuterHeuristic(narrow_bytes=0)):
+        params = reduction.compute_heuristics(_outer("mean", DataType.BFloat16).fusion, SizeHints(4096, 16384, H100))
+    assert (params.tile, params.split) == (256, 5), params
+
+
+@pytest.mark.parametrize(("partials", "kept", "element"), [(1056, 256, 8), (264, 256, 8), (9, 4096, 4), (66, 1000, 4)])
+def test_final_step_columns_give_programs(partials: int, kept: int, element: int) -> None:
+    """Every partial row in one tile; columns narrowed (not below ``final_min_columns``) until every SM
+    has a program or the tile's rows leave no more room."""
+    h = OuterHeuristic()
+    ref = _outer("sum", DataType.Float).fusion.outputs()[0]
+    params = final_params(ref, partials, kept, H100, element, 8192)  # type: ignore[arg-type]
+    rows = 1 << (partials - 1).bit_length()
+    assert params.shape == "outer" and params.tile_reduced == 0 and rows * params.tile <= 8192, params
+    programs = -(-kept // params.tile)
+    assert programs >= H100.sm_count or params.tile == h.final_min_columns or rows * params.tile * 2 > 8192, params
+    assert params.tile >= h.final_min_columns
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 64, 9, 7), (1, 64, 5, 3), (700, 64, 1, 1)], ids=["odd", "N=1", "H=W=1"])
+def test_split_var_mean_final_step_runs_on_every_program(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Channels-last statistics of 64 channels split across the interpreter's programs: the final step's
+    column blocks are narrowed so its 4 programs all combine partials (one program of 64 columns before)."""
+    x = (torch.randn(*shape) * 2 + 50).to(dtype).contiguous(memory_format=torch.channels_last)
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0, 2, 3], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    with outer_heuristic(OuterHeuristic(step_bytes=256, welford_step_bytes=256)):
+        mean, var = execute_with_kernels(fd, [x])
+    ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(var.double(), ref_var, rtol=1e-6, atol=1e-4)
+    (segment,) = kernel_segments(fd)
+    assert segment.scheduler_params.split >= 2
+    final = segment.code[segment.code.index("def reduction_kernel_final"):]
+    columns = int(re.search(r"tl\.arange\(0, (\d+)\)\[None, :\]", final).group(1))  # type: ignore[union-attr]
+    assert -(-64 // columns) >= 4, final
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("op", ["sum", "amax", "mean"])
+def test_narrowed_outer_reduction_against_torch(op: str, dtype: torch.dtype) -> None:
+    """A permuted [rows, columns] input reduced over its outer axis in narrowed column blocks (the
+    interpreter's machine: 4 programs), odd sizes."""
+    x = torch.randn(37, 301, dtype=dtype).t().contiguous().t()  # columns innermost in memory
+    with FusionDefinition() as fd:
+        t = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
+        fd.add_output({"sum": fd.ops.sum, "amax": fd.ops.max, "mean": fd.ops.mean}[op](t, [0]))
+    (out,) = execute_with_kernels(fd, [x])
+    ref = {"sum": torch.sum, "amax": torch.amax, "mean": torch.mean}[op](x.double(), 0)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
