@@ -17,7 +17,10 @@ Per family and overall: the worst ratio beside the geomean, against the faster a
 
 ``--sweep`` also times hand-edited heuristics of each point's scheduler (``schedule.compute_heuristics`` +
 ``fd.manual_execute``) to tune the defaults, and where the point runs an outer reduction, the whole fusion under
-variants of ``OuterHeuristic`` (every segment follows it: ``OUTER_HEURISTICS``). Writes ``kernels_<kind>.json``
+variants of ``OuterHeuristic`` (every segment follows it: ``OUTER_HEURISTICS``; a var_mean also with outer
+var_means staged), where it runs a plain reduction of rows, under variants of ``InnerHeuristic``
+(``INNER_HEURISTICS``); ``--sweep-heuristics`` times only the heuristic variants (one GPU call for the
+reduction families). Writes ``kernels_<kind>.json``
 and ``.md`` into ``--out``; a partial selection (``--quick``, ``--families``, ``--match``, ``--shard``, ``--sweep``)
 writes ``kernels_<selection>_<kind>``.
 """
@@ -48,7 +51,7 @@ from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops import VarMeanOp
 from pyfuser.preseg.staged_var_mean import stage_outer_var_means
 from pyfuser.schedule import SchedulerType
-from pyfuser.scheduler.reduction_schedule import OuterHeuristic, outer_heuristic
+from pyfuser.scheduler.reduction_schedule import InnerHeuristic, OuterHeuristic, inner_heuristic, outer_heuristic
 
 #: The fusions other benchmarks time (``seed003_ceiling.py``, ``persistent_tiles.py``) and their timer.
 bench = time_ms_flushed
@@ -117,7 +120,7 @@ class CopyBandwidth:
 
 
 def run_point(point: Point, dev: str, copy: CopyBandwidth, timer: Timer, max_autotune: bool = False,
-              sweep: bool = False, enable_options: Sequence[str] = ()) -> dict[str, Any]:
+              sweep: bool = False, enable_options: Sequence[str] = (), hand_edited: bool = True) -> dict[str, Any]:
     """One point: eager, Inductor and pyfuser timed by ``timer`` after pyfuser's answer is checked against
     eager's. ``enable_options`` go to every ``fd.execute`` (the interpreter where the timing is not the point)."""
     family = FAMILIES[point.family]
@@ -175,7 +178,9 @@ def run_point(point: Point, dev: str, copy: CopyBandwidth, timer: Timer, max_aut
     row["status"] = "ok"
     if sweep:
         outer = sweep_outer(point, inputs, nbytes, timer, enable_options) if runs_outer(fd) else []
-        row["sweep"] = sorted(sweep_point(point, inputs, nbytes, timer) + outer, key=lambda r: r["ms"])
+        inner = sweep_inner(point, inputs, nbytes, timer, enable_options) if runs_inner(fd) else []
+        edited = sweep_point(point, inputs, nbytes, timer) if hand_edited else []
+        row["sweep"] = sorted(edited + outer + inner, key=lambda r: r["ms"])
     return row
 
 
@@ -291,19 +296,57 @@ def heuristic_name(heuristic: Any) -> str:
     return f"{type(heuristic).__name__}({', '.join(changed) or 'default'})"
 
 
+def _inner_variants_of_heuristic() -> list[InnerHeuristic]:
+    """The inner heuristic's variants ``--sweep`` times a plain reduction of rows under: each knob of
+    ``InnerHeuristic`` moved alone from its default, then the schedule before waste-bounded loops (the
+    row whole as one tile up to the machine's persistent size)."""
+    base = InnerHeuristic()
+    knobs: dict[str, tuple[Any, ...]] = {
+        "max_tile": (1024, 2048, 8192, 16384), "rows_tile": (2048, 8192, 16384), "max_rows": (16, 128),
+        "waves": (1, 4), "loop_step": (2048, 4096, 16384), "max_waste": (0.125, 0.5, 1.0), "loop_warps": (4, 8, 16)}
+    variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
+    variants.append(InnerHeuristic(max_tile=16384, max_waste=1.0))
+    return variants
+
+
+#: The inner heuristics ``--sweep`` times (``_inner_variants_of_heuristic``).
+INNER_HEURISTICS = _inner_variants_of_heuristic()
+
+
+def runs_inner(fd: FusionDefinition) -> bool:
+    """Whether the latest program of ``fd`` launches a plain reduction kernel of rows (tile, loop or split)."""
+    return any(getattr(p, "scheduler_type", None) is SchedulerType.reduction and p.shape in ("tile", "loop", "split")
+               for p in launched_params(fd))
+
+
 def sweep_outer(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str] = (),
                 heuristics: Sequence[OuterHeuristic] = tuple(OUTER_HEURISTICS)) -> list[dict[str, Any]]:
     """The whole fusion (every segment, as ``fd.execute`` runs it) compiled and timed under each outer
     heuristic: also fusions of several segments (batch-norm statistics' two stages), which ``sweep_point``
     cannot schedule as one. A fusion with a var_mean is also timed with outer var_means staged (H, W first)
     under the first few heuristics (``stage_outer_var_means``)."""
-    variants = [(h, False) for h in heuristics]
+    variants = [(h, InnerHeuristic(), False) for h in heuristics]
     if _has_var_mean(_define(point, inputs)):
-        variants += [(h, True) for h in heuristics[:4]]
+        variants += [(h, InnerHeuristic(), True) for h in heuristics[:4]]
+    return _sweep_heuristics(point, inputs, nbytes, timer, enable_options, variants)
+
+
+def sweep_inner(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str] = (),
+                heuristics: Sequence[InnerHeuristic] = tuple(INNER_HEURISTICS)) -> list[dict[str, Any]]:
+    """The whole fusion compiled and timed under each inner heuristic (plain reductions of rows)."""
+    return _sweep_heuristics(point, inputs, nbytes, timer, enable_options,
+                             [(OuterHeuristic(), h, False) for h in heuristics])
+
+
+def _sweep_heuristics(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str],
+                      variants: Sequence[tuple[OuterHeuristic, InnerHeuristic, bool]]) -> list[dict[str, Any]]:
+    """``point``'s fusion defined, checked against torch and timed under each (outer heuristic, inner
+    heuristic, outer var_means staged), fastest first; a variant that fails is recorded, the sweep goes on."""
     results = []
-    for heuristic, staged in variants:
-        name = heuristic_name(heuristic) + (" staged" if staged else "")
-        with outer_heuristic(heuristic), stage_outer_var_means(staged):
+    for outer, inner, staged in variants:
+        names = [heuristic_name(h) for h in (outer, inner) if h != type(h)()]
+        name = " ".join(names or ["default"]) + (" staged" if staged else "")
+        with outer_heuristic(outer), inner_heuristic(inner), stage_outer_var_means(staged):
             fd = _define(point, inputs)
 
             def run(fd: FusionDefinition = fd) -> Any:
@@ -317,9 +360,16 @@ def sweep_outer(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enab
                                 "error": f"{type(e).__name__}: {str(e)[:200]}"})
                 continue
         kernels = [_outer_summary(p) for p in launched_params(fd) if getattr(p, "shape", None) == "outer"]
+        kernels += [_inner_summary(p) for p in launched_params(fd)
+                    if getattr(p, "shape", None) in ("tile", "loop", "split")]
         results.append({"params": f"{name} ({'; '.join(kernels)}; {len(launched_params(fd))} launches)", "ms": ms,
                         "GBps": gbps(nbytes, ms)})
     return sorted(results, key=lambda r: r["ms"])
+
+
+def _inner_summary(params: Any) -> str:
+    return (f"{params.scheduler_type.name}: {params.shape} rows {params.rows}, tile {params.tile}, "
+            f"split {params.split}, warps {params.num_warps}")
 
 
 def _has_var_mean(fd: FusionDefinition) -> bool:
@@ -456,7 +506,7 @@ def select(args: argparse.Namespace) -> tuple[list[Point], str]:
             raise SystemExit(f"--shard {args.shard}: expected K/N with 1 <= K <= N")
         points = points[index - 1::count]  # interleaved: every shard gets every family
         parts.append(f"shard{index}of{count}")
-    if args.sweep:
+    if args.sweep or args.sweep_heuristics:
         parts.append("sweep")
     return points, "_".join(parts)
 
@@ -489,6 +539,8 @@ def main() -> None:
     parser.add_argument("--match", default="", help="comma-separated parts of point names: only those")
     parser.add_argument("--shard", default="", help="K/N: every N-th point from the K-th")
     parser.add_argument("--sweep", action="store_true", help="also time hand-edited heuristics per point")
+    parser.add_argument("--sweep-heuristics", action="store_true",
+                        help="also time the outer / inner heuristic variants per point (not the hand-edited params)")
     parser.add_argument("--max-autotune", action="store_true", help="also Inductor mode=max-autotune-no-cudagraphs")
     parser.add_argument("--budget-s", type=float, default=0.0, help="start no point after this many seconds")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="time per measurement")
@@ -537,7 +589,8 @@ def main() -> None:
             result["points"] += [{"point": p.name, "family": p.family, "status": "not run",
                                   "reason": f"--budget-s {args.budget_s:g} spent"} for p in points[k:]]
             break
-        row = run_point(point, dev, copy, timer, args.max_autotune, args.sweep)
+        row = run_point(point, dev, copy, timer, args.max_autotune, args.sweep or args.sweep_heuristics,
+                        hand_edited=not args.sweep_heuristics)
         print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
         result["points"].append(row)
         if progress is not None:

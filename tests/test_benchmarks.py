@@ -62,7 +62,8 @@ def test_point_tables_cover_every_family_within_the_byte_cap() -> None:
 
 def test_shards_split_the_sweep() -> None:
     def selected(*argv: str) -> tuple[list[Any], str]:
-        parser_args = kernels.argparse.Namespace(quick=False, families="", match="", shard="", sweep=False)
+        parser_args = kernels.argparse.Namespace(quick=False, families="", match="", shard="", sweep=False,
+                                                  sweep_heuristics=False)
         for arg in argv:
             key, _, value = arg.partition("=")
             setattr(parser_args, key, value if value else True)
@@ -169,3 +170,21 @@ def test_outer_sweep_variants_keep_the_outer_shape() -> None:
         schedule.schedule(fd.fusion, SchedulerType.reduction, params)
         (out,) = fd.manual_execute([x], params)
         torch.testing.assert_close(out, x.float().sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_the_inner_heuristic_sweep_runs_each_variant() -> None:
+    """``--sweep-heuristics`` of a plain row reduction: the whole fusion under each inner heuristic given,
+    checked against torch (Triton's interpreter), the kernel's shape in each row's description."""
+    point = kernel_cases.Point("amax_inner", (5, 2000), torch.bfloat16)
+    inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
+    fd = kernels._define(point, inputs)
+    fd.execute(inputs, _enable_options=["triton_interpreter"])
+    assert kernels.runs_inner(fd) and not kernels.runs_outer(fd)
+    variants = [kernels.InnerHeuristic(), kernels.InnerHeuristic(max_waste=1.0, loop_step=1024)]
+    rows = kernels.sweep_inner(point, inputs, 100, lambda fn: (fn(), 1.0)[1], ["triton_interpreter"], variants)
+    assert [r.get("error") for r in rows] == [None, None]
+    described = sorted(r["params"] for r in rows)
+    assert described[0].startswith("InnerHeuristic(loop_step=1024, max_waste=1.0) (reduction: loop rows 1, tile 1024")
+    assert described[1].startswith("default (reduction: loop rows 1, tile 256"), described
+    assert len(kernels.INNER_HEURISTICS) == len({kernels.heuristic_name(h) for h in kernels.INNER_HEURISTICS})
+    assert len(kernels.OUTER_HEURISTICS) == len({kernels.heuristic_name(h) for h in kernels.OUTER_HEURISTICS})

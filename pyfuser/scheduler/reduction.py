@@ -17,6 +17,7 @@ from pyfuser.scheduler.reduction_schedule import (
     final_params,
     inner_params,
     outer_params,
+    reduction_inner_params,
     schedule_segment,
     size_hints,
     streamed_bytes,
@@ -43,7 +44,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     hints = size_hints(fusion, analysis, inputs)
     # A var_mean splits too: Welford's partial results per program, combined by the second launch.
     if analysis.inner:
-        return inner_params(SchedulerType.reduction, analysis.reference, hints, True)
+        return reduction_inner_params(analysis.reference, hints, True)
     welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     return outer_params(SchedulerType.reduction, analysis.reference, hints, False, True, streamed_bytes(fusion),
                         welford)

@@ -172,6 +172,71 @@ def inner_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     return ReductionParams(scheduler_type, ref.name, "loop", tile=step, num_warps=warps_for(step))
 
 
+@dataclass(frozen=True)
+class InnerHeuristic:
+    """The knobs ``reduction_inner_params`` sizes plain reductions of rows innermost in memory by (a sum,
+    max or mean of each row: nothing reads the row again, so keeping it on chip buys nothing), in one
+    object that ``benchmarks/kernels.py --sweep`` varies (``inner_heuristic``).
+
+    The kernel is compiled per size bucket (the next power of two of the row): a row whole as one tile
+    has up to half its lanes masked off in its bucket (11008 in a tile of 16384: a third). Rows of at most
+    ``max_tile`` elements are one tile (``rows_tile`` elements per program, at most ``max_rows`` rows,
+    fewer where the rows give fewer than ``waves`` programs per SM); longer ones loop in steps of at most
+    ``loop_step`` elements (0: the machine's ``loop_tile`` times ``LOOP_STEP_TILES``), short enough that
+    the steps past a row's end waste at most ``max_waste`` of any row in the bucket (Inductor loops every
+    row longer than 1024 of a plain reduction). A few long rows split across programs (each at least
+    ``min_steps`` steps) where the rows give fewer than ``waves`` programs per SM. ``loop_warps``: the
+    loop's warps (0: about 32 elements per thread)."""
+
+    max_tile: int = 4096
+    rows_tile: int = ROWS_TILE
+    max_rows: int = 64
+    waves: int = WAVES
+    loop_step: int = 0
+    max_waste: float = 0.25
+    min_steps: int = 4
+    loop_warps: int = 0
+
+
+#: The heuristic ``reduction_inner_params`` reads (replaced only by ``inner_heuristic``).
+_INNER = [InnerHeuristic()]
+
+
+@contextmanager
+def inner_heuristic(heuristic: InnerHeuristic) -> Iterator[InnerHeuristic]:
+    """Size plain inner reductions by ``heuristic`` inside the block (kernels compiled there keep it)."""
+    _INNER.append(heuristic)
+    try:
+        yield heuristic
+    finally:
+        _INNER.pop()
+
+
+def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool) -> ReductionParams:
+    """A plain reduction of rows (``InnerHeuristic``): whole rows as one tile, a loop, or a split loop."""
+    m, h = hints.machine, _INNER[-1]
+    reduced, kept = hints.reduced, hints.kept
+    kind = SchedulerType.reduction
+    if reduced is not None and next_power_of_2(reduced) <= min(h.max_tile, m.max_persistent):
+        width = next_power_of_2(max(reduced, 1))
+        rows = max(1, min(h.rows_tile // width, h.max_rows))
+        if kept is not None:
+            while rows > 1 and -(-kept // rows) < h.waves * m.sm_count:
+                rows //= 2
+        return ReductionParams(kind, ref.name, "tile", rows=rows, num_warps=warps_for(rows * width))
+    step = h.loop_step or m.loop_tile * LOOP_STEP_TILES
+    if reduced is not None:
+        # a row of the bucket (next_power_of_2(reduced) / 2, next_power_of_2(reduced)] wastes less than
+        # 2 * step / bucket of its reads past its end
+        step = min(step, max(256, next_power_of_2(int(next_power_of_2(reduced) * h.max_waste / 2) or 1)))
+    warps = h.loop_warps or warps_for(step)
+    if splittable and reduced is not None and kept is not None and kept < h.waves * m.sm_count:
+        split = min(-(-h.waves * m.sm_count // max(kept, 1)), max(1, reduced // (h.min_steps * step)))
+        if split >= 2:
+            return ReductionParams(kind, ref.name, "split", tile=step, split=split, num_warps=warps)
+    return ReductionParams(kind, ref.name, "loop", tile=step, num_warps=warps)
+
+
 #: The narrowest column block of an outer reduction (elements of the kept axis per program).
 MIN_OUTER_TILE = 32
 

@@ -7,6 +7,8 @@ H100-sized machine and through the generated kernels (Triton's interpreter) agai
   (1000): the wide block, split.
 * The last launch of a split outer reduction sizes its column blocks for programs, not for whole lines:
   the float64 combine of a var_mean's partials over 256 channels ran on 4 programs.
+* A plain inner reduction of rows longer than ``max_tile`` loops in steps that waste little of any row of
+  its size bucket (a row of 11008 as one tile of 16384 masked off a third of its lanes).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import torch
 
 from pyfuser import DataType, FusionDefinition
 from pyfuser.scheduler import reduction
-from pyfuser.scheduler.reduction_schedule import OuterHeuristic, final_params, outer_heuristic
+from pyfuser.scheduler.reduction_schedule import (
+    InnerHeuristic,
+    OuterHeuristic,
+    final_params,
+    inner_heuristic,
+    outer_heuristic,
+)
 from pyfuser.scheduler.registry import Machine, SizeHints
 from tests.codegen.conftest import execute_with_kernels, kernel_segments
 
@@ -107,3 +115,46 @@ def test_narrowed_outer_reduction_against_torch(op: str, dtype: torch.dtype) -> 
     (out,) = execute_with_kernels(fd, [x])
     ref = {"sum": torch.sum, "amax": torch.amax, "mean": torch.mean}[op](x.double(), 0)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def _inner(op: str, dtype: DataType) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=dtype), DataType.Float)
+        fd.add_output({"sum": fd.ops.sum, "max": fd.ops.max, "mean": fd.ops.mean}[op](x, [1]))
+    return fd
+
+
+@pytest.mark.parametrize(("bucket", "shape", "step"), [(16384, "loop", 2048), (8192, "loop", 1024),
+                                                       (65536, "loop", 8192), (4096, "tile", 0), (128, "tile", 0)])
+def test_inner_reduction_rows_past_a_tile_loop_in_steps_that_waste_little(bucket: int, shape: str, step: int) -> None:
+    """A row of 11008 (bucket 16384) as one tile masks off a third of its lanes: rows past ``max_tile`` loop
+    in steps short enough that any row of the bucket wastes at most ``max_waste`` of its reads."""
+    params = reduction.compute_heuristics(_inner("max", DataType.BFloat16).fusion, SizeHints(bucket, 4096, H100))
+    assert (params.shape, params.tile) == (shape, step), params
+    if shape == "loop":
+        worst = bucket // 2 + 1  # the bucket's shortest row
+        assert -(-worst // step) * step - worst <= 0.25 * worst
+
+
+def test_inner_heuristic_is_a_knob() -> None:
+    """The whole row as one tile up to the machine's persistent size, as before (the sweep compares both)."""
+    with inner_heuristic(InnerHeuristic(max_tile=16384, max_waste=1.0)):
+        params = reduction.compute_heuristics(_inner("max", DataType.BFloat16).fusion, SizeHints(16384, 4096, H100))
+    assert (params.shape, params.rows) == ("tile", 1), params
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("op", ["sum", "amax", "mean"])
+@pytest.mark.parametrize("shape", [(7, 1100), (1, 2053), (300, 1)], ids=["odd", "one-row", "one-column"])
+def test_looped_inner_reduction_against_torch(op: str, shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """Rows past the interpreter's tile (1024) in short steps, the last one mostly past the row's end."""
+    x = torch.randn(*shape, dtype=dtype)
+    with FusionDefinition() as fd:
+        t = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
+        fd.add_output({"sum": fd.ops.sum, "amax": fd.ops.max, "mean": fd.ops.mean}[op](t, [1]))
+    (out,) = execute_with_kernels(fd, [x])
+    ref = {"sum": torch.sum, "amax": torch.amax, "mean": torch.mean}[op](x.double(), 1)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    if shape[1] > 1024:
+        (segment,) = kernel_segments(fd)
+        assert segment.scheduler_params.shape in ("loop", "split") and segment.scheduler_params.tile <= 512
