@@ -43,9 +43,9 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     analysis = checked_analysis(fusion, KINDS)
     hints = size_hints(fusion, analysis, inputs)
     # A var_mean splits too: Welford's partial results per program, combined by the second launch.
-    if analysis.inner:
-        return reduction_inner_params(analysis.reference, hints, True)
     welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
+    if analysis.inner:
+        return reduction_inner_params(analysis.reference, hints, True, welford)
     return outer_params(SchedulerType.reduction, analysis.reference, hints, False, True, streamed_bytes(fusion),
                         welford)
 

@@ -212,12 +212,16 @@ def inner_heuristic(heuristic: InnerHeuristic) -> Iterator[InnerHeuristic]:
         _INNER.pop()
 
 
-def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool) -> ReductionParams:
-    """A plain reduction of rows (``InnerHeuristic``): whole rows as one tile, a loop, or a split loop."""
+def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, welford: bool = False,
+                           ) -> ReductionParams:
+    """A plain reduction of rows (``InnerHeuristic``): whole rows as one tile, a loop, or a split loop. A
+    var_mean's rows are one tile up to the machine's persistent size: on chip, two passes over registers
+    (no division per element, as Welford's update in a loop has)."""
     m, h = hints.machine, _INNER[-1]
     reduced, kept = hints.reduced, hints.kept
     kind = SchedulerType.reduction
-    if reduced is not None and next_power_of_2(reduced) <= min(h.max_tile, m.max_persistent):
+    max_tile = m.max_persistent if welford else min(h.max_tile, m.max_persistent)
+    if reduced is not None and next_power_of_2(reduced) <= max_tile:
         width = next_power_of_2(max(reduced, 1))
         rows = max(1, min(h.rows_tile // width, h.max_rows))
         if kept is not None:

@@ -158,3 +158,15 @@ def test_looped_inner_reduction_against_torch(op: str, shape: tuple[int, int], d
     if shape[1] > 1024:
         (segment,) = kernel_segments(fd)
         assert segment.scheduler_params.shape in ("loop", "split") and segment.scheduler_params.tile <= 512
+
+
+def test_inner_var_mean_keeps_rows_on_chip() -> None:
+    """A var_mean of rows of 12544 (batch-norm statistics' first stage, 112 x 112): one tile up to the
+    machine's persistent size, two passes over registers, not Welford's division per element in a loop."""
+    with FusionDefinition() as fd:
+        x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=DataType.BFloat16), DataType.Float)
+        var, mean = fd.ops.var_mean(x, [1], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    params = reduction.compute_heuristics(fd.fusion, SizeHints(16384, 2048, H100))
+    assert (params.shape, params.rows) == ("tile", 1), params
