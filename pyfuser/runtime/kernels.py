@@ -21,7 +21,7 @@ from pyfuser.options import CompileOptions, DisableOption, DumpOption, dump
 from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
 from pyfuser.scheduler.reduction import schedule_final_step
 from pyfuser.scheduler.reduction_analysis import analyze
-from pyfuser.scheduler.registry import Machine, SizeHints
+from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from pyfuser.scheduler.schedulers import SCHEDULERS, is_kernel, size_dependent
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, segment_fusion_copy
 
@@ -67,12 +67,15 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
     def build(hints: SizeHints | tuple[()]) -> CompiledKernel | KernelSequence:
         copy = unscheduled.pop() if unscheduled else segment_fusion_copy(fusion, group)[0]
         params = scheduler.kernel_heuristics(copy, hints)
+        # A reduction split across programs keeps its kept axes in the final step (a normalization's
+        # final step reduces across its rows instead: its kept extent is not the first launch's).
+        final_kept = hints.kept if isinstance(hints, SizeHints) and group.scheduler is SchedulerType.reduction \
+            else None
         dump(DumpOption.scheduler_params, lambda: f"Segment g{index} ({group.scheduler.name}):\n{params}")
         scheduler.schedule(copy, params)
         reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
-                                finish=lambda f: schedule_final_step(
-                                    f, machine, hints.kept if isinstance(hints, SizeHints) else None),
+                                finish=lambda f: schedule_final_step(f, machine, final_kept),
                                 loop_stages=params.num_stages, chunked=chunked,
                                 cooperative=DisableOption.cooperative_launch not in options.disabled,
                                 evict_last=params.evict_last)
