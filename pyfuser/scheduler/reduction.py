@@ -70,7 +70,9 @@ def schedule_final_step(fusion: Fusion, machine: Machine, kept: int | None = Non
         params = inner_params(SchedulerType.reduction, analysis.reference, SizeHints(reduced.value, None, machine),
                               False)
     else:
-        params = final_params(analysis.reference, reduced.value, kept, machine, element_bytes(fusion), FINAL_TILE)
+        welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
+        params = final_params(analysis.reference, reduced.value, kept, machine, element_bytes(fusion), FINAL_TILE,
+                              welford)
     schedule_segment(fusion, params, KINDS)
     return analysis.reference
 

@@ -342,24 +342,34 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
 
 
 def final_params(ref: TensorView, reduced: int | None, kept: int | None, machine: Machine,
-                 bytes_per_element: int, final_tile: int) -> ReductionParams:
+                 bytes_per_element: int, final_tile: int, welford: bool = False) -> ReductionParams:
     """The last launch of an outer reduction split across programs: the programs' partial results
-    (``reduced`` rows of them) per column. Every row in one tile of at most ``final_tile`` elements
-    where they fit, so each program issues all its loads at once (the seed003 case's final step had 32
-    programs loop over [32, 128] tiles); columns from 128 bytes narrowed while the kept extent gives
-    fewer than ``final_waves`` programs per SM (channels-last batch-norm statistics: 256 channels,
-    the float64 combine of a var_mean's partials ran on 4 programs)."""
+    (``reduced`` rows of them) per column. Columns from 128 bytes, narrowed while the kept extent gives
+    fewer than ``final_waves`` programs per SM (channels-last batch-norm statistics: 256 channels, the
+    float64 combine of a var_mean's partials ran on 4 programs); every row in one tile of at most
+    ``final_tile`` elements where they fit, so each program issues all its loads at once (the seed003
+    case's final step had 32 programs loop over [32, 128] tiles), else a loop over steps of rows. A
+    var_mean's combine holds four float64 accumulators and three partials per element: an eighth of
+    the elements per tile (a [2048, 4] tile of them spilled)."""
     h = _OUTER[-1]
-    hints = SizeHints(reduced, kept, machine)
-    if reduced is None or next_power_of_2(reduced) * h.final_min_columns > final_tile:
-        return outer_params(SchedulerType.reduction, ref, hints, False, False, bytes_per_element)
-    rows = next_power_of_2(reduced)
-    columns = max(h.final_min_columns, min(32 * max(1, 16 // max(bytes_per_element, 1)), final_tile // rows))
+    budget = final_tile // 8 if welford else final_tile
+    columns = max(h.final_min_columns, 32 * max(1, 16 // max(bytes_per_element, 1)))
     if kept is not None:
         columns = min(columns, max(h.final_min_columns, next_power_of_2(kept)))
         while columns > h.final_min_columns and -(-kept // columns) < h.final_waves * machine.sm_count:
             columns //= 2
-    return ReductionParams(SchedulerType.reduction, ref.name, "outer", tile=columns, num_warps=warps_for(rows * columns))
+    def warps(elements: int) -> int:
+        return max(1, min(8, elements // (32 * h.welford_elements))) if welford else warps_for(elements)
+
+    rows = next_power_of_2(reduced) if reduced is not None else None
+    if rows is not None and rows * columns <= budget:
+        return ReductionParams(SchedulerType.reduction, ref.name, "outer", tile=columns, num_warps=warps(rows * columns))
+    columns = min(columns, budget)
+    step = max(1, budget // columns)
+    if rows is not None:
+        step = min(step, rows)
+    return ReductionParams(SchedulerType.reduction, ref.name, "outer", tile=columns, tile_reduced=step,
+                           num_warps=warps(step * columns))
 
 
 # --- schedules ------------------------------------------------------------------------------------------

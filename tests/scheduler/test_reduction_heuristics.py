@@ -68,17 +68,24 @@ def test_narrowing_is_a_knob() -> None:
 
 
 @pytest.mark.parametrize(("partials", "kept", "element"), [(1056, 256, 8), (264, 256, 8), (9, 4096, 4), (66, 1000, 4)])
-def test_final_step_columns_give_programs(partials: int, kept: int, element: int) -> None:
-    """Every partial row in one tile; columns narrowed (not below ``final_min_columns``) until every SM
-    has a program or the tile's rows leave no more room."""
+@pytest.mark.parametrize("welford", [False, True], ids=["sum", "var_mean"])
+def test_final_step_columns_give_programs(partials: int, kept: int, element: int, welford: bool) -> None:
+    """Columns narrowed (not below ``final_min_columns``) until every SM has a program; every partial
+    row in one tile where the tile's budget holds them (a var_mean's float64 combine: an eighth of a
+    sum's), else a loop over steps of rows."""
     h = OuterHeuristic()
     ref = _outer("sum", DataType.Float).fusion.outputs()[0]
-    params = final_params(ref, partials, kept, H100, element, 8192)  # type: ignore[arg-type]
+    params = final_params(ref, partials, kept, H100, element, 8192, welford)  # type: ignore[arg-type]
+    budget = 1024 if welford else 8192
     rows = 1 << (partials - 1).bit_length()
-    assert params.shape == "outer" and params.tile_reduced == 0 and rows * params.tile <= 8192, params
-    programs = -(-kept // params.tile)
-    assert programs >= H100.sm_count or params.tile == h.final_min_columns or rows * params.tile * 2 > 8192, params
-    assert params.tile >= h.final_min_columns
+    assert params.shape == "outer" and params.tile >= h.final_min_columns, params
+    assert -(-kept // params.tile) >= H100.sm_count or params.tile == h.final_min_columns, params
+    if rows * params.tile <= budget:
+        assert params.tile_reduced == 0, params
+    else:
+        assert params.tile_reduced * params.tile == budget, params
+    if welford:  # at most ``welford_elements`` per thread
+        assert (params.tile_reduced or rows) * params.tile <= params.num_warps * 32 * h.welford_elements, params
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -170,3 +177,23 @@ def test_inner_var_mean_keeps_rows_on_chip() -> None:
         fd.add_output(var)
     params = reduction.compute_heuristics(fd.fusion, SizeHints(16384, 2048, H100))
     assert (params.shape, params.rows) == ("tile", 1), params
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_split_var_mean_final_step_loops_over_many_partials(dtype: torch.dtype) -> None:
+    """Many programs per SM (``welford_waves``): more partial rows than a var_mean combine's tile holds,
+    so the final step loops over steps of them; far from 0, against torch."""
+    x = (torch.randn(900, 64, 1, 1) * 2 + 300).to(dtype).contiguous(memory_format=torch.channels_last)
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0, 2, 3], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    with outer_heuristic(OuterHeuristic(step_bytes=256, welford_step_bytes=256, welford_waves=64)):
+        mean, var = execute_with_kernels(fd, [x])
+    ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(var.double(), ref_var, rtol=1e-6, atol=1e-4)
+    (segment,) = kernel_segments(fd)
+    assert segment.scheduler_params.split > 64
+    final = segment.code[segment.code.index("def reduction_kernel_final"):]
+    assert "for i" in final, final  # a loop over steps of partial rows
