@@ -228,14 +228,16 @@ def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, 
             while rows > 1 and -(-kept // rows) < h.waves * m.sm_count:
                 rows //= 2
         return ReductionParams(kind, ref.name, "tile", rows=rows, num_warps=warps_for(rows * width))
-    step = h.loop_step or m.loop_tile * LOOP_STEP_TILES
+    longest = step = h.loop_step or m.loop_tile * LOOP_STEP_TILES
     if reduced is not None:
         # a row of the bucket (next_power_of_2(reduced) / 2, next_power_of_2(reduced)] wastes less than
         # 2 * step / bucket of its reads past its end
         step = min(step, max(256, next_power_of_2(int(next_power_of_2(reduced) * h.max_waste / 2) or 1)))
     warps = h.loop_warps or warps_for(step)
     if splittable and reduced is not None and kept is not None and kept < h.waves * m.sm_count:
-        split = min(-(-h.waves * m.sm_count // max(kept, 1)), max(1, reduced // (h.min_steps * step)))
+        # programs of at least ``min_steps`` of the longest steps each (shorter steps, for less waste,
+        # do not make rows split sooner)
+        split = min(-(-h.waves * m.sm_count // max(kept, 1)), max(1, reduced // (h.min_steps * longest)))
         if split >= 2:
             return ReductionParams(kind, ref.name, "split", tile=step, split=split, num_warps=warps)
     return ReductionParams(kind, ref.name, "loop", tile=step, num_warps=warps)
