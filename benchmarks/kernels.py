@@ -275,7 +275,7 @@ def _outer_variants_of_heuristic() -> list[OuterHeuristic]:
     base = OuterHeuristic()
     knobs: dict[str, tuple[Any, ...]] = {
         "column_bytes": (256, 1024), "step_bytes": (8192, 32768), "waves": (1, 4), "min_columns": (64,),
-        "narrow_bytes": (0, 64, 256), "welford_step_bytes": (2048, 8192, 16384), "welford_waves": (2, 4, 16),
+        "narrow_bytes": (0, 64, 256), "welford_step_bytes": (2048, 8192, 16384), "welford_waves": (1, 4, 8, 16),
         "welford_elements": (4, 16, 32), "final_waves": (2, 4), "final_min_columns": (1, 16, 32), "stages": (2, 4),
         "evict_last": (False,)}
     variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
@@ -298,14 +298,14 @@ def heuristic_name(heuristic: Any) -> str:
 
 def _inner_variants_of_heuristic() -> list[InnerHeuristic]:
     """The inner heuristic's variants ``--sweep`` times a plain reduction of rows under: each knob of
-    ``InnerHeuristic`` moved alone from its default, then the schedule before waste-bounded loops (the
-    row whole as one tile up to the machine's persistent size)."""
+    ``InnerHeuristic`` moved alone from its default, then long rows looped without a bound on the
+    waste past their end."""
     base = InnerHeuristic()
     knobs: dict[str, tuple[Any, ...]] = {
-        "max_tile": (1024, 2048, 8192, 16384), "rows_tile": (2048, 8192, 16384), "max_rows": (16, 128),
+        "max_tile": (1024, 2048, 4096, 8192), "rows_tile": (2048, 8192, 16384), "max_rows": (16, 128),
         "waves": (1, 4), "loop_step": (2048, 4096, 16384), "max_waste": (0.125, 0.5, 1.0), "loop_warps": (4, 8, 16)}
     variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
-    variants.append(InnerHeuristic(max_tile=16384, max_waste=1.0))
+    variants.append(InnerHeuristic(max_tile=4096, max_waste=1.0))
     return variants
 
 

@@ -186,9 +186,11 @@ class InnerHeuristic:
     the steps past a row's end waste at most ``max_waste`` of any row in the bucket (Inductor loops every
     row longer than 1024 of a plain reduction). A few long rows split across programs (each at least
     ``min_steps`` steps) where the rows give fewer than ``waves`` programs per SM. ``loop_warps``: the
-    loop's warps (0: about 32 elements per thread)."""
+    loop's warps (0: about 32 elements per thread). ``max_tile`` 16384: the best of a sweep on one H100,
+    amax bf16 4097 x 11008 one tile 2115 GB/s against 1854 looped in steps of 2048 (``max_tile`` 4096)
+    and 2061 in steps of 8192 (``benchmarks/results/kernels_notes.md``)."""
 
-    max_tile: int = 4096
+    max_tile: int = 16384
     rows_tile: int = ROWS_TILE
     max_rows: int = 64
     waves: int = WAVES
@@ -264,7 +266,9 @@ class OuterHeuristic:
       reduced axis across programs (a grid reduction, each program at least ``min_steps`` loop steps);
     * a var_mean splits the same way, into ``welford_waves`` programs per SM of ``welford_step_bytes``
       steps: Welford's four accumulators per element (and a division) make its per-thread share
-      costly, so its steps are small (``welford_elements`` per thread) and its programs many;
+      costly, so its steps are small (``welford_elements`` per thread); 2 programs an SM were the best
+      of a sweep on one H100 (batch-norm statistics, bf16 channels-last 32 x 256 x 56 x 56: 727 GB/s
+      against 551 at 4, 379 at 8, 230 at 16);
     * a normalization, which cannot split, narrows its block down to ``min_columns`` elements.
 
     The final step of a split reads the programs' partial results (few rows, all in one tile where
@@ -281,7 +285,7 @@ class OuterHeuristic:
     stages: int = LOOP_STAGES
     narrow_bytes: int = 128
     welford_step_bytes: int = 4096
-    welford_waves: int = 8
+    welford_waves: int = 2
     welford_elements: int = 8
     final_waves: int = 1
     final_min_columns: int = 4
