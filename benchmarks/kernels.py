@@ -16,8 +16,13 @@ Per family and overall: the worst ratio beside the geomean, against the faster a
     python benchmarks/kernels.py --dry-run                # CPU: every family at a tiny size, correctness only
 
 ``--sweep`` also times hand-edited heuristics of each point's scheduler (``schedule.compute_heuristics`` +
-``fd.manual_execute``) to tune the defaults. Writes ``kernels_<kind>.json`` and ``.md`` into ``--out``; a partial
-selection (``--quick``, ``--families``, ``--match``, ``--shard``, ``--sweep``) writes ``kernels_<selection>_<kind>``.
+``fd.manual_execute``) to tune the defaults, and where the point runs an outer reduction, the whole fusion under
+variants of ``OuterHeuristic`` (every segment follows it: ``OUTER_HEURISTICS``; a var_mean also with outer
+var_means staged), where it runs a plain reduction of rows, under variants of ``InnerHeuristic``
+(``INNER_HEURISTICS``); ``--sweep-heuristics`` times only the heuristic variants (one GPU call for the
+reduction families). Writes ``kernels_<kind>.json``
+and ``.md`` into ``--out``; a partial selection (``--quick``, ``--families``, ``--match``, ``--shard``, ``--sweep``)
+writes ``kernels_<selection>_<kind>``.
 """
 
 from __future__ import annotations
@@ -41,8 +46,12 @@ from timing import synchronize, time_ms_flushed, timing_lock
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pyfuser import FusionDefinition, schedule
+from pyfuser.host_ir.nodes import LaunchKernel
 from pyfuser.ir.eval_context import EvalContext
+from pyfuser.ir.ops import VarMeanOp
+from pyfuser.preseg.staged_var_mean import stage_outer_var_means
 from pyfuser.schedule import SchedulerType
+from pyfuser.scheduler.reduction_schedule import InnerHeuristic, OuterHeuristic, inner_heuristic, outer_heuristic
 
 #: The fusions other benchmarks time (``seed003_ceiling.py``, ``persistent_tiles.py``) and their timer.
 bench = time_ms_flushed
@@ -111,7 +120,7 @@ class CopyBandwidth:
 
 
 def run_point(point: Point, dev: str, copy: CopyBandwidth, timer: Timer, max_autotune: bool = False,
-              sweep: bool = False, enable_options: Sequence[str] = ()) -> dict[str, Any]:
+              sweep: bool = False, enable_options: Sequence[str] = (), hand_edited: bool = True) -> dict[str, Any]:
     """One point: eager, Inductor and pyfuser timed by ``timer`` after pyfuser's answer is checked against
     eager's. ``enable_options`` go to every ``fd.execute`` (the interpreter where the timing is not the point)."""
     family = FAMILIES[point.family]
@@ -168,7 +177,10 @@ def run_point(point: Point, dev: str, copy: CopyBandwidth, timer: Timer, max_aut
     row["vs_copy"] = row["pyfuser_GBps"] / row["copy_GBps"]
     row["status"] = "ok"
     if sweep:
-        row["sweep"] = sweep_point(point, inputs, nbytes, timer)
+        outer = sweep_outer(point, inputs, nbytes, timer, enable_options) if runs_outer(fd) else []
+        inner = sweep_inner(point, inputs, nbytes, timer, enable_options) if runs_inner(fd) else []
+        edited = sweep_point(point, inputs, nbytes, timer) if hand_edited else []
+        row["sweep"] = sorted(edited + outer + inner, key=lambda r: r["ms"])
     return row
 
 
@@ -197,6 +209,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
     """Hand-edited heuristics around ``params`` for ``--sweep``."""
+    if params.shape == "outer":
+        return _outer_variants(params)
     if scheduler is SchedulerType.inner_persistent and params.shape in ("loop", "split"):
         # Looped rows: step x warps x online softmax (max and sum of exp in one pass) on / off, and the
         # split across programs for few wide rows.
@@ -234,6 +248,147 @@ def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
     inner = params.block[0] // 4
     return flat + [dataclasses.replace(params, break_point=1, block=(o, i), num_warps=w)
                    for i in (inner // 2, inner, inner * 2) for o in (1, 2, 4, 8) for w in (4, 8)]
+
+
+def _outer_variants(params: Any) -> list[Any]:
+    """An outer reduction's column block ``BI`` (``tile``), rows per loop step ``BR`` (``tile_reduced``),
+    programs along the reduced axis (``split``: half, the heuristic's and twice, where it splits) and warps
+    (``reduction_schedule.outer_params``)."""
+    splits = sorted({max(2, params.split // 2), params.split, params.split * 2}) if params.split > 1 else [1]
+    if not params.tile_reduced:  # the reduced extent whole on chip (a persistent block of columns)
+        return [dataclasses.replace(params, tile=t, num_warps=w) for t in (8, 16, 32, 64, 128) for w in (2, 4, 8)]
+    return [dataclasses.replace(params, tile=t, tile_reduced=r, split=g, num_warps=w)
+            for t in (32, 64, 128, 256) for r in (8, 16, 32, 64) for g in splits for w in (4, 8)]
+
+
+def launched_params(fd: FusionDefinition) -> list[Any]:
+    """The scheduler parameters of each kernel the latest program of ``fd`` launches, in launch order."""
+    program = fd.fec.last_program
+    program = getattr(program, "program", program)  # the program a CUDA graph replays
+    container = getattr(program, "container", None)
+    if container is None:
+        return []
+    return [params for n in container.walk() if isinstance(n, LaunchKernel)
+            if (params := getattr(n.segment, "scheduler_params", None)) is not None]
+
+
+def runs_outer(fd: FusionDefinition) -> bool:
+    """Whether the latest program of ``fd`` launches a kernel scheduled as an outer reduction."""
+    return any(getattr(p, "shape", None) == "outer" for p in launched_params(fd))
+
+
+def _outer_summary(params: Any) -> str:
+    return (f"{params.scheduler_type.name}: tile {params.tile}, tile_reduced {params.tile_reduced}, "
+            f"split {params.split}, warps {params.num_warps}")
+
+
+def _outer_variants_of_heuristic() -> list[OuterHeuristic]:
+    """The outer heuristic's variants ``--sweep`` times a fusion with outer segments under: each knob of
+    ``OuterHeuristic`` moved alone from its default (column block, loop step, programs per SM, narrowing
+    before a split, a var_mean's steps / programs / elements per thread, the final step's columns and
+    programs, pipelining, L2 hints), then the schedule before narrowing and the small Welford steps."""
+    base = OuterHeuristic()
+    knobs: dict[str, tuple[Any, ...]] = {
+        "column_bytes": (256, 1024), "step_bytes": (8192, 32768), "waves": (1, 4), "min_columns": (64,),
+        "narrow_bytes": (0, 64, 256), "welford_step_bytes": (2048, 8192, 16384), "welford_waves": (1, 4, 8, 16),
+        "welford_elements": (4, 16, 32), "final_waves": (2, 4), "final_min_columns": (1, 16, 32), "stages": (2, 4),
+        "evict_last": (False,)}
+    variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
+    # split-first column blocks and the first var_mean split (fewer, fuller programs; wide final columns)
+    variants.append(OuterHeuristic(narrow_bytes=0, welford_step_bytes=16384, welford_waves=2, welford_elements=32,
+                                   final_waves=0, final_min_columns=32))
+    return variants
+
+
+#: The outer heuristics ``--sweep`` times (``_outer_variants_of_heuristic``).
+OUTER_HEURISTICS = _outer_variants_of_heuristic()
+
+
+def heuristic_name(heuristic: Any) -> str:
+    """``heuristic``'s fields that differ from its class's defaults (``default`` where none do)."""
+    changed = [f"{f.name}={getattr(heuristic, f.name)}" for f in dataclasses.fields(heuristic)
+               if getattr(heuristic, f.name) != f.default]
+    return f"{type(heuristic).__name__}({', '.join(changed) or 'default'})"
+
+
+def _inner_variants_of_heuristic() -> list[InnerHeuristic]:
+    """The inner heuristic's variants ``--sweep`` times a plain reduction of rows under: each knob of
+    ``InnerHeuristic`` moved alone from its default, then long rows looped without a bound on the
+    waste past their end."""
+    base = InnerHeuristic()
+    knobs: dict[str, tuple[Any, ...]] = {
+        "max_tile": (1024, 2048, 4096, 8192), "rows_tile": (2048, 8192, 16384), "max_rows": (16, 128),
+        "waves": (1, 4), "loop_step": (2048, 4096, 16384), "max_waste": (0.125, 0.5, 1.0), "loop_warps": (4, 8, 16)}
+    variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
+    variants.append(InnerHeuristic(max_tile=4096, max_waste=1.0))
+    return variants
+
+
+#: The inner heuristics ``--sweep`` times (``_inner_variants_of_heuristic``).
+INNER_HEURISTICS = _inner_variants_of_heuristic()
+
+
+def runs_inner(fd: FusionDefinition) -> bool:
+    """Whether the latest program of ``fd`` launches a plain reduction kernel of rows (tile, loop or split)."""
+    return any(getattr(p, "scheduler_type", None) is SchedulerType.reduction and p.shape in ("tile", "loop", "split")
+               for p in launched_params(fd))
+
+
+def sweep_outer(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str] = (),
+                heuristics: Sequence[OuterHeuristic] = tuple(OUTER_HEURISTICS)) -> list[dict[str, Any]]:
+    """The whole fusion (every segment, as ``fd.execute`` runs it) compiled and timed under each outer
+    heuristic: also fusions of several segments (batch-norm statistics' two stages), which ``sweep_point``
+    cannot schedule as one. A fusion with a var_mean is also timed with outer var_means staged (H, W first)
+    under the first few heuristics (``stage_outer_var_means``)."""
+    variants = [(h, InnerHeuristic(), False) for h in heuristics]
+    if _has_var_mean(_define(point, inputs)):
+        variants += [(h, InnerHeuristic(), True) for h in heuristics[:4]]
+    return _sweep_heuristics(point, inputs, nbytes, timer, enable_options, variants)
+
+
+def sweep_inner(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str] = (),
+                heuristics: Sequence[InnerHeuristic] = tuple(INNER_HEURISTICS)) -> list[dict[str, Any]]:
+    """The whole fusion compiled and timed under each inner heuristic (plain reductions of rows)."""
+    return _sweep_heuristics(point, inputs, nbytes, timer, enable_options,
+                             [(OuterHeuristic(), h, False) for h in heuristics])
+
+
+def _sweep_heuristics(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str],
+                      variants: Sequence[tuple[OuterHeuristic, InnerHeuristic, bool]]) -> list[dict[str, Any]]:
+    """``point``'s fusion defined, checked against torch and timed under each (outer heuristic, inner
+    heuristic, outer var_means staged), fastest first; a variant that fails is recorded, the sweep goes on."""
+    results = []
+    for outer, inner, staged in variants:
+        names = [heuristic_name(h) for h in (outer, inner) if h != type(h)()]
+        name = " ".join(names or ["default"]) + (" staged" if staged else "")
+        with outer_heuristic(outer), inner_heuristic(inner), stage_outer_var_means(staged):
+            fd = _define(point, inputs)
+
+            def run(fd: FusionDefinition = fd) -> Any:
+                return fd.execute(inputs, _enable_options=list(enable_options))
+
+            try:
+                check(run(), outputs_of(FAMILIES[point.family].torch_fn(*inputs)), point.name)
+                ms = timer(run)
+            except Exception as e:  # a variant over the machine's limits: recorded, the sweep goes on
+                results.append({"params": name, "ms": float("inf"), "GBps": 0.0,
+                                "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                continue
+        kernels = [_outer_summary(p) for p in launched_params(fd) if getattr(p, "shape", None) == "outer"]
+        kernels += [_inner_summary(p) for p in launched_params(fd)
+                    if getattr(p, "shape", None) in ("tile", "loop", "split")]
+        results.append({"params": f"{name} ({'; '.join(kernels)}; {len(launched_params(fd))} launches)", "ms": ms,
+                        "GBps": gbps(nbytes, ms)})
+    return sorted(results, key=lambda r: r["ms"])
+
+
+def _inner_summary(params: Any) -> str:
+    return (f"{params.scheduler_type.name}: {params.shape} rows {params.rows}, tile {params.tile}, "
+            f"split {params.split}, warps {params.num_warps}")
+
+
+def _has_var_mean(fd: FusionDefinition) -> bool:
+    return any(isinstance(e, VarMeanOp) for e in fd.fusion.exprs())
 
 
 def sweep_point(point: Point, inputs: list[Any], nbytes: int, timer: Timer) -> list[dict[str, Any]]:
@@ -366,7 +521,7 @@ def select(args: argparse.Namespace) -> tuple[list[Point], str]:
             raise SystemExit(f"--shard {args.shard}: expected K/N with 1 <= K <= N")
         points = points[index - 1::count]  # interleaved: every shard gets every family
         parts.append(f"shard{index}of{count}")
-    if args.sweep:
+    if args.sweep or args.sweep_heuristics:
         parts.append("sweep")
     return points, "_".join(parts)
 
@@ -399,6 +554,8 @@ def main() -> None:
     parser.add_argument("--match", default="", help="comma-separated parts of point names: only those")
     parser.add_argument("--shard", default="", help="K/N: every N-th point from the K-th")
     parser.add_argument("--sweep", action="store_true", help="also time hand-edited heuristics per point")
+    parser.add_argument("--sweep-heuristics", action="store_true",
+                        help="also time the outer / inner heuristic variants per point (not the hand-edited params)")
     parser.add_argument("--max-autotune", action="store_true", help="also Inductor mode=max-autotune-no-cudagraphs")
     parser.add_argument("--budget-s", type=float, default=0.0, help="start no point after this many seconds")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="time per measurement")
@@ -447,7 +604,8 @@ def main() -> None:
             result["points"] += [{"point": p.name, "family": p.family, "status": "not run",
                                   "reason": f"--budget-s {args.budget_s:g} spent"} for p in points[k:]]
             break
-        row = run_point(point, dev, copy, timer, args.max_autotune, args.sweep)
+        row = run_point(point, dev, copy, timer, args.max_autotune, args.sweep or args.sweep_heuristics,
+                        hand_edited=not args.sweep_heuristics)
         print(json.dumps({k: v for k, v in row.items() if k != "sweep"}), flush=True)
         result["points"].append(row)
         if progress is not None:

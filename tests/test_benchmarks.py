@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from pyfuser import DataType, FusionDefinition, schedule
 from pyfuser.schedule import SchedulerType
 from pyfuser.scheduler.reduction_schedule import ReductionParams
 
@@ -62,7 +63,8 @@ def test_point_tables_cover_every_family_within_the_byte_cap() -> None:
 
 def test_shards_split_the_sweep() -> None:
     def selected(*argv: str) -> tuple[list[Any], str]:
-        parser_args = kernels.argparse.Namespace(quick=False, families="", match="", shard="", sweep=False)
+        parser_args = kernels.argparse.Namespace(quick=False, families="", match="", shard="", sweep=False,
+                                                  sweep_heuristics=False)
         for arg in argv:
             key, _, value = arg.partition("=")
             setattr(parser_args, key, value if value else True)
@@ -146,3 +148,60 @@ def test_the_sweep_of_looped_rows_varies_step_warps_and_the_online_pass(shape: s
     assert {(v.tile, v.num_warps, v.online) for v in variants if v.evict_last} == {(4096, 16, True), (4096, 16, False)}
     assert {(v.tile, v.num_warps, v.num_stages) for v in variants if v.num_stages} == {(4096, 16, 2), (4096, 16, 3)}
     assert all(v.shape in ("loop", "split") for v in variants)
+
+
+def test_the_outer_heuristic_sweep_times_every_segment_under_each_variant() -> None:
+    """``--sweep`` of a fusion with outer segments (channels-last batch-norm forward: an outer var_mean over
+    H, W, then a normalization of its partials over N, then the pointwise normalization) compiles the whole
+    fusion under each outer heuristic: both outer segments follow it, each variant checked against torch."""
+    point = kernel_cases.Point("batchnorm_fwd", (3, 5, 4, 3), torch.bfloat16, "channels_last")
+    inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
+    fd = kernels._define(point, inputs)
+    fd.execute(inputs, _enable_options=["triton_interpreter"])
+    assert kernels.runs_outer(fd)
+    narrow, wide = (kernels.OuterHeuristic(column_bytes=b, min_columns=m) for b, m in ((16, 8), (512, 16)))
+    rows = kernels.sweep_outer(point, inputs, 100, lambda fn: (fn(), 1.0)[1], ["triton_interpreter"], [narrow, wide])
+    # a var_mean: each variant also with outer var_means staged
+    assert [r.get("error") for r in rows] == [None] * 4 and sum(" staged " in r["params"] for r in rows) == 2
+    by_bytes = {("column_bytes=16" in r["params"]): r["params"] for r in rows if " staged " not in r["params"]}
+    # 16 bytes of bf16 data: blocks of 8 columns (4 of the float32 partials); 512 bytes, at least 16 columns
+    # (the interpreter's 4 SMs would narrow them further): the first stage's N*C = 15 columns whole, the
+    # second stage's C = 5 whole
+    assert "reduction: tile 8," in by_bytes[True] and "outer_persistent: tile 4," in by_bytes[True], by_bytes
+    assert "reduction: tile 16," in by_bytes[False] and "outer_persistent: tile 8," in by_bytes[False], by_bytes
+
+
+def test_outer_sweep_variants_keep_the_outer_shape() -> None:
+    """``--sweep`` of an outer reduction varies its column block, rows per step, split and warps (the inner
+    shapes would read the rows across memory); each variant runs (Triton's interpreter) and matches torch."""
+    x = torch.randn(300, 20).to(torch.bfloat16)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.sum(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0]))
+    base = schedule.compute_heuristics(fd.fusion, SchedulerType.reduction, [x])
+    variants = kernels._variants(SchedulerType.reduction, dataclasses.replace(base, split=4), 2)
+    assert {v.shape for v in variants} == {"outer"} and {v.split for v in variants} == {2, 4, 8}
+    assert {v.tile for v in variants} == {32, 64, 128, 256} and {v.tile_reduced for v in variants} == {8, 16, 32, 64}
+    for params in (variants[0], variants[-1]):
+        with FusionDefinition() as fd:
+            fd.add_output(fd.ops.sum(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0]))
+        schedule.schedule(fd.fusion, SchedulerType.reduction, params)
+        (out,) = fd.manual_execute([x], params)
+        torch.testing.assert_close(out, x.float().sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_the_inner_heuristic_sweep_runs_each_variant() -> None:
+    """``--sweep-heuristics`` of a plain row reduction: the whole fusion under each inner heuristic given,
+    checked against torch (Triton's interpreter), the kernel's shape in each row's description."""
+    point = kernel_cases.Point("amax_inner", (5, 2000), torch.bfloat16)
+    inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
+    fd = kernels._define(point, inputs)
+    fd.execute(inputs, _enable_options=["triton_interpreter"])
+    assert kernels.runs_inner(fd) and not kernels.runs_outer(fd)
+    variants = [kernels.InnerHeuristic(), kernels.InnerHeuristic(max_waste=1.0, loop_step=1024)]
+    rows = kernels.sweep_inner(point, inputs, 100, lambda fn: (fn(), 1.0)[1], ["triton_interpreter"], variants)
+    assert [r.get("error") for r in rows] == [None, None]
+    described = sorted(r["params"] for r in rows)
+    assert described[0].startswith("InnerHeuristic(loop_step=1024, max_waste=1.0) (reduction: loop rows 1, tile 1024")
+    assert described[1].startswith("default (reduction: loop rows 1, tile 256"), described
+    assert len(kernels.INNER_HEURISTICS) == len({kernels.heuristic_name(h) for h in kernels.INNER_HEURISTICS})
+    assert len(kernels.OUTER_HEURISTICS) == len({kernels.heuristic_name(h) for h in kernels.OUTER_HEURISTICS})

@@ -10,6 +10,9 @@ The partial is the reduction's producer: when the reduction also reduces axes th
 grid, those are factored out first (``rfactor``), so each program reduces them itself. In the
 finishing launch the grid axes of the reduction are loops. Both launches are ordinary kernels of
 the code generator; ``split_at_grid_reductions`` returns their fusions in launch order.
+
+A var_mean splits into Welford's partial results (each program's mean, sum of squared deviations and
+count: ``rfactor_var_mean``), which the final launch combines (Chan's combine, in float64).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pyfuser.ir.base import Val
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
+from pyfuser.ir.ops.rfactor import WelfordCombineOp, rfactor_var_mean
 from pyfuser.ir.tensor_view import MemoryType, TensorView
 
 GRID_TYPES = frozenset({ParallelType.grid_x, ParallelType.grid_y, ParallelType.grid_z})
@@ -45,11 +49,7 @@ def _grid_reductions(fusion: Fusion) -> list[TensorView]:
         grid = [i for i in out.get_loop_domain() if i.is_reduction and i.parallel_type in GRID_TYPES]
         if not grid:
             continue
-        if isinstance(expr, VarMeanOp):
-            raise KernelError(f"{out.short_name} axis {out.loop_position(grid[0])} ({grid[0]}) reduces var_mean "
-                              f"across programs ({grid[0].parallel_type.name}); Welford's partial results cannot be "
-                              "finished in a second step here: reduce it on a tile axis or in a loop")
-        if not any(_depends_on(expr.inputs[0], other) for other in found):
+        if not any(_depends_on(e_input, other) for other in found for e_input in expr.inputs):
             found.append(out)
     return found
 
@@ -67,21 +67,30 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
     reductions = _grid_reductions(fusion)
     if not reductions:
         return [KernelPart(fusion, reference)]
-    split: list[tuple[TensorView, TensorView]] = []  # (reduction, its partial results)
+    split: list[tuple[TensorView, list[TensorView]]] = []  # (reduction, its partial results)
     for tv in reductions:
         local = [k for k, i in enumerate(tv.get_loop_domain()) if i.is_reduction and i.parallel_type not in GRID_TYPES]
-        if local:
-            tv.rfactor(local)
-        partial = _partial_of(tv)
-        if any(partial is v for v in fusion.inputs()):
-            _grid_to_loops(tv)  # nothing to compute first: each program reduces its share in a loop
+        if isinstance(tv.definition, VarMeanOp) and not isinstance(tv.definition, WelfordCombineOp):
+            if not local:
+                grid = next(i for i in tv.get_loop_domain() if i.is_reduction and i.parallel_type in GRID_TYPES)
+                raise KernelError(f"{tv.short_name} axis {tv.loop_position(grid)} ({grid}) reduces var_mean across "
+                                  f"programs ({grid.parallel_type.name}) with no axis reduced within a program: "
+                                  "Welford's partial results come from a program's own share (a loop or a tile axis)")
+            partials = list(rfactor_var_mean(tv, local))
         else:
+            if local:
+                tv.rfactor(local)
+            partials = _partials_of(tv)
+            if any(p is v for p in partials for v in fusion.inputs()):
+                _grid_to_loops(tv)  # nothing to compute first: each program reduces its share in a loop
+                continue
+        for partial in partials:
             _check_partial_is_per_program(tv, partial)
-            split.append((tv, partial))
+        split.append((tv, partials))
     if not split:
         return split_at_grid_reductions(fusion, reference, finish)
     # Each launch is a segment's copy: it copies what the launch computes, not the whole fusion twice.
-    originals = [p for _, p in split]
+    originals = [p for _, partials in split for p in partials]
     independent = [o for o in fusion.outputs() if not any(_depends_on(o, tv) for tv, _ in split)]
     memo: dict[int, object] = {}
     first = fusion.clone_segment(fusion.inputs_read_by([*originals, *independent]), [*originals, *independent], memo)
@@ -93,11 +102,11 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
     owners = [[tv for tv, _ in split if _depends_on(o, tv)] for o in rest]
     if finish is not None and all(len(owner) == 1 for owner in owners):
         # Each final step on its own, scheduled afresh for its shape.
-        for tv, partial in split:
+        for tv, partials in split:
             mine = [o for o, owner in zip(rest, owners, strict=True) if owner[0] is tv]
-            parts.extend(_final_step(fusion, mine, [partial], _fresh_schedule(finish, tv, reference)))
+            parts.extend(_final_step(fusion, mine, partials, _fresh_schedule(finish, tv, reference)))
         return parts
-    return [*parts, *_final_step(fusion, rest, [p for _, p in split],
+    return [*parts, *_final_step(fusion, rest, originals,
                                  lambda f, m: _keep_schedule(f, m, [tv for tv, _ in split], reference))]
 
 
@@ -112,13 +121,14 @@ def _fresh_schedule(finish: FinishStep, reduction: TensorView, reference: Tensor
     return schedule
 
 
-def _partial_of(tv: TensorView) -> TensorView:
-    """The tensor grid reduction ``tv`` reduces: its partial results per program."""
+def _partials_of(tv: TensorView) -> list[TensorView]:
+    """The tensors grid reduction ``tv`` reduces: its partial results per program (one for a reduction;
+    a var_mean rfactored by hand combines three: mean, squared deviations, count)."""
     expr = tv.definition
-    partial = expr.inputs[0] if expr is not None else None
-    if not isinstance(partial, TensorView):
+    partials = expr.tensor_inputs if expr is not None else []
+    if not partials:
         raise KernelError(f"{tv.short_name} is a grid reduction without a tensor operand ({expr})")
-    return partial
+    return partials
 
 
 def _copy_of(memo: dict[int, object], tv: TensorView) -> TensorView:
@@ -160,7 +170,9 @@ def _keep_schedule(fusion: Fusion, memo: dict[int, object], reductions: list[Ten
                    reference: TensorView) -> TensorView:
     """The user's schedule of the final step, its reductions' grid axes turned into loops."""
     for tv in reductions:
-        _grid_to_loops(_copy_of(memo, tv))
+        for sibling in tv.definition.tensor_outputs if tv.definition is not None else [tv]:
+            if id(sibling) in memo:
+                _grid_to_loops(_copy_of(memo, sibling))
     outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
     mapped = memo.get(id(reference))
     kept = [t for t in fusion.tensors() if t is mapped]
@@ -212,10 +224,13 @@ def _check_partial_is_per_program(tv: TensorView, partial: TensorView) -> None:
 
 
 def _depends_on(val: Val, tv: TensorView) -> bool:
+    """Whether ``val`` is computed from ``tv`` or from an output of ``tv``'s definition (a var_mean's
+    mean is computed where its variance is)."""
+    targets = {id(o) for o in tv.definition.outputs} if tv.definition is not None else {id(tv)}
     stack, seen = [val], set()
     while stack:
         v = stack.pop()
-        if v is tv:
+        if id(v) in targets:
             return True
         if id(v) in seen or v.definition is None:
             continue

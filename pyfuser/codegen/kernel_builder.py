@@ -323,8 +323,8 @@ class KernelBuilder(ValueLowering):
                     known[id(t.outer)] = code.assign("ix", f"{out} // {inner_extent}")
                     known[id(t.inner)] = code.assign("ix", f"{out} % {inner_extent}")
                 bounded[id(t.outer)], bounded[id(t.inner)] = bounded[id(t.out)], True
-                merged[id(t.out)] = (*merged.get(id(t.outer), (id(t.outer),)), *merged.get(id(t.inner), (id(t.inner),)))
-                result.groups.append((merged[id(t.out)], out))
+                merged[id(t.out)] = (id(t.outer), id(t.inner))
+                result.groups.append(((id(t.out),), out))
         for pos, i in enumerate(start):
             if id(i) not in known:
                 if i.is_broadcast or (i.is_reduction and kept_reduction):
@@ -334,7 +334,14 @@ class KernelBuilder(ValueLowering):
                                       "in the kernel's loop nest")
         result.of = known
         logical_ids = {id(i) for i in start}
-        result.groups = [(g, e) for g, e in result.groups if all(k in logical_ids for k in g)]
+        # The walk meets a nest of merges outermost first: each group is expanded into the logical IDs
+        # under it once all are known, so ((d0, d1), d2) is one group, which a dense tensor indexes
+        # linearly (one stride, contiguous along the tile: vectorized loads).
+        def logical_of(k: int) -> tuple[int, ...]:
+            return tuple(j for c in merged[k] for j in logical_of(c)) if k in merged else (k,)
+
+        groups = [(logical_of(g[0]), e) for g, e in result.groups]
+        result.groups = [(g, e) for g, e in groups if all(k in logical_ids for k in g)]
         return result
 
     def _divides(self, split: Split) -> bool:

@@ -60,6 +60,7 @@ from pyfuser.ir.ops import (
     VarMeanOp,
 )
 from pyfuser.ir.ops.promotion import result_dtype
+from pyfuser.ir.ops.rfactor import WelfordCombineOp, WelfordPartialOp
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
 
@@ -537,14 +538,15 @@ class ValueLowering:
                            if not i.is_broadcast and not i.is_reduction))
         if self.code.recall(key) is not None:
             return None
-        # var_mean accumulates in float32, or float64 for double data (the output's precision)
-        acc_dtype = (DataType.Double if out.dtype is DataType.Double else DataType.Float) \
-            if isinstance(expr, VarMeanOp) else accumulator_dtype(out.dtype)
+        # var_mean accumulates in float32, or float64 for double data (the output's precision); the
+        # combine of programs' partial results in float64 (few values, counts beyond float32's integers)
+        acc_dtype = (DataType.Double if out.dtype is DataType.Double or isinstance(expr, WelfordCombineOp)
+                     else DataType.Float) if isinstance(expr, VarMeanOp) else accumulator_dtype(out.dtype)
         welford = isinstance(expr, VarMeanOp)
         looped = any(i.is_reduction and i.parallel_type is ParallelType.serial for i in out.get_loop_domain())
         # var_mean over tile axes only (the row on chip): passes over registers; Welford's update is
-        # for rows read in a loop.
-        on_chip = welford and not looped
+        # for rows read in a loop, and combines partial results (counted) wherever they are read.
+        on_chip = welford and not looped and not isinstance(expr, WelfordCombineOp)
         compensated = looped and isinstance(expr, ReductionOp) and acc_dtype.is_floating and \
             expr.kind in (ReductionOpType.sum, ReductionOpType.mean)
         count = 2 if on_chip or compensated else 4 if welford else 1
@@ -591,6 +593,17 @@ class ValueLowering:
             # ``+ values``: a value the same for every lane (a constant) still fills the tile
             code.emit(f"{values} = tl.where({mask}, {value}, 0.0)" if mask else f"{values} = {values} + {value}")
             code.emit(f"{valid} = tl.where({mask}, 1.0, 0.0)" if mask else f"{valid} = {valid} + 1.0")
+        elif isinstance(expr, WelfordCombineOp):
+            shift, mean, m2, count = names
+            avg_p, m2_p, n_p = (self.convert(self.value(p, self.producer_indices(expr, p, indices)), p.dtype, acc_dtype)
+                                for p in expr.tensor_inputs)
+            mask = code.mask(acc.axes, uses=f"{avg_p} {m2_p} {n_p} {own}")
+            # a partial of no elements (or a lane past the end) takes no part: count 0, its mean not read
+            n_b = code.assign("d", f"tl.where({mask}, {n_p}, 0.0)" if mask else n_p, cse=False)
+            avg_b = code.assign("d", f"tl.where({n_b} > 0, {avg_p}, 0.0)", cse=False)
+            m2_b = code.assign("d", f"tl.where({n_b} > 0, {m2_p}, 0.0)", cse=False)
+            code.emit(f"{shift}, {mean}, {m2}, {count} = _welford_combine({shift}, {mean}, {m2}, {count}, {avg_b}, "
+                      f"{avg_b} * 0.0, {m2_b}, {n_b})")
         elif welford:
             shift, mean, m2, count = names
             valid = mask or "True"
@@ -633,6 +646,9 @@ class ValueLowering:
             total = code.assign("s", values, cse=False)
             self._sum_over(total, axes)
             count = " * ".join(int_expr(self.extent(i)) for i in out.get_logical_domain() if i.is_reduction) or "1"
+            if isinstance(expr, WelfordPartialOp):  # a program's share: its elements counted, not the extents
+                count = code.assign("s", valid, cse=False)
+                self._sum_over(count, axes)
             first = code.assign("v", f"{total} / ({count})", cse=False)
             # The deviations from the first mean are exact for data near it; their sum corrects the
             # mean (the first one rounds the row's total, large for data far from 0), their squares
@@ -645,11 +661,16 @@ class ValueLowering:
             m2 = code.assign("d", f"{square} - {deviation} * {deviation} / ({count})", cse=False)
             code.emit(f"{m2} = tl.where({m2} < 0, 0.0, {m2})")  # rounding below 0; NaN stays
             correction = expr.correction
-            # torch divides by max(0, n - correction): 0 / 0 is NaN, never a negative count
-            var = code.assign("v", f"{m2} / tl.maximum(({count}) - {correction}, 0)" if correction else
-                              f"{m2} / ({count})", cse=False)
-            results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
-                       self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
+            if isinstance(expr, WelfordPartialOp):
+                mean = code.assign("v", f"tl.where(({count}) > 0, {mean}, 0.0)", cse=False)
+                results = [self.convert(v, acc_dtype, compute_dtype(tv.dtype))
+                           for v, tv in zip((mean, m2, f"({count}) * 1.0"), expr.tensor_outputs, strict=True)]
+            else:
+                # torch divides by max(0, n - correction): 0 / 0 is NaN, never a negative count
+                var = code.assign("v", f"{m2} / tl.maximum(({count}) - {correction}, 0)" if correction else
+                                  f"{m2} / ({count})", cse=False)
+                results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
+                           self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         elif isinstance(expr, VarMeanOp):
             # The lanes' partial results combine in float64 (per lane, not per element): the
             # combine's rounding, at each level of the tree, does not add up over the lanes.
@@ -664,12 +685,17 @@ class ValueLowering:
             for name in names:
                 code.reduced(name, axes)
             correction = expr.correction
-            var = code.assign("v", f"{m2} / tl.maximum({count} - {correction}, 0.0)" if correction else f"{m2} / {count}",
-                              cse=False)
-            # the mean of no elements is 0 / 0 (NaN), not the accumulator's initial 0
-            mean = code.assign("v", f"tl.where({count} > 0, {shift} + {mean}, {NAN})", cse=False)
-            results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
-                       self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
+            if isinstance(expr, WelfordPartialOp):  # a program's share, maybe empty: mean 0, count 0
+                mean = code.assign("v", f"tl.where({count} > 0, {shift} + {mean}, 0.0)", cse=False)
+                results = [self.convert(v, acc_dtype, compute_dtype(tv.dtype))
+                           for v, tv in zip((mean, m2, count), expr.tensor_outputs, strict=True)]
+            else:
+                var = code.assign("v", f"{m2} / tl.maximum({count} - {correction}, 0.0)" if correction else
+                                  f"{m2} / {count}", cse=False)
+                # the mean of no elements is 0 / 0 (NaN), not the accumulator's initial 0
+                mean = code.assign("v", f"tl.where({count} > 0, {shift} + {mean}, {NAN})", cse=False)
+                results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
+                           self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         else:
             kind = expr.kind
             value = names[0]

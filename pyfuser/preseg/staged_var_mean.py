@@ -1,30 +1,57 @@
-"""Staged ``var_mean``: a mean and variance over several axes that a reduction kernel cannot read well
-in one pass are computed in two stages, first over all the reduced axes but the outermost in memory,
-then over that one.
+"""Staged ``var_mean``: a mean and variance over reduced axes that a kept axis separates in memory are
+computed in two stages, first over all the reduced axes but the outermost in memory, then over that one.
 
-Welford's partial results are not combined across programs (``codegen/grid_reduction.py``), so a
-one-stage ``var_mean`` runs one program per kept element. Batch-norm statistics (``var_mean`` over
-N, H, W of [N, C, H, W]) then get C programs: for NCHW each loops over N*H*W elements that are not
-contiguous (an index divided and wrapped per element), for channels-last they are an outer reduction
-whose C contiguous channels fill two programs. Reducing H, W first keeps N*C programs on contiguous
-rows (NCHW) or N*C / tile programs (channels-last); the second stage reduces N partial results.
+Batch-norm statistics of NCHW activations (``var_mean`` over N, H, W of [N, C, H, W]) in one stage are a
+reduction whose elements are not contiguous (an index divided and wrapped per element, C apart).
+Reducing H, W first keeps N*C programs on contiguous rows; the second stage reduces N partial results.
+Reduced axes that are together in memory need no stages: innermost, whole rows; outermost (channels-last
+statistics: N*H*W rows of C contiguous channels), an outer reduction split across programs (Welford's
+partial results per program, combined by a second launch: ``codegen/grid_reduction.py``), unless a
+normalization reads the results back (batch-norm's forward), which is not split: then H, W first gives
+the first stage N*C columns.
 
 Every partial of the first stage covers the same number of elements (the product of the other
 reduced extents), so the second stage is exact algebra, not a heuristic: the mean is the mean of the
 partial means and the (biased) variance is the mean of the partial variances plus the variance of the
 partial means (the law of total variance with equal weights), both stable in floating point.
+
+The second stage is one normalization kernel over the partials: the mean of the partial means, read
+back to take each partial mean's deviation from it, and the mean of the partial variances plus those
+squared deviations. A ``var_mean`` of the partial means beside a mean of the partial variances would be
+two kernels: they reduce tensors whose axes only a fusion input relates.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, IterType
-from pyfuser.ir.ops import BinaryOp, BinaryOpType, ReductionOp, ReductionOpType, VarMeanOp
+from pyfuser.ir.ops import BinaryOp, BinaryOpType, BroadcastOp, ReductionOp, ReductionOpType, VarMeanOp
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions
+
+#: Whether an outer var_mean (channels-last statistics) is staged even where nothing reads its results
+#: back: H, W first (N*C columns), then N. Off: one var_mean split across programs (N*H*W rows, C
+#: columns: Welford's partials, one combine), which reads the same contiguous rows in one launch fewer.
+#: ``benchmarks/kernels.py --sweep`` times both (``stage_outer_var_means``).
+_STAGE_OUTER = [False]
+
+
+@contextmanager
+def stage_outer_var_means(staged: bool) -> Iterator[bool]:
+    """Stage outer var_means (``staged``) or split them across programs inside the block (fusions compiled
+    there keep it)."""
+    _STAGE_OUTER.append(staged)
+    try:
+        yield staged
+    finally:
+        _STAGE_OUTER.pop()
+
 
 #: Exact in these dtypes' own arithmetic (the kernels accumulate them at their own precision); a
 #: half-precision var_mean rounds each stage's results, so it keeps one stage.
@@ -48,8 +75,9 @@ def stage_var_means(fusion: Fusion, options: CompileOptions) -> None:
 def staged_axes(expr: VarMeanOp, order: list[IterDomain]) -> tuple[int, list[int]] | None:
     """``(outer, inner)``: the reduced axis the second stage reduces and those the first does, or None
     to keep one stage: one reduced axis, a reduction of every axis, a correction (unbiased variance:
-    the stages combine biased ones), half-precision data, or reduced axes that are contiguous and
-    innermost in memory (a plain inner reduction of whole rows, which a kernel reads well)."""
+    the stages combine biased ones), half-precision data, or reduced axes together in memory (whole
+    rows innermost, or an outer reduction, which splits across programs, unless its results are
+    broadcast back to a normalization or ``stage_outer_var_means`` asks for stages)."""
     x = expr.tensor_inputs[0]
     fusion = x.fusion
     logical = x.get_logical_domain(no_reductions=True)
@@ -66,32 +94,64 @@ def staged_axes(expr: VarMeanOp, order: list[IterDomain]) -> tuple[int, list[int
     places = [k for k, a in enumerate(memory) if a in reduced]
     gap = places[-1] - places[0] + 1 != len(places)  # a kept axis lies between reduced ones
     outer = memory[-1] not in reduced  # the innermost axis is kept: an outer reduction
-    if not (gap or outer):
+    if not (gap or (outer and (_STAGE_OUTER[-1] or _broadcast_back(expr)))):
         return None
     first = memory[places[0]]
     return first, [a for a in expr.axes if a != first]
 
 
-def _tensor(fusion: Fusion, source: TensorView, reduced: list[int], dtype: DataType) -> TensorView:
-    """A new tensor over ``source``'s axes, those at ``reduced`` reduction axes."""
-    ids = [IterDomain(fusion, i.extent, IterType.Reduction if k in reduced else
+def _broadcast_back(expr: VarMeanOp) -> bool:
+    """Whether a result of ``expr`` is broadcast back (a normalization reads it over the axes it
+    reduces: batch-norm's forward). A normalization is not split across programs: one outer
+    normalization over channels-last activations would have C / column-block programs."""
+    stack = [use for out in expr.outputs for use in out.uses]
+    seen: set[int] = set()
+    while stack:
+        use = stack.pop()
+        if id(use) in seen:
+            continue
+        seen.add(id(use))
+        if isinstance(use, BroadcastOp):
+            return True
+        stack.extend(u for out in use.outputs for u in out.uses)
+    return False
+
+
+def _tensor(fusion: Fusion, source: TensorView, reduced: list[int], dtype: DataType,
+            broadcast: Sequence[int] = ()) -> TensorView:
+    """A new tensor over ``source``'s axes, those at ``reduced`` reduction axes and those at
+    ``broadcast`` size-1 broadcast axes."""
+    ids = [IterDomain(fusion, 1, IterType.Broadcast) if k in broadcast else
+           IterDomain(fusion, i.extent, IterType.Reduction if k in reduced else
                       IterType.Broadcast if i.is_broadcast else IterType.Iteration)
            for k, i in enumerate(source.get_logical_domain(no_reductions=True))]
     return TensorView(fusion, TensorDomain(ids), dtype)
 
 
 def _stage(fusion: Fusion, expr: VarMeanOp, outer: int, inner: list[int]) -> None:
+    """The first stage's partials, then the second stage as one normalization over them: the mean of
+    the partial means, broadcast back, and the mean of each partial's variance plus its mean's squared
+    deviation from it (two passes over the partials, so a mean far from 0 costs no precision). Both
+    reductions read tensors of one space, so the second stage is one kernel."""
     x = expr.tensor_inputs[0]
     var, mean = expr.tensor_outputs
     part_var, part_mean = _tensor(fusion, x, inner, var.dtype), _tensor(fusion, x, inner, mean.dtype)
     VarMeanOp(fusion, part_var, part_mean, x, inner, 0)
     axis = outer - sum(a < outer for a in inner)  # the outer axis among the partials' axes
-    spread, new_mean = _tensor(fusion, part_mean, [axis], var.dtype), _tensor(fusion, part_mean, [axis], mean.dtype)
-    VarMeanOp(fusion, spread, new_mean, part_mean, [axis], 0)
-    within = _tensor(fusion, part_var, [axis], var.dtype)
-    ReductionOp(fusion, ReductionOpType.mean, within, part_var, [axis])
-    new_var = _tensor(fusion, spread, [], var.dtype)
-    BinaryOp(fusion, BinaryOpType.add, new_var, within, spread)
+    new_mean = _tensor(fusion, part_mean, [axis], mean.dtype)
+    ReductionOp(fusion, ReductionOpType.mean, new_mean, part_mean, [axis])
+    rank = len(part_mean.get_logical_domain(no_reductions=True))
+    flags = [k == axis for k in range(rank)]
+    center = _tensor(fusion, part_mean, [], mean.dtype, broadcast=[axis])
+    BroadcastOp(fusion, center, new_mean, flags)
+    deviation = _tensor(fusion, part_mean, [], var.dtype)
+    BinaryOp(fusion, BinaryOpType.sub, deviation, part_mean, center)
+    square = _tensor(fusion, part_mean, [], var.dtype)
+    BinaryOp(fusion, BinaryOpType.mul, square, deviation, deviation)
+    spread = _tensor(fusion, part_var, [], var.dtype)
+    BinaryOp(fusion, BinaryOpType.add, spread, part_var, square)
+    new_var = _tensor(fusion, spread, [axis], var.dtype)
+    ReductionOp(fusion, ReductionOpType.mean, new_var, spread, [axis])
     x.uses[:] = [e for e in x.uses if e is not expr]
     for old, new in ((var, new_var), (mean, new_mean)):
         for use in list(old.uses):

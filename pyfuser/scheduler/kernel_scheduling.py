@@ -42,10 +42,11 @@ def size_bucket(reduced: int, kept: int) -> Bucket:
     return next_power_of_2(max(1, reduced)), min(next_power_of_2(max(1, kept)), KEPT_CAP)
 
 
-def final_step(machine: Machine) -> FinishStep:
+def final_step(machine: Machine, kept: int | None = None) -> FinishStep:
     """How the code generator schedules a grid reduction's final step on ``machine``: the reduction
-    scheduler's rule, for a scheduler's schedule (``fd.execute``'s, and ``manual_execute`` given one)."""
-    return lambda fusion: schedule_final_step(fusion, machine)
+    scheduler's rule, for a scheduler's schedule (``fd.execute``'s, and ``manual_execute`` given one);
+    ``kept``: the first launch's kept extent, which the final step's columns are sized by."""
+    return lambda fusion: schedule_final_step(fusion, machine, kept)
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,12 @@ class KernelScheduling:
     def schedule(self, fusion: Fusion, params: KernelParams) -> None:
         self.scheduler.schedule(fusion, params)
 
-    @property
-    def finish(self) -> FinishStep:
-        """The schedule of a grid reduction's final step."""
-        return final_step(self.machine)
+    def finish(self, bucket: Bucket | None) -> FinishStep:
+        """The schedule of a grid reduction's final step for a bucket's sizes: a plain reduction split
+        across programs keeps its kept axes there, sized by the bucket's kept extent (a normalization's
+        final step reduces across its rows instead: its kept extent is not the first launch's)."""
+        kept = bucket[1] if bucket is not None and self.scheduler.type is SchedulerType.reduction else None
+        return final_step(self.machine, kept)
 
 
 def _symbols(e: SymExpr) -> set[str]:

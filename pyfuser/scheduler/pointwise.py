@@ -82,8 +82,8 @@ def schedule(fusion: Fusion, params: PointwiseParams) -> None:
         return
     if params.break_point:
         outer, inner = params.block
-        merge_range(ref, params.break_point, n)
-        merge_range(ref, 0, params.break_point)
+        merge_inner_first(ref, params.break_point, n)
+        merge_inner_first(ref, 0, params.break_point)
         ref.split(1, inner)
         ref.split(0, outer)
         ref.reorder({1: 2, 2: 1})  # [O/outer, I/inner, outer, inner]
@@ -92,7 +92,7 @@ def schedule(fusion: Fusion, params: PointwiseParams) -> None:
         ref.axis(2).parallelize(ParallelType.block_y)
         ref.axis(3).parallelize(ParallelType.block_x)
     else:
-        merge_range(ref, 0, n)
+        merge_inner_first(ref, 0, n)
         ref.split(0, params.block[0])
         ref.axis(0).parallelize(ParallelType.grid_x)
         ref.axis(1).parallelize(ParallelType.block_x)
@@ -134,6 +134,15 @@ def merge_range(tv: TensorView, start: int, stop: int) -> None:
     """Merge loop axes ``[start, stop)`` into one at ``start`` (a 0-dim tensor gets one axis of 1)."""
     for _ in range(stop - start - 1):
         tv.merge(start, start + 1)
+
+
+def merge_inner_first(tv: TensorView, start: int, stop: int) -> None:
+    """Merge loop axes ``[start, stop)`` into one at ``start``, the innermost ones first: each inner
+    group (d1, d2) of (d0, (d1, d2)) is a merged index of its own, so an input broadcast along the
+    outer axes (a mask ``[1, S, S]`` shared by the batch) is read at one contiguous index, the flat
+    index modulo its extent, instead of a stride per axis (not contiguous to Triton)."""
+    for k in range(stop - 2, start - 1, -1):
+        tv.merge(k, k + 1)
 
 
 def propagate(ref: TensorView) -> None:

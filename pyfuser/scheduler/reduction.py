@@ -14,16 +14,16 @@ from pyfuser.scheduler.reduction_schedule import (
     ReductionParams,
     checked_analysis,
     element_bytes,
+    final_params,
     inner_params,
     outer_params,
+    reduction_inner_params,
     schedule_segment,
     size_hints,
     streamed_bytes,
-    warps_for,
 )
 from pyfuser.scheduler.registry import FusionLike, Machine, Scheduler, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import reset_schedule
-from pyfuser.utils import next_power_of_2
 
 KINDS = (NormalizationKind.reduction,)
 #: Elements a program of a grid reduction's final step reads at once.
@@ -42,21 +42,23 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
 def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ReductionParams:
     analysis = checked_analysis(fusion, KINDS)
     hints = size_hints(fusion, analysis, inputs)
-    # Welford's partial results are not finished across programs: var_mean is never split.
-    splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())
+    # A var_mean splits too: Welford's partial results per program, combined by the second launch.
+    welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     if analysis.inner:
-        return inner_params(SchedulerType.reduction, analysis.reference, hints, splittable)
-    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, splittable, streamed_bytes(fusion))
+        return reduction_inner_params(analysis.reference, hints, True, welford)
+    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, True, streamed_bytes(fusion),
+                        welford)
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:
     schedule_segment(fusion, params, KINDS)
 
 
-def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView | None:
+def schedule_final_step(fusion: Fusion, machine: Machine, kept: int | None = None) -> TensorView | None:
     """Schedule the second launch of a grid reduction afresh: it reduces the programs' partial
-    results (and computes what follows), never split again. Returns the kernel's reference; None
-    (the fusion untouched) where the launch is no plain reduction: a split normalization's next
+    results (and computes what follows), never split again; ``kept``: the first launch's kept extent
+    (its size bucket), which the final step's columns are sized by. Returns the kernel's reference;
+    None (the fusion untouched) where the launch is no plain reduction: a split normalization's next
     launch, which keeps its split schedule (reading its share of the row again)."""
     analysis, _ = analyze(fusion)
     if analysis is None or analysis.kind not in KINDS:
@@ -64,19 +66,13 @@ def schedule_final_step(fusion: Fusion, machine: Machine) -> TensorView | None:
     reset_schedule(fusion)
     analysis = checked_analysis(fusion, KINDS)
     reduced, _ = analysis.extents()
-    hints = SizeHints(reduced.value, None, machine)
     if analysis.inner:
-        params = inner_params(SchedulerType.reduction, analysis.reference, hints, False)
-    elif reduced.value is not None and next_power_of_2(reduced.value) * 32 <= FINAL_TILE:
-        # One partial row per program of the first launch (132 on an H200): all of them in one tile of
-        # FINAL_TILE elements (132 rows: 32 columns, whole 128-byte lines of float32), so each program
-        # issues all its loads at once. The seed003 case's final step had 32 programs loop over [32, 128] tiles.
-        rows = next_power_of_2(reduced.value)
-        columns = min(32 * max(1, 16 // element_bytes(fusion)), FINAL_TILE // rows)
-        params = ReductionParams(SchedulerType.reduction, analysis.reference.name, "outer", tile=columns,
-                                 num_warps=warps_for(rows * columns))
+        params = inner_params(SchedulerType.reduction, analysis.reference, SizeHints(reduced.value, None, machine),
+                              False)
     else:
-        params = outer_params(SchedulerType.reduction, analysis.reference, hints, False, False, element_bytes(fusion))
+        welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
+        params = final_params(analysis.reference, reduced.value, kept, machine, element_bytes(fusion), FINAL_TILE,
+                              welford)
     schedule_segment(fusion, params, KINDS)
     return analysis.reference
 

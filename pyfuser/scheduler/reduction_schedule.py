@@ -18,7 +18,8 @@ On-chip caches of the inputs get an allocation derived from their loop domain (d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,37 +180,210 @@ def inner_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     return ReductionParams(scheduler_type, ref.name, "loop", tile=step, num_warps=warps_for(step))
 
 
+@dataclass(frozen=True)
+class InnerHeuristic:
+    """The knobs ``reduction_inner_params`` sizes plain reductions of rows innermost in memory by (a sum,
+    max or mean of each row: nothing reads the row again, so keeping it on chip buys nothing), in one
+    object that ``benchmarks/kernels.py --sweep`` varies (``inner_heuristic``).
+
+    The kernel is compiled per size bucket (the next power of two of the row): a row whole as one tile
+    has up to half its lanes masked off in its bucket (11008 in a tile of 16384: a third). Rows of at most
+    ``max_tile`` elements are one tile (``rows_tile`` elements per program, at most ``max_rows`` rows,
+    fewer where the rows give fewer than ``waves`` programs per SM); longer ones loop in steps of at most
+    ``loop_step`` elements (0: the machine's ``loop_tile`` times ``LOOP_STEP_TILES``), short enough that
+    the steps past a row's end waste at most ``max_waste`` of any row in the bucket (Inductor loops every
+    row longer than 1024 of a plain reduction). A few long rows split across programs (each at least
+    ``min_steps`` steps) where the rows give fewer than ``waves`` programs per SM. ``loop_warps``: the
+    loop's warps (0: about 32 elements per thread). ``max_tile`` 16384: the best of a sweep on one H100,
+    amax bf16 4097 x 11008 one tile 2115 GB/s against 1854 looped in steps of 2048 (``max_tile`` 4096)
+    and 2061 in steps of 8192 (``benchmarks/results/kernels_notes.md``)."""
+
+    max_tile: int = 16384
+    rows_tile: int = ROWS_TILE
+    max_rows: int = 64
+    waves: int = WAVES
+    loop_step: int = 0
+    max_waste: float = 0.25
+    min_steps: int = 4
+    loop_warps: int = 0
+
+
+#: The heuristic ``reduction_inner_params`` reads (replaced only by ``inner_heuristic``).
+_INNER = [InnerHeuristic()]
+
+
+@contextmanager
+def inner_heuristic(heuristic: InnerHeuristic) -> Iterator[InnerHeuristic]:
+    """Size plain inner reductions by ``heuristic`` inside the block (kernels compiled there keep it)."""
+    _INNER.append(heuristic)
+    try:
+        yield heuristic
+    finally:
+        _INNER.pop()
+
+
+def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, welford: bool = False,
+                           ) -> ReductionParams:
+    """A plain reduction of rows (``InnerHeuristic``): whole rows as one tile, a loop, or a split loop. A
+    var_mean's rows are one tile up to the machine's persistent size: on chip, two passes over registers
+    (no division per element, as Welford's update in a loop has)."""
+    m, h = hints.machine, _INNER[-1]
+    reduced, kept = hints.reduced, hints.kept
+    kind = SchedulerType.reduction
+    max_tile = m.max_persistent if welford else min(h.max_tile, m.max_persistent)
+    if reduced is not None and next_power_of_2(reduced) <= max_tile:
+        width = next_power_of_2(max(reduced, 1))
+        rows = max(1, min(h.rows_tile // width, h.max_rows))
+        if kept is not None:
+            while rows > 1 and -(-kept // rows) < h.waves * m.sm_count:
+                rows //= 2
+        return ReductionParams(kind, ref.name, "tile", rows=rows, num_warps=warps_for(rows * width))
+    longest = step = h.loop_step or m.loop_tile * LOOP_STEP_TILES
+    if reduced is not None:
+        # a row of the bucket (next_power_of_2(reduced) / 2, next_power_of_2(reduced)] wastes less than
+        # 2 * step / bucket of its reads past its end
+        step = min(step, max(256, next_power_of_2(int(next_power_of_2(reduced) * h.max_waste / 2) or 1)))
+    warps = h.loop_warps or warps_for(step)
+    if splittable and reduced is not None and kept is not None and kept < h.waves * m.sm_count:
+        # programs of at least ``min_steps`` of the longest steps each (shorter steps, for less waste,
+        # do not make rows split sooner)
+        split = min(-(-h.waves * m.sm_count // max(kept, 1)), max(1, reduced // (h.min_steps * longest)))
+        if split >= 2:
+            return ReductionParams(kind, ref.name, "split", tile=step, split=split, num_warps=warps)
+    return ReductionParams(kind, ref.name, "loop", tile=step, num_warps=warps)
+
+
 #: The narrowest column block of an outer reduction (elements of the kept axis per program).
 MIN_OUTER_TILE = 32
 
 
+@dataclass(frozen=True)
+class OuterHeuristic:
+    """The knobs ``outer_params`` sizes outer reductions and normalizations by (and ``final_params`` the
+    last launch of a reduction split across programs), in one object so that ``benchmarks/kernels.py
+    --sweep`` can time whole fusions (every outer segment, channels-last batch-norm statistics among
+    them) under variants of it (``outer_heuristic``).
+
+    A program reads a block of ``column_bytes`` of the kept (innermost) axis per row, ``step_bytes``
+    per loop step (rows of the block, pipelined ``stages`` deep). Where the kept axis gives fewer than
+    ``waves`` programs per SM:
+
+    * a plain reduction first narrows its block, down to ``narrow_bytes`` (whole 128-byte lines), if
+      that alone gives every SM a program (no second launch: the permuted mean of 16384 columns, 256
+      programs of 64 bf16 columns, as Inductor runs it); else it keeps the wide block and splits the
+      reduced axis across programs (a grid reduction, each program at least ``min_steps`` loop steps);
+    * a var_mean splits the same way, into ``welford_waves`` programs per SM of ``welford_step_bytes``
+      steps: Welford's four accumulators per element (and a division) make its per-thread share
+      costly, so its steps are small (``welford_elements`` per thread); 2 programs an SM were the best
+      of a sweep on one H100 (batch-norm statistics, bf16 channels-last 32 x 256 x 56 x 56: 727 GB/s
+      against 551 at 4, 379 at 8, 230 at 16);
+    * a normalization, which cannot split, narrows its block down to ``min_columns`` elements.
+
+    The final step of a split reads the programs' partial results (few rows, all in one tile where
+    they fit) in column blocks narrowed down to ``final_min_columns`` until there are ``final_waves``
+    programs per SM: its data is small and mostly in L2, and a var_mean's combine (float64) is
+    latency-bound, so programs matter more than whole lines there. ``evict_last``: the loads of the
+    split's first step ask L2 to keep their lines."""
+
+    column_bytes: int = 512
+    step_bytes: int = ROWS_TILE * 4
+    waves: int = WAVES
+    min_steps: int = 4
+    min_columns: int = MIN_OUTER_TILE
+    stages: int = LOOP_STAGES
+    narrow_bytes: int = 128
+    welford_step_bytes: int = 4096
+    welford_waves: int = 2
+    welford_elements: int = 8
+    final_waves: int = 1
+    final_min_columns: int = 4
+    evict_last: bool = True
+
+
+#: The heuristic ``outer_params`` reads (replaced only by ``outer_heuristic``).
+_OUTER = [OuterHeuristic()]
+
+
+@contextmanager
+def outer_heuristic(heuristic: OuterHeuristic) -> Iterator[OuterHeuristic]:
+    """Size outer reductions by ``heuristic`` inside the block (kernels compiled there keep it)."""
+    _OUTER.append(heuristic)
+    try:
+        yield heuristic
+    finally:
+        _OUTER.pop()
+
+
 def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHints, persistent: bool,
-                 splittable: bool, bytes_per_element: int) -> ReductionParams:
+                 splittable: bool, bytes_per_element: int, welford: bool = False) -> ReductionParams:
     m = hints.machine
+    h = _OUTER[-1]
     reduced, kept = hints.reduced, hints.kept
-    vec = max(1, 16 // bytes_per_element)
-    inner = min(32 * vec, next_power_of_2(kept)) if kept is not None else 32 * vec
-    if not splittable and kept is not None:
-        # Without a split (a normalization, a var_mean, a grid reduction's final step), programs come
-        # from the kept axis only: narrower column blocks (down to a warp's width, whole 32-byte
-        # sectors of 16-bit data) before too few programs. Whisper's layer norms over channels stored
-        # outermost (1024 x 12000 bf16) ran on 47 programs of 256 columns.
-        while inner > MIN_OUTER_TILE and -(-kept // inner) < WAVES * m.sm_count:
+    # Whole 16-byte vectors per lane: 32 lanes of them by default.
+    element = max(bytes_per_element, 1)
+    widest = next_power_of_2(max(1, h.column_bytes // element))
+    inner = min(widest, next_power_of_2(kept)) if kept is not None else widest
+    target = (h.welford_waves if welford else h.waves) * m.sm_count
+    if kept is not None and not splittable:
+        # Without a split (a normalization, a grid reduction's final step), programs come from the
+        # kept axis only: narrower column blocks (down to a warp's width, whole 32-byte sectors of
+        # 16-bit data) before too few programs. Whisper's layer norms over channels stored outermost
+        # (1024 x 12000 bf16) ran on 47 programs of 256 columns.
+        while inner > h.min_columns and -(-kept // inner) < target:
             inner //= 2
+    elif kept is not None and not welford and h.narrow_bytes:
+        narrowed = inner
+        floor = next_power_of_2(max(1, h.narrow_bytes // element))
+        while narrowed > floor and -(-kept // narrowed) < target:
+            narrowed //= 2
+        if -(-kept // narrowed) >= m.sm_count:  # a program for every SM without a second launch
+            inner, splittable = narrowed, False
     if persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent:
         tile = next_power_of_2(max(reduced, 1)) * inner
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))
     split = 1
     # As many bytes per loop step as ``ROWS_TILE`` float32 elements: a step of 16-bit data has twice
     # the rows (the loads in flight, not the elements, keep the memory system busy).
-    rows = max(1, min(ROWS_TILE * 4 // max(bytes_per_element, 1) // inner,
-                      next_power_of_2(reduced) if reduced is not None else 64))
+    step = h.welford_step_bytes if welford else h.step_bytes
+    rows = max(1, min(step // element // inner, next_power_of_2(reduced) if reduced is not None else 64))
     if splittable and reduced is not None and kept is not None:
         programs = -(-kept // inner)
-        if programs < WAVES * m.sm_count:
-            split = max(1, min(-(-WAVES * m.sm_count // programs), reduced // (4 * rows)))
+        if programs < target:
+            split = max(1, min(-(-target // programs), reduced // (h.min_steps * rows)))
+    warps = max(1, min(8, rows * inner // (32 * h.welford_elements))) if welford else warps_for(rows * inner)
     return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
-                           num_warps=warps_for(rows * inner), num_stages=LOOP_STAGES)
+                           num_warps=warps, num_stages=h.stages, evict_last=h.evict_last)
+
+
+def final_params(ref: TensorView, reduced: int | None, kept: int | None, machine: Machine,
+                 bytes_per_element: int, final_tile: int, welford: bool = False) -> ReductionParams:
+    """The last launch of an outer reduction split across programs: the programs' partial results
+    (``reduced`` rows of them) per column. Columns from 128 bytes, narrowed while the kept extent gives
+    fewer than ``final_waves`` programs per SM (channels-last batch-norm statistics: 256 channels, the
+    float64 combine of a var_mean's partials ran on 4 programs); every row in one tile of at most
+    ``final_tile`` elements where they fit, so each program issues all its loads at once (the seed003
+    case's final step had 32 programs loop over [32, 128] tiles), else a loop over steps of rows. A
+    var_mean's combine holds four float64 accumulators and three partials per element: an eighth of
+    the elements per tile (a [2048, 4] tile of them spilled)."""
+    h = _OUTER[-1]
+    budget = final_tile // 8 if welford else final_tile
+    columns = max(h.final_min_columns, 32 * max(1, 16 // max(bytes_per_element, 1)))
+    if kept is not None:
+        columns = min(columns, max(h.final_min_columns, next_power_of_2(kept)))
+        while columns > h.final_min_columns and -(-kept // columns) < h.final_waves * machine.sm_count:
+            columns //= 2
+    def warps(elements: int) -> int:
+        return max(1, min(8, elements // (32 * h.welford_elements))) if welford else warps_for(elements)
+
+    rows = next_power_of_2(reduced) if reduced is not None else None
+    if rows is not None and rows * columns <= budget:
+        return ReductionParams(SchedulerType.reduction, ref.name, "outer", tile=columns, num_warps=warps(rows * columns))
+    columns = min(columns, budget)
+    step = max(1, budget // columns)
+    if rows is not None:
+        step = min(step, rows)
+    return ReductionParams(SchedulerType.reduction, ref.name, "outer", tile=columns, tile_reduced=step,
+                           num_warps=warps(step * columns))
 
 
 # --- schedules ------------------------------------------------------------------------------------------

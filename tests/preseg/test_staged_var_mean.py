@@ -1,6 +1,8 @@
-"""``var_mean`` over axes a kernel cannot read in one well-shaped pass (batch-norm statistics over N, H, W of
-NCHW or channels-last activations) runs in two stages: H, W first (contiguous rows, or an outer reduction
-with N*C columns), then N. Through generated kernels (Triton's interpreter on CPU) against torch."""
+"""``var_mean`` over reduced axes a kept axis separates in memory (batch-norm statistics over N, H, W of NCHW
+activations) runs in two stages, two kernels: H, W first (contiguous rows), then N (one normalization kernel
+over the partials). Channels-last statistics are one outer reduction, split across programs, unless a
+normalization reads them back (batch-norm's forward: staged). Through generated kernels (Triton's
+interpreter on CPU) against torch."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition
+from pyfuser.preseg.staged_var_mean import stage_outer_var_means
 from pyfuser.scheduler import reduction
-from pyfuser.scheduler.reduction_schedule import MIN_OUTER_TILE, WAVES
+from pyfuser.scheduler.reduction_schedule import OuterHeuristic
 from pyfuser.scheduler.registry import Machine, SizeHints
 from tests.codegen.conftest import execute_with_kernels
 
@@ -32,12 +35,18 @@ def _first_stage_dims(fd: FusionDefinition) -> list[str]:
     return [line.split("dims = ")[1].split("}")[0] + "}" for line in ir.splitlines() if "var_mean(" in line]
 
 
+def _kernels(fd: FusionDefinition) -> int:
+    """The kernels the latest execute ran (one ``Inputs:`` block per scheduled segment)."""
+    return sum(line == "Inputs:" for line in fd.last_scheduled_fusion_ir().splitlines())
+
+
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9), (1, 4, 3, 5), (4, 1, 2, 3), (2, 3, 1, 1), (5, 2, 11, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_batchnorm_statistics_run_in_two_stages(layout: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     """Mean and biased variance per channel, with large offsets (the stages must not lose the spread):
-    the first kernel reduces H and W only, the second N."""
+    for NCHW the first kernel's var_mean reduces H and W only, a second kernel N (plain means of the
+    partials); channels-last is one var_mean (an outer reduction)."""
     x = (torch.randn(*shape) * 3 + 100).to(dtype)
     if layout == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
@@ -46,14 +55,13 @@ def test_batchnorm_statistics_run_in_two_stages(layout: str, shape: tuple[int, .
     ref_var, ref_mean = torch.var_mean(x.double(), (0, 2, 3), correction=0)
     torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(var.double(), ref_var, rtol=1e-4, atol=1e-5)
-    # Size-1 axes are no reduction; NCHW stages when a channel lies between N and H, W in memory,
-    # channels-last whenever two axes are reduced (the channels are innermost: an outer reduction).
+    # Size-1 axes are no reduction; NCHW stages when a channel lies between N and H, W in memory.
     real = [a for a in (0, 2, 3) if shape[a] > 1]
-    staged = shape[1] > 1 and len(real) >= 2 and (layout == "channels_last" or 0 in real)
+    staged = shape[1] > 1 and len(real) >= 2 and layout == "nchw" and 0 in real
     first = "{" + ", ".join(str(a) for a in (0, 2, 3) if a != real[0]) + "}" if staged else ""
-    second = real[0] - sum(a < real[0] for a in (0, 2, 3) if a != real[0]) if staged else 0  # among the partials' axes
-    expected = [first, f"{{{second}}}"] if staged else ["{0, 2, 3}"]
+    expected = [first] if staged else ["{0, 2, 3}"]
     assert _first_stage_dims(fd) == expected, fd.last_scheduled_fusion_ir()
+    assert _kernels(fd) == (2 if staged else 1), fd.last_scheduled_fusion_ir()
 
 
 def test_batchnorm_forward_through_the_stages_matches_torch() -> None:
@@ -71,7 +79,8 @@ def test_batchnorm_forward_through_the_stages_matches_torch() -> None:
 
 
 @pytest.mark.parametrize(("shape", "dims", "correction", "cast", "staged"), [
-    ((4, 6, 8), [0, 1], 0, True, True),  # [B, T, D] over B and T: an outer reduction
+    ((4, 6, 8), [0, 1], 0, True, False),  # [B, T, D] over B and T: an outer reduction, split instead
+    ((4, 6, 8), [0, 2], 0, True, True),  # T between the reduced axes in memory
     ((4, 6, 8), [1, 2], 0, True, False),  # a layer norm over the last two axes: whole rows
     ((4, 6, 8), [2], 0, True, False),  # one axis
     ((3, 5, 7, 9), [0, 2, 3], 1, True, False),  # unbiased: the stages combine biased variances
@@ -87,7 +96,7 @@ def test_only_var_means_a_kernel_reads_badly_are_staged(shape: tuple[int, ...], 
     tol = {} if cast else {"rtol": 2e-2, "atol": 2e-2}
     torch.testing.assert_close(mean.float(), ref_mean, **tol)
     torch.testing.assert_close(var.float(), ref_var, **tol)
-    assert (len(_first_stage_dims(fd)) == 2) is staged, fd.last_scheduled_fusion_ir()
+    assert _kernels(fd) == (2 if staged else 1), fd.last_scheduled_fusion_ir()
 
 
 def _outer_var_mean() -> FusionDefinition:
@@ -99,27 +108,41 @@ def _outer_var_mean() -> FusionDefinition:
     return fd
 
 
-@pytest.mark.parametrize("kept", [8192, 1000, 256, 33, 1])
-def test_outer_var_mean_narrows_its_column_blocks_for_programs(kept: int) -> None:
-    """var_mean is not split across programs, so an outer one takes its programs from the kept axis:
-    the first stage of channels-last batch-norm statistics on an H200 (N*C = 32*256 columns of 56*56
-    rows) gets at least two programs per SM, not 64 column blocks of 128."""
-    params = reduction.compute_heuristics(_outer_var_mean().fusion, SizeHints(3136, kept, H200))
-    assert params.split == 1
+@pytest.mark.parametrize(("rows", "kept"), [(100352, 256), (100352, 64), (3136, 8192), (401408, 2048),
+                                            (3267, 127), (65536, 1)])
+def test_outer_var_mean_splits_across_programs(rows: int, kept: int) -> None:
+    """An outer var_mean (channels-last batch-norm statistics: N*H*W rows of C channels on an H200) keeps
+    whole 512-byte column blocks and splits its rows across programs where the channels give too few
+    programs (Welford's partial results, combined by a second launch), into more programs than a column
+    sum (``welford_waves`` per SM) of small steps (``welford_elements`` per thread)."""
+    h = OuterHeuristic()
+    params = reduction.compute_heuristics(_outer_var_mean().fusion, SizeHints(rows, kept, H200))
+    assert params.shape == "outer" and params.tile == min(256, 1 << (kept - 1).bit_length()), params
+    assert params.tile * params.tile_reduced * 2 <= h.welford_step_bytes, params
+    assert params.num_warps * 32 * h.welford_elements in (params.tile * params.tile_reduced, 256 * h.welford_elements)
     programs = -(-kept // params.tile)
-    assert programs >= WAVES * H200.sm_count or params.tile <= MIN_OUTER_TILE, params
-    assert params.tile >= min(MIN_OUTER_TILE, kept), params
-    x = torch.randn(37, max(kept // 64, 1)).to(torch.bfloat16)  # the schedule on odd sizes, through the kernels
-    fd = FusionDefinition()
-    with fd:
-        t = fd.from_pytorch(x)
-        var, mean = fd.ops.var_mean(fd.ops.cast(t, DataType.Float), [0], correction=0)
-        fd.add_output(mean)
-        fd.add_output(var)
-    mean_out, var_out = execute_with_kernels(fd, [x])
-    ref_var, ref_mean = torch.var_mean(x.float(), 0, correction=0)
-    torch.testing.assert_close(mean_out, ref_mean)
-    torch.testing.assert_close(var_out, ref_var)
+    target = h.welford_waves * H200.sm_count
+    if programs >= target:
+        assert params.split == 1, params
+    else:
+        assert params.split == min(-(-target // programs), rows // (4 * params.tile_reduced)), params
+        assert params.split >= 2 or rows < 8 * params.tile_reduced, params
+
+
+def test_channels_last_batchnorm_forward_is_staged() -> None:
+    """A normalization reading channels-last statistics back is not split across programs: its var_mean
+    is staged (H, W first: N*C columns), then the partials' kernel, then the normalization."""
+    x = (torch.randn(3, 7, 5, 4) * 2 + 30).contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(7), torch.randn(7)
+    with FusionDefinition() as fd:
+        tx, tw, tb = fd.from_pytorch(x), fd.from_pytorch(w), fd.from_pytorch(b)
+        var, mean = fd.ops.var_mean(tx, [0, 2, 3], correction=0, keepdim=True)
+        y = fd.ops.mul(fd.ops.sub(tx, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+        flags = [True, False, True, True]
+        fd.add_output(fd.ops.add(fd.ops.mul(y, fd.ops.broadcast(tw, flags)), fd.ops.broadcast(tb, flags)))
+    (out,) = execute_with_kernels(fd, [x, w, b])
+    torch.testing.assert_close(out, F.batch_norm(x, None, None, w, b, training=True, eps=1e-5), rtol=1e-5, atol=1e-5)
+    assert _first_stage_dims(fd) == ["{2, 3}"] and _kernels(fd) == 3, fd.last_scheduled_fusion_ir()
 
 
 @pytest.mark.parametrize("kernels", [False, True])
@@ -137,3 +160,22 @@ def test_a_var_mean_of_a_staged_var_mean(kernels: bool) -> None:
     want_var, want_mean = torch.var_mean(torch.var(x, [0, 2], correction=0), [0], correction=1)
     torch.testing.assert_close(var, want_var)
     torch.testing.assert_close(mean, want_mean)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9), (1, 4, 3, 5), (6, 3, 1, 1)], ids=["odd", "N=1", "H=W=1"])
+def test_channels_last_statistics_staged_on_request(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """``stage_outer_var_means`` (a ``--sweep`` variant): channels-last statistics in two stages (H, W
+    first, then N), not one var_mean split across programs; both match torch."""
+    x = (torch.randn(*shape) * 3 + 20).to(dtype).contiguous(memory_format=torch.channels_last)
+    counts = []
+    for staged in (False, True):
+        fd = _stats(x, [0, 2, 3])
+        with stage_outer_var_means(staged):
+            mean, var = execute_with_kernels(fd, [x])
+        ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
+        torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(var.double(), ref_var, rtol=1e-5, atol=1e-4)
+        counts.append(_kernels(fd))
+    several = sum(shape[d] > 1 for d in (0, 2, 3)) >= 2  # one reduced axis of size > 1: nothing to stage
+    assert counts == ([1, 2] if several else [1, 1]), counts

@@ -1,0 +1,53 @@
+"""Dense tensors whose axes the schedule merges in a nest (((d0, d1), d2): a pointwise kernel's flat loop,
+the N*H*W rows of channels-last batch-norm statistics) are indexed by the nest's one merged index and
+one stride: contiguous along the tile, so a GPU loads them in wide vectors. A merge nest split into
+separate strides (``ix // ks * st_1 + ix % ks * st_2``) hides that contiguity from Triton."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from pyfuser import DataType, FusionDefinition
+from tests.codegen.conftest import execute_with_kernels
+
+
+def _load_terms(code: str, tensor: str) -> list[int]:
+    """The number of stride terms in each load of ``tensor`` in ``code``."""
+    return [len(re.findall(r"\* st\d+_\d+", m)) for m in re.findall(rf"tl\.load\({tensor} \+ ([^,]*),", code)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(4, 33, 17), (1, 5, 7), (3, 1, 9), (2, 6, 1)], ids=["odd", "N=1", "H=1", "W=1"])
+def test_three_axis_input_beside_a_broadcast_is_read_linearly(shape: tuple[int, int, int], dtype: torch.dtype) -> None:
+    """Scores scaled plus a mask shared by the batch: the scores and the output span the flat loop and
+    are indexed by it alone, the mask by the flat index modulo its extent (the inner axes merged first)."""
+    x = torch.randn(*shape, dtype=dtype)
+    m = torch.randn(1, *shape[1:], dtype=dtype)
+    with FusionDefinition() as fd:
+        tx, tm = fd.from_pytorch(x), fd.from_pytorch(m)
+        y = fd.ops.add(fd.ops.mul(fd.ops.cast(tx, DataType.Float), 0.125), fd.ops.cast(tm, DataType.Float))
+        fd.add_output(fd.ops.cast(y, DataType.BFloat16 if dtype == torch.bfloat16 else DataType.Float))
+    (out,) = execute_with_kernels(fd, [x, m])
+    torch.testing.assert_close(out, (x.float() * 0.125 + m.float()).to(dtype))
+    code = fd.last_kernel_code()
+    if all(s > 1 for s in shape):
+        assert _load_terms(code, "T0") == [1] and _load_terms(code, "T1") == [1], code
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_channels_last_rows_are_read_linearly(dtype: torch.dtype) -> None:
+    """var_mean over N, H, W of channels-last activations: the merged rows are one index of one stride."""
+    x = torch.randn(3, 5, 6, 7, dtype=dtype).contiguous(memory_format=torch.channels_last) * 2 + 1
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0, 2, 3], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    mean, var = execute_with_kernels(fd, [x])
+    ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(var.double(), ref_var, rtol=1e-5, atol=1e-5)
+    terms = _load_terms(fd.last_kernel_code(), "T0")
+    assert terms and all(t == 2 for t in terms), fd.last_kernel_code()  # the rows and the channels

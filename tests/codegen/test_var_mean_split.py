@@ -1,0 +1,151 @@
+"""var_mean split across programs (a grid reduction): each program's Welford partial results (its mean, sum
+of squared deviations and count), combined by a second launch. Outer reductions (channels-last batch-norm
+statistics: N*H*W rows of C channels) and few long rows, scheduled automatically and by hand (splits that
+leave programs empty), through the generated kernels (Triton's interpreter on CPU) against torch in float64,
+and the rfactored fusion's ATen evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+
+from pyfuser import DataType, FusionDefinition, ParallelType, schedule
+from pyfuser.codegen.kernel_source import KernelError
+from pyfuser.ir.ops.rfactor import WelfordCombineOp, WelfordPartialOp, rfactor_var_mean
+from pyfuser.schedule import SchedulerType
+from pyfuser.scheduler.reduction_schedule import OuterHeuristic, outer_heuristic
+from tests.codegen.conftest import execute_with_kernels, kernel_segments
+
+
+def _var_mean(x: torch.Tensor, dims: list[int], correction: int = 0, cast: bool = True) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        var, mean = fd.ops.var_mean(fd.ops.cast(t, DataType.Float) if cast else t, dims, correction=correction)
+        fd.add_output(mean)
+        fd.add_output(var)
+    return fd
+
+
+def _close(got: list[torch.Tensor], x: torch.Tensor, dims: list[int], correction: int = 0,
+           rtol: float = 1e-5, atol: float = 1e-5) -> None:
+    ref_var, ref_mean = torch.var_mean(x.double(), dims, correction=correction)
+    mean, var = got
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=rtol, atol=atol)
+    torch.testing.assert_close(var.double(), ref_var, rtol=rtol, atol=atol)
+
+
+def _split_params(fd: FusionDefinition) -> Any:
+    (segment,) = kernel_segments(fd)
+    return segment.scheduler_params
+
+
+#: Loop steps of 256 bytes: the interpreter combines a step's lanes one pair at a time (Python calls), so
+#: the automatic schedules run on small steps (many of them, and splits of every program count).
+SMALL_STEPS = OuterHeuristic(step_bytes=256, welford_step_bytes=256)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(4, 5, 24, 24), (1, 3, 37, 41), (1300, 7, 1, 1)],
+                         ids=["4x5x24x24", "N=1", "H=W=1"])
+def test_channels_last_batchnorm_statistics_split_across_programs(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Fewer column blocks of channels than the interpreter's programs: the N*H*W rows are split across
+    programs, one var_mean segment, means far from 0 (the combine must keep the spread)."""
+    x = (torch.randn(*shape) * 3 + 100).to(dtype).contiguous(memory_format=torch.channels_last)
+    fd = _var_mean(x, [0, 2, 3])
+    with outer_heuristic(SMALL_STEPS):
+        _close(execute_with_kernels(fd, [x]), x, [0, 2, 3], rtol=1e-6, atol=1e-4)
+    params = _split_params(fd)
+    assert params.shape == "outer" and params.split >= 2, params
+
+
+def test_split_var_mean_of_data_far_from_zero() -> None:
+    """Mean 1e4, spread 1: the programs' partial means differ by little next to their size; the combine
+    takes their differences in float64 (a float32 sum of squares would lose the variance)."""
+    x = torch.randn(9000, 3, dtype=torch.float64).add(1e4).float()
+    fd = _var_mean(x, [0], cast=False)
+    with outer_heuristic(SMALL_STEPS):
+        _close(execute_with_kernels(fd, [x]), x, [0], rtol=1e-5, atol=1e-3)
+    assert _split_params(fd).split >= 2
+
+
+@pytest.mark.parametrize("correction", [0, 1])
+def test_few_long_rows_split_var_mean(correction: int) -> None:
+    """Three rows of 10000 (fewer rows than programs): each row split across programs (the split shape);
+    an unbiased variance is corrected once, after the combine."""
+    x = torch.randn(3, 10000) * 5 - 20
+    fd = _var_mean(x, [1], correction)
+    _close(execute_with_kernels(fd, [x]), x, [1], correction)
+    params = _split_params(fd)
+    assert params.shape == "split" and params.split >= 2, params
+
+
+@pytest.mark.parametrize(("shape", "dim", "params"), [
+    ((1000, 40), 0, {"shape": "outer", "tile": 16, "tile_reduced": 8, "split": 3}),
+    ((40, 33), 0, {"shape": "outer", "tile": 16, "tile_reduced": 8, "split": 8}),  # 5 steps: 3 programs empty
+    ((37, 13), 0, {"shape": "outer", "tile": 8, "tile_reduced": 64, "split": 2}),  # a step longer than the rows
+    ((3, 1000), 1, {"shape": "split", "tile": 64, "split": 5}),
+    ((2, 130), 1, {"shape": "split", "tile": 64, "split": 4}),  # 3 steps: a program of each row empty
+], ids=["outer", "outer-empty-programs", "outer-one-step", "rows", "rows-empty-programs"])
+def test_hand_split_var_mean(shape: tuple[int, int], dim: int, params: dict[str, object]) -> None:
+    """Splits no extent divides, some leaving programs without rows (count 0: no part in the combine)."""
+    x = torch.randn(shape) * 2 + 7
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.from_pytorch(x), [dim], correction=1)
+        fd.add_output(mean)
+        fd.add_output(var)
+        base = schedule.compute_heuristics(fd.fusion, SchedulerType.reduction, [x])
+        chosen = dataclasses.replace(base, **params)  # type: ignore[arg-type]
+        schedule.schedule(fd.fusion, SchedulerType.reduction, chosen)
+    _close(fd.manual_execute([x], chosen), x, [dim], 1)
+
+
+def test_rfactored_var_mean_ir_and_aten_evaluation() -> None:
+    """``rfactor_var_mean`` by hand: the partial step (mean, sum of squares, count over each program's
+    share) and the combine in the IR, and the rfactored fusion evaluated by ATen as by the kernels."""
+    x = torch.randn(5, 3, 11) + 3
+    with FusionDefinition() as fd:
+        t0 = fd.from_pytorch(x)
+        var, mean = fd.ops.var_mean(t0, [0, 2], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+        for tv in (var, mean):
+            tv.reorder({1: 0})  # [i1, r0, r2]
+            tv.merge(1)  # [i1, r0*r2]
+            tv.split(1, 7)  # [i1, r/7, r7]
+        partials = rfactor_var_mean(var, [2])
+        for tv in (var, mean, *partials):
+            tv.axis(0).parallelize(ParallelType.grid_x)
+            tv.axis(1).parallelize(ParallelType.grid_y)
+        for tv in partials:
+            tv.axis(2).parallelize(ParallelType.block_x)
+    assert isinstance(partials[0].definition, WelfordPartialOp) and isinstance(var.definition, WelfordCombineOp)
+    assert [p.dtype for p in partials] == [DataType.Float, DataType.Float, DataType.Double]
+    text = str(fd.fusion)
+    assert "rfactor" in text and "welford combine" in text
+    _close(fd.execute([x]), x, [0, 2])
+    _close(fd.manual_execute([x]), x, [0, 2])
+
+
+def test_rfactor_var_mean_errors() -> None:
+    x = torch.randn(6, 4)
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.from_pytorch(x), [0], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    with pytest.raises(ValueError, match="is not the variance of a var_mean"):
+        rfactor_var_mean(mean, [0])
+    var.split(0, 2)
+    with pytest.raises(ValueError, match="is not scheduled like"):
+        rfactor_var_mean(var, [1])
+    mean.split(0, 2)
+    with pytest.raises(ValueError, match="leaves no final reduction"):
+        rfactor_var_mean(var, [0, 1])
+    # a grid var_mean with nothing reduced within a program: no partial results to combine
+    for tv in (var, mean):
+        tv.axis(0).parallelize(ParallelType.grid_x)
+        tv.axis(1).parallelize(ParallelType.grid_y)
+    with pytest.raises(KernelError, match="with no axis reduced within a program"):
+        fd.manual_execute([x])

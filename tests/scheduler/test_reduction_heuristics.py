@@ -1,0 +1,200 @@
+"""The reduction scheduler's sizing (issue 30, reductions that lost to Inductor), as schedule facts on an
+H100-sized machine and through the generated kernels (Triton's interpreter) against torch.
+
+* An outer reduction with enough kept columns narrows its column block (down to whole 128-byte lines)
+  rather than split its rows across programs: no second launch (a mean over the outer axis of
+  16384 x 4096 bf16, 256 programs of 64 columns, as Inductor runs it). Too few columns even then
+  (1000): the wide block, split.
+* The last launch of a split outer reduction sizes its column blocks for programs, not for whole lines:
+  the float64 combine of a var_mean's partials over 256 channels ran on 4 programs.
+* A plain inner reduction of rows longer than ``max_tile`` loops in steps that waste little of any row of
+  its size bucket (a row of 11008 as one tile of 16384 masked off a third of its lanes).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from pyfuser import DataType, FusionDefinition
+from pyfuser.scheduler import reduction
+from pyfuser.scheduler.reduction_schedule import (
+    InnerHeuristic,
+    OuterHeuristic,
+    final_params,
+    inner_heuristic,
+    outer_heuristic,
+)
+from pyfuser.scheduler.registry import Machine, SizeHints
+from tests.codegen.conftest import execute_with_kernels, kernel_segments
+
+H100 = Machine(132, 16384, 2048)
+
+
+def _outer(op: str, dtype: DataType) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=dtype), DataType.Float)
+        if op == "var_mean":
+            var, mean = fd.ops.var_mean(x, [0], correction=0)
+            fd.add_output(mean)
+            fd.add_output(var)
+        else:
+            fd.add_output({"sum": fd.ops.sum, "max": fd.ops.max, "mean": fd.ops.mean}[op](x, [0]))
+    return fd
+
+
+@pytest.mark.parametrize(("dtype", "kept", "tile"), [(DataType.BFloat16, 16384, 64), (DataType.Float, 32000, 64),
+                                                     (DataType.BFloat16, 131072, 256)])
+def test_outer_reduction_narrows_its_columns_before_splitting(dtype: DataType, kept: int, tile: int) -> None:
+    params = reduction.compute_heuristics(_outer("mean", dtype).fusion, SizeHints(4096, kept, H100))
+    assert (params.shape, params.tile, params.split) == ("outer", tile, 1), params
+    assert -(-kept // params.tile) >= H100.sm_count
+
+
+@pytest.mark.parametrize(("dtype", "kept"), [(DataType.BFloat16, 1000), (DataType.Float, 4096), (DataType.Float, 1)])
+def test_outer_reduction_with_few_columns_keeps_wide_blocks_and_splits(dtype: DataType, kept: int) -> None:
+    params = reduction.compute_heuristics(_outer("max", dtype).fusion, SizeHints(65536, kept, H100))
+    widest = 512 // (2 if dtype is DataType.BFloat16 else 4)
+    assert params.tile == min(widest, 1 << (kept - 1).bit_length()) and params.split >= 2, params
+
+
+def test_narrowing_is_a_knob() -> None:
+    """``narrow_bytes=0``: split first, as before narrowing (the sweep compares both)."""
+    with outer_heuristic(OuterHeuristic(narrow_bytes=0)):
+        params = reduction.compute_heuristics(_outer("mean", DataType.BFloat16).fusion, SizeHints(4096, 16384, H100))
+    assert (params.tile, params.split) == (256, 5), params
+
+
+@pytest.mark.parametrize(("partials", "kept", "element"), [(1056, 256, 8), (264, 256, 8), (9, 4096, 4), (66, 1000, 4)])
+@pytest.mark.parametrize("welford", [False, True], ids=["sum", "var_mean"])
+def test_final_step_columns_give_programs(partials: int, kept: int, element: int, welford: bool) -> None:
+    """Columns narrowed (not below ``final_min_columns``) until every SM has a program; every partial
+    row in one tile where the tile's budget holds them (a var_mean's float64 combine: an eighth of a
+    sum's), else a loop over steps of rows."""
+    h = OuterHeuristic()
+    ref = _outer("sum", DataType.Float).fusion.outputs()[0]
+    params = final_params(ref, partials, kept, H100, element, 8192, welford)  # type: ignore[arg-type]
+    budget = 1024 if welford else 8192
+    rows = 1 << (partials - 1).bit_length()
+    assert params.shape == "outer" and params.tile >= h.final_min_columns, params
+    assert -(-kept // params.tile) >= H100.sm_count or params.tile == h.final_min_columns, params
+    if rows * params.tile <= budget:
+        assert params.tile_reduced == 0, params
+    else:
+        assert params.tile_reduced * params.tile == budget, params
+    if welford:  # at most ``welford_elements`` per thread
+        assert (params.tile_reduced or rows) * params.tile <= params.num_warps * 32 * h.welford_elements, params
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 64, 9, 7), (1, 64, 5, 3), (700, 64, 1, 1)], ids=["odd", "N=1", "H=W=1"])
+def test_split_var_mean_final_step_runs_on_every_program(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Channels-last statistics of 64 channels split across the interpreter's programs: the final step's
+    column blocks are narrowed so its 4 programs all combine partials (one program of 64 columns before)."""
+    x = (torch.randn(*shape) * 2 + 50).to(dtype).contiguous(memory_format=torch.channels_last)
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0, 2, 3], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    with outer_heuristic(OuterHeuristic(step_bytes=256, welford_step_bytes=256)):
+        mean, var = execute_with_kernels(fd, [x])
+    ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(var.double(), ref_var, rtol=1e-6, atol=1e-4)
+    (segment,) = kernel_segments(fd)
+    assert segment.scheduler_params.split >= 2
+    final = segment.code[segment.code.index("def reduction_kernel_final"):]
+    columns = int(re.search(r"tl\.arange\(0, (\d+)\)\[None, :\]", final).group(1))  # type: ignore[union-attr]
+    assert -(-64 // columns) >= 4, final
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("op", ["sum", "amax", "mean"])
+def test_narrowed_outer_reduction_against_torch(op: str, dtype: torch.dtype) -> None:
+    """A permuted [rows, columns] input reduced over its outer axis in narrowed column blocks (the
+    interpreter's machine: 4 programs), odd sizes."""
+    x = torch.randn(37, 301, dtype=dtype).t().contiguous().t()  # columns innermost in memory
+    with FusionDefinition() as fd:
+        t = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
+        fd.add_output({"sum": fd.ops.sum, "amax": fd.ops.max, "mean": fd.ops.mean}[op](t, [0]))
+    (out,) = execute_with_kernels(fd, [x])
+    ref = {"sum": torch.sum, "amax": torch.amax, "mean": torch.mean}[op](x.double(), 0)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def _inner(op: str, dtype: DataType) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=dtype), DataType.Float)
+        fd.add_output({"sum": fd.ops.sum, "max": fd.ops.max, "mean": fd.ops.mean}[op](x, [1]))
+    return fd
+
+
+@pytest.mark.parametrize(("bucket", "shape", "step"), [(16384, "tile", 0), (8192, "tile", 0), (65536, "loop", 8192),
+                                                       (131072, "loop", 8192), (4096, "tile", 0), (128, "tile", 0)])
+def test_inner_reduction_rows_past_a_tile_loop_in_steps_that_waste_little(bucket: int, shape: str, step: int) -> None:
+    """Rows of at most ``max_tile`` (16384) are one tile (an H100 sweep: amax of 11008 faster so than looped,
+    its bucket's masked lanes included); longer ones loop in steps short enough that any row of the
+    bucket wastes at most ``max_waste`` of its reads."""
+    params = reduction.compute_heuristics(_inner("max", DataType.BFloat16).fusion, SizeHints(bucket, 4096, H100))
+    assert (params.shape, params.tile) == (shape, step), params
+    if shape == "loop":
+        worst = bucket // 2 + 1  # the bucket's shortest row
+        assert -(-worst // step) * step - worst <= 0.25 * worst
+
+
+def test_inner_heuristic_is_a_knob() -> None:
+    """Rows past a smaller ``max_tile`` loop (the sweep compares both)."""
+    with inner_heuristic(InnerHeuristic(max_tile=4096)):
+        params = reduction.compute_heuristics(_inner("max", DataType.BFloat16).fusion, SizeHints(16384, 4096, H100))
+    assert (params.shape, params.tile) == ("loop", 2048), params
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("op", ["sum", "amax", "mean"])
+@pytest.mark.parametrize("shape", [(7, 1100), (1, 2053), (300, 1)], ids=["odd", "one-row", "one-column"])
+def test_looped_inner_reduction_against_torch(op: str, shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """Rows past the interpreter's tile (1024) in short steps, the last one mostly past the row's end."""
+    x = torch.randn(*shape, dtype=dtype)
+    with FusionDefinition() as fd:
+        t = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
+        fd.add_output({"sum": fd.ops.sum, "amax": fd.ops.max, "mean": fd.ops.mean}[op](t, [1]))
+    (out,) = execute_with_kernels(fd, [x])
+    ref = {"sum": torch.sum, "amax": torch.amax, "mean": torch.mean}[op](x.double(), 1)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    if shape[1] > 1024:
+        (segment,) = kernel_segments(fd)
+        assert segment.scheduler_params.shape in ("loop", "split") and segment.scheduler_params.tile <= 512
+
+
+def test_inner_var_mean_keeps_rows_on_chip() -> None:
+    """A var_mean of rows of 12544 (batch-norm statistics' first stage, 112 x 112): one tile up to the
+    machine's persistent size, two passes over registers, not Welford's division per element in a loop."""
+    with FusionDefinition() as fd:
+        x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=DataType.BFloat16), DataType.Float)
+        var, mean = fd.ops.var_mean(x, [1], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    params = reduction.compute_heuristics(fd.fusion, SizeHints(16384, 2048, H100))
+    assert (params.shape, params.rows) == ("tile", 1), params
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_split_var_mean_final_step_loops_over_many_partials(dtype: torch.dtype) -> None:
+    """Many programs per SM (``welford_waves``): more partial rows than a var_mean combine's tile holds,
+    so the final step loops over steps of them; far from 0, against torch."""
+    x = (torch.randn(900, 64, 1, 1) * 2 + 300).to(dtype).contiguous(memory_format=torch.channels_last)
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0, 2, 3], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    with outer_heuristic(OuterHeuristic(step_bytes=256, welford_step_bytes=256, welford_waves=64)):
+        mean, var = execute_with_kernels(fd, [x])
+    ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(var.double(), ref_var, rtol=1e-6, atol=1e-4)
+    (segment,) = kernel_segments(fd)
+    assert segment.scheduler_params.split > 64
+    final = segment.code[segment.code.index("def reduction_kernel_final"):]
+    assert "for i" in final, final  # a loop over steps of partial rows
