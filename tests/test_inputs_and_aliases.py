@@ -196,6 +196,21 @@ def test_from_pytorch_of_a_cpu_tensor_when_the_fusion_runs_on_cuda(monkeypatch: 
     torch.testing.assert_close(out, torch.full((4, 4), 2.0))
 
 
+def test_a_fusion_without_tensor_inputs_runs_on_cuda_where_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvFuser's device rule: only scalars and 0-dim CPU tensors as inputs -> the current CUDA device
+    (random tensors then meet the caller's CUDA tensors); ``device=`` says otherwise."""
+    with FusionDefinition() as fd:
+        n = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.mul(fd.ops.full([n], 1.0, DataType.Float), fd.from_pytorch(torch.tensor(2.0))))
+    (out,) = fd.execute([3, torch.tensor(2.0)])  # no CUDA here: the CPU
+    torch.testing.assert_close(out, torch.full((3,), 2.0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert fd.fec.target_device([3, torch.tensor(2.0)]) == torch.device("cuda", 1)
+    assert fd.fec.target_device([3, torch.tensor(2.0)], device="cpu") == torch.device("cpu")
+    assert fd.fec.target_device([torch.ones(3)]) == torch.device("cpu")
+
+
 def test_expanded_inputs_new_ops_and_in_place_outputs_next_to_generated_kernels() -> None:
     """Kernel segments and ATen calls (gcd and index_select have no generated form) in one program."""
     x, acc, idx = torch.randn(1, 6).expand(4, 6), torch.zeros(4, 6), torch.tensor([3, 0, 1])

@@ -274,7 +274,8 @@ class FusionExecutorCache:
         return [sharding_of(tv) for tv in self.compiled_outputs()]
 
     def target_device(self, args: Sequence[Any], device: torch.device | str | int | None = None) -> torch.device:
-        """Where ``run(args, device=device)`` computes: ``device``, else the first non-scalar tensor's."""
+        """Where ``run(args, device=device)`` computes: ``device``, else the first non-scalar tensor's, else
+        (only scalars and 0-dim CPU tensors) the current CUDA device where there is one, as nvFuser's."""
         if self._version != self.fusion.version:
             self._reset()
         assert self._binder is not None  # set by _reset
@@ -353,4 +354,6 @@ def _resolve_device(device: torch.device | str | int | None, args: Sequence[Any]
                 name = binder.specs[pos].name if pos < len(binder.specs) else "an extra input"
                 raise ValueError(f"input {pos} ({name}) is on {a.device}; pyfuser runs on CPU or CUDA devices")
             return a.device
+    if torch.cuda.is_available():  # nvFuser's rule: a fusion of scalars and 0-dim CPU tensors runs on CUDA
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
