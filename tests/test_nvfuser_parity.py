@@ -248,6 +248,31 @@ def test_where_of_scalars_has_the_scalars_dtype() -> None:
     assert [o.dtype for o in again.execute([cond, ys])] == [o.dtype for o in fd.execute([cond, ys])]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_expanded_broadcast_gives_way_to_the_axis_it_meets(dtype: torch.dtype) -> None:
+    """nvFuser keeps an expanded axis a broadcast: ``broadcast_in_dim`` of a mask to ``[b, n, 3]`` meets a
+    ``[b, n, 6]`` tensor in ``where`` (AlphaFold3's triangle update) and takes its extent; two axes
+    that are not expanded broadcasts must still agree."""
+    mask = torch.rand(5, 2) > 0.5
+    z = torch.randn(2, 5, 6, dtype=dtype).transpose(0, 1)  # non-contiguous
+    v, y = torch.randn(5, dtype=dtype), torch.randn(1, 2, 6, dtype=dtype)
+    dt = DataType.from_torch(dtype)
+    with FusionDefinition() as fd:
+        m, t = fd.from_pytorch(mask), fd.from_pytorch(z)
+        wide = fd.ops.broadcast_in_dim(m, shape=[fd.ops.size(t, 0), fd.ops.size(t, 1), 3], broadcast_dims=[0, 1])
+        fd.add_output(fd.ops.where(wide, t, 0.0))
+        vv, yy = fd.define_tensor([-1], dtype=dt), fd.define_tensor([1, -1, 6], dtype=dt)
+        fd.add_output(fd.ops.mul(fd.ops.broadcast_in_dim(vv, [5, 2, 3], [0]), yy))  # the 2 stays, the 3 gives way
+    for where, scaled in run_both(fd, [mask, z, v, y]):
+        assert where.shape == (5, 2, 6) and torch.equal(where, torch.where(mask[:, :, None], z, 0.0))
+        torch.testing.assert_close(scaled, v[:, None, None] * y)
+    with FusionDefinition() as fd:
+        y2 = fd.define_tensor([1, -1, 6])
+        with pytest.raises(ValueError, match=r"add: incompatible broadcast shapes: T0 axis 2 has extent 6 but T1 axis 2 "
+                                             r"has extent 3"):
+            fd.ops.add(y2, fd.define_tensor([1, 2, 3]))
+
+
 def test_matmul_without_expr_eval_fails_as_nvfuser() -> None:
     a, b = torch.randn(24, 8), torch.randn(8, 16)
     with FusionDefinition() as fd:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType, check_scalar_in_range, data_type_of_python
 from pyfuser.ir.iter_domain import IterDomain, IterType
-from pyfuser.ir.ops.shape import BroadcastOp
+from pyfuser.ir.ops.shape import BroadcastOp, ExpandOp
 from pyfuser.ir.symbolic import SymExpr, as_sym
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView
@@ -41,6 +41,8 @@ class OpsBase:
         def squeeze(self, x: TensorView, dims: Sequence[int] | int, squeeze_expanded: bool = False) -> TensorView: ...
 
         def cast(self, x: Operand, dtype: DataType | torch.dtype) -> PointwiseResult: ...
+
+        def expand(self, x: TensorView, shape: Sequence[SizeLike]) -> TensorView: ...
 
     # --- operand handling ------------------------------------------------------------------
     def _check_operand(self, x: Any, what: str) -> None:
@@ -126,21 +128,63 @@ class OpsBase:
         return self._rank_broadcasts[key]
 
     @staticmethod
-    def _pointwise_extents(op: str, tensors: list[TensorView]) -> list[SymExpr | None]:
-        """Output extents of a pointwise op (None: broadcast), numpy-style (operands aligned right).
+    def _expanded_positions(tensors: Sequence[TensorView]) -> dict[int, set[int]]:
+        """Per tensor (by id): output positions (operands aligned right) of its axes that an ``expand``
+        made from broadcast axes.
+
+        An expanded broadcast holds one value along the axis, and nvFuser keeps it a broadcast whose
+        expanded extent gives way to any other axis it meets (``broadcast_in_dim`` of a mask to
+        ``[b, n, n, c]`` then ``where`` on a ``[b, n, n, 2 * c]`` tensor); torch's rule, which the
+        other axes follow, would reject the pair."""
+        rank = max(t.ndim for t in tensors)
+        result = {}
+        for tv in tensors:
+            definition = tv.definition
+            axes = definition._expanded if isinstance(definition, ExpandOp) else []
+            result[id(tv)] = {d + rank - tv.ndim for d, _ in axes}
+        return result
+
+    def _meet_expanded(self, operands: list[Any], extents: list[SymExpr | None],
+                       expanded: dict[int, set[int]]) -> list[Any]:
+        """``operands`` with each one whose expanded axes differ from the op's output ``extents`` expanded
+        again, from its broadcast axes, to those extents."""
+        rank = len(extents)
+        result = []
+        for x in operands:
+            if isinstance(x, TensorView) and expanded[id(x)]:
+                ids = x.get_logical_domain(no_reductions=True)
+                shape = [i.extent for i in ids]
+                for pos in range(len(ids)):
+                    want = extents[pos + rank - x.ndim]
+                    if pos + rank - x.ndim in expanded[id(x)] and want is not None:
+                        shape[pos] = want
+                if shape != [i.extent for i in ids]:
+                    x = self.expand(x.definition.inputs[0], shape)  # type: ignore[union-attr, arg-type]
+            result.append(x)
+        return result
+
+    @staticmethod
+    def _pointwise_extents(op: str, tensors: list[TensorView],
+                           expanded: dict[int, set[int]] | None = None) -> list[SymExpr | None]:
+        """Output extents of a pointwise op (None: broadcast), numpy-style (operands aligned right);
+        an ``expanded`` axis (``_expanded_positions``) counts only where no other axis is concrete.
 
         Checks static extents on the operands as the user wrote them, before anything is created,
         so a rejected op leaves the fusion untouched and the error names the user's axes.
         """
         rank = max(t.ndim for t in tensors)
         domains = [t.get_logical_domain(no_reductions=True) for t in tensors]
+        expanded = expanded or {}
         out: list[SymExpr | None] = []
         for d in range(rank):
             chosen: IterDomain | None = None
             owner = ""
+            concrete = {id(tv) for tv, ids in zip(tensors, domains, strict=True)
+                        if d - (rank - len(ids)) >= 0 and not ids[d - (rank - len(ids))].is_broadcast
+                        and d not in expanded.get(id(tv), ())}
             for tv, ids in zip(tensors, domains, strict=True):
                 pos = d - (rank - len(ids))
-                if pos < 0 or ids[pos].is_broadcast:
+                if pos < 0 or ids[pos].is_broadcast or (concrete and id(tv) not in concrete):
                     continue
                 i = ids[pos]
                 where = f"{tv.short_name} axis {pos}" + (f" (output axis {d})" if pos != d else "")

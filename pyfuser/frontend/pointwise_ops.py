@@ -32,7 +32,9 @@ class PointwiseOps(OpsBase):
         assert fn is not None  # only cast has no reference, and it does not come through here
         probed = result_dtype(fn, operands)  # also rejects operands torch's op does not take
         dtype = probed if dtype is None else dtype
-        extents = self._pointwise_extents(op, tensors) if tensors else []
+        expanded = self._expanded_positions(tensors) if tensors else {}
+        extents = self._pointwise_extents(op, tensors, expanded) if tensors else []
+        operands = self._meet_expanded(list(operands), extents, expanded)
         vals = [self._val(x, f"{op} operand {k}") for k, x in enumerate(operands)]
         if tensors:
             vals = [self._broadcast_to_rank(v, len(extents)) if isinstance(v, TensorView) else v for v in vals]
