@@ -98,7 +98,12 @@ def _plan(src: TensorView, dst: TensorView, rank: int) -> CommPlan | None:
 
 
 def _by_ptype(tv: TensorView, sharding: Sharding) -> dict[ParallelType, int]:
-    return {p: a for a, p in sharding.axes.items()}
+    """Device parallel type -> the logical axis it shards. Where a reduction and an iteration axis share
+    a type (the output of a reduce-scatter, nvFuser's form of it), the iteration axis: the reduction
+    there is complete."""
+    logical = tv.get_logical_domain()
+    ordered = sorted(sharding.axes.items(), key=lambda item: not logical[item[0]].is_reduction)
+    return {p: a for a, p in ordered}
 
 
 def _same_mesh_plan(src: TensorView, dst: TensorView, mesh: DeviceMesh, rank: int, ins: dict[ParallelType, int],

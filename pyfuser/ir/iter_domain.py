@@ -125,7 +125,10 @@ class IterDomain:
                              "a host loop cannot split a reduction")
         if parallel_type is not ParallelType.serial and owner is not None:
             for other in owner.get_loop_domain():
-                if other is not self and other.parallel_type is parallel_type:
+                # A reduction ID and an iteration ID on one device type: partial sums reduce-scattered
+                # along the iteration ID (nvFuser's reduce-scatter pattern).
+                reduce_scatter = parallel_type.is_device and other.is_reduction != self.is_reduction
+                if other is not self and other.parallel_type is parallel_type and not reduce_scatter:
                     raise ValueError(
                         f"{owner.short_name} axis {owner.loop_position(self)} cannot be parallelized on "
                         f"{parallel_type.name}: axis {owner.loop_position(other)} ({other}) already is; "

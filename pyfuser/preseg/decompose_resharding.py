@@ -75,7 +75,7 @@ def _decompose(expr: Expr) -> None:
         compute_axes = dict(partial)
     for inp in _distinct(expr.tensor_inputs):
         required = _required_input_axes(expr, inp, out, compute_axes)
-        if inp.device_mesh == mesh and dict(sharding_of(inp).axes) == required:
+        if inp.device_mesh == mesh and _complete_axes(inp) == required:
             continue
         expr.replace_input(inp, _resharded_copy(expr, inp, out, mesh, required))
     if compute_axes != out_axes or mesh != out.device_mesh:
@@ -85,6 +85,15 @@ def _decompose(expr: Expr) -> None:
                 _copy_stream_schedule(old, new)  # chunk i's partial sums are reduced while chunk i+1 computes
             expr.replace_output(old, new)
             LoadStoreOp(expr.fusion, old, new)
+
+
+def _complete_axes(tv: TensorView) -> dict[int, ParallelType]:
+    """``tv``'s sharded axes, less a sharded reduction ID whose device type also shards an iteration ID:
+    the output of a reduce-scatter, whose sums are complete."""
+    logical = tv.get_logical_domain()
+    axes = dict(sharding_of(tv).axes)
+    iteration_types = {p for a, p in axes.items() if not logical[a].is_reduction}
+    return {a: p for a, p in axes.items() if not (logical[a].is_reduction and p in iteration_types)}
 
 
 def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
@@ -146,6 +155,9 @@ def _partial_axes(expr: Expr, out: TensorView) -> tuple[dict[int, ParallelType],
         sources = [(inp, sharding_of(inp).axes.get(axis)) for inp in expr.tensor_inputs
                    for axis, pid in enumerate(inp.get_logical_domain()) if expr.logical_map(inp).get(pid) is rid]
         sharded = {(inp.device_mesh, ptype) for inp, ptype in sources if ptype is not None}
+        requested = sharding_of(out).axes.get(pos)
+        if not sharded and requested is not None:  # out asks for partial sums of locally sliced operands
+            sharded = {(out.device_mesh, requested)}
         if len(sharded) == 1:
             ((source_mesh, ptype),) = sharded
             if ptype not in partial.values():
@@ -174,13 +186,45 @@ def _required_input_axes(expr: Expr, inp: TensorView, out: TensorView,
 
 def _resharded_copy(expr: Expr, inp: TensorView, out: TensorView, mesh: DeviceMesh | None,
                     axes: dict[int, ParallelType]) -> TensorView:
-    """``copy = set(inp)`` on ``mesh``, sharded on ``axes`` and stream-parallel where ``out`` is."""
+    """``copy = set(inp)`` on ``mesh``, sharded on ``axes`` and stream-parallel where ``out`` is. On one
+    mesh, a change along several device parallel types is a chain of sets, one type each: local slices
+    first (less to move), then all-to-alls, then all-gathers."""
+    for step in _one_type_at_a_time(inp, mesh, axes):
+        inp = _plain_copy(inp, mesh, step)
     copy = new_like(inp)
     copy.set_device_mesh(mesh)  # type: ignore[arg-type]
     shard(copy, axes)
     stream_axis = _mapped_stream_axis(expr, inp, out)
     if stream_axis is not None and stream_axis not in axes and _chunkable(inp, stream_axis):
         copy.get_logical_domain()[stream_axis].parallelize(ParallelType.stream)
+    LoadStoreOp(inp.fusion, copy, inp)
+    return copy
+
+
+def _one_type_at_a_time(inp: TensorView, mesh: DeviceMesh | None,
+                        axes: dict[int, ParallelType]) -> list[dict[int, ParallelType]]:
+    """The shardings between ``inp``'s and ``axes`` (the last excluded), each differing from the one
+    before along one device parallel type; none when at most one type changes or the mesh does."""
+    current = _complete_axes(inp)
+    if inp.device_mesh != mesh or any(inp.get_logical_domain()[a].is_reduction for a in current):
+        return []
+    have = {p: a for a, p in current.items()}
+    want = {p: a for a, p in axes.items()}
+    moved = [p for p in dict.fromkeys((*have, *want)) if have.get(p) != want.get(p)]
+    moved.sort(key=lambda p: 0 if p not in have else (1 if p in want else 2))
+    steps = []
+    for ptype in moved[:-1]:
+        current = {a: p for a, p in current.items() if p is not ptype}
+        if ptype in want:
+            current[want[ptype]] = ptype
+        steps.append(dict(current))
+    return steps
+
+
+def _plain_copy(inp: TensorView, mesh: DeviceMesh | None, axes: dict[int, ParallelType]) -> TensorView:
+    copy = new_like(inp)
+    copy.set_device_mesh(mesh)  # type: ignore[arg-type]
+    shard(copy, axes)
     LoadStoreOp(inp.fusion, copy, inp)
     return copy
 

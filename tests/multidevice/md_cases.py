@@ -201,6 +201,28 @@ def matmul_batch_and_contraction_sharding() -> None:
 
 
 @case()
+def matmul_output_sharded_on_its_reduction_and_an_output_axis() -> None:
+    """nvFuser's reduce-scatter form: the matmul output's K (a reduction ID) and N both on mesh_x, the
+    operands replicated. Each rank multiplies its slice of K (local slices of the operands), then a
+    ReduceScatter sums the partial products and leaves each rank its N shard (AlphaFold3's triangle
+    update)."""
+    d, rank, mesh = world()
+    with FusionDefinition() as fd:
+        a, b = fd.define_tensor([-1, -1, -1]), fd.define_tensor([-1, -1, -1])
+        out = fd.ops.matmul(a, b)  # [B, M, N, rK]
+        fd.add_output(fd.ops.mul(out, 2.0))
+        place(mesh, a, b, out)
+        shard_axis(out, 3, d)      # rK
+        shard_axis(out, 2, d)      # N
+    af, bf = randn(2, 3, 4 * d), randn(2, 4 * d, 2 * d)
+    (got,) = fd.execute([af, bf])
+    assert_close(got, (2 * torch.matmul(af, bf)).chunk(d, 2)[rank], "reduce-scattered matmul")
+    text = host_ir(fd)
+    if text.count("type=ReduceScatter") != 1 or "type=Allgather" in text or "type=Allreduce" in text:
+        raise AssertionError(f"expected one ReduceScatter and no other collective:\n{text}")
+
+
+@case()
 def mesh_not_in_rank_order() -> None:
     d, rank, _ = world()
     mesh = DeviceMesh(list(reversed(range(d))))  # rank r holds shard d - 1 - r
@@ -390,6 +412,29 @@ def mesh_2d_data_and_tensor_parallel() -> None:
     team = f"team=({rank - rank % 2} {rank - rank % 2 + 1})"
     if "type=Allreduce" not in text or team not in text or "type=Allgather" in text:
         raise AssertionError(f"expected one Allreduce over the tensor-parallel {team}, no Allgather:\n{text}")
+
+
+@case(min_world=4)
+def resharding_along_two_mesh_axes_at_once() -> None:
+    """A tensor sharded on mesh_y and mesh_x met by one replicated along both (and the other way): a
+    chain of sets, one mesh axis each (local slices, then all-gathers)."""
+    _, rank, _ = world()
+    mesh = DeviceMesh([[0, 1], [2, 3]])
+    with FusionDefinition() as fd:
+        x, y = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+        both = fd.ops.add(fd.ops.mul(x, 2.0), y)  # x replicated, y sharded on both axes
+        whole = fd.ops.sum(both, [0])             # unsharded output: gathered back
+        fd.add_output(both)
+        fd.add_output(whole)
+        place(mesh, x, y, both, whole)
+        shard_axis(y, 0, 2, ParallelType.mesh_y)
+        shard_axis(y, 2, 2)
+        shard_axis(both, 0, 2, ParallelType.mesh_y)
+        shard_axis(both, 2, 2)
+    xf, yf = randn(4, 6), randn(4, 6)
+    got, got_whole = fd.execute([xf, shard_tensor(yf, y)])
+    assert_close(got, (2 * xf + yf).chunk(2, 0)[rank // 2].chunk(2, 1)[rank % 2], "sharded on two mesh axes")
+    assert_close(got_whole, (2 * xf + yf).sum(0), "gathered along two mesh axes")
 
 
 @case()

@@ -50,9 +50,10 @@ CASES_2 = [
     "mesh_not_in_rank_order", "mesh_axis_of_size_one", "sequence_parallel_allgather_linear",
     "seed_004_allgather_linear_pipeline", "seed_004_shard_outermost", "stream_loop_over_split_sharded_axis_errors",
     "mlp_tensor_and_sequence_parallel", "pipeline_across_meshes", "gather_scatter_reduce_between_meshes",
-    "dtensor_wrapper", "bad_inputs_raise_clear_errors",
+    "dtensor_wrapper", "bad_inputs_raise_clear_errors", "matmul_output_sharded_on_its_reduction_and_an_output_axis",
 ]
-CASES_4 = [*CASES_2, "mesh_2d_data_and_tensor_parallel", "mesh_on_a_subset_of_ranks"]
+CASES_4 = [*CASES_2, "mesh_2d_data_and_tensor_parallel", "mesh_on_a_subset_of_ranks",
+           "resharding_along_two_mesh_axes_at_once"]
 P2P_CASES = [
     "p2p_transport_falls_back_with_one_warning", "p2p_allgather_linear_pipeline", "p2p_linear_reduce_scatter_pipeline",
     "p2p_allgather_several_gemms_and_gathered_output",
