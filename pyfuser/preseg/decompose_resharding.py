@@ -222,6 +222,7 @@ def _one_type_at_a_time(inp: TensorView, mesh: DeviceMesh | None,
 
 
 def _plain_copy(inp: TensorView, mesh: DeviceMesh | None, axes: dict[int, ParallelType]) -> TensorView:
+    """``set(inp)`` on ``mesh`` sharded on ``axes``: one step of a chain (no stream loop of its own)."""
     copy = new_like(inp)
     copy.set_device_mesh(mesh)  # type: ignore[arg-type]
     shard(copy, axes)
