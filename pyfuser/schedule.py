@@ -21,7 +21,7 @@ __all__ = ["SchedulerType", "can_schedule", "compute_heuristics", "find_compatib
 
 # nvFuser's SchedulerType is a pybind11 enum, whose members its scripts list through ``__entries``
 # (name -> (member, docstring)); outside a class body the name is not mangled.
-SchedulerType.__entries = {t.name: (t, None) for t in SchedulerType}  # type: ignore[attr-defined]
+SchedulerType.__entries = {t.name: (t, None) for t in SchedulerType}  # type: ignore[attr-defined]  # pybind11 enum API
 
 
 def _scheduler(scheduler_type: SchedulerType) -> Any:

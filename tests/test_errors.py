@@ -400,6 +400,18 @@ def test_iota_of_a_dtype_torch_cannot_count_in(dtype: DataType) -> None:
         fd.ops.iota(3, dtype=dtype)
 
 
+def test_iota_of_a_symbolic_extent() -> None:
+    """An axis's extent without a constant value has no scalar to count to: a clear error, not int(None)."""
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1], contiguity=True)
+        extent = t0.get_logical_domain()[0].extent
+        with pytest.raises(ValueError, match=r"iota: length i\d+ is a symbolic extent; pass an int or an integer scalar"):
+            fd.ops.iota(extent)
+        fd.add_output(fd.ops.iota(fd.ops.size(t0, 0)))
+    (out,) = fd.execute([torch.randn(5)])
+    torch.testing.assert_close(out, torch.arange(5))
+
+
 def test_expand_of_a_symbolic_non_broadcast_axis_checked_at_run_time() -> None:
     """``expand(t[-1, 1], [5, 4])`` returned a [3, 4] tensor for a [3, 1] input; torch raises."""
     with FusionDefinition() as fd:

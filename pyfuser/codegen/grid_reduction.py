@@ -72,8 +72,7 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
         local = [k for k, i in enumerate(tv.get_loop_domain()) if i.is_reduction and i.parallel_type not in GRID_TYPES]
         if local:
             tv.rfactor(local)
-        partial = tv.definition.inputs[0]  # type: ignore[union-attr]
-        assert isinstance(partial, TensorView)
+        partial = _partial_of(tv)
         if any(partial is v for v in fusion.inputs()):
             _grid_to_loops(tv)  # nothing to compute first: each program reduces its share in a loop
         else:
@@ -84,23 +83,50 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
     # Each launch is a segment's copy: it copies what the launch computes, not the whole fusion twice.
     originals = [p for _, p in split]
     independent = [o for o in fusion.outputs() if not any(_depends_on(o, tv) for tv, _ in split)]
-    first = fusion.clone_segment(fusion.inputs_read_by([*originals, *independent]), [*originals, *independent],
-                                 memo := {})
-    partials = [memo[id(p)] for p in originals]
+    memo: dict[int, object] = {}
+    first = fusion.clone_segment(fusion.inputs_read_by([*originals, *independent]), [*originals, *independent], memo)
+    partials = [_copy_of(memo, p) for p in originals]
     for p in partials:
-        p.memory_type = MemoryType.Global  # type: ignore[attr-defined]
-    parts = [KernelPart(first, _widest(first, partials[0]))]  # type: ignore[arg-type]
+        p.memory_type = MemoryType.Global
+    parts = [KernelPart(first, _widest(first, partials[0]))]
     rest = [o for o in fusion.outputs() if any(_depends_on(o, tv) for tv, _ in split)]
     owners = [[tv for tv, _ in split if _depends_on(o, tv)] for o in rest]
     if finish is not None and all(len(owner) == 1 for owner in owners):
         # Each final step on its own, scheduled afresh for its shape.
         for tv, partial in split:
             mine = [o for o, owner in zip(rest, owners, strict=True) if owner[0] is tv]
-            parts.extend(_final_step(fusion, mine, [partial], lambda f, m, tv=tv: finish(f) or _keep_schedule(
-                f, m, [tv], reference)))
+            parts.extend(_final_step(fusion, mine, [partial], _fresh_schedule(finish, tv, reference)))
         return parts
     return [*parts, *_final_step(fusion, rest, [p for _, p in split],
                                  lambda f, m: _keep_schedule(f, m, [tv for tv, _ in split], reference))]
+
+
+#: Schedules a final step's fusion (given the copy's memo of the original graph) and returns its reference.
+ScheduleStep = Callable[[Fusion, dict[int, object]], TensorView]
+
+
+def _fresh_schedule(finish: FinishStep, reduction: TensorView, reference: TensorView) -> ScheduleStep:
+    """``finish``'s schedule of a final step, or the user's where ``finish`` keeps it."""
+    def schedule(fusion: Fusion, memo: dict[int, object]) -> TensorView:
+        return finish(fusion) or _keep_schedule(fusion, memo, [reduction], reference)
+    return schedule
+
+
+def _partial_of(tv: TensorView) -> TensorView:
+    """The tensor grid reduction ``tv`` reduces: its partial results per program."""
+    expr = tv.definition
+    partial = expr.inputs[0] if expr is not None else None
+    if not isinstance(partial, TensorView):
+        raise KernelError(f"{tv.short_name} is a grid reduction without a tensor operand ({expr})")
+    return partial
+
+
+def _copy_of(memo: dict[int, object], tv: TensorView) -> TensorView:
+    """``tv``'s copy in a segment copied with ``memo``."""
+    copy = memo.get(id(tv))
+    if not isinstance(copy, TensorView):
+        raise KernelError(f"{tv.short_name} has no copy in its launch's fusion (got {copy!r})")
+    return copy
 
 
 def _widest(fusion: Fusion, partial: TensorView) -> TensorView:
@@ -120,12 +146,12 @@ def _iterated(tv: TensorView) -> int:
 
 
 def _final_step(fusion: Fusion, outputs: list[Val], partials: list[TensorView],
-                schedule: Callable[[Fusion, dict[int, object]], TensorView]) -> list[KernelPart]:
+                schedule: ScheduleStep) -> list[KernelPart]:
     """The launch(es) computing ``outputs`` from the partial results (and the fusion's inputs)."""
-    second = fusion.clone_segment(fusion.inputs_read_by(outputs, partials), outputs, memo := {})
-    mine = [memo[id(p)] for p in partials]
-    for p in mine:
-        p.memory_type = MemoryType.Global  # type: ignore[attr-defined]
+    memo: dict[int, object] = {}
+    second = fusion.clone_segment(fusion.inputs_read_by(outputs, partials), outputs, memo)
+    for p in partials:
+        _copy_of(memo, p).memory_type = MemoryType.Global
     reference = schedule(second, memo)
     return split_at_grid_reductions(second, reference, None)
 
@@ -134,24 +160,25 @@ def _keep_schedule(fusion: Fusion, memo: dict[int, object], reductions: list[Ten
                    reference: TensorView) -> TensorView:
     """The user's schedule of the final step, its reductions' grid axes turned into loops."""
     for tv in reductions:
-        _grid_to_loops(memo[id(tv)])  # type: ignore[arg-type]
+        _grid_to_loops(_copy_of(memo, tv))
     outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
     mapped = memo.get(id(reference))
-    chosen = mapped if any(mapped is o for o in fusion.tensors()) else outputs[0]
+    kept = [t for t in fusion.tensors() if t is mapped]
+    chosen = kept[0] if kept else outputs[0]
     # An output iterating grid axes the reference does not (a split normalization's output, written
     # in shares of the row by the programs of each row) is the loop nest.
-    wider = [o for o in outputs if _grid_types(o) > _grid_types(chosen)]  # type: ignore[arg-type]
+    wider = [o for o in outputs if _grid_types(o) > _grid_types(chosen)]
     chosen = max(wider, key=lambda o: len(_grid_types(o))) if wider else chosen
     # A broadcast axis split like the row (a row's sum broadcast back to it) keeps the row's grid and
     # tile axes; where the launch's loop nest has none of them (its outputs are per row), it indexes
     # nothing.
-    nest = {i.parallel_type for i in chosen.get_loop_domain()}  # type: ignore[union-attr]
+    nest = {i.parallel_type for i in chosen.get_loop_domain()}
     for tv in fusion.tensors():
         for i in tv.get_loop_domain():
             if i.is_broadcast and i.parallel_type not in nest:
                 i.parallel_type = ParallelType.serial
     fusion.mark_changed()
-    return chosen  # type: ignore[return-value]
+    return chosen
 
 
 def _grid_types(tv: TensorView) -> set[ParallelType]:

@@ -31,7 +31,7 @@ from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range,
 from pyfuser.codegen.values import ValueLowering
 from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes
-from pyfuser.ir.base import Val
+from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
@@ -376,7 +376,7 @@ class KernelBuilder(ValueLowering):
         assert isinstance(producer, TensorView)
         result = self._mapped_indices(expr, producer, consumer)
         p_ids = producer.get_logical_domain(no_reductions=True)
-        c_ids = expr.outputs[0].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+        c_ids = expr.output.get_logical_domain(no_reductions=True)
         conditions = list(result.valid)
         for axis in resized_axes(expr, operand):
             c_index = consumer.of.get(id(c_ids[axis.dim]), "0")
@@ -390,15 +390,15 @@ class KernelBuilder(ValueLowering):
         result.valid = tuple(conditions)
         return result
 
-    def producer_indices(self, expr: object, producer: TensorView, consumer: Indices) -> Indices:
+    def producer_indices(self, expr: Expr, producer: TensorView, consumer: Indices) -> Indices:
         """A producer read at its consumer's loop point: its indices through the expr's logical map,
         shifted on the axes a resize op moves."""
         if isinstance(expr, RESIZE_OPS):
             return self.resize_indices(expr, expr.inputs.index(producer), consumer)
         return self._mapped_indices(expr, producer, consumer)
 
-    def _mapped_indices(self, expr: object, producer: TensorView, consumer: Indices) -> Indices:
-        mapping = expr.logical_map(producer)  # type: ignore[attr-defined]
+    def _mapped_indices(self, expr: Expr, producer: TensorView, consumer: Indices) -> Indices:
+        mapping = expr.logical_map(producer)
         result = Indices(valid=consumer.valid)
         inverse: dict[int, int] = {}
         for p in producer.get_logical_domain():
@@ -432,18 +432,18 @@ class KernelBuilder(ValueLowering):
         terms: list[str] = []
         used: list[str] = []
         for group, index in sorted(indices.groups, key=lambda g: -len(g[0])):
-            ds = [dim_of.get(k) for k in group]
-            if any(d is None or d not in live or d in covered or d in expanded for d in ds):
+            ds = [dim_of[k] for k in group if k in dim_of]
+            if len(ds) < len(group) or any(d not in live or d in covered or d in expanded for d in ds):
                 continue
-            start = alloc.index(ds[0])  # type: ignore[arg-type]
-            if alloc[start:start + len(ds)] != ds or not all(contig.get(d) for d in ds[:-1]):  # type: ignore[misc]
+            start = alloc.index(ds[0])
+            if alloc[start:start + len(ds)] != ds or not all(contig.get(d) for d in ds[:-1]):
                 continue
-            terms.append(self._stride_term(index, position, ds[-1]))  # type: ignore[arg-type]
+            terms.append(self._stride_term(index, position, ds[-1]))
             outer = tuple(reversed(ds[:-1]))
-            if len(outer) > len(self._group_strides.get((position, ds[-1]), ())):  # type: ignore[arg-type]
-                self._group_strides[(position, ds[-1])] = outer  # type: ignore[assignment]
+            if len(outer) > len(self._group_strides.get((position, ds[-1]), ())):
+                self._group_strides[(position, ds[-1])] = outer
             used.append(index)
-            covered.update(ds)  # type: ignore[arg-type]
+            covered.update(ds)
         for d in live:
             if d not in covered:
                 index = indices.of[id(dims[d])]
@@ -619,7 +619,7 @@ class KernelBuilder(ValueLowering):
         """Whether ``val`` can be computed inside a pass of ``group``'s loops (of ID classes ``classes``):
         it reads no reduction of the group and none that iterates those loops itself."""
         members = {id(e) for e in group}
-        return all(id(r) not in members and not classes & set(self._serial_reduction_classes(r.outputs[0]))
+        return all(id(r) not in members and not classes & set(self._serial_reduction_classes(r.output))
                    for r in self._reductions_feeding(val))
 
     def sibling_reductions(self, expr: ReductionOp | VarMeanOp) -> list[ReductionOp | VarMeanOp]:

@@ -208,7 +208,7 @@ def _static_launch(compiled: Any, device: int) -> Callable[[tuple[int, ...], lis
         call(function, grid[0], grid[1], grid[2], warps, shared, types, pick(params) + scratch, stream)
 
     #: what a bound launch writes as one call of its own (``BoundLaunch.write``)
-    run.static = StaticLaunch(call, function, warps, shared, types, tuple(kept), len(scratch))  # type: ignore[attr-defined]
+    run.static = StaticLaunch(call, function, warps, shared, types, tuple(kept), len(scratch))  # type: ignore[attr-defined]  # read with getattr
     return run
 
 
@@ -508,8 +508,8 @@ class BoundLaunch:
         body.append(f"return [{', '.join(slots[s] for s in self.results)}]")
         writer.function("def run(args):", body)
         run: BoundRun = writer.define("run")
-        run.source = writer.source  # type: ignore[attr-defined]
-        run.plan = self  # type: ignore[attr-defined]
+        run.source = writer.source  # type: ignore[attr-defined]  # a function attribute, read with getattr
+        run.plan = self  # type: ignore[attr-defined]  # a function attribute, read with getattr
         return run
 
 

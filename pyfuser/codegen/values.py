@@ -64,7 +64,9 @@ from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
-    from pyfuser.codegen.kernel_builder import Indices, KernelBuilder
+    from pyfuser.codegen.code_writer import CodeWriter
+    from pyfuser.codegen.kernel_builder import Indices
+    from pyfuser.ir.symbolic import SymExpr
 
 #: Exprs a kernel computes by indexing their producer differently; the value passes through.
 INDEX_ONLY_OPS = (LoadStoreOp, BroadcastOp, ExpandOp, SqueezeOp, PermuteOp)
@@ -139,9 +141,10 @@ _POW_BY_CONSTANT = {1.0: "{0}", 2.0: "{0} * {0}", 3.0: "{0} * {0} * {0}", 0.5: "
 
 def _pow_by_constant(expr: UnaryOp | BinaryOp | TernaryOp) -> str | None:
     exponent = expr.inputs[1]
-    if not (isinstance(exponent, Scalar) and exponent.is_const) or isinstance(exponent.value, complex):
+    value = exponent.value if isinstance(exponent, Scalar) else None
+    if value is None or isinstance(value, complex):
         return None
-    return _POW_BY_CONSTANT.get(float(exponent.value))
+    return _POW_BY_CONSTANT.get(float(value))
 
 
 def promoted_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
@@ -173,7 +176,6 @@ class _Accumulation:
     out: TensorView
     key: tuple[object, ...]
     dtype: DataType
-    welford: bool
     on_chip: bool
     #: a floating sum or mean read in a loop: Kahan's compensated sum per lane
     compensated: bool
@@ -182,13 +184,18 @@ class _Accumulation:
     #: the tile axes the accumulators span: those the reduction's loop domain iterates
     axes: frozenset[int]
 
-    def shape(self, builder: KernelBuilder) -> str:
+    @property
+    def welford(self) -> bool:
+        """A var_mean: Welford's accumulators (or the on-chip var_mean's)."""
+        return isinstance(self.expr, VarMeanOp)
+
+    def shape(self, builder: ValueLowering) -> str:
         """The accumulators' tile shape: the tile's size along their axes, 1 along the others."""
         return f"[{', '.join(t if k in self.axes else '1' for k, t in enumerate(builder.tile_shape))}]"
 
-    def declare(self, builder: KernelBuilder) -> None:
+    def declare(self, builder: ValueLowering) -> None:
         code = builder.code
-        identity = 0 if self.welford else _identity(self.expr.kind, self.dtype)  # type: ignore[union-attr]
+        identity = _identity(self.expr.kind, self.dtype) if isinstance(self.expr, ReductionOp) else 0
         shape = self.shape(builder)
         for name in self.names:
             code.emit(f"{name} = tl.full({shape}, {literal(identity, self.dtype)}, {triton_dtype(self.dtype)})")
@@ -198,15 +205,50 @@ class _Accumulation:
 class ValueLowering:
     """Mixin: the value of a tensor or scalar at a loop point."""
 
+    if TYPE_CHECKING:  # the kernel's state and loop nest, which ``KernelBuilder`` holds and builds
+        code: CodeWriter
+        target: str
+        evict_last: bool
+        #: names of the inputs that hold an earlier launch's partial results per program
+        partials: frozenset[int]
+        inputs: list[TensorView]
+        tile_shape: list[str]
+        _scalars: dict[str, tuple[str, DataType, Val]]
+
+        def offset(self, tv: TensorView, position: int, indices: Indices) -> tuple[str, frozenset[int]]: ...
+
+        def extent(self, i: IterDomain) -> SymExpr: ...
+
+        def index_of_loop_id(self, i: IterDomain, taken: dict[int, int]) -> str | None: ...
+
+        def walk_back(self, tv: TensorView, partial: bool = False) -> Indices: ...
+
+        def producer_indices(self, expr: Expr, producer: TensorView, consumer: Indices) -> Indices: ...
+
+        def resize_indices(self, expr: SliceOp | PadOp | CatOp, operand: int, consumer: Indices) -> Indices: ...
+
+        def open_loops_for(self, tv: TensorView, reduction: bool | None = None) -> int: ...
+
+        def share_reduction_loops(self, leader: TensorView, others: list[TensorView]) -> None: ...
+
+        def sibling_reductions(self, expr: ReductionOp | VarMeanOp) -> list[ReductionOp | VarMeanOp]: ...
+
+        def outputs_of_the_pass(self, leader: TensorView,
+                                group: list[ReductionOp | VarMeanOp]) -> list[tuple[int, TensorView]]: ...
+
+        def store_computed_outputs(self) -> None: ...
+
+        def _store(self, tv: TensorView, position: int) -> None: ...
+
     @property
-    def gpu_sums(self: KernelBuilder) -> bool:
+    def gpu_sums(self) -> bool:
         """Whether tile sums are written as a GPU runs them: ``tl.reduce`` with a combine function, which
         a GPU thread applies to its share of the tile one value after another before the tree across
         threads (Triton's interpreter applies it one value after another to the whole axis), not
         ``tl.standard._sum_combine``, which the interpreter sums with numpy (pairwise)."""
         return self.target == "cuda"
 
-    def value(self: KernelBuilder, val: Val, indices: Indices | None) -> str:
+    def value(self, val: Val, indices: Indices | None) -> str:
         """``val`` at the loop point where a consumer reads it with ``indices`` (None for scalars)."""
         if isinstance(val, Scalar):
             return self.scalar(val)
@@ -258,7 +300,7 @@ class ValueLowering:
         self.code.remember(key, result)
         return result
 
-    def resized(self: KernelBuilder, expr: PadOp | CatOp, out: TensorView, indices: Indices) -> str:
+    def resized(self, expr: PadOp | CatOp, out: TensorView, indices: Indices) -> str:
         """A pad (its operand inside, its value on the border) or a cat (each operand in its part):
         ``tl.where`` over the in-range conditions, each operand read masked to its part."""
         dtype = compute_dtype(out.dtype)
@@ -286,7 +328,7 @@ class ValueLowering:
         assert value is not None
         return value
 
-    def scalar(self: KernelBuilder, val: Scalar) -> str:
+    def scalar(self, val: Scalar) -> str:
         if val.is_const:
             return literal(val.value, compute_dtype(val.dtype))
         if val.is_fusion_input:
@@ -299,7 +341,7 @@ class ValueLowering:
             self.code.remember(key, cached)
         return cached
 
-    def by_value(self: KernelBuilder, symbol: str, val: Val) -> str:
+    def by_value(self, symbol: str, val: Val) -> str:
         """A fusion input the kernel takes as an argument by value (a scalar, a 0-dim CPU tensor), as a
         typed 0-dim value bound at the kernel's entry: Triton's interpreter passes a float argument as
         a Python float (no ``.to``), a compiled kernel an int argument as int32 when it fits
@@ -307,7 +349,7 @@ class ValueLowering:
         self._scalars.setdefault(symbol, (f"arg_{symbol}", compute_dtype(val.dtype), val))
         return f"s_{symbol}"
 
-    def compute(self: KernelBuilder, expr: Expr, out: Val, indices: Indices | None) -> str:
+    def compute(self, expr: Expr, out: Val, indices: Indices | None) -> str:
         def operand(v: Val) -> str:
             if isinstance(v, TensorView):
                 assert indices is not None
@@ -376,13 +418,13 @@ class ValueLowering:
         src = compute_dtype(src)
         return f"({value}){_to(src, dst)}" if src is not dst else value
 
-    def store_value(self: KernelBuilder, value: str, tv: TensorView) -> str:
+    def store_value(self, value: str, tv: TensorView) -> str:
         if tv.dtype is DataType.BFloat16:
             return f"_to_bf16({value})"  # the prelude's conversion (the interpreter's own truncates)
         return f"({value}){_to(compute_dtype(tv.dtype), tv.dtype)}"
 
     # --- reductions -------------------------------------------------------------------------------------
-    def reduce(self: KernelBuilder, expr: ReductionOp | VarMeanOp) -> None:
+    def reduce(self, expr: ReductionOp | VarMeanOp) -> None:
         """Compute ``expr`` at the nest's iteration point: open its serial reduction loops (if any),
         accumulate per lane, then reduce across its reduction tile axes (kept as size-1 axes, so the
         result broadcasts against later tiles).
@@ -418,7 +460,7 @@ class ValueLowering:
         for acc in group:
             self._finish(acc)
 
-    def _accumulation(self: KernelBuilder, expr: ReductionOp | VarMeanOp) -> _Accumulation | None:
+    def _accumulation(self, expr: ReductionOp | VarMeanOp) -> _Accumulation | None:
         """How ``expr`` accumulates at this loop point; None when its value is already here."""
         out = expr.outputs[0]
         assert isinstance(out, TensorView)
@@ -435,14 +477,14 @@ class ValueLowering:
         # var_mean over tile axes only (the row on chip): passes over registers; Welford's update is
         # for rows read in a loop.
         on_chip = welford and not looped
-        compensated = looped and not welford and acc_dtype.is_floating and \
-            expr.kind in (ReductionOpType.sum, ReductionOpType.mean)  # type: ignore[union-attr]
+        compensated = looped and isinstance(expr, ReductionOp) and acc_dtype.is_floating and \
+            expr.kind in (ReductionOpType.sum, ReductionOpType.mean)
         count = 2 if on_chip or compensated else 4 if welford else 1
         names = [self.code.fresh("acc") for _ in range(count)]
-        return _Accumulation(expr, out, key, acc_dtype, welford, on_chip, compensated, names,
+        return _Accumulation(expr, out, key, acc_dtype, on_chip, compensated, names,
                              self._accumulator_axes(out))
 
-    def _accumulator_axes(self: KernelBuilder, out: TensorView) -> frozenset[int]:
+    def _accumulator_axes(self, out: TensorView) -> frozenset[int]:
         """The tile axes ``out``'s loop domain iterates: a reduction of values already added up along a
         tile axis (a step's rows, rfactored out of it) keeps an accumulator of size 1 there (every
         axis when it iterates none, or when a tile loop ID of it maps to no single tile axis)."""
@@ -459,11 +501,11 @@ class ValueLowering:
             axes |= dims
         return frozenset(axes) if axes else every  # a value per program: the stores take a tile
 
-    def _accumulate(self: KernelBuilder, acc: _Accumulation) -> None:
+    def _accumulate(self, acc: _Accumulation) -> None:
         """Add this loop point's values into the accumulators of ``acc``."""
         code = self.code
         expr, out, names, acc_dtype, on_chip, welford = acc.expr, acc.out, acc.names, acc.dtype, acc.on_chip, acc.welford
-        kind = None if welford else expr.kind
+        kind = expr.kind if isinstance(expr, ReductionOp) else None
         indices = self.walk_back(out)
         producer = expr.inputs[0]
         assert isinstance(producer, TensorView)
@@ -503,24 +545,22 @@ class ValueLowering:
             code.emit(f"{compensation} = tl.where({summed} - {summed} == 0, ({summed} - {total}) - {term}, 0.0)")
             code.emit(f"{total} = {summed}")
         else:
-            (acc,) = names
+            (total,) = names
             assert kind is not None
-            combined = f"{_COMBINE[kind]}({acc}, {value})"
-            code.emit(f"{acc} = tl.where({mask}, {combined}, {acc})" if mask else f"{acc} = {combined}")
+            combined = f"{_COMBINE[kind]}({total}, {value})"
+            code.emit(f"{total} = tl.where({mask}, {combined}, {total})" if mask else f"{total} = {combined}")
 
-    def _finish(self: KernelBuilder, acc: _Accumulation) -> None:
+    def _finish(self, acc: _Accumulation) -> None:
         """Reduce the accumulators of ``acc`` across its tile axes and remember the results."""
         code = self.code
-        expr, out, names, acc_dtype, on_chip, welford, key = (acc.expr, acc.out, acc.names, acc.dtype, acc.on_chip,
-                                                              acc.welford, acc.key)
+        expr, out, names, acc_dtype, on_chip, key = acc.expr, acc.out, acc.names, acc.dtype, acc.on_chip, acc.key
         compensated = acc.compensated
         shape = acc.shape(self)
-        kind = None if welford else expr.kind
-        axes: list[int | None] = sorted({self._tile_pos_of(i) for i in out.get_loop_domain()
-                                         if i.is_reduction} - {None})  # type: ignore[type-var]
-        if axes and len(axes) == len(self.tile_shape):
-            axes = [None]  # every tile axis is reduced: one reduction to a scalar (stores take scalars)
-        if on_chip:
+        positions = sorted({p for i in out.get_loop_domain() if i.is_reduction
+                            for p in [self._tile_pos_of(i)] if p is not None})
+        # every tile axis reduced: one reduction to a scalar (stores take scalars)
+        axes: list[int | None] = [None] if positions and len(positions) == len(self.tile_shape) else [*positions]
+        if isinstance(expr, VarMeanOp) and on_chip:
             values, valid = names
             total = code.assign("s", values, cse=False)
             self._sum_over(total, axes)
@@ -542,7 +582,7 @@ class ValueLowering:
                               f"{m2} / ({count})", cse=False)
             results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                        self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
-        elif welford:
+        elif isinstance(expr, VarMeanOp):
             # The lanes' partial results combine in float64 (per lane, not per element): the
             # combine's rounding, at each level of the tree, does not add up over the lanes.
             wide = DataType.Double
@@ -563,8 +603,8 @@ class ValueLowering:
             results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                        self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         else:
-            acc = names[0]
-            assert kind is not None
+            kind = expr.kind
+            value = names[0]
             if compensated:
                 # The lanes' sums and what they lost, added across lanes and joined (and divided by a
                 # mean's count) in float64: the result rounds once. Per lane, not per element: a
@@ -572,7 +612,7 @@ class ValueLowering:
                 wide = DataType.Double
                 total, compensation = (code.assign("v", self.convert(n, acc_dtype, wide), cse=False) for n in names)
                 self._sum_over_pair(total, compensation, axes)
-                acc = code.assign("v", f"{total} - {compensation}", cse=False)
+                value = code.assign("v", f"{total} - {compensation}", cse=False)
                 acc_dtype = wide
             elif kind in (ReductionOpType.sum, ReductionOpType.mean) and acc_dtype is DataType.Float and \
                     self._sums_partials(expr):
@@ -581,25 +621,25 @@ class ValueLowering:
                 # (the GPU's and numpy's reduce of a tile axis adds one after another) rounds at the
                 # scale of the total once per partial.
                 wide = DataType.Double
-                acc = code.assign("v", self.convert(acc, acc_dtype, wide), cse=False)
-                self._sum_over(acc, axes)
+                value = code.assign("v", self.convert(value, acc_dtype, wide), cse=False)
+                self._sum_over(value, axes)
                 acc_dtype = wide
             elif kind in (ReductionOpType.sum, ReductionOpType.mean) and acc_dtype is DataType.Float and \
                     self.gpu_sums and self._reads_float32(expr):
-                acc = self._compensated_sum_over(acc, axes, shape)
+                value = self._compensated_sum_over(value, axes, shape)
                 acc_dtype = DataType.Double
             elif kind in (ReductionOpType.sum, ReductionOpType.mean):
-                self._sum_over(acc, axes)
+                self._sum_over(value, axes)
             else:
                 for axis in axes:
                     keep = ", keep_dims=True" if axis is not None else ""
-                    code.emit(f"{acc} = tl.reduce({acc}, {axis}, {_COMBINE[kind]}{keep})")
-                code.reduced(acc, axes)
-            result = acc
+                    code.emit(f"{value} = tl.reduce({value}, {axis}, {_COMBINE[kind]}{keep})")
+                code.reduced(value, axes)
+            result = value
             if kind is ReductionOpType.mean:
                 counted = expr.count_ids or [i for i in out.get_logical_domain() if i.is_reduction]
                 count = " * ".join(int_expr(self.extent(i)) for i in counted)
-                result = code.assign("v", f"{acc} / ({count})", cse=False)
+                result = code.assign("v", f"{value} / ({count})", cse=False)
             results = [self.convert(result, acc_dtype, compute_dtype(out.dtype))]
         for tv, result in zip(expr.outputs, results, strict=True):
             assert isinstance(tv, TensorView)
@@ -607,7 +647,7 @@ class ValueLowering:
             result = _rounded(result, tv.dtype)
             code.remember(out_key, result if result.isidentifier() else code.assign("v", result, cse=False))
 
-    def _reads_float32(self: KernelBuilder, expr: Expr) -> bool:
+    def _reads_float32(self, expr: Expr) -> bool:
         """Whether the values ``expr`` reduces come from a tensor input of the kernel that is not a
         16-bit float (float32 data: float16 and bfloat16 results round far above a float32 sum's error,
         so their memory-bound kernels keep the plain sum)."""
@@ -624,7 +664,7 @@ class ValueLowering:
                 stack.extend(val.definition.inputs)
         return False
 
-    def _compensated_sum_over(self: KernelBuilder, name: str, axes: list[int | None], shape: str) -> str:
+    def _compensated_sum_over(self, name: str, axes: list[int | None], shape: str) -> str:
         """``name`` (float32) summed over tile ``axes`` as pairs of a sum and what its roundings lost
         (``_two_sum``), joined in float64: the result rounds about once, in any order of the adds (a
         GPU thread adds its values one after another). Where the sum is not finite (an inf or NaN
@@ -639,7 +679,7 @@ class ValueLowering:
         wide = code.assign("v", f"{name}.to(tl.float64)", cse=False)
         return code.assign("v", f"tl.where({name} - {name} == 0, {wide} + {lost}.to(tl.float64), {wide})", cse=False)
 
-    def _sums_partials(self: KernelBuilder, expr: Expr) -> bool:
+    def _sums_partials(self, expr: Expr) -> bool:
         """Whether ``expr`` reduces programs' partial results (an input of this launch that an
         earlier launch wrote), read as they are or through copies."""
         source = expr.inputs[0]
@@ -647,7 +687,7 @@ class ValueLowering:
             source = source.definition.inputs[0]
         return isinstance(source, TensorView) and source.name in self.partials
 
-    def _sum_over(self: KernelBuilder, name: str, axes: list[int | None]) -> None:
+    def _sum_over(self, name: str, axes: list[int | None]) -> None:
         """``name`` summed over tile ``axes`` in place (see ``gpu_sums``)."""
         combine = "_add" if self.gpu_sums else "_sum_combine"
         for axis in axes:
@@ -655,7 +695,7 @@ class ValueLowering:
             self.code.emit(f"{name} = tl.reduce({name}, {axis}, {combine}{keep})")
         self.code.reduced(name, axes)
 
-    def _sum_over_pair(self: KernelBuilder, a: str, b: str, axes: list[int | None]) -> None:
+    def _sum_over_pair(self, a: str, b: str, axes: list[int | None]) -> None:
         """Two values summed over tile ``axes`` in place: one reduction of the pair on the GPU (one
         exchange between warps for both), two numpy sums in the interpreter."""
         if not self.gpu_sums:
@@ -668,10 +708,10 @@ class ValueLowering:
         self.code.reduced(a, axes)
         self.code.reduced(b, axes)
 
-    def _tile_pos_of(self: KernelBuilder, i: object) -> int | None:
+    def _tile_pos_of(self, i: IterDomain) -> int | None:
         """The tile axis a reduction loop ID of a reduction tensor iterates (None: a serial loop)."""
         taken: dict[int, int] = {}
-        index = self.index_of_loop_id(i, taken)  # type: ignore[arg-type]
+        index = self.index_of_loop_id(i, taken)
         if index is None:
             return None
         dims = self.code.dims.get(index)

@@ -33,6 +33,6 @@ class LruFusionCache:
             fd.fec = cache.cache_compile(fd.fusion)
             return fd
 
-        wrapper.stats = cache.stats  # type: ignore[attr-defined]
-        wrapper.num_fusions = cache.num_fusions  # type: ignore[attr-defined]
+        wrapper.stats = cache.stats  # type: ignore[attr-defined]  # a function attribute, as nvFuser's decorator has
+        wrapper.num_fusions = cache.num_fusions  # type: ignore[attr-defined]  # likewise
         return wrapper

@@ -107,7 +107,7 @@ class FusionDefinition:
     def ops(self) -> Ops:
         """The ops that define the fusion (nvFuser's ``fd.ops``); inside the ``with`` block, or on a
         definition built without one."""
-        return _ClosedOps(self._ops) if self._closed else self._ops  # type: ignore[return-value]
+        return _ClosedOps(self._ops) if self._closed else self._ops  # type: ignore[return-value]  # a stand-in: any op raises
 
     @property
     def fusion(self) -> Fusion:
@@ -261,7 +261,7 @@ class FusionDefinition:
             if stride_order is not None:
                 raise ValueError(f"add_output {tv}: an output written into alias_input takes that input's strides; "
                                  "it cannot also have a stride_order")
-            self._fusion.alias_output_to_input(tv, alias_input)  # type: ignore[arg-type]
+            self._fusion.alias_output_to_input(tv, alias_input)
             return
         if isinstance(tv, TensorView) and stride_order is not None:
             check_stride_order(stride_order, tv.ndim, f"add_output {tv.short_name}")

@@ -205,7 +205,7 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
                 raise ValueError(f"slice: {tv.short_name} axis {d}: stride must be a positive int, got {step!r}")
             first = self._size(start, f"slice {tv.short_name} axis {d} start", allow_negative=True)
             last = self._size(stop, f"slice {tv.short_name} axis {d} end", allow_negative=True)
-            given.append((first, last, step))  # type: ignore[arg-type]
+            given.append((first, last, step))
             lo = _normalize_index(first, i.extent)
             hi = _normalize_index(last, i.extent)
             ranges.append((lo, hi if lo.value == 0 else sym_max(lo, hi), step))
@@ -246,7 +246,7 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
                                      f"has extent {ref.extent}; only the cat axis may differ")
             ids.append(clone_id(self, ref))
         out = self._new_tv(ids, dtype)
-        CatOp(self._fusion, out, [self.cast(t, dtype) if t.dtype != dtype else t for t in tvs], axis)  # type: ignore[misc]
+        CatOp(self._fusion, out, [self.cast(t, dtype) if t.dtype != dtype else t for t in tvs], axis)
         return out
 
     def pad(self, x: TensorView, pad_widths: Sequence[SizeLike], value: Operand | None = None) -> TensorView:
@@ -264,17 +264,17 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
         for k in range(0, len(widths), 2):
             d = rank - 1 - k // 2
             left, right = widths[k], widths[k + 1]
-            if left.value == 0 and right.value == 0:  # type: ignore[union-attr]
+            if left.value == 0 and right.value == 0:
                 continue
-            extent = in_ids[d].extent + left + right  # type: ignore[operator]
-            cropped = in_ids[d].extent + sym_min(left, 0) + sym_min(right, 0)  # type: ignore[arg-type]
+            extent = in_ids[d].extent + left + right
+            cropped = in_ids[d].extent + sym_min(left, 0) + sym_min(right, 0)
             if cropped.value is not None and cropped.value < 0:  # torch crops before it pads
                 raise ValueError(f"pad: {tv.short_name} axis {d} has extent {in_ids[d].extent}; pad widths "
                                  f"{left}, {right} would crop {-cropped.value} elements more than it has")
             padded[d] = extent
         fill = self._val(0 if value is None else value, "pad value")
         out = self._new_tv(_resized_ids(self, in_ids, padded), tv.dtype)
-        PadOp(self._fusion, out, tv, widths, fill)  # type: ignore[arg-type]
+        PadOp(self._fusion, out, tv, widths, fill)
         return out
 
     # --- sizes ---------------------------------------------------------------------------------
@@ -311,8 +311,11 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
             raise TypeError(f"iota: dtype must be an integer or floating-point type, got {dt}")
         extent = self._size(length, "iota length")
         default_start, default_step = (0, 1) if dt.is_integral else (0.0, 1.0)
-        length_val = self._val(length if not isinstance(length, SymExpr) else int(extent.value), "iota length")  # type: ignore[union-attr,arg-type]
-        out = self._new_tv([self._id(extent)], dt)  # type: ignore[arg-type]
+        if isinstance(length, SymExpr) and extent.value is None:
+            raise ValueError(f"iota: length {length} is a symbolic extent; pass an int or an integer scalar "
+                             "(fd.ops.size) instead")
+        length_val = self._val(extent.value if isinstance(length, SymExpr) else length, "iota length")
+        out = self._new_tv([self._id(extent)], dt)
         IotaOp(self._fusion, out, length_val, self._val(default_start if start is None else start, "iota start"),
                self._val(default_step if step is None else step, "iota step"))
         return out
@@ -366,8 +369,7 @@ def _unpadded_cat_inputs(tvs: list[TensorView], axis: int) -> list[TensorView]:
         if not isinstance(pad, PadOp):
             raise ValueError(f"cat: manual_padding=True expects every input to be a pad; input {k} ({tv.short_name}) "
                              f"is defined by {type(pad).__name__ if pad is not None else 'nothing (an input)'}")
-        piece = pad.inputs[0]
-        assert isinstance(piece, TensorView)
+        piece = pad.tensor_input(0)
         for d in range(tv.ndim):
             left, right = pad.axis_widths(d)
             if d != axis and (left.value, right.value) != (0, 0):
@@ -379,9 +381,8 @@ def _unpadded_cat_inputs(tvs: list[TensorView], axis: int) -> list[TensorView]:
                              f"the pieces before it span {offset}")
         offset = offset + piece.get_logical_domain(no_reductions=True)[axis].extent
         pieces.append(piece)
-    _, last_right = tvs[-1].definition.axis_widths(axis)  # type: ignore[union-attr]
-    if last_right.value != 0:
-        raise ValueError(f"cat: manual_padding=True: the last input {tvs[-1].short_name} is padded by {last_right} "
-                         f"after it on axis {axis}; the pieces must fill the result")
+        if k == len(tvs) - 1 and right.value != 0:
+            raise ValueError(f"cat: manual_padding=True: the last input {tv.short_name} is padded by {right} "
+                             f"after it on axis {axis}; the pieces must fill the result")
     return pieces
 

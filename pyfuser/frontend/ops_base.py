@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType, check_scalar_in_range, data_type_of_python
@@ -40,6 +40,12 @@ class OpsBase:
 
         def squeeze(self, x: TensorView, dims: Sequence[int] | int, squeeze_expanded: bool = False) -> TensorView: ...
 
+        @overload
+        def cast(self, x: TensorView, dtype: DataType | torch.dtype) -> TensorView: ...
+
+        @overload
+        def cast(self, x: Scalar | int | float | bool | complex, dtype: DataType | torch.dtype) -> Scalar: ...
+
         def cast(self, x: Operand, dtype: DataType | torch.dtype) -> PointwiseResult: ...
 
         def expand(self, x: TensorView, shape: Sequence[SizeLike]) -> TensorView: ...
@@ -74,12 +80,15 @@ class OpsBase:
 
     def _shape(self, shape: Sequence[Any], what: str) -> list[SymExpr]:
         """Each size of a new tensor's ``shape`` as an extent (``what[k]`` names it in errors; -1 refused)."""
-        extents = []
-        for k, size in enumerate(shape):
-            extent = self._size(size, f"{what}[{k}]")
-            assert extent is not None  # None only for an allowed -1
-            extents.append(extent)
-        return extents
+        return [self._size(size, f"{what}[{k}]") for k, size in enumerate(shape)]
+
+    @overload
+    def _size(self, size: Any, what: str, allow_minus_one: Literal[False] = False, allow_negative: bool = False,
+              negative_input_ok: bool = False) -> SymExpr: ...
+
+    @overload
+    def _size(self, size: Any, what: str, allow_minus_one: Literal[True], allow_negative: bool = False,
+              negative_input_ok: bool = False) -> SymExpr | None: ...
 
     def _size(self, size: Any, what: str, allow_minus_one: bool = False, allow_negative: bool = False,
               negative_input_ok: bool = False) -> SymExpr | None:
@@ -140,8 +149,8 @@ class OpsBase:
         result = {}
         for tv in tensors:
             definition = tv.definition
-            axes = definition._expanded if isinstance(definition, ExpandOp) else []
-            result[id(tv)] = {d + rank - tv.ndim for d, _ in axes}
+            axes = definition.expanded_axes if isinstance(definition, ExpandOp) else []
+            result[id(tv)] = {d + rank - tv.ndim for d in axes}
         return result
 
     def _meet_expanded(self, operands: list[Any], extents: list[SymExpr | None],
@@ -159,7 +168,9 @@ class OpsBase:
                     if pos + rank - x.ndim in expanded[id(x)] and want is not None:
                         shape[pos] = want
                 if shape != [i.extent for i in ids]:
-                    x = self.expand(x.definition.inputs[0], shape)  # type: ignore[union-attr, arg-type]
+                    definition = x.definition
+                    assert isinstance(definition, ExpandOp)  # x is in expanded: an ExpandOp defines it
+                    x = self.expand(definition.tensor_input(0), shape)
             result.append(x)
         return result
 

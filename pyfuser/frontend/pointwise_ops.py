@@ -5,7 +5,7 @@ output dtype)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -54,7 +54,14 @@ class PointwiseOps(OpsBase):
                                  if isinstance(x, TensorView) and x.ndim == 0 and extents)
         return out
 
+    @overload
+    def cast(self, x: TensorView, dtype: DataType | torch.dtype) -> TensorView: ...
+
+    @overload
+    def cast(self, x: Scalar | int | float | bool | complex, dtype: DataType | torch.dtype) -> Scalar: ...
+
     def cast(self, x: Operand, dtype: DataType | torch.dtype) -> PointwiseResult:
+        """``x`` as ``dtype``: a tensor of a tensor, a scalar of a scalar."""
         target = as_data_type(dtype)
         val = self._val(x, "cast")
         if isinstance(val, TensorView):

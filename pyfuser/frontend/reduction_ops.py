@@ -55,7 +55,6 @@ class ReductionOps(PointwiseOps):
             # Every reduced axis is a size-1 broadcast: the result is the input in the result's dtype,
             # squeezed (nvFuser builds the same cast and squeeze, and prints it so).
             cast = self.cast(tv, out_dtype) if out_dtype != tv.dtype else tv
-            assert isinstance(cast, TensorView)  # a cast of a tensor
             out = self.squeeze(cast, trivial)
             return self._keepdim(out, axes, tv.ndim) if keepdim else out
         out = self._new_tv(_reduced_ids(self, tv, axes), out_dtype)

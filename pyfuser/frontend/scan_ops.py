@@ -49,14 +49,14 @@ class ScanOps(OpsBase):
         axis = normalize_axis(dim, tv.ndim, tv, "topk dim")
         count = self._size(k, f"topk {tv.short_name} k")
         extent = tv.get_logical_domain(no_reductions=True)[axis].extent
-        if count.value is not None and extent.value is not None and count.value > extent.value:  # type: ignore[union-attr]
+        if count.value is not None and extent.value is not None and count.value > extent.value:
             raise ValueError(f"topk: k = {count} is larger than {tv.short_name} axis {axis}'s extent {extent}")
         result_dtype(lambda t: torch.topk(t, 1, 0).values, [tv])  # rejects what torch cannot order (complex)
         ids = [clone_id(self, i) for i in tv.get_logical_domain(no_reductions=True)]
-        ids[axis] = self._id(count, IterType.Broadcast if count.value == 1 else IterType.Iteration)  # type: ignore[arg-type,union-attr]
+        ids[axis] = self._id(count, IterType.Broadcast if count.value == 1 else IterType.Iteration)
         values = self._new_tv(ids, tv.dtype)
         indices = self._new_tv([clone_id(self, i) for i in ids], DataType.Int)
-        TopKOp(self._fusion, values, indices, tv, count, axis, bool(largest), bool(sorted))  # type: ignore[arg-type]
+        TopKOp(self._fusion, values, indices, tv, count, axis, bool(largest), bool(sorted))
         return values, indices
 
     def argsort(self, arg: TensorView, dim: int, descending: bool = False, stable: bool = False) -> TensorView:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from pyfuser.ir.base import evaluate_exprs
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
@@ -79,10 +80,7 @@ def evaluate_reference(fusion: Fusion, inputs: Sequence[Any], device: torch.devi
         device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), torch.device("cpu"))
     ctx = EvalContext(env, device)
     values: dict[int, Any] = {id(v): a for v, a in zip(fusion.inputs(), args, strict=True)}
-    for expr in fusion.exprs():
-        args = [values[id(v)] if id(v) in values else v.value for v in expr.inputs]  # type: ignore[attr-defined]
-        for out, result in zip(expr.outputs, expr.evaluate(ctx, *args), strict=True):
-            values[id(out)] = result
+    evaluate_exprs(fusion.exprs(), ctx, values)
     return [values[id(out)] for out in _returned(fusion)]
 
 
@@ -117,7 +115,7 @@ def validate_with_auto_inferred_outputs(fusion: Fusion, outputs: Sequence[torch.
 
 
 def _returned(fusion: Fusion) -> list[TensorView]:
-    return [o for pos, o in enumerate(fusion.outputs()) if fusion.output_alias(pos) is None]  # type: ignore[misc]
+    return [o for pos, o in enumerate(fusion.outputs()) if fusion.output_alias(pos) is None]  # type: ignore[misc]  # add_output takes tensors
 
 
 def _prepare(fusion: Fusion, inputs: Sequence[Any]) -> tuple[list[Any], dict[str, int]]:

@@ -370,5 +370,5 @@ def _with_fixes(run: _Run, fixes: tuple[tuple[int, Callable[[torch.Tensor], torc
                 outputs[pos] = fix(outputs[pos])
         return outputs
 
-    conformed.source = getattr(run, "source", "")  # type: ignore[attr-defined]
+    conformed.source = getattr(run, "source", "")  # type: ignore[attr-defined]  # a function attribute, read with getattr
     return conformed

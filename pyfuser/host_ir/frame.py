@@ -23,6 +23,14 @@ class Frame:
         self.ctx = ctx
         self.streams = streams
 
+    @property
+    def cuda_streams(self) -> CudaStreams:
+        """The stream runtime, for the steps built only on CUDA (stream switches, waits, slot events)."""
+        if self.streams is None:
+            raise RuntimeError("a CUDA stream step ran in a frame without CUDA streams; stream steps are built "
+                               "only for a program on a CUDA device")
+        return self.streams
+
 
 Step = Callable[[Frame], None]
 

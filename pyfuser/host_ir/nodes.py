@@ -313,11 +313,11 @@ class ForLoop(HostNode):
     body: list[HostNode] = field(default_factory=list)
 
     @property
-    def inputs(self) -> list[HostVal]:  # type: ignore[override]
+    def inputs(self) -> list[HostVal]:  # type: ignore[override]  # read-only, computed from the body
         return [v for node in self.body for v in node.inputs]
 
     @property
-    def outputs(self) -> list[HostVal]:  # type: ignore[override]
+    def outputs(self) -> list[HostVal]:  # type: ignore[override]  # read-only, computed from the body
         return [v for node in self.body for v in node.outputs]
 
     def to_string(self, indent: int = 0) -> str:

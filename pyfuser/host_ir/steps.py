@@ -28,7 +28,7 @@ from pyfuser.host_ir.nodes import (
 )
 from pyfuser.host_ir.specialization import Specializations
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotRelease, SlotWait, Synchronize
-from pyfuser.ir.base import Val
+from pyfuser.ir.base import evaluate_exprs, operand_value
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.layout import dense_strides
 from pyfuser.ir.ops.common import checked_sizes
@@ -130,15 +130,8 @@ def _aten_fallback(node: LaunchKernel) -> Callable[[EvalContext, list[Any], list
 
     def evaluate(ctx: EvalContext, args: list[Any], out: list[Any] | None) -> list[Any]:
         env: dict[int, Any] = {id(v): a for v, a in zip(node.inputs, args, strict=True)}
-
-        def value(v: Val) -> Any:
-            # Given (a segment input) or computed by an earlier expr; else a constant scalar.
-            return env[id(v)] if id(v) in env else v.value  # type: ignore[attr-defined]
-
-        for expr in exprs:
-            for o, r in zip(expr.outputs, expr.evaluate(ctx, *[value(v) for v in expr.inputs]), strict=True):
-                env[id(o)] = r
-        results = [value(v) for v in node.outputs]
+        evaluate_exprs(exprs, ctx, env)
+        results = [operand_value(v, env) for v in node.outputs]
         if out is not None:
             for buffer, r in zip(out, results, strict=True):
                 buffer.copy_(r)
@@ -218,7 +211,7 @@ def build_launch_kernel(node: LaunchKernel, cc: CompileContext) -> Step:
             values[o] = r
 
     #: what a straight-line function of a bound program replays (``straight_line.py``)
-    step.bound_launches = bound  # type: ignore[attr-defined]
+    step.bound_launches = bound  # type: ignore[attr-defined]  # a function attribute, read with getattr
     return step
 
 
@@ -314,7 +307,7 @@ def _stream_resolver(cc: CompileContext, stream: HostStream) -> Callable[[Frame]
         slot = cc.slot(stream)
         return lambda frame: frame.values[slot]
     idx = cc.slot(stream.index)
-    return lambda frame: frame.streams.worker(frame.values[idx])  # type: ignore[union-attr]
+    return lambda frame: frame.cuda_streams.worker(frame.values[idx])
 
 
 def build_get_current_stream(node: GetCurrentStream, cc: CompileContext) -> Step | None:
@@ -323,7 +316,7 @@ def build_get_current_stream(node: GetCurrentStream, cc: CompileContext) -> Step
     slot = cc.slot(node.stream)
 
     def step(frame: Frame) -> None:
-        frame.values[slot] = frame.streams.current  # type: ignore[union-attr]
+        frame.values[slot] = frame.cuda_streams.current
 
     return step
 
@@ -334,7 +327,7 @@ def build_set_current_stream(node: SetCurrentStream, cc: CompileContext) -> Step
     resolve = _stream_resolver(cc, node.stream)
 
     def step(frame: Frame) -> None:
-        frame.streams.set(resolve(frame))  # type: ignore[union-attr]
+        frame.cuda_streams.set(resolve(frame))
 
     return step
 
@@ -347,7 +340,7 @@ def build_synchronize(node: Synchronize, cc: CompileContext) -> Step | None:
 
     def step(frame: Frame) -> None:
         other = resolve(frame)
-        current = frame.streams.current  # type: ignore[union-attr]
+        current = frame.cuda_streams.current
         if other != current:
             event.record(other)
             current.wait_event(event)
@@ -361,7 +354,7 @@ def build_slot_wait(node: SlotWait, cc: CompileContext) -> Step | None:
     idx, key = cc.slot(node.index), node.tv
 
     def step(frame: Frame) -> None:
-        frame.streams.wait_slot(key, frame.values[idx])  # type: ignore[union-attr]
+        frame.cuda_streams.wait_slot(key, frame.values[idx])
 
     return step
 
@@ -372,7 +365,7 @@ def build_slot_release(node: SlotRelease, cc: CompileContext) -> Step | None:
     idx, key = cc.slot(node.index), node.tv
 
     def step(frame: Frame) -> None:
-        frame.streams.release_slot(key, frame.values[idx])  # type: ignore[union-attr]
+        frame.cuda_streams.release_slot(key, frame.values[idx])
 
     return step
 

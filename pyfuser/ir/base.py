@@ -190,9 +190,18 @@ class Expr(ABC):
     def tensor_outputs(self) -> list[TensorView]:
         return [cast("TensorView", v) for v in self.outputs if v.is_tensor]
 
+    def tensor_input(self, position: int, *, as_defined: bool = False) -> TensorView:
+        """The input at ``position`` of an op whose operand there is always a tensor; ``as_defined``
+        reads ``defined_inputs`` (what runtime size-check messages name). Typed, so callers reach
+        tensor attributes without a cast, and a scalar there fails naming the op and position."""
+        v = (self.defined_inputs if as_defined else self.inputs)[position]
+        if not v.is_tensor:
+            raise TypeError(f"{self.op_description}: input {position} must be a tensor, got scalar {v}")
+        return cast("TensorView", v)
+
     @property
     def output(self) -> TensorView:
-        return self.outputs[0]  # type: ignore[return-value]
+        return self.outputs[0]  # type: ignore[return-value]  # a tensor op's; unchecked on this hot path
 
     @property
     def op_description(self) -> str:
@@ -225,7 +234,7 @@ class Expr(ABC):
         """``logical_map`` of the input at ``position``. Ops that map their operand positions
         differently (matmul's ``a`` and ``b``) override this; their ``logical_map`` of a tensor read
         at several positions (``matmul(x, x)``) keeps only the IDs all those positions map alike."""
-        return self.logical_map(self.inputs[position])  # type: ignore[arg-type]
+        return self.logical_map(self.tensor_input(position))
 
     def agreed_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         """The IDs of ``producer`` that every position it is read at maps to the same consumer ID."""
@@ -248,6 +257,30 @@ class Expr(ABC):
 
     def __str__(self) -> str:
         return self.to_string()
+
+
+def operand_value(v: Val, values: dict[int, Any]) -> Any:
+    """``v``'s value: given or computed (``values``, by id), else a constant scalar's."""
+    if id(v) in values:
+        return values[id(v)]
+    if isinstance(v, Scalar):
+        return v.value
+    raise RuntimeError(f"{v} is neither given nor computed by an earlier op, and no constant")
+
+
+def evaluate_exprs(exprs: Sequence[Expr], ctx: EvalContext, values: dict[int, Any]) -> None:
+    """Each of ``exprs`` in order by its torch reference, its operands read with ``operand_value``,
+    its results written to ``values``."""
+    for expr in exprs:
+        results = expr.evaluate(ctx, *[operand_value(v, values) for v in expr.inputs])
+        for out, result in zip(expr.outputs, results, strict=True):
+            values[id(out)] = result
+
+
+def as_tensor(v: Val) -> TensorView | None:
+    """``v`` typed as a tensor when it is one, else None: the ``is_tensor`` check as a narrowing, for
+    modules that cannot import TensorView at run time (it imports them)."""
+    return cast("TensorView", v) if v.is_tensor else None
 
 
 def indent_str(indent: int) -> str:

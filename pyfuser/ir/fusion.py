@@ -129,8 +129,9 @@ class Fusion:
             self._outputs = [new if o is old else o for o in self._outputs]
             self.mark_changed()
 
-    def alias_output_to_input(self, out: TensorView, inp: TensorView) -> None:
-        """Add ``out`` as an output written in place into input ``inp`` (not returned)."""
+    def alias_output_to_input(self, out: Val, inp: Val) -> None:
+        """Add ``out`` as an output written in place into input ``inp`` (not returned). Takes any Val:
+        it checks that both are tensors, as the frontend passes what the user gave."""
         self._check_owned(out, "aliased output")
         self._check_owned(inp, "alias input")
         if not (isinstance(inp, TensorView) and inp.is_fusion_input):

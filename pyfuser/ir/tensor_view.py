@@ -276,7 +276,8 @@ class TensorView(Val):
         self.fusion.mark_changed()
         return self
 
-    def set_device_mesh(self, mesh: DeviceMesh) -> TensorView:
+    def set_device_mesh(self, mesh: DeviceMesh | None) -> TensorView:
+        """Place the tensor on ``mesh``; None (a copy of a tensor without a mesh) leaves it unplaced."""
         self.device_mesh = mesh
         self.fusion.mark_changed()
         return self

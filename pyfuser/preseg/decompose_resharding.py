@@ -100,22 +100,22 @@ def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
     """``out = linear(x, w, b)`` -> ``y = linear(x, w)``, ``out = y + broadcast(b)``: with partial sums
     every rank would add the bias, so it is added once, after the reduction."""
     fusion = linear.fusion
-    x, w, bias = linear.inputs
+    x, w, bias = (linear.tensor_input(k) for k in range(3))
     out = linear.output
     for inp in (x, w, bias):
         inp.uses[:] = [e for e in inp.uses if e is not linear]
     reduced = _partial_copy(out, out.device_mesh, dict(sharding_of(out).axes))
     _copy_stream_schedule(out, reduced)
-    bare = LinearOp(fusion, reduced, x, w, None)  # type: ignore[arg-type]
+    bare = LinearOp(fusion, reduced, x, w, None)
     rank = len(reduced.get_logical_domain(no_reductions=True))
     # bias [n] or [*wb, n] (a weight of rank >= 3): it broadcasts over the input's axes before n
-    own = bias.get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+    own = bias.get_logical_domain(no_reductions=True)
     flags = [False] * (len(own) - 1) + [True] * (rank - len(own)) + [False]
     bias_ids = [i.clone() for i in own[:-1]] + [IterDomain(fusion, 1, IterType.Broadcast) for _ in range(rank - len(own))]
     bias_ids.append(own[-1].clone())
     broadcast_bias = TensorView(fusion, TensorDomain(bias_ids), bias.dtype)
-    broadcast_bias.set_device_mesh(out.device_mesh)  # type: ignore[arg-type]
-    BroadcastOp(fusion, broadcast_bias, bias, flags)  # type: ignore[arg-type]
+    broadcast_bias.set_device_mesh(out.device_mesh)
+    BroadcastOp(fusion, broadcast_bias, bias, flags)
     # The bias operand first: its broadcast is then ordered before the linear, so a stream loop over out
     # holds the linear, its communication and the add together.
     return bare, BinaryOp(fusion, BinaryOpType.add, out, broadcast_bias, reduced)
@@ -129,7 +129,7 @@ def _global_extent_axes(expr: Expr) -> set[int]:
     if isinstance(expr, (FullOp, IotaOp)) or not expr.chunkable:
         return every
     if isinstance(expr, ExpandOp):
-        inp = expr.inputs[0].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+        inp = expr.tensor_input(0).get_logical_domain(no_reductions=True)
         return {d for d, (i, o) in enumerate(zip(inp, out.get_logical_domain(), strict=False))
                 if i.is_broadcast and not o.is_broadcast}
     return set()
@@ -192,7 +192,7 @@ def _resharded_copy(expr: Expr, inp: TensorView, out: TensorView, mesh: DeviceMe
     for step in _one_type_at_a_time(inp, mesh, axes):
         inp = _plain_copy(inp, mesh, step)
     copy = new_like(inp)
-    copy.set_device_mesh(mesh)  # type: ignore[arg-type]
+    copy.set_device_mesh(mesh)
     shard(copy, axes)
     stream_axis = _mapped_stream_axis(expr, inp, out)
     if stream_axis is not None and stream_axis not in axes and _chunkable(inp, stream_axis):
@@ -224,7 +224,7 @@ def _one_type_at_a_time(inp: TensorView, mesh: DeviceMesh | None,
 def _plain_copy(inp: TensorView, mesh: DeviceMesh | None, axes: dict[int, ParallelType]) -> TensorView:
     """``set(inp)`` on ``mesh`` sharded on ``axes``: one step of a chain (no stream loop of its own)."""
     copy = new_like(inp)
-    copy.set_device_mesh(mesh)  # type: ignore[arg-type]
+    copy.set_device_mesh(mesh)
     shard(copy, axes)
     LoadStoreOp(inp.fusion, copy, inp)
     return copy
@@ -249,7 +249,7 @@ def _partial_copy(tv: TensorView, mesh: DeviceMesh | None, axes: dict[int, Paral
     """A fresh tensor with ``tv``'s full logical domain (reductions kept), on ``mesh``, sharded on ``axes``."""
     logical: list[IterDomain] = [i.clone() for i in tv.get_logical_domain()]
     copy = TensorView(tv.fusion, TensorDomain(logical), tv.dtype)
-    copy.set_device_mesh(mesh)  # type: ignore[arg-type]
+    copy.set_device_mesh(mesh)
     shard(copy, axes)
     return copy
 

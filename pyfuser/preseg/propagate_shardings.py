@@ -47,12 +47,12 @@ def _propagate_meshes(exprs: list[Expr]) -> None:
         placed = [t for t in _reference_order(expr) if t.device_mesh is not None]
         for out in expr.tensor_outputs:
             if out.device_mesh is None and placed:
-                out.set_device_mesh(placed[0].device_mesh)  # type: ignore[arg-type]
+                out.set_device_mesh(placed[0].device_mesh)
     for expr in reversed(exprs):
         placed = [t for t in expr.tensor_outputs if t.device_mesh is not None]
         for inp in expr.tensor_inputs:
             if inp.device_mesh is None and placed:
-                inp.set_device_mesh(placed[0].device_mesh)  # type: ignore[arg-type]
+                inp.set_device_mesh(placed[0].device_mesh)
 
 
 def _reference_order(expr: Expr) -> list[TensorView]:

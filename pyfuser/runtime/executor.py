@@ -251,9 +251,10 @@ class FusionExecutorCache:
         for pos, k in self._aliases:
             dst, src = args[k], outputs[pos]
             if dst.shape != src.shape:  # copy_ would broadcast silently
-                raise ValueError(f"output {pos} ({self.fusion.outputs()[pos].short_name}) has shape "  # type: ignore[attr-defined]
-                                 f"{tuple(src.shape)} but is written in place into input {k} "
-                                 f"({self.fusion.inputs()[k].short_name}) of shape {tuple(dst.shape)}")  # type: ignore[attr-defined]
+                out_name, in_name = (v.short_name if isinstance(v, TensorView) else str(v)
+                                     for v in (self.fusion.outputs()[pos], self.fusion.inputs()[k]))
+                raise ValueError(f"output {pos} ({out_name}) has shape {tuple(src.shape)} but is written in place "
+                                 f"into input {k} ({in_name}) of shape {tuple(dst.shape)}")
             dst.copy_(src)
         written = {pos for pos, _ in self._aliases}
         returned = [o for pos, o in enumerate(outputs) if pos not in written]

@@ -130,7 +130,7 @@ class _Segmenter:
     def _selects_an_axis(self, exprs: list[Expr]) -> bool:
         """Whether a stream loop runs ``exprs`` one index of an unsplit axis at a time: its chunks
         drop that axis, which a kernel compiled for the whole tensors' rank cannot take."""
-        return any(self.stream[id(e)] is not None and not self.stream[id(e)].splits for e in exprs)  # type: ignore[union-attr]
+        return any((axis := self.stream[id(e)]) is not None and not axis.splits for e in exprs)
 
     def _rejection(self, exprs: list[Expr]) -> str:
         if not self.kernels:

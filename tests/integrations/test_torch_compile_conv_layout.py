@@ -119,12 +119,12 @@ def test_inference_convolutions_read_channels_last(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_training_convolutions_read_channels_last(dtype: torch.dtype) -> None:
-    """A training step with channels-last forced (the default rule keeps a training step's layouts):
+    """A training step without grouped convolutions (the default rule applies channels-last there):
     forward and backward convolutions read channels-last operands (the backward's saved activations
     arrive channels-last, as the forward reported them), and the outputs and gradients of the input and
     every parameter have eager's values and strides."""
     model, x = _inputs(dtype, requires_grad=True)
-    backend = PyfuserBackend(triton_interpreter=dtype == torch.float32, channels_last=True)
+    backend = PyfuserBackend(triton_interpreter=dtype == torch.float32)
     compiled = torch.compile(model, backend=backend)
     got, got_dx = _run(compiled, x, training=True)
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -144,20 +144,23 @@ def test_training_convolutions_read_channels_last(dtype: torch.dtype) -> None:
     assert [g.layout for g in backend.graphs] == [None, None]
 
 
-def test_a_training_step_keeps_its_layouts_by_default() -> None:
-    """The default rule leaves a training step's graphs as traced (channels-last batch-norm statistics
-    are the slower kernels there): no convolution operand is converted, values and strides are eager's."""
-    model, x = _inputs(torch.float64, requires_grad=True)
+def test_a_training_step_with_a_grouped_convolution_keeps_its_layouts_by_default() -> None:
+    """The default rule leaves a training step's graphs with a grouped (here depthwise) convolution as
+    traced: no convolution operand is converted, values and strides are eager's."""
+    g = torch.Generator().manual_seed(0)
+    model = ConvNet(groups=96).double()
+    x = torch.randn(2, 3, 7, 11, generator=g).double()[..., 1:10].requires_grad_()
     backend = PyfuserBackend()
     got, got_dx = _run(torch.compile(model, backend=backend), x, training=True)
     dx = got_dx.clone()  # type: ignore[union-attr]
     x.grad = None
     want, want_dx = _run(model, x, training=True)
-    for g, w in [*zip(got, want, strict=True), (dx, want_dx)]:
-        torch.testing.assert_close(g, w)
-        assert g.stride() == w.stride()  # type: ignore[union-attr]
+    for g_, w in [*zip(got, want, strict=True), (dx, want_dx)]:
+        torch.testing.assert_close(g_, w)
+        assert g_.stride() == w.stride()  # type: ignore[union-attr]
     assert not any(channels_last for _, channels_last in convolution_operands(backend))
-    assert [g.layout for g in backend.graphs] == ["a training step's graph (channels_last=True to apply it there)"] * 2
+    why = " is a grouped convolution in a training step's graph (channels_last=True to apply it there)"
+    assert [g.layout for g in backend.graphs] == ["convolution_1" + why, "convolution_backward" + why]
 
 
 def inference_graph(model: torch.nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
@@ -182,8 +185,9 @@ def test_rule() -> None:
 
     assert layout_refusal(graph(ConvNet())) is None
     assert layout_refusal(graph(ConvNet()), force=False) == "channels_last=False"
-    assert layout_refusal(graph(ConvNet()), training=True) == "a training step's graph (channels_last=True to apply it there)"
-    assert layout_refusal(graph(ConvNet()), force=True, training=True) is None
+    assert layout_refusal(graph(ConvNet()), training=True) is None
+    assert "grouped convolution in a training step" in str(layout_refusal(graph(ConvNet(groups=96)), training=True))
+    assert layout_refusal(graph(ConvNet(groups=96)), force=True, training=True) is None
     small = graph(ConvNet(channels=32))
     assert layout_refusal(small) == "every convolution has at most 64 channels"
     assert layout_refusal(small, force=True) is None

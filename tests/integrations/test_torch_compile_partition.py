@@ -224,3 +224,48 @@ def test_random_graphs_group_into_convex_regions(choices: list[tuple[int, int, i
             assert all(grouped.get(u) == grouped[node] for u in node.users)
     for group in grouping.groups:
         assert group == sorted(group, key=nodes.index)
+
+
+def _repeated_heads(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention's ``repeat_kv`` of a computed key and of a plain value: an expand of a
+    new axis, then a copy (``reshape`` of an expanded tensor)."""
+    keys = (k * 2 + 1)[:, :, None].expand(2, 3, 4, 5, 8).reshape(2, 12, 5, 8)
+    values = v[:, :, None].expand(2, 3, 4, 5, 8).reshape(2, 12, 5, 8)
+    return keys, values
+
+
+def test_a_copy_at_a_region_edge_is_written_by_the_region() -> None:
+    """A clone is a copy kernel in eager but free inside a region: the keys' repeat is written by the
+    region that computes the keys (not copied after it in eager), the values' repeat joins that region
+    (a group need not be connected) rather than an eager copy."""
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(_repeated_heads, backend=backend)
+    k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8).transpose(2, 3).contiguous().transpose(2, 3)
+    got = compiled(k, v)
+    for g, e in zip(got, _repeated_heads(k, v), strict=True):
+        torch.testing.assert_close(g, e)
+        assert g.stride() == e.stride()
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    assert sum("aten.clone.default" in entry for entry in region.nodes) == 2, region.nodes
+    assert not [entry for entry in graph.eager if "clone" in entry], graph.eager
+
+
+def test_a_clone_returned_beside_its_operand_has_memory_of_its_own() -> None:
+    """``y`` and ``y.clone()`` both leave the region: one kernel writes both, into separate buffers (a
+    write through one is not seen through the other, as in eager)."""
+    def twice(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2
+        return y, y.clone()
+
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(twice, backend=backend)
+    x = torch.rand(3, 5)
+    for _ in range(3):  # warm-up calls, then the specialized graph
+        y, copy = compiled(x)
+        assert y.untyped_storage().data_ptr() != copy.untyped_storage().data_ptr()
+        y.add_(1)
+        torch.testing.assert_close(copy, x * 2)
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    assert not graph.eager and region.summary().count(" kernel ") == 1, region.summary()

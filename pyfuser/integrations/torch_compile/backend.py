@@ -23,8 +23,8 @@ Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` direc
   CPU tensors run fused kernels (slow: for tests);
 * ``enable_options`` / ``disable_options`` (lists of names): any ``fd.execute`` option, for every region;
 * ``channels_last`` (bool or None): activations of graphs of convolutions channels-last (``conv_layout.py``):
-  None (the default) where its rule finds it pays (inference graphs), True wherever the graph's sizes are
-  static (training steps too), False never.
+  None (the default) where its rule finds it pays (a training step's graphs not with a grouped
+  convolution), True wherever the graph's sizes are static, False never.
 """
 
 from __future__ import annotations

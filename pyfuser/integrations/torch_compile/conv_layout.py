@@ -20,16 +20,17 @@ inputs take them, and its example values are propagated again from there. An op 
 depends on its operand's strides (``as_strided``) or refuses the new ones (a ``view`` the layout does
 not allow) reads its operand converted back to the traced layout.
 
-The rule (``layout_refusal``), Inductor's training heuristics (``GraphLowering.decide_layout_opt``)
-used for inference graphs: static sizes; at least one 2-D or 3-D convolution; no grouped convolution
-with more than one input channel per group (channels-last slows those many times over; depthwise ones
-gain); no convolution with a spatial kernel whose output channels are at most half its input channels
+The rule (``layout_refusal``), Inductor's training heuristics (``GraphLowering.decide_layout_opt``):
+static sizes; at least one 2-D or 3-D convolution; no grouped convolution with more than one input
+channel per group (channels-last slows those many times over; depthwise ones gain in inference); no
+convolution with a spatial kernel whose output channels are at most half its input channels
 (UNet-style decoders measured slower); and not every convolution at most 64 channels in and out (too
-small to gain). The graphs of a training step keep their layouts: there the batch-norm statistics
-reduce channels-last activations with a kernel at about half Inductor's speed (the kernel benchmark's
-``batchnorm_stats`` channels-last points), and ResNet and ConvNeXt training measured slower
-channels-last than not (``benchmarks/results/models_notes.md``). ``channels_last=True`` applies the
-layout to any graph of static sizes with such convolutions, training included; ``False`` never.
+small to gain). A training step's graphs also keep their layouts when a convolution is grouped
+(depthwise included): ConvNeXt's training step ran 55% longer channels-last on one H100 for the same
+GPU time (host time around its depthwise convolutions and their backwards), where ResNet's ran 35% less
+GPU time (cuDNN's NCHW convolutions transpose in and out; ``benchmarks/results/models_notes.md``).
+``channels_last=True`` applies the layout to any graph of static sizes with convolutions; ``False``
+never.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def _channels(node: Node) -> tuple[int, int, bool]:
 def layout_refusal(gm: GraphModule, force: bool | None = None, training: bool = False) -> str | None:
     """Why ``gm``'s activations stay in their traced layouts (None: they go channels-last); ``force``:
     True applies channels-last to any graph with convolutions of static sizes, False refuses every graph;
-    ``training``: a graph of a training step (forward or backward), refused unless forced."""
+    ``training``: a graph of a training step (forward or backward), refused with a grouped convolution
+    unless forced."""
     if force is False:
         return "channels_last=False"
     convolutions = _convolutions(gm)
@@ -107,13 +109,14 @@ def layout_refusal(gm: GraphModule, force: bool | None = None, training: bool = 
         return "dynamic shapes"
     if force:
         return None
-    if training:
-        return "a training step's graph (channels_last=True to apply it there)"
     channels = [_channels(n) for n in convolutions]
     for node, (inputs, _, _) in zip(convolutions, channels, strict=True):
         groups = int(node.args[_CONVOLUTIONS[node.target][3]])  # type: ignore[arg-type]
         if groups > 1 and inputs // groups > 1:
             return f"{node.name} is a grouped convolution of {inputs // groups} input channels per group"
+        if groups > 1 and training:
+            return (f"{node.name} is a grouped convolution in a training step's graph "
+                    "(channels_last=True to apply it there)")
     for node, (inputs, outputs, spatial) in zip(convolutions, channels, strict=True):
         if spatial and outputs * 2 <= inputs:
             return f"{node.name} narrows {inputs} channels to {outputs}"

@@ -34,6 +34,10 @@ class OpClass(Enum):
     view = "view"
     #: runs as an ATen call inside pyfuser too (matmul): worth a region only next to compute ops
     aten = "aten"
+    #: copies its operand (``clone``): a kernel in eager but free inside a region, which writes the copy
+    #: as it computes the value, so it is kept at a region's edge; a region of only views and copies
+    #: stays eager (one copy kernel either way)
+    copy = "copy"
 
 
 class LoweringContext:

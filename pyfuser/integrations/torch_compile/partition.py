@@ -1,7 +1,8 @@
 """Partition an ATen graph into pyfuser regions and splice each in as one call.
 
 ``grouping.propose_groups`` proposes the largest convex groups of supported nodes; views at a
-group's edge are dropped (they are free in eager, and a region would copy them) unless only a
+group's edge are dropped (they are free in eager, and a region would copy them; a ``clone`` is a copy
+in eager, so it stays, written by the region) unless only a
 matmul of the group reads them, as an operand its translation folds (``mm(x, w.t())`` is
 ``linear(x, w)``, reading ``w`` as laid out), and a group with nothing to fuse (only views, or only
 matmuls, which run as ATen calls in pyfuser too) stays in eager. Each group is translated; a node

@@ -275,7 +275,7 @@ VIEW = OpClass.view
 SHAPE_LOWERINGS: dict[Any, Lowering] = {
     aten.alias.default: Lowering(_identity, VIEW),
     aten.detach.default: Lowering(_identity, VIEW),
-    aten.clone.default: Lowering(_identity, VIEW, check=_check_clone),
+    aten.clone.default: Lowering(_identity, OpClass.copy, check=_check_clone),
     aten.view.default: Lowering(_reshape, VIEW),
     aten._unsafe_view.default: Lowering(_reshape, VIEW),
     aten.expand.default: Lowering(_expand, VIEW),

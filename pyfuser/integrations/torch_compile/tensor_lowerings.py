@@ -128,6 +128,22 @@ def _reduction(name: str, all_axes: bool = False) -> Any:
     return build
 
 
+def _logical_reduction(name: str, all_axes: bool = False) -> Any:
+    """``all`` or ``any`` of the operand's truth over ``dim``: a count (an int64 sum, whose identity
+    gives an empty axis torch's answer: ``all`` true, ``any`` false) of the false values (``all``) or
+    the true ones (``any``) compared with 0; the result takes the traced dtype (bool, uint8 for uint8)."""
+    def build(ctx: LoweringContext, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
+        truth = x if x.dtype.torch_dtype is torch.bool else ctx.ops.ne(x, 0)
+        counted = ctx.ops.logical_not(truth) if name == "all" else truth
+        count = ctx.ops.sum(ctx.tensor(ctx.ops.cast(counted, torch.int64)), None if all_axes else _dims(dim),
+                            False if all_axes else keepdim)
+        result = ctx.ops.eq(count, 0) if name == "all" else ctx.ops.ne(count, 0)
+        return ctx.ops.cast(result, ctx.meta.dtype)
+    if all_axes:
+        return lambda ctx, x: build(ctx, x)
+    return build
+
+
 def _var(ctx: LoweringContext, x: Any, dim: Any = None, *, correction: Any = None, keepdim: bool = False) -> Any:
     return ctx.ops.var(x, _dims(dim), 1 if correction is None else correction, keepdim)
 
@@ -152,7 +168,7 @@ def _arg_reduction(name: str) -> Any:
 
 def _cumsum(ctx: LoweringContext, x: TensorView, dim: int, **kwargs: Any) -> TensorView:
     dtype = ctx.meta.dtype
-    source = x if x.dtype.torch_dtype == dtype else ctx.tensor(ctx.ops.cast(x, dtype))
+    source = x if x.dtype.torch_dtype == dtype else ctx.ops.cast(x, dtype)
     return ctx.ops.cumsum(source, dim)
 
 
@@ -240,7 +256,7 @@ def _embedding_dense_backward(ctx: LoweringContext, grad: Any, indices: Any, num
     rows = ctx.ops.reshape(indices, [-1])
     values = ctx.ops.reshape(grad, [-1, width])
     if values.dtype.torch_dtype != accumulate:
-        values = ctx.tensor(ctx.ops.cast(values, accumulate))
+        values = ctx.ops.cast(values, accumulate)
     if padding_idx >= 0:
         kept = ctx.ops.broadcast(ctx.tensor(ctx.ops.ne(rows, padding_idx)), [False, True])
         values = ctx.tensor(ctx.ops.where(kept, values, 0.0))
@@ -290,6 +306,12 @@ TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten.amin.default: Lowering(_reduction("min")),
     aten.max.default: Lowering(_reduction("max", all_axes=True)),
     aten.min.default: Lowering(_reduction("min", all_axes=True)),
+    aten.all.dim: Lowering(_logical_reduction("all")),
+    aten.all.dims: Lowering(_logical_reduction("all")),
+    aten.all.default: Lowering(_logical_reduction("all", all_axes=True)),
+    aten.any.dim: Lowering(_logical_reduction("any")),
+    aten.any.dims: Lowering(_logical_reduction("any")),
+    aten.any.default: Lowering(_logical_reduction("any", all_axes=True)),
     aten.var.correction: Lowering(_var, check=_check_correction),
     aten.var_mean.correction: Lowering(_var_mean, check=_check_correction),
     aten.argmax.default: Lowering(_arg_reduction("argmax")),

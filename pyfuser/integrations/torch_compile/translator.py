@@ -28,8 +28,8 @@ from torch.fx.node import map_aggregate
 
 from pyfuser.frontend.fusion_definition import FusionDefinition
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
-from pyfuser.integrations.torch_compile.lowering import LoweringContext, is_tensor_meta, meta_of
-from pyfuser.integrations.torch_compile.support import LOWERINGS, op_name
+from pyfuser.integrations.torch_compile.lowering import LoweringContext, OpClass, is_tensor_meta, meta_of
+from pyfuser.integrations.torch_compile.support import LOWERINGS, op_class, op_name
 from pyfuser.ir.base import Scalar
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.layout import is_dense, tensor_descriptor
@@ -210,24 +210,29 @@ class RegionTranslator:
 
     # --- outputs ---------------------------------------------------------------------------------------
     def _add_outputs(self) -> list[int]:
+        """Each output node's position among the fusion's outputs. Nodes of one value share a position
+        where the graph has them share memory (one is a view, ``alias`` or ``detach`` of the other); a
+        copy that the region computes as the value it copies (a ``clone``) gets a ``set`` of its own, so
+        a write through one result is not seen through the other."""
         slots: list[int] = []
-        added: dict[int, int] = {}
+        added: dict[int, tuple[int, Node]] = {}
         count = 0
         inputs = {id(v) for v in self.fd.fusion.inputs()}
         for node in self.outputs:
             value = self.env[node]
             if not isinstance(value, TensorView):
                 raise TranslationError(node, f"its value leaves the region as a {type(value).__name__}, not a tensor")
-            if id(value) in added:
-                slots.append(added[id(value)])
+            shared = added.get(id(value))
+            if shared is not None and OpClass.view in (op_class(node), op_class(shared[1])):
+                slots.append(shared[0])
                 continue
-            tv = self.fd.ops.set(value) if id(value) in inputs else value
+            tv = self.fd.ops.set(value) if id(value) in inputs or shared is not None else value
             meta = node.meta["val"]
             order = _required_order(meta)
             if order is None and node.meta.get(ROW_MAJOR_OUTPUT):
                 order = list(range(meta.dim() - 1, -1, -1))
             self.fd.add_output(tv, stride_order=order)
-            added[id(value)] = count
+            added.setdefault(id(value), (count, node))
             slots.append(count)
             count += 1
         return slots

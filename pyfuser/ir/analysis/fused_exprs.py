@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from pyfuser.ir.base import Expr, Val
+from pyfuser.ir.base import Expr, Val, as_tensor
 
 if TYPE_CHECKING:
     from pyfuser.ir.iter_domain import IterDomain
@@ -25,11 +25,11 @@ class FusedExprs:
 
     @property
     def tensor_inputs(self) -> list[TensorView]:
-        return [v for v in self.inputs if v.is_tensor]  # type: ignore[misc]
+        return [t for v in self.inputs if (t := as_tensor(v)) is not None]
 
     @property
     def tensor_outputs(self) -> list[TensorView]:
-        return [v for v in self.outputs if v.is_tensor]  # type: ignore[misc]
+        return [t for v in self.outputs if (t := as_tensor(v)) is not None]
 
     @property
     def output(self) -> TensorView:
@@ -41,7 +41,11 @@ class FusedExprs:
 
     def operand_map(self, position: int) -> dict[IterDomain, IterDomain]:
         """The map of the input at ``position`` (a kernel reads each of its inputs once)."""
-        return self.logical_map(self.inputs[position])  # type: ignore[arg-type]
+        tv = as_tensor(self.inputs[position])
+        if tv is None:
+            raise TypeError(f"{self.op_description}: input {position} is the scalar {self.inputs[position]}; "
+                            "only a tensor operand has a logical map")
+        return self.logical_map(tv)
 
     def _trace(self, producer: TensorView) -> tuple[dict[int, list[IterDomain]], Callable[[int], int]]:
         """Through the exprs: every ID's logical IDs of ``producer`` it comes from (in the order they

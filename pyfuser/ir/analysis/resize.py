@@ -59,7 +59,7 @@ def resized_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int]
     for expr in reversed(exprs):
         if not isinstance(expr, RESIZE_OPS):
             continue
-        out_ids = expr.outputs[0].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+        out_ids = expr.output.get_logical_domain(no_reductions=True)
         for k, v in enumerate(expr.tensor_inputs):
             p_ids = v.get_logical_domain(no_reductions=True)
             for axis in resized_axes(expr, k):

@@ -226,8 +226,8 @@ class SdpaBwdOp(Expr):
         """query, key and value map onto their gradients."""
         for k in (1, 2, 3):
             if producer is self.inputs[k]:
-                grad = self.outputs[k - 1]
-                return dict(zip(producer.get_logical_domain(no_reductions=True), grad.get_logical_domain(),  # type: ignore[attr-defined]
+                grad = self.tensor_outputs[k - 1]  # every output is a tensor: dq, dk, dv
+                return dict(zip(producer.get_logical_domain(no_reductions=True), grad.get_logical_domain(),
                                 strict=True))
         return {}
 

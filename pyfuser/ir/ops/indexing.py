@@ -92,7 +92,7 @@ class SelectOp(Expr):
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, index: int) -> list[Any]:
         size = x.shape[self.dim]
         if not -size <= int(index) < size:
-            raise ValueError(f"select: index {index} is out of range for {self.defined_inputs[0].short_name} axis "  # type: ignore[attr-defined]
+            raise ValueError(f"select: index {index} is out of range for {self.tensor_input(0, as_defined=True).short_name} axis "
                              f"{self.dim} of size {size} (valid: {-size}..{size - 1})")
         return [x.select(self.dim, int(index))]
 
@@ -130,8 +130,9 @@ class GatherOp(Expr):
                 continue
             if (index.shape[d] != x.shape[d]) if self.exact else (index.shape[d] > x.shape[d]):
                 relation = "equal" if self.exact else "at most"
-                raise ValueError(f"{self.op_name}: {index_tv.short_name} axis {d} has size {index.shape[d]} but must be "  # type: ignore[attr-defined]
-                                 f"{relation} {arg.short_name} axis {d}'s size {x.shape[d]}")  # type: ignore[attr-defined]
+                arg, index_tv = self.tensor_input(0, as_defined=True), self.tensor_input(1, as_defined=True)
+                raise ValueError(f"{self.op_name}: {index_tv.short_name} axis {d} has size {index.shape[d]} but must be "
+                                 f"{relation} {arg.short_name} axis {d}'s size {x.shape[d]}")
         check_indices(self.op_name, index, index_tv, x.shape[self.dim], arg, self.dim)
         return [torch.gather(x, self.dim, index)]
 
@@ -171,14 +172,14 @@ class ScatterOp(Expr):
         self.dim = dim
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, index: torch.Tensor, src: Any) -> list[Any]:
-        arg, index_tv, src_val = self.defined_inputs
+        arg, index_tv = self.tensor_input(0, as_defined=True), self.tensor_input(1, as_defined=True)
         for d in range(x.dim()):  # torch.scatter's shape rule: index fits in src, and in arg off dim
             bounds = ([(arg, x.shape[d])] if d != self.dim else []) + \
-                ([(src_val, src.shape[d])] if isinstance(src, torch.Tensor) else [])
+                ([(self.tensor_input(2, as_defined=True), src.shape[d])] if isinstance(src, torch.Tensor) else [])
             for tv, size in bounds:
                 if index.shape[d] > size:
-                    raise ValueError(f"scatter: {index_tv.short_name} axis {d} has size {index.shape[d]} but must be "  # type: ignore[attr-defined]
-                                     f"at most {tv.short_name} axis {d}'s size {size}")  # type: ignore[attr-defined]
+                    raise ValueError(f"scatter: {index_tv.short_name} axis {d} has size {index.shape[d]} but must be "
+                                     f"at most {tv.short_name} axis {d}'s size {size}")
         check_indices("scatter", index, index_tv, x.shape[self.dim], arg, self.dim)
         if not isinstance(src, torch.Tensor):
             return [torch.scatter(x, self.dim, index, src)]
@@ -208,8 +209,8 @@ class EmbeddingFwdOp(Expr):
 
     def __init__(self, fusion: Fusion, out: TensorView, indices: TensorView, weight: TensorView,
                  options: dict[str, Val | None]) -> None:
-        given = [options[k] for k in self.OPTIONS if options.get(k) is not None]
-        super().__init__(fusion, [indices, weight, *given], [out])  # type: ignore[list-item]
+        given = [v for k in self.OPTIONS if (v := options.get(k)) is not None]
+        super().__init__(fusion, [indices, weight, *given], [out])
         self.given = tuple(k for k in self.OPTIONS if options.get(k) is not None)
 
     def evaluate(self, ctx: EvalContext, indices: torch.Tensor, weight: torch.Tensor, *values: Any) -> list[Any]:
@@ -218,7 +219,8 @@ class EmbeddingFwdOp(Expr):
         check_indices("embedding_fwd", indices, index_tv, weight.shape[0], weight_tv, 0)
         padding_idx = options.get("padding_idx")
         if padding_idx is not None and not -weight.shape[0] <= int(padding_idx) < weight.shape[0]:
-            raise ValueError(f"embedding_fwd: padding_idx {padding_idx} is out of range for {weight_tv.short_name} "  # type: ignore[attr-defined]
+            raise ValueError(f"embedding_fwd: padding_idx {padding_idx} is out of range for "
+                             f"{self.tensor_input(1, as_defined=True).short_name} "
                              f"of {weight.shape[0]} rows")
         if options.get("max_norm") is not None:
             weight = weight.clone()
@@ -257,9 +259,10 @@ class IndexPutAccumulateOp(Expr):
         acc_tv, index_tv, value_tv = self.defined_inputs
         want = (index.shape[0], *acc.shape[1:])
         if tuple(value.shape) != want:
-            raise ValueError(f"index_put_accumulate: value {value_tv.short_name} has shape {tuple(value.shape)} but "  # type: ignore[attr-defined]
-                             f"must be {want} (one row per index of {index_tv.short_name}, shaped like a row of "  # type: ignore[attr-defined]
-                             f"{acc_tv.short_name})")  # type: ignore[attr-defined]
+            acc_tv, index_tv, value_tv = (self.tensor_input(k, as_defined=True) for k in range(3))
+            raise ValueError(f"index_put_accumulate: value {value_tv.short_name} has shape {tuple(value.shape)} but "
+                             f"must be {want} (one row per index of {index_tv.short_name}, shaped like a row of "
+                             f"{acc_tv.short_name})")
         # CUDA's accumulating index_put sorts the indices and reads without a bounds assert.
         check_indices("index_put_accumulate", index, index_tv, acc.shape[0], acc_tv, 0, asserted_by_aten=False)
         return [torch.index_put(acc, (index,), value.to(acc.dtype), accumulate=True)]

@@ -85,15 +85,15 @@ class MatmulOp(Expr):
         return self.agreed_map(producer)
 
     def operand_map(self, position: int) -> dict[IterDomain, IterDomain]:
-        a, b = self.inputs
+        a, b = self.tensor_input(0), self.tensor_input(1)
         out_ids = self.output.get_logical_domain()
         rk, kept = out_ids[-1], out_ids[:-1]
-        ids = self.inputs[position].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+        ids = self.tensor_input(position).get_logical_domain(no_reductions=True)
         mapping: dict[IterDomain, IterDomain] = {}
         if position == 0:
             k = ids[-1]
             if len(ids) >= 2:
-                n_present = b.ndim >= 2  # type: ignore[attr-defined]
+                n_present = b.ndim >= 2
                 m_pos = len(kept) - (2 if n_present else 1)
                 mapping.update(_align_right(ids[:-2], kept[:m_pos]))
                 mapping[ids[-2]] = kept[m_pos]
@@ -103,7 +103,7 @@ class MatmulOp(Expr):
         else:
             mapping[ids[-2]] = rk
             mapping[ids[-1]] = kept[-1]
-            batch_end = len(kept) - 1 - (1 if a.ndim >= 2 else 0)  # type: ignore[attr-defined]
+            batch_end = len(kept) - 1 - (1 if a.ndim >= 2 else 0)
             mapping.update(_align_right(ids[:-2], kept[:batch_end]))
         return mapping
 
@@ -173,11 +173,11 @@ class LinearOp(Expr):
         return self.agreed_map(producer)
 
     def operand_map(self, position: int) -> dict[IterDomain, IterDomain]:
-        w = self.inputs[1]
+        w = self.tensor_input(1)
         out_ids = self.output.get_logical_domain()
         rk, kept = out_ids[-1], out_ids[:-1]
-        ids = self.inputs[position].get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
-        n_present = w.ndim >= 2  # type: ignore[attr-defined]
+        ids = self.tensor_input(position).get_logical_domain(no_reductions=True)
+        n_present = w.ndim >= 2
         wb = self.weight_batch
         if position == 0:
             mapping = {p: c for p, c in zip(ids[:-1], kept[wb:], strict=False)}
@@ -221,19 +221,19 @@ class GroupedMmOp(Expr):
         super().__init__(fusion, [mat1, mat2, offsets], [out])
 
     def evaluate(self, ctx: EvalContext, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> list[Any]:
-        mat1, mat2, offs = self.defined_inputs
+        mat1, mat2, offs = (self.tensor_input(k, as_defined=True) for k in range(3))
         grouped = {(2, 2): (a, a.dim() - 1), (3, 2): (b, 1), (2, 3): (a, 0)}[(a.dim(), b.dim())]
         owner = mat1 if grouped[0] is a else mat2
         extent = grouped[0].shape[grouped[1]]
         stacked = a if a.dim() == 3 else b if b.dim() == 3 else None
         if stacked is not None and stacked.shape[0] != offsets.numel():
-            raise ValueError(f"grouped_mm: {offs.short_name} has {offsets.numel()} groups but "  # type: ignore[attr-defined]
-                             f"{(mat1 if stacked is a else mat2).short_name} stacks {stacked.shape[0]} matrices")  # type: ignore[attr-defined]
+            raise ValueError(f"grouped_mm: {offs.short_name} has {offsets.numel()} groups but "
+                             f"{(mat1 if stacked is a else mat2).short_name} stacks {stacked.shape[0]} matrices")
         ends = [int(e) for e in offsets.tolist()]
         starts = [0, *ends[:-1]]
         if any(e < s for s, e in zip(starts, ends, strict=True)) or (ends and ends[-1] > extent):
-            raise ValueError(f"grouped_mm: offsets {ends} ({offs.short_name}) must be non-decreasing group ends within "  # type: ignore[attr-defined]
-                             f"{owner.short_name} axis {grouped[1]} of size {extent}")  # type: ignore[attr-defined]
+            raise ValueError(f"grouped_mm: offsets {ends} ({offs.short_name}) must be non-decreasing group ends within "
+                             f"{owner.short_name} axis {grouped[1]} of size {extent}")
         dtype = self.output.dtype.torch_dtype
         if a.dim() == 2 and b.dim() == 2:
             parts = [a[:, s:e] @ b[s:e, :] for s, e in zip(starts, ends, strict=True)]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from pyfuser.ir.base import Expr, PythonCall, Val, indent_str
+from pyfuser.ir.base import Expr, PythonCall, Val, as_tensor, indent_str
 from pyfuser.ir.dtypes import DataType, python_scalar_type
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import header, positional_map
@@ -340,10 +340,11 @@ def function_name(kind: UnaryOpType | BinaryOpType | TernaryOpType, out: DataTyp
 def broadcast_checks(a: Val, b: Val) -> list[int]:
     """Dims where both tensor operands iterate with extents not provably equal at definition, so
     their runtime sizes must be compared."""
-    if not (a.is_tensor and b.is_tensor):
+    ta, tb = as_tensor(a), as_tensor(b)
+    if ta is None or tb is None:
         return []
-    da = a.get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
-    db = b.get_logical_domain(no_reductions=True)  # type: ignore[attr-defined]
+    da = ta.get_logical_domain(no_reductions=True)
+    db = tb.get_logical_domain(no_reductions=True)
     return [d for d, (x, y) in enumerate(zip(da, db, strict=True))
             if not x.is_broadcast and not y.is_broadcast and x.extent != y.extent]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pyfuser.ir.base import Val
+from pyfuser.ir.base import Val, as_tensor
 from pyfuser.ir.dtypes import DataType, data_type_of_python, python_scalar_type
 
 _PROBE_VALUES = {bool: True, int: 3, float: 1.5, complex: 1.5 + 0.5j}
@@ -25,9 +25,10 @@ def _probe(val: Val | complex) -> Any:
         # Torch promotes a Python number by its kind, never its value: a stand-in of the same kind
         # keeps value errors (``x_int // 0``) for execution, where they are reported as such.
         return _PROBE_VALUES[python_scalar_type(data_type_of_python(val))]
-    if val.is_tensor:
+    tv = as_tensor(val)
+    if tv is not None:
         # Real rank: a 0-dim tensor promotes like a number in torch, at definition as at execution.
-        return torch.ones((1,) * val.ndim, dtype=val.dtype.torch_dtype)  # type: ignore[attr-defined]
+        return torch.ones((1,) * tv.ndim, dtype=tv.dtype.torch_dtype)
     return _PROBE_VALUES[python_scalar_type(val.dtype)]
 
 

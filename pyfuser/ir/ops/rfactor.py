@@ -184,11 +184,11 @@ def rfactor(tv: TensorView, axes: Sequence[int]) -> TensorView:
     for i in _all_ids(new_domain):
         i.tensor = tv
     # Rewire: x -> partial -> tv.
-    x = expr.inputs[0]
+    x = expr.tensor_input(0)
     x.uses[:] = [e for e in x.uses if e is not expr]
     partial_axes = [k for k, i in enumerate(partial_logical) if i.is_reduction]
     kind = ReductionOpType.sum if expr.kind is ReductionOpType.mean else expr.kind
-    RFactorOp(fusion, kind, partial, x, partial_axes)  # type: ignore[arg-type]
+    RFactorOp(fusion, kind, partial, x, partial_axes)
     count = expr.count_ids or tuple(copy[id(i)] for i in reduced_roots)
     final = ReductionOp(fusion, expr.kind, tv, partial, [k for k, i in enumerate(new_logical) if i.is_reduction],
                         count_ids=count if expr.kind is ReductionOpType.mean else ())

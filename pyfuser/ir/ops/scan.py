@@ -80,7 +80,7 @@ class TopKOp(Expr):
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         k = self.k.evaluate(ctx.env)
         if not 0 <= k <= x.shape[self.dim]:
-            raise ValueError(f"topk: k = {k} is out of range for {self.defined_inputs[0].short_name} axis "  # type: ignore[attr-defined]
+            raise ValueError(f"topk: k = {k} is out of range for {self.tensor_input(0, as_defined=True).short_name} axis "
                              f"{self.dim} of size {x.shape[self.dim]} (valid: 0..{x.shape[self.dim]})")
         values, indices = torch.topk(x, k, self.dim, self.largest, self.sorted)
         return [values, indices]
@@ -143,7 +143,7 @@ class ArgReductionOp(Expr):
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         extent = x.numel() if self.dim is None else x.shape[self.dim]
         if extent == 0:
-            raise ValueError(f"{self.op_name}: {self.defined_inputs[0].short_name} "  # type: ignore[attr-defined]
+            raise ValueError(f"{self.op_name}: {self.tensor_input(0, as_defined=True).short_name} "
                              f"{'is empty' if self.dim is None else f'axis {self.dim} has size 0'}; there is no "
                              f"{'largest' if self.largest else 'smallest'} element to index")
         return [(torch.argmax if self.largest else torch.argmin)(x, self.dim)]

@@ -100,7 +100,7 @@ class SqueezeOp(Expr):
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         for d in self.runtime_checked:
             if x.shape[d] != 1:
-                raise ValueError(f"squeeze: {self.inputs[0].short_name} axis {d} has size {x.shape[d]}; "  # type: ignore[attr-defined]
+                raise ValueError(f"squeeze: {self.tensor_input(0).short_name} axis {d} has size {x.shape[d]}; "
                                  "only size-1 axes can be squeezed")
         if self.expanded:
             x = x.narrow(self.expanded[0], 0, 1) if len(self.expanded) == 1 else x[
@@ -139,11 +139,16 @@ class ExpandOp(Expr):
         #: which may be one chunk of a stream loop
         self._extent_checks = [(d, in_ids[d].extent, size) for d, size in self.size_checks]
 
+    @property
+    def expanded_axes(self) -> list[int]:
+        """The axes expanded from broadcasts (a value repeated along each)."""
+        return [d for d, _ in self._expanded]
+
     def _check_sizes(self, ctx: EvalContext, x: torch.Tensor) -> None:
         for d, extent, size in self._extent_checks:
             have, want = extent.evaluate(ctx.env), size.evaluate(ctx.env)
             if have != want:
-                raise ValueError(f"expand: {self.defined_inputs[0].short_name} axis {d} has size {have} and "  # type: ignore[attr-defined]
+                raise ValueError(f"expand: {self.tensor_input(0, as_defined=True).short_name} axis {d} has size {have} and "
                                  f"is not a broadcast axis; cannot expand it to {want}")
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
@@ -215,15 +220,15 @@ class ReshapeOp(Expr):
         try:
             sizes = [e.evaluate(ctx.env) for e in self._extents]
         except ZeroDivisionError:  # a -1 entry next to sizes that multiply to 0
-            raise ValueError(f"reshape: cannot reshape {self.defined_inputs[0].short_name} "  # type: ignore[attr-defined]
+            raise ValueError(f"reshape: cannot reshape {self.tensor_input(0, as_defined=True).short_name} "
                              f"(shape {list(x.shape)}) into {self.output}: the -1 entry is ambiguous when the other "
                              "sizes multiply to 0") from None
         negative = next((d for d, n in enumerate(sizes) if n < 0), None)
         if negative is not None:  # a size computed from scalars: only known now
-            raise ValueError(f"reshape: {self.defined_inputs[0].short_name} cannot be reshaped to {sizes}: "  # type: ignore[attr-defined]
+            raise ValueError(f"reshape: {self.tensor_input(0, as_defined=True).short_name} cannot be reshaped to {sizes}: "
                              f"new_shape[{negative}] is negative")
         if math.prod(sizes) != x.numel():  # symbolic sizes: only known now
-            raise ValueError(f"reshape: {self.defined_inputs[0].short_name} has {x.numel()} elements "  # type: ignore[attr-defined]
+            raise ValueError(f"reshape: {self.tensor_input(0, as_defined=True).short_name} has {x.numel()} elements "
                              f"(shape {list(x.shape)}) and cannot be reshaped to {sizes}")
         return [x.reshape(sizes)]
 
@@ -321,7 +326,7 @@ class PadOp(Expr):
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, value: Any) -> list[Any]:
         pads = [w.evaluate(ctx.env) for w in self.widths]
-        what = f"pad {self.output.short_name} (of {self.defined_inputs[0].short_name} with widths {pads})"  # type: ignore[attr-defined]
+        what = f"pad {self.output.short_name} (of {self.tensor_input(0, as_defined=True).short_name} with widths {pads})"
         sizes = list(x.shape)
         for k in range(0, len(pads), 2):
             d, left, right = len(sizes) - 1 - k // 2, pads[k], pads[k + 1]
@@ -335,7 +340,7 @@ class PadOp(Expr):
 
     def axis_widths(self, dim: int) -> tuple[SymExpr, SymExpr]:
         """The (left, right) widths of axis ``dim`` (0 for an axis ``widths`` does not reach)."""
-        k = (self.inputs[0].ndim - 1 - dim) * 2  # type: ignore[attr-defined]
+        k = (self.tensor_input(0).ndim - 1 - dim) * 2
         return (self.widths[k], self.widths[k + 1]) if k + 1 < len(self.widths) else (SymConst(0), SymConst(0))
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:

@@ -34,9 +34,10 @@ def size_expression(kind: Any, operands: Sequence[Val]) -> SymExpr | None:
     op = EXTENT_ARITHMETIC.get(kind)
     if op is None or len(operands) != 2:
         return None
-    if not all(isinstance(v, Scalar) and v.dtype.is_integral and v.is_size_like for v in operands):
+    sizes = [v for v in operands if isinstance(v, Scalar) and v.dtype.is_integral and v.is_size_like]
+    if len(sizes) != len(operands):
         return None
-    a, b = (v.as_extent() for v in operands)  # type: ignore[attr-defined]
+    a, b = (v.as_extent() for v in sizes)
     return binary(op, a, b)
 
 
@@ -45,10 +46,11 @@ def host_expression(label: str, fn: Callable[..., torch.Tensor], operands: Seque
     """``fn`` (a torch reference) of scalars whose values are known before any op runs, as a host
     expression in ``out_dtype`` (nvFuser evaluates such scalar graphs on the host, so they can size
     ops); None when an operand is not known before ops run."""
-    if not all(isinstance(v, Scalar) for v in operands):
+    scalars = [v for v in operands if isinstance(v, Scalar)]
+    if len(scalars) != len(operands):
         return None
-    exprs = [v.host_expr() for v in operands]  # type: ignore[attr-defined]
-    if any(e is None for e in exprs):
+    exprs = [e for v in scalars if (e := v.host_expr()) is not None]
+    if len(exprs) != len(scalars):
         return None
     dtypes = [v.dtype.torch_dtype for v in operands]
 
