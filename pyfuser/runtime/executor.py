@@ -187,6 +187,14 @@ class FusionExecutorCache:
             profiling.record(self.fusion, self.segments(), resolved, started, given, outputs)
         return outputs
 
+    def is_compiled(self, args: Sequence[Any]) -> bool:
+        """Whether a program for ``args``' layout is compiled, so ``run(args)`` would compile nothing
+        (nvFuser's ``isCompiled``)."""
+        if self._version != self.fusion.version:
+            return False
+        layout = _layout_key(args)
+        return any(key[0] == layout for key in self._by_layout)
+
     def segments(self) -> list[profiling.SegmentInfo]:
         """The segments of the program the latest ``run`` executed."""
         program = self.last_program
