@@ -102,6 +102,26 @@ def pytest_collectreport(report):
         with open(os.environ["NVFUSER_TESTS_LOG"], "a") as log:
             log.write(json.dumps(record) + "\\n")
 
+_init_process_group = torch.distributed.init_process_group
+
+
+def _harness_process_group(*args, **kwargs):
+    """Under torchrun, a fixed ``tcp://`` rendezvous (nvFuser's fixture names localhost:29500) is
+    torchrun's own store: with torchrun's agent store the ranks only connect as clients, and nothing
+    listens at 29500 when torchrun picked its port (--standalone), so they would wait for 30 minutes.
+    On a machine without a GPU, NCCL process groups run on gloo."""
+    init_method = kwargs.get("init_method")
+    if isinstance(init_method, str) and init_method.startswith("tcp://") and "MASTER_PORT" in os.environ:
+        kwargs["init_method"] = f"tcp://{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ['MASTER_PORT']}"
+    if not torch.cuda.is_available():
+        kwargs.pop("device_id", None)
+        if kwargs.get("backend") == "nccl":
+            kwargs["backend"] = "gloo"
+    return _init_process_group(*args, **kwargs)
+
+
+torch.distributed.init_process_group = _harness_process_group
+
 if not torch.cuda.is_available():
     def _cpu(device):
         if isinstance(device, str) and device.startswith("cuda"):
@@ -138,16 +158,6 @@ if not torch.cuda.is_available():
     torch.cuda.get_rng_state = lambda *a, **k: torch.get_rng_state()
     torch.cuda.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
 
-    _init_process_group = torch.distributed.init_process_group
-
-    def _gloo_process_group(*args, **kwargs):
-        """NCCL process groups of the multidevice tests run on gloo."""
-        kwargs.pop("device_id", None)
-        if kwargs.get("backend") == "nccl":
-            kwargs["backend"] = "gloo"
-        return _init_process_group(*args, **kwargs)
-
-    torch.distributed.init_process_group = _gloo_process_group
 '''
 
 # Failures that are the machine's, not pyfuser's: counted apart, as "needs a GPU" (CUDA-only APIs, and
@@ -200,6 +210,24 @@ def read_results(log: Path) -> list[tuple[str, str, str]]:
     return [(test_id, outcome, message) for test_id, (outcome, message) in results.items()]
 
 
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (read from /proc), children first."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
 def run_file(tmp: Path, checkout: Path, env: dict[str, str], test: Path, nproc: int, timeout: int,
              k: str | None) -> tuple[list[tuple[str, str, str]], str]:
     args = pytest_args(tmp, checkout, test, k)
@@ -221,7 +249,13 @@ def run_file(tmp: Path, checkout: Path, env: dict[str, str], test: Path, nproc: 
             _, stderr = proc.communicate(timeout=timeout)
             note = "" if proc.returncode in (0, 1, 2) else f"exit {proc.returncode}: {stderr.strip()[-200:]}"
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            # torchrun starts each rank in a process group of its own: kill them all, or a hung rank keeps
+            # the output pipes (and the next file's rendezvous) open.
+            for pid in [proc.pid, *_descendants(proc.pid)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             proc.communicate()
             note = f"timed out after {timeout} s"
     return read_results(log), note
