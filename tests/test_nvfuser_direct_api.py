@@ -13,15 +13,17 @@ import pyfuser as nvfuser_direct
 from pyfuser.frontend.ops import Ops
 
 MODULE = [
-    "DataType", "Fusion", "FusionDefinition", "FusionExecutorCache", "IterType", "LRUCache", "LruFusionCache",
-    "MemoryType", "ParallelType", "TensorView", "compute_tensor_descriptor", "execute_with_dtensors",
-    "get_val_tolerances", "multidevice", "translate_fusion", "validate_with_auto_inferred_outputs", "version",
+    "BroadcastOp", "CompileParams", "DataType", "Fusion", "FusionDefinition", "FusionExecutorCache", "IdMappingMode",
+    "IterType", "KernelExecutor", "LRUCache", "LoadStoreOpType", "LruFusionCache", "MemoryType", "Merge",
+    "ParallelType", "ReshapeOp", "Split", "SqueezeOp", "TensorView", "compute_tensor_descriptor",
+    "execute_with_dtensors", "get_val_tolerances", "idm", "multidevice", "translate_fusion",
+    "validate_with_auto_inferred_outputs", "version",
 ]
 MULTIDEVICE = ["Communicator", "DeviceMesh", "MultiDeviceExecutor", "MultiDeviceExecutorParams", "Sharding",
                "shard_tensor"]
 FUSION_DEFINITION = [
     "add_output", "define_scalar", "define_tensor", "define_vector", "execute", "fec", "from_pytorch", "fusion",
-    "last_repro_script", "ops", "repro_script_for", "validate",
+    "ke", "last_repro_script", "ops", "repro_script_for", "validate",
 ]
 OPS = [
     # pointwise
@@ -54,7 +56,9 @@ ENUMS = {
                  "Null", "UInt64"],
     "ParallelType": ["block_x", "block_y", "block_z", "grid_x", "grid_y", "grid_z", "mesh_x", "mesh_y", "mesh_z",
                      "serial", "stream", "tma", "unroll", "unswitch", "vectorize"],
-    "MemoryType": ["Global", "Local", "Shared"],
+    "MemoryType": ["Global", "Local", "Shared", "local", "shared"],
+    "LoadStoreOpType": ["cp_async", "load_matrix", "set", "tma"],
+    "IdMappingMode": ["almost_exact", "broadcast", "exact", "loop", "permissive"],
 }
 
 

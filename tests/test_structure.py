@@ -112,10 +112,10 @@ def test_communicator_backend_from_the_caller_or_the_environment(monkeypatch: py
 
 def test_each_scheduler_type_is_registered_once_with_its_facts() -> None:
     """A scheduler's facts are its ``Scheduler``'s; the enum is names only, every member registered
-    once in ``ALL_SCHEDULERS`` but ``communication`` (a comm-layer segment)."""
+    once in ``ALL_SCHEDULERS`` but ``communication`` (a comm-layer segment) and ``none`` (no scheduler)."""
     registered = [s.type for s in ALL_SCHEDULERS]
     assert sorted(registered, key=lambda t: t.name) == sorted(
-        set(SchedulerType) - {SchedulerType.communication}, key=lambda t: t.name)
+        set(SchedulerType) - {SchedulerType.communication, SchedulerType.none}, key=lambda t: t.name)
     assert len(registered) == len(set(registered))
     assert not is_kernel(SchedulerType.communication) and not is_kernel(SchedulerType.expr_eval)
     bucketed = {t for t in SchedulerType if size_dependent(t)}

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from pyfuser.frontend.kernel_executor import KernelExecutor
 from pyfuser.frontend.ops import Ops
 from pyfuser.frontend.repro import InputRecord, record_inputs, repro_script
 from pyfuser.frontend.scheduling import DefinedFusion, ScheduleOps
@@ -127,6 +128,11 @@ class FusionDefinition:
         if not isinstance(executor, FusionExecutorCache):
             raise TypeError(f"fd.fec must be a FusionExecutorCache, got {type(executor).__name__}")
         self._fec = executor
+
+    @property
+    def ke(self) -> KernelExecutor:
+        """The executor behind ``manual_execute`` (nvFuser's ``fd.ke``): ``fd.ke.is_compiled()``."""
+        return KernelExecutor(self._manual)
 
     # --- inputs -------------------------------------------------------------------------------
     def define_tensor(self, shape: Sequence[int] | None = None,

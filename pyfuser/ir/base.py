@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from pyfuser.ir.dtypes import DataType, python_scalar_type
+from pyfuser.ir.dtypes import DataType, KindFlag, python_scalar_type
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, sym_call
 
@@ -17,15 +17,13 @@ if TYPE_CHECKING:
     from pyfuser.ir.tensor_view import TensorView
 
 
-class KindFlag(int):
-    """A yes / no about a kind of value that reads both ways: pyfuser's ``v.is_tensor`` and nvFuser's
-    method call ``v.is_tensor()``."""
+class UnsupportedFeatureError(NotImplementedError):
+    """A feature of nvFuser's CUDA code generator or GPU hardware (TMA bulk copies, ldmatrix, warp
+    specialization) that pyfuser's Triton kernels do not express: raised where the user asks for it,
+    so nvFuser code fails at that line with what to use instead, never later in a kernel."""
 
-    def __call__(self) -> bool:
-        return bool(self)
-
-    def __repr__(self) -> str:
-        return repr(bool(self))
+    def __init__(self, feature: str, instead: str) -> None:
+        super().__init__(f"pyfuser does not implement {feature}; {instead}")
 
 
 class Val:

@@ -7,6 +7,19 @@ from enum import Enum
 import torch
 
 
+class KindFlag(int):
+    """A yes / no about a kind of value or ID that reads both ways: pyfuser's ``v.is_tensor`` and
+    nvFuser's method call ``v.is_tensor()``."""
+
+    def __call__(self) -> bool:
+        return bool(self)
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+    __str__ = __repr__
+
+
 class DataType(Enum):
     Float = "float"
     Double = "double"

@@ -225,7 +225,9 @@ class Fusion:
         return f"%kernel_math {{\n{body}}} // %kernel_math \n"
 
     def print_math(self) -> str:
-        text = self.math_string()
+        """Print and return the fusion as nvFuser's ``print_math`` does: its inputs and outputs, then
+        the kernel math and a blank line."""
+        text = f"{self}\n"
         print(text, end="")
         return text
 

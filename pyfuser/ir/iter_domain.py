@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from pyfuser.ir.dtypes import KindFlag
 from pyfuser.ir.symbolic import SymExpr, as_sym, ceil_div
 
 if TYPE_CHECKING:
@@ -93,11 +94,13 @@ class IterDomain:
     # --- queries -------------------------------------------------------------------------
     @property
     def is_reduction(self) -> bool:
-        return self.iter_type is IterType.Reduction
+        """Read as a flag (``i.is_reduction``) or called as nvFuser's method (``i.is_reduction()``):
+        typed bool, which it compares, hashes and prints as."""
+        return cast(bool, KindFlag(self.iter_type is IterType.Reduction))
 
     @property
     def is_broadcast(self) -> bool:
-        return self.iter_type is IterType.Broadcast
+        return cast(bool, KindFlag(self.iter_type is IterType.Broadcast))
 
     @property
     def is_stream(self) -> bool:

@@ -104,6 +104,12 @@ class TensorDomain:
     def has_allocation(self) -> bool:
         return self.allocation is not None
 
+    def __str__(self) -> str:
+        """The loop domain, as nvFuser prints a TensorDomain (``[iS0{2}, iS1{4}]``)."""
+        return "[" + ", ".join(map(str, self.loop)) + "]"
+
+    __repr__ = __str__
+
 
 def no_reductions(ids: Iterable[IterDomain]) -> list[IterDomain]:
     return [i for i in ids if not i.is_reduction]

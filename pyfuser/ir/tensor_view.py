@@ -6,13 +6,13 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pyfuser.ir.base import KindFlag, Scalar, Val
+from pyfuser.ir.base import KindFlag, Scalar, UnsupportedFeatureError, Val
 from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.domain_replay import replay_allocation
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
 from pyfuser.ir.ops.rfactor import rfactor
-from pyfuser.ir.ops.shape import LoadStoreOp
+from pyfuser.ir.ops.shape import LoadStoreOp, LoadStoreOpType
 from pyfuser.ir.ops.sizes import SizeOp
 from pyfuser.ir.symbolic import SymExpr
 from pyfuser.ir.tensor_domain import (
@@ -36,6 +36,9 @@ class MemoryType(Enum):
     Shared = "s"
     #: global memory every rank of a team maps (a Host IR buffer that peers write with the copy engines)
     Symmetric = "sym"
+    # nvFuser's spellings (``global`` is a Python keyword: MemoryType.Global)
+    local = "l"
+    shared = "s"
 
 
 class TensorView(Val):
@@ -283,7 +286,7 @@ class TensorView(Val):
         return self
 
     # --- caches ------------------------------------------------------------------------------
-    def cache_after(self, memory_type: MemoryType = MemoryType.Local,
+    def cache_after(self, memory_type: MemoryType | LoadStoreOpType = MemoryType.Local,
                     propagate_allocation_domain: bool = True) -> TensorView:
         """Insert ``cache = set(self)`` and make every consumer read ``cache``.
 
@@ -293,9 +296,10 @@ class TensorView(Val):
         transformed: the scheduler must then re-derive it from the loop domain
         (``pyfuser.scheduler.cache.derive_allocation_from_loop``) rather than keep a copy of the
         global input's allocation (docs/cached_inputs.md).
+
+        nvFuser's first argument, a ``LoadStoreOpType``, is taken too: ``set`` is a local cache.
         """
-        if not isinstance(memory_type, MemoryType):
-            raise TypeError(f"{self.short_name}: cache_after expects a MemoryType, got {type(memory_type).__name__}")
+        memory_type = _cache_memory_type(self, memory_type, "cache_after")
         uses = list(self.uses)
         cache = new_like(self)
         cache.memory_type = memory_type
@@ -313,15 +317,14 @@ class TensorView(Val):
         partial tensor. Each step can then be parallelized on its own."""
         return rfactor(self, axes)
 
-    def cache_before(self, memory_type: MemoryType = MemoryType.Local) -> TensorView:
+    def cache_before(self, memory_type: MemoryType | LoadStoreOpType = MemoryType.Local) -> TensorView:
         """Make ``self``'s definition write a new tensor ``cache``, then ``self = set(cache)``.
 
         ``self`` keeps its layout (requirement, hint or finalized allocation): only its IDs are
         renewed when the reduction moves into the cache. The cache gets no allocation domain;
         an on-chip cache's layout is derived from its loop domain by the scheduler.
         """
-        if not isinstance(memory_type, MemoryType):
-            raise TypeError(f"{self.short_name}: cache_before expects a MemoryType, got {type(memory_type).__name__}")
+        memory_type = _cache_memory_type(self, memory_type, "cache_before")
         definition = self.definition
         if definition is None:
             raise ValueError(f"{self.short_name} has no definition (it is a fusion input); use cache_after")
@@ -344,6 +347,25 @@ class TensorView(Val):
                 d.allocation = [renewed[id(i)] for i in d.allocation if not i.is_reduction]
         LoadStoreOp(self.fusion, self, cache)
         return cache
+
+
+def _cache_memory_type(tv: TensorView, kind: MemoryType | LoadStoreOpType, what: str) -> MemoryType:
+    """The memory a cache lives in: a MemoryType, or nvFuser's copy kind (``set``: local memory). A
+    hardware copy (TMA, ldmatrix, cp.async) is nvFuser's CUDA code generator's; Triton chooses its
+    own copy instructions for a tile, so asking for one is refused where it is asked."""
+    if isinstance(kind, LoadStoreOpType):
+        if kind.is_hardware_copy:
+            raise UnsupportedFeatureError(
+                f"{tv.short_name}.{what}(LoadStoreOpType.{kind.name}) (a {kind.value} copy, a GPU copy instruction of "
+                "nvFuser's CUDA code generator)",
+                f"use {what}() or {what}(LoadStoreOpType.set): Triton chooses the copy instructions of a tile itself")
+        if kind is not LoadStoreOpType.set:
+            raise ValueError(f"{tv.short_name}: {what} takes LoadStoreOpType.set (a local cache), got {kind.name}; "
+                             "fd.ops.segment_set makes a segment boundary")
+        return MemoryType.Local
+    if not isinstance(kind, MemoryType):
+        raise TypeError(f"{tv.short_name}: {what} expects a MemoryType or a LoadStoreOpType, got {type(kind).__name__}")
+    return kind
 
 
 def user_scheduled(tv: TensorView) -> bool:

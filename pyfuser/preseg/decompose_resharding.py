@@ -170,8 +170,11 @@ def _partial_axes(expr: Expr, out: TensorView) -> tuple[dict[int, ParallelType],
 
 def _required_input_axes(expr: Expr, inp: TensorView, out: TensorView,
                          compute_axes: dict[int, ParallelType]) -> dict[int, ParallelType]:
-    """Sharding ``inp`` needs so that ``expr`` runs on local shards and produces ``compute_axes``."""
-    out_pos = {id(i): p for p, i in enumerate(out.get_logical_domain())}
+    """Sharding ``inp`` needs so that ``expr`` runs on local shards and produces ``compute_axes``.
+    An input of a multi-output expr may map to another output than ``out`` (sdpa's backward: ``k`` to
+    its gradient); outputs of one expr share their leading axes, so its position there counts."""
+    out_pos = {id(i): p for o in reversed(expr.tensor_outputs) for p, i in enumerate(o.get_logical_domain())}
+    out_pos |= {id(i): p for p, i in enumerate(out.get_logical_domain())}
     mapping = expr.logical_map(inp)
     required: dict[int, ParallelType] = {}
     for axis, pid in enumerate(inp.get_logical_domain()):

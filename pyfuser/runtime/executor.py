@@ -202,6 +202,14 @@ class FusionExecutorCache:
             profiling.record(self.fusion, self.segments(), resolved, started, given, outputs)
         return outputs
 
+    def is_compiled(self, args: Sequence[Any]) -> bool:
+        """Whether a program for ``args``' layout is compiled, so ``run(args)`` would compile nothing
+        (nvFuser's ``isCompiled``)."""
+        if self._version != self.fusion.version:
+            return False
+        layout = _layout_key(args)
+        return any(key[0] == layout for key in self._by_layout)
+
     def segments(self) -> list[profiling.SegmentInfo]:
         """The segments of the program the latest ``run`` executed."""
         program = self.last_program
@@ -288,7 +296,8 @@ class FusionExecutorCache:
         return [sharding_of(tv) for tv in self.compiled_outputs()]
 
     def target_device(self, args: Sequence[Any], device: torch.device | str | int | None = None) -> torch.device:
-        """Where ``run(args, device=device)`` computes: ``device``, else the first non-scalar tensor's."""
+        """Where ``run(args, device=device)`` computes: ``device``, else the first non-scalar tensor's, else
+        (only scalars and 0-dim CPU tensors) the current CUDA device where there is one, as nvFuser's."""
         if self._version != self.fusion.version:
             self._reset()
         assert self._binder is not None  # set by _reset
@@ -305,6 +314,7 @@ class FusionExecutorCache:
         layout = (_layout_key(args), target, enabled, disabled, backend)
         program = self._by_layout.get(layout)
         if program is None:
+            _check_no_cpu_scalar_outputs(self.fusion)
             orders = tuple(tuple(memory_order(a.shape, a.stride())) if isinstance(a, torch.Tensor) else None
                            for a in args)
             dense = tuple(isinstance(a, torch.Tensor) and is_dense(a.shape, a.stride()) for a in args)
@@ -346,6 +356,32 @@ def _layout_key(args: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(key)
 
 
+def _check_no_cpu_scalar_outputs(fusion: Fusion) -> None:
+    """nvFuser's rule: an output computed only from 0-dim CPU scalar inputs (``is_cpu``, ``from_pytorch``
+    of a CPU scalar) would be a CPU tensor, which a fusion of device tensors does not produce.
+    RuntimeError with nvFuser's message, naming the output and the scalars."""
+    inputs = fusion.inputs()
+    if not any(isinstance(v, TensorView) and not v.is_cpu for v in inputs):
+        return  # no device tensors: CPU scalars are this fusion's only tensors
+    cpu: dict[int, bool] = {}
+
+    def on_cpu(tv: TensorView) -> bool:
+        """Computed from CPU scalar inputs only (a creation op, with no tensor inputs, makes a device tensor)."""
+        if id(tv) not in cpu:
+            definition = tv.definition
+            sources = definition.tensor_inputs if definition is not None else []
+            cpu[id(tv)] = tv.is_cpu if definition is None else bool(sources) and all(on_cpu(t) for t in sources)
+        return cpu[id(tv)]
+
+    for pos, out in enumerate(fusion.outputs()):
+        if isinstance(out, TensorView) and out.definition is not None and on_cpu(out):
+            scalars = ", ".join(v.short_name for v in inputs if isinstance(v, TensorView) and v.is_cpu)
+            raise RuntimeError(f"output {pos} ({out.short_name}) is computed only from the CPU scalar tensors "
+                               f"{scalars}, so it would be a CPU tensor of a fusion of device tensors: KernelExecutor "
+                               "does not support the Fusion provided. (nvFuser's rule; pass the scalar as a number "
+                               "with define_scalar, or compute the output on the host)")
+
+
 def _resolve_device(device: torch.device | str | int | None, args: Sequence[Any], binder: InputBinder) -> torch.device:
     if device is not None:
         if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
@@ -367,4 +403,6 @@ def _resolve_device(device: torch.device | str | int | None, args: Sequence[Any]
                 name = binder.specs[pos].name if pos < len(binder.specs) else "an extra input"
                 raise ValueError(f"input {pos} ({name}) is on {a.device}; pyfuser runs on CPU or CUDA devices")
             return a.device
+    if torch.cuda.is_available():  # nvFuser's rule: a fusion of scalars and 0-dim CPU tensors runs on CUDA
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

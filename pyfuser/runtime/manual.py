@@ -56,18 +56,17 @@ class ManualKernels:
         self._binder: InputBinder | None = None
         self.last: CompiledKernel | KernelSequence | None = None
 
-    def run(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4,
-            loop_stages: int = 0, evict_last: bool = True) -> list[torch.Tensor]:
-        started = time.perf_counter() if profiling.active() else 0.0
+    def compile(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4,
+                loop_stages: int = 0, evict_last: bool = True) -> CompiledKernel | KernelSequence:
+        """The kernel for ``args``' layout (compiled now unless it already is), without running it."""
         if self._version != self.fusion.version:
             self._kernels.clear()
             self._binder = InputBinder(self.fusion.inputs())
             self._version = self.fusion.version
         binder = self._binder
         assert binder is not None
-        args = list(args)
         binder.check(args)
-        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        device = _device_of(args)
         key = (tuple((a.dtype, tuple(memory_order(a.shape, a.stride())), tuple(s == 1 for s in a.shape),
                       tuple(contiguity_of_strides(a.shape, a.stride(), memory_order(a.shape, a.stride()),
                                                   [s == 1 for s in a.shape])))
@@ -76,6 +75,20 @@ class ManualKernels:
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._kernels[key] = self._compile(args, device, reference, num_warps, loop_stages, evict_last)
+        return kernel
+
+    def is_compiled(self) -> bool:
+        """Whether a kernel of the fusion as it now stands is compiled (for some input layout)."""
+        return self._version == self.fusion.version and bool(self._kernels)
+
+    def run(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4,
+            loop_stages: int = 0, evict_last: bool = True) -> list[torch.Tensor]:
+        started = time.perf_counter() if profiling.active() else 0.0
+        args = list(args)
+        kernel = self.compile(args, reference, num_warps, loop_stages, evict_last)
+        binder = self._binder
+        assert binder is not None
+        device = _device_of(args)
         self.last = kernel
         if binder.has_scalars:
             args = binder.coerce(args)
@@ -107,6 +120,11 @@ class ManualKernels:
         finish = final_step(machine) if reference is not None else None
         return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps, finish, loop_stages,
                               evict_last=evict_last)
+
+
+def _device_of(args: Sequence[Any]) -> torch.device:
+    """Where a manual kernel runs: its first tensor input's device (the CPU's interpreter without one)."""
+    return next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
 
 
 def _prepared(fusion: Fusion, reference: int | None, input_layouts: dict[int, Layout] | None,

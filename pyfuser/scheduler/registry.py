@@ -31,6 +31,8 @@ class SchedulerType(Enum):
     ``scheduler/schedulers.py`` registers each member but ``communication`` (a segment of the comm
     layer, not a scheduler) exactly once."""
 
+    #: no scheduler (nvFuser's ``SchedulerType.none``, a segment not yet given one): never registered
+    none = "none"
     #: one generated kernel over the output's iteration space (pointwise, broadcast, shape ops)
     pointwise = "pointwise"
     #: like pointwise, tiled in 2-D where inputs and outputs disagree on the innermost axis

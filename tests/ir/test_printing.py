@@ -75,9 +75,24 @@ def test_seed_003_executes_with_its_layout() -> None:
 
 
 def test_print_math_prints_and_returns(capsys: pytest.CaptureFixture[str]) -> None:
+    """nvFuser's text: inputs, outputs, then the math and a blank line."""
     fd, _ = seed_003([1, 4096, 4096])
-    assert fd.fusion.print_math() == SEED_003_MATH
-    assert capsys.readouterr().out == SEED_003_MATH
+    ins = "".join(f"  {v}\n" for v in fd.fusion.inputs())
+    outs = "".join(f"  {v}\n" for v in fd.fusion.outputs())
+    expected = f"Inputs:\n{ins}Outputs:\n{outs}\n{SEED_003_MATH}\n"
+    assert fd.fusion.print_math() == expected
+    assert capsys.readouterr().out == expected
+
+
+def test_tensor_domain_prints_its_loop_domain() -> None:
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor(shape=[2, 4, 8])
+        t1 = fd.define_tensor(shape=[-1, 1])
+        fd.add_output(fd.ops.add(t0, t0))
+    assert str(t0.domain()) == "[iS0{2}, iS1{4}, iS2{8}]"
+    t0.split(2, 4)
+    assert str(t0.domain()) == "[iS0{2}, iS1{4}, iS8{2}, iS9{4}]"
+    assert repr(t1.domain()) == "[iS3{i0}, bS4{1}]"
 
 
 def symbolic_2d() -> tuple[FusionDefinition, TensorView]:

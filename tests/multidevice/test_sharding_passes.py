@@ -12,6 +12,7 @@ import pytest
 from pyfuser import FusionDefinition, ParallelType
 from pyfuser.comm.comm_plan import plan_communication
 from pyfuser.ir.ops import BinaryOp, BinaryOpType, LinearOp, LoadStoreOp
+from pyfuser.ir.ops.attention import SdpaBwdOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.multidevice import CommunicationType, Communicator, DeviceMesh, sharding_of
 from pyfuser.options import LaunchInfo
@@ -243,3 +244,26 @@ def test_one_rank_mesh_runs_locally_with_a_stream_loop() -> None:
     torch.testing.assert_close(got, F.linear(a, b))
     assert "type=Allgather, team=(0)" in str(fd.fec.last_program)
     assert not Communicator._instance._groups
+
+
+
+def test_sdpa_backward_of_head_sharded_operands_reshards_each_gradient() -> None:
+    """sdpa's backward has three outputs and each input maps its own (``k`` to ``grad_k``): with every
+    operand sharded on the head axis, the op (not chunkable) runs on gathered operands and each
+    gradient is sliced back to this rank's heads."""
+    with FusionDefinition() as fd:
+        q, k, v, grad = (fd.define_tensor([-1, -1, -1, -1]) for _ in range(4))
+        out, lse, seed, offset = fd.ops.sdpfa_fwd(q, k, v, dropout_p=None, is_causal=True)
+        grads = fd.ops.sdpfa_bwd(grad, q, k, v, out, lse, None, True, seed, offset)
+        for g in grads:
+            fd.add_output(g)
+    for tv in (q, k, v, grad):
+        tv.set_device_mesh(MESH)
+        shard(tv, 1)
+    propagate_shardings(fd.fusion)
+    decompose_resharding(fd.fusion)
+    backward = next(e for e in fd.fusion.exprs() if isinstance(e, SdpaBwdOp))
+    assert all(axes(t) == {} for t in backward.tensor_inputs)
+    assert [axes(g) for g in grads] == [{1: X}] * 3
+    for g, computed in zip(grads, backward.tensor_outputs, strict=True):
+        assert isinstance(g.definition, LoadStoreOp) and g.definition.inputs[0] is computed

@@ -196,6 +196,48 @@ def test_from_pytorch_of_a_cpu_tensor_when_the_fusion_runs_on_cuda(monkeypatch: 
     torch.testing.assert_close(out, torch.full((4, 4), 2.0))
 
 
+def test_an_output_of_cpu_scalars_only_in_a_fusion_of_device_tensors_is_an_error() -> None:
+    """nvFuser's rule (its issue 2853): an output computed only from 0-dim CPU scalar tensors would be a
+    CPU tensor, which a fusion of device tensors does not produce. A creation op (full) makes a device
+    tensor, and a fusion of CPU scalars alone runs."""
+    scalar, x = torch.tensor(2.0), torch.randn(3, 5)[:, ::2]
+    with FusionDefinition() as fd:
+        s, t = fd.from_pytorch(scalar), fd.from_pytorch(x)
+        fd.add_output(fd.ops.add(t, s))
+        fd.add_output(fd.ops.mul(fd.ops.add(s, 3.0), fd.define_scalar(2.0)))
+    with pytest.raises(RuntimeError, match=r"output 1 \(T\d+\) is computed only from the CPU scalar tensors T0, so it "
+                                           r"would be a CPU tensor of a fusion of device tensors: KernelExecutor does "
+                                           r"not support the Fusion provided"):
+        fd.execute([scalar, x])
+    with FusionDefinition() as fd:
+        s, t = fd.from_pytorch(scalar), fd.from_pytorch(x)
+        fd.add_output(fd.ops.add(t, s))
+        fd.add_output(fd.ops.mul(fd.ops.full([2], 1.0, DataType.Float), s))
+        fd.add_output(t)
+    added, filled, same = fd.execute([scalar, x])
+    torch.testing.assert_close(added, x + 2.0)
+    torch.testing.assert_close(filled, torch.full((2,), 2.0))
+    assert torch.equal(same, x)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.add(fd.from_pytorch(scalar), 3.0))
+    torch.testing.assert_close(fd.execute([scalar])[0], torch.tensor(5.0))
+
+
+def test_a_fusion_without_tensor_inputs_runs_on_cuda_where_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvFuser's device rule: only scalars and 0-dim CPU tensors as inputs -> the current CUDA device
+    (random tensors then meet the caller's CUDA tensors); ``device=`` says otherwise."""
+    with FusionDefinition() as fd:
+        n = fd.define_scalar(dtype=DataType.Int)
+        fd.add_output(fd.ops.mul(fd.ops.full([n], 1.0, DataType.Float), fd.from_pytorch(torch.tensor(2.0))))
+    (out,) = fd.execute([3, torch.tensor(2.0)])  # no CUDA here: the CPU
+    torch.testing.assert_close(out, torch.full((3,), 2.0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert fd.fec.target_device([3, torch.tensor(2.0)]) == torch.device("cuda", 1)
+    assert fd.fec.target_device([3, torch.tensor(2.0)], device="cpu") == torch.device("cpu")
+    assert fd.fec.target_device([torch.ones(3)]) == torch.device("cpu")
+
+
 def test_expanded_inputs_new_ops_and_in_place_outputs_next_to_generated_kernels() -> None:
     """Kernel segments and ATen calls (gcd and index_select have no generated form) in one program."""
     x, acc, idx = torch.randn(1, 6).expand(4, 6), torch.zeros(4, 6), torch.tensor([3, 0, 1])

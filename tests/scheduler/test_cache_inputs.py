@@ -207,7 +207,7 @@ def test_bad_cache_and_compute_at_arguments() -> None:
         t0 = fd.define_tensor([-1, -1])
         t1 = fd.ops.exp(t0)
         fd.add_output(t1)
-    with pytest.raises(TypeError, match=r"T0: cache_after expects a MemoryType, got str"):
+    with pytest.raises(TypeError, match=r"T0: cache_after expects a MemoryType or a LoadStoreOpType, got str"):
         t0.cache_after("shared")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"T1: compute-at position 3 is out of range for a loop domain of 2 IDs"):
         set_compute_at(t1, 3)

@@ -78,9 +78,11 @@ class IdGraph:
         #: broadcast IDs whose class has no other kind of member: never resolved against an axis of
         #: another extent, so merging one changes no extent
         self._unresolved = {k for k, i in self._ids.items() if i.is_broadcast and self._classes.find(k) not in concrete}
+        self._transforms = list(transforms.values())
+        self._through_transforms = through_transforms
         if through_transforms:
-            self._forward(list(transforms.values()))
-            self._propagate(list(transforms.values()))
+            self._forward(self._transforms)
+            self._propagate(self._transforms)
 
     def _map_expr(self, expr: Expr) -> None:
         outs = expr.tensor_outputs
@@ -115,6 +117,27 @@ class IdGraph:
                     continue
                 for a, b in zip(first.outputs, t.outputs, strict=True):
                     changed |= self._classes.union(id(a), id(b))
+
+    def map_ids(self, a: IterDomain, b: IterDomain) -> None:
+        """Declare ``a`` and ``b`` the same iteration (nvFuser's ``ValGraph.mapVals``): their classes
+        join, and so do the outputs of transforms that now have mapped inputs."""
+        for i in (a, b):
+            if not self.contains(i):
+                raise ValueError(f"map_ids: {i} is not an ID of this graph's tensors")
+        if self._classes.union(id(a), id(b)):
+            self._members = None
+            if self._through_transforms:
+                self._propagate(self._transforms)
+
+    def contains(self, i: IterDomain) -> bool:
+        return id(i) in self._ids
+
+    def classes(self) -> list[list[IterDomain]]:
+        """Every class, members in the order the graph met them (first tensor first)."""
+        groups: dict[int, list[IterDomain]] = {}
+        for k, i in self._ids.items():
+            groups.setdefault(self._classes.find(k), []).append(i)
+        return list(groups.values())
 
     # --- queries -------------------------------------------------------------------------------
     def forwards(self, i: IterDomain) -> bool:

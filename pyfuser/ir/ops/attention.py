@@ -10,6 +10,13 @@ is on) and an empty ``philox_offset``, so the backward regenerates the same drop
 backward recomputes the forward from q, k, v and differentiates it with autograd; like nvFuser's,
 it takes no bias or mask. Without dropout on a CPU, both run torch's fused CPU kernel instead,
 whose results torch's own attention gives.
+
+On CUDA, as nvFuser: half / bfloat16 attention without bias or mask runs ATen's flash attention
+(forward and backward), so the dropout mask comes from the flash kernel's philox state drawn from
+the CUDA generator, the same mask torch's flash attention draws, and that state is the
+``philox_seed`` / ``philox_offset`` pair the backward replays. With a bias or mask (no dropout) the
+output is torch's ``scaled_dot_product_attention`` of the combined additive mask, whatever kernel
+torch picks (a row that masks every key then matches torch's too).
 """
 
 from __future__ import annotations
@@ -82,8 +89,54 @@ def _additive_mask(bias: torch.Tensor | None, mask: torch.Tensor | None) -> torc
     return bias + mask
 
 
+#: dtypes ATen's flash attention takes on CUDA
+_FLASH_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _cuda_flash_takes(*tensors: torch.Tensor) -> bool:
+    """Whether ATen's CUDA flash attention computes these [N, H, L, E] operands: one half dtype, head
+    sizes a multiple of 8 up to 256 (what the kernel takes without padding), unit inner strides."""
+    q = tensors[0]
+    return (q.device.type == "cuda" and q.dtype in _FLASH_DTYPES and all(t.dtype == q.dtype for t in tensors)
+            and all(t.ndim == 4 and t.stride(-1) == 1 for t in tensors)
+            and all(t.shape[-1] == q.shape[-1] for t in tensors) and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+            and torch.backends.cuda.flash_sdp_enabled())
+
+
+def _cuda_flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, is_causal: bool,
+                    scale: float | None) -> list[torch.Tensor]:
+    """``out, lse, philox_seed, philox_offset`` by ATen's flash attention (nvFuser's CUDA evaluation)."""
+    out, lse, _, _, _, _, rng_state, offset, _ = torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, dropout_p, is_causal, return_debug_mask=False, scale=scale)
+    rng = (rng_state.reshape(2).to(torch.uint64) if rng_state.numel() == 2
+           else torch.zeros(2, dtype=torch.uint64, device=q.device))
+    off = (offset.reshape(()).to(torch.uint64) if offset.numel() == 1
+           else torch.zeros((), dtype=torch.uint64, device=q.device))
+    return [out, lse.to(torch.float32), rng, off]
+
+
+def _cuda_masked_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, additive: torch.Tensor, is_causal: bool,
+                     scale: float | None) -> list[torch.Tensor]:
+    """Attention with an additive mask on CUDA (no dropout): torch's own attention computes the output,
+    the logsumexp is the scores' (float32), and the RNG state is empty."""
+    scores_shape = (*q.shape[:-1], k.shape[-2])
+    mask = additive.to(torch.float32).expand(scores_shape)
+    if is_causal:  # torch takes a mask or is_causal, not both: the causal mask joins the additive one
+        keep = torch.ones(scores_shape[-2:], dtype=torch.bool, device=q.device).tril()
+        mask = mask.masked_fill(~keep, float("-inf"))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale)
+    _, lse = attention(q, k, v, None, mask, 0.0, False, scale, 0)
+    return [out, lse.to(torch.float32), torch.zeros(2, dtype=torch.uint64, device=q.device),
+            torch.zeros((), dtype=torch.uint64, device=q.device)]
+
+
 def _flag(value: Any, default: Any) -> Any:
     return default if value is None else value
+
+
+def _flash_lse(lse: torch.Tensor) -> torch.Tensor:
+    """The logsumexp as ATen's flash backward reads it: float32 with unit inner stride."""
+    return lse.to(torch.float32).contiguous()
 
 
 class SdpaFwdOp(Expr):
@@ -106,9 +159,16 @@ class SdpaFwdOp(Expr):
         if not 0.0 <= dropout_p < 1.0:
             raise ValueError(f"sdpfa_fwd: dropout_p must be in [0, 1), got {dropout_p} (producing "
                              f"{self.output.short_name})")
+        is_causal, scale = bool(_flag(opts.get("is_causal"), False)), opts.get("scale")
+        bias, mask = opts.get("bias"), opts.get("mask")
+        if bias is None and mask is None and _cuda_flash_takes(q, k, v):
+            return _cuda_flash_fwd(q, k, v, dropout_p, is_causal, scale)
+        additive = _additive_mask(bias, mask)
+        if additive is not None and dropout_p == 0 and q.device.type == "cuda":
+            out, lse, seed_t, offset_t = _cuda_masked_fwd(q, k, v, additive, is_causal, scale)
+            return [out.to(q.dtype), lse, seed_t, offset_t]
         seed = int(torch.randint(0, 2**62, (), device=q.device).item()) if dropout_p > 0 else 0
-        out, lse = attention(q, k, v, opts.get("bias"), opts.get("mask"), dropout_p,
-                             bool(_flag(opts.get("is_causal"), False)), opts.get("scale"), seed)
+        out, lse = attention(q, k, v, bias, mask, dropout_p, is_causal, scale, seed)
         philox_seed = torch.tensor([seed, 0], dtype=torch.uint64, device=q.device)
         philox_offset = torch.zeros((), dtype=torch.uint64, device=q.device)
         return [out.to(q.dtype), lse.to(torch.float32), philox_seed, philox_offset]
@@ -149,6 +209,11 @@ class SdpaBwdOp(Expr):
     def evaluate(self, ctx: EvalContext, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  output: torch.Tensor, lse: torch.Tensor, dropout_p: Any, is_causal: Any, philox_seed: torch.Tensor,
                  philox_offset: torch.Tensor, scale: Any = None) -> list[Any]:
+        if _cuda_flash_takes(q, k, v, grad_out, output) and philox_seed.numel() == 2:
+            grads = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+                grad_out, q, k, v, output, _flash_lse(lse), None, None, q.shape[-2], k.shape[-2],
+                float(dropout_p), bool(is_causal), philox_seed, philox_offset, scale=scale)
+            return [g.to(t.dtype) for g, t in zip(grads, (q, k, v), strict=True)]
         seed = int(philox_seed.reshape(-1)[0].item()) if philox_seed.numel() else 0
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]

@@ -28,6 +28,16 @@ class LoadStoreOpType(Enum):
     set = "Set"
     #: a copy that also forces a segment boundary
     segment_set = "SegmenterSet"
+    # nvFuser's hardware copies (its ``LoadStoreOpType``): named so that nvFuser code reads the same,
+    # refused by ``cache_after`` / ``cache_before`` (UnsupportedFeatureError): Triton picks them itself.
+    load_matrix = "LdMatrix"
+    cp_async = "CpAsync"
+    tma = "CpAsyncBulkTensorTile"
+
+    @property
+    def is_hardware_copy(self) -> bool:
+        """A copy instruction of nvFuser's CUDA backend, which pyfuser's kernels do not name."""
+        return self not in (LoadStoreOpType.set, LoadStoreOpType.segment_set)
 
 
 class LoadStoreOp(Expr):

@@ -148,3 +148,44 @@ def test_boolean_mask_keeps_true_entries_and_cpu_results_are_torchs(transposed: 
     torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask), rtol=0, atol=0)
     scores = (q.float() @ k.float().transpose(-2, -1)) / e ** 0.5 + attn_mask.float()
     torch.testing.assert_close(got_lse, torch.logsumexp(scores, -1), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="ATen's flash attention runs on CUDA")
+def test_cuda_attention_is_atens_flash_attention_dropout_included() -> None:
+    """On CUDA, as nvFuser: bfloat16 attention is ATen's flash attention, so a seeded run draws torch's
+    dropout mask and the backward replays the flash kernel's philox state; with a mask, torch's own
+    attention computes the output (a row that masks every key included)."""
+    n, h, seq_q, seq_k, e = 2, 4, 16, 16, 8
+    q, k, v, grad = (torch.randn(n, h, length, e, dtype=torch.bfloat16, device="cuda")
+                     for length in (seq_q, seq_k, seq_k, seq_q))
+    with FusionDefinition() as fwd:
+        out, lse, seed, offset = fwd.ops.sdpfa_fwd(*(fwd.from_pytorch(t) for t in (q, k, v)), dropout_p=0.2,
+                                                   is_causal=True, scale=0.3)
+        for t in (out, lse, seed, offset):
+            fwd.add_output(t)
+    torch.manual_seed(0)
+    got = fwd.execute([q, k, v])
+    torch.manual_seed(0)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        want = F.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True, scale=0.3)
+    torch.testing.assert_close(got[0], want)
+
+    ref = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.2, True, return_debug_mask=False, scale=0.3)
+    want_grads = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        grad, q, k, v, ref[0], ref[1], ref[2], ref[3], ref[4], ref[5], 0.2, True, ref[6], ref[7], scale=0.3)
+    with FusionDefinition() as bwd:
+        ins = [bwd.from_pytorch(t) for t in (grad, q, k, v, ref[0], ref[1], ref[6], ref[7])]
+        for g in bwd.ops.sdpfa_bwd(*ins[:6], 0.2, True, ins[6], ins[7], 0.3):
+            bwd.add_output(g)
+    for g, w in zip(bwd.execute([grad, q, k, v, ref[0], ref[1], ref[6], ref[7]]), want_grads, strict=True):
+        torch.testing.assert_close(g, w)
+
+    bias = torch.randn(n, h, seq_q, seq_k, dtype=torch.bfloat16, device="cuda")
+    mask = torch.rand(n, h, seq_q, seq_k, device="cuda") > 0.3
+    mask[0, 0, 0] = False  # a row that masks every key
+    with FusionDefinition() as masked:
+        ins = [masked.from_pytorch(t) for t in (q, k, v, bias, mask)]
+        masked.add_output(masked.ops.sdpfa_fwd(*ins[:3], bias=ins[3], mask=ins[4])[0])
+    attn_mask = (bias + torch.where(mask, 0.0, float("-inf"))).to(torch.bfloat16)
+    torch.testing.assert_close(masked.execute([q, k, v, bias, mask])[0],
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask), equal_nan=True)
