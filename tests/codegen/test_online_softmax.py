@@ -128,8 +128,9 @@ def test_looped_rows_match_torch_in_one_pass(name: str, dtype: torch.dtype, cols
     fd = _fusion(name, dtype)
     inputs = _inputs(name, _rows(3, cols, dtype, device, layout))
     got = run_kernels(fd, inputs)
-    assert kernel_segments(fd)[0].scheduler_params.shape == LAYOUTS[layout]
-    if device == "cpu":  # the loops of the interpreter's schedule: max and sum of exp share the first
+    if device == "cpu":  # the interpreter's schedule loops (a GPU's holds these rows on chip, or splits
+        # them): max and sum of exp share the first loop
+        assert kernel_segments(fd)[0].scheduler_params.shape == LAYOUTS[layout]
         assert _normalization_kernel_code(fd).count(" for ") == FAMILIES[name][2]
     want = FAMILIES[name][1](*inputs)
     for g, w in zip(got, want, strict=True):
@@ -189,7 +190,7 @@ def test_error_against_float64_within_twice_torchs(name: str, offset: float, dev
     ref = torch_fn(x.double())[0]
     fd = _fusion(name, torch.float32)
     (got,) = run_kernels(fd, [x])
-    assert kernel_segments(fd)[0].scheduler_params.shape == "loop"
+    assert device != "cpu" or kernel_segments(fd)[0].scheduler_params.shape == "loop"  # a GPU holds 2011 on chip
     ours, torchs = float((got.double() - ref).abs().max()), float((torch_fn(x)[0].double() - ref).abs().max())
     assert ours <= 2 * max(torchs, 1e-7 * float(ref.abs().max())), (ours, torchs)
 

@@ -316,18 +316,18 @@ class DepthwiseBlock(torch.nn.Module):
         return self.norm(self.conv(x).permute(0, 2, 3, 1))
 
 
-def _convolution_graph(device: str) -> torch.fx.GraphModule:
+def _convolution_graph(device: str, dims: int = 2) -> torch.fx.GraphModule:
     """An ATen graph (fake example values on ``device``) of a biased convolution read by a ReLU."""
     with FakeTensorMode():
-        x, w, b = (torch.empty(*shape, device=device) for shape in ((2, 3, 8, 7), (4, 3, 3, 3), (4,)))
-        return make_fx(lambda x, w, b: torch.relu(aten.convolution.default(x, w, b, [1, 1], [1, 1], [1, 1], False,
-                                                                               [0, 0], 1)))(x, w, b)
+        x, w, b = (torch.empty(*shape, device=device) for shape in ((2, 3, *[7] * dims), (4, 3, *[3] * dims), (4,)))
+        return make_fx(lambda x, w, b: torch.relu(aten.convolution.default(x, w, b, [1] * dims, [1] * dims, [1] * dims,
+                                                                               False, [0] * dims, 1)))(x, w, b)
 
 
 def test_a_cuda_convolutions_bias_becomes_an_add_of_the_graph() -> None:
     """On CUDA (fake values: no GPU needed) the convolution loses its bias and an add of the bias viewed
     over the output channels takes its place, with the convolution's example value; on the CPU (oneDNN
-    adds the bias inside the convolution) the graph stays."""
+    adds the bias inside the convolution) and for a 1-D convolution the graph stays."""
     gm = _convolution_graph("cuda")
     traced = next(n for n in gm.graph.nodes if n.target is aten.convolution.default).meta["val"]
     assert split_convolution_biases(gm) == 1
@@ -338,8 +338,8 @@ def test_a_cuda_convolutions_bias_becomes_an_add_of_the_graph() -> None:
     value = add.meta["val"]
     assert (value.shape, value.stride(), value.dtype) == (traced.shape, traced.stride(), traced.dtype)
     assert [u.target for u in add.users] == [aten.relu.default]
-    cpu = _convolution_graph("cpu")
-    assert split_convolution_biases(cpu) == 0
+    assert split_convolution_biases(_convolution_graph("cpu")) == 0
+    assert split_convolution_biases(_convolution_graph("cuda", dims=1)) == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="convolution biases are split on CUDA")

@@ -229,8 +229,10 @@ def test_a_fusion_without_tensor_inputs_runs_on_cuda_where_there_is_one(monkeypa
     with FusionDefinition() as fd:
         n = fd.define_scalar(dtype=DataType.Int)
         fd.add_output(fd.ops.mul(fd.ops.full([n], 1.0, DataType.Float), fd.from_pytorch(torch.tensor(2.0))))
-    (out,) = fd.execute([3, torch.tensor(2.0)])  # no CUDA here: the CPU
-    torch.testing.assert_close(out, torch.full((3,), 2.0))
+    (out,) = fd.execute([3, torch.tensor(2.0)])  # the current CUDA device where there is one, else the CPU
+    assert out.device == (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+                          else torch.device("cpu"))
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 2.0))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert fd.fec.target_device([3, torch.tensor(2.0)]) == torch.device("cuda", 1)

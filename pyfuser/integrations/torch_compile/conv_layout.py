@@ -305,8 +305,9 @@ def to_channels_last(gm: GraphModule, visible: int | None = None, force: bool | 
 
 
 def split_convolution_biases(gm: GraphModule) -> int:
-    """Each forward convolution on CUDA with a bias becomes the convolution without it and an add of the
-    bias broadcast over its output channels (in place; returns how many). On CUDA ATen adds a
+    """Each forward 2-D or 3-D convolution on CUDA with a bias becomes the convolution without it and an
+    add of the bias broadcast over its output channels (in place; returns how many). 1-D convolutions
+    keep theirs: wav2vec2's and Whisper's steps were slower in the run that split them (not isolated). On CUDA ATen adds a
     convolution's bias in a kernel of its own after cuDNN's (channels-last depthwise ones included),
     rounding the convolution's output first; as a pointwise op of the graph the add computes the same
     (ATen's native NCHW depthwise kernel, which adds it inside, rounds once less) and fuses into
@@ -320,7 +321,7 @@ def split_convolution_biases(gm: GraphModule) -> int:
             continue
         bias, output = node.args[2], _val(node)
         if not isinstance(bias, Node) or not isinstance(output, torch.Tensor) or mode is None \
-                or output.device.type != "cuda":
+                or output.device.type != "cuda" or channels_last_format(output.dim()) is None:
             continue
         shape = [int(_val(bias).shape[0]), *[1] * (output.dim() - 2)]
         with gm.graph.inserting_after(node):
