@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from pyfuser.ir.tensor_view import TensorView
 
 
+class FusionRuleError(RuntimeError):
+    """A fusion that breaks one of nvFuser's rules for what a fusion may compute (an output computed only
+    from CPU scalar tensors beside device tensors: its issue 2853), raised as nvFuser raises it (a
+    ``RuntimeError``), naming the values concerned: a rejection of the definition, not an internal error."""
+
+
 class UnsupportedFeatureError(NotImplementedError):
     """A feature of nvFuser's CUDA code generator or GPU hardware (TMA bulk copies, ldmatrix, warp
     specialization) that pyfuser's Triton kernels do not express: raised where the user asks for it,

@@ -20,6 +20,7 @@ from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import HostIrContainer, KernelSegment, LaunchKernel, PlainSegment
 from pyfuser.host_ir.straight_line import StraightLineFunction
 from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
+from pyfuser.ir.base import FusionRuleError
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import is_dense, memory_order
@@ -376,7 +377,7 @@ def _check_no_cpu_scalar_outputs(fusion: Fusion) -> None:
     for pos, out in enumerate(fusion.outputs()):
         if isinstance(out, TensorView) and out.definition is not None and on_cpu(out):
             scalars = ", ".join(v.short_name for v in inputs if isinstance(v, TensorView) and v.is_cpu)
-            raise RuntimeError(f"output {pos} ({out.short_name}) is computed only from the CPU scalar tensors "
+            raise FusionRuleError(f"output {pos} ({out.short_name}) is computed only from the CPU scalar tensors "
                                f"{scalars}, so it would be a CPU tensor of a fusion of device tensors: KernelExecutor "
                                "does not support the Fusion provided. (nvFuser's rule; pass the scalar as a number "
                                "with define_scalar, or compute the output on the host)")

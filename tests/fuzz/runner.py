@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from pyfuser.ir.base import FusionRuleError
+
 from .case import Case, Output, TensorInput, prelude_namespace
 
 
@@ -377,7 +379,7 @@ def check_outputs(case: Case, outs: Sequence[Any], wants: Sequence[torch.Tensor]
 
 def _rejection_or_internal(error: BaseException, mode: str, torch_ok: bool, where: str) -> Outcome:
     message = f"{type(error).__name__} {where}: {error}"
-    if isinstance(error, (ValueError, TypeError)) and names_a_tensor(str(error)):
+    if isinstance(error, (ValueError, TypeError, FusionRuleError)) and names_a_tensor(str(error)):
         return Outcome(Category.rejected, mode, message, torch_runs_it=torch_ok)
     return Outcome(Category.internal, mode, message)
 
