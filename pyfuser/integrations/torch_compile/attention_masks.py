@@ -24,9 +24,11 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import GraphModule, Node
 
-#: The Torch-level calls of scaled dot-product attention in a dynamo graph.
+#: The Torch-level calls of scaled dot-product attention in a dynamo graph, and the positions of their
+#: ``attn_mask`` and ``is_causal`` arguments.
 _SDPA = (torch._C._nn.scaled_dot_product_attention, F.scaled_dot_product_attention)
 _MASK_POSITION = 3
+_CAUSAL_POSITION = 5
 
 #: Functorch's transform levels in a dynamo graph (a ``vmap`` is recorded as calls of these, its levels
 #: as constants): each level entry (+1) and exit (-1), by name, and what unwinds a level left entered.
@@ -81,7 +83,7 @@ def _mask_of(call: Node) -> Any:
 
 
 def _causal_arg(call: Node) -> bool:
-    causal = call.kwargs.get("is_causal", call.args[5] if len(call.args) > 5 else False)
+    causal = call.kwargs.get("is_causal", call.args[_CAUSAL_POSITION] if len(call.args) > _CAUSAL_POSITION else False)
     return causal is True
 
 
@@ -93,8 +95,8 @@ def _set_mask(call: Node, mask: None, *, causal: bool) -> None:
     else:
         kwargs["attn_mask"] = mask
     if causal:
-        if len(args) > 5:
-            args[5] = True
+        if len(args) > _CAUSAL_POSITION:
+            args[_CAUSAL_POSITION] = True
         else:
             kwargs["is_causal"] = True
     call.args, call.kwargs = tuple(args), kwargs
