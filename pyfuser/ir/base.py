@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -266,6 +266,18 @@ class Expr(ABC):
 
     def __str__(self) -> str:
         return self.to_string()
+
+
+def downstream_exprs(expr: Expr) -> Iterator[Expr]:
+    """Every expr that reads a result of ``expr``, directly or through others, once each."""
+    stack = [use for out in expr.outputs for use in out.uses]
+    seen: set[int] = set()
+    while stack:
+        use = stack.pop()
+        if id(use) not in seen:
+            seen.add(id(use))
+            yield use
+            stack.extend(u for out in use.outputs for u in out.uses)
 
 
 def operand_value(v: Val, values: dict[int, Any]) -> Any:

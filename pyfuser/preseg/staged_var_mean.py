@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
+from pyfuser.ir.base import downstream_exprs
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, IterType
@@ -104,17 +105,7 @@ def _broadcast_back(expr: VarMeanOp) -> bool:
     """Whether a result of ``expr`` is broadcast back (a normalization reads it over the axes it
     reduces: batch-norm's forward). A normalization is not split across programs: one outer
     normalization over channels-last activations would have C / column-block programs."""
-    stack = [use for out in expr.outputs for use in out.uses]
-    seen: set[int] = set()
-    while stack:
-        use = stack.pop()
-        if id(use) in seen:
-            continue
-        seen.add(id(use))
-        if isinstance(use, BroadcastOp):
-            return True
-        stack.extend(u for out in use.outputs for u in out.uses)
-    return False
+    return any(isinstance(use, BroadcastOp) for use in downstream_exprs(expr))
 
 
 def _tensor(fusion: Fusion, source: TensorView, reduced: list[int], dtype: DataType,

@@ -24,7 +24,7 @@ from weakref import WeakKeyDictionary
 from pyfuser.codegen.support import unsupported_in_reduction_kernel
 from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
 from pyfuser.ir.analysis.id_graph import IdGraph
-from pyfuser.ir.base import Expr
+from pyfuser.ir.base import Expr, downstream_exprs
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
 from pyfuser.ir.symbolic import SymConst, SymExpr
@@ -191,15 +191,7 @@ def _persistent(fusion: FusionLike, exact: IdGraph, reductions: Sequence[Expr]) 
     """Whether a value computed from a reduction is read back over the axes it reduced."""
     for e in reductions:
         reduced = _classes(exact, [i for i in e.output.get_logical_domain() if i.is_reduction])
-        stack = [use for out in e.outputs for use in out.uses]
-        seen: set[int] = set()
-        while stack:
-            use = stack.pop()
-            if id(use) in seen:
-                continue
-            seen.add(id(use))
-            for out in use.tensor_outputs:
-                if _classes(exact, [i for i in out.get_logical_domain() if not i.is_reduction]) & reduced:
-                    return True
-                stack.extend(out.uses)
+        if any(_classes(exact, [i for i in out.get_logical_domain() if not i.is_reduction]) & reduced
+               for use in downstream_exprs(e) for out in use.tensor_outputs):
+            return True
     return False

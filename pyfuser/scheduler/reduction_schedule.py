@@ -19,9 +19,9 @@ On-chip caches of the inputs get an allocation derived from their loop domain (d
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -208,18 +208,25 @@ class InnerHeuristic:
     loop_warps: int = 0
 
 
+_Heuristic = TypeVar("_Heuristic")
+
 #: The heuristic ``reduction_inner_params`` reads (replaced only by ``inner_heuristic``).
 _INNER = [InnerHeuristic()]
 
 
 @contextmanager
-def inner_heuristic(heuristic: InnerHeuristic) -> Iterator[InnerHeuristic]:
-    """Size plain inner reductions by ``heuristic`` inside the block (kernels compiled there keep it)."""
-    _INNER.append(heuristic)
+def _in_force(stack: list[_Heuristic], heuristic: _Heuristic) -> Iterator[_Heuristic]:
+    """``heuristic`` on top of ``stack`` (the one read) inside the block."""
+    stack.append(heuristic)
     try:
         yield heuristic
     finally:
-        _INNER.pop()
+        stack.pop()
+
+
+def inner_heuristic(heuristic: InnerHeuristic) -> AbstractContextManager[InnerHeuristic]:
+    """Size plain inner reductions by ``heuristic`` inside the block (kernels compiled there keep it)."""
+    return _in_force(_INNER, heuristic)
 
 
 def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, welford: bool = False,
@@ -304,14 +311,9 @@ class OuterHeuristic:
 _OUTER = [OuterHeuristic()]
 
 
-@contextmanager
-def outer_heuristic(heuristic: OuterHeuristic) -> Iterator[OuterHeuristic]:
+def outer_heuristic(heuristic: OuterHeuristic) -> AbstractContextManager[OuterHeuristic]:
     """Size outer reductions by ``heuristic`` inside the block (kernels compiled there keep it)."""
-    _OUTER.append(heuristic)
-    try:
-        yield heuristic
-    finally:
-        _OUTER.pop()
+    return _in_force(_OUTER, heuristic)
 
 
 def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHints, persistent: bool,

@@ -16,16 +16,19 @@ from pyfuser.scheduler import reduction
 from pyfuser.scheduler.reduction_schedule import OuterHeuristic
 from pyfuser.scheduler.registry import Machine, SizeHints
 from tests.codegen.conftest import execute_with_kernels
+from tests.codegen.test_var_mean_split import _var_mean
 
 H200 = Machine(132, 16384, 2048)
 
 
-def _stats(x: torch.Tensor, dims: list[int], correction: int = 0, cast: bool = True) -> FusionDefinition:
+def _batchnorm_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> FusionDefinition:
+    """Training batch norm over N, H, W of a 4-D input: statistics read back by the normalization."""
     with FusionDefinition() as fd:
-        t = fd.from_pytorch(x)
-        var, mean = fd.ops.var_mean(fd.ops.cast(t, DataType.Float) if cast else t, dims, correction=correction)
-        fd.add_output(mean)
-        fd.add_output(var)
+        tx, tw, tb = fd.from_pytorch(x), fd.from_pytorch(w), fd.from_pytorch(b)
+        var, mean = fd.ops.var_mean(tx, [0, 2, 3], correction=0, keepdim=True)
+        y = fd.ops.mul(fd.ops.sub(tx, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+        flags = [True, False, True, True]
+        fd.add_output(fd.ops.add(fd.ops.mul(y, fd.ops.broadcast(tw, flags)), fd.ops.broadcast(tb, flags)))
     return fd
 
 
@@ -50,7 +53,7 @@ def test_batchnorm_statistics_run_in_two_stages(layout: str, shape: tuple[int, .
     x = (torch.randn(*shape) * 3 + 100).to(dtype)
     if layout == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
-    fd = _stats(x, [0, 2, 3])
+    fd = _var_mean(x, [0, 2, 3])
     mean, var = execute_with_kernels(fd, [x])
     ref_var, ref_mean = torch.var_mean(x.double(), (0, 2, 3), correction=0)
     torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-5)
@@ -68,12 +71,7 @@ def test_batchnorm_forward_through_the_stages_matches_torch() -> None:
     """The statistics read back over N, H, W (keepdim, a normalization after them), on a permuted view."""
     x = torch.randn(3, 13, 6, 4, 5).permute(0, 1, 4, 2, 3)[:, :, 1]  # [3, 13, 6, 4], not contiguous
     w, b = torch.randn(13), torch.randn(13)
-    with FusionDefinition() as fd:
-        tx, tw, tb = fd.from_pytorch(x), fd.from_pytorch(w), fd.from_pytorch(b)
-        var, mean = fd.ops.var_mean(tx, [0, 2, 3], correction=0, keepdim=True)
-        y = fd.ops.mul(fd.ops.sub(tx, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
-        flags = [True, False, True, True]
-        fd.add_output(fd.ops.add(fd.ops.mul(y, fd.ops.broadcast(tw, flags)), fd.ops.broadcast(tb, flags)))
+    fd = _batchnorm_forward(x, w, b)
     (out,) = execute_with_kernels(fd, [x, w, b])
     torch.testing.assert_close(out, F.batch_norm(x, None, None, w, b, training=True, eps=1e-5), rtol=1e-5, atol=1e-5)
 
@@ -90,7 +88,7 @@ def test_batchnorm_forward_through_the_stages_matches_torch() -> None:
 def test_only_var_means_a_kernel_reads_badly_are_staged(shape: tuple[int, ...], dims: list[int], correction: int,
                                                       cast: bool, staged: bool) -> None:
     x = torch.randn(*shape).to(torch.float32 if cast else torch.bfloat16)
-    fd = _stats(x, dims, correction, cast=cast)
+    fd = _var_mean(x, dims, correction, cast=cast)
     mean, var = execute_with_kernels(fd, [x])
     ref_var, ref_mean = torch.var_mean(x.float(), dims, correction=correction)
     tol = {} if cast else {"rtol": 2e-2, "atol": 2e-2}
@@ -134,12 +132,7 @@ def test_channels_last_batchnorm_forward_is_staged() -> None:
     is staged (H, W first: N*C columns), then the partials' kernel, then the normalization."""
     x = (torch.randn(3, 7, 5, 4) * 2 + 30).contiguous(memory_format=torch.channels_last)
     w, b = torch.randn(7), torch.randn(7)
-    with FusionDefinition() as fd:
-        tx, tw, tb = fd.from_pytorch(x), fd.from_pytorch(w), fd.from_pytorch(b)
-        var, mean = fd.ops.var_mean(tx, [0, 2, 3], correction=0, keepdim=True)
-        y = fd.ops.mul(fd.ops.sub(tx, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
-        flags = [True, False, True, True]
-        fd.add_output(fd.ops.add(fd.ops.mul(y, fd.ops.broadcast(tw, flags)), fd.ops.broadcast(tb, flags)))
+    fd = _batchnorm_forward(x, w, b)
     (out,) = execute_with_kernels(fd, [x, w, b])
     torch.testing.assert_close(out, F.batch_norm(x, None, None, w, b, training=True, eps=1e-5), rtol=1e-5, atol=1e-5)
     assert _first_stage_dims(fd) == ["{2, 3}"] and _kernels(fd) == 3, fd.last_scheduled_fusion_ir()
@@ -170,7 +163,7 @@ def test_channels_last_statistics_staged_on_request(shape: tuple[int, ...], dtyp
     x = (torch.randn(*shape) * 3 + 20).to(dtype).contiguous(memory_format=torch.channels_last)
     counts = []
     for staged in (False, True):
-        fd = _stats(x, [0, 2, 3])
+        fd = _var_mean(x, [0, 2, 3])
         with stage_outer_var_means(staged):
             mean, var = execute_with_kernels(fd, [x])
         ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
