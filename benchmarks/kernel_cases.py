@@ -52,6 +52,8 @@ GRIDS: dict[str, tuple[tuple[int, ...], ...]] = {
                   (1023, 4096, 151936), (65536, 768, 50257), (512, 1024, 32000), (2047, 2048, 50257),
                   (32768, 1024, 1000)),
     "seed003": ((1, 4096, 4096), (1, 1024, 65536), (1, 16384, 1000)),
+    # [N, C, L], one channel a group: wav2vec2's feature encoder (8 x 512 x 15999), 1-D audio and image features
+    "group_norm": ((8, 512, 15999), (32, 128, 4096), (16, 64, 16384), (4, 256, 3000), (3, 127, 1001)),
 }
 
 BF, F32 = torch.bfloat16, torch.float32
@@ -272,6 +274,28 @@ def _torch_rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The Llama / Hugging Face RMSNorm: fp32 math, cast back to the input's dtype."""
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(x.dtype)
+
+
+def _make_group_norm(point: Point, dev: str) -> Tensors:
+    _, channels, _ = point.shape
+    return [_rand(point.shape, point.dtype, dev), _rand((channels,), point.dtype, dev),
+            _rand((channels,), point.dtype, dev)]
+
+
+def _def_group_norm(fd: FusionDefinition, inputs: Tensors) -> None:
+    """GroupNorm of one channel a group as ATen's decomposition writes it: the statistics of a
+    ``[N, C, 1, L]`` view, the normalized rows squeezed back to ``[N, C, L]``, then the affine."""
+    x, w, b = (fd.from_pytorch(t) for t in inputs)
+    rows = fd.ops.broadcast(_f(fd, x), [False, False, True, False])
+    var, mean = fd.ops.var_mean(rows, [2, 3], correction=0, keepdim=True)
+    y = fd.ops.squeeze(fd.ops.mul(fd.ops.sub(rows, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5))), [2])
+    per_channel = [True, False, True]
+    y = fd.ops.add(fd.ops.mul(y, _bcast(fd, _f(fd, w), per_channel)), _bcast(fd, _f(fd, b), per_channel))
+    fd.add_output(fd.ops.cast(y, _dt(inputs[0])))
+
+
+def _torch_group_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.group_norm(x, x.shape[1], w, b, 1e-5)
 
 
 def _make_layernorm_bwd(point: Point, dev: str) -> Tensors:
@@ -552,6 +576,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            scheduler=SchedulerType.inner_persistent),
     Family("rmsnorm", "2d", _make_rmsnorm, _def_rmsnorm, _torch_rmsnorm, (5, 33),
            scheduler=SchedulerType.inner_persistent),
+    Family("group_norm", "group_norm", _make_group_norm, _def_group_norm, _torch_group_norm, (3, 5, 33),
+           scheduler=SchedulerType.inner_persistent),
     Family("layernorm_bwd", "2d", _make_layernorm_bwd, _def_layernorm_bwd, _torch_layernorm_bwd, (5, 33), copies=3,
            scheduler=SchedulerType.inner_outer_persistent),
     Family("rmsnorm_bwd", "2d", _make_rmsnorm_bwd, _def_rmsnorm_bwd, _torch_rmsnorm_bwd, (5, 33), copies=3,
@@ -631,6 +657,7 @@ QUICK: tuple[Point, ...] = (
     Point("mean_outer", (1024, 32000), F32),
     Point("layernorm", (16384, 4096), BF), Point("layernorm", (4097, 1000), F32),
     Point("rmsnorm", (16384, 4096), BF), Point("rmsnorm", (1024, 11008), BF),
+    Point("group_norm", (8, 512, 15999), BF), Point("group_norm", (32, 128, 4096), F32),
     Point("layernorm_bwd", (8192, 4096), BF), Point("layernorm_bwd", (4097, 1000), F32),
     Point("rmsnorm_bwd", (8192, 4096), BF), Point("rmsnorm_bwd", (1024, 11008), BF),
     Point("softmax", (1024, 65536), BF), Point("softmax", (512, 128256), BF), Point("softmax", (4097, 127), F32),

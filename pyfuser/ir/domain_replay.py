@@ -106,8 +106,9 @@ def replay(transforms: Iterable[IdTransform], id_map: dict[int, IterDomain], own
     copied so a replayed device split stays device-parallel. A transform with an input that has no
     counterpart is an error, or skipped with ``partial`` (e.g. a reduction ID a copy does not have).
 
-    ``forwards``: which broadcast IDs a merge may be forwarded through (``IdGraph.forwards``): a merge
-    of such an ID the target lacks (a squeeze's output, a tensor of lower rank) with one it has maps
+    ``forwards``: which IDs of one position a merge may be forwarded through (``IdGraph.forwards``): a
+    merge of such an ID the target lacks (a squeeze's output, a tensor of lower rank, a reduction of a
+    broadcast the target's own broadcast does not map to) with one it has maps
     to the latter, as nvFuser's replay forwards it. The merge's extent is the other input's, so the
     transforms after it still apply and the target follows the source's loop nest instead of
     keeping an axis of its own.
@@ -115,7 +116,7 @@ def replay(transforms: Iterable[IdTransform], id_map: dict[int, IterDomain], own
     for t in transforms:
         if forwards is not None and isinstance(t, Merge):
             absent = [i for i in t.inputs if id(i) not in id_map]
-            if len(absent) == 1 and absent[0].is_broadcast and forwards(absent[0]):
+            if len(absent) == 1 and forwards(absent[0]):
                 present = t.inner if absent[0] is t.outer else t.outer
                 id_map[id(t.out)] = id_map[id(present)]
                 continue

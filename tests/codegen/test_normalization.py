@@ -183,6 +183,46 @@ def test_layernorm_and_rmsnorm(dtype: torch.dtype, cols: int, device: str, run_k
     assert kernel_schedulers(fd) == ["inner_persistent"]
 
 
+def _group_norm_as_aten_decomposes_it(dtype: DataType) -> FusionDefinition:
+    """GroupNorm with one channel a group (wav2vec2's first convolution), as ATen's decomposition
+    writes it: the statistics over a ``[N, C, 1, L]`` view (a reduction of a broadcast axis beside
+    the row) and the normalization of a second cast of the input through a broadcast of its own."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=dtype)
+        stats_view = fd.ops.broadcast(fd.ops.cast(x, DataType.Float), [False, False, True, False])
+        var, mean = fd.ops.var_mean(stats_view, [2, 3], correction=0)
+        flags = [False, False, True, True]
+        y = fd.ops.mul(fd.ops.sub(fd.ops.broadcast(fd.ops.cast(x, DataType.Float), [False, False, True, False]),
+                                  fd.ops.broadcast(mean, flags)),
+                       fd.ops.rsqrt(fd.ops.add(fd.ops.broadcast(var, flags), 1e-5)))
+        fd.add_output(fd.ops.cast(y, dtype))
+    return fd
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [100, 1500])
+def test_group_norm_reads_its_row_as_the_statistics_do(dtype: torch.dtype, cols: int, device: str,
+                                                       run_kernels) -> None:
+    """The reduced broadcast axis of the statistics' view is merged into the row; the normalization's
+    own broadcast maps to nothing there, so the merge is forwarded to the row: the output is written
+    in the statistics' loop nest (one tile, or the same steps), not element by element in a loop of
+    its own over the whole row."""
+    x = torch.randn(3, 5, cols, device=device, dtype=dtype) * 2 + 3
+    fd = _group_norm_as_aten_decomposes_it(DT[dtype])
+    (out,) = run_kernels(fd, [x])
+    xf = x.float().unsqueeze(2)
+    ref = (xf - xf.mean((2, 3), keepdim=True)) * torch.rsqrt(xf.var((2, 3), keepdim=True, correction=0) + 1e-5)
+    _close(out, ref, dtype)
+    assert kernel_schedulers(fd) == ["inner_persistent"]
+    (params,) = [s.scheduler_params for s in kernel_segments(fd)]
+    body = _kernel_body(fd.last_kernel_code(), "inner_persistent_kernel")
+    bounds = re.findall(r"for \w+ in \w*range\((.*)\):", body)
+    if params.shape == "tile":
+        assert bounds == [], body
+    else:  # looped rows: every loop steps through the row in tiles, none visits it element by element
+        assert bounds and not any(re.fullmatch(r"ks\d+|\d+", b) for b in bounds), body
+
+
 def _kernel_body(code: str, suffix: str) -> str:
     """The source of the kernel whose name ends in ``suffix`` (up to the next file's imports)."""
     start = code.index(f"{suffix}(")

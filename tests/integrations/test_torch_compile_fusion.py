@@ -73,6 +73,35 @@ def test_a_safe_softmax_is_one_kernel(dtype: torch.dtype) -> None:
     assert not graph.eager and "ATen calls" not in summary and summary.count(" kernel ") == 1, summary
 
 
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_group_norm_and_its_activation_are_one_kernel(dtype: torch.dtype) -> None:
+    """GroupNorm of one channel a group over a 1-D convolution's output and the GELU after it (wav2vec2's
+    feature encoder), as ATen's CUDA decomposition of ``native_group_norm`` writes it: the statistics of
+    a ``[N, C, 1, L]`` view, the normalized view back to ``[N, C, L]``. Those views only insert and drop
+    a size-1 axis, so they are a broadcast and a squeeze that the kernel computing the statistics also
+    computes: one kernel writes the activation, no ATen reshape between."""
+    def block(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        n, c, length = x.shape
+        rows = x.reshape(n, c, 1, length).float()
+        var, mean = torch.var_mean(rows, dim=[2, 3], correction=0, keepdim=True)
+        normalized = ((rows - mean) * torch.rsqrt(var + 1e-5)).view(n, c, length)
+        return torch.nn.functional.gelu((normalized * weight[:, None] + bias[:, None]).to(x.dtype))
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 6, 37, generator=g) * 3 + 1).to(dtype)
+    weight, bias = torch.rand(6, generator=g) + 0.5, torch.rand(6, generator=g) - 0.5
+    backend = PyfuserBackend(triton_interpreter=True)
+    got = torch.compile(block, backend=backend)(x, weight, bias)
+    expected = torch.nn.functional.gelu(torch.nn.functional.group_norm(x.double(), 6, weight.double(), bias.double()))
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.double(), expected, rtol=tolerance, atol=tolerance)
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    summary = region.summary()
+    assert "ATen calls" not in summary and summary.count(" kernel ") == 1, summary
+
+
 #: a tiny Llama's step (one layer, float32), as fusion_counts counts it: generated kernels, ATen calls
 #: that compute (not views, not GEMMs or attention, which run in cuBLAS / torch either way) inside regions
 #: and between them. Lower them when a change lowers the count; never raise one without lowering the other

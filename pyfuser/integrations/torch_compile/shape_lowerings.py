@@ -68,24 +68,34 @@ def _same_size(a: Any, b: Any) -> bool:
 
 
 def _unit_axes(ctx: LoweringContext, x: Any) -> Any:
-    """A reshape that only inserts size-1 axes (``view(w, [1, -1, 1, 1])`` of a per-channel vector) as a
-    broadcast, which kernels compute and the segmenter fuses into the kernel that reads the result (a
-    per-channel scale recomputed per element there; a reshape would end the kernel computing it and
-    start another). None for any other reshape."""
+    """A reshape that only drops and inserts size-1 axes (``view(w, [1, -1, 1, 1])`` of a per-channel
+    vector; GroupNorm's statistics view ``[N, C, 1, L]`` back to ``[N, C, L]``) as a squeeze and a
+    broadcast, which kernels compute: the segmenter fuses them into the kernel that reads the result (a
+    per-channel scale recomputed per element there; a normalization's output read by the pointwise ops
+    after it), where a reshape would end the kernel computing its operand and start another. None for
+    any other reshape."""
     source, target = meta_of(ctx.node.args[0]).shape, ctx.meta.shape
+    dropped: list[bool] = []
     inserted: list[bool] = []
-    matched = 0
-    for size in target:
-        if matched < len(source) and _same_size(source[matched], size):
+    s = t = 0
+    while s < len(source) or t < len(target):
+        if s < len(source) and t < len(target) and _same_size(source[s], target[t]):
+            dropped.append(False)
             inserted.append(False)
-            matched += 1
-        elif isinstance(size, int) and size == 1:
+            s, t = s + 1, t + 1
+        elif s < len(source) and isinstance(source[s], int) and source[s] == 1:
+            dropped.append(True)
+            s += 1
+        elif t < len(target) and isinstance(target[t], int) and target[t] == 1:
             inserted.append(True)
+            t += 1
         else:
             return None
-    if matched != len(source) or not any(inserted):
+    if not any(dropped) and not any(inserted):
         return None
-    return ctx.ops.broadcast(x, inserted)
+    if any(dropped):
+        x = ctx.ops.squeeze(x, [d for d, drop in enumerate(dropped) if drop])
+    return ctx.ops.broadcast(x, inserted) if any(inserted) else x
 
 
 def _expand(ctx: LoweringContext, x: Any, size: Any, implicit: bool = False) -> Any:

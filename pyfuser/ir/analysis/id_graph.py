@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 
 from pyfuser.ir.base import Expr
 from pyfuser.ir.iter_domain import IdTransform, IterDomain, Merge, Split
+from pyfuser.ir.symbolic import SymConst
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
 
@@ -50,6 +51,11 @@ def _transform_key(t: IdTransform, classes: _UnionFind) -> tuple[object, ...]:
     raise TypeError(f"unknown ID transform {type(t).__name__}")
 
 
+def _size_one(i: IterDomain) -> bool:
+    """A broadcast, or an ID of extent 1 (a reduction of a broadcast): merging it changes no extent."""
+    return i.is_broadcast or (isinstance(i.extent, SymConst) and i.extent.val == 1)
+
+
 class IdGraph:
     """Union-find classes of the IDs of ``tensors`` (every domain, every transform between them)."""
 
@@ -74,10 +80,10 @@ class IdGraph:
         self._members: dict[int, list[IterDomain]] | None = None
         for expr in exprs:
             self._map_expr(expr)
-        concrete = {self._classes.find(k) for k, i in self._ids.items() if not i.is_broadcast}
-        #: broadcast IDs whose class has no other kind of member: never resolved against an axis of
-        #: another extent, so merging one changes no extent
-        self._unresolved = {k for k, i in self._ids.items() if i.is_broadcast and self._classes.find(k) not in concrete}
+        concrete = {self._classes.find(k) for k, i in self._ids.items() if not _size_one(i)}
+        #: IDs of one position (broadcasts, reductions of a broadcast) whose class has no other kind of
+        #: member: never resolved against an axis of another extent, so merging one changes no extent
+        self._unresolved = {k for k, i in self._ids.items() if _size_one(i) and self._classes.find(k) not in concrete}
         self._transforms = list(transforms.values())
         self._through_transforms = through_transforms
         if through_transforms:
@@ -100,10 +106,9 @@ class IdGraph:
         forwarding): a tensor that lacks the broadcast (a squeeze's output) and splits the other ID
         the same way iterates the same loops."""
         for t in transforms:
-            if isinstance(t, Merge) and t.outer.is_broadcast != t.inner.is_broadcast:
-                broadcast, other = (t.outer, t.inner) if t.outer.is_broadcast else (t.inner, t.outer)
-                if id(broadcast) in self._unresolved:
-                    self._classes.union(id(t.out), id(other))
+            if isinstance(t, Merge) and (id(t.outer) in self._unresolved) != (id(t.inner) in self._unresolved):
+                other = t.inner if id(t.outer) in self._unresolved else t.outer
+                self._classes.union(id(t.out), id(other))
 
     def _propagate(self, transforms: list[IdTransform]) -> None:
         changed = True
