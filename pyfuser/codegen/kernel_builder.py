@@ -75,6 +75,33 @@ class Indices:
     valid: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class _IndexForm:
+    """An ID's index as ``(base // divisor) % extent`` of the index of the outermost merge above it
+    (Inductor's indexing of a flat index): each axis of a nest of merges costs at most one division and
+    one remainder, where taking the outer and inner part merge by merge chains them (``(i % (a * b)) % b``).
+    ``wrapped``: the remainder is needed (the outermost axes of the nest span the base without it)."""
+
+    base: str
+    divisor: str | None = None
+    wrapped: bool = False
+
+    def divided(self, inner_extent: str) -> _IndexForm:
+        """The form of a merge's outer ID, given this form of the merge's output."""
+        divisor = inner_extent if self.divisor is None else f"({self.divisor} * {inner_extent})"
+        return _IndexForm(self.base, divisor, self.wrapped)
+
+    def within(self) -> _IndexForm:
+        """The form of a merge's inner ID (its extent bounds it: the remainder is needed)."""
+        return _IndexForm(self.base, self.divisor, True)
+
+    def text(self, extent: str) -> str:
+        quotient = self.base if self.divisor is None else f"{self.base} // {self.divisor}"
+        if not self.wrapped:
+            return quotient
+        return f"{quotient} % {extent}" if self.divisor is None else f"({quotient}) % {extent}"
+
+
 class KernelBuilder(ValueLowering):
     def __init__(self, fusion: Fusion, name: str, target: str, layouts: Layouts,
                  reference: TensorView | None = None, loop_stages: int = 0, chunked: bool = False,
@@ -295,6 +322,7 @@ class KernelBuilder(ValueLowering):
             known[id(i)], bounded[id(i)] = index, True
         result = Indices()
         merged: dict[int, tuple[int, ...]] = {}
+        forms: dict[int, _IndexForm] = {}
         start = tv.domain().root or tv.get_logical_domain()  # an rfactor partial maps its producer by root
         for t in reversed(transforms_between(start, tv.get_loop_domain())):
             if isinstance(t, Split):
@@ -312,16 +340,22 @@ class KernelBuilder(ValueLowering):
                 if out is None:
                     continue
                 inner_extent = int_expr(self.extent(t.inner))
+                outer_extent = int_expr(self.extent(t.outer))
+                form = forms.get(id(t.out), _IndexForm(out))
                 if inner_extent == "1":
                     known[id(t.outer)], known[id(t.inner)] = out, "0"
-                elif int_expr(self.extent(t.outer)) == "1":
+                    forms[id(t.outer)] = form
+                elif outer_extent == "1":
                     # the merged index itself (not ``out % inner``): the same text a tensor without the
                     # outer broadcast (a squeeze's output, replayed by forwarding) computes, so a
                     # value computed for one is found again by the other
                     known[id(t.outer)], known[id(t.inner)] = "0", out
+                    forms[id(t.inner)] = form
                 else:
-                    known[id(t.outer)] = code.assign("ix", f"{out} // {inner_extent}")
-                    known[id(t.inner)] = code.assign("ix", f"{out} % {inner_extent}")
+                    forms[id(t.outer)] = outer_form = form.divided(inner_extent)
+                    forms[id(t.inner)] = inner_form = form.within()
+                    known[id(t.outer)] = code.assign("ix", outer_form.text(outer_extent))
+                    known[id(t.inner)] = code.assign("ix", inner_form.text(inner_extent))
                 bounded[id(t.outer)], bounded[id(t.inner)] = bounded[id(t.out)], True
                 merged[id(t.out)] = (id(t.outer), id(t.inner))
                 result.groups.append(((id(t.out),), out))

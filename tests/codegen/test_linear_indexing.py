@@ -51,3 +51,35 @@ def test_channels_last_rows_are_read_linearly(dtype: torch.dtype) -> None:
     torch.testing.assert_close(var.double(), ref_var, rtol=1e-5, atol=1e-5)
     terms = _load_terms(fd.last_kernel_code(), "T0")
     assert terms and all(t == 2 for t in terms), fd.last_kernel_code()  # the rows and the channels
+
+
+def _indices_of_strided_loads(code: str) -> list[list[str]]:
+    """The index expression of each stride term of each load of more than one term, with every ``ix`` that
+    divides or takes a remainder written out (down to the flat index)."""
+    assigned = {name: expr for name, expr in re.findall(r"^\s*(ix\d+) = (.*)$", code, re.MULTILINE)
+                if "//" in expr or "%" in expr}
+
+    def expanded(expr: str) -> str:
+        return re.sub(r"\bix\d+\b", lambda m: f"({expanded(assigned[m[0]])})" if m[0] in assigned else m[0], expr)
+
+    loads = [re.findall(r"\((ix\d+)\) \* st\d+_\d+", terms) for terms in re.findall(r"tl\.load\(T\d+ \+ ([^,]*),", code)]
+    return [[expanded(name) for name in names] for names in loads if len(names) > 1]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (3, 2, 17, 33)])
+def test_each_axis_of_a_merged_nest_is_one_division_and_one_remainder(shape: tuple[int, ...]) -> None:
+    """A padding mask [B, 1, 1, K] under scores [B, H, Q, K] flattened into one loop: the mask's batch index
+    is the flat index over the product of the inner extents, its key index the flat index modulo K, each
+    computed from the flat index directly (Inductor's indexing), not as remainders of remainders
+    (``(i % (H * Q * K)) % (Q * K) % K``: three integer remainders by runtime sizes per element)."""
+    x = torch.randn(*shape)
+    mask = torch.rand(shape[0], 1, 1, shape[3]) > 0.3
+    with FusionDefinition() as fd:
+        tx, tm = fd.from_pytorch(x), fd.from_pytorch(mask)
+        fd.add_output(fd.ops.where(tm, tx, -1e4))
+    (out,) = execute_with_kernels(fd, [x, mask])
+    torch.testing.assert_close(out, torch.where(mask, x, -1e4))
+    ((batch, key),) = _indices_of_strided_loads(fd.last_kernel_code())
+    for index in (batch, key):
+        assert index.count("//") + index.count("%") == 1, fd.last_kernel_code()
+    assert "//" in batch and "%" in key, fd.last_kernel_code()

@@ -70,10 +70,14 @@ class Category(Enum):
     #: against the program evaluated in float64 each differing element is within twice torch's own
     #: error plus that tolerance (an ill-conditioned result: both round, in other orders)
     rounding = "rounding: as close to float64 as torch (2x torch's error + tolerance)"
+    #: an oracle artifact, not a defect: torch's reference (on the CPU) raised for an integer division by
+    #: zero, and the program ran on a GPU, where torch's own integer division by zero raises nothing and
+    #: returns unspecified values (pyfuser on the CPU raises as torch does)
+    undefined_division = "undefined in torch: integer division by zero on a GPU"
 
 
 #: the categories that are oracle artifacts: counted apart, never a failure
-ARTIFACTS = (Category.undefined_cast, Category.rounding)
+ARTIFACTS = (Category.undefined_cast, Category.rounding, Category.undefined_division)
 
 
 @dataclass(frozen=True)
@@ -440,6 +444,15 @@ def _wrong_or_artifact(case: Case, mode: ExecutionMode, values: Sequence[Any], o
     return Outcome(Category.wrong, mode.name, f"{where}{problem}")
 
 
+def outputs_where_torch_raised(mode: ExecutionMode, torch_error: str | None) -> Outcome:
+    """pyfuser returned outputs where torch's reference raised: a wrong result, unless torch raised for an
+    integer division by zero and the program ran on a GPU (``Category.undefined_division``)."""
+    if mode.device == "cuda" and torch_error is not None and "ZeroDivisionError" in torch_error:
+        return Outcome(Category.undefined_division, mode.name,
+                       f"torch raised {torch_error} on the CPU; on a GPU it returns unspecified values, as pyfuser did")
+    return Outcome(Category.wrong, mode.name, f"torch raised {torch_error}, but pyfuser returned outputs")
+
+
 def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | None, torch_error: str | None) -> Outcome:
     """One case under one mode; ``wants`` are torch's outputs (None when torch raised ``torch_error``)."""
     try:
@@ -468,7 +481,7 @@ def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | No
                                detail=f"rejected after accepting the first inputs: {outcome.detail}")
             return outcome
         if wants is None:
-            return Outcome(Category.wrong, mode.name, f"torch raised {torch_error}, but pyfuser returned outputs")
+            return outputs_where_torch_raised(mode, torch_error)
         problem = check_outputs(case, outs, wants, args, originals)
         if problem is not None:
             verdict = _wrong_or_artifact(case, mode, make_values(), outs, wants, args, originals, problem,

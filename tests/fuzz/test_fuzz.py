@@ -10,7 +10,18 @@ import torch
 from .campaign import Campaign
 from .case import Case, Output, Step, TensorInput
 from .generator import GeneratorConfig, generate
-from .runner import MODES, Category, ExecutionMode, check_outputs, compare, on_device, reference_float64, run_case, shrink
+from .runner import (
+    MODES,
+    Category,
+    ExecutionMode,
+    check_outputs,
+    compare,
+    on_device,
+    outputs_where_torch_raised,
+    reference_float64,
+    run_case,
+    shrink,
+)
 
 #: seeds per chunk and chunks: every mode on each seed (about 40 s on CI's cores); the long campaigns
 #: run from the command line (``python -m tests.fuzz --minutes N``)
@@ -127,6 +138,16 @@ def _cast_case(fd_cast: str) -> Case:
 
 #: the fusion's cast where torch's is defined, another value (0) where it is not: a GPU's behaviour
 _IN_RANGE = "fd.ops.lt(fd.ops.abs(t1), 2.0 ** 31)"
+
+
+def test_an_integer_division_by_zero_is_an_oracle_artifact_only_on_a_gpu() -> None:
+    """torch raises for an integer division by zero on the CPU (its reference) and not on a GPU: outputs of a
+    CUDA mode there are the artifact, outputs of a CPU mode a wrong result (pyfuser raises there as torch)."""
+    zero = "RuntimeError: ZeroDivisionError"
+    on_gpu = outputs_where_torch_raised(MODES["cuda"], zero)
+    assert on_gpu.category is Category.undefined_division and not on_gpu.failed, on_gpu
+    assert outputs_where_torch_raised(MODES["default"], zero).category is Category.wrong
+    assert outputs_where_torch_raised(MODES["cuda"], "RuntimeError: shape mismatch").category is Category.wrong
 
 
 def test_an_undefined_float_to_int_cast_is_an_oracle_artifact() -> None:
