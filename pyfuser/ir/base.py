@@ -235,6 +235,12 @@ class Expr(ABC):
         straight-line function)."""
         return None
 
+    def shardable_axes(self) -> set[int]:
+        """Positions of the (first) output this op can compute a shard of from its operands' shards of
+        the axes ``logical_map`` relates to them (a device-sharded axis): every one for an op that runs
+        on chunks (``chunkable``), none otherwise, unless the op says which (grouped_mm's ungrouped axes)."""
+        return set(range(len(self.tensor_outputs[0].get_logical_domain()))) if self.chunkable else set()
+
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         """Producer logical ID -> consumer (first output) logical ID, for IDs the op preserves."""
         return {}

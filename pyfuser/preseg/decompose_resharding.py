@@ -126,13 +126,13 @@ def _global_extent_axes(expr: Expr) -> set[int]:
     them, so it runs replicated there and a local slice follows."""
     out = expr.tensor_outputs[0]
     every = set(range(len(out.get_logical_domain())))
-    if isinstance(expr, (FullOp, IotaOp)) or not expr.chunkable:
+    if isinstance(expr, (FullOp, IotaOp)):
         return every
     if isinstance(expr, ExpandOp):
         inp = expr.tensor_input(0).get_logical_domain(no_reductions=True)
         return {d for d, (i, o) in enumerate(zip(inp, out.get_logical_domain(), strict=False))
                 if i.is_broadcast and not o.is_broadcast}
-    return set()
+    return every - expr.shardable_axes()
 
 
 def _supports_partial(expr: Expr) -> bool:

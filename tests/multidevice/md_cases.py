@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from harness import assert_close, case, comm, device, expect_error, main, randn
 
-from pyfuser import FusionDefinition, ParallelType, TensorView
+from pyfuser import DataType, FusionDefinition, ParallelType, TensorView
 from pyfuser.integrations.dtensor import DTensorFusion
 from pyfuser.multidevice import DeviceMesh, MultiDeviceExecutor, MultiDeviceExecutorParams, shard_tensor
 
@@ -86,6 +86,26 @@ def column_parallel_linear() -> None:
     (out,) = MultiDeviceExecutor(fd.fusion, MultiDeviceExecutorParams()).run(
         [xf, shard_tensor(wf, w), shard_tensor(bf, b)])
     assert_close(out, F.linear(xf, wf, bf).chunk(d, -1)[rank], "column-parallel linear")
+
+
+@case()
+def column_parallel_grouped_mm() -> None:
+    """A mixture of experts' weights [G, N, K] sharded on N: each rank multiplies every group of rows by its
+    slice of each expert's columns (the offsets stay whole), and the output is sharded on N, no gather."""
+    d, rank, mesh = world()
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([-1, -1]), fd.define_tensor([4, -1, -1])
+        offsets = fd.define_tensor([4], dtype=DataType.Int32)
+        fd.add_output(fd.ops.grouped_mm(x, fd.ops.permute(w, [0, 2, 1]), offsets))
+        place(mesh, x, w, offsets)
+        shard_axis(w, 1, d)
+    xf, wf = randn(12, 8), randn(4, 3 * d, 8)
+    ends = torch.tensor([2, 5, 5, 12], dtype=torch.int32, device=device())
+    (out,) = fd.execute([xf, shard_tensor(wf, w), ends])
+    starts = [0, *ends.tolist()[:-1]]
+    full = torch.cat([xf[s:e] @ wf[g].t() for g, (s, e) in enumerate(zip(starts, ends.tolist(), strict=True))])
+    assert_close(out, full.chunk(d, -1)[rank], "column-parallel grouped_mm")
+    assert "Allgather" not in host_ir(fd), host_ir(fd)
 
 
 @case()

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pyfuser import FusionDefinition, ParallelType
+from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.comm.comm_plan import plan_communication
 from pyfuser.ir.ops import BinaryOp, BinaryOpType, LinearOp, LoadStoreOp
 from pyfuser.ir.ops.attention import SdpaBwdOp
@@ -267,3 +267,31 @@ def test_sdpa_backward_of_head_sharded_operands_reshards_each_gradient() -> None
     assert [axes(g) for g in grads] == [{1: X}] * 3
     for g, computed in zip(grads, backward.tensor_outputs, strict=True):
         assert isinstance(g.definition, LoadStoreOp) and g.definition.inputs[0] is computed
+
+
+@pytest.mark.parametrize("form", ["groups_along_m", "groups_along_n", "groups_along_k"])
+def test_grouped_mm_follows_the_ungrouped_axes(form: str) -> None:
+    """A column-parallel weight's N (and a data-parallel M) shards grouped_mm's output as linear's; the
+    grouped axis is never sharded from an operand (``offsets`` are positions along all of it)."""
+    shapes = {"groups_along_m": ([-1, -1], [4, -1, -1]), "groups_along_n": ([4, -1, -1], [-1, -1]),
+              "groups_along_k": ([-1, -1], [-1, -1])}[form]
+    with FusionDefinition() as fd:
+        a, b = fd.define_tensor(shapes[0]), fd.define_tensor(shapes[1])
+        offsets = fd.define_tensor([4], dtype=DataType.Int32)
+        out = fd.ops.grouped_mm(a, b, offsets)
+        fd.add_output(out)
+    for tv in (a, b, offsets):
+        tv.set_device_mesh(MESH)
+    shard(b, b.ndim - 1)  # the weight's N
+    propagate_shardings(fd.fusion)
+    assert axes(out) == ({} if form == "groups_along_n" else {out.ndim - 1: X})  # out [G, M, N] or [M, N]
+    if form != "groups_along_m":  # M is not grouped: a data-parallel M shards the output's rows
+        with FusionDefinition() as fd:
+            a, b = fd.define_tensor(shapes[0]), fd.define_tensor(shapes[1])
+            out = fd.ops.grouped_mm(a, b, fd.define_tensor([4], dtype=DataType.Int32))
+            fd.add_output(out)
+        for tv in fd.fusion.inputs():
+            tv.set_device_mesh(MESH)
+        shard(a, a.ndim - 2)
+        propagate_shardings(fd.fusion)
+        assert axes(out) == {out.ndim - 2: X}

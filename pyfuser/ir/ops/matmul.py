@@ -249,6 +249,29 @@ class GroupedMmOp(Expr):
                 out[s:e] = a[s:e] @ b[g]
         return [out]
 
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        return self.agreed_map(producer)
+
+    def operand_map(self, position: int) -> dict[IterDomain, IterDomain]:
+        """The operands' M and N that the output keeps, except the grouped axis: ``offsets`` holds
+        positions along the whole of it, so a shard of it would cut groups (sharding propagation follows
+        a column-parallel weight's N or a data-parallel M; the grouped axis is gathered). The contraction
+        and the offsets map nothing."""
+        a, b = self.tensor_input(0), self.tensor_input(1)
+        ia, ib = (t.get_logical_domain(no_reductions=True) for t in (a, b))
+        out = self.output.get_logical_domain()
+        if a.ndim == 2 and b.ndim == 2:  # groups along K: out [G, M, N]
+            return {ia[0]: out[1]} if position == 0 else {ib[1]: out[2]} if position == 1 else {}
+        if a.ndim == 3:  # groups along N: out [M, N]
+            return {ia[1]: out[0]} if position == 0 else {}
+        return {ib[2]: out[1]} if position == 1 else {}  # groups along M: out [M, N]
+
+    def shardable_axes(self) -> set[int]:
+        """The output's ungrouped M and N (``operand_map``): each group's rows and columns are computed from
+        the operands' slices of them alone."""
+        mapped = {id(c) for k in (0, 1) for c in self.operand_map(k).values()}
+        return {p for p, i in enumerate(self.output.get_logical_domain()) if id(i) in mapped}
+
     def python_call(self) -> PythonCall:
         return PythonCall("grouped_mm", tuple(self.inputs))
 
