@@ -116,12 +116,18 @@ def test_narrowed_outer_reduction_against_torch(op: str, dtype: torch.dtype) -> 
     """A permuted [rows, columns] input reduced over its outer axis in narrowed column blocks (the
     interpreter's machine: 4 programs), odd sizes."""
     x = torch.randn(37, 301, dtype=dtype).t().contiguous().t()  # columns innermost in memory
+    _reduce_against_torch(x, op, 0)
+
+
+def _reduce_against_torch(x: torch.Tensor, op: str, axis: int) -> FusionDefinition:
+    """``op`` of ``x`` over ``axis`` in float32 through generated kernels, checked against float64 torch."""
     with FusionDefinition() as fd:
         t = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
-        fd.add_output({"sum": fd.ops.sum, "amax": fd.ops.max, "mean": fd.ops.mean}[op](t, [0]))
+        fd.add_output({"sum": fd.ops.sum, "amax": fd.ops.max, "mean": fd.ops.mean}[op](t, [axis]))
     (out,) = execute_with_kernels(fd, [x])
-    ref = {"sum": torch.sum, "amax": torch.amax, "mean": torch.mean}[op](x.double(), 0)
+    ref = {"sum": torch.sum, "amax": torch.amax, "mean": torch.mean}[op](x.double(), axis)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    return fd
 
 
 def _inner(op: str, dtype: DataType) -> FusionDefinition:
@@ -156,13 +162,7 @@ def test_inner_heuristic_is_a_knob() -> None:
 @pytest.mark.parametrize("shape", [(7, 1100), (1, 2053), (300, 1)], ids=["odd", "one-row", "one-column"])
 def test_looped_inner_reduction_against_torch(op: str, shape: tuple[int, int], dtype: torch.dtype) -> None:
     """Rows past the interpreter's tile (1024) in short steps, the last one mostly past the row's end."""
-    x = torch.randn(*shape, dtype=dtype)
-    with FusionDefinition() as fd:
-        t = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
-        fd.add_output({"sum": fd.ops.sum, "amax": fd.ops.max, "mean": fd.ops.mean}[op](t, [1]))
-    (out,) = execute_with_kernels(fd, [x])
-    ref = {"sum": torch.sum, "amax": torch.amax, "mean": torch.mean}[op](x.double(), 1)
-    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    fd = _reduce_against_torch(torch.randn(*shape, dtype=dtype), op, 1)
     if shape[1] > 1024:
         (segment,) = kernel_segments(fd)
         assert segment.scheduler_params.shape in ("loop", "split") and segment.scheduler_params.tile <= 512

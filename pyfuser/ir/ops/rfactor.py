@@ -68,9 +68,7 @@ class RFactorOp(ReductionOp):
         return [kind.spec.fn(x, self.axes, dtype) if self.axes else x.to(dtype)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        root = self.output.domain().root
-        assert root is not None
-        return dict(zip(producer.get_logical_domain(no_reductions=True), root, strict=False))
+        return _map_to_root(producer, self.output)
 
     def python_call(self) -> PythonCall:
         raise ValueError(f"{self.output.short_name} is the partial result of an rfactored reduction, a scheduling "
@@ -112,9 +110,7 @@ class WelfordPartialOp(VarMeanOp):
                 n.sum(self.axes).to(count.dtype.torch_dtype)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        root = self.output.domain().root
-        assert root is not None
-        return dict(zip(producer.get_logical_domain(no_reductions=True), root, strict=False))
+        return _map_to_root(producer, self.output)
 
     def python_call(self) -> PythonCall:
         raise ValueError(f"{self.output.short_name} is a partial result of an rfactored var_mean, a scheduling "
@@ -155,6 +151,14 @@ class WelfordCombineOp(VarMeanOp):
         outs = f"{var},\n   {mean}"
         return (f"{header(outs, indent)}var_mean( {', '.join(str(v) for v in self.inputs)}, dims = "
                 f"{int_list(self.axes)}, correction = {self.correction}, welford combine )\n")
+
+
+def _map_to_root(producer: TensorView, partial: TensorView) -> dict[IterDomain, IterDomain]:
+    """A partial step's logical map: the producer's logical IDs to the partial's root (the domain the
+    rfactor split and merged into its logical one)."""
+    root = partial.domain().root
+    assert root is not None
+    return dict(zip(producer.get_logical_domain(no_reductions=True), root, strict=False))
 
 
 def _apply(t: IdTransform, x: torch.Tensor, dims: list[IterDomain], pad: float | int,
