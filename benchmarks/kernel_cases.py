@@ -507,6 +507,39 @@ def _torch_batchnorm_fwd(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> t
     return F.batch_norm(x.float(), None, None, w, b, training=True, eps=1e-5).to(x.dtype)
 
 
+def _make_batchnorm_bwd(point: Point, dev: str) -> Tensors:
+    (x,) = _make_batchnorm(point, dev)
+    c = point.shape[1]
+    var, mean = torch.var_mean(x.float(), dim=(0, 2, 3), correction=0)
+    return [torch.randn_like(x), x, mean, torch.rsqrt(var + 1e-5), torch.randn(c, device=dev)]
+
+
+def _def_batchnorm_bwd(fd: FusionDefinition, inputs: Tensors) -> None:
+    """Training-mode backward as torch's decomposition of ``native_batch_norm_backward`` writes it: two
+    sums per channel over N, H, W (of the gradient, and of it times the centered input), then the input's
+    gradient pointwise; the weight's and bias's gradients from the sums."""
+    dy, x, mean, rstd, w = (fd.from_pytorch(t) for t in inputs)
+    flags = [True, False, True, True]
+    n = inputs[0].numel() // inputs[0].shape[1]
+    dyf, xf = _f(fd, dy), _f(fd, x)
+    centered = fd.ops.sub(xf, _bcast(fd, mean, flags))
+    sum_dy = fd.ops.sum(dyf, [0, 2, 3])
+    dot = fd.ops.sum(fd.ops.mul(dyf, centered), [0, 2, 3])
+    grad_mean = fd.ops.mul(sum_dy, 1.0 / n)
+    proj = fd.ops.mul(fd.ops.mul(dot, fd.ops.mul(rstd, rstd)), 1.0 / n)
+    scale = fd.ops.mul(rstd, w)
+    dx = fd.ops.sub(fd.ops.sub(dyf, _bcast(fd, grad_mean, flags)), fd.ops.mul(centered, _bcast(fd, proj, flags)))
+    fd.add_output(fd.ops.cast(fd.ops.mul(dx, _bcast(fd, scale, flags)), _dt(inputs[0])))
+    fd.add_output(fd.ops.mul(dot, rstd))
+    fd.add_output(sum_dy)
+
+
+def _torch_batchnorm_bwd(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                         w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.ops.aten.native_batch_norm_backward(dy, x, w, None, None, mean, rstd, True, 1e-5,
+                                                           [True, True, True]))
+
+
 # Embedding backward ---------------------------------------------------------------------------------------
 
 
@@ -596,6 +629,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            (3, 5, 4, 3), ("contiguous", "channels_last"), scheduler=SchedulerType.reduction),
     Family("batchnorm_fwd", "batchnorm", _make_batchnorm_fwd, _def_batchnorm_fwd, _torch_batchnorm_fwd,
            (3, 5, 4, 3), ("contiguous", "channels_last"), scheduler=SchedulerType.inner_outer_persistent),
+    Family("batchnorm_bwd", "batchnorm", _make_batchnorm_bwd, _def_batchnorm_bwd, _torch_batchnorm_bwd,
+           (3, 5, 4, 3), ("contiguous", "channels_last"), copies=3, scheduler=SchedulerType.reduction),
     Family("embedding_bwd", "embedding", _make_embedding_bwd, _def_embedding_bwd, _torch_embedding_bwd,
            (9, 16, 7), scheduler=SchedulerType.pointwise),
     Family("seed003", "seed003", _make_seed003, _def_seed003, _torch_seed003, (1, 6, 33),
@@ -667,7 +702,8 @@ QUICK: tuple[Point, ...] = (
     Point("cross_entropy_bwd", (512, 128256), BF), Point("cross_entropy_bwd", (2047, 32000), BF),
     Point("rotary", (1, 4096, 32, 128), BF, "permuted"), Point("rotary", (8, 512, 16, 64), BF),
     Point("batchnorm_stats", (32, 256, 56, 56), F32), Point("batchnorm_stats", (32, 256, 56, 56), BF, "channels_last"),
-    Point("batchnorm_fwd", (32, 64, 112, 112), BF),
+    Point("batchnorm_fwd", (32, 64, 112, 112), BF), Point("batchnorm_fwd", (32, 256, 56, 56), BF, "channels_last"),
+    Point("batchnorm_bwd", (32, 256, 56, 56), BF, "channels_last"), Point("batchnorm_bwd", (32, 64, 112, 112), BF),
     Point("embedding_bwd", (4096, 1024, 32000), BF), Point("embedding_bwd", (8192, 4096, 1000), F32),
     Point("seed003", (1, 4096, 4096), F32, "permuted"),
 )

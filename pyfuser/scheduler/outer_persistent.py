@@ -1,7 +1,10 @@
 """The outer persistent scheduler (batchnorm-like): reductions over the outermost axes whose
 results are read back along them. A block of columns stays on chip for the whole reduced extent
 when it fits; otherwise each pass reads it again (multi-pass). Accesses are contiguous along the
-kept (inner) axis."""
+kept (inner) axis. Few columns over many rows (a batch norm's backward over channels-last
+activations: C channels, N*H*W rows) split the rows across programs as a reduction does: each sum a
+grid reduction whose final launch reads the program's share of the rows again to write the output.
+A var_mean (Welford's partial results are not finished across programs) keeps one program a block."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.ops import VarMeanOp
 from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
 from pyfuser.scheduler.reduction_schedule import (
     ReductionParams,
@@ -35,7 +39,8 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
 def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> ReductionParams:
     analysis = checked_analysis(fusion, KINDS)
     hints = size_hints(fusion, analysis, inputs)
-    return outer_params(SchedulerType.outer_persistent, analysis.reference, hints, True, False,
+    splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())  # as inner_persistent's
+    return outer_params(SchedulerType.outer_persistent, analysis.reference, hints, True, splittable,
                         element_bytes(fusion))
 
 

@@ -86,6 +86,8 @@ class ReductionParams:
         if self.scheduler_type in (SchedulerType.inner_persistent, SchedulerType.outer_persistent):
             fields["loop"] += f", online softmax: {self.online}"
             fields["outer"] += f", online softmax: {self.online}" if self.tile_reduced else ""
+        if self.split > 1 and self.shape == "outer":
+            fields["outer"] += f", programs per column block: {self.split} (grid reduction)"
         return (f"===== Reduction Parameters ========\nscheduler: {self.scheduler_type.name}\nreference: "
                 f"T{self.reference}\nshape: {self.shape}\n{fields[self.shape]}\nnum_warps: {self.num_warps}\n"
                 f"num_stages: {self.num_stages}\nevict_last: {self.evict_last}\n"
@@ -284,7 +286,8 @@ class OuterHeuristic:
       costly, so its steps are small (``welford_elements`` per thread); 2 programs an SM were the best
       of a sweep on one H100 (batch-norm statistics, bf16 channels-last 32 x 256 x 56 x 56: 727 GB/s
       against 551 at 4, 379 at 8, 230 at 16);
-    * a normalization, which cannot split, narrows its block down to ``min_columns`` elements.
+    * a normalization splits the same way, its final launch reading each program's share of the rows
+      again; one with a var_mean cannot split and narrows its block down to ``min_columns`` elements.
 
     The final step of a split reads the programs' partial results (few rows, all in one tile where
     they fit) in column blocks narrowed down to ``final_min_columns`` until there are ``final_waves``
@@ -327,7 +330,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     inner = min(widest, next_power_of_2(kept)) if kept is not None else widest
     target = (h.welford_waves if welford else h.waves) * m.sm_count
     if kept is not None and not splittable:
-        # Without a split (a normalization, a grid reduction's final step), programs come from the
+        # Without a split (a var_mean normalization, a grid reduction's final step), programs come from the
         # kept axis only: narrower column blocks (down to a warp's width, whole 32-byte sectors of
         # 16-bit data) before too few programs. Whisper's layer norms over channels stored outermost
         # (1024 x 12000 bf16) ran on 47 programs of 256 columns.

@@ -4,7 +4,8 @@ Start from one segment per expr: a resharding ``set`` is a communication, an exp
 scheduler accepts is a kernel segment, anything else runs as ATen calls (``expr_eval``, with the
 reason). Then merge neighbours: a producer and its consumer, then siblings that read the same
 tensor, while a kernel scheduler accepts the union, no cycle forms through a third segment, and
-both iterate the same stream loop (or none). ``segment_set`` forces a boundary. Segment boundary
+both iterate the same stream loop (or none); then pointwise segments that each write single values
+(a training step's per-layer counters: one launch, not one each). ``segment_set`` forces a boundary. Segment boundary
 tensors are global memory, as is everything an ATen call or a communication produces; tensors
 inside a kernel segment stay local.
 """
@@ -70,6 +71,7 @@ class _Segmenter:
             self._merge_producers_into_consumers()
             if len(set(map(id, self.group_of.values()))) < count:
                 self._merge_siblings()
+            self._merge_horizontally()
             self._views_read_by_aten_as_views()
             self._input_broadcasts_as_views()
         groups = self._topological(list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs)))
@@ -229,6 +231,32 @@ class _Segmenter:
                     if merged is not None:
                         readers.remove(other)
                         first = merged
+
+    def _merge_horizontally(self) -> None:
+        """Pointwise segments outside stream loops that write only single values (0-dim or all-size-1
+        tensors: a training step's per-layer counters, ``num_batches_tracked + 1``) are merged into one
+        kernel where no path joins them through a third segment: 53 of them in a ResNet-50 step were
+        53 launches. (Segments that share nothing but a larger shape stay apart: a pointwise kernel
+        iterates one output's axes, and unrelated inputs' axes do not map onto them.)"""
+        scalars = [g for g in dict.fromkeys(self.group_of[id(e)] for e in self.exprs)
+                   if g.scheduler is SchedulerType.pointwise and self._mergeable(g) and self._writes_single_values(g)
+                   and all(self.stream[id(e)] is None for e in g.exprs)]
+        if scalars:
+            merged = scalars[0]
+            for other in scalars[1:]:
+                merged = self._try_merge(merged, other) or other
+
+    def _writes_single_values(self, group: SegmentedGroup) -> bool:
+        """Whether every tensor ``group`` writes for another segment or as a fusion output has only
+        constant extents of 1."""
+        inside = {id(e) for e in group.exprs}
+        for e in group.exprs:
+            for tv in e.tensor_outputs:
+                if not tv.is_fusion_output and all(id(u) in inside for u in tv.uses if id(u) in self.live):
+                    continue
+                if not all(i.extent.is_const and i.extent.value == 1 for i in tv.get_logical_domain(no_reductions=True)):
+                    return False
+        return True
 
     def _mergeable(self, group: SegmentedGroup) -> bool:
         return is_kernel(group.scheduler) and id(group) not in self.fixed

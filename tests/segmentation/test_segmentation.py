@@ -61,6 +61,28 @@ def test_siblings_reading_one_input_share_a_kernel(monkeypatch, capsys, device, 
     assert dump.count("LaunchKernel(") == 1
 
 
+def test_segments_that_each_write_single_values_share_a_kernel(monkeypatch, capsys, device, run_kernels) -> None:
+    """A training step's per-layer counters (``num_batches_tracked + 1`` of each batch norm, 0-dim int64)
+    and size-1 results share nothing: one kernel computes them all, not one launch each. A counter that
+    reads another segment's output joins it only where no cycle forms; segments of larger shapes stay apart."""
+    counters = [torch.tensor(k, device=device) for k in range(5)]
+    x, y = torch.randn(1, 1, device=device), torch.randn(3, 4, device=device)
+    z = torch.randn(3, 4, device=device)
+    with FusionDefinition() as fd:
+        for _ in counters:
+            fd.add_output(fd.ops.add(fd.define_tensor([], dtype=DataType.Int), fd.define_scalar(1, dtype=DataType.Int)))
+        fd.add_output(fd.ops.exp(fd.from_pytorch(x)))
+        fd.add_output(fd.ops.mul(fd.from_pytorch(y), 2.0))
+        fd.add_output(fd.ops.sin(fd.from_pytorch(z)))
+    outs, dump = _dump(monkeypatch, capsys, fd, [*counters, x, y, z], run_kernels)
+    for k, out in enumerate(outs[:5]):
+        assert out.item() == k + 1 and out.dtype == torch.int64
+    torch.testing.assert_close(outs[5], torch.exp(x))
+    torch.testing.assert_close(outs[6], y * 2)
+    torch.testing.assert_close(outs[7], torch.sin(z))
+    assert dump.count("LaunchKernel(") == 3, dump
+
+
 def test_no_cycle_through_an_aten_segment(monkeypatch, capsys, device, run_kernels) -> None:
     """a -> matmul (ATen) -> b, and a -> b directly: a and b cannot share a kernel around the matmul."""
     x, w = torch.randn(4, 5, device=device), torch.randn(5, 5, device=device)

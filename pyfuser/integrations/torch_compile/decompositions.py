@@ -16,6 +16,11 @@ Decomposed (each entry's forward and, where listed, backward):
   running statistics, fused with the convolution's neighbours (ReLU, the residual add). Written
   here: torch's entry calls ``_native_batch_norm_legit``, an op that may update the statistics in
   place, which AOTAutograd refuses in a functional graph;
+* batch norm in training: the functional form AOTAutograd traces (``_native_batch_norm_legit_functional``,
+  which returns the new running statistics; AOTAutograd writes them back into the buffers) and
+  ``native_batch_norm_backward``: statistics and gradient sums as reductions, the normalization, the
+  running statistics' update and the backward's input gradient fused with their neighbours (ATen's
+  kernels were four launches per batch norm, its running statistics a cast and a copy each);
 * ``native_dropout_backward`` (a mask multiply), ``masked_fill``, ``mse_loss`` and its backward,
   ``std``, ``nan_to_num``, ``isneginf``;
 * ``nll_loss_forward`` / ``nll_loss_backward``: the one derivation of this module, since torch's
@@ -27,8 +32,7 @@ Decomposed (each entry's forward and, where listed, backward):
 
 Deliberately *not* decomposed, so they stay one ATen call (or one lowering): ``addmm`` / ``mm`` /
 ``bmm`` (cuBLAS), scaled-dot-product attention (torch's fused kernels), ``native_dropout`` (torch's
-RNG stream: results match eager), ``embedding_dense_backward`` (lowered as an atomic scatter-add), batch
-norm in training (updates running statistics in place).
+RNG stream: results match eager), ``embedding_dense_backward`` (lowered as an atomic scatter-add).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ DECOMPOSED_OPS: tuple[Any, ...] = (
     aten.mish, aten.mish_backward, aten.glu, aten.glu_backward, aten.logit, aten.logit_backward,
     aten.native_dropout_backward, aten.masked_fill, aten.mse_loss, aten.mse_loss_backward,
     aten.std, aten.nan_to_num, aten.isneginf,
+    aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward,
 )
 
 

@@ -29,13 +29,27 @@ def _normalize(dim: int, rank: int) -> int:
 # --- casts -------------------------------------------------------------------------------------------
 def _to_copy(ctx: LoweringContext, x: Any, **kwargs: Any) -> Any:
     dtype = ctx.meta.dtype
-    return x if x.dtype.torch_dtype == dtype else ctx.ops.cast(x, dtype)
+    value = x if x.dtype.torch_dtype == dtype else ctx.ops.cast(x, dtype)
+    if _moves_a_cpu_scalar(ctx.node):
+        # The region's value of a 0-dim CPU tensor moved to its device: computed there (a kernel reads
+        # the scalar as an argument), it is a device tensor like the region's own creations.
+        value = ctx.ops.where(ctx.ops.full([], True, torch.bool), value, value)
+    return value
+
+
+def _moves_a_cpu_scalar(node: Node) -> bool:
+    """``_to_copy`` of a 0-dim CPU tensor to another device (``torch.tensor(c).to(x)``, ``type_as``:
+    a constant of the model's code). Left to ATen it is a copy from pageable memory, which waits for
+    the stream on every call; in the region it is a scalar argument."""
+    source, device = meta_of(node.args[0]), node.kwargs.get("device")
+    return device is not None and source.device.type == "cpu" and source.dim() == 0 and \
+        device_arg(device).type != "cpu"
 
 
 def _check_to_copy(node: Node) -> str | None:
     source = meta_of(node.args[0])
     device = node.kwargs.get("device")
-    if device is not None and device_arg(device) != source.device:
+    if device is not None and device_arg(device) != source.device and not _moves_a_cpu_scalar(node):
         return f"_to_copy moves {source.device} -> {device_arg(device)}"
     if node.kwargs.get("layout") not in (None, torch.strided):
         return f"_to_copy to layout {node.kwargs['layout']}"
