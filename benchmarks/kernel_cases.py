@@ -42,7 +42,8 @@ ROWS_COLUMNS_SMALL = ((4097, 64), (1023, 127), (4097, 512), (1023, 1000), (1023,
 ROWS_FEW_WIDE = ((8, 262144), (32, 262144), (63, 262144), (130, 131072), (17, 128256), (66, 65536), (127, 32768))
 
 #: Shapes per grid name. ``2d``: (rows, columns); ``rotary``: (batch, sequence, heads, head dim);
-#: ``batchnorm``: (N, C, H, W); ``embedding``: (tokens, hidden, vocabulary); ``seed003``: (1, rows, columns).
+#: ``batchnorm``: (N, C, H, W); ``embedding``: (tokens, hidden, vocabulary); ``seed003``: (1, rows, columns);
+#: ``relative``: (batch x heads, sequence, span).
 GRIDS: dict[str, tuple[tuple[int, ...], ...]] = {
     "2d": ROWS_COLUMNS_LARGE + ROWS_COLUMNS_SMALL,
     "rotary": ((1, 4096, 32, 128), (8, 512, 16, 64), (4, 2048, 32, 128), (2, 1023, 12, 64), (1, 127, 8, 128)),
@@ -54,6 +55,9 @@ GRIDS: dict[str, tuple[tuple[int, ...], ...]] = {
     "seed003": ((1, 4096, 4096), (1, 1024, 65536), (1, 16384, 1000)),
     # [N, C, L], one channel a group: wav2vec2's feature encoder (8 x 512 x 15999), 1-D audio and image features
     "group_norm": ((8, 512, 15999), (32, 128, 4096), (16, 64, 16384), (4, 256, 3000), (3, 127, 1001)),
+    # (batch x heads, sequence, span): DeBERTa-v3's relative attention (256 position buckets, 12 heads) at
+    # batch 8 and ~10.7 over 512 tokens, 16 over 256, 2 over 1024, and an odd small one
+    "relative": ((96, 512, 256), (128, 512, 256), (192, 256, 256), (24, 1024, 256), (33, 127, 64)),
 }
 
 BF, F32 = torch.bfloat16, torch.float32
@@ -464,6 +468,48 @@ def _torch_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     return rope(q), rope(k)
 
 
+# DeBERTa's relative-position attention scores ---------------------------------------------------------------
+
+
+def _make_relative(point: Point, dev: str) -> Tensors:
+    """Content scores [B*H, S, S], the content-to-position and position-to-content products [B*H, S, 2 * span]
+    (``bmm(q, pos_k^T)``, ``bmm(k, pos_q^T)``), the relative positions ``i - j`` [S, S] and a mask [S, S]."""
+    bh, s, span = point.shape
+    rel = torch.arange(s, device=dev)[:, None] - torch.arange(s, device=dev)[None, :]
+    return [_rand((bh, s, s), point.dtype, dev), _rand((bh, s, 2 * span), point.dtype, dev),
+            _rand((bh, s, 2 * span), point.dtype, dev), rel, torch.rand(s, s, device=dev) > 0.9]
+
+
+def _def_relative_softmax(fd: FusionDefinition, inputs: Tensors) -> None:
+    """``softmax(masked_fill(scores + (c2p + p2c^T) / scale, mask, min))`` with ``c2p = gather(c2p_pos, -1,
+    clamp(rel + span, 0, 2 span - 1))`` and ``p2c`` at ``-rel``, as Hugging Face's DeBERTa-v2 computes them
+    (``DisentangledSelfAttention.disentangled_attention_bias``), in fp32, cast back."""
+    scores, c2p, p2c, rel, mask = (fd.from_pytorch(t) for t in inputs)
+    bh, s, width = inputs[1].shape
+    span = width // 2
+
+    def at(positions: TensorView) -> TensorView:
+        index = fd.ops.clamp(fd.ops.add(positions, span), 0, 2 * span - 1)
+        return fd.ops.expand(_bcast(fd, index, [True, False, False]), [bh, s, s])
+
+    c2p_att = fd.ops.take_along_axis(c2p, at(rel), 2)
+    p2c_att = fd.ops.permute(fd.ops.take_along_axis(p2c, at(fd.ops.neg(rel)), 2), [0, 2, 1])
+    y = fd.ops.add(_f(fd, scores), fd.ops.div(fd.ops.add(_f(fd, c2p_att), _f(fd, p2c_att)), 3.0))
+    y = fd.ops.where(_bcast(fd, mask, [True, False, False]), torch.finfo(torch.float32).min, y)
+    m = fd.ops.max(y, [2], keepdim=True)
+    e = fd.ops.exp(fd.ops.sub(y, m))
+    fd.add_output(fd.ops.cast(fd.ops.div(e, fd.ops.sum(e, [2], keepdim=True)), _dt(inputs[0])))
+
+
+def _torch_relative_softmax(scores: torch.Tensor, c2p: torch.Tensor, p2c: torch.Tensor, rel: torch.Tensor,
+                            mask: torch.Tensor) -> torch.Tensor:
+    span = c2p.shape[-1] // 2
+    c2p_att = torch.gather(c2p, -1, torch.clamp(rel + span, 0, 2 * span - 1).expand(scores.shape))
+    p2c_att = torch.gather(p2c, -1, torch.clamp(-rel + span, 0, 2 * span - 1).expand(scores.shape)).transpose(-1, -2)
+    y = scores.float() + (c2p_att.float() + p2c_att.float()) / 3.0
+    return torch.softmax(y.masked_fill(mask, torch.finfo(torch.float32).min), -1).to(scores.dtype)
+
+
 # Batch norm -----------------------------------------------------------------------------------------------
 
 
@@ -633,6 +679,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            (3, 5, 4, 3), ("contiguous", "channels_last"), copies=3, scheduler=SchedulerType.reduction),
     Family("embedding_bwd", "embedding", _make_embedding_bwd, _def_embedding_bwd, _torch_embedding_bwd,
            (9, 16, 7), scheduler=SchedulerType.pointwise),
+    Family("relative_softmax", "relative", _make_relative, _def_relative_softmax, _torch_relative_softmax,
+           (3, 9, 4), scheduler=SchedulerType.inner_persistent),
     Family("seed003", "seed003", _make_seed003, _def_seed003, _torch_seed003, (1, 6, 33),
            ("permuted",), scheduler=SchedulerType.inner_outer_persistent, skip=_only_f32),
 ]}
@@ -644,6 +692,9 @@ def estimated_bytes(family: Family, shape: tuple[int, ...], dtype: torch.dtype) 
     if family.grid == "embedding":
         tokens, hidden, vocab = shape
         return tokens * hidden * size + vocab * hidden * size
+    if family.grid == "relative":  # the scores read and written, the two [B*H, S, 2 * span] products read
+        bh, s, span = shape
+        return bh * s * (2 * s + 4 * span) * size
     return math.prod(shape) * size * family.copies
 
 
@@ -706,6 +757,7 @@ QUICK: tuple[Point, ...] = (
     Point("batchnorm_bwd", (32, 256, 56, 56), BF, "channels_last"), Point("batchnorm_bwd", (32, 64, 112, 112), BF),
     Point("embedding_bwd", (4096, 1024, 32000), BF), Point("embedding_bwd", (8192, 4096, 1000), F32),
     Point("seed003", (1, 4096, 4096), F32, "permuted"),
+    Point("relative_softmax", (128, 512, 256), BF),
 )
 
 

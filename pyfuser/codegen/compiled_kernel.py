@@ -92,7 +92,8 @@ class CompiledKernel:
         fn = load_kernel(source.name, source.source)
         interpreted = "InterpretedFunction" in source.source
         #: the one path from the kernel's parameters to its launch
-        self.launches = DirectLaunches(fn, num_warps, source.name, source.source, interpreted=interpreted)
+        self.launches = DirectLaunches(fn, num_warps, source.name, source.source, interpreted=interpreted,
+                                       device_asserts=source.device_asserts)
         host, namespace = launcher_source(source, direct=not interpreted)
         namespace["launches"], namespace["variants"] = self.launches, self.launches.variants
         compile_source(host, f"launcher of {source.name}", namespace)

@@ -23,12 +23,12 @@ reads off a tensor, so a new size reuses the kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyfuser.codegen.code_writer import CodeWriter
 from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
-from pyfuser.codegen.values import ValueLowering
+from pyfuser.codegen.values import Indices, ValueLowering
 from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes
 from pyfuser.ir.base import Expr, Val
@@ -37,6 +37,7 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
 from pyfuser.ir.layout import Layout
 from pyfuser.ir.ops import CatOp, PadOp, ReductionOp, SliceOp, VarMeanOp
+from pyfuser.ir.ops.indexing import IndexedRead
 from pyfuser.ir.ops.shape import describe_axis
 from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div, sym_min
 from pyfuser.ir.tensor_domain import transforms_between
@@ -62,17 +63,6 @@ class Loop:
     tile_size: int = 0  # 0: sized at launch (``tile_param``)
     tile_param: str = ""
     tile_pos: int = 0
-
-
-@dataclass
-class Indices:
-    """Logical index expressions of one tensor, and merged groups of its logical IDs with their index."""
-
-    of: dict[int, str] = field(default_factory=dict)
-    groups: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
-    #: conditions under which the indices address an element (a pad's or cat's operand read inside
-    #: its part of the consumer); a load is masked by them
-    valid: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +111,7 @@ class KernelBuilder(ValueLowering):
         self.range = loop_range(target)
         self.loop_stages = loop_stages if target == "cuda" else 0
         self.evict_last = evict_last
+        self.device_asserts = False
         self.partials = partials
         self.layouts = layouts
         self.exprs = fusion.exprs()
@@ -811,10 +802,28 @@ class KernelBuilder(ValueLowering):
                                    f"{what} is cropped by widths {left}, {right}, more than its size ({{}} left)"))
         return tuple(checks)
 
+    def _gather_checks(self) -> tuple[tuple[SymExpr, str], ...]:
+        """Each axis of a gather's index other than ``dim``, which must not be longer than the lookup
+        tensor's (ATen's shape rule; the kernel reads the lookup tensor at the index's positions there):
+        the lookup's extent less the index's, which must not be negative."""
+        checks = []
+        for expr in self.exprs:
+            if not isinstance(expr, IndexedRead) or expr.lookup_exact:
+                continue
+            lookup_ids = expr.lookup.get_logical_domain(no_reductions=True)
+            out_ids = expr.output.get_logical_domain(no_reductions=True)
+            for a, o in expr.lookup_axes():
+                have = SymConst(1) if lookup_ids[a].is_broadcast else self.size_symbol(lookup_ids[a])
+                checks.append((have - self.extent(out_ids[o]),
+                               f"{expr.op_name}: index {expr.lookup_index.short_name} axis {o} is longer than "
+                               f"{expr.lookup.short_name} axis {a} (its size less the index's is {{}}); off dim "
+                               f"{expr.dim} the index must be at most as long"))
+        return tuple(checks)
+
     def _source(self, loops: list[Loop]) -> KernelSource:
         nonempty = self._nonempty_checks()  # first: they may add size arguments
         mapped = () if self.chunked else self._mapped_extent_checks()
-        nonnegative = self._pad_checks()
+        nonnegative = self._pad_checks() + self._gather_checks()
         output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.extent(i)
                                     for i in tv.get_logical_domain(no_reductions=True)) for tv in self.outputs)
         tensors = [f"T{k}" for k in range(len(self.inputs) + len(self.outputs))]
@@ -845,7 +854,8 @@ class KernelBuilder(ValueLowering):
             nonempty, nonnegative_checks=nonnegative, mapped_extent_checks=mapped,
             stride_fallbacks=tuple((k, d, outer) for (k, d), outer in self._group_strides.items()),
             bool_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if self._scalars[sym][1] is DataType.Bool),
-            cpu_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if isinstance(self._scalars[sym][2], TensorView)))
+            cpu_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if isinstance(self._scalars[sym][2], TensorView)),
+            device_asserts=self.device_asserts)
 
     def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
         """Input dims of symbolic extent in a class of constant extent (``expand(x, [6, 4])`` of an

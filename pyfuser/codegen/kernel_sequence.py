@@ -160,7 +160,8 @@ class CooperativeSequence(KernelSequence):
             self._phases[-1].append(k)
         self.cooperative_code = cooperative_source(name, [k.source for k in kernels], target, barriers)
         self._launches = DirectLaunches(load_kernel(name, self.cooperative_code), kernels[0].num_warps, name,
-                                        self.cooperative_code, cooperative=True, interpreted=target != "cuda")
+                                        self.cooperative_code, cooperative=True, interpreted=target != "cuda",
+                                        device_asserts=any(k.source.device_asserts for k in kernels))
 
     @property
     def code(self) -> str:

@@ -22,6 +22,12 @@ class KernelLaunchError(RuntimeError):
         self.source = source
 
 
+class IndexOutOfRange(IndexError):
+    """What a kernel run by Triton's interpreter raises for an index out of range (its prelude's
+    ``_check_index``, the interpreter's stand-in for a device-side assert); the launch reports it as a
+    ValueError, as ATen's indexing ops do on a CPU."""
+
+
 @dataclass(frozen=True)
 class SizeSource:
     """Where the launcher reads a size class: dim ``dim`` of input (``output=False``) or output
@@ -90,3 +96,7 @@ class KernelSource:
     bool_scalars: tuple[int, ...] = ()
     #: positions in ``scalar_inputs`` of 0-dim CPU tensors, whose value the launch reads on the host
     cpu_scalars: tuple[int, ...] = ()
+    #: the kernel asserts on the device (an index's range): compiled in Triton's debug mode, which
+    #: alone keeps ``tl.device_assert``s, without its checks of every integer add for overflow
+    #: (Inductor's options for its indirect loads)
+    device_asserts: bool = False

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyfuser.codegen.kernel_source import KernelLaunchError, KernelSource
+from pyfuser.codegen.kernel_source import IndexOutOfRange, KernelLaunchError, KernelSource
 from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.codegen.triton_support import host_int_expr
 from pyfuser.ir.eval_context import NoPrograms
@@ -78,15 +78,20 @@ class DirectLaunches:
     """
 
     def __init__(self, fn: Any, num_warps: int, name: str, source: str, cooperative: bool = False,
-                 interpreted: bool = False) -> None:
+                 interpreted: bool = False, device_asserts: bool = False) -> None:
         self.fn = fn
         #: the kernel's name and text, for the error of a variant Triton refuses
         self.name = name
         self.source = source
         self.num_warps = num_warps
         self.interpreted = interpreted
-        #: Triton's launch option: all programs resident at once (a kernel with grid synchronizations)
-        self.options = {"launch_cooperative_grid": True} if cooperative and not interpreted else {}
+        #: Triton's launch options: all programs resident at once (a kernel with grid synchronizations);
+        #: device asserts compiled in, integer adds not checked for overflow (``KernelSource.device_asserts``)
+        self.options: dict[str, bool] = {}
+        if cooperative and not interpreted:
+            self.options["launch_cooperative_grid"] = True
+        if device_asserts and not interpreted:
+            self.options.update(debug=True, sanitize_overflow=False)
         #: (device, key) -> ``run(grid, params, stream)`` of the compiled variant
         self.variants: dict[tuple[Any, ...], VariantLaunch] = {}
         #: (device, key) -> the variant's launch in parts, where torch's static launcher calls it
@@ -132,7 +137,17 @@ class DirectLaunches:
     def _interpret(self, grid: tuple[int, ...], params: list[Any], stream: Any) -> None:
         # Masked-off lanes compute on placeholder values (log(0)); numpy must not warn about them.
         with np.errstate(all="ignore"):
-            self.fn[grid](*params, num_warps=self.num_warps)
+            try:
+                self.fn[grid](*params, num_warps=self.num_warps)
+            except Exception as e:
+                # the interpreter wraps what a kernel raises (once per nested call): an index out of
+                # range (the prelude's ``_check_index``) is the caller's error, as ATen's ValueError is
+                cause: BaseException | None = e
+                while cause is not None and not isinstance(cause, IndexOutOfRange):
+                    cause = cause.__cause__
+                if cause is None:
+                    raise
+                raise ValueError(str(cause)) from None
 
 
 def _triton_launch(compiled: Any) -> Callable[[tuple[int, ...], list[Any], Any], None]:

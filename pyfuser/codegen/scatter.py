@@ -9,8 +9,8 @@ reads each element's row index and adds the element into the buffer at that row 
 from it) and the output it is given (``out=``), so nothing else is allocated.
 
 An index out of ``[0, rows)`` is never written (the add is masked by the range). It is reported as
-torch reports it: on a GPU by a device-side assert in the kernel (compiled with Triton's ``debug``,
-as Inductor compiles its kernels), without waiting for the device; through Triton's interpreter,
+torch reports it: on a GPU by a device-side assert in the kernel (``KernelSource.device_asserts``:
+compiled with Triton's ``debug``, as Inductor compiles its kernels), without waiting for the device; through Triton's interpreter,
 which has no device asserts, by ``check_indices`` on the host before the launch (a ValueError naming
 the index, the tensor and the axis).
 """
@@ -21,9 +21,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from pyfuser.codegen.kernel_builder import Indices, KernelBuilder, Layouts
+from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelError, KernelSource
 from pyfuser.codegen.triton_support import int_expr
+from pyfuser.codegen.values import Indices
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import Layout
@@ -131,6 +132,7 @@ class ScatterKernelBuilder(KernelBuilder):
             message = (f"index_put_accumulate: index {index.short_name} holds a value out of range for "
                        f"{acc.short_name} axis 0 (valid: 0 to its size - 1)")
             code.emit(f"tl.device_assert({in_range}, {message!r}{', mask=' + mask if mask else ''})")
+            self.device_asserts = True
         # ``!= 0``: the interpreter's ``&`` of a tile mask with a 0-dim condition (the index of a single
         # row) is no boolean mask; a compiled kernel folds it away. Without a mask, the condition is
         # widened to the address's shape.
@@ -140,9 +142,4 @@ class ScatterKernelBuilder(KernelBuilder):
         if branched:
             code.close()
         self._stored.add(id(out))
-        source = self._source(loops)
-        if self.target != "cuda":
-            return source
-        # Device asserts are compiled only into a debug kernel (Inductor compiles its kernels so).
-        return dataclasses.replace(source, source=source.source.replace(
-            f"@_jit\ndef {self.name}(", f"@triton.jit(debug=True)\ndef {self.name}("))
+        return self._source(loops)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyfuser.codegen.triton_ops import TRITON_POINTWISE
 from pyfuser.codegen.triton_support import compute_dtype, triton_dtype
 from pyfuser.codegen.values import INDEX_ONLY_OPS
@@ -22,6 +24,7 @@ from pyfuser.ir.ops import (
     VarMeanOp,
     WelfordOp,
 )
+from pyfuser.ir.ops.indexing import EmbeddingFwdOp, IndexedRead
 from pyfuser.ir.ops.rfactor import RFactorOp
 
 
@@ -39,6 +42,8 @@ def unsupported_in_pointwise_kernel(expr: Expr) -> str | None:
         return f"{name}: squeezing an axis of unknown size needs a size check at execution"
     if isinstance(expr, (*INDEX_ONLY_OPS, *RESIZE_OPS, FullOp, IotaOp)):
         return None
+    if isinstance(expr, IndexedRead):
+        return _unsupported_indexed_read(expr, name)
     if isinstance(expr, UnaryOp | BinaryOp | TernaryOp):
         lowering = TRITON_POINTWISE.get(expr.kind)
         if lowering is None:
@@ -53,6 +58,33 @@ def unsupported_in_pointwise_kernel(expr: Expr) -> str | None:
                 return f"{name}: a double-precision scalar argument would be passed to Triton as float32"
         return None
     return f"{name}: {expr.op_description} is not computed by a pointwise kernel"
+
+
+def _unsupported_indexed_read(expr: IndexedRead, name: str) -> str | None:
+    """An indirect load computes index_select, gather and embedding's rows (``values.py``), from a lookup
+    tensor of at least one axis; embedding only without ``max_norm`` (which renormalizes the rows it
+    reads) and ``padding_idx`` (no forward value depends on it, but its range is ATen's check)."""
+    lookup = expr.lookup
+    if lookup.ndim == 0:
+        return f"{name}: a 0-dim lookup tensor {lookup.short_name}"
+    if isinstance(expr, EmbeddingFwdOp):
+        for option in ("max_norm", "padding_idx"):
+            if expr.option(option) is not None:
+                return f"{name}: embedding with {option} is an ATen call"
+    return None
+
+
+def unsupported_indexed_reads(exprs: Sequence[Expr]) -> str | None:
+    """Why one kernel cannot compute the ``IndexedRead``s of a segment of ``exprs`` (None: it can): each
+    reads its lookup tensor at positions only known when its index is, so the tensor must be in global
+    memory when the kernel starts (a segment input), never a value the kernel computes at its consumer's
+    loop point (nvFuser's rule for the lookup tv of index_select and gather)."""
+    produced = {id(o) for e in exprs for o in e.outputs}
+    for e in exprs:
+        if isinstance(e, IndexedRead) and id(e.lookup) in produced:
+            return (f"{e.op_description} producing {e.outputs[0]}: its lookup tensor {e.lookup.short_name} is "
+                    "computed in the segment; a kernel reads it at indexed positions from a segment input")
+    return None
 
 
 def _divides_integers_by_maybe_zero(expr: BinaryOp) -> bool:

@@ -201,9 +201,12 @@ def _from_bf16(x):
     return x.to(tl.float32)
 ''' + _PRELUDE_COMMON
 
-_PRELUDE_INTERPRETER = '''import triton
+_PRELUDE_INTERPRETER = '''import numpy as _np
+import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction as _jit
+
+from pyfuser.codegen.kernel_source import IndexOutOfRange as _IndexOutOfRange
 
 # the interpreter sums a ``tl.reduce`` with this combine function with numpy
 _sum_combine = tl.standard._sum_combine
@@ -214,6 +217,16 @@ def _range(*bounds):
     its index an int32 tensor as in a compiled kernel (a plain int has no ``.to``)."""
     ints = [int(b.handle.data.reshape(-1)[0]) if getattr(b, "handle", None) is not None else int(b) for b in bounds]
     return (tl.full([], i, tl.int32) for i in range(*ints))
+
+
+def _check_index(inside, mask, message):
+    """The interpreter's device-side assert (it drops ``tl.device_assert`` outside its debug mode):
+    an index out of range where the loop point is in range (``mask``) stops the kernel."""
+    ok = _np.asarray(getattr(getattr(inside, "handle", None), "data", inside), dtype=bool)
+    if mask is not None:
+        ok = ok | ~_np.asarray(getattr(getattr(mask, "handle", None), "data", mask), dtype=bool)
+    if not ok.all():
+        raise _IndexOutOfRange(message)
 
 
 @_jit

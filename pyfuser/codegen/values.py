@@ -59,6 +59,7 @@ from pyfuser.ir.ops import (
     UnaryOpType,
     VarMeanOp,
 )
+from pyfuser.ir.ops.indexing import IndexedRead
 from pyfuser.ir.ops.promotion import result_dtype
 from pyfuser.ir.ops.rfactor import WelfordCombineOp, WelfordPartialOp
 from pyfuser.ir.tensor_domain import transforms_between
@@ -66,7 +67,6 @@ from pyfuser.ir.tensor_view import TensorView
 
 if TYPE_CHECKING:
     from pyfuser.codegen.code_writer import CodeWriter
-    from pyfuser.codegen.kernel_builder import Indices
     from pyfuser.ir.symbolic import SymExpr
 
 #: Exprs a kernel computes by indexing their producer differently; the value passes through.
@@ -168,6 +168,17 @@ def op_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
 
 
 @dataclass
+class Indices:
+    """Logical index expressions of one tensor, and merged groups of its logical IDs with their index."""
+
+    of: dict[int, str] = field(default_factory=dict)
+    groups: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    #: conditions under which the indices address an element (a pad's or cat's operand read inside
+    #: its part of the consumer, an indexed read inside the looked-up axis); a load is masked by them
+    valid: tuple[str, ...] = ()
+
+
+@dataclass
 class _Accumulation:
     """One reduction being computed: its accumulators (one; a sum and its compensation; Welford's
     shift, mean, m2 and count; or the on-chip var_mean's values and valid lanes) and the key its
@@ -217,6 +228,8 @@ class ValueLowering:
         code: CodeWriter
         target: str
         evict_last: bool
+        #: whether the kernel asserts on the device (an index's range): compiled in Triton's debug mode
+        device_asserts: bool
         #: names of the inputs that hold an earlier launch's partial results per program
         partials: frozenset[int]
         inputs: list[TensorView]
@@ -226,6 +239,8 @@ class ValueLowering:
         def offset(self, tv: TensorView, position: int, indices: Indices) -> tuple[str, frozenset[int]]: ...
 
         def extent(self, i: IterDomain) -> SymExpr: ...
+
+        def size_symbol(self, logical: IterDomain) -> SymExpr: ...
 
         def index_of_loop_id(self, i: IterDomain, taken: dict[int, int]) -> str | None: ...
 
@@ -274,29 +289,7 @@ class ValueLowering:
         elif val in self.inputs:
             position = self.inputs.index(val)
             offset, dims = self.offset(val, position, indices)
-            mask = self.code.mask(dims, uses=offset)
-            if indices.valid:  # read inside a pad's or cat's operand part only
-                condition = " & ".join(indices.valid)
-                inside = self.code.assign("inside", condition)
-                # constant or scalar offsets beside a varying address: a mask of the address's shape
-                if self.code.dims_in(offset) - self.code.dims_of(inside):
-                    inside = self.code.assign("inside", f"(({offset}) * 0 == 0) & {inside}")
-                elif self.code.is_constant(condition):  # a Python bool beside a scalar address: a typed one
-                    inside = self.code.assign("inside", f"tl.full([], {condition}, tl.int1)")
-                # ``!= 0``: the interpreter's ``&`` of a loop index's 0-dim condition with a tile gives
-                # a mask of a dtype its load refuses; a compiled kernel folds it away
-                mask = self.code.assign("mask", f"({mask} & {inside}) != 0" if mask else f"{inside} != 0")
-                if self.code.dims_of(inside) - dims:  # the address varies along fewer tile axes: widen it
-                    offset = f"{offset} + {inside}.to(tl.int32) * 0"
-            # ``evict_last``: an H200 run of every kernels.py case with and without it on every load:
-            # rmsnorm 3966 -> 4126 GB/s, softmax 4011 -> 4158, transpose + add and the cast chain +1%,
-            # the others within run-to-run noise (a hand-written rmsnorm kernel: 4005 -> 4142,
-            # ``evict_first`` 3828); those cases move 256 MiB and more. ``KernelBuilder.evict_last``:
-            # the inner persistent scheduler drops it below 256 MiB, where it cost 2-12 %.
-            hint = _EVICT_LAST if self.evict_last else ""
-            load = f"tl.load(T{position} + {offset}, mask={mask}, other=0{hint})" if mask else \
-                f"tl.load(T{position} + {offset}{hint})"
-            result = self.code.assign("v", _widened(load, val.dtype), cse=False)
+            result = self.load(val, position, offset, self.code.mask(dims, uses=offset), dims, indices.valid)
         elif isinstance(definition, ReductionOp | VarMeanOp):
             self.reduce(definition)  # first read at this loop point: reduce here
             reduced = self.code.recall(key)
@@ -309,6 +302,75 @@ class ValueLowering:
             result = self.compute(definition, val, indices)
         self.code.remember(key, result)
         return result
+
+    def load(self, tv: TensorView, position: int, offset: str, mask: str, dims: frozenset[int],
+             valid: tuple[str, ...]) -> str:
+        """Input ``tv`` (kernel argument ``position``) read at ``offset`` under ``mask`` (the loop point's
+        conditions) and the ``valid`` conditions (inside a pad's or cat's operand part, inside the
+        looked-up axis), widened to the dtype it is computed in."""
+        if valid:
+            condition = " & ".join(valid)
+            inside = condition if condition.isidentifier() else self.code.assign("inside", condition)
+            # constant or scalar offsets beside a varying address: a mask of the address's shape
+            if self.code.dims_in(offset) - self.code.dims_of(inside):
+                inside = self.code.assign("inside", f"(({offset}) * 0 == 0) & {inside}")
+            elif self.code.is_constant(condition):  # a Python bool beside a scalar address: a typed one
+                inside = self.code.assign("inside", f"tl.full([], {condition}, tl.int1)")
+            # ``!= 0``: the interpreter's ``&`` of a loop index's 0-dim condition with a tile gives
+            # a mask of a dtype its load refuses; a compiled kernel folds it away
+            mask = self.code.assign("mask", f"({mask} & {inside}) != 0" if mask else f"{inside} != 0")
+            if self.code.dims_of(inside) - dims:  # the address varies along fewer tile axes: widen it
+                offset = f"{offset} + {inside}.to(tl.int32) * 0"
+        # ``evict_last``: an H200 run of every kernels.py case with and without it on every load:
+        # rmsnorm 3966 -> 4126 GB/s, softmax 4011 -> 4158, transpose + add and the cast chain +1%,
+        # the others within run-to-run noise (a hand-written rmsnorm kernel: 4005 -> 4142,
+        # ``evict_first`` 3828); those cases move 256 MiB and more. ``KernelBuilder.evict_last``:
+        # the inner persistent scheduler drops it below 256 MiB, where it cost 2-12 %.
+        hint = _EVICT_LAST if self.evict_last else ""
+        load = f"tl.load(T{position} + {offset}, mask={mask}, other=0{hint})" if mask else \
+            f"tl.load(T{position} + {offset}{hint})"
+        return self.code.assign("v", _widened(load, tv.dtype), cse=False)
+
+    def indexed_read(self, expr: IndexedRead, out: TensorView, indices: Indices) -> str:
+        """index_select, gather / take_along_axis or embedding at ``out``'s ``indices``: the index value
+        read (or computed) there, then an indirect load of the lookup tensor (a kernel input) at that
+        value along the indexed axis and at ``out``'s positions along the others.
+
+        The index is checked to be in ``[0, extent)`` where the loop point is in range, as ATen's CUDA
+        kernels assert it: a device-side assert on a GPU (``KernelSource.device_asserts``), a
+        ValueError through the interpreter (``_check_index``); the load is masked by the range too, so
+        no lane reads out of bounds either way. The index term is 64-bit (an int32 index is widened):
+        ``index * stride`` spans the lookup tensor's whole axis, where 32 bits may overflow."""
+        code = self.code
+        lookup, index, dim = expr.lookup, expr.lookup_index, expr.dim
+        if lookup not in self.inputs:
+            raise KernelError(f"{out.short_name}: {expr.op_name} reads {lookup.short_name} at indexed positions; "
+                              "it must be an input of the kernel (global memory), not a value the kernel computes")
+        position = self.inputs.index(lookup)
+        at = self.value(index, self.producer_indices(expr, index, indices))
+        if index.dtype is not DataType.Int:
+            at = code.assign("ix", f"({at}).to(tl.int64)")
+        lookup_ids = lookup.get_logical_domain(no_reductions=True)
+        out_ids = out.get_logical_domain(no_reductions=True)
+        read = Indices(of={id(lookup_ids[dim]): at})
+        pairs = {id(out_ids[o]): id(lookup_ids[a]) for a, o in expr.lookup_axes()}
+        for o, a in pairs.items():
+            read.of[a] = indices.of.get(o, "0")
+        if expr.lookup_exact:  # the paired axes have one extent: a merged index of them addresses both
+            read.groups = [(tuple(pairs[k] for k in group), ix) for group, ix in indices.groups
+                           if all(k in pairs for k in group)]
+        extent = "1" if lookup_ids[dim].is_broadcast else int_expr(self.size_symbol(lookup_ids[dim]))
+        inside = code.assign("inside", f"({at} >= 0) & ({at} < {extent})")
+        offset, dims = self.offset(lookup, position, read)
+        mask = code.mask(dims, uses=offset)
+        message = (f"{expr.op_name}: index {index.short_name} holds a value out of range for "
+                   f"{lookup.short_name} axis {dim} (valid: 0 to its size - 1)")
+        if self.target == "cuda":
+            code.emit(f"tl.device_assert({inside}, {message!r}{', mask=' + mask if mask else ''})")
+            self.device_asserts = True
+        else:
+            code.emit(f"_check_index({inside}, {mask or 'None'}, {message!r})")
+        return self.load(lookup, position, offset, mask, dims, (*indices.valid, inside))
 
     def resized(self, expr: PadOp | CatOp, out: TensorView, indices: Indices) -> str:
         """A pad (its operand inside, its value on the border) or a cat (each operand in its part):
@@ -372,6 +434,9 @@ class ValueLowering:
         if isinstance(expr, PadOp | CatOp):
             assert indices is not None and isinstance(out, TensorView)
             return self.resized(expr, out, indices)
+        if isinstance(expr, IndexedRead):
+            assert indices is not None and isinstance(out, TensorView)
+            return self.indexed_read(expr, out, indices)
         if isinstance(expr, FullOp):
             # A typed scalar: a bare 3 would be int32, a bare True no tensor at all.
             fill, dtype = expr.inputs[0], compute_dtype(out.dtype)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pyfuser.ir.domain_replay import logical_ancestors, logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType
+from pyfuser.ir.ops.indexing import IndexedRead
 from pyfuser.ir.tensor_view import MemoryType, TensorView
 
 #: Parallel types whose loop IDs an on-chip buffer of each memory type does not materialize:
@@ -25,15 +26,18 @@ _NOT_ALLOCATED: dict[MemoryType, frozenset[ParallelType]] = {
 
 def cache_inputs(fusion: Fusion, propagate_allocation_domain: bool,
                  memory_type: MemoryType = MemoryType.Local) -> list[TensorView]:
-    """``cache_after`` every used tensor input; returns the caches in input order.
+    """``cache_after`` every used tensor input but the lookup tensors of index_select / gather /
+    embedding (read at indexed positions from global memory, never iterated: nvFuser caches none
+    either); returns the caches in input order.
 
     ``propagate_allocation_domain``: the caches start with their input's allocation (as hints).
     Global caches keep it; on-chip caches must go through ``derive_allocation_from_loop`` once
     scheduled. Without it the caches start row-major (normalization and reduction schedulers).
     """
     caches = []
+    looked_up = {id(e.lookup) for e in fusion.exprs() if isinstance(e, IndexedRead)}
     for tv in fusion.inputs():
-        if isinstance(tv, TensorView) and not tv.is_cpu and tv.uses:
+        if isinstance(tv, TensorView) and not tv.is_cpu and tv.uses and id(tv) not in looked_up:
             caches.append(tv.cache_after(memory_type, propagate_allocation_domain))
     return caches
 

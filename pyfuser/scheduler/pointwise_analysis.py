@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pyfuser.codegen.support import unsupported_in_pointwise_kernel
+from pyfuser.codegen.support import unsupported_in_pointwise_kernel, unsupported_indexed_reads
 from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.analysis.resize import resized_classes
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.iter_domain import IterDomain
+from pyfuser.ir.ops.indexing import read_by_index_only
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.registry import FusionLike
 
@@ -38,6 +39,9 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
         reason = unsupported_in_pointwise_kernel(expr)
         if reason is not None:
             return False, reason, None
+    reason = unsupported_indexed_reads(exprs)
+    if reason is not None:
+        return False, reason, None
     outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
     if not outputs:
         return False, "the segment has no tensor output", None
@@ -48,6 +52,8 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
     # A producer's axis a slice, pad or cat shifts into one of the reference's is read at shifted indices.
     readable = resized_classes(exprs, exact.class_of, ref_classes)
     for tv in fusion.tensors():
+        if read_by_index_only(tv, exprs):  # addressed at indexed positions, not iterated
+            continue
         for pos, i in enumerate(tv.get_logical_domain()):
             if not i.is_broadcast and not i.is_reduction and exact.class_of(i) not in readable:
                 return False, (f"{tv.short_name} axis {pos} ({i}) is not an axis of {ref.short_name}, the reference "

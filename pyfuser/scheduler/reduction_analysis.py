@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from enum import Enum
 from weakref import WeakKeyDictionary
 
-from pyfuser.codegen.support import unsupported_in_reduction_kernel
+from pyfuser.codegen.support import unsupported_in_reduction_kernel, unsupported_indexed_reads
 from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
 from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.base import Expr, downstream_exprs
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
+from pyfuser.ir.ops.indexing import read_by_index_only
 from pyfuser.ir.symbolic import SymConst, SymExpr
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.reduction_kind import ReductionKind, reduction_kind
@@ -98,6 +99,9 @@ def _analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
         reason = unsupported_in_reduction_kernel(expr)
         if reason is not None:
             return None, reason
+    reason = unsupported_indexed_reads(exprs)
+    if reason is not None:
+        return None, reason
     if not any(isinstance(o, TensorView) for o in fusion.outputs()):
         return None, "the segment has no tensor output"
     exact = IdGraph(fusion.tensors(), exprs, map_broadcast=False, through_transforms=False)
@@ -115,7 +119,7 @@ def _analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
     assert full is not None
     for tv in fusion.tensors():
         own = _classes(exact, [i for i in tv.get_logical_domain() if not i.is_reduction])
-        if not own <= full:
+        if not own <= full and not read_by_index_only(tv, exprs):  # (a lookup tensor is not iterated)
             return None, (f"{tv.short_name} iterates axes outside the reductions' space; one reduction kernel "
                           "iterates one space")
     for tv in _computed_from(reductions, exprs):

@@ -30,6 +30,7 @@ from pyfuser.codegen.support import unsupported_in_pointwise_kernel
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.ops.indexing import IndexedRead
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.pointwise import flatten_in_memory_order, merge_range
 from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
@@ -112,6 +113,9 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
         reason = unsupported_in_pointwise_kernel(expr)
         if reason is not None:
             return False, reason
+        if isinstance(expr, IndexedRead):
+            return False, (f"{expr.op_description} producing {expr.outputs[0]}: a scatter segment's launches read "
+                           "their inputs where they iterate them, not at indexed positions")
         if not all(id(t) in computed for t in expr.tensor_outputs):
             return False, (f"{expr.op_description} producing {expr.outputs[0]} computes neither the rows added "
                            "nor the tensor they are added into")

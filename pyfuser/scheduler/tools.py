@@ -14,6 +14,7 @@ from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.domain_replay import logical_ancestors, replay
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IdTransform, IterDomain, ParallelType
+from pyfuser.ir.ops.indexing import read_by_index_only
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
 
@@ -24,8 +25,15 @@ KERNEL_PARALLEL_TYPES = frozenset({ParallelType.grid_x, ParallelType.grid_y, Par
 
 
 def _targets(ref: TensorView, tvs: Sequence[TensorView] | None) -> list[TensorView]:
+    """``tvs``, or every tensor of ``ref``'s fusion but the lookup tensors that index_select / gather /
+    embedding alone read (addressed at indexed positions: the axis they index has no counterpart in
+    any loop, so replaying a schedule on them would leave it a loop of its own)."""
     fusion = ref.fusion
-    chosen = fusion.tensors() if tvs is None else list(tvs)
+    if tvs is None:
+        exprs = fusion.exprs()
+        chosen = [tv for tv in fusion.tensors() if not (tv.is_fusion_input and read_by_index_only(tv, exprs))]
+    else:
+        chosen = list(tvs)
     for tv in chosen:
         if not isinstance(tv, TensorView) or tv.fusion is not fusion:
             raise ValueError(f"{tv} is not a tensor of the fusion of {ref.short_name}")

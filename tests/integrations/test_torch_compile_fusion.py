@@ -102,6 +102,52 @@ def test_a_group_norm_and_its_activation_are_one_kernel(dtype: torch.dtype) -> N
     assert "ATen calls" not in summary and summary.count(" kernel ") == 1, summary
 
 
+class RelativeScores(torch.nn.Module):
+    """DeBERTa-v2's disentangled attention scores (``DisentangledSelfAttention``): content-to-position and
+    position-to-content biases gathered from ``[B*H, S, 2 * span]`` at the clamped relative positions,
+    added to the content scores, masked and normalized."""
+
+    def __init__(self, span: int, transposed: bool) -> None:
+        super().__init__()
+        self.span, self.transposed = span, transposed
+
+    def forward(self, scores: torch.Tensor, c2p: torch.Tensor, p2c: torch.Tensor, rel: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        size = scores.shape
+        c2p_att = torch.gather(c2p, -1, torch.clamp(rel + self.span, 0, 2 * self.span - 1).expand(size))
+        p2c_att = torch.gather(p2c, -1, torch.clamp(-rel + self.span, 0, 2 * self.span - 1).expand(size))
+        if self.transposed:
+            p2c_att = p2c_att.transpose(-1, -2)
+        y = scores + (c2p_att + p2c_att) / 3.0
+        return torch.softmax(y.masked_fill(mask, torch.finfo(y.dtype).min), -1)
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize(("transposed", "kernels"), [(False, 1), (True, 2)], ids=["c2p_p2c", "p2c_transposed"])
+def test_relative_position_gathers_run_inside_kernels(dtype: torch.dtype, transposed: bool, kernels: int) -> None:
+    """Both gathers are indirect loads of generated kernels: no ATen gather (nor any ATen call) in the
+    region, the relative positions computed where the gathers read them. Without the transpose they
+    join the softmax's kernel; DeBERTa transposes p2c, which over a square [S, S] makes the scores' two
+    axes one axis class, and the reduction analysis keeps the softmax in a kernel of its own (the
+    count to lower)."""
+    g = torch.Generator().manual_seed(0)
+    span, b, s = 4, 6, 9
+    scores = torch.randn(b, s, s, generator=g).to(dtype)
+    c2p, p2c = (torch.randn(b, s, 2 * span, generator=g).to(dtype) for _ in range(2))
+    rel = torch.arange(s)[:, None] - torch.arange(s)[None, :]
+    mask = torch.rand(s, s, generator=g) > 0.8
+    module = RelativeScores(span, transposed)
+    backend = PyfuserBackend(triton_interpreter=True)
+    got = torch.compile(module, backend=backend)(scores, c2p, p2c, rel, mask)
+    torch.testing.assert_close(got, module(scores, c2p, p2c, rel, mask))
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    summary = region.summary()
+    assert "ATen calls" not in summary and summary.count(" kernel ") == kernels, summary
+    assert any("gather" in node for node in region.nodes), region.nodes
+
+
 #: a tiny Llama's step (one layer, float32), as fusion_counts counts it: generated kernels, ATen calls
 #: that compute (not views, not GEMMs or attention, which run in cuBLAS / torch either way) inside regions
 #: and between them. Lower them when a change lowers the count; never raise one without lowering the other

@@ -129,6 +129,8 @@ CASES: list[Case] = [
     view(aten.view.default, lambda x: aten.view.default(x * 2, [2, 6]) + 1, f(3, 4)),
     view(aten._unsafe_view.default, lambda x: aten._unsafe_view.default(x * 2, [4, -1]) + 1, f(3, 4)),
     view(aten.expand.default, lambda x, y: aten.expand.default(y * 2, [2, 3, 4]) + x, f(3, 4), f(4)),
+    Case(aten.repeat.default, lambda x: aten.repeat.default(x * 2, [2, 1, 3]) + 1, inputs(f(3, 1, 4))),
+    Case(aten.repeat.default, lambda x: aten.repeat.default(x * 2, [2, 2, 1]) + 1, inputs(f(3, 4))),
     view(aten.permute.default, lambda x: aten.permute.default(x * 2, [2, 0, 1]) + 1, f(2, 3, 4)),
     view(aten.transpose.int, lambda x: aten.transpose.int(x * 2, 0, -1) + 1, f(2, 3, 4)),
     view(aten.t.default, lambda x: aten.t.default(x * 2) + 1, f(3, 4)),

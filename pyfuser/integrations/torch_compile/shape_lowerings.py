@@ -106,6 +106,39 @@ def _expand(ctx: LoweringContext, x: Any, size: Any, implicit: bool = False) -> 
     return ctx.ops.expand(x, sizes)
 
 
+def _repeat(ctx: LoweringContext, x: Any, repeats: Any) -> Any:
+    """``x.repeat(repeats)``: new leading axes broadcast, a new axis broadcast before each repeated one,
+    both expanded to their count, then a reshape merging each count with the axis it repeats (the copy
+    eager's repeat writes, now inside the region: a repeat between two regions no longer splits them)."""
+    counts = [int(r) for r in repeats]
+    sizes = [int(s) for s in meta_of(ctx.node.args[0]).shape]
+    lead = len(counts) - len(sizes)
+    if lead:
+        x = ctx.ops.broadcast(x, [True] * lead + [False] * len(sizes))
+    sizes = [1] * lead + sizes
+    flags: list[bool] = []
+    expanded: list[int] = []
+    for k, (count, size) in enumerate(zip(counts, sizes, strict=True)):
+        if count == 1 or k < lead:  # a new leading axis is a broadcast already: expanded to the count
+            flags.append(False)
+            expanded.append(count * size)
+        else:
+            flags += [True, False]
+            expanded += [count, size]
+    if any(flags):
+        x = ctx.ops.broadcast(x, flags)
+    x = ctx.ops.expand(x, expanded)
+    target = [c * s for c, s in zip(counts, sizes, strict=True)]
+    return x if expanded == target else ctx.ops.reshape(x, target)
+
+
+def _check_repeat(node: Node) -> str | None:
+    repeats, shape = arg(node, 1, "repeats"), meta_of(node.args[0]).shape
+    if not all(isinstance(v, int) for v in (*repeats, *shape)):
+        return "repeat of symbolic sizes or counts"
+    return None
+
+
 def _permute(ctx: LoweringContext, x: Any, dims: Any) -> Any:
     return ctx.ops.permute(x, list(dims))
 
@@ -289,6 +322,7 @@ SHAPE_LOWERINGS: dict[Any, Lowering] = {
     aten.view.default: Lowering(_reshape, VIEW),
     aten._unsafe_view.default: Lowering(_reshape, VIEW),
     aten.expand.default: Lowering(_expand, VIEW),
+    aten.repeat.default: Lowering(_repeat, OpClass.copy, check=_check_repeat),
     aten.permute.default: Lowering(_permute, VIEW),
     aten.transpose.int: Lowering(_transpose, VIEW),
     aten.t.default: Lowering(_t, VIEW),

@@ -1,6 +1,12 @@
 """Indexing ops: index_select, select, gather / take_along_axis, scatter, embedding and
 index_put_accumulate, evaluated with ATen.
 
+index_select, gather / take_along_axis and embedding are ``IndexedRead``s: the output reads one
+operand (the lookup tensor) at positions an integer tensor holds along one axis, and at its own
+positions on the others. A generated kernel computes them as an indirect load from the lookup
+tensor, which must then be a segment input in global memory (nvFuser's lookup tv), while the index
+and the output are iterated by the loop nest like any tensor.
+
 Every index is checked against the extent it indexes before ATen reads with it, never an
 out-of-bounds read. On a CPU an out-of-range index is a ValueError naming the tensor, the axis, the
 valid range and the offending value. On a GPU the check is a device-side assert (the program stops
@@ -13,6 +19,7 @@ index_select, embedding) that assert is the check: a separate one would read the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,8 +63,44 @@ def _positional(src_ids: list[IterDomain], dst_ids: list[IterDomain], skip_src: 
     return dict(zip(src, dst, strict=False))
 
 
-class IndexSelectOp(Expr):
+class IndexedRead(Expr):
+    """An op whose output reads ``lookup`` at the positions ``lookup_index`` holds along ``dim``, and
+    on each other axis of ``lookup`` at the output's position along the axis ``lookup_axes`` pairs it
+    with. Those pairs have one extent where ``lookup_exact`` (index_select, take_along_axis,
+    embedding); a ``gather``'s index may be shorter than ``lookup`` there."""
+
+    lookup_exact = True
+    #: the axis of ``lookup`` the index values address
+    dim: int
+    #: the op's name in messages (its ``fd.ops`` method)
+    op_name: str
+
+    @property
+    def lookup(self) -> TensorView:
+        return self.tensor_input(0)
+
+    @property
+    def lookup_index(self) -> TensorView:
+        return self.tensor_input(1)
+
+    def lookup_axes(self) -> list[tuple[int, int]]:
+        """(axis of ``lookup``, axis of the output) for every axis of ``lookup`` but ``dim``."""
+        return [(d, d) for d in range(self.lookup.ndim) if d != self.dim]
+
+
+def read_by_index_only(tv: TensorView, exprs: Sequence[Expr]) -> bool:
+    """Whether every expr of ``exprs`` that reads ``tv`` (at least one) reads it as the lookup tensor of
+    an ``IndexedRead``: such a tensor is addressed at computed positions, never iterated, so a schedule
+    neither replays its axes nor caches it."""
+    readers = [e for e in exprs if any(v is tv for v in e.inputs)]
+    return bool(readers) and all(isinstance(e, IndexedRead) and e.lookup is tv and e.lookup_index is not tv
+                                 for e in readers)
+
+
+class IndexSelectOp(IndexedRead):
     """``out = index_select(arg, dim, index)``: ``index`` (1-D integers) picks slices of ``arg`` along ``dim``."""
+
+    op_name = "index_select"
 
     def __init__(self, fusion: Fusion, out: TensorView, arg: TensorView, index: TensorView, dim: int) -> None:
         super().__init__(fusion, [arg, index], [out])
@@ -109,7 +152,7 @@ class SelectOp(Expr):
         return call_string(self.output, "select", self.inputs, f"dim = {self.dim}", indent)
 
 
-class GatherOp(Expr):
+class GatherOp(IndexedRead):
     """``out[..., j, ...] = arg[..., index[..., j, ...], ...]`` along ``dim`` (``torch.gather``):
     ``index`` may be shorter than ``arg`` on the other axes, so a stream loop cannot chunk the
     two alike."""
@@ -117,6 +160,7 @@ class GatherOp(Expr):
     chunkable = False
     #: every other axis of index equals arg's (take_along_axis)
     exact = False
+    lookup_exact = False
     op_name = "gather"
 
     def __init__(self, fusion: Fusion, out: TensorView, arg: TensorView, index: TensorView, dim: int) -> None:
@@ -156,6 +200,7 @@ class TakeAlongAxisOp(GatherOp):
 
     chunkable = True
     exact = True
+    lookup_exact = True
     op_name = "take_along_axis"
 
 
@@ -197,7 +242,7 @@ class ScatterOp(Expr):
         return call_string(self.output, "scatter", self.inputs, f"dim = {self.dim}", indent)
 
 
-class EmbeddingFwdOp(Expr):
+class EmbeddingFwdOp(IndexedRead):
     """``out = F.embedding(input, weight, padding_idx, max_norm, norm_type, ...)``: rows of
     ``weight`` picked by the integer ``input``; out has ``input``'s shape plus the embedding dim.
 
@@ -206,12 +251,30 @@ class EmbeddingFwdOp(Expr):
     """
 
     OPTIONS = ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
+    #: the index values address weight's rows
+    dim = 0
+    op_name = "embedding_fwd"
 
     def __init__(self, fusion: Fusion, out: TensorView, indices: TensorView, weight: TensorView,
                  options: dict[str, Val | None]) -> None:
         given = [v for k in self.OPTIONS if (v := options.get(k)) is not None]
         super().__init__(fusion, [indices, weight, *given], [out])
         self.given = tuple(k for k in self.OPTIONS if options.get(k) is not None)
+
+    @property
+    def lookup(self) -> TensorView:
+        return self.tensor_input(1)
+
+    @property
+    def lookup_index(self) -> TensorView:
+        return self.tensor_input(0)
+
+    def lookup_axes(self) -> list[tuple[int, int]]:
+        return [(1, self.output.ndim - 1)]
+
+    def option(self, name: str) -> Val | None:
+        """The value given for option ``name`` (None: not given)."""
+        return self.inputs[2 + self.given.index(name)] if name in self.given else None
 
     def evaluate(self, ctx: EvalContext, indices: torch.Tensor, weight: torch.Tensor, *values: Any) -> list[Any]:
         options = dict(zip(self.given, values, strict=True))
