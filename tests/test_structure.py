@@ -55,8 +55,8 @@ def test_pass_toggles_sit_in_the_pipeline_lists() -> None:
 
 def test_communication_passes_run_between_stream_lowering_and_ring_buffers() -> None:
     names = [p.name for p in RUNTIME_HOST_PASSES]
-    assert names == ["stream_lowering", "p2p_pipelines", "ring_buffers", "stream_overlap"]
-    assert [p.name for p in HOST_PASSES] == ["stream_lowering", "ring_buffers", "stream_overlap"]
+    assert names == ["stream_lowering", "p2p_pipelines", "ring_buffers", "stream_overlap", "capture_graph"]
+    assert [p.name for p in HOST_PASSES] == ["stream_lowering", "ring_buffers", "stream_overlap", "capture_graph"]
 
 
 def test_process_wide_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,16 @@ from typing import Any
 import torch
 
 from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, Step, StepBuilder
-from pyfuser.host_ir.nodes import NUMBER_OF_STREAMS, Allocate, AtenCall, HostIrContainer, HostNode, HostVal, LaunchKernel
+from pyfuser.host_ir.nodes import (
+    NUMBER_OF_STREAMS,
+    Allocate,
+    AtenCall,
+    CaptureGraph,
+    HostIrContainer,
+    HostNode,
+    HostVal,
+    LaunchKernel,
+)
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.specialization import Recording, Specializations
 from pyfuser.host_ir.steps import CORE_STEP_BUILDERS, BoundLaunches
@@ -49,6 +58,15 @@ def stream_pool(device: torch.device, count: int) -> list[torch.cuda.Stream]:
     return pool
 
 
+def _run_once(container: HostIrContainer) -> list[HostNode]:
+    """The nodes that run once per program run, in order: the top-level nodes, a ``CaptureGraph``'s
+    body in its place (a replay hands on what its body's run computed, the same tensors' memory)."""
+    nodes: list[HostNode] = []
+    for node in container.nodes:
+        nodes += node.body if isinstance(node, CaptureGraph) else [node]
+    return nodes
+
+
 def _allocations(node: HostNode) -> dict[Val, tuple[int, ...]]:
     """Tensors ``node`` allocates itself, with their layout: an ``Allocate``, or a kernel launch that
     allocates its outputs densely in a known order."""
@@ -64,7 +82,7 @@ def _fresh_buffers(container: HostIrContainer) -> dict[Val, tuple[int, ...]]:
     as outputs they need no check for aliasing or layout."""
     fresh: dict[Val, tuple[int, ...]] = {}
     written: dict[HostVal, int] = {}
-    for node in container.nodes:
+    for node in _run_once(container):
         for v in node.outputs:
             written[v] = written.get(v, 0) + 1
         fresh.update(_allocations(node))
@@ -81,7 +99,7 @@ def _outputs_with_own_memory(container: HostIrContainer) -> set[int]:
     derives from the same memory. Their per-call aliasing check is skipped."""
     unknown = frozenset([_UNKNOWN])
     roots: dict[HostVal, frozenset[object]] = {v: frozenset([v]) for v in container.inputs}
-    for node in container.nodes:
+    for node in _run_once(container):
         call = node if isinstance(node, AtenCall) and not node.into else None  # computes new values
         if _allocations(node) or (call is not None and call.expr.returns_new_memory):
             derived = None  # each output is new memory of its own
@@ -206,8 +224,8 @@ class HostIrEvaluator:
     def top_level(self) -> bool:
         return self._nesting == 1
 
-    def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]:
-        return [step for _, step in self._compile_nodes(nodes)]
+    def compile_body(self, nodes: Sequence[HostNode], *, once_per_run: bool = False) -> list[Step]:
+        return [step for _, step in self._compile_nodes(nodes, nested=not once_per_run)]
 
     def bound_launches(self, node: LaunchKernel) -> BoundLaunches:
         bound = self._bound_launches.get(node)
@@ -215,13 +233,14 @@ class HostIrEvaluator:
             bound = self._bound_launches[node] = BoundLaunches(node.segment)
         return bound
 
-    def _compile_nodes(self, nodes: Sequence[HostNode]) -> list[tuple[HostNode, Step]]:
-        """Each node with its step (nodes without one, e.g. stream nodes on CPU, left out)."""
-        self._nesting += 1
+    def _compile_nodes(self, nodes: Sequence[HostNode], nested: bool = True) -> list[tuple[HostNode, Step]]:
+        """Each node with its step (nodes without one, e.g. stream nodes on CPU, left out); ``nested``:
+        the nodes are a level below the ones being compiled (the program's own nodes, a loop's body)."""
+        self._nesting += nested
         try:
             steps = [(node, self._builder(node)(node, self)) for node in nodes]
         finally:
-            self._nesting -= 1
+            self._nesting -= nested
         return [(node, step) for node, step in steps if step is not None]
 
     def _builder(self, node: HostNode) -> StepBuilder:
@@ -344,6 +363,15 @@ class HostIrEvaluator:
         if run is not None and fixes:
             run = _with_fixes(run, tuple(fixes))
         straight.record(ctx.binding, run)
+
+    def step_of(self, node: HostNode) -> Step:
+        """The step built for a top-level node: a tool reads a step's state off it (the captures of a
+        ``CaptureGraph``'s ``cuda_graph.GraphStep``)."""
+        for n, step in zip(self._step_nodes, self._steps, strict=True):
+            if n is node:
+                return step
+        raise ValueError(f"no step was built for {node.to_string().strip().splitlines()[0]} among the program's "
+                         "top-level nodes (a node of a block, or one that does nothing on this device)")
 
     def straight_line(self, binding: object) -> StraightLineFunction | None:
         """The function runs under ``binding`` take after the first (None: they take the steps)."""

@@ -52,7 +52,11 @@ class CompileContext(Protocol):
         """The value slot of ``val`` (a Val, a host value, or a private key like a loop's chunk bounds)."""
         ...
 
-    def compile_body(self, nodes: Sequence[HostNode]) -> list[Step]: ...
+    def compile_body(self, nodes: Sequence[HostNode], *, once_per_run: bool = False) -> list[Step]:
+        """The steps of a block's ``nodes``: a loop's body (its nodes run per iteration), or one whose
+        nodes run at most once per program run where they sit (``once_per_run``: a ``CaptureGraph``'s
+        body at the top level, whose launches keep their bound launches)."""
+        ...
 
     def bound_launches(self, node: LaunchKernel) -> BoundLaunches:
         """The bound launches of a launch that runs once per program run (one per node): its step

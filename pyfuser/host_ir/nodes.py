@@ -1,7 +1,7 @@
 """Host IR: the per-rank program that allocates buffers, launches segments and drives CUDA streams.
 
-Nodes are data. A ``HostIrContainer`` holds a list of top-level ``HostNode``s; a ``ForLoop`` holds a
-body of nodes. Stream management nodes (``GetCurrentStream``, ``SetCurrentStream``, ``Synchronize``,
+Nodes are data. A ``HostIrContainer`` holds a list of top-level ``HostNode``s; a ``ForLoop`` and a
+``CaptureGraph`` each hold a body of nodes. Stream management nodes (``GetCurrentStream``, ``SetCurrentStream``, ``Synchronize``,
 ring-buffer slot events) live in ``stream_nodes.py``. Values are the fusion's own ``TensorView``s /
 ``Scalar``s plus two host-only kinds: ``LoopIndex`` (``StreamIdx``) and ``HostStream`` (``Stream 0``,
 ``Stream ( StreamIdx % numberOfStreams )``). What a node does at run time is the business of the
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkab
 import torch
 
 from pyfuser.ir.analysis.sharding import local_extents
-from pyfuser.ir.base import Expr, Val, indent_str
+from pyfuser.ir.base import Expr, Scalar, Val, indent_str
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.symbolic import SymExpr, SymVar, product
 from pyfuser.ir.tensor_view import MemoryType, TensorView
@@ -330,6 +330,51 @@ class ForLoop(HostNode):
         return f"{indent_str(indent)}FOR {self.index} in {self.iter_domain}:\n{body}"
 
 
+class CaptureGraph(HostNode):
+    """Run ``body`` by replaying a CUDA graph captured per key of what it reads from outside (every
+    tensor's signature, the addresses of inputs that keep theirs, scalar values): ``inputs`` are
+    those values, read off the body; ``outputs`` the values it hands on (written by the body, read
+    after it: for the ``capture_graph`` pass, the program's outputs). The body's steps run in the
+    warm-up and the capture only; a replay writes ``outputs`` (``host_ir/cuda_graph.py``)."""
+
+    def __init__(self, body: Sequence[HostNode], outputs: Sequence[HostVal]) -> None:
+        self.body = list(body)
+        written = {v for node in _flat(self.body) for v in node.outputs}
+        missing = [str(v) for v in outputs if v not in written]
+        if missing:
+            raise ValueError(f"CaptureGraph outputs {', '.join(missing)} are not written by its body")
+        self.outputs = list(outputs)
+
+    @property
+    def inputs(self) -> list[HostVal]:  # type: ignore[override]  # read-only, computed from the body
+        """The fusion values the body reads before writing them (constants aside), in order of first read."""
+        written: set[HostVal] = set()
+        read: dict[HostVal, None] = {}
+        for node in _flat(self.body):
+            for v in node.inputs:
+                if isinstance(v, Val) and v not in written and not (isinstance(v, Scalar) and v.is_const):
+                    read[v] = None
+            written.update(node.outputs)
+        return list(read)
+
+    def to_string(self, indent: int = 0) -> str:
+        ins = ", ".join(map(str, self.inputs))
+        outs = ", ".join(map(str, self.outputs))
+        body = "".join(node.to_string(indent + 1) for node in self.body)
+        return f"{indent_str(indent)}CaptureGraph( inputs = ( {ins} ), outputs = ( {outs} ) ):\n{body}"
+
+
+def _flat(nodes: Sequence[HostNode]) -> list[HostNode]:
+    """``nodes`` in program order with every block (a loop's, a graph's body) replaced by its nodes."""
+    result: list[HostNode] = []
+    for node in nodes:
+        if isinstance(node, ForLoop | CaptureGraph):
+            result += _flat(node.body)
+        else:
+            result.append(node)
+    return result
+
+
 class HirAliasSelect(HostNode):
     """``out`` = the chunk of ``src`` at the loop's current iteration along logical dim ``dim`` (a view).
 
@@ -397,7 +442,7 @@ class HostIrContainer:
         while stack:
             node = stack.pop()
             result.append(node)
-            if isinstance(node, ForLoop):
+            if isinstance(node, ForLoop | CaptureGraph):
                 stack.extend(reversed(node.body))
         return result
 
@@ -412,7 +457,7 @@ class HostIrContainer:
 
 
 __all__ = [
-    "NUMBER_OF_STREAMS", "Allocate", "AtenCall", "Deallocate", "ForLoop", "HirAliasSelect", "HostIrContainer",
+    "NUMBER_OF_STREAMS", "Allocate", "AtenCall", "CaptureGraph", "Deallocate", "ForLoop", "HirAliasSelect", "HostIrContainer",
     "HostNode", "HostStream", "HostVal", "KernelSegment", "LaunchKernel", "LoopIndex", "NotOnThisRank",
     "PlainSegment", "SegmentRun", "chunk_of", "tensor_shape",
 ]

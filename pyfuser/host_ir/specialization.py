@@ -14,7 +14,8 @@ every level:
 * a torch.compile graph (``integrations/torch_compile/bound_graph.py``): a copy of the FX graph
   calling its regions' straight-line functions, views as reinterpretations; each region keeps its
   bound programs the same way (``region.py``);
-* a CUDA-graph runner (``runtime/cuda_graph.py`` ``Captures``): the graphs captured per key.
+* a ``CaptureGraph``'s step and a CUDA-graph runner (``host_ir/cuda_graph.py`` ``Captures``): the graphs
+  captured per key.
 """
 
 from __future__ import annotations

@@ -14,11 +14,13 @@ from typing import Any, Final
 
 import torch
 
+from pyfuser.host_ir.cuda_graph import GraphStep
 from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CompileContext, Frame, Step, StepBuilder
 from pyfuser.host_ir.nodes import (
     Allocate,
     AtenCall,
     BoundSegment,
+    CaptureGraph,
     Deallocate,
     ForLoop,
     HirAliasSelect,
@@ -309,6 +311,24 @@ def build_alias_select(node: HirAliasSelect, cc: CompileContext) -> Step:
     return ring_step
 
 
+def build_capture_graph(node: CaptureGraph, cc: CompileContext) -> Step | None:
+    """On CUDA, the body captured and replayed per key of what it reads (``cuda_graph.GraphStep``); on
+    another device (a program built by hand: the ``capture_graph`` pass wraps CUDA programs only) the
+    body's steps. Its body runs once per program run, as the program's own nodes do."""
+    body = cc.compile_body(node.body, once_per_run=True)
+    if cc.device.type == "cuda" and body:
+        return GraphStep(body, [cc.slot(v) for v in node.inputs], [cc.slot(v) for v in node.outputs],
+                         f"the program of {len(node.outputs)} outputs")
+    if not body:
+        return None
+
+    def step(frame: Frame) -> None:
+        for s in body:
+            s(frame)
+
+    return step
+
+
 # --- streams -------------------------------------------------------------------------------------------
 def _stream_resolver(cc: CompileContext, stream: HostStream) -> Callable[[Frame], Any]:
     if stream.index is None:
@@ -386,6 +406,7 @@ CORE_STEP_BUILDERS: dict[type, StepBuilder] = {
     LaunchKernel: build_launch_kernel,
     NotOnThisRank: build_not_on_this_rank,
     ForLoop: build_for_loop,
+    CaptureGraph: build_capture_graph,
     HirAliasSelect: build_alias_select,
     GetCurrentStream: build_get_current_stream,
     SetCurrentStream: build_set_current_stream,

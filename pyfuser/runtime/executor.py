@@ -7,7 +7,6 @@ sizes, run the compiled program. Validation and compilation happen on a signatur
 from __future__ import annotations
 
 import time
-import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,17 +24,16 @@ from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import is_dense, memory_order
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.options import CommunicatorBackend, CompileOptions, EnableOption, check_options, comm_backend
+from pyfuser.options import CommunicatorBackend, CompileOptions, check_options, comm_backend
 from pyfuser.runtime import profiling
 from pyfuser.runtime.compile import compile_fusion
-from pyfuser.runtime.cuda_graph import CudaGraphProgram
 from pyfuser.runtime.inputs import InputBinder, check_devices, signature
 from pyfuser.runtime.profiling import SegmentInfo
 
 
 class Program(Protocol):
-    """A compiled fusion: runs on concrete inputs with bound sizes, returns the outputs. A
-    ``HostIrEvaluator``, or a ``CudaGraphProgram`` replaying one."""
+    """A compiled fusion: runs on concrete inputs with bound sizes, returns the outputs (a
+    ``HostIrEvaluator``)."""
 
     #: the compiled (pre-segmented) fusion's output tensors, in order
     output_tvs: list[TensorView]
@@ -116,8 +114,8 @@ class FusionExecutorCache:
         self.last_program: Program | None = None
 
     def _launched_segments(self) -> list[KernelSegment]:
-        """The segments the latest program launches, read off its Host IR (``Program.container``), so a
-        program replayed from CUDA graphs shows the kernels of the program it captured."""
+        """The segments the latest program launches, read off its Host IR (``Program.container``, every
+        block walked: a program replayed from CUDA graphs shows the kernels its ``CaptureGraph`` captures)."""
         program = self.last_program
         if program is None:
             return []
@@ -324,14 +322,6 @@ class FusionExecutorCache:
             program = compile_fusion(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program
-            if EnableOption.cuda_graph in enabled and target.type != "cuda":
-                warnings.warn(f"_enable_options=['cuda_graph']: CUDA graphs capture CUDA work only; the fusion runs on "
-                              f"{target.type} without one", RuntimeWarning, stacklevel=5)
-        if EnableOption.cuda_graph in enabled and target.type == "cuda":
-            if is_multidevice(self.fusion):
-                raise ValueError("_enable_options=['cuda_graph']: a multi-device fusion's communications are not "
-                                 "captured into CUDA graphs; run it without cuda_graph")
-            return CudaGraphProgram(program), moved  # one per signature: one graph per input-size bucket
         return program, moved
 
 

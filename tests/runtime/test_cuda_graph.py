@@ -9,10 +9,14 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition, ParallelType
-from pyfuser.host_ir import specialization
+from pyfuser.host_ir import cuda_graph, specialization
+from pyfuser.host_ir.cuda_graph import CapturedGraph, CaptureError, CudaGraphRunner, GraphStep, _StaticInput
+from pyfuser.host_ir.evaluator import HostIrEvaluator
+from pyfuser.host_ir.frame import Frame
+from pyfuser.host_ir.nodes import CaptureGraph
+from pyfuser.host_ir.passes.capture_graph import capture_graph
 from pyfuser.ir.eval_context import EvalContext
-from pyfuser.runtime import cuda_graph
-from pyfuser.runtime.cuda_graph import CapturedGraph, CaptureError, CudaGraphProgram, CudaGraphRunner, _StaticInput
+from pyfuser.options import CompileOptions
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -42,7 +46,17 @@ def test_option_runs_plainly_on_cpu() -> None:
     x, w = torch.randn(6, 4), torch.randn(5, 4)
     for got, want in zip(fd.execute([x, w, 0.5], _enable_options=["cuda_graph"]), reference(x, w, 0.5), strict=True):
         torch.testing.assert_close(got, want)
-    assert not isinstance(fd.fec.last_program, CudaGraphProgram)
+    assert not any(isinstance(n, CaptureGraph) for n in fd.fec.last_program.container.walk())
+
+
+def graph_step(program: object) -> GraphStep:
+    """The step of a program's ``CaptureGraph`` (what ``cuda_graph`` makes of a CUDA program)."""
+    assert isinstance(program, HostIrEvaluator)
+    (node,) = program.container.nodes
+    assert isinstance(node, CaptureGraph)
+    step = program.step_of(node)
+    assert isinstance(step, GraphStep)
+    return step
 
 
 def _dumps(fd: FusionDefinition) -> tuple[str, str]:
@@ -50,14 +64,17 @@ def _dumps(fd: FusionDefinition) -> tuple[str, str]:
 
 
 def test_dumps_of_a_program_replayed_from_graphs_are_its_programs() -> None:
-    """``last_kernel_code`` and ``last_scheduled_fusion_ir`` both read the program a CUDA-graph program
-    captures (on CPU the option runs plainly: the program is wrapped here as a GPU run wraps it)."""
+    """``last_kernel_code`` and ``last_scheduled_fusion_ir`` both read the kernels a ``CaptureGraph``
+    captures (on CPU the option runs plainly: the pass is run here as a GPU compile runs it)."""
     fd = define()
     x, w = torch.randn(6, 4), torch.randn(5, 4)
     fd.execute([x, w, 0.5], _enable_options=["triton_interpreter"])
     plain = _dumps(fd)
     assert "tl.store(" in plain[0] and "loop domain" in plain[1]
-    fd.fec.last_program = CudaGraphProgram(fd.fec.last_program)
+    program = fd.fec.last_program
+    assert isinstance(program, HostIrEvaluator)
+    capture_graph(program.container, CompileOptions(device=torch.device("cuda", 0)))
+    assert isinstance(program.container.nodes[0], CaptureGraph)
     assert _dumps(fd) == plain
 
 
@@ -68,7 +85,7 @@ def test_dumps_under_the_cuda_graph_option() -> None:
     fd.execute([torch.randn(12, 8, device="cuda"), w, 0.5])
     plain = _dumps(fd)
     fd.execute([torch.randn(12, 8, device="cuda"), w, 0.5], _enable_options=["cuda_graph"])
-    assert isinstance(fd.fec.last_program, CudaGraphProgram) and _dumps(fd) == plain
+    assert isinstance(graph_step(fd.fec.last_program), GraphStep) and _dumps(fd) == plain
 
 
 def test_static_input_buffer_of_an_expanded_tensor() -> None:
@@ -96,8 +113,8 @@ def test_replay_matches_plain_execution(stream_chunks: int) -> None:
     w = torch.randn(16, 8, device="cuda")
     first_x = torch.randn(12, 8, device="cuda")
     first = fd.execute([first_x, w, 0.5], _enable_options=["cuda_graph"])
-    program = fd.fec.last_program
-    assert isinstance(program, CudaGraphProgram) and program.captures == 1
+    program = graph_step(fd.fec.last_program)
+    assert program.captures == 1
     for scale in (0.5, 0.5, 2.0):
         x = torch.randn(12, 8, device="cuda")
         got = fd.execute([x, w, scale], _enable_options=["cuda_graph"])
@@ -284,31 +301,68 @@ def test_small_results_are_copies_with_their_layouts_and_saved_ones_are_buffers(
     assert first[5].untyped_storage().data_ptr() == captured.outputs[5].untyped_storage().data_ptr()
 
 
-class _PlainProgram:
-    def __init__(self) -> None:
-        self.output_tvs: list[object] = []
+class _Refused:
+    """A capture that every key refuses (as one of a program waiting for the host is)."""
 
-    def run(self, args: list[object], ctx: object) -> list[str]:
-        return ["ran plainly"]
+    def __init__(self, *args: object) -> None:
+        raise CaptureError("the program of 1 outputs: the program cannot be captured into a CUDA graph: refused")
+
+
+def _doubling_step(frame: Frame) -> None:
+    frame.values[2] = frame.values[1] * 2
 
 
 def test_a_signature_that_cannot_be_captured_runs_without_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A capture that fails (an operation the capture refuses) is reported once; the signature then runs
-    its program plainly, as a backend region does, never raising the capture's error to the caller."""
-    attempts: list[int] = []
-
-    def refuse(self: CudaGraphRunner, args: list[object]) -> list[object]:
-        attempts.append(1)
-        raise CaptureError("the program of 1 outputs: the program cannot be captured into a CUDA graph: refused")
-
-    monkeypatch.setattr(CudaGraphRunner, "__call__", refuse)
+    """A capture that fails (an operation the capture refuses) is reported once; its key then runs the
+    node's body plainly, never raising the capture's error to the caller; another key tries its own."""
+    monkeypatch.setattr(cuda_graph, "CapturedGraph", _Refused)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a CPU build has no CUDA state
-    program = CudaGraphProgram(_PlainProgram())
+    step = GraphStep([_doubling_step], reads=[1], writes=[2], name="the program of 1 outputs")
+    x = torch.randn(3, 2)
+    frame = Frame([None, x, None], EvalContext(), None)
     with pytest.warns(UserWarning, match=r"cannot be captured into a CUDA graph: refused; this input signature runs "
                                          r"without CUDA graphs from now on"):
-        assert program.run([], EvalContext()) == ["ran plainly"]
-    assert program.run([], EvalContext()) == ["ran plainly"]
-    assert len(attempts) == 1 and program.captures == 0
+        step(frame)
+    torch.testing.assert_close(frame.values[2], x * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the key is not tried again
+        frame = Frame([None, x + 1, None], EvalContext(), None)
+        step(frame)
+    torch.testing.assert_close(frame.values[2], (x + 1) * 2)
+    assert step.captures == 0 and step.runner.plain_runs == 2
+    with pytest.warns(UserWarning, match="refused"):  # a new size: a new key, tried once
+        step(Frame([None, torch.randn(4, 2), None], EvalContext(), None))
+
+
+def test_a_graph_step_reads_and_writes_its_slots_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``CaptureGraph``'s step keys its captures by the values it reads (a new size captures, the same
+    one replays), runs its body on a frame of its own, and writes only its outputs into the program's
+    frame; inside a caller's capture it runs the body on the frame, to be captured by the caller."""
+    monkeypatch.setattr(cuda_graph, "CapturedGraph", _FakeCapture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    runs: list[Frame] = []
+
+    def body(frame: Frame) -> None:
+        runs.append(frame)
+        frame.values[3] = frame.values[1] * frame.values[2]
+        frame.values[4] = frame.values[3] + 1  # an intermediate the node does not hand on
+
+    step = GraphStep([body], reads=[1, 2], writes=[4], name="the program of 1 outputs")
+    for rows, scale in ((3, 2.0), (3, 2.0), (5, 2.0), (3, 0.5)):
+        x = torch.randn(rows, 2)
+        frame = Frame([None, x, scale, None, None], EvalContext(), None)
+        step(frame)
+        torch.testing.assert_close(frame.values[4], x * scale + 1)
+        assert frame.values[3] is None and runs[-1] is not frame
+    assert step.captures == 3  # (3, 2.0), (5, 2.0), (3, 0.5)
+    capturing[0] = True
+    frame = Frame([None, x, 1.0, None, None], EvalContext(), None)
+    step(frame)
+    assert runs[-1] is frame and step.captures == 3
+    torch.testing.assert_close(frame.values[4], x + 1)
 
 
 @cuda

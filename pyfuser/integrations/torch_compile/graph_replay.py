@@ -5,7 +5,7 @@ signature and replayed (what Inductor's ``mode="reduce-overhead"`` does).
 One replay costs one graph launch plus the copies of the inputs that move from call to call (the
 layer's input, the backward's incoming gradient): parameters, views of them and results of another
 captured graph (the activations the forward saved for the backward) are read where they live
-(``runtime.cuda_graph``). A graph that cannot be captured (an op that waits for the host, a CPU
+(``host_ir.cuda_graph``). A graph that cannot be captured (an op that waits for the host, a CPU
 tensor computed in it) runs as before, each region replayed from graphs of its own.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch.fx import GraphModule
 
+from pyfuser.host_ir.cuda_graph import CaptureError, CudaGraphRunner
 from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul
 from pyfuser.integrations.torch_compile.region import FusionRegion
-from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphRunner
 
 
 def capturable(gm: GraphModule) -> str | None:

@@ -20,12 +20,12 @@ import torch
 from torch.fx import Node
 
 from pyfuser.codegen.kernel_source import KernelLaunchError
+from pyfuser.host_ir.cuda_graph import CaptureError, CudaGraphRunner
 from pyfuser.host_ir.nodes import AtenCall, LaunchKernel
 from pyfuser.host_ir.specialization import Seen, Specializations
 from pyfuser.integrations.torch_compile.support import op_name
 from pyfuser.integrations.torch_compile.translator import TranslatedRegion
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.runtime.cuda_graph import CaptureError, CudaGraphRunner
 from pyfuser.runtime.executor import BoundProgram
 
 _TENSOR_NAME = re.compile(r"\bT\d+\b")

@@ -1,6 +1,10 @@
-"""CUDA-graph replay of compiled programs: a program's kernels, ATen calls and stream switches are
-captured once per input signature and replayed, so a cached execution costs one graph launch plus
-the copies of its inputs instead of one host dispatch per node.
+"""CUDA-graph capture and replay: the step of a ``CaptureGraph`` node (``GraphStep``, built by
+``steps.py``: what ``_enable_options=["cuda_graph"]`` gives a compiled program through the
+``capture_graph`` host pass), and the runner a whole torch.compile graph is replayed by
+(``CudaGraphRunner``, ``integrations/torch_compile/graph_replay.py``; a region's own graphs too). Work
+captured once per key of its inputs (a program's kernels, ATen calls and stream switches) is
+replayed, so a cached execution costs one graph launch plus the copies of its inputs instead of one
+host dispatch per node.
 
 A graph reads fixed addresses, so each captured graph owns static copies of its inputs (one
 batched copy per dtype before each replay), except the inputs read *in place*: those the caller
@@ -31,21 +35,32 @@ building a key.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from pyfuser.host_ir.evaluator import HostIrEvaluator
-from pyfuser.host_ir.nodes import HostIrContainer
+from pyfuser.host_ir.frame import CudaStreams, Frame, Step
 from pyfuser.host_ir.specialization import Specializations
-from pyfuser.ir.eval_context import EvalContext
-from pyfuser.ir.tensor_view import TensorView
-from pyfuser.runtime.profiling import SegmentInfo
 
 Run = Callable[[list[Any]], list[torch.Tensor]]
+
+#: this package's directory, with its separator: a frame of a file under it is pyfuser's
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
+def outside_pyfuser() -> int:
+    """The ``stacklevel`` of a warning issued by its caller that names the first frame outside pyfuser
+    (the user's ``execute``, a compiled graph's call)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class CaptureError(RuntimeError):
@@ -298,8 +313,14 @@ class CudaGraphRunner:
     """Runs ``run(args)`` by replaying a CUDA graph captured for the arguments' signature."""
 
     def __init__(self, run: Run, static_inputs: Sequence[int] = (), name: str = "program",
-                 replicas: int = 2, hand_out_bytes: int = 1 << 20, handed_from: int | None = None) -> None:
+                 replicas: int = 2, hand_out_bytes: int = 1 << 20, handed_from: int | None = None,
+                 on_refusal: Callable[[CaptureError], None] | None = None) -> None:
         self.run = run
+        #: told of a key whose capture is refused (a ``CaptureError``), which then runs ``run`` without a
+        #: graph; without it the refusal is raised to the caller (which gives the runner up)
+        self.on_refusal = on_refusal
+        #: the keys whose capture was refused (with ``on_refusal``)
+        self._refused: Specializations[Hashable, bool] = Specializations()
         #: results at least this large are handed out as the graph's buffers, smaller ones copied
         self.hand_out_bytes = hand_out_bytes
         #: outputs from this position on are handed out whatever their size: a training forward's
@@ -310,7 +331,7 @@ class CudaGraphRunner:
         self.name = name
         self._graphs = Captures()
         self._pool: Any = None
-        #: how many signatures were captured (a test counts re-captures with it)
+        #: how many signatures were captured (a test counts re-captures with it; a refused one is not)
         self.captures = 0
         #: graphs captured in all, replicas included
         self.graphs_captured = 0
@@ -370,70 +391,100 @@ class CudaGraphRunner:
         recent = self._recent
         replicas: list[CapturedGraph] | None
         if recent is not None and self.fits(recent[0], args):
-            replicas = recent[1]
+            key, replicas = recent
         else:
             key = self.key(args)
             replicas = self._graphs.get(key)
             if replicas is None:
                 replicas = self._graphs.record(key, [])
-                self.captures += 1
             self._recent = (key, replicas)
         graph = next((g for g in replicas if g.free()), None)
         if graph is None:
-            if len(replicas) >= self.replicas:
+            if len(replicas) >= self.replicas or (self._refused and key in self._refused):
                 self.plain_runs += 1
                 return self.run(list(args))
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graph = CapturedGraph(self.run, args, self.in_place(args), self._pool, self.name, self.hands_out)
+            try:
+                graph = CapturedGraph(self.run, args, self.in_place(args), self._pool, self.name, self.hands_out)
+            except CaptureError as e:
+                if self.on_refusal is None:
+                    raise
+                self._refused.record(key, True)
+                self.on_refusal(e)
+                self.plain_runs += 1
+                return self.run(list(args))
+            self.captures += not replicas
             self.graphs_captured += 1
             replicas.append(graph)
         return graph.replay(args)
 
 
-class CudaGraphProgram:
-    """A compiled program (``runtime.executor.Program``) for one input signature, run by CUDA-graph
-    replay: what ``_enable_options=["cuda_graph"]`` gives ``fd.execute``."""
+class GraphStep:
+    """The step of a ``CaptureGraph`` on a CUDA device (``steps.py``): the body's steps captured and
+    replayed per key of the values it reads from the frame (``reads``: their slots), a replay writing
+    the node's outputs (``writes``) into the frame. A key whose capture is refused (the body waits for
+    the host, say) runs the body's steps from then on, with a warning; inside a caller's capture the
+    body's steps run, to be captured by it."""
 
-    def __init__(self, program: HostIrEvaluator) -> None:
-        self.program = program
-        self.output_tvs: list[TensorView] = program.output_tvs
-        self._ctx: EvalContext | None = None
-        #: None once a capture failed: the signature runs without CUDA graphs (as a backend region does)
-        self._runner: CudaGraphRunner | None = CudaGraphRunner(self._run,
-                                                               name=f"the program of {len(self.output_tvs)} outputs")
+    def __init__(self, body: Sequence[Step], reads: Sequence[int], writes: Sequence[int], name: str) -> None:
+        self.body = list(body)
+        self.reads = list(reads)
+        self.writes = list(writes)
+        self.runner = CudaGraphRunner(self._run, name=name, on_refusal=self._refused)
+        #: the frame of the run in progress, which the body's runs (warm-up, capture, plain) start from
+        self._frame: Frame | None = None
 
-    def _run(self, args: list[Any]) -> list[torch.Tensor]:
-        assert self._ctx is not None  # set by run
-        return self.program.run(args, self._ctx)
+    @staticmethod
+    def _refused(error: CaptureError) -> None:
+        warnings.warn(f"{error}; this input signature runs without CUDA graphs from now on", stacklevel=outside_pyfuser())
 
-    def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]:
-        runner = self._runner
-        if runner is None or torch.cuda.is_current_stream_capturing():  # inside a caller's capture: be captured
-            return self.program.run(args, ctx)
-        self._ctx = ctx  # sizes are the signature's; scalar values are in the graph key
+    def _run(self, args: list[Any]) -> list[Any]:
+        """The body's steps on ``args`` (a capture's: its static buffers), in a frame of their own: the
+        frame's values with ``args`` read, stream state starting on the current stream (the warm-up's
+        or the capture's, not the one the program's run started on)."""
+        frame = self._frame
+        assert frame is not None  # set by __call__
+        values = frame.values.copy()
+        for slot, a in zip(self.reads, args, strict=True):
+            values[slot] = a
+        outer = frame.streams
+        if outer is None:
+            inner = Frame(values, frame.ctx, None)
+            for step in self.body:
+                step(inner)
+            return [values[s] for s in self.writes]
+        current = torch.cuda.current_stream()
+        streams = CudaStreams(outer.pool, current, outer.slot_events)
+        inner = Frame(values, frame.ctx, streams)
         try:
-            return runner(args)
-        except CaptureError as e:
-            warnings.warn(f"{e}; this input signature runs without CUDA graphs from now on", stacklevel=4)
-            self._runner = None
-            return self.program.run(args, ctx)
+            for step in self.body:
+                step(inner)
+        except BaseException:
+            if not torch.cuda.is_current_stream_capturing():  # order the frees after the workers' work
+                for worker in streams.pool:
+                    current.wait_stream(worker)
+            raise
+        finally:
+            if streams.current != current:
+                torch.cuda.set_stream(current)
+        return [values[s] for s in self.writes]
+
+    def __call__(self, frame: Frame) -> None:
+        values = frame.values
+        if torch.cuda.is_current_stream_capturing():  # inside a caller's capture: be captured
+            for step in self.body:
+                step(frame)
+            return
+        self._frame = frame  # sizes are the key's; scalar values are in the key
+        try:
+            outputs = self.runner([values[s] for s in self.reads])
+        finally:
+            self._frame = None
+        for slot, value in zip(self.writes, outputs, strict=True):
+            values[slot] = value
 
     @property
     def captures(self) -> int:
-        return self._runner.captures if self._runner is not None else 0
-
-    @property
-    def container(self) -> HostIrContainer:
-        return self.program.container
-
-    @property
-    def segments(self) -> list[SegmentInfo]:
-        return self.program.segments
-
-    def straight_line(self, binding: object) -> None:
-        """None: a replayed graph is already one launch (a bound program of it runs ``run``)."""
-        return None
-
-    def __str__(self) -> str:
-        return str(self.program)
+        """Keys captured so far."""
+        return self.runner.captures
