@@ -69,6 +69,7 @@ TRITON_POINTWISE: dict[PointwiseKind, TritonOp] = {
     BinaryOpType.bitwise_and: TritonOp("{0} & {1}"),
     BinaryOpType.bitwise_or: TritonOp("{0} | {1}"),
     BinaryOpType.bitwise_xor: TritonOp("{0} ^ {1}"),
+    UnaryOpType.bitwise_not: TritonOp("_bitwise_not({0})"),
     TernaryOpType.where: TritonOp("tl.where({0} != 0, {1}, {2})"),
     TernaryOpType.clamp: TritonOp("_clamp({0}, {1}, {2})"),
 }

@@ -102,6 +102,15 @@ def _div(a, b):
 
 
 @_jit
+def _bitwise_not(x):
+    """``~x``; a boolean's is its logical not (``~`` of a 0 / 1 byte would set the other bits)."""
+    if x.dtype == tl.int1:
+        return x == 0
+    else:
+        return ~x
+
+
+@_jit
 def _add(a, b):
     return a + b
 

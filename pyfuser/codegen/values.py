@@ -74,6 +74,9 @@ INDEX_ONLY_OPS = (LoadStoreOp, BroadcastOp, ExpandOp, SqueezeOp, PermuteOp)
 _COMPARISONS = frozenset({BinaryOpType.eq, BinaryOpType.ne, BinaryOpType.lt, BinaryOpType.le, BinaryOpType.gt,
                           BinaryOpType.ge})
 _LOGICAL = frozenset({BinaryOpType.logical_and, BinaryOpType.logical_or, UnaryOpType.logical_not})
+#: ops whose boolean results are computed on booleans (not widened to int32 and compared): the logical
+#: ones, casts, and ``~`` (of a widened True, -2: nonzero)
+_IN_BOOL = _LOGICAL | {UnaryOpType.cast, UnaryOpType.bitwise_not}
 #: reduction kind -> (combine function of the prelude, identity as a function of the accumulator dtype)
 _COMBINE = {ReductionOpType.sum: "_add", ReductionOpType.mean: "_add", ReductionOpType.prod: "_mul",
             ReductionOpType.max: "_max", ReductionOpType.min: "_min"}
@@ -162,7 +165,7 @@ def op_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
     if expr.kind in _COMPARISONS:
         return compute_dtype(promoted_dtype(expr))
     out = compute_dtype(expr.outputs[0].dtype)
-    if out is DataType.Bool and expr.kind not in _LOGICAL and expr.kind is not UnaryOpType.cast:
+    if out is DataType.Bool and expr.kind not in _IN_BOOL:
         return DataType.Int32
     return out
 

@@ -189,8 +189,8 @@ def test_python_int_beyond_an_int32_operands_range(value: int, device: str, run_
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.int64])
 def test_bitwise_ops_run_in_kernels(dtype: torch.dtype, device: str, run_kernels) -> None:
-    """``& | ^`` of integers and booleans (attention masks) are computed by the kernel, a broadcast operand
-    and a number included, not as ATen calls between kernels."""
+    """``& | ^ ~`` of integers and booleans (attention masks; DeBERTa inverts its mask) are computed by the
+    kernel, a broadcast operand and a number included, not as ATen calls between kernels."""
     high = 2 if dtype == torch.bool else 2**20
     a = torch.randint(-high if dtype != torch.bool else 0, high, (5, 7), device=device).to(dtype)
     b = torch.randint(-high if dtype != torch.bool else 0, high, (7,), device=device).to(dtype)
@@ -201,8 +201,10 @@ def test_bitwise_ops_run_in_kernels(dtype: torch.dtype, device: str, run_kernels
         for fn in ops:
             fd.add_output(getattr(fd.ops, fn.__name__)(x, y))
         fd.add_output(fd.ops.bitwise_xor(fd.ops.bitwise_and(x, number), y))
+        fd.add_output(fd.ops.bitwise_not(fd.ops.bitwise_or(x, y)))
     got = run_kernels(fd, [a, b])
-    want = [fn(a, b) for fn in ops] + [torch.bitwise_xor(torch.bitwise_and(a, number), b)]
+    want = [fn(a, b) for fn in ops] + [torch.bitwise_xor(torch.bitwise_and(a, number), b),
+                                       torch.bitwise_not(torch.bitwise_or(a, b))]
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w)
