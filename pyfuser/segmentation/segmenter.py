@@ -5,9 +5,9 @@ scheduler accepts is a kernel segment, anything else runs as ATen calls (``expr_
 reason). Then merge neighbours: a producer and its consumer, then siblings that read the same
 tensor, while a kernel scheduler accepts the union, no cycle forms through a third segment, and
 both iterate the same stream loop (or none); then pointwise segments that each write single values
-(a training step's per-layer counters: one launch, not one each). ``segment_set`` forces a boundary. Segment boundary
-tensors are global memory, as is everything an ATen call or a communication produces; tensors
-inside a kernel segment stay local.
+(a training step's per-layer counters: one launch, not one each). ``segment_set`` forces a
+boundary. Segment boundary tensors are global memory, as is everything an ATen call or a
+communication produces; tensors inside a kernel segment stay local.
 """
 
 from __future__ import annotations

@@ -225,6 +225,7 @@ class _Generator(OpFamilies):
             (self.broadcast_in_dim, 2), (self.expand, 3), (self.squeeze, 3), (self.permute, 4), (self.reshape, 5),
             (self.slice, 5), (self.cat, 4), (self.pad, 4), (self.reduction, 9), (self.var_mean, 3),
             (self.matmul, 5), (self.linear, 4), (self.full, 2), (self.iota, 2), (self.copy, 2),
+            (self.indexed_read, 4),
         ]
         make = self.rng.choices([f for f, _ in families], weights=[w for _, w in families])[0]
         candidate = make()

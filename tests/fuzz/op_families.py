@@ -373,6 +373,38 @@ class OpFamilies(ABC):
                 return f"fd.ops.linear({x}, {w}, {b})", f"F.linear({x}, {w}, {b})", 1
         return f"fd.ops.linear({x}, {w})", f"F.linear({x}, {w})", 1
 
+    def indexed_read(self) -> Candidate | None:
+        """gather, take_along_axis, index_select or embedding of a value at an index input brought into
+        range by ``remainder`` (an index read or computed where the kernel reads the value)."""
+        x = self.pick(lambda n: self.ref(n).dim() > 0)
+        if x is None or len(self.inputs) >= self.config.max_inputs:
+            return None
+        shape = list(self.ref(x).shape)
+        kind = self.rng.choice(["gather", "take_along_axis", "index_select", "embedding"])
+        if kind == "embedding" and len(shape) != 2:
+            kind = "index_select"
+        dim = 0 if kind == "embedding" else self.rng.randrange(len(shape))
+        if shape[dim] == 0:
+            return None
+        count = self.rng.choice(SIZES)
+        if kind == "gather":  # at most arg's extent off ``dim``
+            index_shape = [count if d == dim else self.rng.randint(0, s) for d, s in enumerate(shape)]
+        elif kind == "take_along_axis":
+            index_shape = [count if d == dim else s for d, s in enumerate(shape)]
+        elif kind == "index_select":
+            index_shape = [count]
+        else:
+            index_shape = [self.rng.choice(SIZES) for _ in range(self.rng.randint(0, 2))]
+        dtype = torch.int64 if kind in ("gather", "take_along_axis") else self.rng.choice([torch.int64, torch.int32])
+        raw = self.tensor_input(index_shape, dtype)
+        index_fd, index_ref = f"fd.ops.remainder({raw}, {shape[dim]})", f"torch.remainder({raw}, {shape[dim]})"
+        if kind == "index_select":
+            return (f"fd.ops.index_select({x}, {index_fd}, {dim})", f"torch.index_select({x}, {dim}, {index_ref})", 1)
+        if kind == "embedding":
+            return f"fd.ops.embedding_fwd({index_fd}, {x})", f"F.embedding({index_ref}, {x})", 1
+        ref = "torch.gather({x}, {dim}, {i})" if kind == "gather" else "torch.take_along_dim({x}, {i}, {dim})"
+        return f"fd.ops.{kind}({x}, {index_fd}, {dim})", ref.format(x=x, dim=dim, i=index_ref), 1
+
     def full(self) -> Candidate | None:
         shape = self.sizes([self.rng.choice(SIZES) for _ in range(self.rng.randint(0, 3))])
         value_fd, value_ref = self.operand()
