@@ -324,7 +324,9 @@ def test_random_gathers_match_torch(run_kernels: RunKernels, case: tuple[str, li
     fd = _gather_fusion(op, arg, index, dim)
     (out,) = run_kernels(fd, [arg, index])
     torch.testing.assert_close(out, _expected(arg, index, dim))
-    assert _only_kernels(fd) == ["pointwise"]
+    # one kernel: the pointwise scheduler's, or the transpose scheduler's where the index's layout is
+    # permuted against the output's
+    assert len(_only_kernels(fd)) == 1 and _only_kernels(fd)[0] in ("pointwise", "transpose"), _only_kernels(fd)
 
 
 @pytest.mark.cuda
