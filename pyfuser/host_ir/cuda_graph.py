@@ -454,20 +454,14 @@ class GraphStep:
             for step in self.body:
                 step(inner)
             return [values[s] for s in self.writes]
-        current = torch.cuda.current_stream()
-        streams = CudaStreams(outer.pool, current, outer.slot_events)
+        streams = CudaStreams(outer.pool, torch.cuda.current_stream(), outer.slot_events)
         inner = Frame(values, frame.ctx, streams)
-        try:
+
+        def body() -> None:
             for step in self.body:
                 step(inner)
-        except BaseException:
-            if not torch.cuda.is_current_stream_capturing():  # order the frees after the workers' work
-                for worker in streams.pool:
-                    current.wait_stream(worker)
-            raise
-        finally:
-            if streams.current != current:
-                torch.cuda.set_stream(current)
+
+        streams.run(body)
         return [values[s] for s in self.writes]
 
     def __call__(self, frame: Frame) -> None:

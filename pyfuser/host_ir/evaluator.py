@@ -295,16 +295,7 @@ class HostIrEvaluator:
             with torch.cuda.device(self.device):
                 user = torch.cuda.current_stream(self.device)
                 streams = CudaStreams(stream_pool(self.device, self.num_streams), user, self._slot_events)
-                try:
-                    self._execute(Frame(values, ctx, streams))
-                except BaseException:
-                    # An iteration failed: order the frees of its buffers after whatever workers still run.
-                    for worker in streams.pool:
-                        user.wait_stream(worker)
-                    raise
-                finally:
-                    if streams.current != user:
-                        torch.cuda.set_stream(user)
+                streams.run(lambda: self._execute(Frame(values, ctx, streams)))
         else:
             self._execute(Frame(values, ctx, None), recorded)
         outputs = [values[s] for s in self._output_slots]

@@ -98,6 +98,23 @@ class CudaStreams:
     def worker(self, index: int) -> torch.cuda.Stream:
         return self.pool[index % len(self.pool)]
 
+    def run(self, body: Callable[[], None]) -> None:
+        """``body`` (steps that switch streams) from the current stream, which is current again after
+        it. If it fails, that stream first waits for every worker (the frees of a failed iteration's
+        buffers are ordered after what the workers still run), except inside a capture, which cannot
+        wait for work it did not capture."""
+        user = self.current
+        try:
+            body()
+        except BaseException:
+            if not torch.cuda.is_current_stream_capturing():
+                for worker in self.pool:
+                    user.wait_stream(worker)
+            raise
+        finally:
+            if self.current != user:
+                torch.cuda.set_stream(user)
+
     def wait_slot(self, key: object, index: int) -> None:
         slot = (id(key), index % len(self.pool))
         last = self.slot_streams.get(slot)

@@ -74,14 +74,16 @@ class IndexedRead(Expr):
     dim: int
     #: the op's name in messages (its ``fd.ops`` method)
     op_name: str
+    #: the input positions of ``lookup`` and ``lookup_index``
+    lookup_position, index_position = 0, 1
 
     @property
     def lookup(self) -> TensorView:
-        return self.tensor_input(0)
+        return self.tensor_input(self.lookup_position)
 
     @property
     def lookup_index(self) -> TensorView:
-        return self.tensor_input(1)
+        return self.tensor_input(self.index_position)
 
     def lookup_axes(self) -> list[tuple[int, int]]:
         """(axis of ``lookup``, axis of the output) for every axis of ``lookup`` but ``dim``."""
@@ -254,20 +256,13 @@ class EmbeddingFwdOp(IndexedRead):
     #: the index values address weight's rows
     dim = 0
     op_name = "embedding_fwd"
+    lookup_position, index_position = 1, 0
 
     def __init__(self, fusion: Fusion, out: TensorView, indices: TensorView, weight: TensorView,
                  options: dict[str, Val | None]) -> None:
         given = [v for k in self.OPTIONS if (v := options.get(k)) is not None]
         super().__init__(fusion, [indices, weight, *given], [out])
         self.given = tuple(k for k in self.OPTIONS if options.get(k) is not None)
-
-    @property
-    def lookup(self) -> TensorView:
-        return self.tensor_input(1)
-
-    @property
-    def lookup_index(self) -> TensorView:
-        return self.tensor_input(0)
 
     def lookup_axes(self) -> list[tuple[int, int]]:
         return [(1, self.output.ndim - 1)]
