@@ -771,6 +771,19 @@ def tiny_points() -> list[Point]:
     return points
 
 
+def float64_outputs(family: Family, inputs: Tensors) -> tuple[torch.Tensor, ...]:
+    """The torch function's outputs computed from the inputs in float64 (the exact values the bf16 / fp32
+    outputs round)."""
+    wide = [t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+    return outputs_of(family.torch_fn(*wide))
+
+
+def _as_close_as_torch(got: torch.Tensor, torchs: torch.Tensor, exact: torch.Tensor, atol: float) -> bool:
+    """Whether ``got`` errs from ``exact`` by at most twice what torch's own output does, plus ``atol``."""
+    mine, theirs = (got.double() - exact).abs(), (torchs.double() - exact).abs()
+    return bool((mine <= 2 * theirs.max() + atol).all())
+
+
 def outputs_of(result: Any) -> tuple[torch.Tensor, ...]:
     return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
@@ -780,9 +793,13 @@ def moved_bytes(inputs: Tensors, outputs: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in (*inputs, *outputs) if isinstance(t, torch.Tensor))
 
 
-def check(got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], name: str) -> None:
+def check(got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], name: str,
+          exact: Callable[[], Sequence[torch.Tensor]] | None = None) -> None:
     """pyfuser's outputs against the torch function's, relative to each output's scale: sums over many rows
-    in bf16 differ by the order of additions. Raises AssertionError naming the point and the output."""
+    in bf16 differ by the order of additions. Where they differ by more, ``exact`` (the torch function in
+    float64) judges: pyfuser passes when its error is within twice torch's own plus the tolerance (ATen's
+    bf16 batch-norm backward errs by 4e-3 of scale on 32x64x112x112). Raises AssertionError naming the
+    point and the output."""
     if len(got) != len(expected):
         raise AssertionError(f"{name}: pyfuser gave {len(got)} outputs, torch {len(expected)}")
     for k, (g, e) in enumerate(zip(got, expected, strict=True)):
@@ -793,4 +810,6 @@ def check(got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], name: s
         try:
             torch.testing.assert_close(g.float(), e.float(), atol=tol * scale, rtol=tol)
         except AssertionError as err:
+            if exact is not None and _as_close_as_torch(g, e, exact()[k], tol * scale):
+                continue
             raise AssertionError(f"{name}: output {k} differs from torch's: {err}") from None

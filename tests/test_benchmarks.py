@@ -205,3 +205,17 @@ def test_the_inner_heuristic_sweep_runs_each_variant() -> None:
     assert described[1].startswith("default (reduction: loop rows 1, tile 256"), described
     assert len(kernels.INNER_HEURISTICS) == len({kernels.heuristic_name(h) for h in kernels.INNER_HEURISTICS})
     assert len(kernels.OUTER_HEURISTICS) == len({kernels.heuristic_name(h) for h in kernels.OUTER_HEURISTICS})
+
+
+def test_a_point_as_close_to_float64_as_torch_passes_where_torch_itself_errs() -> None:
+    """A reference that errs (ATen's bf16 batch-norm backward on large channels) does not fail pyfuser's exact
+    output; an output that errs by more than twice torch's own error does."""
+    exact = torch.tensor([1000.0, -500.0, 250.0], dtype=torch.float64)
+    torchs = torch.tensor([1006.0, -500.0, 250.0])
+    close = torch.tensor([1000.0, -500.5, 250.0])
+    kernel_cases.check([close], [torchs], "point", exact=lambda: [exact])
+    with pytest.raises(AssertionError, match="point: output 0 differs"):
+        kernel_cases.check([close], [torchs], "point")
+    far = torch.tensor([1000.0, -520.0, 250.0])
+    with pytest.raises(AssertionError, match="point: output 0 differs"):
+        kernel_cases.check([far], [torchs], "point", exact=lambda: [exact])

@@ -114,7 +114,8 @@ class Campaign:
                 continue
             if shrink:
                 case, outcome = minimal_repro(case, outcome, self.modes)
-            parts.append(f"{head}\n--- minimal repro ---\n{case.repro()}")
+            device = next((m.device for m in self.modes if m.name == outcome.mode), "cpu")
+            parts.append(f"{head}\n--- minimal repro ---\n{case.repro(device)}")
         if len(self.failures) > limit:
             parts.append(f"... and {len(self.failures) - limit} more kinds of failure")
         return "\n".join(parts)

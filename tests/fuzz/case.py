@@ -163,12 +163,13 @@ class Case:
     def input_values(self, variant: int = 0) -> list[Any]:
         return [i.make(variant) for i in self.inputs]
 
-    def build(self) -> tuple[FusionDefinition, dict[str, Any]]:
-        """The fusion, defined and scheduled (raises what pyfuser raises)."""
+    def build(self, device: str = "cpu") -> tuple[FusionDefinition, dict[str, Any]]:
+        """The fusion, defined and scheduled (raises what pyfuser raises); ``from_pytorch`` declares
+        from an example on ``device``, where the inputs will live."""
         namespace = fusion_namespace()
         fd = namespace["fd"]
         for inp in self.inputs:
-            namespace[inp.name] = eval(_declare(inp), namespace)
+            namespace[inp.name] = eval(_declare(inp, device), namespace)
         for step in self.steps:
             exec(_statement(step.outs, step.fd), namespace)
         for out in self.outputs:
@@ -188,17 +189,20 @@ class Case:
         return [namespace[o.name] for o in self.outputs]
 
     # --- printing --------------------------------------------------------------------------------
-    def repro(self) -> str:
-        """Self-contained Python that defines, schedules and runs the case and compares with torch."""
+    def repro(self, device: str = "cpu") -> str:
+        """Self-contained Python that defines, schedules and runs the case on ``device`` and compares
+        with torch."""
         lines = [PRELUDE, "", "with FusionDefinition() as fd:"]
-        lines += [f"    {inp.name} = {_declare(inp)}" for inp in self.inputs]
+        lines += [f"    {inp.name} = {_declare(inp, device)}" for inp in self.inputs]
         lines += [f"    {_statement(s.outs, s.fd)}" for s in self.steps]
         for out in self.outputs:
             order = "" if out.stride_order is None else f", stride_order={list(out.stride_order)}"
             lines.append(f"    fd.add_output({out.name}{order})")
         lines += list(self.schedule)
         lines.append("")
-        lines += [f"{_as_reference_name(inp.name)} = {inp.make_code()}" for inp in self.inputs]
+        moved = "" if device == "cpu" else f".to({device!r})"
+        lines += [f"{_as_reference_name(inp.name)} = {inp.make_code()}{moved if isinstance(inp, TensorInput) else ''}"
+                  for inp in self.inputs]
         names = ", ".join(_as_reference_name(i.name) for i in self.inputs)
         lines.append(f"outs = fd.execute([{names}])")
         lines += [_as_reference_name(_statement(s.outs, s.ref)) for s in self.steps]
@@ -212,9 +216,11 @@ def fusion_namespace() -> dict[str, Any]:
             "F": F, "pyfuser": pyfuser, "gen": _PRELUDE_NS["gen"]}
 
 
-def _declare(inp: Input) -> str:
+def _declare(inp: Input, device: str) -> str:
     if isinstance(inp, ScalarInput):
         return f"fd.define_scalar(dtype={fd_dtype(inp.dtype)})"
+    if device != "cpu" and inp.declaration.startswith("fd.from_pytorch("):
+        return f"fd.from_pytorch(({inp.declaration.removeprefix('fd.from_pytorch(')[:-1]}).to({device!r}))"
     return inp.declaration
 
 

@@ -456,7 +456,7 @@ def outputs_where_torch_raised(mode: ExecutionMode, torch_error: str | None) -> 
 def run_mode(case: Case, mode: ExecutionMode, wants: Sequence[torch.Tensor] | None, torch_error: str | None) -> Outcome:
     """One case under one mode; ``wants`` are torch's outputs (None when torch raised ``torch_error``)."""
     try:
-        fd, _ = case.build()
+        fd, _ = case.build(mode.device)
     except Exception as e:
         return _rejection_or_internal(e, mode.name, wants is not None, "at definition")
     stream_loops, artifact = 0, None
