@@ -335,45 +335,53 @@ class ValueLowering:
         return self.code.assign("v", _widened(load, tv.dtype), cse=False)
 
     def indexed_read(self, expr: IndexedRead, out: TensorView, indices: Indices) -> str:
-        """index_select, gather / take_along_axis or embedding at ``out``'s ``indices``: the index value
-        read (or computed) there, then an indirect load of the lookup tensor (a kernel input) at that
-        value along the indexed axis and at ``out``'s positions along the others.
+        """index_select, gather / take_along_axis, index or embedding at ``out``'s ``indices``: each index
+        value read (or computed) there, then an indirect load of the lookup tensor (a kernel input) at
+        those values along the indexed axes and at ``out``'s positions along the others.
 
-        The index is checked to be in ``[0, extent)`` where the loop point is in range, as ATen's CUDA
-        kernels assert it: a device-side assert on a GPU (``KernelSource.device_asserts``), a
-        ValueError through the interpreter (``_check_index``); the load is masked by the range too, so
-        no lane reads out of bounds either way. The index term is 64-bit (an int32 index is widened):
-        ``index * stride`` spans the lookup tensor's whole axis, where 32 bits may overflow."""
+        Each index is checked to be in ``[0, extent)`` (``[-extent, extent)`` where negative values
+        count from the end) where the loop point is in range, as ATen's CUDA kernels assert it: a
+        device-side assert on a GPU (``KernelSource.device_asserts``), a ValueError through the
+        interpreter (``_check_index``); the load is masked by the range too, so no lane reads out of
+        bounds either way. The index term is 64-bit (an int32 index is widened): ``index * stride``
+        spans the lookup tensor's whole axis, where 32 bits may overflow."""
         code = self.code
-        lookup, index, dim = expr.lookup, expr.lookup_index, expr.dim
+        lookup = expr.lookup
         if lookup not in self.inputs:
             raise KernelError(f"{out.short_name}: {expr.op_name} reads {lookup.short_name} at indexed positions; "
                               "it must be an input of the kernel (global memory), not a value the kernel computes")
         position = self.inputs.index(lookup)
-        at = self.value(index, self.producer_indices(expr, index, indices))
-        if index.dtype is not DataType.Int:
-            at = code.assign("ix", f"({at}).to(tl.int64)")
         lookup_ids = lookup.get_logical_domain(no_reductions=True)
         out_ids = out.get_logical_domain(no_reductions=True)
-        read = Indices(of={id(lookup_ids[dim]): at})
+        read = Indices(of={})
+        checks = []
+        for dim, index in expr.index_reads():
+            at = self.value(index, self.producer_indices(expr, index, indices))
+            if index.dtype is not DataType.Int:
+                at = code.assign("ix", f"({at}).to(tl.int64)")
+            extent = "1" if lookup_ids[dim].is_broadcast else int_expr(self.size_symbol(lookup_ids[dim]))
+            if expr.allows_negative:
+                at = code.assign("ix", f"tl.where({at} < 0, {at} + {extent}, {at})")
+            checks.append((code.assign("inside", f"({at} >= 0) & ({at} < {extent})"),
+                           f"{expr.op_name}: index {index.short_name} holds a value out of range for "
+                           f"{lookup.short_name} axis {dim} (valid: {'-size' if expr.allows_negative else '0'} to "
+                           "its size - 1)"))
+            read.of[id(lookup_ids[dim])] = at
         pairs = {id(out_ids[o]): id(lookup_ids[a]) for a, o in expr.lookup_axes()}
         for o, a in pairs.items():
             read.of[a] = indices.of.get(o, "0")
         if expr.lookup_exact:  # the paired axes have one extent: a merged index of them addresses both
             read.groups = [(tuple(pairs[k] for k in group), ix) for group, ix in indices.groups
                            if all(k in pairs for k in group)]
-        extent = "1" if lookup_ids[dim].is_broadcast else int_expr(self.size_symbol(lookup_ids[dim]))
-        inside = code.assign("inside", f"({at} >= 0) & ({at} < {extent})")
         offset, dims = self.offset(lookup, position, read)
         mask = code.mask(dims, uses=offset)
-        message = (f"{expr.op_name}: index {index.short_name} holds a value out of range for "
-                   f"{lookup.short_name} axis {dim} (valid: 0 to its size - 1)")
-        if self.target == "cuda":
-            code.emit(f"tl.device_assert({inside}, {message!r}{', mask=' + mask if mask else ''})")
-            self.device_asserts = True
-        else:
-            code.emit(f"_check_index({inside}, {mask or 'None'}, {message!r})")
-        return self.load(lookup, position, offset, mask, dims, (*indices.valid, inside))
+        for inside, message in checks:
+            if self.target == "cuda":
+                code.emit(f"tl.device_assert({inside}, {message!r}{', mask=' + mask if mask else ''})")
+                self.device_asserts = True
+            else:
+                code.emit(f"_check_index({inside}, {mask or 'None'}, {message!r})")
+        return self.load(lookup, position, offset, mask, dims, (*indices.valid, *(inside for inside, _ in checks)))
 
     def resized(self, expr: PadOp | CatOp, out: TensorView, indices: Indices) -> str:
         """A pad (its operand inside, its value on the border) or a cat (each operand in its part):

@@ -1,18 +1,21 @@
-"""Indexing ops of ``fd.ops``: index_select, select, gather, take_along_axis, scatter,
-embedding_fwd and index_put_accumulate (nvFuser's argument names). Definition-time checks cover
+"""Indexing ops of ``fd.ops``: index_select, select, gather, take_along_axis, index, scatter,
+embedding_fwd and index_put_accumulate (nvFuser's argument names; ``index`` is torch's advanced
+indexing, which nvFuser's API does not have). Definition-time checks cover
 dtypes, ranks and static extents; index values are checked when the op runs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pyfuser.frontend.ops_base import Operand, OpsBase, clone_id, normalize_axis
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.dtypes import DataType
-from pyfuser.ir.iter_domain import IterDomain
+from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.ops.indexing import (
     EmbeddingFwdOp,
     GatherOp,
+    IndexOp,
     IndexPutAccumulateOp,
     IndexSelectOp,
     ScatterOp,
@@ -106,6 +109,28 @@ class IndexingOps(OpsBase):
         TakeAlongAxisOp(self._fusion, out, tv, idx, axis)
         return out
 
+    def index(self, arg: TensorView, indices: Sequence[TensorView | None]) -> TensorView:
+        """``arg[indices]`` as torch's advanced indexing computes it: ``indices[d]`` (an integer tensor, or
+        None for the whole axis) addresses ``arg``'s axis ``d``; the tensors broadcast together into the
+        index shape, whose axes replace the indexed ones where those are adjacent and come first
+        otherwise. Negative values count from the end of their axis."""
+        tv = self._tv(arg, "index arg")
+        if len(indices) > tv.ndim:
+            raise ValueError(f"index: {len(indices)} indices for {tv.short_name} of rank {tv.ndim}")
+        given = [(d, self._tv(i, f"index indices[{d}]")) for d, i in enumerate(indices) if i is not None]
+        if not given:
+            raise ValueError(f"index: no index tensor among the indices of {tv.short_name} (all None)")
+        for _, index in given:
+            _check_index_dtype("index", index)
+        dims = [d for d, _ in given]
+        extents = self._pointwise_extents("index", [i for _, i in given])
+        at = dims[0] if dims == list(range(dims[0], dims[-1] + 1)) else 0
+        kept = [clone_id(self, i) for d, i in enumerate(tv.get_logical_domain(no_reductions=True)) if d not in dims]
+        shape = [self._id(1, IterType.Broadcast) if e is None else self._id(e) for e in extents]
+        out = self._new_tv(kept[:at] + shape + kept[at:], tv.dtype)
+        IndexOp(self._fusion, out, tv, [i for _, i in given], dims, at, len(extents))
+        return out
+
     def scatter(self, arg: TensorView, index: TensorView, src: Operand, dim: int) -> TensorView:
         """``arg`` with ``out[i, index[i, j, k], k] = src[i, j, k]`` for ``dim`` 1 (``torch.scatter``, out
         of place); ``src`` is a tensor of ``arg``'s dtype or a number."""
@@ -126,13 +151,11 @@ class IndexingOps(OpsBase):
     def embedding_fwd(self, input: TensorView, weight: TensorView, padding_idx: Operand | None = None,
                       max_norm: Operand | None = None, norm_type: Operand | None = None,
                       scale_grad_by_freq: Operand | None = None, sparse: Operand | None = None) -> TensorView:
-        """``F.embedding(input, weight, ...)``: the rows of the 2-D ``weight`` that the integer
-        ``input`` picks; the result has ``input``'s shape plus ``weight``'s embedding dim."""
+        """``F.embedding(input, weight, ...)``: the rows of the 2-D ``weight`` (of any dtype, as torch's)
+        that the integer ``input`` picks; the result has ``input``'s shape plus ``weight``'s embedding dim."""
         indices, table = self._tv(input, "embedding_fwd input"), self._tv(weight, "embedding_fwd weight")
         _check_index_dtype("embedding_fwd", indices)
         _check_rank("embedding_fwd", table, 2, "the embedding weight must be 2-D [num_embeddings, embedding_dim]")
-        if not (table.dtype.is_floating or table.dtype.is_complex):
-            raise TypeError(f"embedding_fwd: weight {table.short_name} has dtype {table.dtype}; expected floating point")
         given: dict[str, Any] = {"padding_idx": padding_idx, "max_norm": max_norm, "norm_type": norm_type,
                                  "scale_grad_by_freq": scale_grad_by_freq, "sparse": sparse}
         options: dict[str, Val | None] = {}

@@ -351,3 +351,131 @@ def test_index_out_of_range_on_a_gpu_is_a_device_assert(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode != 0 and "device-side assert" in done.stderr, (done.returncode, done.stderr[-3000:])
+
+
+# --- index: torch's advanced indexing by integer tensors --------------------------------------------------
+
+
+def _index_fusion(arg: torch.Tensor, indices: list[torch.Tensor | None]) -> FusionDefinition:
+    """``arg[indices] * 2`` from tensors declared like the examples (strides included)."""
+    with FusionDefinition() as fd:
+        x = fd.from_pytorch(arg)
+        given = [None if i is None else fd.from_pytorch(i) for i in indices]
+        fd.add_output(fd.ops.mul(fd.ops.index(x, given), 2.0))
+    return fd
+
+
+def _index_expected(arg: torch.Tensor, indices: list[torch.Tensor | None]) -> torch.Tensor:
+    return (arg.float()[tuple(slice(None) if i is None else i for i in indices)] * 2).to(arg.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+@pytest.mark.parametrize("where", ["adjacent", "apart", "first", "last"])
+def test_index_by_broadcasting_tensors(device: str, run_kernels: RunKernels, dtype: torch.dtype, where: str) -> None:
+    """Index tensors of shapes [4, 1] and [1, 6] broadcast into a [4, 6] index shape, which stands where the
+    indexed axes were when they are adjacent and first when they are apart (torch's rule); negative values
+    count from the end; one kernel, no ATen call."""
+    arg = torch.randn(3, 5, 7, 2, device=device).to(dtype)
+    dims = {"adjacent": (1, 2), "apart": (0, 2), "first": (0, 1), "last": (2, 3)}[where]
+    rows = torch.randint(-arg.shape[dims[0]], arg.shape[dims[0]], (4, 1), device=device)
+    cols = torch.randint(-arg.shape[dims[1]], arg.shape[dims[1]], (1, 6), device=device, dtype=torch.int32)
+    indices: list[torch.Tensor | None] = [None] * (dims[1] + 1)
+    indices[dims[0]], indices[dims[1]] = rows, cols
+    fd = _index_fusion(arg, indices)
+    (out,) = run_kernels(fd, [arg, *[i for i in indices if i is not None]])
+    torch.testing.assert_close(out, _index_expected(arg, indices))
+    assert len(_only_kernels(fd)) == 1
+
+
+def test_index_of_an_expanded_lookup_by_a_computed_index_into_a_softmax(device: str, run_kernels: RunKernels) -> None:
+    """A sliding-window mask as ``transformers`` builds it: positions (an expanded [B, S] lookup) and a
+    cumulative sum read at [B, 1, S, 1] and [B, 1, 1, S] index tensors, compared, and applied to scores
+    whose softmax the same kernel computes (Inductor's one kernel)."""
+    b, h, s = 2, 3, 9
+    scores = torch.randn(b, h, s, s, device=device)
+    positions = torch.arange(s, device=device)[None].expand(b, s)
+    segments = torch.randint(0, 2, (b, s), device=device).cumsum(-1)
+    batch = torch.arange(b, device=device)[:, None, None, None]
+    query, key = torch.arange(s, device=device)[None, None, :, None], torch.arange(s, device=device)[None, None, None, :]
+    with FusionDefinition() as fd:
+        t_scores, t_pos, t_seg, t_b, t_q, t_k = (fd.from_pytorch(t) for t in (scores, positions, segments, batch,
+                                                                              query, key))
+        causal = fd.ops.le(fd.ops.index(t_pos, [t_b, t_k]), fd.ops.index(t_pos, [t_b, t_q]))
+        window = fd.ops.gt(fd.ops.index(t_pos, [t_b, t_k]), fd.ops.sub(fd.ops.index(t_pos, [t_b, t_q]), 4))
+        same = fd.ops.eq(fd.ops.index(t_seg, [t_b, t_q]), fd.ops.index(t_seg, [t_b, t_k]))
+        keep = fd.ops.bitwise_and(fd.ops.bitwise_and(causal, window), same)
+        y = fd.ops.where(keep, t_scores, float("-inf"))
+        e = fd.ops.exp(fd.ops.sub(y, fd.ops.max(y, [3], keepdim=True)))
+        fd.add_output(fd.ops.div(e, fd.ops.sum(e, [3], keepdim=True)))
+    (out,) = run_kernels(fd, [scores, positions, segments, batch, query, key])
+    pq, pk = positions[batch, query], positions[batch, key]
+    keep = (pk <= pq) & (pk > pq - 4) & (segments[batch, query] == segments[batch, key])
+    torch.testing.assert_close(out, torch.softmax(scores.masked_fill(~keep, float("-inf")), -1))
+    assert _only_kernels(fd) == ["inner_persistent"]
+
+
+def test_index_out_of_range_and_bad_definitions_are_errors(run_kernels: RunKernels) -> None:
+    """A value out of ``[-size, size)`` is a ValueError naming the index and the lookup's axis (never
+    read); no index tensor, too many indices or a floating index are refused at definition."""
+    arg = torch.randn(4, 6)
+    rows, cols = torch.randint(-4, 4, (3, 1)), torch.randint(0, 6, (5,))
+    fd = _index_fusion(arg, [rows, cols])
+    (out,) = run_kernels(fd, [arg, rows, cols])
+    torch.testing.assert_close(out, _index_expected(arg, [rows, cols]))
+    for bad in (6, -7):
+        wrong = cols.clone()
+        wrong[3] = bad
+        with pytest.raises(ValueError, match=r"index: index T2 holds a value out of range for T0 axis 1"):
+            run_kernels(fd, [arg, rows, wrong])
+    with FusionDefinition() as fd2:
+        x = fd2.from_pytorch(arg)
+        with pytest.raises(ValueError, match="no index tensor"):
+            fd2.ops.index(x, [None, None])
+        with pytest.raises(ValueError, match="3 indices for T0 of rank 2"):
+            fd2.ops.index(x, [None, None, fd2.from_pytorch(cols)])
+        with pytest.raises(TypeError, match=r"index: index T\d+ has dtype float"):
+            fd2.ops.index(x, [fd2.from_pytorch(torch.randn(3))])
+
+
+@st.composite
+def _indexings(draw: st.DrawFn) -> tuple[list[int], list[list[int] | None], int]:
+    rank = draw(st.integers(1, 4))
+    arg_shape = draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank))
+    width = draw(st.integers(0, 2))
+    shape = draw(st.lists(st.integers(1, 4), min_size=width, max_size=width))
+    count = draw(st.integers(1, rank))
+    indexed = sorted(draw(st.permutations(range(rank)))[:count])
+    indices: list[list[int] | None] = [None] * (max(indexed) + 1)
+    for d in indexed:  # each index's shape: a suffix of the index shape, some extents broadcast (1)
+        own = shape[draw(st.integers(0, width)):]
+        indices[d] = [draw(st.sampled_from([1, e])) for e in own]
+    return arg_shape, indices, draw(st.integers(0, 2**16))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_indexings())
+def test_random_indexing_matches_torch(run_kernels: RunKernels, case: tuple[list[int], list[list[int] | None], int]) -> None:
+    """Random ranks, indexed axes (adjacent or apart), index ranks and broadcast extents, negative values,
+    and a permuted lookup tensor: one kernel against torch's indexing."""
+    arg_shape, shapes, seed = case
+    g = torch.Generator().manual_seed(seed)
+    arg = torch.randn(list(reversed(arg_shape)), generator=g).permute(list(reversed(range(len(arg_shape)))))
+    indices = [None if s is None else torch.randint(-arg_shape[d], arg_shape[d], s, generator=g)
+               for d, s in enumerate(shapes)]
+    fd = _index_fusion(arg, indices)
+    (out,) = run_kernels(fd, [arg, *[i for i in indices if i is not None]])
+    torch.testing.assert_close(out, _index_expected(arg, indices))
+    assert len(_only_kernels(fd)) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool], ids=["int64", "int32", "bool"])
+def test_embedding_of_integer_and_boolean_tables(device: str, run_kernels: RunKernels, dtype: torch.dtype) -> None:
+    """``F.embedding`` takes a table of any dtype (a lookup of token types, of flags): its rows read in a
+    kernel, as torch's."""
+    table = (torch.randn(7, 3, device=device) * 4).to(dtype)
+    tokens = torch.randint(0, 7, (2, 5), device=device)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.embedding_fwd(fd.from_pytorch(tokens), fd.from_pytorch(table)))
+    (out,) = run_kernels(fd, [tokens, table])
+    assert out.dtype == dtype and torch.equal(out, torch.nn.functional.embedding(tokens, table))
+    assert len(_only_kernels(fd)) == 1

@@ -9,7 +9,7 @@ both programs; the printed reference renames tensors to ``r<k>``.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +28,13 @@ from pyfuser import DataType, FusionDefinition, ParallelType
 
 def gen(seed):
     return torch.Generator().manual_seed(seed)
+
+
+def moved(t, device):
+    """``t`` copied to ``device`` in the same layout (strides, storage offset, expanded axes: what
+    ``.to`` would make dense)."""
+    storage = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage()).to(device)
+    return storage.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def prod_dims(x, dims, keepdim=False, dtype=None):
@@ -56,6 +63,8 @@ def prelude_namespace() -> dict[str, Any]:
 
 
 _PRELUDE_NS = prelude_namespace()
+#: a tensor copied to a device in its layout: the prelude's, which repros print
+moved: Callable[[torch.Tensor, str], torch.Tensor] = _PRELUDE_NS["moved"]
 
 DTYPE_NAMES = {
     torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
@@ -200,9 +209,9 @@ class Case:
             lines.append(f"    fd.add_output({out.name}{order})")
         lines += list(self.schedule)
         lines.append("")
-        moved = "" if device == "cpu" else f".to({device!r})"
-        lines += [f"{_as_reference_name(inp.name)} = {inp.make_code()}{moved if isinstance(inp, TensorInput) else ''}"
-                  for inp in self.inputs]
+        lines += [f"{_as_reference_name(inp.name)} = "
+                  + (f"moved({inp.make_code()}, {device!r})" if isinstance(inp, TensorInput) and device != "cpu"
+                     else inp.make_code()) for inp in self.inputs]
         names = ", ".join(_as_reference_name(i.name) for i in self.inputs)
         lines.append(f"outs = fd.execute([{names}])")
         lines += [_as_reference_name(_statement(s.outs, s.ref)) for s in self.steps]
@@ -213,14 +222,14 @@ class Case:
 
 def fusion_namespace() -> dict[str, Any]:
     return {"fd": FusionDefinition(), "DataType": DataType, "ParallelType": ParallelType, "torch": torch,
-            "F": F, "pyfuser": pyfuser, "gen": _PRELUDE_NS["gen"]}
+            "F": F, "pyfuser": pyfuser, "gen": _PRELUDE_NS["gen"], "moved": moved}
 
 
 def _declare(inp: Input, device: str) -> str:
     if isinstance(inp, ScalarInput):
         return f"fd.define_scalar(dtype={fd_dtype(inp.dtype)})"
     if device != "cpu" and inp.declaration.startswith("fd.from_pytorch("):
-        return f"fd.from_pytorch(({inp.declaration.removeprefix('fd.from_pytorch(')[:-1]}).to({device!r}))"
+        return f"fd.from_pytorch(moved({inp.declaration.removeprefix('fd.from_pytorch(')[:-1]}, {device!r}))"
     return inp.declaration
 
 

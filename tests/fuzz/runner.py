@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from pyfuser.ir.base import FusionRuleError
 
-from .case import Case, Output, TensorInput, prelude_namespace
+from .case import Case, Output, TensorInput, moved, prelude_namespace
 
 
 @dataclass(frozen=True)
@@ -332,17 +332,10 @@ def _dense_strides(shape: Sequence[int], stride_order: Sequence[int]) -> list[in
 
 
 def on_device(values: Sequence[Any], device: str) -> list[Any]:
-    """``values`` with each tensor copied to ``device`` in the same layout (strides, storage offset,
-    expanded axes: what ``.to`` would make dense)."""
+    """``values`` with each tensor copied to ``device`` in the same layout (``moved`` of the prelude)."""
     if device == "cpu":
         return list(values)
-    moved: list[Any] = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            storage = torch.empty(0, dtype=v.dtype).set_(v.untyped_storage()).to(device)
-            v = storage.as_strided(v.shape, v.stride(), v.storage_offset())
-        moved.append(v)
-    return moved
+    return [moved(v, device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
 def check_outputs(case: Case, outs: Sequence[Any], wants: Sequence[torch.Tensor], args: Sequence[Any],

@@ -148,6 +148,45 @@ def test_relative_position_gathers_run_inside_kernels(dtype: torch.dtype, transp
     assert any("gather" in node for node in region.nodes), region.nodes
 
 
+class SlidingWindowScores(torch.nn.Module):
+    """A sliding-window, packed-sequence attention mask as ``transformers`` builds it for eager attention
+    (``sdpa_mask`` / ``eager_mask``): positions and segment ids read by advanced indexing at
+    ``[batch, None, q, None]`` and ``[batch, None, None, kv]``, combined, and applied to the scores."""
+
+    def forward(self, scores: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        b, _, s, _ = scores.shape
+        batch = torch.arange(b, device=scores.device)[:, None, None, None]
+        q, kv = torch.arange(s, device=scores.device)[None, None, :, None], \
+            torch.arange(s, device=scores.device)[None, None, None, :]
+        segments = starts.cumsum(-1)
+        keep = (positions[batch, kv] <= positions[batch, q]) & (positions[batch, kv] > positions[batch, q] - 3) & \
+            (segments[batch, q] == segments[batch, kv])
+        return torch.softmax(scores.masked_fill(~keep, torch.finfo(scores.dtype).min), -1)
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_an_indexed_mask_is_computed_in_the_softmax_kernel(dtype: torch.dtype) -> None:
+    """``aten.index.Tensor`` of integer tensors is claimed by the region (no eager op, no mask written to
+    memory): the positions and segment ids are read at indexed positions inside the softmax's kernel
+    (Inductor's one kernel); results equal eager's."""
+    g = torch.Generator().manual_seed(0)
+    b, h, s = 2, 3, 7
+    scores = torch.randn(b, h, s, s, generator=g).to(dtype)
+    positions = torch.arange(s)[None].expand(b, s) + torch.randint(0, 3, (b, 1), generator=g)
+    starts = (torch.rand(b, s, generator=g) > 0.7).long()
+    module = SlidingWindowScores()
+    backend = PyfuserBackend(triton_interpreter=True)
+    got = torch.compile(module, backend=backend)(scores, positions, starts)
+    torch.testing.assert_close(got, module(scores, positions, starts))
+    (graph,) = backend.graphs
+    assert not any("index.Tensor" in str(node) for node in graph.eager), graph.eager
+    (region,) = graph.regions
+    summary = region.summary()
+    assert any("index.Tensor" in node for node in region.nodes), region.nodes
+    assert summary.count("inner_persistent_kernel") == 1 and "ATen calls: Scan x1" in summary, summary
+
+
 #: a tiny Llama's step (one layer, float32), as fusion_counts counts it: generated kernels, ATen calls
 #: that compute (not views, not GEMMs or attention, which run in cuBLAS / torch either way) inside regions
 #: and between them. Lower them when a change lowers the count; never raise one without lowering the other

@@ -220,5 +220,7 @@ CASES: list[Case] = [
          lambda g, idx: aten.embedding_dense_backward.default(g * 2, idx, 7, 2, False) + 1,
          inputs(f(3, 5, 4), i(3, 5, high=7)), grad=False),
     Case(aten.gather.default, lambda x, idx: aten.gather.default(x * 2, 1, idx) + 1, inputs(f(3, 4), i(3, 2, high=4))),
+    Case(aten.index.Tensor, lambda x, rows, cols: aten.index.Tensor(x * 2, [None, rows - 2, cols]) + 1,
+         inputs(f(3, 4, 5), i(2, 1, high=4), i(3, high=5))),
     Case(aten.triu.default, lambda x: aten.triu.default(x * 2, 1) + 1, inputs(f(4, 4))),
 ]

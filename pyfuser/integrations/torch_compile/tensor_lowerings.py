@@ -260,6 +260,19 @@ def _gather(ctx: LoweringContext, x: Any, dim: int, index: Any, *, sparse_grad: 
     return ctx.ops.gather(x, index, dim)
 
 
+def _index(ctx: LoweringContext, x: Any, indices: Any) -> Any:
+    return ctx.ops.index(x, list(indices))
+
+
+def _check_index(node: Node) -> str | None:
+    """Integer index tensors only: a boolean mask selects a number of values known once it is read."""
+    for index in arg(node, 1, "indices"):
+        meta = meta_of(index)
+        if index is not None and (not isinstance(meta, torch.Tensor) or meta.dtype not in (torch.int64, torch.int32)):
+            return f"index.Tensor by a {getattr(meta, 'dtype', type(meta).__name__)} index (data-dependent shape)"
+    return None
+
+
 def _embedding_dense_backward(ctx: LoweringContext, grad: Any, indices: Any, num_weights: Any, padding_idx: int,
                               scale_grad_by_freq: bool) -> Any:
     """The weight's gradient as Inductor computes it: each index's gradient row added into a zeroed
@@ -337,6 +350,7 @@ TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten.embedding.default: Lowering(_embedding),
     aten.index_select.default: Lowering(_index_select),
     aten.gather.default: Lowering(_gather),
+    aten.index.Tensor: Lowering(_index, check=_check_index),
     aten.embedding_dense_backward.default: Lowering(_embedding_dense_backward, check=_check_embedding_dense_backward),
     aten.triu.default: Lowering(_triu),
 }

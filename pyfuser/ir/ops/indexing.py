@@ -1,9 +1,9 @@
-"""Indexing ops: index_select, select, gather / take_along_axis, scatter, embedding and
+"""Indexing ops: index_select, select, gather / take_along_axis, index, scatter, embedding and
 index_put_accumulate, evaluated with ATen.
 
-index_select, gather / take_along_axis and embedding are ``IndexedRead``s: the output reads one
-operand (the lookup tensor) at positions an integer tensor holds along one axis, and at its own
-positions on the others. A generated kernel computes them as an indirect load from the lookup
+index_select, gather / take_along_axis, index and embedding are ``IndexedRead``s: the output reads one
+operand (the lookup tensor) at positions integer tensors hold along some of its axes (one, or several
+for ``index``), and at its own positions on the others. A generated kernel computes them as an indirect load from the lookup
 tensor, which must then be a segment input in global memory (nvFuser's lookup tv), while the index
 and the output are iterated by the loop nest like any tensor.
 
@@ -64,12 +64,15 @@ def _positional(src_ids: list[IterDomain], dst_ids: list[IterDomain], skip_src: 
 
 
 class IndexedRead(Expr):
-    """An op whose output reads ``lookup`` at the positions ``lookup_index`` holds along ``dim``, and
-    on each other axis of ``lookup`` at the output's position along the axis ``lookup_axes`` pairs it
-    with. Those pairs have one extent where ``lookup_exact`` (index_select, take_along_axis,
-    embedding); a ``gather``'s index may be shorter than ``lookup`` there."""
+    """An op whose output reads ``lookup`` at the positions ``lookup_index`` holds along ``dim`` (each
+    of ``index_reads`` where several axes are indexed), and on each other axis of ``lookup`` at the
+    output's position along the axis ``lookup_axes`` pairs it with. Those pairs have one extent where
+    ``lookup_exact`` (index_select, take_along_axis, index, embedding); a ``gather``'s index may be
+    shorter than ``lookup`` there."""
 
     lookup_exact = True
+    #: index values may count from the end (-1: the last position), as torch's advanced indexing's
+    allows_negative = False
     #: the axis of ``lookup`` the index values address
     dim: int
     #: the op's name in messages (its ``fd.ops`` method)
@@ -85,6 +88,10 @@ class IndexedRead(Expr):
     def lookup_index(self) -> TensorView:
         return self.tensor_input(self.index_position)
 
+    def index_reads(self) -> list[tuple[int, TensorView]]:
+        """(axis of ``lookup``, the integer tensor whose values address it) for each indexed axis."""
+        return [(self.dim, self.lookup_index)]
+
     def lookup_axes(self) -> list[tuple[int, int]]:
         """(axis of ``lookup``, axis of the output) for every axis of ``lookup`` but ``dim``."""
         return [(d, d) for d in range(self.lookup.ndim) if d != self.dim]
@@ -95,8 +102,8 @@ def read_by_index_only(tv: TensorView, exprs: Sequence[Expr]) -> bool:
     an ``IndexedRead``: such a tensor is addressed at computed positions, never iterated, so a schedule
     neither replays its axes nor caches it."""
     readers = [e for e in exprs if any(v is tv for v in e.inputs)]
-    return bool(readers) and all(isinstance(e, IndexedRead) and e.lookup is tv and e.lookup_index is not tv
-                                 for e in readers)
+    return bool(readers) and all(isinstance(e, IndexedRead) and e.lookup is tv and
+                                 all(index is not tv for _, index in e.index_reads()) for e in readers)
 
 
 class IndexSelectOp(IndexedRead):
@@ -204,6 +211,58 @@ class TakeAlongAxisOp(GatherOp):
     exact = True
     lookup_exact = True
     op_name = "take_along_axis"
+
+
+class IndexOp(IndexedRead):
+    """``out = arg[indices]``: torch's advanced indexing by integer tensors (``aten.index.Tensor``). The
+    tensors index the axes ``dims`` of ``arg``; aligned right, they broadcast together into the index
+    shape of ``width`` axes; ``arg``'s other axes are kept whole. In the output the index shape's axes
+    start at ``at``: where the indexed axes were when they are adjacent, first otherwise (torch's rule),
+    the kept axes around them in order. Negative values count from the end of their axis."""
+
+    chunkable = False
+    returns_new_memory = True
+    allows_negative = True
+    op_name = "index"
+
+    def __init__(self, fusion: Fusion, out: TensorView, arg: TensorView, indices: Sequence[TensorView],
+                 dims: Sequence[int], at: int, width: int) -> None:
+        super().__init__(fusion, [arg, *indices], [out])
+        self.dims, self.at, self.width = tuple(dims), at, width
+        self.dim = self.dims[0]
+
+    def index_reads(self) -> list[tuple[int, TensorView]]:
+        return [(d, self.tensor_input(k + 1)) for k, d in enumerate(self.dims)]
+
+    def lookup_axes(self) -> list[tuple[int, int]]:
+        kept = [d for d in range(self.lookup.ndim) if d not in self.dims]
+        return [(d, k if k < self.at else k + self.width) for k, d in enumerate(kept)]
+
+    def evaluate(self, ctx: EvalContext, x: torch.Tensor, *indices: torch.Tensor) -> list[Any]:
+        arg = self.tensor_input(0, as_defined=True)
+        key: list[Any] = [slice(None)] * x.dim()
+        for k, (d, index) in enumerate(zip(self.dims, indices, strict=True)):
+            check_indices("index", index, self.tensor_input(k + 1, as_defined=True), x.shape[d], arg, d,
+                          allow_negative=True)
+            key[d] = index
+        return [x[tuple(key)]]
+
+    def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
+        out_ids = self.output.get_logical_domain()
+        ids = producer.get_logical_domain(no_reductions=True)
+        if producer is self.inputs[0]:
+            return {ids[a]: out_ids[o] for a, o in self.lookup_axes()}
+        start = self.at + self.width - len(ids)
+        return {i: out_ids[start + j] for j, i in enumerate(ids)}
+
+    def python_call(self) -> PythonCall:
+        indices: list[Val | None] = [None] * (max(self.dims) + 1)
+        for d, index in self.index_reads():
+            indices[d] = index
+        return PythonCall("index", (self.inputs[0], indices))
+
+    def to_string(self, indent: int = 0) -> str:
+        return call_string(self.output, "index", self.inputs, f"dims = {list(self.dims)}", indent)
 
 
 class ScatterOp(Expr):
