@@ -267,6 +267,8 @@ class ScatterKernels:
     #: the index and acc tensors, which an index error names
     index: TensorView
     acc: TensorView
+    #: negative indices count from the end (torch's ``index_put``)
+    wrap_negative: bool
 
 
 class ScatterSequence(KernelSequence):
@@ -300,10 +302,12 @@ class ScatterSequence(KernelSequence):
         if torch.are_deterministic_algorithms_enabled():
             values = k.values.run(ctx, *[args[s] for s in k.value_reads])[0] if k.values is not None \
                 else args[k.value_slot]
-            check_indices("index_put_accumulate", index, k.index, buffer.shape[0], k.acc, 0, asserted_by_aten=False)
+            check_indices("index_put_accumulate", index, k.index, buffer.shape[0], k.acc, 0,
+                          allow_negative=k.wrap_negative, asserted_by_aten=False)
             return _deliver([buffer.index_put_((index,), values.to(buffer.dtype), accumulate=True)], out)
         if self._target != "cuda":  # the interpreter has no device asserts: the host checks first
-            check_indices("index_put_accumulate", index, k.index, buffer.shape[0], k.acc, 0, asserted_by_aten=False)
+            check_indices("index_put_accumulate", index, k.index, buffer.shape[0], k.acc, 0,
+                          allow_negative=k.wrap_negative, asserted_by_aten=False)
         try:
             k.scatter.run(ctx, buffer, *[args[s] for s in k.scatter_reads], out=[buffer])
         except NoPrograms:  # no rows to add: the buffer is the result
@@ -344,7 +348,7 @@ def compile_scatter(fusion: Fusion, name: str, target: str, layouts: Layouts, re
         compiled(parts.init, parts.init_reference, "init", init_layouts(layouts, parts, out.name)), reads(parts.init),
         scatter, [slot_of[_key(v)] for v in parts.scatter.inputs()[1:]],
         compiled(parts.values, parts.values_reference, "values", layouts), reads(parts.values),
-        slot_of.get(_key(acc), -1), slot_of.get(_key(value), -1), slot_of[_key(index)], index, acc)
+        slot_of.get(_key(acc), -1), slot_of.get(_key(value), -1), slot_of[_key(index)], index, acc, op.wrap_negative)
     perm = layouts[out.name].perm if out.name in layouts else tuple(range(out.ndim))
     return ScatterSequence(name, kernels, tuple(perm), target)
 

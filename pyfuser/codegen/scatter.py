@@ -122,6 +122,8 @@ class ScatterKernelBuilder(KernelBuilder):
         row = at.of[id(value_ids[0])]
         target_row = self.value(index, Indices(of={id(index.get_logical_domain()[0]): row}, valid=at.valid))
         rows = int_expr(self.size_symbol(out_ids[0]))
+        if op.wrap_negative:
+            target_row = code.assign("row", f"tl.where({target_row} < 0, {target_row} + {rows}, {target_row})")
         in_range = code.assign("inside", f"({target_row} >= 0) & ({target_row} < {rows})")
         where = Indices(of={id(out_ids[0]): target_row,
                             **{id(o): at.of[id(v)] for o, v in zip(out_ids[1:], value_ids[1:], strict=True)}})

@@ -173,9 +173,11 @@ class IndexingOps(OpsBase):
         EmbeddingFwdOp(self._fusion, out, indices, table, options)
         return out
 
-    def index_put_accumulate(self, acc: TensorView, index: TensorView, value: TensorView) -> TensorView:
+    def index_put_accumulate(self, acc: TensorView, index: TensorView, value: TensorView, *,
+                             wrap_negative: bool = False) -> TensorView:
         """``acc`` with each row ``value[i]`` added into row ``index[i]`` (``index_put`` with
-        ``accumulate=True``): ``acc`` [N, ...], ``index`` [S], ``value`` [S, ...]."""
+        ``accumulate=True``): ``acc`` [N, ...], ``index`` [S], ``value`` [S, ...]. ``wrap_negative``
+        (pyfuser's, as torch's ``index_put``): a negative index counts from the end."""
         tacc, idx = self._tv(acc, "index_put_accumulate acc"), self._tv(index, "index_put_accumulate index")
         tval = self._tv(value, "index_put_accumulate value")
         _check_index_dtype("index_put_accumulate", idx)
@@ -185,6 +187,6 @@ class IndexingOps(OpsBase):
         _check_rank("index_put_accumulate", tval, tacc.ndim, f"acc {tacc.short_name} has rank {tacc.ndim}; value "
                     "must have it too ([len(index), ...acc's other axes])")
         out = self._new_tv([clone_id(self, i) for i in tacc.get_logical_domain(no_reductions=True)], tacc.dtype)
-        IndexPutAccumulateOp(self._fusion, out, tacc, idx, tval)
+        IndexPutAccumulateOp(self._fusion, out, tacc, idx, tval, wrap_negative)
         return out
 

@@ -86,6 +86,32 @@ def test_scatter_into_an_input_adds_to_a_copy_of_it(run_kernels: RunKernels) -> 
 
 
 @pytest.mark.usefixtures("nondeterministic")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_negative_indices_count_from_the_end_where_wrapped(run_kernels: RunKernels, device: str,
+                                                           dtype: torch.dtype) -> None:
+    """``wrap_negative`` (torch's ``index_put``, the backward of ``x[index]``): -1 is the last row, in the
+    kernel and in the check; out of ``[-rows, rows)`` is still an error. Without it -1 is out of range."""
+    acc = torch.randn(6, 5, device=device).to(dtype)
+    value = torch.randn(9, 5, device=device).to(dtype)
+    index = torch.tensor([5, -1, 0, -6, 5, -2, 1, 0, 2], device=device)
+    with FusionDefinition() as fd:
+        a, i, v = fd.from_pytorch(acc), fd.from_pytorch(index), fd.from_pytorch(value)
+        fd.add_output(fd.ops.index_put_accumulate(a, i, v, wrap_negative=True))
+    (out,) = run_kernels(fd, [acc, index, value])
+    assert kernel_schedulers(fd) == ["scatter"]
+    want = acc.float().index_put((index,), value.float(), accumulate=True)
+    torch.testing.assert_close(out.float(), want)
+    if device == "cpu":
+        with pytest.raises(ValueError, match=r"index_put_accumulate: index T1 holds -7, out of range .* \(valid: -6..5\)"):
+            run_kernels(fd, [acc, torch.tensor([0, -7]), value[:2]])
+        with FusionDefinition() as strict:
+            a, i, v = strict.from_pytorch(acc), strict.from_pytorch(index), strict.from_pytorch(value)
+            strict.add_output(strict.ops.index_put_accumulate(a, i, v))
+        with pytest.raises(ValueError, match=r"index_put_accumulate: index T1 holds -6, out of range"):
+            run_kernels(strict, [acc, index, value])
+
+
+@pytest.mark.usefixtures("nondeterministic")
 def test_scatter_of_no_rows_is_the_initial_value(run_kernels: RunKernels) -> None:
     grad = torch.randn(0, 4)
     index = torch.zeros(0, dtype=torch.long)

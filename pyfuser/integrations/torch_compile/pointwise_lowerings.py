@@ -80,13 +80,31 @@ def _div_mode(ctx: LoweringContext, a: Any, b: Any, rounding_mode: str | None = 
         return ctx.ops.truediv(a, b)
     if ctx.meta.is_floating_point():
         return ctx.ops.trunc(ctx.ops.truediv(a, b))
-    return ctx.ops.div(a, b)  # integers: C truncation, as torch's "trunc"
+    quotient = ctx.ops.div(a, b)  # integers: C truncation, as torch's "trunc"
+    if rounding_mode == "trunc":
+        return quotient
+    # "floor" of integers: one less where the division is inexact and the operands' signs differ
+    rest = ctx.ops.fmod(a, b)
+    inexact_negative = ctx.ops.bitwise_and(ctx.ops.ne(rest, 0), ctx.ops.ne(ctx.ops.lt(rest, 0), ctx.ops.lt(b, 0)))
+    return ctx.ops.sub(quotient, ctx.ops.cast(inexact_negative, quotient.dtype))
 
 
 def _check_div_mode(node: Node) -> str | None:
     mode = arg(node, 2, "rounding_mode")
-    if mode not in (None, "trunc"):
-        return f"rounding_mode={mode!r} is not translated (only None and 'trunc')"
+    if mode not in (None, "trunc", "floor"):
+        return f"rounding_mode={mode!r} is not translated (only None, 'trunc' and 'floor')"
+    if mode == "floor" and meta_of(node).is_floating_point():
+        return "floor division of floating tensors is not translated (torch's rounding of the quotient)"
+    return None
+
+
+def _floor_divide(ctx: LoweringContext, a: Any, b: Any) -> Any:
+    return _div_mode(ctx, a, b, "floor")
+
+
+def _check_floor_divide(node: Node) -> str | None:
+    if meta_of(node).is_floating_point():
+        return "floor division of floating tensors is not translated (torch's rounding of the quotient)"
     return None
 
 
@@ -138,6 +156,7 @@ POINTWISE_LOWERINGS: dict[Any, Lowering] = {
     aten.sub.Tensor: Lowering(_sub), aten.sub.Scalar: Lowering(_sub),
     aten.rsub.Tensor: Lowering(_rsub), aten.rsub.Scalar: Lowering(_rsub),
     aten.div.Tensor_mode: Lowering(_div_mode, check=_check_div_mode),
+    aten.floor_divide.default: Lowering(_floor_divide, check=_check_floor_divide),
     aten.gelu.default: Lowering(_gelu),
     aten.clamp.default: Lowering(_clamp, check=_check_clamp), aten.clamp.Tensor: Lowering(_clamp, check=_check_clamp),
     aten.where.self: Lowering(_where),

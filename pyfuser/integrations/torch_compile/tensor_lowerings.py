@@ -183,7 +183,8 @@ def _arg_reduction(name: str) -> Any:
 def _cumsum(ctx: LoweringContext, x: TensorView, dim: int, **kwargs: Any) -> TensorView:
     dtype = ctx.meta.dtype
     source = x if x.dtype.torch_dtype == dtype else ctx.ops.cast(x, dtype)
-    return ctx.ops.cumsum(source, dim)
+    result = ctx.ops.cumsum(source, dim)  # an int32 sum is int64 unless ``dtype=`` asks otherwise
+    return result if result.dtype.torch_dtype == dtype else ctx.ops.cast(result, dtype)
 
 
 # --- contractions ------------------------------------------------------------------------------------
@@ -273,6 +274,34 @@ def _check_index(node: Node) -> str | None:
     return None
 
 
+def _index_put(ctx: LoweringContext, x: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
+    """``x[index] += values`` (the backward of ``x[index]``, an MoE's combine) as the atomic scatter-add
+    kernel of ``index_put_accumulate``, negative indices counting from the end as torch's."""
+    (index,) = indices
+    return ctx.ops.index_put_accumulate(x, index, values, wrap_negative=True)
+
+
+def _check_index_put(node: Node) -> str | None:
+    """Accumulating, by one 1-D integer index of axis 0, values one row per index value (no broadcast)
+    of x's dtype. (Without accumulation ATen writes duplicates in an unspecified order.)"""
+    x, indices, values = (meta_of(a) for a in node.args[:3])
+    accumulate = arg(node, 3, "accumulate", False)
+    if not accumulate:
+        return "index_put without accumulation"
+    if len(indices) != 1 or indices[0] is None:
+        return "index_put with other than one index tensor (of axis 0)"
+    index = meta_of(indices[0])
+    if index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
+        return f"index_put by a {index.dim()}-D {index.dtype} index"
+    if values.dtype != x.dtype or list(values.shape) != [index.shape[0], *x.shape[1:]]:
+        return f"index_put of {values.dtype} values {list(values.shape)} into {x.dtype} {list(x.shape)} (broadcast)"
+    return None
+
+
+def _scatter(ctx: LoweringContext, x: Any, dim: int, index: Any, src: Any) -> Any:
+    return ctx.ops.scatter(x, index, src, dim)
+
+
 def _embedding_dense_backward(ctx: LoweringContext, grad: Any, indices: Any, num_weights: Any, padding_idx: int,
                               scale_grad_by_freq: bool) -> Any:
     """The weight's gradient as Inductor computes it: each index's gradient row added into a zeroed
@@ -351,6 +380,9 @@ TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten.index_select.default: Lowering(_index_select),
     aten.gather.default: Lowering(_gather),
     aten.index.Tensor: Lowering(_index, check=_check_index),
+    aten.index_put.default: Lowering(_index_put, check=_check_index_put),
+    aten.scatter.src: Lowering(_scatter),
+    aten.scatter.value: Lowering(_scatter),
     aten.embedding_dense_backward.default: Lowering(_embedding_dense_backward, check=_check_embedding_dense_backward),
     aten.triu.default: Lowering(_triu),
 }

@@ -364,13 +364,17 @@ class EmbeddingFwdOp(IndexedRead):
 
 class IndexPutAccumulateOp(Expr):
     """``out = acc`` with ``out[index[i]] += value[i]`` (``index_put`` with ``accumulate=True``):
-    the backward of an embedding, rows of ``value`` summed into the rows of ``acc`` they index."""
+    the backward of an embedding, rows of ``value`` summed into the rows of ``acc`` they index. With
+    ``wrap_negative`` (torch's ``index_put``, the backward of ``x[index]``) a negative index counts from
+    the end; nvFuser's op takes none."""
 
     #: index values address whole rows of acc: a chunk of acc's rows cannot take them
     chunkable = False
 
-    def __init__(self, fusion: Fusion, out: TensorView, acc: TensorView, index: TensorView, value: TensorView) -> None:
+    def __init__(self, fusion: Fusion, out: TensorView, acc: TensorView, index: TensorView, value: TensorView,
+                 wrap_negative: bool = False) -> None:
         super().__init__(fusion, [acc, index, value], [out])
+        self.wrap_negative = wrap_negative
 
     def evaluate(self, ctx: EvalContext, acc: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> list[Any]:
         acc_tv, index_tv, value_tv = self.defined_inputs
@@ -381,7 +385,8 @@ class IndexPutAccumulateOp(Expr):
                              f"must be {want} (one row per index of {index_tv.short_name}, shaped like a row of "
                              f"{acc_tv.short_name})")
         # CUDA's accumulating index_put sorts the indices and reads without a bounds assert.
-        check_indices("index_put_accumulate", index, index_tv, acc.shape[0], acc_tv, 0, asserted_by_aten=False)
+        check_indices("index_put_accumulate", index, index_tv, acc.shape[0], acc_tv, 0,
+                      allow_negative=self.wrap_negative, asserted_by_aten=False)
         return [torch.index_put(acc, (index,), value.to(acc.dtype), accumulate=True)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
@@ -397,7 +402,7 @@ class IndexPutAccumulateOp(Expr):
         return {}
 
     def python_call(self) -> PythonCall:
-        return PythonCall("index_put_accumulate", tuple(self.inputs))
+        return PythonCall("index_put_accumulate", tuple(self.inputs), {"wrap_negative": self.wrap_negative or None})
 
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "index_put_accumulate", self.inputs, "", indent)
