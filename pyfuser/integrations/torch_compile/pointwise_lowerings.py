@@ -93,9 +93,7 @@ def _check_div_mode(node: Node) -> str | None:
     mode = arg(node, 2, "rounding_mode")
     if mode not in (None, "trunc", "floor"):
         return f"rounding_mode={mode!r} is not translated (only None, 'trunc' and 'floor')"
-    if mode == "floor" and meta_of(node).is_floating_point():
-        return "floor division of floating tensors is not translated (torch's rounding of the quotient)"
-    return None
+    return _check_floor_divide(node) if mode == "floor" else None
 
 
 def _floor_divide(ctx: LoweringContext, a: Any, b: Any) -> Any:
