@@ -479,3 +479,15 @@ def test_embedding_of_integer_and_boolean_tables(device: str, run_kernels: RunKe
     (out,) = run_kernels(fd, [tokens, table])
     assert out.dtype == dtype and torch.equal(out, torch.nn.functional.embedding(tokens, table))
     assert len(_only_kernels(fd)) == 1
+
+
+def test_index_by_a_0_dim_tensor_is_a_copy(device: str, run_kernels: RunKernels) -> None:
+    """A 0-dim index drops its axis (torch's ``x[:, t]``); the output owns its memory on every path (Python
+    indexing by a 0-dim tensor would be a view of the input)."""
+    x = torch.randn(4, 3, device=device)
+    at = torch.tensor(-2, device=device)
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.index(fd.from_pytorch(x), [None, fd.from_pytorch(at)]))
+    for out in (fd.execute([x, at], device=device)[0], run_kernels(fd, [x, at])[0]):
+        torch.testing.assert_close(out, x[:, -2])
+        assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()

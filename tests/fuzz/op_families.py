@@ -374,13 +374,15 @@ class OpFamilies(ABC):
         return f"fd.ops.linear({x}, {w})", f"F.linear({x}, {w})", 1
 
     def indexed_read(self) -> Candidate | None:
-        """gather, take_along_axis, index_select or embedding of a value at an index input brought into
+        """gather, take_along_axis, index_select, embedding or index of a value at index inputs brought into
         range by ``remainder`` (an index read or computed where the kernel reads the value)."""
         x = self.pick(lambda n: self.ref(n).dim() > 0)
         if x is None or len(self.inputs) >= self.config.max_inputs:
             return None
         shape = list(self.ref(x).shape)
-        kind = self.rng.choice(["gather", "take_along_axis", "index_select", "embedding"])
+        kind = self.rng.choice(["gather", "take_along_axis", "index_select", "embedding", "index"])
+        if kind == "index":
+            return self._advanced_index(x, shape)
         if kind == "embedding" and len(shape) != 2:
             kind = "index_select"
         dim = 0 if kind == "embedding" else self.rng.randrange(len(shape))
@@ -404,6 +406,22 @@ class OpFamilies(ABC):
             return f"fd.ops.embedding_fwd({index_fd}, {x})", f"F.embedding({index_ref}, {x})", 1
         ref = "torch.gather({x}, {dim}, {i})" if kind == "gather" else "torch.take_along_dim({x}, {i}, {dim})"
         return f"fd.ops.{kind}({x}, {index_fd}, {dim})", ref.format(x=x, dim=dim, i=index_ref), 1
+
+    def _advanced_index(self, x: str, shape: list[int]) -> Candidate | None:
+        """``x[..., i0, ..., i1]``: one or two axes (adjacent or apart) by integer tensors whose shapes
+        broadcast together (suffixes of one shape, some extents 1), values in ``[-size, size)``."""
+        axes = sorted(self.rng.sample(range(len(shape)), min(len(shape), self.rng.choice([1, 1, 2]))))
+        if any(shape[d] == 0 for d in axes) or len(self.inputs) + len(axes) > self.config.max_inputs:
+            return None
+        common = [self.rng.choice(SIZES) for _ in range(self.rng.randint(0, 2))]
+        keys_fd: list[str] = ["None"] * (axes[-1] + 1)
+        keys_ref: list[str] = [":"] * (axes[-1] + 1)
+        for d in axes:
+            own = [self.rng.choice([1, e]) for e in common[self.rng.randint(0, len(common)):]]
+            raw = self.tensor_input(own, self.rng.choice([torch.int64, torch.int32]))
+            keys_fd[d] = f"fd.ops.sub(fd.ops.remainder({raw}, {2 * shape[d]}), {shape[d]})"
+            keys_ref[d] = f"(torch.remainder({raw}, {2 * shape[d]}) - {shape[d]})"
+        return f"fd.ops.index({x}, [{', '.join(keys_fd)}])", f"{x}[{', '.join(keys_ref)}]", 1
 
     def full(self) -> Candidate | None:
         shape = self.sizes([self.rng.choice(SIZES) for _ in range(self.rng.randint(0, 3))])

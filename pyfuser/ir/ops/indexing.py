@@ -240,12 +240,13 @@ class IndexOp(IndexedRead):
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, *indices: torch.Tensor) -> list[Any]:
         arg = self.tensor_input(0, as_defined=True)
-        key: list[Any] = [slice(None)] * x.dim()
+        key: list[torch.Tensor | None] = [None] * (max(self.dims) + 1)
         for k, (d, index) in enumerate(zip(self.dims, indices, strict=True)):
             check_indices("index", index, self.tensor_input(k + 1, as_defined=True), x.shape[d], arg, d,
                           allow_negative=True)
             key[d] = index
-        return [x[tuple(key)]]
+        # ATen's op, not ``x[...]``: Python indexing by a 0-dim tensor is a view (a select), never a copy
+        return [torch.ops.aten.index.Tensor(x, key)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         out_ids = self.output.get_logical_domain()
