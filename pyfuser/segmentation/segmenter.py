@@ -12,11 +12,22 @@ communication produces; tensors inside a kernel segment stay local.
 
 from __future__ import annotations
 
+from pyfuser.ir.analysis.reshape import is_view_of
 from pyfuser.ir.analysis.sharding import is_resharding
 from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, inherited_stream_axes, producer_id
 from pyfuser.ir.base import Expr
+from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import BroadcastOp, ExpandOp, LoadStoreOp, LoadStoreOpType, PermuteOp, SliceOp, SqueezeOp
+from pyfuser.ir.ops import (
+    BroadcastOp,
+    ExpandOp,
+    LoadStoreOp,
+    LoadStoreOpType,
+    PermuteOp,
+    ReshapeOp,
+    SliceOp,
+    SqueezeOp,
+)
 from pyfuser.ir.tensor_view import MemoryType, TensorView, user_scheduled
 from pyfuser.options import CompileOptions
 from pyfuser.scheduler.registry import SchedulerType, SegmentView
@@ -74,6 +85,7 @@ class _Segmenter:
             self._merge_horizontally()
             self._views_read_by_aten_as_views()
             self._input_broadcasts_as_views()
+            self._reshapes_as_views()
         groups = self._topological(list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs)))
         for group in groups:
             group.inputs, group.outputs = boundaries(self.fusion, group.exprs, self.live)
@@ -195,6 +207,20 @@ class _Segmenter:
             if self._mergeable(group) and self._is_input_broadcast(group):
                 view = SegmentedGroup(group.exprs, SchedulerType.expr_eval,
                                       reason="a broadcast of a fusion input that no kernel reads: a view")
+                for e in group.exprs:
+                    self.group_of[id(e)] = view
+
+    def _reshapes_as_views(self) -> None:
+        """A kernel that computes nothing but reshapes, each a view of its operand's layout (a kernel's
+        result reshaped for a matmul, a reshape of a dense input), would copy what ATen views for free:
+        it is an ATen call. A reshape ATen would copy (merging axes a permute or an expand separated in
+        memory) stays a kernel, one that writes the new shape in one pass."""
+        for group in dict.fromkeys(self.group_of[id(e)] for e in self.exprs):
+            if not self._mergeable(group) or not all(isinstance(e, ReshapeOp) for e in group.exprs):
+                continue
+            if all(is_view_of(e, logical_order(e.inputs[0])) for e in group.exprs if isinstance(e, ReshapeOp)):
+                view = SegmentedGroup(group.exprs, SchedulerType.expr_eval,
+                                      reason="a reshape its operand's layout makes a view")
                 for e in group.exprs:
                     self.group_of[id(e)] = view
 
