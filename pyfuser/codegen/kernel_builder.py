@@ -465,7 +465,7 @@ class KernelBuilder(ValueLowering):
                     flat = index if flat == "0" else code.assign("ix", f"({flat}) * {extent} + {index}")
             inner = "1"
             for k, d in reversed(list(enumerate(live_in))):
-                quotient = flat if inner == "1" else f"({flat}) // {inner}"
+                quotient = flat if inner == "1" else f"({flat}) // ({inner})"
                 extent = int_expr(self.size_symbol(p_ids[d]))
                 text = quotient if k == 0 else f"({quotient}) % {extent}"
                 result.of[id(p_ids[d])] = text if text == flat else code.assign("ix", text)

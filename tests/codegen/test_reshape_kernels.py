@@ -151,3 +151,21 @@ def test_a_reshape_of_symbolic_sizes_regrouped_stays_aten() -> None:
     (out,) = fd.execute([x], _enable_options=["triton_interpreter"])
     torch.testing.assert_close(out, (-x).reshape(3, 8))
     assert "Reshape" in aten_calls(fd)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_stacked_qkv_gradients_merged_into_one_axis(dtype: torch.dtype, run_kernels) -> None:
+    """The gradient of a fused qkv projection split by ``view(b, t, 3, heads, d).permute(2, 0, 3, 1, 4)``:
+    the three gradients padded into one stack (select_backward), permuted back and merged, three axes
+    into one (each producer index divided by the product of the extents inside it)."""
+    g = torch.Generator().manual_seed(4)
+    gs = [torch.randn(3, 2, 5, 7, generator=g).to(dtype) for _ in range(3)]
+    with FusionDefinition() as fd:
+        acc = None
+        for k, t in enumerate(_static(fd, x) for x in gs):
+            padded = fd.ops.pad(fd.ops.broadcast(t, [True, False, False, False, False]), [0] * 8 + [k, 2 - k])
+            acc = padded if acc is None else fd.ops.add(acc, padded)
+        fd.add_output(fd.ops.reshape(fd.ops.permute(acc, [1, 3, 0, 2, 4]), [3, 5, 42]))
+    (out,) = run_kernels(fd, gs)
+    torch.testing.assert_close(out, torch.stack(gs).permute(1, 3, 0, 2, 4).reshape(3, 5, 42))
+    assert len(kernel_schedulers(fd)) == 1 and aten_calls(fd) == []
