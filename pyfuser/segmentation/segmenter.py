@@ -121,8 +121,22 @@ class _Segmenter:
                                                               reason="segment_set (a copy)")
             self.fixed.add(id(group))
             return group
+        if isinstance(expr, ReshapeOp) and self._free_view(expr):
+            return SegmentedGroup([expr], SchedulerType.expr_eval,
+                                  reason="a reshape of a value no kernel computes, which its layout makes a view")
         return self._scheduled([expr]) or SegmentedGroup([expr], SchedulerType.expr_eval,
                                                          reason=self._rejection([expr]))
+
+    def _free_view(self, expr: ReshapeOp) -> bool:
+        """Whether ``expr`` reshapes a value no kernel computes (a fusion input, a matmul's result) that
+        its layout makes a view: free as an ATen call, while in a kernel it would only bound what the kernel
+        may merge with (no reduction kernel takes a reshape)."""
+        operand = expr.inputs[0]
+        assert isinstance(operand, TensorView)
+        producer = operand.definition
+        if producer is not None and id(producer) in self.live and is_kernel(self.group_of[id(producer)].scheduler):
+            return False
+        return is_view_of(expr, logical_order(operand))
 
     def _view(self, exprs: list[Expr]) -> SegmentView:
         inputs, outputs = boundaries(self.fusion, exprs, self.live)
@@ -210,15 +224,18 @@ class _Segmenter:
                 for e in group.exprs:
                     self.group_of[id(e)] = view
 
+    @staticmethod
+    def _views_only(group: SegmentedGroup) -> bool:
+        """Whether ``group`` is only reshapes, each a view of its operand's layout."""
+        return all(isinstance(e, ReshapeOp) and is_view_of(e, logical_order(e.inputs[0])) for e in group.exprs)
+
     def _reshapes_as_views(self) -> None:
         """A kernel that computes nothing but reshapes, each a view of its operand's layout (a kernel's
         result reshaped for a matmul, a reshape of a dense input), would copy what ATen views for free:
         it is an ATen call. A reshape ATen would copy (merging axes a permute or an expand separated in
         memory) stays a kernel, one that writes the new shape in one pass."""
         for group in dict.fromkeys(self.group_of[id(e)] for e in self.exprs):
-            if not self._mergeable(group) or not all(isinstance(e, ReshapeOp) for e in group.exprs):
-                continue
-            if all(is_view_of(e, logical_order(e.inputs[0])) for e in group.exprs if isinstance(e, ReshapeOp)):
+            if self._mergeable(group) and self._views_only(group):
                 view = SegmentedGroup(group.exprs, SchedulerType.expr_eval,
                                       reason="a reshape its operand's layout makes a view")
                 for e in group.exprs:
@@ -228,7 +245,10 @@ class _Segmenter:
     def _merge_producers_into_consumers(self) -> None:
         for expr in self.exprs:
             group = self.group_of[id(expr)]
-            if not self._mergeable(group):
+            # A reshape its operand's layout makes a view takes its producer in only once a consumer took
+            # it (then the kernel writes what the consumer reads, in one pass); alone it would pull the
+            # producer away from the kernels it could join (no reduction kernel takes a reshape).
+            if not self._mergeable(group) or self._views_only(group):
                 continue
             for tv in expr.tensor_inputs:
                 producer_expr = tv.definition
