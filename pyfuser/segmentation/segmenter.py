@@ -227,7 +227,7 @@ class _Segmenter:
     @staticmethod
     def _views_only(group: SegmentedGroup) -> bool:
         """Whether ``group`` is only reshapes, each a view of its operand's layout."""
-        return all(isinstance(e, ReshapeOp) and is_view_of(e, logical_order(e.inputs[0])) for e in group.exprs)
+        return all(isinstance(e, ReshapeOp) and is_view_of(e, logical_order(e.tensor_inputs[0])) for e in group.exprs)
 
     def _reshapes_as_views(self) -> None:
         """A kernel that computes nothing but reshapes, each a view of its operand's layout (a kernel's
