@@ -66,6 +66,8 @@ class _Segmenter:
         #: so a cycle check walks the groups between the two it merges, not everything downstream.
         self.order: list[SegmentedGroup | None] = []  # None: a place left by a merge
         self.rank: dict[int, int] = {}
+        #: Whether groups holding a reshape may merge: only once every other merge was made (``run``).
+        self.reshapes_merge = False
 
     def run(self) -> list[SegmentedGroup]:
         for expr in self.exprs:
@@ -74,14 +76,13 @@ class _Segmenter:
             self.rank[id(group)] = len(self.order)
             self.order.append(group)
         if self.kernels:
-            self._merge_producers_into_consumers()
-            self._merge_siblings()
-            # Siblings merged may now take their producer, which neither took alone (a value that two
-            # slices of a rotary backward read: with one of them it had two outputs of other axes).
-            count = len(set(map(id, self.group_of.values())))
-            self._merge_producers_into_consumers()
-            if len(set(map(id, self.group_of.values()))) < count:
-                self._merge_siblings()
+            self._merge_rounds()
+            # Reshapes join kernels last: no reduction or normalization kernel computes one, so a
+            # reshape merged early would pull its producers and consumers away from the reduction
+            # kernels they join (a norm's input read through a reshape, a loss's labels flattened).
+            # Merged after, a reshape joins the pointwise kernels left on either side of it.
+            self.reshapes_merge = True
+            self._merge_rounds()
             self._merge_horizontally()
             self._views_read_by_aten_as_views()
             self._input_broadcasts_as_views()
@@ -90,6 +91,16 @@ class _Segmenter:
         for group in groups:
             group.inputs, group.outputs = boundaries(self.fusion, group.exprs, self.live)
         return groups
+
+    def _merge_rounds(self) -> None:
+        self._merge_producers_into_consumers()
+        self._merge_siblings()
+        # Siblings merged may now take their producer, which neither took alone (a value that two
+        # slices of a rotary backward read: with one of them it had two outputs of other axes).
+        count = len(set(map(id, self.group_of.values())))
+        self._merge_producers_into_consumers()
+        if len(set(map(id, self.group_of.values()))) < count:
+            self._merge_siblings()
 
     def _topological(self, groups: list[SegmentedGroup]) -> list[SegmentedGroup]:
         """Groups in an order where each runs after the groups it reads from (merging can move a
@@ -121,22 +132,8 @@ class _Segmenter:
                                                               reason="segment_set (a copy)")
             self.fixed.add(id(group))
             return group
-        if isinstance(expr, ReshapeOp) and self._free_view(expr):
-            return SegmentedGroup([expr], SchedulerType.expr_eval,
-                                  reason="a reshape of a value no kernel computes, which its layout makes a view")
         return self._scheduled([expr]) or SegmentedGroup([expr], SchedulerType.expr_eval,
                                                          reason=self._rejection([expr]))
-
-    def _free_view(self, expr: ReshapeOp) -> bool:
-        """Whether ``expr`` reshapes a value no kernel computes (a fusion input, a matmul's result) that
-        its layout makes a view: free as an ATen call, while in a kernel it would only bound what the kernel
-        may merge with (no reduction kernel takes a reshape)."""
-        operand = expr.inputs[0]
-        assert isinstance(operand, TensorView)
-        producer = operand.definition
-        if producer is not None and id(producer) in self.live and is_kernel(self.group_of[id(producer)].scheduler):
-            return False
-        return is_view_of(expr, logical_order(operand))
 
     def _view(self, exprs: list[Expr]) -> SegmentView:
         inputs, outputs = boundaries(self.fusion, exprs, self.live)
@@ -224,18 +221,14 @@ class _Segmenter:
                 for e in group.exprs:
                     self.group_of[id(e)] = view
 
-    @staticmethod
-    def _views_only(group: SegmentedGroup) -> bool:
-        """Whether ``group`` is only reshapes, each a view of its operand's layout."""
-        return all(isinstance(e, ReshapeOp) and is_view_of(e, logical_order(e.tensor_inputs[0])) for e in group.exprs)
-
     def _reshapes_as_views(self) -> None:
         """A kernel that computes nothing but reshapes, each a view of its operand's layout (a kernel's
         result reshaped for a matmul, a reshape of a dense input), would copy what ATen views for free:
         it is an ATen call. A reshape ATen would copy (merging axes a permute or an expand separated in
         memory) stays a kernel, one that writes the new shape in one pass."""
         for group in dict.fromkeys(self.group_of[id(e)] for e in self.exprs):
-            if self._mergeable(group) and self._views_only(group):
+            if self._mergeable(group) and all(isinstance(e, ReshapeOp) and is_view_of(e, logical_order(e.tensor_inputs[0]))
+                                              for e in group.exprs):
                 view = SegmentedGroup(group.exprs, SchedulerType.expr_eval,
                                       reason="a reshape its operand's layout makes a view")
                 for e in group.exprs:
@@ -245,10 +238,7 @@ class _Segmenter:
     def _merge_producers_into_consumers(self) -> None:
         for expr in self.exprs:
             group = self.group_of[id(expr)]
-            # A reshape its operand's layout makes a view takes its producer in only once a consumer took
-            # it (then the kernel writes what the consumer reads, in one pass); alone it would pull the
-            # producer away from the kernels it could join (no reduction kernel takes a reshape).
-            if not self._mergeable(group) or self._views_only(group):
+            if not self._mergeable(group):
                 continue
             for tv in expr.tensor_inputs:
                 producer_expr = tv.definition
@@ -317,6 +307,8 @@ class _Segmenter:
         return producer_id(consumer_expr, tv, b.logical) is a.logical
 
     def _try_merge(self, a: SegmentedGroup, b: SegmentedGroup) -> SegmentedGroup | None:
+        if not self.reshapes_merge and any(isinstance(e, ReshapeOp) for e in (*a.exprs, *b.exprs)):
+            return None
         if self._creates_cycle(a, b):
             return None
         exprs = sorted([*a.exprs, *b.exprs], key=lambda e: self.position[id(e)])

@@ -113,6 +113,30 @@ def test_a_reshape_its_layout_makes_a_view_stays_an_aten_view() -> None:
     assert kernel_schedulers(fd) == ["pointwise"] and sorted(aten_calls(fd)) == ["Matmul", "Reshape"]
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_a_norm_of_a_reshaped_value_stays_one_kernel(dtype: torch.dtype, run_kernels) -> None:
+    """A projection's ``[B*S, H]`` result reshaped to ``[B, S, H]``, added to the residual stream and
+    RMS-normalized: the norm's kernel computes the add and the square (no reduction kernel computes a
+    reshape, so one merged first would split the norm into a pointwise kernel and reductions); the
+    reshape is an ATen view."""
+    b, s, h = 3, 5, 24
+    g = torch.Generator().manual_seed(4)
+    proj = torch.randn(b * s, h, generator=g).to(dtype)
+    res = torch.randn(b, s, h, generator=g).to(dtype)
+    w = torch.randn(h, generator=g).to(dtype)
+    with FusionDefinition() as fd:
+        p, r, wt = _static(fd, proj), _static(fd, res), _static(fd, w)
+        x = fd.ops.cast(fd.ops.add(fd.ops.reshape(p, [b, s, h]), r), DataType.Float)
+        var = fd.ops.mean(fd.ops.mul(x, x), [2], keepdim=True)
+        y = fd.ops.mul(fd.ops.mul(x, fd.ops.rsqrt(fd.ops.add(var, 1e-6))), fd.ops.cast(wt, DataType.Float))
+        fd.add_output(fd.ops.cast(y, DataType.BFloat16 if dtype == torch.bfloat16 else DataType.Float))
+    (out,) = run_kernels(fd, [proj, res, w])
+    x = (proj.reshape(b, s, h) + res).float()
+    want = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(dtype)
+    torch.testing.assert_close(out, want)
+    assert kernel_schedulers(fd) == ["inner_persistent"] and aten_calls(fd) == ["Reshape"]
+
+
 @pytest.mark.parametrize(("shape", "perm", "target"), [
     ((4, 6), (1, 0), (3, 8)),            # a transposed value regrouped across both axes
     ((2, 3, 5), (2, 0, 1), (5, 6)),      # merge of the two outer axes after a rotation
