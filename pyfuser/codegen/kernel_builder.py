@@ -30,13 +30,14 @@ from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
 from pyfuser.codegen.values import Indices, ValueLowering
 from pyfuser.ir.analysis.id_graph import IdGraph
+from pyfuser.ir.analysis.reshape import reshape_groups
 from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes
 from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, Merge, ParallelType, Split
 from pyfuser.ir.layout import Layout
-from pyfuser.ir.ops import CatOp, PadOp, ReductionOp, SliceOp, VarMeanOp
+from pyfuser.ir.ops import CatOp, PadOp, ReductionOp, ReshapeOp, SliceOp, VarMeanOp
 from pyfuser.ir.ops.indexing import IndexedRead
 from pyfuser.ir.ops.shape import describe_axis
 from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div, sym_min
@@ -424,10 +425,65 @@ class KernelBuilder(ValueLowering):
 
     def producer_indices(self, expr: Expr, producer: TensorView, consumer: Indices) -> Indices:
         """A producer read at its consumer's loop point: its indices through the expr's logical map,
-        shifted on the axes a resize op moves."""
+        shifted on the axes a resize op moves, recomputed through a reshape's groups."""
         if isinstance(expr, RESIZE_OPS):
             return self.resize_indices(expr, expr.inputs.index(producer), consumer)
+        if isinstance(expr, ReshapeOp):
+            return self.reshape_indices(expr, consumer)
         return self._mapped_indices(expr, producer, consumer)
+
+    def reshape_indices(self, expr: ReshapeOp, consumer: Indices) -> Indices:
+        """A reshape's operand read at its consumer's indices (``ir/analysis/reshape.py``): per group,
+        the consumer's flat index over the group's axes (a merged index the consumer already has, else
+        their row-major sum), then each producer axis as that index divided by the extents inside it
+        and wrapped by its own. A consumer's merged group that covers whole groups is the operand's
+        merged group too, so a dense operand is still addressed by one index times one stride."""
+        groups = reshape_groups(expr)
+        if groups is None:
+            raise KernelError(f"{expr.output.short_name}: a reshape whose groups of axes are not known from its "
+                              "extents is an ATen call, not a kernel's")
+        producer = expr.inputs[0]
+        assert isinstance(producer, TensorView)
+        p_ids = producer.get_logical_domain(no_reductions=True)
+        c_ids = expr.output.get_logical_domain(no_reductions=True)
+        code = self.code
+        result = Indices(valid=consumer.valid)
+        for p in producer.get_logical_domain():
+            result.of[id(p)] = "0"
+        merged = {tuple(group): index for group, index in consumer.groups}
+        for group in groups:
+            live_in = [d for d in group.inputs if not p_ids[d].is_broadcast]
+            if not live_in:
+                continue
+            outs = [c_ids[d] for d in group.outputs if not c_ids[d].is_broadcast]
+            flat = merged.get(tuple(id(i) for i in outs)) if len(outs) > 1 else None
+            if flat is None:
+                flat = "0"
+                for i in outs:
+                    index = consumer.of.get(id(i), "0")
+                    extent = int_expr(self.size_symbol(i))
+                    flat = index if flat == "0" else code.assign("ix", f"({flat}) * {extent} + {index}")
+            inner = "1"
+            for k, d in reversed(list(enumerate(live_in))):
+                quotient = flat if inner == "1" else f"({flat}) // ({inner})"
+                extent = int_expr(self.size_symbol(p_ids[d]))
+                text = quotient if k == 0 else f"({quotient}) % {extent}"
+                result.of[id(p_ids[d])] = text if text == flat else code.assign("ix", text)
+                inner = extent if inner == "1" else f"{inner} * {extent}"
+        # merged groups of the consumer that cover whole reshape groups: the same flat index
+        position = {id(i): d for d, i in enumerate(c_ids)}
+        for group_ids, index in consumer.groups:
+            if any(k not in position for k in group_ids):
+                continue
+            dims = [position[k] for k in group_ids if not c_ids[position[k]].is_broadcast]
+            chosen = [g for g in groups if set(dims) & set(g.outputs)]
+            between = [d for d in range(min(dims, default=0), max(dims, default=-1) + 1) if not c_ids[d].is_broadcast]
+            if dims != between or dims != sorted(d for g in chosen for d in g.outputs if not c_ids[d].is_broadcast):
+                continue
+            ins = tuple(id(p_ids[d]) for g in chosen for d in g.inputs if not p_ids[d].is_broadcast)
+            if len(ins) > 1:
+                result.groups.append((ins, index))
+        return result
 
     def _mapped_indices(self, expr: Expr, producer: TensorView, consumer: Indices) -> Indices:
         mapping = expr.logical_map(producer)

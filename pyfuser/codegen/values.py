@@ -51,6 +51,7 @@ from pyfuser.ir.ops import (
     PermuteOp,
     ReductionOp,
     ReductionOpType,
+    ReshapeOp,
     SliceOp,
     SqueezeOp,
     TernaryOp,
@@ -440,7 +441,7 @@ class ValueLowering:
             return self.value(v, None)
 
         code = self.code
-        if isinstance(expr, (*INDEX_ONLY_OPS, SliceOp)):
+        if isinstance(expr, (*INDEX_ONLY_OPS, SliceOp, ReshapeOp)):
             return operand(expr.inputs[0])
         if isinstance(expr, PadOp | CatOp):
             assert indices is not None and isinstance(out, TensorView)

@@ -14,6 +14,7 @@ from typing import Any
 
 from pyfuser.codegen.support import unsupported_in_pointwise_kernel
 from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.ops import ReshapeOp
 from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
 
 
@@ -28,7 +29,8 @@ class ExprEvalParams:
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     exprs = fusion.exprs()
-    kernel_ops = [e for e in exprs if unsupported_in_pointwise_kernel(e) is None]
+    # a reshape is a view ATen takes as well (one a kernel computes is fused with its neighbours)
+    kernel_ops = [e for e in exprs if unsupported_in_pointwise_kernel(e) is None and not isinstance(e, ReshapeOp)]
     if exprs and not kernel_ops:
         return True, ""
     names = ", ".join(e.op_description for e in kernel_ops) or "nothing"

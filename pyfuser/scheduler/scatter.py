@@ -30,6 +30,7 @@ from pyfuser.codegen.support import unsupported_in_pointwise_kernel
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.ops import ReshapeOp
 from pyfuser.ir.ops.indexing import IndexedRead
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.pointwise import flatten_in_memory_order, merge_range
@@ -113,6 +114,8 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
         reason = unsupported_in_pointwise_kernel(expr)
         if reason is not None:
             return False, reason
+        if isinstance(expr, ReshapeOp):
+            return False, f"{expr.op_description} producing {expr.outputs[0]}: reshapes are pointwise kernels"
         if isinstance(expr, IndexedRead):
             return False, (f"{expr.op_description} producing {expr.outputs[0]}: a scatter segment's launches read "
                            "their inputs where they iterate them, not at indexed positions")

@@ -12,11 +12,22 @@ communication produces; tensors inside a kernel segment stay local.
 
 from __future__ import annotations
 
+from pyfuser.ir.analysis.reshape import is_view_of
 from pyfuser.ir.analysis.sharding import is_resharding
 from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, inherited_stream_axes, producer_id
 from pyfuser.ir.base import Expr
+from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import BroadcastOp, ExpandOp, LoadStoreOp, LoadStoreOpType, PermuteOp, SliceOp, SqueezeOp
+from pyfuser.ir.ops import (
+    BroadcastOp,
+    ExpandOp,
+    LoadStoreOp,
+    LoadStoreOpType,
+    PermuteOp,
+    ReshapeOp,
+    SliceOp,
+    SqueezeOp,
+)
 from pyfuser.ir.tensor_view import MemoryType, TensorView, user_scheduled
 from pyfuser.options import CompileOptions
 from pyfuser.scheduler.registry import SchedulerType, SegmentView
@@ -55,6 +66,8 @@ class _Segmenter:
         #: so a cycle check walks the groups between the two it merges, not everything downstream.
         self.order: list[SegmentedGroup | None] = []  # None: a place left by a merge
         self.rank: dict[int, int] = {}
+        #: Whether groups holding a reshape may merge: only once every other merge was made (``run``).
+        self.reshapes_merge = False
 
     def run(self) -> list[SegmentedGroup]:
         for expr in self.exprs:
@@ -63,21 +76,31 @@ class _Segmenter:
             self.rank[id(group)] = len(self.order)
             self.order.append(group)
         if self.kernels:
-            self._merge_producers_into_consumers()
-            self._merge_siblings()
-            # Siblings merged may now take their producer, which neither took alone (a value that two
-            # slices of a rotary backward read: with one of them it had two outputs of other axes).
-            count = len(set(map(id, self.group_of.values())))
-            self._merge_producers_into_consumers()
-            if len(set(map(id, self.group_of.values()))) < count:
-                self._merge_siblings()
+            self._merge_rounds()
+            # Reshapes join kernels last: no reduction or normalization kernel computes one, so a
+            # reshape merged early would pull its producers and consumers away from the reduction
+            # kernels they join (a norm's input read through a reshape, a loss's labels flattened).
+            # Merged after, a reshape joins the pointwise kernels left on either side of it.
+            self.reshapes_merge = True
+            self._merge_rounds()
             self._merge_horizontally()
             self._views_read_by_aten_as_views()
             self._input_broadcasts_as_views()
+            self._reshapes_as_views()
         groups = self._topological(list(dict.fromkeys(self.group_of[id(e)] for e in self.exprs)))
         for group in groups:
             group.inputs, group.outputs = boundaries(self.fusion, group.exprs, self.live)
         return groups
+
+    def _merge_rounds(self) -> None:
+        self._merge_producers_into_consumers()
+        self._merge_siblings()
+        # Siblings merged may now take their producer, which neither took alone (a value that two
+        # slices of a rotary backward read: with one of them it had two outputs of other axes).
+        count = len(set(map(id, self.group_of.values())))
+        self._merge_producers_into_consumers()
+        if len(set(map(id, self.group_of.values()))) < count:
+            self._merge_siblings()
 
     def _topological(self, groups: list[SegmentedGroup]) -> list[SegmentedGroup]:
         """Groups in an order where each runs after the groups it reads from (merging can move a
@@ -198,6 +221,19 @@ class _Segmenter:
                 for e in group.exprs:
                     self.group_of[id(e)] = view
 
+    def _reshapes_as_views(self) -> None:
+        """A kernel that computes nothing but reshapes, each a view of its operand's layout (a kernel's
+        result reshaped for a matmul, a reshape of a dense input), would copy what ATen views for free:
+        it is an ATen call. A reshape ATen would copy (merging axes a permute or an expand separated in
+        memory) stays a kernel, one that writes the new shape in one pass."""
+        for group in dict.fromkeys(self.group_of[id(e)] for e in self.exprs):
+            if self._mergeable(group) and all(isinstance(e, ReshapeOp) and is_view_of(e, logical_order(e.tensor_inputs[0]))
+                                              for e in group.exprs):
+                view = SegmentedGroup(group.exprs, SchedulerType.expr_eval,
+                                      reason="a reshape its operand's layout makes a view")
+                for e in group.exprs:
+                    self.group_of[id(e)] = view
+
     # --- merging --------------------------------------------------------------------------------------
     def _merge_producers_into_consumers(self) -> None:
         for expr in self.exprs:
@@ -271,6 +307,8 @@ class _Segmenter:
         return producer_id(consumer_expr, tv, b.logical) is a.logical
 
     def _try_merge(self, a: SegmentedGroup, b: SegmentedGroup) -> SegmentedGroup | None:
+        if not self.reshapes_merge and any(isinstance(e, ReshapeOp) for e in (*a.exprs, *b.exprs)):
+            return None
         if self._creates_cycle(a, b):
             return None
         exprs = sorted([*a.exprs, *b.exprs], key=lambda e: self.position[id(e)])

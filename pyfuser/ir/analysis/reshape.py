@@ -1,0 +1,130 @@
+"""A reshape as groups of axes: which producer axes hold the elements of which consumer axes.
+
+Both shapes are cut into the shortest runs of axes with equal products (``[B, S, H*D] -> [B, S, H, D]``
+is ``[B]->[B]``, ``[S]->[S]``, ``[H*D]->[H, D]``), as nvFuser's reshape analysis splits and merges
+IDs. Inside a group the consumer's indices give one flat index (row-major over the group's consumer
+axes) and each producer axis is that flat index divided and wrapped by its group's inner extents. So
+a generated kernel reads a reshape's operand at computed positions, whatever the operand's strides
+(a reshape of a permuted or expanded value, which as an ATen call would copy).
+
+The groups are known only where the products can be compared: constant extents, or equal symbolic
+extents paired one to one. Any other reshape stays an ATen call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pyfuser.ir.base import Expr
+from pyfuser.ir.iter_domain import IterDomain
+from pyfuser.ir.ops import ReshapeOp
+from pyfuser.ir.symbolic import SymExpr
+from pyfuser.ir.tensor_view import TensorView
+
+
+@dataclass(frozen=True)
+class ReshapeGroup:
+    """Producer axes ``inputs`` hold the elements of consumer axes ``outputs`` (logical positions,
+    reductions left out), both row-major; either side may be empty where it is only axes of size 1."""
+
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+def _const(e: SymExpr) -> int | None:
+    return e.value
+
+
+def reshape_groups(expr: ReshapeOp) -> list[ReshapeGroup] | None:
+    """The groups of ``expr`` in axis order, or None where extents that are not constant keep them
+    from being known (or an extent is 0: every grouping holds, and no kernel reads anything)."""
+    producer = expr.inputs[0]
+    assert isinstance(producer, TensorView)
+    src = [i.extent for i in producer.get_logical_domain(no_reductions=True)]
+    dst = [i.extent for i in expr.output.get_logical_domain(no_reductions=True)]
+    return _groups(src, dst)
+
+
+def _groups(src: Sequence[SymExpr], dst: Sequence[SymExpr]) -> list[ReshapeGroup] | None:
+    if any(_const(e) == 0 for e in (*src, *dst)):
+        return None
+    groups: list[ReshapeGroup] = []
+    s = t = 0
+    while s < len(src) or t < len(dst):
+        if s < len(src) and _const(src[s]) == 1 and not (t < len(dst) and _const(dst[t]) == 1):
+            groups.append(ReshapeGroup((s,), ()))
+            s += 1
+            continue
+        if t < len(dst) and _const(dst[t]) == 1 and not (s < len(src) and _const(src[s]) == 1):
+            groups.append(ReshapeGroup((), (t,)))
+            t += 1
+            continue
+        if s == len(src) or t == len(dst):
+            return None  # elements left on one side only: not a reshape of these extents
+        if src[s] == dst[t]:
+            groups.append(ReshapeGroup((s,), (t,)))
+            s, t = s + 1, t + 1
+            continue
+        a, b = _const(src[s]), _const(dst[t])
+        if a is None or b is None:
+            return None
+        ins, outs = [s], [t]
+        s, t = s + 1, t + 1
+        while a != b:
+            if a < b:
+                if s == len(src) or _const(src[s]) is None:
+                    return None
+                a *= _const(src[s]) or 0
+                ins.append(s)
+                s += 1
+            else:
+                if t == len(dst) or _const(dst[t]) is None:
+                    return None
+                b *= _const(dst[t]) or 0
+                outs.append(t)
+                t += 1
+        groups.append(ReshapeGroup(tuple(ins), tuple(outs)))
+    return groups
+
+
+def reshaped_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int], allowed: set[int]) -> set[int]:
+    """``allowed`` (ID classes of a kernel's reference) grown by the axes of reshapes' operands whose
+    consumer axes are all in it, consumers before producers (``exprs`` in definition order, walked
+    backwards): a kernel iterating the reshape's result reaches every element of its operand."""
+    grown = set(allowed)
+    for expr in reversed(exprs):
+        if not isinstance(expr, ReshapeOp):
+            continue
+        out_ids = expr.output.get_logical_domain(no_reductions=True)
+        if all(i.is_broadcast or class_of(i) in grown for i in out_ids):
+            producer = expr.inputs[0]
+            assert isinstance(producer, TensorView)
+            grown.update(class_of(i) for i in producer.get_logical_domain(no_reductions=True))
+    return grown
+
+
+def is_view_of(expr: ReshapeOp, order: Sequence[IterDomain]) -> bool:
+    """Whether ATen reshapes ``expr``'s operand as a view when it is laid out densely in ``order`` (its
+    logical IDs, outermost first): each group of several producer axes of more than one element is
+    adjacent in memory, outer before inner, and none of them is expanded (stride 0 beside a stride)."""
+    groups = reshape_groups(expr)
+    if groups is None:
+        return False
+    producer = expr.inputs[0]
+    assert isinstance(producer, TensorView)
+    ids = producer.get_logical_domain(no_reductions=True)
+    memory = [i for i in order if i.extent.value != 1 and not i.is_reduction]
+    for group in groups:
+        merged = [ids[d] for d in group.inputs if ids[d].extent.value != 1]
+        if len(merged) < 2:
+            continue
+        if any(i.expanded for i in merged):
+            return False
+        try:
+            start = memory.index(merged[0])
+        except ValueError:
+            return False
+        if memory[start:start + len(merged)] != merged:
+            return False
+    return True
