@@ -10,10 +10,11 @@ import pytest
 import torch
 import torch._dynamo
 from torch._functorch import config as functorch_config
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from pyfuser.integrations.torch_compile import LOWERINGS, PyfuserBackend
 from pyfuser.integrations.torch_compile.bound_graph import WARM_CALLS
-from pyfuser.integrations.torch_compile.support import op_name
+from pyfuser.integrations.torch_compile.support import op_name, refusal
 from tests.conftest import devices
 from tests.integrations.torch_compile_cases import CASES, Case
 
@@ -133,3 +134,20 @@ def test_an_embeddings_gradient_is_a_scatter_kernel(dtype: torch.dtype, padding_
         eager = [e for g in backend.graphs for e in g.eager]
         assert ("scatter_kernel" in summaries) != deterministic, summaries
         assert any("embedding_dense_backward" in e for e in eager) == deterministic, eager
+
+
+def test_indexing_and_floor_division_that_stay_in_eager_say_why() -> None:
+    """Boolean indices (a data-dependent size), an index_put that does not accumulate (ATen's order among
+    duplicates) and floor division of floats (torch's rounding) are refused with their reasons."""
+    def fn(x: torch.Tensor, mask: torch.Tensor, idx: torch.Tensor, v: torch.Tensor) -> Any:
+        aten = torch.ops.aten
+        return (aten.index.Tensor(x, [mask]), aten.index_put.default(x, [idx], v), aten.floor_divide.default(x, 3.0),
+                aten.div.Tensor_mode(x, 2.0, rounding_mode="floor"))
+
+    examples = (torch.randn(5, 3), torch.rand(5) > 0.5, torch.tensor([1, 3]), torch.randn(2, 3))
+    gm = make_fx(fn, tracing_mode="fake")(*examples)
+    reasons = {str(n.target): refusal(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert "index.Tensor by a torch.bool index" in reasons["aten.index.Tensor"]
+    assert reasons["aten.index_put.default"] == "index_put without accumulation"
+    assert "floor division of floating tensors" in reasons["aten.floor_divide.default"]
+    assert "floor division of floating tensors" in reasons["aten.div.Tensor_mode"]

@@ -1,11 +1,11 @@
 """Indexing ops: index_select, select, gather / take_along_axis, index, scatter, embedding and
 index_put_accumulate, evaluated with ATen.
 
-index_select, gather / take_along_axis, index and embedding are ``IndexedRead``s: the output reads one
-operand (the lookup tensor) at positions integer tensors hold along some of its axes (one, or several
-for ``index``), and at its own positions on the others. A generated kernel computes them as an indirect load from the lookup
-tensor, which must then be a segment input in global memory (nvFuser's lookup tv), while the index
-and the output are iterated by the loop nest like any tensor.
+index_select, gather / take_along_axis, index and embedding are ``IndexedRead``s: the output reads
+one operand (the lookup tensor) at positions integer tensors hold along some of its axes (one, or
+several for ``index``), and at its own positions on the others. A generated kernel computes them as
+an indirect load from the lookup tensor, which must then be a segment input in global memory
+(nvFuser's lookup tv), while the index and the output are iterated by the loop nest like any tensor.
 
 Every index is checked against the extent it indexes before ATen reads with it, never an
 out-of-bounds read. On a CPU an out-of-range index is a ValueError naming the tensor, the axis, the
@@ -234,19 +234,25 @@ class IndexOp(IndexedRead):
     def index_reads(self) -> list[tuple[int, TensorView]]:
         return [(d, self.tensor_input(k + 1)) for k, d in enumerate(self.dims)]
 
+    def _by_axis(self, indices: Sequence[Any]) -> list[Any]:
+        """``indices`` (one per indexed axis) at their axes' places, None at the axes kept whole: the
+        argument of ``aten.index.Tensor`` and ``fd.ops.index``."""
+        key: list[Any] = [None] * (max(self.dims) + 1)
+        for d, index in zip(self.dims, indices, strict=True):
+            key[d] = index
+        return key
+
     def lookup_axes(self) -> list[tuple[int, int]]:
         kept = [d for d in range(self.lookup.ndim) if d not in self.dims]
         return [(d, k if k < self.at else k + self.width) for k, d in enumerate(kept)]
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor, *indices: torch.Tensor) -> list[Any]:
         arg = self.tensor_input(0, as_defined=True)
-        key: list[torch.Tensor | None] = [None] * (max(self.dims) + 1)
         for k, (d, index) in enumerate(zip(self.dims, indices, strict=True)):
             check_indices("index", index, self.tensor_input(k + 1, as_defined=True), x.shape[d], arg, d,
                           allow_negative=True)
-            key[d] = index
         # ATen's op, not ``x[...]``: Python indexing by a 0-dim tensor is a view (a select), never a copy
-        return [torch.ops.aten.index.Tensor(x, key)]
+        return [torch.ops.aten.index.Tensor(x, self._by_axis(indices))]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         out_ids = self.output.get_logical_domain()
@@ -257,10 +263,7 @@ class IndexOp(IndexedRead):
         return {i: out_ids[start + j] for j, i in enumerate(ids)}
 
     def python_call(self) -> PythonCall:
-        indices: list[Val | None] = [None] * (max(self.dims) + 1)
-        for d, index in self.index_reads():
-            indices[d] = index
-        return PythonCall("index", (self.inputs[0], indices))
+        return PythonCall("index", (self.inputs[0], self._by_axis(self.inputs[1:])))
 
     def to_string(self, indent: int = 0) -> str:
         return call_string(self.output, "index", self.inputs, f"dims = {list(self.dims)}", indent)
