@@ -3,7 +3,9 @@ generated kernels by scheduler, the ATen calls inside its regions and the eager 
 and the host synchronizations (ATen calls that read a value back: on a GPU, each waits for the device).
 
 Runs on a CPU (kernels through Triton's interpreter) at the zoo's tiny size: fusion decisions do not depend
-on the sizes. Inductor's fusion of the same step: ``TORCH_LOGS=output_code`` on ``backend="inductor"``.
+on the sizes, but for reductions of at most 7 elements, which are pointwise math
+(``preseg/unrolled_reductions.py``): the tiny size's 4 experts make Mixtral's router softmax pointwise, the
+default size's 8 do not. Inductor's fusion of the same step: ``TORCH_LOGS=output_code`` on ``backend="inductor"``.
 
     python benchmarks/fusion_counts.py --models llama,gpt2 --modes training,inference
     python benchmarks/fusion_counts.py --device cuda   # host syncs as a GPU step has them

@@ -18,6 +18,7 @@ from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_a
 from pyfuser.ir.domain_replay import is_permutation_of_logical, logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import Layout
+from pyfuser.ir.ops import LoadStoreOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, DisableOption, DumpOption, dump
 from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
@@ -60,7 +61,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
             dense = id(original) in written_by_kernel and not chunked
             layouts[original.name] = _layout(fusion, original, dense, chunked)
     scheduling = KernelScheduling.of(group.scheduler, options.device)
-    name = f"{group.scheduler.name}_kernel"
+    name = kernel_name(group)
     target = kernel_target(options.device)
 
     unscheduled: list[Fusion] = []  # a copy analyzed for its extents, scheduled by the first build
@@ -90,6 +91,30 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         return build(None)
     perms = tuple(layouts[o.name].perm for o in group.outputs)
     return SizeDispatchedKernel(name, build, buckets, perms)
+
+
+#: How many characters of op names a kernel's name carries (Triton names the GPU function after it).
+_NAME_OPS_LENGTH = 48
+
+
+def kernel_name(group: SegmentedGroup) -> str:
+    """``<scheduler>_<ops>_kernel``: the segment's distinct ops in order (as ``fd.ops`` names them, data
+    movement between memories left out) up to ``_NAME_OPS_LENGTH`` characters, so a profile tells
+    kernels apart as Inductor's ``triton_poi_fused_<ops>`` names do. Kernels of equal structure (one per
+    layer) keep equal names, so their sources stay equal and compile once."""
+    ops: list[str] = []
+    length = 0
+    for expr in group.exprs:
+        if isinstance(expr, LoadStoreOp):
+            continue
+        op = expr.python_call().op
+        if op in ops:
+            continue
+        if length + len(op) > _NAME_OPS_LENGTH:
+            break
+        ops.append(op)
+        length += len(op) + 1
+    return "_".join([group.scheduler.name, *ops, "kernel"])
 
 
 def scheduled_ir(fusion: Fusion) -> str:

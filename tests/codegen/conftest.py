@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition
-from pyfuser.scheduler.registry import Machine
+from pyfuser.scheduler.registry import Machine, SchedulerType
 
 RunKernels = Callable[..., list[torch.Tensor]]
 
@@ -55,5 +55,7 @@ def kernel_segments(fd: FusionDefinition) -> list[Any]:
 
 
 def kernel_schedulers(fd: FusionDefinition) -> list[str]:
-    """The scheduler of each kernel the latest execution launched (``pointwise``, ``reduction``, ...)."""
-    return [s.name.removesuffix("_kernel") for s in kernel_segments(fd)]
+    """The scheduler of each kernel the latest execution launched (``pointwise``, ``reduction``, ...): the
+    longest scheduler name that begins its kernel's name (``<scheduler>_<ops>_kernel``)."""
+    names = sorted((t.name for t in SchedulerType), key=len, reverse=True)
+    return [next(n for n in names if s.name.startswith(f"{n}_")) for s in kernel_segments(fd)]

@@ -6,6 +6,7 @@ of -inf, +inf and NaN, and as accurate against float64."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -114,7 +115,7 @@ def _rows(rows: int, cols: int, dtype: torch.dtype, device: str, layout: str = "
 def _normalization_kernel_code(fd: FusionDefinition) -> str:
     """The source of the latest execution's normalization kernel (the first kernel)."""
     code = fd.last_kernel_code()
-    start = code.index("_persistent_kernel(")
+    start = re.search(r"def \w*persistent_\w*kernel\(", code).start()
     end = code.find("\ndef ", start + 1)
     return code[start:end if end >= 0 else len(code)]
 

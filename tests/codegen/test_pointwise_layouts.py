@@ -3,6 +3,8 @@ expanded, strided, offset, empty, size-1 and non-divisible shapes."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -88,7 +90,7 @@ def test_shape_ops_inside_one_kernel(device: str, run_kernels) -> None:
     expected = x.squeeze(1).t() + b[:, None]
     torch.testing.assert_close(got[0], expected)
     torch.testing.assert_close(got[1], expected * 2)
-    assert fd.last_kernel_code().count("def pointwise_kernel(") == 1, "one kernel"
+    assert len(re.findall(r"def pointwise_\w*kernel\(", fd.last_kernel_code())) == 1, "one kernel"
 
 
 def test_creation_ops_and_scalar_inputs(device: str, run_kernels) -> None:

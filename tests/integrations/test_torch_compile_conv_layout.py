@@ -111,7 +111,7 @@ def test_inference_convolutions_read_channels_last(dtype: torch.dtype) -> None:
     assert len(norms) == 2
     for region in norms:
         summary = region.summary()
-        computing = [line for line in summary.splitlines() if " kernel " in line and "transpose_kernel" not in line]
+        computing = [line for line in summary.splitlines() if " kernel " in line and " kernel transpose_" not in line]
         assert len(computing) == 1 and "Reshape" not in summary, summary
     assert graph.layout is None
     convolutions = [n for n in graph.graph_module.graph.nodes if n.target is aten.convolution.default]

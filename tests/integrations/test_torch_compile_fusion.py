@@ -4,6 +4,8 @@ the counts they reached (``benchmarks/fusion_counts.py`` prints them for every d
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch._dynamo
@@ -171,7 +173,7 @@ def test_an_indexed_mask_is_computed_in_the_softmax_kernel(dtype: torch.dtype) -
     memory): the positions and segment ids are read at indexed positions inside the softmax's kernel
     (Inductor's one kernel); results equal eager's."""
     g = torch.Generator().manual_seed(0)
-    b, h, s = 2, 3, 7
+    b, h, s = 2, 3, 11  # more keys than a softmax unrolled into pointwise math (preseg/unrolled_reductions.py)
     scores = torch.randn(b, h, s, s, generator=g).to(dtype)
     positions = torch.arange(s)[None].expand(b, s) + torch.randint(0, 3, (b, 1), generator=g)
     starts = (torch.rand(b, s, generator=g) > 0.7).long()
@@ -184,7 +186,8 @@ def test_an_indexed_mask_is_computed_in_the_softmax_kernel(dtype: torch.dtype) -
     (region,) = graph.regions
     summary = region.summary()
     assert any("index.Tensor" in node for node in region.nodes), region.nodes
-    assert summary.count("inner_persistent_kernel") == 1 and "ATen calls: Scan x1" in summary, summary
+    assert len(re.findall(r"kernel inner_persistent_\w*kernel ", summary)) == 1, summary
+    assert "ATen calls: Scan x1" in summary, summary
 
 
 #: a tiny Llama's step (one layer, float32), as fusion_counts counts it: generated kernels, ATen calls
@@ -192,8 +195,10 @@ def test_an_indexed_mask_is_computed_in_the_softmax_kernel(dtype: torch.dtype) -
 #: and between them. Lower them when a change lowers the count; never raise one without lowering the other
 #: more (the embedding's backward, one ATen call of several CUDA kernels, a sort among them, is one scatter
 #: kernel since; the grouped-query attention's key and value repeats, ATen copies after the regions, are
-#: written by the regions' kernels since; the causal mask, built from aranges, is folded into SDPA's is_causal).
-LLAMA_TRAINING_KERNELS = 24
+#: written by the regions' kernels since; the causal mask, built from aranges, is folded into SDPA's is_causal;
+#: the sums over the key / value repeats are pointwise math in RoPE's backward kernels, and the logits' own
+#: gradient is added in the loss's backward kernel).
+LLAMA_TRAINING_KERNELS = 22
 LLAMA_INFERENCE_KERNELS = 8
 LLAMA_TRAINING_OTHER_ATEN = 2
 LLAMA_INFERENCE_OTHER_ATEN = 1

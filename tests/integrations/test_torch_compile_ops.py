@@ -132,7 +132,7 @@ def test_an_embeddings_gradient_is_a_scatter_kernel(dtype: torch.dtype, padding_
         torch.testing.assert_close(got, embedding.weight.grad)
         summaries = "\n".join(r.summary() for g in backend.graphs for r in g.regions)
         eager = [e for g in backend.graphs for e in g.eager]
-        assert ("scatter_kernel" in summaries) != deterministic, summaries
+        assert ("kernel scatter_" in summaries) != deterministic, summaries
         assert any("embedding_dense_backward" in e for e in eager) == deterministic, eager
 
 

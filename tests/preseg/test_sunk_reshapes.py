@@ -1,0 +1,79 @@
+"""A reshape sinks past pointwise math whose other operands are dense inputs of its shape (they are reshaped
+instead, as views), and reshapes that restore a shape cancel: a language model's loss gradient, reshaped to
+[batch, tokens, vocab], plus the logits' own gradient and reshaped back, is computed in the softmax's
+kernel. Through generated kernels (Triton's interpreter on CPU) against torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyfuser import FusionDefinition
+from tests.codegen.conftest import execute_with_kernels, kernel_schedulers
+
+
+def _static(fd: FusionDefinition, x: torch.Tensor):
+    return fd.define_tensor(sizes=list(x.shape), strides=list(x.stride()), static_sizes=True, dtype=x.dtype)
+
+
+def _loss_gradient(logits: torch.Tensor, tangent: torch.Tensor, output_sum: bool = False) -> FusionDefinition:
+    """softmax(logits) over [batch * tokens, vocab], reshaped to ``tangent``'s shape, plus ``tangent``, reshaped
+    back (``output_sum``: the [batch, tokens, vocab] sum is an output too)."""
+    with FusionDefinition() as fd:
+        x, t = _static(fd, logits), _static(fd, tangent)
+        shifted = fd.ops.exp(fd.ops.sub(x, fd.ops.max(x, [1], True)))
+        probs = fd.ops.div(shifted, fd.ops.sum(shifted, [1], True))
+        total = fd.ops.add(t, fd.ops.reshape(probs, list(tangent.shape)))
+        fd.add_output(fd.ops.reshape(total, list(logits.shape)))
+        if output_sum:
+            fd.add_output(total)
+    return fd
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_reshaped_gradient_sum_is_computed_in_the_softmax_kernel(dtype: torch.dtype, device: str) -> None:
+    logits = torch.randn(6, 40, device=device).to(dtype)
+    tangent = torch.randn(2, 3, 40, device=device).to(dtype)
+    fd = _loss_gradient(logits, tangent)
+    (out,) = execute_with_kernels(fd, [logits, tangent])
+
+    def reference(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        shifted = (x - x.amax(1, True)).exp()
+        return (t + (shifted / shifted.sum(1, True)).view(2, 3, 40)).view(6, 40)
+
+    exact = reference(logits.double(), tangent.double())
+    torch_error = (reference(logits, tangent).double() - exact).abs().max().item()
+    assert out.dtype == dtype and (out.double() - exact).abs().max().item() <= 2 * torch_error + 1e-6
+    assert kernel_schedulers(fd) == ["inner_persistent"]
+
+
+def test_a_permuted_input_keeps_the_reshape(device: str) -> None:
+    """The input's reshape would be a copy: the add stays a kernel of its own beside the softmax's."""
+    logits = torch.randn(6, 40, device=device)
+    tangent = torch.randn(2, 40, 3, device=device).transpose(1, 2)
+    fd = _loss_gradient(logits, tangent)
+    (out,) = execute_with_kernels(fd, [logits, tangent])
+    torch.testing.assert_close(out, (tangent + torch.softmax(logits, 1).view(2, 3, 40)).reshape(6, 40))
+    assert len(kernel_schedulers(fd)) == 2
+
+
+def test_a_reshaped_sum_that_is_an_output_is_written(device: str) -> None:
+    logits = torch.randn(6, 40, device=device)
+    tangent = torch.randn(2, 3, 40, device=device)
+    fd = _loss_gradient(logits, tangent, output_sum=True)
+    flat, total = execute_with_kernels(fd, [logits, tangent])
+    expected = tangent + torch.softmax(logits, 1).view(2, 3, 40)
+    torch.testing.assert_close(total, expected)
+    torch.testing.assert_close(flat, expected.view(6, 40))
+
+
+def test_a_broadcast_operand_keeps_the_reshape(device: str) -> None:
+    """An operand broadcast over the reshaped axes is not of the reshape's shape: nothing moves."""
+    logits = torch.randn(6, 40, device=device)
+    bias = torch.randn(1, 3, 40, device=device)
+    with FusionDefinition() as fd:
+        x, b = _static(fd, logits), _static(fd, bias)
+        probs = fd.ops.exp(fd.ops.sub(x, fd.ops.max(x, [1], True)))
+        fd.add_output(fd.ops.reshape(fd.ops.add(fd.ops.reshape(probs, [2, 3, 40]), b), [6, 40]))
+    (out,) = execute_with_kernels(fd, [logits, bias])
+    torch.testing.assert_close(out, ((logits - logits.amax(1, True)).exp().view(2, 3, 40) + bias).view(6, 40))
