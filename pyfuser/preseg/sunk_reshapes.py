@@ -56,10 +56,10 @@ def _compose(fusion: Fusion, expr: ReshapeOp) -> bool:
 def _sink(fusion: Fusion, expr: ReshapeOp) -> bool:
     """``op(reshape(x), y, ...)`` as ``reshape(op(x, reshape(y), ...))`` where the reshape's only use is
     that pointwise op, whose result is reshaped back to ``x``'s shape (the two then cancel) and read
-    otherwise only by matmuls (a library call reads the sunk reshape as a view; left between two kernels'
-    math, a reshape would split them), its other tensor operands are dense
-    fusion inputs of its shape whose reshape is a view, and ``x`` is computed in the fusion (an input's
-    reshape is a view already)."""
+    otherwise only by matmuls (a library call reads the sunk reshape as a view; left between two
+    kernels' math, a reshape would split them), whose other tensor operands are dense fusion inputs of
+    its shape (their reshapes views), and where ``x`` is computed in the fusion (an input's reshape is a
+    view already)."""
     x, out = expr.tensor_inputs[0], expr.output
     if out.is_fusion_output or len(out.uses) != 1 or x.definition is None or not (_static(x) and _static(out)):
         return False
@@ -71,19 +71,18 @@ def _sink(fusion: Fusion, expr: ReshapeOp) -> bool:
     if result.is_fusion_output or not back or not all(u in back or isinstance(u, MatmulOp | LinearOp)
                                                       for u in result.uses):
         return False
-    others = [v for v in use.tensor_inputs if v is not out]
+    others = list({id(v): v for v in use.tensor_inputs if v is not out}.values())
     if _shape(result) != _shape(out) or not _static(result) or not all(
             v.is_fusion_input and _shape(v) == _shape(out) and _dense(v) and _static(v) for v in others):
         return False
-    views = {id(v): _reshaped(fusion, v, x) for v in others}
-    if not all(is_view_of(view.definition, logical_order(v)) for v in others
-               if isinstance((view := views[id(v)]).definition, ReshapeOp)):
-        for v in others:  # not views: the reshapes are dropped
-            v.uses[:] = [e for e in v.uses if e is not views[id(v)].definition]
+    views = {id(v): ReshapeOp(fusion, _like(x, v), v) for v in others}
+    if not all(is_view_of(views[id(v)], logical_order(v)) for v in others):
+        for v in others:  # a copy, not a view: the reshapes are dropped
+            v.uses.remove(views[id(v)])
         return False
     computed = _like(x, result)
     for v in (out, *others):
-        use.replace_input(v, x if v is out else views[id(v)])
+        use.replace_input(v, x if v is out else views[id(v)].output)
     use.replace_output(result, computed)
     ReshapeOp(fusion, result, computed)
     x.uses[:] = [e for e in x.uses if e is not expr]
@@ -99,9 +98,4 @@ def _like(shape: TensorView, dtype: TensorView) -> TensorView:
     return TensorView(shape.fusion, TensorDomain([i.clone() for i in shape.get_logical_domain(no_reductions=True)]),
                       dtype.dtype)
 
-
-def _reshaped(fusion: Fusion, tv: TensorView, shape: TensorView) -> TensorView:
-    out = _like(shape, tv)
-    ReshapeOp(fusion, out, tv)
-    return out
 
