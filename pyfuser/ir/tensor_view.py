@@ -376,10 +376,10 @@ def user_scheduled(tv: TensorView) -> bool:
     return any(i.parallel_type is not ParallelType.serial for i in loop)
 
 
-def new_like(tv: TensorView) -> TensorView:
-    """A fresh local tensor with ``tv``'s logical shape (reductions dropped) and dtype."""
+def new_like(tv: TensorView, dtype: DataType | None = None) -> TensorView:
+    """A fresh local tensor with ``tv``'s logical shape (reductions dropped), in ``tv``'s dtype or ``dtype``."""
     logical = [i.clone() for i in tv.get_logical_domain(no_reductions=True)]
-    return TensorView(tv.fusion, TensorDomain(logical), tv.dtype)
+    return TensorView(tv.fusion, TensorDomain(logical), tv.dtype if dtype is None else dtype)
 
 
 def _ids(ids: Sequence[IterDomain]) -> str:

@@ -15,8 +15,7 @@ from pyfuser.ir.analysis.reshape import is_view_of
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import BinaryOp, LinearOp, MatmulOp, ReshapeOp, TernaryOp, UnaryOp
-from pyfuser.ir.tensor_domain import TensorDomain
-from pyfuser.ir.tensor_view import TensorView, user_scheduled
+from pyfuser.ir.tensor_view import TensorView, new_like, user_scheduled
 from pyfuser.options import CompileOptions
 
 
@@ -75,12 +74,12 @@ def _sink(fusion: Fusion, expr: ReshapeOp) -> bool:
     if _shape(result) != _shape(out) or not _static(result) or not all(
             v.is_fusion_input and _shape(v) == _shape(out) and _dense(v) and _static(v) for v in others):
         return False
-    views = {id(v): ReshapeOp(fusion, _like(x, v), v) for v in others}
+    views = {id(v): ReshapeOp(fusion, new_like(x, v.dtype), v) for v in others}
     if not all(is_view_of(views[id(v)], logical_order(v)) for v in others):
         for v in others:  # a copy, not a view: the reshapes are dropped
             v.uses.remove(views[id(v)])
         return False
-    computed = _like(x, result)
+    computed = new_like(x, result.dtype)
     for v in (out, *others):
         use.replace_input(v, x if v is out else views[id(v)].output)
     use.replace_output(result, computed)
@@ -93,9 +92,5 @@ def _dense(tv: TensorView) -> bool:
     return all(c is not False for c in tv.contiguity)
 
 
-def _like(shape: TensorView, dtype: TensorView) -> TensorView:
-    """A new tensor of ``shape``'s logical shape and ``dtype``'s dtype."""
-    return TensorView(shape.fusion, TensorDomain([i.clone() for i in shape.get_logical_domain(no_reductions=True)]),
-                      dtype.dtype)
 
 

@@ -23,7 +23,7 @@ from pyfuser.ir.iter_domain import IterDomain, IterType
 from pyfuser.ir.ops import BinaryOp, BinaryOpType, ReductionOp, ReductionOpType, SliceOp, SqueezeOp, UnaryOp, UnaryOpType
 from pyfuser.ir.symbolic import as_sym
 from pyfuser.ir.tensor_domain import TensorDomain
-from pyfuser.ir.tensor_view import TensorView, user_scheduled
+from pyfuser.ir.tensor_view import TensorView, new_like, user_scheduled
 from pyfuser.options import CompileOptions
 
 #: The most elements a reduction may combine per result and still become pointwise math: each result then
@@ -90,15 +90,15 @@ def _unroll(fusion: Fusion, expr: ReductionOp, extents: list[int]) -> None:
         pieces.append(_cast(fusion, piece, accumulate))
     combined = pieces[0]
     for piece in pieces[1:]:
-        total = _like(combined, accumulate)
+        total = new_like(combined, accumulate)
         BinaryOp(fusion, _COMBINE[expr.kind], total, combined, piece)
         combined = total
     if expr.kind is ReductionOpType.mean:
-        mean = _like(combined, accumulate)
+        mean = new_like(combined, accumulate)
         BinaryOp(fusion, BinaryOpType.truediv, mean, combined, Scalar(fusion, accumulate, math.prod(extents)))
         combined = mean
     combined = _cast(fusion, combined, out.dtype)
-    result = _like(out, out.dtype)
+    result = new_like(out)
     SqueezeOp(fusion, result, combined, [d in expr.axes for d in range(len(logical))])
     x.uses[:] = [e for e in x.uses if e is not expr]
     for use in list(out.uses):
@@ -110,14 +110,9 @@ def _unroll(fusion: Fusion, expr: ReductionOp, extents: list[int]) -> None:
     fusion.mark_changed()
 
 
-def _like(tv: TensorView, dtype: DataType) -> TensorView:
-    """A new tensor of ``tv``'s shape in ``dtype``."""
-    return TensorView(tv.fusion, TensorDomain([i.clone() for i in tv.get_logical_domain(no_reductions=True)]), dtype)
-
-
 def _cast(fusion: Fusion, tv: TensorView, dtype: DataType) -> TensorView:
     if tv.dtype is dtype:
         return tv
-    cast = _like(tv, dtype)
+    cast = new_like(tv, dtype)
     UnaryOp(fusion, UnaryOpType.cast, cast, tv)
     return cast

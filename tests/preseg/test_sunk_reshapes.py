@@ -12,15 +12,11 @@ from pyfuser import FusionDefinition
 from tests.codegen.conftest import execute_with_kernels, kernel_schedulers
 
 
-def _static(fd: FusionDefinition, x: torch.Tensor):
-    return fd.define_tensor(sizes=list(x.shape), strides=list(x.stride()), static_sizes=True, dtype=x.dtype)
-
-
 def _loss_gradient(logits: torch.Tensor, tangent: torch.Tensor, output_sum: bool = False) -> FusionDefinition:
     """softmax(logits) over [batch * tokens, vocab], reshaped to ``tangent``'s shape, plus ``tangent``, reshaped
     back (``output_sum``: the [batch, tokens, vocab] sum is an output too)."""
     with FusionDefinition() as fd:
-        x, t = _static(fd, logits), _static(fd, tangent)
+        x, t = fd.from_pytorch(logits, static_sizes=True), fd.from_pytorch(tangent, static_sizes=True)
         shifted = fd.ops.exp(fd.ops.sub(x, fd.ops.max(x, [1], True)))
         probs = fd.ops.div(shifted, fd.ops.sum(shifted, [1], True))
         total = fd.ops.add(t, fd.ops.reshape(probs, list(tangent.shape)))
@@ -72,7 +68,7 @@ def test_a_broadcast_operand_keeps_the_reshape(device: str) -> None:
     logits = torch.randn(6, 40, device=device)
     bias = torch.randn(1, 3, 40, device=device)
     with FusionDefinition() as fd:
-        x, b = _static(fd, logits), _static(fd, bias)
+        x, b = fd.from_pytorch(logits, static_sizes=True), fd.from_pytorch(bias, static_sizes=True)
         probs = fd.ops.exp(fd.ops.sub(x, fd.ops.max(x, [1], True)))
         fd.add_output(fd.ops.reshape(fd.ops.add(fd.ops.reshape(probs, [2, 3, 40]), b), [6, 40]))
     (out,) = execute_with_kernels(fd, [logits, bias])

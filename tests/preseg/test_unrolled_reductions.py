@@ -17,13 +17,10 @@ REFERENCE = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "amin": t
 OPS = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min"}
 
 
-def _static(fd: FusionDefinition, x: torch.Tensor):
-    return fd.define_tensor(sizes=list(x.shape), strides=list(x.stride()), static_sizes=True, dtype=x.dtype)
-
 
 def _reduce(x: torch.Tensor, op: str, axes: list[int], keepdim: bool = False) -> FusionDefinition:
     with FusionDefinition() as fd:
-        fd.add_output(getattr(fd.ops, OPS[op])(_static(fd, x), axes, keepdim))
+        fd.add_output(getattr(fd.ops, OPS[op])(fd.from_pytorch(x, static_sizes=True), axes, keepdim))
     return fd
 
 
@@ -77,7 +74,7 @@ def test_keepdim_results_broadcast_back(device: str) -> None:
     """A softmax over 6 experts: the max and the sum are pointwise math, read back across the row."""
     x = torch.randn(33, 6, device=device)
     with FusionDefinition() as fd:
-        tx = _static(fd, x)
+        tx = fd.from_pytorch(x, static_sizes=True)
         shifted = fd.ops.exp(fd.ops.sub(tx, fd.ops.max(tx, [1], True)))
         fd.add_output(fd.ops.div(shifted, fd.ops.sum(shifted, [1], True)))
     (out,) = execute_with_kernels(fd, [x])
@@ -95,7 +92,7 @@ def test_gqa_backward_sum_and_rotation_are_one_kernel(dtype: torch.dtype, device
     grads = torch.randn(b, kv * rep, s, d, device=device).to(dtype)
     cos, sin = torch.randn(1, s, d, device=device).to(dtype), torch.randn(1, s, d, device=device).to(dtype)
     with FusionDefinition() as fd:
-        tg, tc, ts = _static(fd, grads), _static(fd, cos), _static(fd, sin)
+        tg, tc, ts = (fd.from_pytorch(t, static_sizes=True) for t in (grads, cos, sin))
         summed = fd.ops.sum(fd.ops.reshape(tg, [b, kv, rep, s, d]), [2])
         flags = [False, True, False, False]
         by_sin = fd.ops.mul(summed, fd.ops.broadcast(ts, flags))
