@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pyfuser import DataType, FusionDefinition
@@ -366,7 +366,9 @@ def _index_fusion(arg: torch.Tensor, indices: list[torch.Tensor | None]) -> Fusi
 
 
 def _index_expected(arg: torch.Tensor, indices: list[torch.Tensor | None]) -> torch.Tensor:
-    return (arg.float()[tuple(slice(None) if i is None else i for i in indices)] * 2).to(arg.dtype)
+    """``aten.index.Tensor``'s result, the op ``fd.ops.index`` is: Python's ``arg[...]`` reads a 0-dim index
+    tensor as an integer (a basic index), so with another index apart it places the index axes elsewhere."""
+    return (torch.ops.aten.index.Tensor(arg.float(), indices) * 2).to(arg.dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
@@ -454,6 +456,7 @@ def _indexings(draw: st.DrawFn) -> tuple[list[int], list[list[int] | None], int]
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=_indexings())
+@example(case=([1, 1, 2, 1], [[], None, None, [1]], 0))  # a 0-dim index apart from another: aten's placement
 def test_random_indexing_matches_torch(run_kernels: RunKernels, case: tuple[list[int], list[list[int] | None], int]) -> None:
     """Random ranks, indexed axes (adjacent or apart), index ranks and broadcast extents, negative values,
     and a permuted lookup tensor: one kernel against torch's indexing."""
