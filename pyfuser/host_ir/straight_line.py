@@ -9,8 +9,10 @@ which storage); then this module writes the run as one function of the inputs:
 * a view (an ATen call whose result shares storage with a tensor operand, with its dtype) becomes one
   reinterpretation of the nearest tensor that is not a view (Inductor's ``reinterpret_tensor``), so a
   chain of views costs one call, and a view only other views read costs none;
-* any other ATen call calls its torch function without the size checks the first run made (a GEMM:
-  ``torch.matmul``, ``F.linear``), else its expr's ``evaluate``; a kernel launch is its bound launch
+* any other ATen call calls its torch function without the size checks the first run made, else its
+  expr's ``evaluate``; a GEMM (``torch.matmul``, ``F.linear``) whose operands torch folds into one
+  ``mm`` / ``addmm`` / ``bmm`` makes that call on reinterpreted operands (``blas_calls.py``), as
+  Inductor's ``extern_kernels.mm`` does; a kernel launch is its bound launch
   (recorded by the same first run) inlined, or the launcher where an argument's alignment changed;
 * allocations with the recorded sizes and strides; each intermediate is dropped after its last use.
 
@@ -28,6 +30,7 @@ import torch
 
 from pyfuser.codegen.launcher import BoundLaunch, reinterpret_tensor
 from pyfuser.codegen.python_writer import PythonWriter
+from pyfuser.host_ir.blas_calls import Geometry, blas_call
 from pyfuser.host_ir.nodes import Allocate, AtenCall, Deallocate, HostNode, LaunchKernel
 from pyfuser.host_ir.specialization import Seen
 from pyfuser.host_ir.steps import BoundLaunches, launch_with_fallback
@@ -79,6 +82,8 @@ class StraightLine:
         #: slot -> (the slot of the tensor it is a view of, that tensor's recorded geometry), for
         #: views and for tensors that are their own base
         self._base: dict[int, tuple[int, Seen]] = {}
+        #: slot -> its tensor's recorded geometry
+        self._seen: dict[int, Seen] = {}
         self._written: set[int] = set()
         #: lines run before the body, by what they define
         self._head: dict[str, str] = {}
@@ -99,8 +104,10 @@ class StraightLine:
         slot = self._slot_of(v)
         self._written.add(slot)
         self._base.pop(slot, None)
+        self._seen.pop(slot, None)
         if seen is not None:
             self._base[slot] = (slot, seen)
+            self._seen[slot] = seen
         return f"v{slot}"
 
     def build(self, inputs: Sequence[Val], inputs_seen: Sequence[Seen | None], nodes: Sequence[HostNode],
@@ -161,17 +168,30 @@ class StraightLine:
             root, root_seen = self._base[base]
             out = self._define(node.outputs[0], None)
             self._base[self._slot_of(node.outputs[0])] = (root, root_seen)
+            self._seen[self._slot_of(node.outputs[0])] = result
             self._emit(f"{out} = _reinterpret(v{root}, {result.sizes}, {result.strides}, "
                        f"{result.offset - root_seen.offset})", [out], [f"v{root}"], view=True)
             return True
         outs = [self._define(v, s) for v, s in zip(node.outputs, results, strict=True)]
         unchecked = expr.unchecked_call() if len(outs) == 1 else None
         if unchecked is not None:  # the recorded run checked these sizes
-            self._emit(f"{outs[0]} = {self._constant(unchecked, 'call')}({', '.join(ins)})", outs, ins)
+            operands = [self._seen.get(self._slot_of(v)) if self._slot_of(v) in self._written else None
+                        for v in node.inputs]
+            blas = blas_call(unchecked, operands, results[0])
+            if blas is None:
+                self._emit(f"{outs[0]} = {self._constant(unchecked, 'call')}({', '.join(ins)})", outs, ins)
+                return True
+            args = [self._reinterpreted(ins[k], view) for k, view in zip(blas.operands, blas.views, strict=True)]
+            call = self._reinterpreted(f"{self._constant(blas.function, blas.function.__name__)}({', '.join(args)})", blas.result)
+            self._emit(f"{outs[0]} = {call}", outs, ins)
             return True
         call = f"{self._constant(expr.evaluate, 'evaluate')}(_ctx, {', '.join(ins)})"
         self._emit(f"{outs[0]} = {call}[0]" if len(outs) == 1 else f"{', '.join(outs)}, = {call}", outs, ins)
         return True
+
+    @staticmethod
+    def _reinterpreted(value: str, view: Geometry) -> str:
+        return value if view is None else f"_reinterpret({value}, {view[0]}, {view[1]}, 0)"
 
     def _viewed(self, node: AtenCall, results: Sequence[Seen | None]) -> int | None:
         """The slot of the tensor operand whose storage the call's one result shares (a view), if any."""

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from pyfuser.host_ir import specialization
 from pyfuser.integrations.torch_compile import PyfuserBackend
-from pyfuser.integrations.torch_compile.bound_graph import WARM_CALLS, BoundGraph
+from pyfuser.integrations.torch_compile.bound_graph import WARM_CALLS, BoundGraph, direct_function
 from pyfuser.integrations.torch_compile.region import FusionRegion
 from pyfuser.integrations.torch_compile.view_chains import ViewChain
 
@@ -267,3 +267,24 @@ def test_views_of_data_dependent_results_follow_the_data(monkeypatch: pytest.Mon
         for got, want in zip(compiled(x), fn(x), strict=True):
             torch.testing.assert_close(got, want)
     assert _bound_graphs(backend)[0].specialized is None
+
+
+def test_ops_left_in_eager_call_torchs_own_function() -> None:
+    """An ATen op whose torch function means that op alone runs through it in the specialized graph
+    (``torch.convolution``, as Inductor's extern call); ops whose function could pick another overload
+    (``add``: Tensor or Scalar; ``mm``: an ``out_dtype`` overload) or that torch exposes no function of
+    keep their overload."""
+    aten = torch.ops.aten
+    assert direct_function(aten.convolution.default) is torch.convolution
+    assert direct_function(aten.topk.default) is torch.topk  # its other overload, ``values``, is out=
+    assert direct_function(aten.add.Tensor) is None and direct_function(aten.mm.default) is None
+    assert direct_function(aten.convolution_backward.default) is None
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 1))
+    backend = PyfuserBackend()
+    compiled = torch.compile(conv, backend=backend)
+    with torch.no_grad():
+        for _ in range(WARM_CALLS + 2):
+            x = torch.randn(2, 3, 9, 7)
+            torch.testing.assert_close(compiled(x), conv(x))
+    (bound,) = _bound_graphs(backend)
+    assert bound.code.count("torch.convolution(") == 2 and "aten.convolution" not in bound.code, bound.code
