@@ -136,6 +136,26 @@ def test_an_embeddings_gradient_is_a_scatter_kernel(dtype: torch.dtype, padding_
         assert any("embedding_dense_backward" in e for e in eager) == deterministic, eager
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_accumulating_index_put_is_a_scatter_kernel(dtype: torch.dtype) -> None:
+    """``x[index] += values`` in bfloat16 / float16 (an MoE's combine of expert outputs): rows summed in
+    float32 by the atomic scatter-add kernel and rounded once, no ATen index_put (its sort and index
+    check); the error against float64 at most ATen's own (repeated and negative indices)."""
+    def fn(x: torch.Tensor, idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.index_put.default(x * 2, [idx], v * 3, True) + 1
+
+    torch.manual_seed(0)
+    x, v = torch.randn(6, 5, 3), torch.randn(40, 5, 3)
+    idx = torch.randint(-6, 6, (40,))
+    backend = PyfuserBackend(triton_interpreter=True)
+    got = torch.compile(fn, backend=backend)(x.to(dtype), idx, v.to(dtype))
+    exact = fn(x.to(dtype).double(), idx, v.to(dtype).double())
+    aten_error = (fn(x.to(dtype), idx, v.to(dtype)).double() - exact).abs().max()
+    assert (got.double() - exact).abs().max() <= aten_error
+    summaries = "\n".join(r.summary() for g in backend.graphs for r in g.regions)
+    assert "kernel scatter_" in summaries and "IndexPut" not in summaries, summaries
+
+
 def test_indexing_and_floor_division_that_stay_in_eager_say_why() -> None:
     """Boolean indices (a data-dependent size), an index_put that does not accumulate (ATen's order among
     duplicates) and floor division of floats (torch's rounding) are refused with their reasons."""

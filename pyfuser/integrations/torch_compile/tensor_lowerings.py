@@ -276,9 +276,16 @@ def _check_index(node: Node) -> str | None:
 
 def _index_put(ctx: LoweringContext, x: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
     """``x[index] += values`` (the backward of ``x[index]``, an MoE's combine) as the atomic scatter-add
-    kernel of ``index_put_accumulate``, negative indices counting from the end as torch's."""
+    kernel of ``index_put_accumulate``, negative indices counting from the end as torch's. Half-precision
+    rows are summed in float32 and rounded once, as ATen's sorted index_put sums them (and as the
+    kernel's atomic adds can: they add float32), so an MoE's bfloat16 combine is a kernel too."""
     (index,) = indices
-    return ctx.ops.index_put_accumulate(x, index, values, wrap_negative=True)
+    dtype = ctx.meta.dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        return ctx.ops.index_put_accumulate(x, index, values, wrap_negative=True)
+    wide = ctx.ops.index_put_accumulate(ctx.ops.cast(x, torch.float32), index, ctx.ops.cast(values, torch.float32),
+                                        wrap_negative=True)
+    return ctx.ops.cast(wide, dtype)
 
 
 def _check_index_put(node: Node) -> str | None:
