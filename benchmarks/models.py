@@ -413,7 +413,7 @@ def kernel_kind(name: str) -> str:
     """Generated (Triton: Inductor's ``triton_*``, pyfuser's ``<scheduler>_<ops>_kernel`` and the steps of
     its launch sequences), GEMM / convolution / attention library kernels, or other ATen kernels
     (elementwise, copies, fills, reductions)."""
-    if name.startswith("triton_") or re.fullmatch(r"\w+_kernel(_step\d+|_partial\d+|_final|_init|_values|_add)?", name):
+    if name.startswith("triton_") or re.fullmatch(r"\w+_kernel(_step\d+|_partial\d+|_final|_init|_values|_add|_store)?", name):
         return "generated"
     return "GEMM / conv / attention" if GEMM.search(name) else "other ATen"
 

@@ -269,6 +269,12 @@ class ScatterKernels:
     acc: TensorView
     #: negative indices count from the end (torch's ``index_put``)
     wrap_negative: bool
+    #: rows added (``index_put_accumulate``), else stored (``index_put``)
+    accumulate: bool = True
+
+    @property
+    def op_name(self) -> str:
+        return "index_put_accumulate" if self.accumulate else "index_put"
 
 
 class ScatterSequence(KernelSequence):
@@ -302,11 +308,11 @@ class ScatterSequence(KernelSequence):
         if torch.are_deterministic_algorithms_enabled():
             values = k.values.run(ctx, *[args[s] for s in k.value_reads])[0] if k.values is not None \
                 else args[k.value_slot]
-            check_indices("index_put_accumulate", index, k.index, buffer.shape[0], k.acc, 0,
-                          allow_negative=k.wrap_negative, asserted_by_aten=False)
-            return _deliver([buffer.index_put_((index,), values.to(buffer.dtype), accumulate=True)], out)
+            check_indices(k.op_name, index, k.index, buffer.shape[0], k.acc, 0,
+                          allow_negative=k.wrap_negative, asserted_by_aten=not k.accumulate)
+            return _deliver([buffer.index_put_((index,), values.to(buffer.dtype), accumulate=k.accumulate)], out)
         if self._target != "cuda":  # the interpreter has no device asserts: the host checks first
-            check_indices("index_put_accumulate", index, k.index, buffer.shape[0], k.acc, 0,
+            check_indices(k.op_name, index, k.index, buffer.shape[0], k.acc, 0,
                           allow_negative=k.wrap_negative, asserted_by_aten=False)
         try:
             k.scatter.run(ctx, buffer, *[args[s] for s in k.scatter_reads], out=[buffer])
@@ -340,15 +346,17 @@ def compile_scatter(fusion: Fusion, name: str, target: str, layouts: Layouts, re
         return [] if part is None else [slot_of[_key(v)] for v in part.inputs()]
 
     # Each value is read once: nothing to keep in L2 (the rows of the index are, by every element).
-    scatter = CompiledKernel(ScatterKernelBuilder(parts.scatter, f"{name}_add", target, layouts,
-                                                  parts.scatter_reference, evict_last=False).build(), num_warps)
+    launch = f"{name}_{'add' if op.accumulate else 'store'}"
+    scatter = CompiledKernel(ScatterKernelBuilder(parts.scatter, launch, target, layouts, parts.scatter_reference,
+                                                  evict_last=False).build(), num_warps)
     acc, index, value = op.inputs
     assert isinstance(acc, TensorView) and isinstance(index, TensorView)
     kernels = ScatterKernels(
         compiled(parts.init, parts.init_reference, "init", init_layouts(layouts, parts, out.name)), reads(parts.init),
         scatter, [slot_of[_key(v)] for v in parts.scatter.inputs()[1:]],
         compiled(parts.values, parts.values_reference, "values", layouts), reads(parts.values),
-        slot_of.get(_key(acc), -1), slot_of.get(_key(value), -1), slot_of[_key(index)], index, acc, op.wrap_negative)
+        slot_of.get(_key(acc), -1), slot_of.get(_key(value), -1), slot_of[_key(index)], index, acc, op.wrap_negative,
+        op.accumulate)
     perm = layouts[out.name].perm if out.name in layouts else tuple(range(out.ndim))
     return ScatterSequence(name, kernels, tuple(perm), target)
 

@@ -1,17 +1,17 @@
 """The kernels of a scheduled scatter segment (``scheduler/scatter.py``): ``out = acc`` with
-``out[index[i], ...] += value[i, ...]``.
+``out[index[i], ...] += value[i, ...]`` (``= value[i, ...]`` for an ``index_put`` without accumulation).
 
 Two launches write one buffer: the first computes ``acc`` into it (an ordinary kernel of the code
 generator: a fill of zeros, or whatever pointwise ops compute ``acc``), the second iterates
 ``value``'s elements (computing them from the segment's inputs, a cast of a bfloat16 gradient),
 reads each element's row index and adds the element into the buffer at that row with
-``tl.atomic_add``. The buffer is an input of the second launch (it reads its sizes and strides
-from it) and the output it is given (``out=``), so nothing else is allocated.
+``tl.atomic_add`` (or stores it there: ``tl.store``). The buffer is an input of the second launch (it
+reads its sizes and strides from it) and the output it is given (``out=``), so nothing else is allocated.
 
 An index out of ``[0, rows)`` is never written (the add is masked by the range). It is reported as
 torch reports it: on a GPU by a device-side assert in the kernel (``KernelSource.device_asserts``:
-compiled with Triton's ``debug``, as Inductor compiles its kernels), without waiting for the device; through Triton's interpreter,
-which has no device asserts, by ``check_indices`` on the host before the launch (a ValueError naming
+compiled with Triton's ``debug``, as Inductor compiles its kernels), without waiting for the device;
+through Triton's interpreter, which has no device asserts, by ``check_indices`` on the host before the launch (a ValueError naming
 the index, the tensor and the axis).
 """
 
@@ -28,7 +28,7 @@ from pyfuser.codegen.values import Indices
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import Layout
-from pyfuser.ir.ops.indexing import IndexPutAccumulateOp
+from pyfuser.ir.ops.indexing import IndexPutOp
 from pyfuser.ir.tensor_view import MemoryType, TensorView
 
 
@@ -38,7 +38,7 @@ class ScatterParts:
     segment input, copied on the host); ``scatter`` reads ``acc`` as its first input (the buffer it
     adds into) and has the segment's output as its own; ``values`` computes ``value`` alone."""
 
-    op: IndexPutAccumulateOp
+    op: IndexPutOp
     init: Fusion | None
     init_reference: TensorView | None
     scatter: Fusion
@@ -49,13 +49,13 @@ class ScatterParts:
     values_reference: TensorView | None
 
 
-def scatter_op(exprs: Sequence[Expr]) -> IndexPutAccumulateOp | None:
-    """The segment's one ``index_put_accumulate`` (None: none, or several)."""
-    found = [e for e in exprs if isinstance(e, IndexPutAccumulateOp)]
+def scatter_op(exprs: Sequence[Expr]) -> IndexPutOp | None:
+    """The segment's one ``index_put_accumulate`` / ``index_put`` (None: none, or several)."""
+    found = [e for e in exprs if isinstance(e, IndexPutOp)]
     return found[0] if len(found) == 1 else None
 
 
-def split_scatter(fusion: Fusion, op: IndexPutAccumulateOp, reference: TensorView) -> ScatterParts:
+def split_scatter(fusion: Fusion, op: IndexPutOp, reference: TensorView) -> ScatterParts:
     """The launches' fusions, cut out of scheduled ``fusion`` (``reference``: the ``value`` tensor whose
     loop nest the scatter launch runs)."""
     acc = op.inputs[0]
@@ -99,11 +99,11 @@ def init_layouts(layouts: Layouts, parts: ScatterParts, out_name: int) -> Layout
 
 class ScatterKernelBuilder(KernelBuilder):
     """The scatter launch: the reference (``value``) is computed as a pointwise kernel computes an
-    output, then added into the segment output at its rows' indices instead of stored."""
+    output, then added into (or stored in) the segment output at its rows' indices."""
 
     def build(self) -> KernelSource:
-        if len(self.outputs) != 1 or not isinstance(self.outputs[0].definition, IndexPutAccumulateOp):
-            raise KernelError("a scatter kernel writes one output, an index_put_accumulate")
+        if len(self.outputs) != 1 or not isinstance(self.outputs[0].definition, IndexPutOp):
+            raise KernelError("a scatter kernel writes one output, an index_put_accumulate or index_put")
         self._check_inlined_producers()
         loops = self._loop_nest()
         self._open_parallel(loops)
@@ -111,7 +111,7 @@ class ScatterKernelBuilder(KernelBuilder):
         out = self.outputs[0]
         position = len(self.inputs)
         op = out.definition
-        assert isinstance(op, IndexPutAccumulateOp)
+        assert isinstance(op, IndexPutOp)
         acc, index, value = op.inputs
         assert isinstance(acc, TensorView) and isinstance(index, TensorView) and isinstance(value, TensorView)
         code = self.code
@@ -131,7 +131,7 @@ class ScatterKernelBuilder(KernelBuilder):
         offset, dims = self.offset(out, position, where)
         mask = code.mask(dims | code.dims_of(in_range), uses=offset)
         if self.target == "cuda":
-            message = (f"index_put_accumulate: index {index.short_name} holds a value out of range for "
+            message = (f"{op.op_name}: index {index.short_name} holds a value out of range for "
                        f"{acc.short_name} axis 0 (valid: 0 to its size - 1)")
             code.emit(f"tl.device_assert({in_range}, {message!r}{', mask=' + mask if mask else ''})")
             self.device_asserts = True
@@ -139,8 +139,11 @@ class ScatterKernelBuilder(KernelBuilder):
         # row) is no boolean mask; a compiled kernel folds it away. Without a mask, the condition is
         # widened to the address's shape.
         both = code.assign("mask", f"({mask} & {in_range}) != 0" if mask else f"((({offset}) * 0 == 0) & {in_range}) != 0")
-        code.emit(f"tl.atomic_add(T{position} + {offset}, {self.store_value(element, out)}, mask={both}, "
-                  "sem='relaxed')")
+        if op.accumulate:
+            code.emit(f"tl.atomic_add(T{position} + {offset}, {self.store_value(element, out)}, mask={both}, "
+                      "sem='relaxed')")
+        else:
+            code.emit(f"tl.store(T{position} + {offset}, {self.store_value(element, out)}, mask={both})")
         if branched:
             code.close()
         self._stored.add(id(out))

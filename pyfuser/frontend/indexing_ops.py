@@ -1,6 +1,6 @@
 """Indexing ops of ``fd.ops``: index_select, select, gather, take_along_axis, index, scatter,
-embedding_fwd and index_put_accumulate (nvFuser's argument names; ``index`` is torch's advanced
-indexing, which nvFuser's API does not have). Definition-time checks cover
+embedding_fwd, index_put_accumulate and index_put (nvFuser's argument names; ``index`` and
+``index_put`` are torch's advanced indexing, which nvFuser's API does not have). Definition-time checks cover
 dtypes, ranks and static extents; index values are checked when the op runs."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pyfuser.ir.ops.indexing import (
     EmbeddingFwdOp,
     GatherOp,
     IndexOp,
-    IndexPutAccumulateOp,
+    IndexPutOp,
     IndexSelectOp,
     ScatterOp,
     SelectOp,
@@ -178,15 +178,27 @@ class IndexingOps(OpsBase):
         """``acc`` with each row ``value[i]`` added into row ``index[i]`` (``index_put`` with
         ``accumulate=True``): ``acc`` [N, ...], ``index`` [S], ``value`` [S, ...]. ``wrap_negative``
         (pyfuser's, as torch's ``index_put``): a negative index counts from the end."""
-        tacc, idx = self._tv(acc, "index_put_accumulate acc"), self._tv(index, "index_put_accumulate index")
-        tval = self._tv(value, "index_put_accumulate value")
-        _check_index_dtype("index_put_accumulate", idx)
-        _check_rank("index_put_accumulate", idx, 1, "the index must be 1-D")
+        return self._index_put(acc, index, value, wrap_negative, accumulate=True)
+
+    def index_put(self, acc: TensorView, index: TensorView, value: TensorView, *,
+                  wrap_negative: bool = False) -> TensorView:
+        """``acc`` with row ``index[i]`` replaced by ``value[i]`` (torch's ``index_put`` of one index
+        tensor, without accumulation; a row indexed twice gets one of its values, which one
+        unspecified): shapes as ``index_put_accumulate``'s."""
+        return self._index_put(acc, index, value, wrap_negative, accumulate=False)
+
+    def _index_put(self, acc: TensorView, index: TensorView, value: TensorView, wrap_negative: bool,
+                   accumulate: bool) -> TensorView:
+        name = "index_put_accumulate" if accumulate else "index_put"
+        tacc, idx = self._tv(acc, f"{name} acc"), self._tv(index, f"{name} index")
+        tval = self._tv(value, f"{name} value")
+        _check_index_dtype(name, idx)
+        _check_rank(name, idx, 1, "the index must be 1-D")
         if tacc.ndim < 1:
-            raise ValueError(f"index_put_accumulate: acc {tacc.short_name} must have rank >= 1")
-        _check_rank("index_put_accumulate", tval, tacc.ndim, f"acc {tacc.short_name} has rank {tacc.ndim}; value "
+            raise ValueError(f"{name}: acc {tacc.short_name} must have rank >= 1")
+        _check_rank(name, tval, tacc.ndim, f"acc {tacc.short_name} has rank {tacc.ndim}; value "
                     "must have it too ([len(index), ...acc's other axes])")
         out = self._new_tv([clone_id(self, i) for i in tacc.get_logical_domain(no_reductions=True)], tacc.dtype)
-        IndexPutAccumulateOp(self._fusion, out, tacc, idx, tval, wrap_negative)
+        IndexPutOp(self._fusion, out, tacc, idx, tval, wrap_negative, accumulate)
         return out
 

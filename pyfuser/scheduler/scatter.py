@@ -1,5 +1,6 @@
 """The scatter scheduler: ``index_put_accumulate`` (an embedding's backward, ``index_put_`` with
-``accumulate=True``) as atomic adds in a generated kernel, instead of ATen's sort of the indices.
+``accumulate=True``) as atomic adds in a generated kernel, instead of ATen's sort of the indices; and
+``index_put`` without accumulation (an MoE's inverse permutation) as stores at the indexed rows.
 
 A segment is the accumulating op, the pointwise ops that compute its ``value`` rows (a cast of a
 bfloat16 gradient to float32) and those that compute its ``acc`` (a ``full`` of zeros). It runs as
@@ -14,7 +15,9 @@ torch and Inductor accept for this op unless ``torch.use_deterministic_algorithm
 which case the segment stays ATen's (sorted, deterministic). Accumulation is in ``acc``'s dtype:
 float32 and float64 (and int32) only; a half or bfloat16 ``acc`` stays ATen's, which sums each row in
 float32 and rounds once (a fusion that wants that speed accumulates into a float32 ``full`` and
-casts, as the embedding backward of ``benchmarks/kernel_cases.py`` does).
+casts, as the embedding backward of ``benchmarks/kernel_cases.py`` does). Stores take any dtype; a row
+indexed twice gets one of its values, as ATen's (the segment stays ATen's under deterministic
+algorithms, whose index_put writes the last).
 """
 
 from __future__ import annotations
@@ -84,17 +87,17 @@ def _producers(tv: TensorView, fusion: FusionLike) -> list[TensorView]:
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     op = scatter_op(fusion.exprs())
     if op is None:
-        return False, "the segment has no index_put_accumulate (or more than one)"
+        return False, "the segment has no index_put_accumulate / index_put (or more than one)"
     if torch.are_deterministic_algorithms_enabled():
-        return False, ("torch.use_deterministic_algorithms(True) is on: atomic adds sum in a varying order, "
-                       "ATen's sorted index_put does not")
+        return False, ("torch.use_deterministic_algorithms(True) is on: atomic adds sum (and stores to one row "
+                       "land) in a varying order, ATen's sorted index_put does not")
     out = op.output
     assert isinstance(out, TensorView)
     outputs = fusion.outputs()
     if len(outputs) != 1 or outputs[0] is not out:
-        return False, (f"index_put_accumulate's output {out.short_name} must be the segment's only output: its "
-                       "rows are complete only after every atomic add")
-    if out.dtype not in ATOMIC_DTYPES:
+        return False, (f"{op.op_name}'s output {out.short_name} must be the segment's only output: its "
+                       "rows are complete only after every row is written")
+    if op.accumulate and out.dtype not in ATOMIC_DTYPES:
         return False, (f"index_put_accumulate into {out.dtype}: ATen sums each row in float32 and rounds once, "
                        "atomic adds would round at each addition (accumulate into a float32 tensor and cast)")
     acc, index, value = op.inputs

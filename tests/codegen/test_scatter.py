@@ -1,5 +1,6 @@
 """The scatter scheduler: ``index_put_accumulate`` (an embedding's backward) as atomic adds in a
-generated kernel, against ATen's accumulating ``index_put`` on the same data."""
+generated kernel, against ATen's accumulating ``index_put`` on the same data; ``index_put`` without
+accumulation (an MoE's inverse permutation) as stores, against ATen's."""
 
 from __future__ import annotations
 
@@ -109,6 +110,31 @@ def test_negative_indices_count_from_the_end_where_wrapped(run_kernels: RunKerne
             strict.add_output(strict.ops.index_put_accumulate(a, i, v))
         with pytest.raises(ValueError, match=r"index_put_accumulate: index T1 holds -6, out of range"):
             run_kernels(strict, [acc, index, value])
+
+
+@pytest.mark.usefixtures("nondeterministic")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_index_put_stores_rows_at_their_indices(run_kernels: RunKernels, device: str, dtype: torch.dtype,
+                                                index_dtype: torch.dtype) -> None:
+    """``x[index] = value * 2`` of whole rows (any dtype: no atomics), negative indices wrapped, rows no
+    index names keeping ``x``'s values, ``x`` itself left as it was; a [4, 3, 5] row shape and a
+    permuted ``value`` read where it lies."""
+    acc = torch.randn(9, 3, 5, device=device).to(dtype)
+    value = torch.randn(5, 6, 3, device=device).to(dtype).permute(1, 2, 0)[:5]  # [5, 3, 5], strided
+    index = torch.tensor([4, -1, 0, -7, 7], dtype=index_dtype, device=device)  # rows 4, 8, 0, 2, 7
+    with FusionDefinition() as fd:
+        a, i, v = fd.from_pytorch(acc), fd.from_pytorch(index), fd.from_pytorch(value)
+        fd.add_output(fd.ops.index_put(a, i, fd.ops.mul(v, 2.0), wrap_negative=True))
+    before = acc.clone()
+    (out,) = run_kernels(fd, [acc, index, value])
+    assert kernel_schedulers(fd) == ["scatter"]
+    assert "tl.store" in fd.last_kernel_code() and "atomic" not in fd.last_kernel_code()
+    torch.testing.assert_close(acc, before)
+    torch.testing.assert_close(out, before.index_put((index.long(),), value * 2.0))
+    if device == "cpu":
+        with pytest.raises(ValueError, match=r"index_put: index T1 holds 9, out of range .* \(valid: -9..8\)"):
+            run_kernels(fd, [acc, torch.tensor([0, 9], dtype=index_dtype), value[:2]])
 
 
 @pytest.mark.usefixtures("nondeterministic")

@@ -278,8 +278,11 @@ def _index_put(ctx: LoweringContext, x: Any, indices: Any, values: Any, accumula
     """``x[index] += values`` (the backward of ``x[index]``, an MoE's combine) as the atomic scatter-add
     kernel of ``index_put_accumulate``, negative indices counting from the end as torch's. Half-precision
     rows are summed in float32 and rounded once, as ATen's sorted index_put sums them (and as the
-    kernel's atomic adds can: they add float32), so an MoE's bfloat16 combine is a kernel too."""
+    kernel's atomic adds can: they add float32), so an MoE's bfloat16 combine is a kernel too.
+    ``x[index] = values`` (an MoE's inverse permutation) is the same kernel storing the rows."""
     (index,) = indices
+    if not accumulate:
+        return ctx.ops.index_put(x, index, values, wrap_negative=True)
     dtype = ctx.meta.dtype
     if dtype not in (torch.float16, torch.bfloat16):
         return ctx.ops.index_put_accumulate(x, index, values, wrap_negative=True)
@@ -289,12 +292,8 @@ def _index_put(ctx: LoweringContext, x: Any, indices: Any, values: Any, accumula
 
 
 def _check_index_put(node: Node) -> str | None:
-    """Accumulating, by one 1-D integer index of axis 0, values one row per index value (no broadcast)
-    of x's dtype. (Without accumulation ATen writes duplicates in an unspecified order.)"""
+    """By one 1-D integer index of axis 0, values one row per index value (no broadcast) of x's dtype."""
     x, indices, values = (meta_of(a) for a in node.args[:3])
-    accumulate = arg(node, 3, "accumulate", False)
-    if not accumulate:
-        return "index_put without accumulation"
     if len(indices) != 1 or indices[0] is None:
         return "index_put with other than one index tensor (of axis 0)"
     index = meta_of(indices[0])

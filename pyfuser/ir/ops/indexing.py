@@ -366,32 +366,39 @@ class EmbeddingFwdOp(IndexedRead):
         return call_string(self.output, "embedding", self.inputs[:2], attrs, indent)
 
 
-class IndexPutAccumulateOp(Expr):
-    """``out = acc`` with ``out[index[i]] += value[i]`` (``index_put`` with ``accumulate=True``):
-    the backward of an embedding, rows of ``value`` summed into the rows of ``acc`` they index. With
-    ``wrap_negative`` (torch's ``index_put``, the backward of ``x[index]``) a negative index counts from
-    the end; nvFuser's op takes none."""
+class IndexPutOp(Expr):
+    """``out = acc`` with ``out[index[i]] += value[i]`` (``index_put`` with ``accumulate=True``: the
+    backward of an embedding, rows of ``value`` summed into the rows of ``acc`` they index), or with
+    ``out[index[i]] = value[i]`` where not ``accumulate`` (an MoE's inverse permutation; a row indexed
+    twice gets one of its values, which one unspecified, as ATen's). With ``wrap_negative`` (torch's
+    ``index_put``) a negative index counts from the end; nvFuser's ``index_put_accumulate`` takes none."""
 
     #: index values address whole rows of acc: a chunk of acc's rows cannot take them
     chunkable = False
 
     def __init__(self, fusion: Fusion, out: TensorView, acc: TensorView, index: TensorView, value: TensorView,
-                 wrap_negative: bool = False) -> None:
+                 wrap_negative: bool = False, accumulate: bool = True) -> None:
         super().__init__(fusion, [acc, index, value], [out])
         self.wrap_negative = wrap_negative
+        self.accumulate = accumulate
+
+    @property
+    def op_name(self) -> str:
+        """The op's ``fd.ops`` method (and its name in messages)."""
+        return "index_put_accumulate" if self.accumulate else "index_put"
 
     def evaluate(self, ctx: EvalContext, acc: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> list[Any]:
         acc_tv, index_tv, value_tv = self.defined_inputs
         want = (index.shape[0], *acc.shape[1:])
         if tuple(value.shape) != want:
             acc_tv, index_tv, value_tv = (self.tensor_input(k, as_defined=True) for k in range(3))
-            raise ValueError(f"index_put_accumulate: value {value_tv.short_name} has shape {tuple(value.shape)} but "
+            raise ValueError(f"{self.op_name}: value {value_tv.short_name} has shape {tuple(value.shape)} but "
                              f"must be {want} (one row per index of {index_tv.short_name}, shaped like a row of "
                              f"{acc_tv.short_name})")
         # CUDA's accumulating index_put sorts the indices and reads without a bounds assert.
-        check_indices("index_put_accumulate", index, index_tv, acc.shape[0], acc_tv, 0,
-                      allow_negative=self.wrap_negative, asserted_by_aten=False)
-        return [torch.index_put(acc, (index,), value.to(acc.dtype), accumulate=True)]
+        check_indices(self.op_name, index, index_tv, acc.shape[0], acc_tv, 0,
+                      allow_negative=self.wrap_negative, asserted_by_aten=not self.accumulate)
+        return [torch.index_put(acc, (index,), value.to(acc.dtype), accumulate=self.accumulate)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         """``acc`` maps onto the output axis by axis; ``value`` on every axis but the indexed one (a
@@ -406,7 +413,7 @@ class IndexPutAccumulateOp(Expr):
         return {}
 
     def python_call(self) -> PythonCall:
-        return PythonCall("index_put_accumulate", tuple(self.inputs), {"wrap_negative": self.wrap_negative or None})
+        return PythonCall(self.op_name, tuple(self.inputs), {"wrap_negative": self.wrap_negative or None})
 
     def to_string(self, indent: int = 0) -> str:
-        return call_string(self.output, "index_put_accumulate", self.inputs, "", indent)
+        return call_string(self.output, self.op_name, self.inputs, "", indent)
