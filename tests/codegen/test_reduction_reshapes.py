@@ -192,40 +192,47 @@ def _factorizations(n: int) -> list[list[int]]:
     return found
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(kept=st.lists(st.sampled_from([1, 2, 3, 5, 6]), min_size=1, max_size=3),
        reduced=st.sampled_from([9, 17, 64, 300]), which=st.integers(0, 2), split=st.integers(0, 1000),
-       before=st.booleans(), normalize=st.booleans(), bf16=st.booleans(), permuted=st.booleans())
+       before=st.booleans(), normalize=st.booleans(), bf16=st.booleans(), permuted=st.booleans(),
+       outer=st.booleans())
 def test_regrouped_kept_axes_match_torch(kept: list[int], reduced: int, which: int, split: int, before: bool,
-                                         normalize: bool, bf16: bool, permuted: bool) -> None:
+                                         normalize: bool, bf16: bool, permuted: bool, outer: bool) -> None:
     """Any rank: one kept axis (``which``) split into factors (or, read the other way, the factors merged),
-    the reshape before the reduction (on the producer's input) or after it (on its consumer's side), a
-    plain reduction (a sum, its result scaled) or a normalization (a softmax), an input read permuted: one
-    kernel, torch's values."""
+    the reshape before the reduction (on the producer's input) or after it (on its consumer's side), and
+    back; a plain reduction (a sum, its result scaled) or a normalization (a softmax) of the innermost axis
+    or (``outer``) the outermost; an input read permuted: one kernel, torch's values."""
     which %= len(kept)
     dtype = torch.bfloat16 if bf16 else torch.float32
     pieces = _factorizations(kept[which])
     pieces = pieces[split % len(pieces)]
-    wide = [*kept, reduced]  # the axis ``which`` whole
-    fine = [*kept[:which], *pieces, *kept[which + 1:], reduced]  # split into ``pieces``
+
+    def with_reduced(axes: list[int], extent: int) -> list[int]:
+        return [extent, *axes] if outer else [*axes, extent]
+
+    wide = with_reduced(kept, reduced)  # the axis ``which`` whole
+    fine = with_reduced([*kept[:which], *pieces, *kept[which + 1:]], reduced)  # split into ``pieces``
     first, second = (wide, fine) if before else (fine, wide)
+    result_shape = with_reduced(kept if before else [*kept[:which], *pieces, *kept[which + 1:]],
+                                reduced if normalize else 1)
     g = torch.Generator().manual_seed(sum(fine) + which)
     x = torch.randn(*reversed(first), generator=g).to(dtype).permute(*reversed(range(len(first)))) if permuted \
         else torch.randn(*first, generator=g).to(dtype)
+    axis = 0 if outer else len(second) - 1
     with FusionDefinition() as fd:
         a = _tensor(fd, x)
         y = fd.ops.reshape(fd.ops.mul(a, 0.5), second)
-        axis = len(second) - 1
         if normalize:
             shifted = fd.ops.exp(fd.ops.sub(y, fd.ops.max(y, [axis], True)))
             result = fd.ops.div(shifted, fd.ops.sum(shifted, [axis], True))
         else:
             result = fd.ops.mul(fd.ops.sum(y, [axis], True), 2.0)
-        fd.add_output(fd.ops.reshape(result, [*first[:-1], reduced if normalize else 1]))
+        fd.add_output(fd.ops.reshape(result, result_shape))
     (out,) = execute_with_kernels(fd, [x])
     y = (x * 0.5).reshape(second).float()
-    want = torch.softmax(y, -1) if normalize else y.sum(-1, keepdim=True) * 2
-    _close(out, want.to(dtype).reshape(*first[:-1], reduced if normalize else 1))
+    want = torch.softmax(y, axis) if normalize else y.sum(axis, keepdim=True) * 2
+    _close(out, want.to(dtype).reshape(result_shape))
     assert len(kernel_schedulers(fd)) == 1 and aten_calls(fd) == []
 
 
