@@ -129,7 +129,9 @@ class ScatterKernelBuilder(KernelBuilder):
                             **{id(o): at.of[id(v)] for o, v in zip(out_ids[1:], value_ids[1:], strict=True)}})
         branched = code.branch(code.uniform())
         offset, dims = self.offset(out, position, where)
-        mask = code.mask(dims | code.dims_of(in_range), uses=offset)
+        # the lanes past the value's extent read index 0 (a row in range): their conditions join the mask
+        # through the index the address is computed from, not only through the address itself
+        mask = code.mask(dims | code.dims_of(in_range), uses=f"{offset} {in_range}")
         if self.target == "cuda":
             message = (f"{op.op_name}: index {index.short_name} holds a value out of range for "
                        f"{acc.short_name} axis 0 (valid: 0 to its size - 1)")
@@ -139,11 +141,14 @@ class ScatterKernelBuilder(KernelBuilder):
         # row) is no boolean mask; a compiled kernel folds it away. Without a mask, the condition is
         # widened to the address's shape.
         both = code.assign("mask", f"({mask} & {in_range}) != 0" if mask else f"((({offset}) * 0 == 0) & {in_range}) != 0")
+        # A block mask or value takes a block address (a single row's element has a scalar one): the address
+        # is widened to their shapes (the zeros fold away in a compiled kernel).
+        stored = code.assign("stored", self.store_value(element, out))
+        address = f"T{position} + {offset} + ({both}).to(tl.int32) * 0 + ({stored} != {stored}).to(tl.int32) * 0"
         if op.accumulate:
-            code.emit(f"tl.atomic_add(T{position} + {offset}, {self.store_value(element, out)}, mask={both}, "
-                      "sem='relaxed')")
+            code.emit(f"tl.atomic_add({address}, {stored}, mask={both}, sem='relaxed')")
         else:
-            code.emit(f"tl.store(T{position} + {offset}, {self.store_value(element, out)}, mask={both})")
+            code.emit(f"tl.store({address}, {stored}, mask={both})")
         if branched:
             code.close()
         self._stored.add(id(out))

@@ -104,7 +104,8 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     assert isinstance(acc, TensorView) and isinstance(index, TensorView) and isinstance(value, TensorView)
     # Size-1 axes (broadcast IDs) index nothing: a single row of value, a table of one row, rows of
     # one element, where value's and acc's agree.
-    rows = zip(acc.get_logical_domain()[1:], value.get_logical_domain()[1:], strict=True)
+    rows = zip(acc.get_logical_domain(no_reductions=True)[1:], value.get_logical_domain(no_reductions=True)[1:],
+               strict=True)
     if any(a.is_broadcast != v.is_broadcast for a, v in rows):
         return False, f"{value.short_name}'s rows and {acc.short_name}'s differ in which axes have size 1"
     exprs = fusion.exprs()
@@ -131,8 +132,8 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     if shared:
         return False, "acc and value are computed from a common tensor of the segment: two launches would compute it"
     for tv, role in ((acc, "acc"), (value, "value")):
-        for t in _producers(tv, fusion):
-            if any(i.is_reduction for i in t.get_logical_domain()):
+        for t in _producers(tv, fusion):  # (a segment input is read as it lies, whatever computed it)
+            if id(t) not in inputs and any(i.is_reduction for i in t.get_logical_domain()):
                 return False, f"{t.short_name} (computing {role}) has reduction axes"
     return True, ""
 

@@ -138,6 +138,40 @@ def test_index_put_stores_rows_at_their_indices(run_kernels: RunKernels, device:
 
 
 @pytest.mark.usefixtures("nondeterministic")
+@pytest.mark.parametrize("accumulate", [True, False], ids=["add", "store"])
+def test_a_single_row_written_by_one_lane_of_a_wide_tile(run_kernels: RunKernels, device: str,
+                                                          accumulate: bool) -> None:
+    """One row of one element (``acc`` a reduction kept as ``[1, 1, 1]``): the address is a scalar, the
+    tile's other lanes read index 0 past the value's extent and must write nothing (a store of theirs
+    overwrote the row with zeros); found by the fuzzer's index_put family."""
+    x = torch.randn(1, 7, 2, device=device)
+    value = torch.randn(1, 1, 1, device=device)
+    with FusionDefinition() as fd:
+        t0, t1 = fd.from_pytorch(x), fd.from_pytorch(value)
+        acc = fd.ops.prod(t0, [0, 1, 2], keepdim=True, dtype=DataType.Float)
+        index = fd.ops.remainder(fd.ops.iota(1, 0, 1, DataType.Int), 1)
+        put = fd.ops.index_put_accumulate if accumulate else fd.ops.index_put
+        fd.add_output(fd.ops.cat([acc, put(acc, index, t1)], 2))
+    (out,) = run_kernels(fd, [x, value])
+    product = x.double().prod().reshape(1, 1, 1)
+    want = torch.cat([product, product + value.double() if accumulate else value.double()], 2)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.usefixtures("nondeterministic")
+def test_rows_added_into_a_matmuls_result(run_kernels: RunKernels, device: str) -> None:
+    """``acc`` a matmul's result, whose logical domain keeps the reduced axis: rows are compared with
+    ``value``'s without it (found by the fuzzer)."""
+    a, b = torch.randn(4, 3, device=device), torch.randn(3, device=device)
+    value, index = torch.randn(5, device=device), torch.tensor([3, 0, 3, 1, 2], device=device)
+    with FusionDefinition() as fd:
+        ta, tb, tv, ti = (fd.from_pytorch(t) for t in (a, b, value, index))
+        fd.add_output(fd.ops.index_put_accumulate(fd.ops.matmul(ta, tb), ti, tv))
+    (out,) = run_kernels(fd, [a, b, value, index])
+    torch.testing.assert_close(out, (a @ b).index_put((index,), value, accumulate=True), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.usefixtures("nondeterministic")
 def test_scatter_of_no_rows_is_the_initial_value(run_kernels: RunKernels) -> None:
     grad = torch.randn(0, 4)
     index = torch.zeros(0, dtype=torch.long)

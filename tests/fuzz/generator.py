@@ -47,7 +47,7 @@ class GeneratorConfig:
 #: Float ops whose last bits depend on the kernel (vectorized or not, blocking, summation order), which
 #: a stream chunk or another layout may change: their results are "inexact".
 INEXACT_OPS = {"exp", "log", "sin", "cos", "tanh", "sigmoid", "silu", "gelu", "erf", "rsqrt", "pow", "sum", "prod",
-               "mean", "var", "var_mean", "matmul", "linear"}
+               "mean", "var", "var_mean", "matmul", "linear", "index_put_accumulate"}
 #: Ops that turn a last-bit difference into a different value (``x == 0``, ``x.to(int)``): they only
 #: get exact operands, so a mismatch is pyfuser's and not the kernel's rounding.
 DISCONTINUOUS_OPS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "div"}
@@ -225,7 +225,7 @@ class _Generator(OpFamilies):
             (self.broadcast_in_dim, 2), (self.expand, 3), (self.squeeze, 3), (self.permute, 4), (self.reshape, 5),
             (self.slice, 5), (self.cat, 4), (self.pad, 4), (self.reduction, 9), (self.var_mean, 3),
             (self.matmul, 5), (self.linear, 4), (self.full, 2), (self.iota, 2), (self.copy, 2),
-            (self.indexed_read, 4),
+            (self.indexed_read, 4), (self.index_put, 2),
         ]
         make = self.rng.choices([f for f, _ in families], weights=[w for _, w in families])[0]
         candidate = make()

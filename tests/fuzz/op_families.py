@@ -407,6 +407,30 @@ class OpFamilies(ABC):
         ref = "torch.gather({x}, {dim}, {i})" if kind == "gather" else "torch.take_along_dim({x}, {i}, {dim})"
         return f"fd.ops.{kind}({x}, {index_fd}, {dim})", ref.format(x=x, dim=dim, i=index_ref), 1
 
+    def index_put(self) -> Candidate | None:
+        """``x`` with rows of a new value input put at indices: ``index_put`` of distinct rows (an
+        ``iota`` wrapped into range, counted from the end half the time: stores to one row twice land in
+        an unspecified order) or ``index_put_accumulate`` of rows brought into range by ``remainder``
+        (repeats add)."""
+        x = self.pick(lambda n: self.ref(n).dim() > 0 and self.ref(n).shape[0] > 0 and self.ref(n).dtype != torch.bool)
+        if x is None or len(self.inputs) + 2 > self.config.max_inputs:
+            return None
+        shape = list(self.ref(x).shape)
+        rows, dtype = shape[0], self.ref(x).dtype
+        value = self.tensor_input([self.rng.randint(0, rows), *shape[1:]], dtype)
+        count = self.ref(value).shape[0]
+        if self.rng.random() < 0.5:
+            shift, wrap = self.rng.randrange(rows), self.rng.random() < 0.5
+            index_fd = f"fd.ops.remainder(fd.ops.iota({count}, {shift}, 1, DataType.Int), {rows})"
+            index_ref = f"torch.remainder(torch.arange({shift}, {shift + count}), {rows})"
+            if wrap:
+                index_fd, index_ref = f"fd.ops.sub({index_fd}, {rows})", f"({index_ref} - {rows})"
+            return (f"fd.ops.index_put({x}, {index_fd}, {value}, wrap_negative={wrap})",
+                    f"{x}.index_put(({index_ref},), {value})", 1)
+        raw = self.tensor_input([count], self.rng.choice([torch.int64, torch.int32]))
+        return (f"fd.ops.index_put_accumulate({x}, fd.ops.remainder({raw}, {rows}), {value})",
+                f"{x}.index_put((torch.remainder({raw}, {rows}).long(),), {value}, accumulate=True)", 1)
+
     def _advanced_index(self, x: str, shape: list[int]) -> Candidate | None:
         """``x[..., i0, ..., i1]``: one or two axes (adjacent or apart) by integer tensors whose shapes
         broadcast together (suffixes of one shape, some extents 1), values in ``[-size, size)``."""
