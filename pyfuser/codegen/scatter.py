@@ -142,9 +142,10 @@ class ScatterKernelBuilder(KernelBuilder):
         # widened to the address's shape.
         both = code.assign("mask", f"({mask} & {in_range}) != 0" if mask else f"((({offset}) * 0 == 0) & {in_range}) != 0")
         # A block mask or value takes a block address (a single row's element has a scalar one): the address
-        # is widened to their shapes (the zeros fold away in a compiled kernel).
+        # is widened to the mask's shape, which spans the value's axes (its row axis through the index, the
+        # others through the address); the zeros fold away in a compiled kernel.
         stored = code.assign("stored", self.store_value(element, out))
-        address = f"T{position} + {offset} + ({both}).to(tl.int32) * 0 + ({stored} != {stored}).to(tl.int32) * 0"
+        address = f"T{position} + {offset} + ({both}).to(tl.int32) * 0"
         if op.accumulate:
             code.emit(f"tl.atomic_add({address}, {stored}, mask={both}, sem='relaxed')")
         else:
