@@ -29,7 +29,7 @@ from pyfuser.codegen.scatter import ScatterKernelBuilder, init_layouts, scatter_
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import Layout, dense_strides
-from pyfuser.ir.ops.indexing import check_indices
+from pyfuser.ir.ops.indexing import IndexPutOp, check_indices
 from pyfuser.ir.tensor_view import TensorView
 
 
@@ -264,17 +264,8 @@ class ScatterKernels:
     acc_slot: int
     value_slot: int
     index_slot: int
-    #: the index and acc tensors, which an index error names
-    index: TensorView
-    acc: TensorView
-    #: negative indices count from the end (torch's ``index_put``)
-    wrap_negative: bool
-    #: rows added (``index_put_accumulate``), else stored (``index_put``)
-    accumulate: bool = True
-
-    @property
-    def op_name(self) -> str:
-        return "index_put_accumulate" if self.accumulate else "index_put"
+    #: the segment's op: added or stored rows, negative indices wrapped, the tensors an index error names
+    op: IndexPutOp
 
 
 class ScatterSequence(KernelSequence):
@@ -304,16 +295,16 @@ class ScatterSequence(KernelSequence):
     def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         k = self.parts
         buffer = self._buffer(ctx, args)
-        index = args[k.index_slot]
-        if torch.are_deterministic_algorithms_enabled():
+        index, op = args[k.index_slot], k.op
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        # The interpreter has no device asserts, nor ATen's accumulating index_put: the host checks first.
+        if deterministic or self._target != "cuda":
+            check_indices(op.op_name, index, op.tensor_input(1), buffer.shape[0], op.tensor_input(0), 0,
+                          allow_negative=op.wrap_negative, asserted_by_aten=deterministic and not op.accumulate)
+        if deterministic:
             values = k.values.run(ctx, *[args[s] for s in k.value_reads])[0] if k.values is not None \
                 else args[k.value_slot]
-            check_indices(k.op_name, index, k.index, buffer.shape[0], k.acc, 0,
-                          allow_negative=k.wrap_negative, asserted_by_aten=not k.accumulate)
-            return _deliver([buffer.index_put_((index,), values.to(buffer.dtype), accumulate=k.accumulate)], out)
-        if self._target != "cuda":  # the interpreter has no device asserts: the host checks first
-            check_indices(k.op_name, index, k.index, buffer.shape[0], k.acc, 0,
-                          allow_negative=k.wrap_negative, asserted_by_aten=False)
+            return _deliver([buffer.index_put_((index,), values.to(buffer.dtype), accumulate=op.accumulate)], out)
         try:
             k.scatter.run(ctx, buffer, *[args[s] for s in k.scatter_reads], out=[buffer])
         except NoPrograms:  # no rows to add: the buffer is the result
@@ -350,13 +341,11 @@ def compile_scatter(fusion: Fusion, name: str, target: str, layouts: Layouts, re
     scatter = CompiledKernel(ScatterKernelBuilder(parts.scatter, launch, target, layouts, parts.scatter_reference,
                                                   evict_last=False).build(), num_warps)
     acc, index, value = op.inputs
-    assert isinstance(acc, TensorView) and isinstance(index, TensorView)
     kernels = ScatterKernels(
         compiled(parts.init, parts.init_reference, "init", init_layouts(layouts, parts, out.name)), reads(parts.init),
         scatter, [slot_of[_key(v)] for v in parts.scatter.inputs()[1:]],
         compiled(parts.values, parts.values_reference, "values", layouts), reads(parts.values),
-        slot_of.get(_key(acc), -1), slot_of.get(_key(value), -1), slot_of[_key(index)], index, acc, op.wrap_negative,
-        op.accumulate)
+        slot_of.get(_key(acc), -1), slot_of.get(_key(value), -1), slot_of[_key(index)], op)
     perm = layouts[out.name].perm if out.name in layouts else tuple(range(out.ndim))
     return ScatterSequence(name, kernels, tuple(perm), target)
 

@@ -189,7 +189,7 @@ class IndexingOps(OpsBase):
 
     def _index_put(self, acc: TensorView, index: TensorView, value: TensorView, wrap_negative: bool,
                    accumulate: bool) -> TensorView:
-        name = "index_put_accumulate" if accumulate else "index_put"
+        name = IndexPutOp.method_name(accumulate)
         tacc, idx = self._tv(acc, f"{name} acc"), self._tv(index, f"{name} index")
         tval = self._tv(value, f"{name} value")
         _check_index_dtype(name, idx)

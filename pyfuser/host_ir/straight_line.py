@@ -82,7 +82,7 @@ class StraightLine:
         #: slot -> (the slot of the tensor it is a view of, that tensor's recorded geometry), for
         #: views and for tensors that are their own base
         self._base: dict[int, tuple[int, Seen]] = {}
-        #: slot -> its tensor's recorded geometry
+        #: slot -> the recorded geometry of the tensor the function holds there
         self._seen: dict[int, Seen] = {}
         self._written: set[int] = set()
         #: lines run before the body, by what they define
@@ -175,9 +175,7 @@ class StraightLine:
         outs = [self._define(v, s) for v, s in zip(node.outputs, results, strict=True)]
         unchecked = expr.unchecked_call() if len(outs) == 1 else None
         if unchecked is not None:  # the recorded run checked these sizes
-            operands = [self._seen.get(self._slot_of(v)) if self._slot_of(v) in self._written else None
-                        for v in node.inputs]
-            blas = blas_call(unchecked, operands, results[0])
+            blas = blas_call(unchecked, [self._seen.get(self._slot_of(v)) for v in node.inputs], results[0])
             if blas is None:
                 self._emit(f"{outs[0]} = {self._constant(unchecked, 'call')}({', '.join(ins)})", outs, ins)
                 return True

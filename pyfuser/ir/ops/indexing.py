@@ -382,10 +382,14 @@ class IndexPutOp(Expr):
         self.wrap_negative = wrap_negative
         self.accumulate = accumulate
 
+    @staticmethod
+    def method_name(accumulate: bool) -> str:
+        """The ``fd.ops`` method of the op (and its name in messages)."""
+        return "index_put_accumulate" if accumulate else "index_put"
+
     @property
     def op_name(self) -> str:
-        """The op's ``fd.ops`` method (and its name in messages)."""
-        return "index_put_accumulate" if self.accumulate else "index_put"
+        return IndexPutOp.method_name(self.accumulate)
 
     def evaluate(self, ctx: EvalContext, acc: torch.Tensor, index: torch.Tensor, value: torch.Tensor) -> list[Any]:
         acc_tv, index_tv, value_tv = self.defined_inputs
