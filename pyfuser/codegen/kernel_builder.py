@@ -947,12 +947,15 @@ class KernelBuilder(ValueLowering):
         kernel iterates as one loop with other axes, to compare with the loop's extent at launch:
         where they differ (a slice of one element beside an axis of three), the loop would index
         past the smaller one and give the output the wrong shape. Input sizes are compared by
-        ``_size_checks`` and ``_constant_checks``."""
+        ``_size_checks`` and ``_constant_checks``; an input scalar's symbol (``full([n, 4])``) is
+        compared here like an expression."""
         checks = []
         seen: set[tuple[int, str]] = set()
+        input_sizes = {str(i.extent) for tv in self.inputs for i in tv.get_logical_domain(no_reductions=True)
+                       if isinstance(i.extent, SymVar)}
         for tv in self.tensors:
             for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
-                if i.is_broadcast or i.extent.value is not None or isinstance(i.extent, SymVar):
+                if i.is_broadcast or i.extent.value is not None or str(i.extent) in input_sizes:
                     continue
                 key = (self.exact.class_of(i), str(i.extent))
                 if key in seen:

@@ -594,6 +594,22 @@ def test_a_computed_extent_is_compared_with_the_loop_it_shares(device: str, run_
         run_kernels(fd, [x, y, 2])
 
 
+def test_an_input_scalars_extent_is_compared_with_the_loop_it_shares(device: str, run_kernels) -> None:
+    """``full([n, 4])`` broadcast against an operand of static size 8 along ``n``: the kernel iterates
+    the axis as 8, so the launch compares the scalar's value with it and refuses 6 naming the axis (the
+    kernel returned a tensor of 8 rows where torch raises: fuzz seed 9301367)."""
+    y = torch.randn(8, 1, device=device)
+    with FusionDefinition() as fd:
+        n = fd.define_scalar(dtype=DataType.Int)
+        ty = fd.from_pytorch(y)
+        fd.add_output(fd.ops.add(fd.ops.full([n, 4], -1.5, DataType.Float), ty))
+    (out,) = run_kernels(fd, [8, y])
+    torch.testing.assert_close(out, torch.full((8, 4), -1.5, device=device) + y)
+    with pytest.raises(ValueError, match=r"axis 0 has size 6, but the kernel iterates it with the axes it maps to, "
+                                         r"of size 8; they must be equal"):
+        run_kernels(fd, [6, y])
+
+
 @pytest.mark.parametrize("shape", [(1, 5, 3), (1, 37, 19)])
 def test_a_squeezed_reduction_follows_the_reduction_loop_nest(device: str, run_kernels,
                                                               shape: tuple[int, ...]) -> None:
