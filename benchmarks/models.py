@@ -10,16 +10,17 @@ gradients zeroed with ``set_to_none``), dtype (bf16, fp32) and variant:
     pyfuser_cuda_graph    torch.compile(model, backend=PyfuserBackend(cuda_graph=True))
                           (what backend="pyfuser", options={"cuda_graph": True} builds)
 
-it records the median milliseconds per step over ``--iters`` steps after ``--warmup`` (CUDA events on a
-GPU), tokens / images / seconds of audio per second, the ratio to Inductor (CUDA-graph variants: to
-``reduce-overhead``) and to eager (anchor time / variant time: above 1 is faster), the first call's
-seconds (compilation included; Inductor's FX-graph and autotuning caches are off, so it compiles as in a
-fresh process) and the error against an fp32 eager reference of the same weights and inputs (max abs
-error, and that over the reference's max abs value; training: loss, logits and three parameters'
+it records the median milliseconds per step over ``--iters`` steps after ``--warmup`` (CUDA events on a GPU;
+a case's variants are all compiled first, then timed in rounds whose order rotates, so none is always timed
+first or last in the process), tokens / images / seconds of audio per second, the ratio to Inductor
+(CUDA-graph variants: to ``reduce-overhead``) and to eager (anchor time / variant time: above 1 is faster),
+the first call's seconds (compilation included; Inductor's FX-graph and autotuning caches are off, so it
+compiles as in a fresh process) and the error against an fp32 eager reference of the same weights and inputs
+(max abs error, and that over the reference's max abs value; training: loss, logits and three parameters'
 gradients), beside eager's own error in the same dtype. A ``KernelFallbackWarning`` (a region whose
 generated kernels failed, running as ATen calls) fails its case: its text (error and kernel source) is
-printed and kept in the results. A case that raises (an OOM included) records the error; the run goes on
-and exits with status 1 when any case failed.
+printed and kept in the results. A case that raises (an OOM included) records the error; the run goes on and
+exits with status 1 when any case failed.
 
     python benchmarks/models.py                                    # every model, default size, on a GPU
     python benchmarks/models.py --models llama,vit --modes training --dtypes bf16 --merge
@@ -65,7 +66,7 @@ import torch._inductor.config
 import transformers
 from model_zoo import ARCHS, SIZES, Batch, Size, build_model, make_batch, output_logits, output_loss
 from results_files import RESULTS, kind_label, machine_kind, now_stamp, run_line, write_results
-from timing import synchronize, time_ms, timing_lock
+from timing import synchronize, time_ms, time_ms_interleaved, timing_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -197,42 +198,80 @@ def case_name(record: dict[str, Any]) -> str:
     return f"{record['model']} {record['mode']} {record['dtype']} {record['variant']}"
 
 
-def run_case(model: torch.nn.Module, batch: Batch, record: dict[str, Any], reference: StepResult, opts: Options,
-             grad_names: list[str]) -> None:
-    """Compile, time and check one (model, mode, dtype, variant) into ``record``; errors are recorded."""
+@dataclass
+class Case:
+    """One (model, mode, dtype, variant) of a run: its record and, once compiled and run, its step."""
+
+    record: dict[str, Any]
+    step: Callable[[], Any] | None = None
+    backend: PyfuserBackend | None = None
+
+
+def failed(case: Case, e: BaseException) -> None:
+    """Record ``e`` as the case's failure (an OOM included); the other cases still run."""
+    record = case.record
+    record["status"] = "oom" if isinstance(e, torch.OutOfMemoryError) else "error"
+    record["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+    record["traceback"] = "".join(traceback.format_exception(e))[-4000:]
+    print(f"{case_name(record)}: {record['error'][:500]}", flush=True)
+    case.step = case.backend = None
+
+
+def prepare_case(case: Case, model: torch.nn.Module, batch: Batch, opts: Options) -> None:
+    """Compile the case's variant and run its first step (timed: compilation included)."""
+    record = case.record
     training = record["mode"] == "training"
     variant = record["variant"]
-    device = opts.device
     try:
         with watched(record):
-            run, backend = compiled(variant, model, opts)
-            step = make_step(run, model, batch, training, variant == "inductor_cuda_graph")
-            if device == "cuda":
+            run, case.backend = compiled(variant, model, opts)
+            case.step = make_step(run, model, batch, training, variant == "inductor_cuda_graph")
+            if opts.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-            step()
-            synchronize(device)
+            case.step()
+            synchronize(opts.device)
             record["first_call_s"] = time.perf_counter() - t0
-            with timing_lock(opts.timing_lock):
-                record["ms"] = time_ms(step, device, opts.warmup, opts.iters)
-            record["units_per_s"] = batch.units / (record["ms"] / 1e3)
-            record["errors"] = errors(checked(step(), model, training, grad_names), reference)
-            if device == "cuda":
+            if opts.device == "cuda":
                 record["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-            if backend is not None:
-                record["regions"] = sum(len(g.regions) for g in backend.graphs)
-                record["eager_ops"] = sum(len(g.eager) for g in backend.graphs)
+    except Exception as e:
+        failed(case, e)
+
+
+def time_cases(cases: list[Case], batch: Batch, opts: Options) -> None:
+    """The prepared cases timed together (``time_ms_interleaved``), each into its record."""
+    live = {c.record["variant"]: c for c in cases if c.step is not None}
+    with timing_lock(opts.timing_lock):
+        times = time_ms_interleaved({v: c.step for v, c in live.items() if c.step is not None}, opts.device,
+                                    opts.warmup, opts.iters, around=lambda variant: watched(live[variant].record))
+    for case in live.values():
+        ms = times[case.record["variant"]]
+        if isinstance(ms, BaseException):
+            failed(case, ms)
+        else:
+            case.record["ms"] = ms
+            case.record["units_per_s"] = batch.units / (ms / 1e3)
+
+
+def finish_case(case: Case, model: torch.nn.Module, reference: StepResult, grad_names: list[str]) -> None:
+    """Check a timed case's step against the float32 reference and count what its backend compiled."""
+    record = case.record
+    if case.step is None:
+        return
+    training = record["mode"] == "training"
+    try:
+        with watched(record):
+            record["errors"] = errors(checked(case.step(), model, training, grad_names), reference)
+            if case.backend is not None:
+                record["regions"] = sum(len(g.regions) for g in case.backend.graphs)
+                record["eager_ops"] = sum(len(g.eager) for g in case.backend.graphs)
         record["status"] = "fallback" if record.get("fallbacks") else "ok"
-    except Exception as e:  # one failing case (an OOM included) is recorded; the others still run
-        record["status"] = "oom" if isinstance(e, torch.OutOfMemoryError) else "error"
-        record["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-        record["traceback"] = traceback.format_exc()[-4000:]
-        print(f"{case_name(record)}: {record['error'][:500]}", flush=True)
+    except Exception as e:
+        failed(case, e)
     finally:
-        run = step = backend = None  # drop the compiled model before the reset
+        case.step = case.backend = None  # drop the compiled model before the reset
         if training:
             model.zero_grad(set_to_none=True)
-        release(device)
 
 
 def picked_gradients(model: torch.nn.Module, reference: torch.nn.Module) -> list[str]:
@@ -268,18 +307,21 @@ def run_model(name: str, modes: list[str], dtypes: list[str], variants: list[str
         for dtype_name in dtypes:
             model = copy.deepcopy(pristine).to(DTYPES[dtype_name]).train(training)
             batch = make_batch(name, opts.size, opts.device, DTYPES[dtype_name], opts.seed)
-            for variant in variants:
-                record: dict[str, Any] = {"model": name, "mode": mode, "dtype": dtype_name, "variant": variant,
-                                          "unit": batch.unit, "units_per_step": batch.units}
-                records.append(record)
+            cases = [Case({"model": name, "mode": mode, "dtype": dtype_name, "variant": variant,
+                           "unit": batch.unit, "units_per_step": batch.units}) for variant in variants]
+            records += [c.record for c in cases]
+            for case in cases:
                 if error_text is not None:
-                    record.update(status="error", error=error_text)
-                elif variant in CUDA_ONLY and opts.device != "cuda":
-                    record.update(status="skipped", error="CUDA graphs need a GPU")
+                    case.record.update(status="error", error=error_text)
+                elif case.record["variant"] in CUDA_ONLY and opts.device != "cuda":
+                    case.record.update(status="skipped", error="CUDA graphs need a GPU")
                 else:
-                    run_case(model, batch, record, reference, opts, grad_names)
-                print(line(record), flush=True)
-            del model, batch
+                    prepare_case(case, model, batch, opts)
+            time_cases(cases, batch, opts)
+            for case in cases:
+                finish_case(case, model, reference, grad_names)
+                print(line(case.record), flush=True)
+            del model, batch, cases
             release(opts.device)
     return records
 

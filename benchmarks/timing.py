@@ -7,7 +7,7 @@ import fcntl
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -39,6 +39,40 @@ def time_ms(step: Callable[[], Any], device: str, warmup: int, iters: int) -> fl
     for _ in range(warmup):
         step()
     synchronize(device)
+    return statistics.median(_intervals(step, device, iters))
+
+
+def time_ms_interleaved(steps: dict[str, Callable[[], Any]], device: str, warmup: int, iters: int, rounds: int = 4,
+                        around: Callable[[str], AbstractContextManager[Any]] = lambda name: nullcontext(),
+                        ) -> dict[str, float | BaseException]:
+    """Median milliseconds per step of each of ``steps`` (as ``time_ms``), timed in ``rounds`` rounds of
+    ``iters / rounds`` steps each, the order rotated every round: no variant is always timed first or
+    last in the process (host time a step drifts as a process runs: allocator, caches, Python's heap).
+    Each variant's block of steps runs inside ``around(name)``. A variant whose step raises is dropped
+    from the later rounds; its entry is the exception."""
+    live = dict(steps)
+    result: dict[str, float | BaseException] = {}
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    per_round = max(1, -(-iters // rounds))
+    for k in range(rounds):
+        names = list(live)
+        names = names[k % len(names):] + names[:k % len(names)] if names else names
+        for name in names:
+            try:
+                with around(name):
+                    for _ in range(warmup if k == 0 else 1):
+                        live[name]()
+                    synchronize(device)
+                    samples[name] += _intervals(live[name], device, per_round)
+            except Exception as e:  # recorded; the other variants go on
+                result[name] = e
+                del live[name]
+    for name in live:
+        result[name] = statistics.median(samples[name])
+    return result
+
+
+def _intervals(step: Callable[[], Any], device: str, iters: int) -> list[float]:
     samples = []
     for _ in range(iters):
         if device == "cuda":
@@ -52,7 +86,7 @@ def time_ms(step: Callable[[], Any], device: str, warmup: int, iters: int) -> fl
             t0 = time.perf_counter()
             step()
             samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+    return samples
 
 
 #: Cycles of the spin kernel queued before each timed call (~0.5 ms at the H200's 1.98 GHz): longer

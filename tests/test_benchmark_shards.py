@@ -70,3 +70,35 @@ def test_shards_combine_into_one_run_in_the_zoo_order(tmp_path: Path) -> None:
     assert ratios[("vit", "pyfuser")] == 2.0 and ratios[("llama", "pyfuser")] == 1.5
     (training,) = [row for row in report["summary"] if row["mode"] == "training"]
     assert (training["models"], training["worst"]) == (1, 1.5)
+
+
+def test_interleaved_timing_rotates_the_order_and_drops_a_failing_variant() -> None:
+    """Variants are timed in rounds whose order rotates (each is first in some round), every variant gets its
+    share of steps, a warmup runs once per variant, and a variant that raises in a later round is dropped
+    with its exception while the others finish."""
+    calls: list[str] = []
+    entered: list[str] = []
+
+    def step(name: str) -> None:
+        calls.append(name)
+        if name == "c" and calls.count("c") > 4:
+            raise RuntimeError("c broke")
+
+    class Around:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __enter__(self) -> None:
+            entered.append(self.name)
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    steps = {name: (lambda name=name: step(name)) for name in "abc"}
+    times = timing.time_ms_interleaved(steps, "cpu", warmup=2, iters=8, rounds=4, around=Around)
+    assert isinstance(times["a"], float) and isinstance(times["b"], float)
+    assert isinstance(times["c"], RuntimeError)
+    # warmup 2 + 2 steps in round 0, then 1 warmup + 2 steps in each later round
+    assert calls.count("a") == calls.count("b") == 4 + 3 * 3
+    # rounds: a b c | b c a (c fails on its warmup step) | a b | b a
+    assert entered == ["a", "b", "c", "b", "c", "a", "a", "b", "b", "a"]
