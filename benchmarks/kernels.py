@@ -291,7 +291,9 @@ def _outer_variants_of_heuristic() -> list[OuterHeuristic]:
     the small Welford steps."""
     base = OuterHeuristic()
     knobs: dict[str, tuple[Any, ...]] = {
-        "column_bytes": (256, 1024), "step_bytes": (8192, 32768), "waves": (1, 4), "min_steps": (1, 2),
+        "column_bytes": (256, 1024), "step_bytes": (8192, 32768), "reduction_step_bytes": (4096, 16384),
+        "waves": (1, 4), "split_waves": (2, 8),
+        "min_steps": (1, 2),
         "min_columns": (64,), "narrow_bytes": (0, 64, 256), "welford_step_bytes": (2048, 8192, 16384),
         "welford_waves": (1, 4, 8, 16),
         "welford_elements": (4, 16, 32), "final_waves": (2, 4), "final_min_columns": (1, 16, 32), "stages": (2, 4),

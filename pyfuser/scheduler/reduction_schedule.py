@@ -266,6 +266,17 @@ def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, 
 MIN_OUTER_TILE = 32
 
 
+#: Bytes a plain outer reduction's program reads per loop step, and programs per SM its split aims for
+#: (normalizations keep ``step_bytes`` and ``waves``: not swept): H200 x4 sweep of the generated kernels
+#: (column sums bf16 and f32 of 17 shapes from 1023 x 1000 to 262144 x 64, a mean, two maxima) over 512 / 256 /
+#: 128-byte columns x 16 / 8 KiB steps x 1 / 2 / 4 waves: 8 KiB and 4 waves within 0.69x of each shape's best
+#: (geomean 0.86x), 16 KiB and 2 waves (before) down to 0.27x (geomean 0.74x): a sum's Kahan terms double its
+#: registers, and its 8-warp steps ran one or two programs an SM (f32 32768 x 1000: 191 us against 52; bf16
+#: 8192 x 4096: 43.8 against 34.5 at best).
+OUTER_REDUCTION_STEP_BYTES = 8192
+OUTER_SPLIT_WAVES = 4
+
+
 @dataclass(frozen=True)
 class OuterHeuristic:
     """The knobs ``outer_params`` sizes outer reductions and normalizations by (and ``final_params`` the
@@ -274,13 +285,15 @@ class OuterHeuristic:
     them) under variants of it (``outer_heuristic``).
 
     A program reads a block of ``column_bytes`` of the kept (innermost) axis per row, ``step_bytes``
-    per loop step (rows of the block, pipelined ``stages`` deep). Where the kept axis gives fewer than
+    per loop step (``reduction_step_bytes`` in a plain reduction; rows of the block, pipelined ``stages``
+    deep). Where the kept axis gives fewer than
     ``waves`` programs per SM:
 
     * a plain reduction first narrows its block, down to ``narrow_bytes`` (whole 128-byte lines), if
       that alone gives every SM a program (no second launch: the permuted mean of 16384 columns, 256
       programs of 64 bf16 columns, as Inductor runs it); else it keeps the wide block and splits the
-      reduced axis across programs (a grid reduction, each program at least ``min_steps`` loop steps);
+      reduced axis across programs (a grid reduction of at most ``split_waves`` programs per SM, each
+      at least ``min_steps`` loop steps, the steps divided evenly among them);
     * a var_mean splits the same way, into ``welford_waves`` programs per SM of ``welford_step_bytes``
       steps: Welford's four accumulators per element (and a division) make its per-thread share
       costly, so its steps are small (``welford_elements`` per thread); 2 programs an SM were the best
@@ -297,7 +310,9 @@ class OuterHeuristic:
 
     column_bytes: int = 512
     step_bytes: int = ROWS_TILE * 4
+    reduction_step_bytes: int = OUTER_REDUCTION_STEP_BYTES
     waves: int = WAVES
+    split_waves: int = OUTER_SPLIT_WAVES
     min_steps: int = 4
     min_columns: int = MIN_OUTER_TILE
     stages: int = LOOP_STAGES
@@ -329,6 +344,10 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     widest = next_power_of_2(max(1, h.column_bytes // element))
     inner = min(widest, next_power_of_2(kept)) if kept is not None else widest
     target = (h.welford_waves if welford else h.waves) * m.sm_count
+    # A plain reduction's split (its partial results combined once) takes more programs than a
+    # normalization's, whose final launch reads each program's share of the rows again.
+    plain = scheduler_type is SchedulerType.reduction and not welford
+    split_target = h.split_waves * m.sm_count if plain else target
     if kept is not None and not splittable:
         # Without a split (a var_mean normalization, a grid reduction's final step), programs come from the
         # kept axis only: narrower column blocks (down to a warp's width, whole 32-byte sectors of
@@ -347,14 +366,19 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
         tile = next_power_of_2(max(reduced, 1)) * inner
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))
     split = 1
-    # As many bytes per loop step as ``ROWS_TILE`` float32 elements: a step of 16-bit data has twice
-    # the rows (the loads in flight, not the elements, keep the memory system busy).
-    step = h.welford_step_bytes if welford else h.step_bytes
+    # Bytes per loop step: a step of 16-bit data has twice the rows of float32's (the loads in flight,
+    # not the elements, keep the memory system busy).
+    step = h.welford_step_bytes if welford else h.reduction_step_bytes if plain else h.step_bytes
     rows = max(1, min(step // element // inner, next_power_of_2(reduced) if reduced is not None else 64))
     if splittable and reduced is not None and kept is not None:
         programs = -(-kept // inner)
-        if programs < target:
-            split = max(1, min(-(-target // programs), reduced // (h.min_steps * rows)))
+        if programs < split_target:
+            # At most ``split_target`` programs in all (one more column block's worth was a second wave of
+            # programs on an H100: 272 for 264 slots), each with loop steps to take (16 steps in 17
+            # programs left one program masked off), so the split divides the steps evenly.
+            split = max(1, min(split_target // programs, reduced // (h.min_steps * rows)))
+            steps = -(-reduced // rows)
+            split = -(-steps // -(-steps // split))
     warps = max(1, min(8, rows * inner // (32 * h.welford_elements))) if welford else warps_for(rows * inner)
     return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
                            num_warps=warps, num_stages=h.stages, evict_last=h.evict_last)

@@ -91,7 +91,7 @@ def test_long_rows_loop_and_few_rows_split(device: str, run_kernels) -> None:
     """The interpreter's machine model holds rows of up to 1024 elements in one tile: 3000 loops;
     two such rows keep too few programs busy and are split across programs (two launches)."""
     cases = {((40, 3000), 1): ("loop", 1), ((2, 10000), 1): ("split", 4), ((10000, 2), 1): ("tile", 1),
-             ((3, 9000), 1): ("split", 2), ((10000, 2), 0): ("outer", 2), ((40, 3000), 0): ("outer", 1)}
+             ((3, 9000), 1): ("split", 2), ((10000, 2), 0): ("outer", 4), ((40, 3000), 0): ("outer", 1)}
     for (shape, dim), (kind, split) in cases.items():
         x = torch.randn(shape, device=device)
         fd, _ = _reduce("sum", shape, [dim], False, torch.float32, device, run_kernels, x=x)
@@ -106,11 +106,11 @@ def test_long_rows_loop_and_few_rows_split(device: str, run_kernels) -> None:
 
 
 def test_column_blocks_of_16_bit_data_are_as_many_bytes_as_of_float32() -> None:
-    """A column reduction's block is 16 bytes a thread wide and its loop step as many bytes as 4096
+    """A column reduction's block is 16 bytes a thread wide and its loop step as many bytes as 2048
     float32 elements, counted in the data it reads, not its float32 result: bfloat16 columns in blocks
-    of 256, 32 rows a step (128 and 32 for float32 data)."""
+    of 256, 16 rows a step (128 and 16 for float32 data)."""
     h200 = Machine(132, 16384, 2048)
-    for dtype, (tile, rows) in {DataType.BFloat16: (256, 32), DataType.Float: (128, 32)}.items():
+    for dtype, (tile, rows) in {DataType.BFloat16: (256, 16), DataType.Float: (128, 16)}.items():
         with FusionDefinition() as fd:
             x = fd.define_tensor([-1, -1], dtype=dtype, contiguity=True)
             fd.add_output(fd.ops.max(fd.ops.cast(x, DataType.Float), [0]))

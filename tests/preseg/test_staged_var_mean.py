@@ -123,7 +123,11 @@ def test_outer_var_mean_splits_across_programs(rows: int, kept: int) -> None:
     if programs >= target:
         assert params.split == 1, params
     else:
-        assert params.split == min(-(-target // programs), rows // (4 * params.tile_reduced)), params
+        # at most ``target`` programs in all, the loop steps divided evenly (none left without steps)
+        steps = -(-rows // params.tile_reduced)
+        most = max(1, min(target // programs, rows // (4 * params.tile_reduced)))
+        assert params.split == -(-steps // -(-steps // most)), params
+        assert programs * params.split <= target, params
         assert params.split >= 2 or rows < 8 * params.tile_reduced, params
 
 
