@@ -2,7 +2,7 @@
 V]`` it is reshaped into (or from) iterate one space, ``B * S`` being ``merge(B, S)`` (``ir/analysis/
 reshape.py``), so pointwise producers and consumers on either side of the reshape join the reduction's
 kernel. A reshape that splits or merges a reduced axis ends the kernel. Through generated kernels (Triton's
-interpreter on CPU) against torch: float32 and bfloat16, odd and 1-sized axes, permuted and broadcast
+interpreter on CPU, natively on a GPU) against torch: float32 and bfloat16, odd and 1-sized axes, permuted and broadcast
 operands, rows on chip, looped and split across programs, inner and outer reductions."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _close(out: torch.Tensor, want: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
 @pytest.mark.parametrize("vocab", [40, 1, 3000], ids=["tile", "one", "looped"])
-def test_softmax_gradient_reshaped_and_added_is_one_kernel(dtype: torch.dtype, vocab: int) -> None:
+def test_softmax_gradient_reshaped_and_added_is_one_kernel(dtype: torch.dtype, vocab: int, device: str) -> None:
     """A loss's softmax over ``[B * S, V]`` reshaped to ``[B, S, V]``, the logits' own gradient added and a
     soft-capping's tanh backward applied (Gemma2's backward): one kernel, no ATen reshape."""
     b, s = 2, 3
@@ -47,6 +47,7 @@ def test_softmax_gradient_reshaped_and_added_is_one_kernel(dtype: torch.dtype, v
     logits = torch.randn(b * s, vocab, generator=g).to(dtype)
     grad = torch.randn(b, s, vocab, generator=g).to(dtype)
     capped = torch.randn(b, s, vocab, generator=g).tanh().to(dtype)
+    logits, grad, capped = (t.to(device) for t in (logits, grad, capped))
     with FusionDefinition() as fd:
         x, dy, t = _tensor(fd, logits), _tensor(fd, grad), _tensor(fd, capped)
         xf = fd.ops.cast(x, DataType.Float)
@@ -63,11 +64,11 @@ def test_softmax_gradient_reshaped_and_added_is_one_kernel(dtype: torch.dtype, v
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
-def test_softcapped_logits_saved_and_their_log_sum_exp_is_one_kernel(dtype: torch.dtype) -> None:
+def test_softcapped_logits_saved_and_their_log_sum_exp_is_one_kernel(dtype: torch.dtype, device: str) -> None:
     """Gemma2's forward: the soft-capped logits ``[B, S, V]`` are an output (saved for the backward) and
     their float32 ``view(-1, V)`` is reduced: one kernel writes both, reading the logits once."""
     b, s, v = 2, 5, 37
-    x = torch.randn(b, s, v, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x = torch.randn(b, s, v, generator=torch.Generator().manual_seed(3)).to(dtype).to(device)
     with FusionDefinition() as fd:
         a = _tensor(fd, x)
         capped = fd.ops.mul(fd.ops.tanh(fd.ops.div(a, 3.0)), 3.0)
@@ -83,7 +84,8 @@ def test_softcapped_logits_saved_and_their_log_sum_exp_is_one_kernel(dtype: torc
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
-def test_attention_scores_reshaped_into_a_masked_softmax_and_back_is_one_kernel(dtype: torch.dtype) -> None:
+def test_attention_scores_reshaped_into_a_masked_softmax_and_back_is_one_kernel(dtype: torch.dtype,
+                                                                                 device: str) -> None:
     """DeBERTa's and Gemma2's attention: scores computed over ``[B * H, S, S]`` (here read transposed),
     viewed ``[B, H, S, S]``, soft-capped, a mask broadcast over the heads added, softmax, and viewed back
     ``[B * H, S, S]`` for the next batched matmul: one kernel."""
@@ -91,6 +93,7 @@ def test_attention_scores_reshaped_into_a_masked_softmax_and_back_is_one_kernel(
     g = torch.Generator().manual_seed(5)
     scores = torch.randn(b * h, s, s, generator=g).to(dtype).transpose(1, 2)
     mask = torch.randn(b, 1, s, s, generator=g).to(dtype)
+    scores, mask = scores.to(device), mask.to(device)
     with FusionDefinition() as fd:
         x, m = _tensor(fd, scores), _tensor(fd, mask)
         y = fd.ops.reshape(fd.ops.mul(x, 0.5), [b, h, s, s])
@@ -103,14 +106,14 @@ def test_attention_scores_reshaped_into_a_masked_softmax_and_back_is_one_kernel(
     assert kernel_schedulers(fd) == ["inner_persistent"] and aten_calls(fd) == []
 
 
-def test_relative_positions_of_two_equal_axes_keep_the_softmax_one_kernel() -> None:
+def test_relative_positions_of_two_equal_axes_keep_the_softmax_one_kernel(device: str) -> None:
     """DeBERTa's scores add a relative-position term ``p[:, None] - p[None, :]``, whose two axes are one
     iteration: mapped through the reshape, each would join the softmax's two axes (one kept, one reduced).
     The reshape maps the first only; the scores are read at computed indices and the softmax stays one
     kernel writing each row once."""
     b, h, s = 2, 4, 8
     g = torch.Generator().manual_seed(12)
-    x, p = torch.randn(b * h, s, s, generator=g), torch.randn(s, generator=g)
+    x, p = torch.randn(b * h, s, s, generator=g).to(device), torch.randn(s, generator=g).to(device)
     with FusionDefinition() as fd:
         a, pp = _tensor(fd, x), _tensor(fd, p)
         rel = fd.ops.sub(fd.ops.broadcast(pp, [False, True]), fd.ops.broadcast(pp, [True, False]))
@@ -125,12 +128,13 @@ def test_relative_positions_of_two_equal_axes_keep_the_softmax_one_kernel() -> N
     assert not re.search(r"^\s+for i\d+ in", fd.last_kernel_code(), re.MULTILINE)
 
 
-def test_outer_reduction_of_regrouped_kept_axes_is_one_kernel() -> None:
+def test_outer_reduction_of_regrouped_kept_axes_is_one_kernel(device: str) -> None:
     """A column sum over ``[R, B * S]`` of a ``[R, B, S]`` product, its result viewed ``[B, S]`` and scaled
     by a ``[B, S]`` input: the reduction kernel (outer in memory) computes both reshapes."""
     r, b, s = 33, 3, 5
     g = torch.Generator().manual_seed(6)
     x, w, y = torch.randn(r, b, s, generator=g), torch.randn(r, b, s, generator=g), torch.randn(b, s, generator=g)
+    x, w, y = x.to(device), w.to(device), y.to(device)
     with FusionDefinition() as fd:
         a, c, d = _tensor(fd, x), _tensor(fd, w), _tensor(fd, y)
         total = fd.ops.sum(fd.ops.reshape(fd.ops.mul(a, c), [r, b * s]), [0])
@@ -140,12 +144,12 @@ def test_outer_reduction_of_regrouped_kept_axes_is_one_kernel() -> None:
     assert kernel_schedulers(fd) == ["reduction"] and aten_calls(fd) == []
 
 
-def test_a_split_row_reduction_reshaped_after() -> None:
+def test_a_split_row_reduction_reshaped_after(device: str) -> None:
     """Few long rows (split across programs, a grid reduction whose last launch computes what follows):
     the sum of each ``[B * S]`` row viewed ``[B, S]`` and scaled."""
     b, s, v = 1, 2, 20000
     g = torch.Generator().manual_seed(8)
-    x, y = torch.randn(b * s, v, generator=g), torch.randn(b, s, generator=g)
+    x, y = torch.randn(b * s, v, generator=g).to(device), torch.randn(b, s, generator=g).to(device)
     with FusionDefinition() as fd:
         a, d = _tensor(fd, x), _tensor(fd, y)
         fd.add_output(fd.ops.mul(fd.ops.reshape(fd.ops.sum(fd.ops.mul(a, a), [1]), [b, s]), d))
