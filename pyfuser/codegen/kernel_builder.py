@@ -142,6 +142,9 @@ class KernelBuilder(ValueLowering):
         self.reference = reference or self.outputs[0]
         # Compiled Triton only: the interpreter's ``block & scalar`` is no boolean mask.
         self.code = CodeWriter(masked_uniform=self.loop_stages > 1)
+        #: index name -> how it was taken from a flat index (``_IndexForm``): an axis taken from it is
+        #: written from that flat index, in the text the loop nest gives the axis (``_axes_of``)
+        self._index_forms: dict[str, _IndexForm] = {}
         self._class_symbol: dict[int, str] = {}
         self._sizes: list[SizeSource] = []
         self._size_arguments: dict[str, str] = {}
@@ -330,7 +333,6 @@ class KernelBuilder(ValueLowering):
             known[id(i)], bounded[id(i)] = index, True
         result = Indices()
         merged: dict[int, tuple[int, ...]] = {}
-        forms: dict[int, _IndexForm] = {}
         start = tv.domain().root or tv.get_logical_domain()  # an rfactor partial maps its producer by root
         for t in reversed(transforms_between(start, tv.get_loop_domain())):
             if isinstance(t, Split):
@@ -349,21 +351,17 @@ class KernelBuilder(ValueLowering):
                     continue
                 inner_extent = int_expr(self.extent(t.inner))
                 outer_extent = int_expr(self.extent(t.outer))
-                form = forms.get(id(t.out), _IndexForm(out))
                 if inner_extent == "1":
                     known[id(t.outer)], known[id(t.inner)] = out, "0"
-                    forms[id(t.outer)] = form
                 elif outer_extent == "1":
                     # the merged index itself (not ``out % inner``): the same text a tensor without the
                     # outer broadcast (a squeeze's output, replayed by forwarding) computes, so a
                     # value computed for one is found again by the other
                     known[id(t.outer)], known[id(t.inner)] = "0", out
-                    forms[id(t.inner)] = form
                 else:
-                    forms[id(t.outer)] = outer_form = form.divided(self._leaf_extents(t.inner))
-                    forms[id(t.inner)] = inner_form = form.within()
-                    known[id(t.outer)] = code.assign("ix", outer_form.text(outer_extent))
-                    known[id(t.inner)] = code.assign("ix", inner_form.text(inner_extent))
+                    form = self._form_of(out)
+                    known[id(t.outer)] = self._assign_form(form.divided(self._leaf_extents(t.inner)), outer_extent)
+                    known[id(t.inner)] = self._assign_form(form.within(), inner_extent)
                 bounded[id(t.outer)], bounded[id(t.inner)] = bounded[id(t.out)], True
                 merged[id(t.out)] = (id(t.outer), id(t.inner))
                 result.groups.append(((id(t.out),), out))
@@ -385,6 +383,16 @@ class KernelBuilder(ValueLowering):
         groups = [(logical_of(g[0]), e) for g, e in result.groups]
         result.groups = [(g, e) for g, e in groups if all(k in logical_ids for k in g)]
         return result
+
+    def _form_of(self, index: str) -> _IndexForm:
+        """How ``index`` was taken from a flat index (``index`` itself where it was not)."""
+        return self._index_forms.get(index, _IndexForm(index))
+
+    def _assign_form(self, form: _IndexForm, extent: str) -> str:
+        """The name of ``form``'s index of an axis of ``extent``, its form remembered."""
+        name = self.code.assign("ix", form.text(extent))
+        self._index_forms.setdefault(name, form)
+        return name
 
     def _leaf_extents(self, i: IterDomain) -> tuple[str, ...]:
         """The extents (texts) of the IDs a nest of merges combines into ``i`` (``i``'s own if no merge
@@ -515,16 +523,19 @@ class KernelBuilder(ValueLowering):
     def _axes_of(self, flat: str, axes: list[IterDomain], result: Indices) -> None:
         """Each of ``axes`` (outer first) from their row-major ``flat`` index, in the text ``walk_back`` gives
         the axes of a nest of merges outer first (``merge(merge(a, b), c)``): the same text, so a value
-        computed at the loop nest's indices is recalled, not computed again; axes of one element are 0."""
-        form = _IndexForm(flat)
+        computed at the loop nest's indices is recalled, not computed again; axes of one element are 0.
+        Where ``flat`` was itself taken from a wider flat index (a reshape's group merged in the loop nest
+        with axes outside it, ``merge(merge(B, D), C)`` read through ``[C, B * D]``), the axes are taken
+        from that wider index, as ``walk_back`` takes them (``i // 4``, not ``(i // 2) // 2``)."""
+        form = self._form_of(flat)
         sized = [(i, int_expr(self.size_symbol(i))) for i in axes]
         for i, extent in sized:
             if extent == "1":
                 result.of[id(i)] = "0"
         live = [(i, extent) for i, extent in sized if extent != "1"]
         for k, (i, extent) in reversed(list(enumerate(live))):
-            text = form.text(extent) if k == 0 else form.within().text(extent)
-            result.of[id(i)] = text if text == flat else self.code.assign("ix", text)
+            axis = form if k == 0 else form.within()
+            result.of[id(i)] = flat if len(live) == 1 else self._assign_form(axis, extent)
             form = form.divided((extent,))
 
     def _mapped_indices(self, expr: Expr, producer: TensorView, consumer: Indices) -> Indices:

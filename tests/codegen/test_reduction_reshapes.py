@@ -7,6 +7,7 @@ operands, rows on chip, looped and split across programs, inner and outer reduct
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from pyfuser import DataType, FusionDefinition
 from pyfuser.integrations.torch_compile import PyfuserBackend
 from pyfuser.scheduler.reduction_analysis import analyze
+from pyfuser.scheduler.registry import Machine
 from tests.codegen.conftest import execute_with_kernels, kernel_schedulers
 from tests.codegen.test_reshape_kernels import aten_calls
 
@@ -142,6 +144,56 @@ def test_outer_reduction_of_regrouped_kept_axes_is_one_kernel(device: str) -> No
     (out,) = execute_with_kernels(fd, [x, w, y])
     torch.testing.assert_close(out, (x * w).sum(0) * y, atol=1e-5, rtol=1e-5)
     assert kernel_schedulers(fd) == ["reduction"] and aten_calls(fd) == []
+
+
+@pytest.mark.parametrize("machine", [None, Machine(132, 16384, 2048)], ids=["interpreter", "h100"])
+@pytest.mark.parametrize("rows", [8, 300], ids=["tile", "looped"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_kept_axes_permuted_apart_then_regrouped(dtype: torch.dtype, rows: int, machine: Machine | None,
+                                                 monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    """DeBERTa-v2's attention bias gradient: a ``[R, H, S, D]`` gradient summed over ``R``, permuted
+    ``[S, H, D]`` and viewed ``[S, H * D]`` (returned), then summed over ``S``. The view merges ``H`` and
+    ``D``, which ``S`` separates in the reduction's kept axes: the loop nest iterates ``merge(merge(H, D),
+    S)``, and the view's operand, read at the view's indices, must be indexed as that nest indexes the
+    reduction (``H`` is ``i // (D * S)``, not ``(i // S) // D``) for the reduction's result to be found.
+    With the interpreter's tiles and an H100's (``machine``; there 300 rows are split across programs)."""
+    if machine is not None:
+        monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: machine))
+    h, s, d = 4, 16, 8
+    x = torch.randn(rows, h, s, d, generator=torch.Generator().manual_seed(rows)).to(dtype).to(device)
+    with FusionDefinition() as fd:
+        a = _tensor(fd, x)
+        summed = fd.ops.sum(a, [0], dtype=DataType.BFloat16 if dtype == torch.bfloat16 else DataType.Float)
+        grad = fd.ops.reshape(fd.ops.permute(summed, [1, 0, 2]), [s, h * d])
+        fd.add_output(grad)
+        fd.add_output(fd.ops.sum(grad, [0]))
+    grad, bias = execute_with_kernels(fd, [x])
+    want = x.float().sum(0).to(dtype).permute(1, 0, 2).reshape(s, h * d)
+    _close(grad, want)
+    _close(bias, want.float().sum(0).to(dtype))
+    assert "reduction" in kernel_schedulers(fd) and aten_calls(fd) == []
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3])
+@pytest.mark.parametrize("perm", list(itertools.permutations(range(4))), ids=lambda p: "".join(map(str, p)))
+def test_kept_axes_in_any_order_viewed_two_dimensional(perm: tuple[int, ...], cut: int,
+                                                        monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    """A sum over ``R`` of ``[R, A, B, C, D]``, its kept axes permuted and viewed as two axes (the first
+    ``cut`` permuted ones merged, and the rest), returned and summed again: whichever groups the view
+    makes and however the loop nest orders them, the view's operand is read where the reduction
+    computed it (an H100's tiles)."""
+    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(132, 16384, 2048)))
+    sizes = [(2, 3, 2, 5)[p] for p in perm]
+    shape = [math.prod(sizes[:cut]), math.prod(sizes[cut:])]
+    x = torch.randn(8, 2, 3, 2, 5, generator=torch.Generator().manual_seed(cut)).to(device)
+    with FusionDefinition() as fd:
+        viewed = fd.ops.reshape(fd.ops.permute(fd.ops.sum(_tensor(fd, x), [0]), list(perm)), shape)
+        fd.add_output(viewed)
+        fd.add_output(fd.ops.sum(viewed, [0]))
+    viewed, total = execute_with_kernels(fd, [x])
+    want = x.sum(0).permute(*perm).reshape(shape)
+    torch.testing.assert_close(viewed, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(total, want.sum(0), atol=1e-5, rtol=1e-5)
 
 
 def test_a_split_row_reduction_reshaped_after(device: str) -> None:
