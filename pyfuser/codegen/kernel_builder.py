@@ -71,26 +71,42 @@ class _IndexForm:
     """An ID's index as ``(base // divisor) % extent`` of the index of the outermost merge above it
     (Inductor's indexing of a flat index): each axis of a nest of merges costs at most one division and
     one remainder, where taking the outer and inner part merge by merge chains them (``(i % (a * b)) % b``).
-    ``wrapped``: the remainder is needed (the outermost axes of the nest span the base without it)."""
+    ``wrapped``: the remainder is needed (the outermost axes of the nest span the base without it).
+    ``factors``: the extents of the axes inside, as texts; the divisor is written canonically (constants
+    folded, the others sorted), so the text of an axis does not depend on how the merges nest
+    (``merge(merge(a, b), c)`` or ``merge(a, merge(b, c))``: a reshape's groups nest either way)."""
 
     base: str
-    divisor: str | None = None
+    factors: tuple[str, ...] = ()
     wrapped: bool = False
 
-    def divided(self, inner_extent: str) -> _IndexForm:
-        """The form of a merge's outer ID, given this form of the merge's output."""
-        divisor = inner_extent if self.divisor is None else f"({self.divisor} * {inner_extent})"
-        return _IndexForm(self.base, divisor, self.wrapped)
+    def divided(self, inner_extents: tuple[str, ...]) -> _IndexForm:
+        """The form of a merge's outer ID, given this form of the merge's output and the extents of the
+        axes its inner ID covers."""
+        return _IndexForm(self.base, self.factors + inner_extents, self.wrapped)
 
     def within(self) -> _IndexForm:
         """The form of a merge's inner ID (its extent bounds it: the remainder is needed)."""
-        return _IndexForm(self.base, self.divisor, True)
+        return _IndexForm(self.base, self.factors, True)
+
+    def divisor(self) -> str | None:
+        constant, symbols = 1, []
+        for f in self.factors:
+            if f.isdigit():
+                constant *= int(f)
+            else:
+                symbols.append(f)
+        terms = ([str(constant)] if constant != 1 or not symbols else []) + sorted(symbols)
+        if terms == ["1"]:
+            return None
+        return terms[0] if len(terms) == 1 else f"({' * '.join(terms)})"
 
     def text(self, extent: str) -> str:
-        quotient = self.base if self.divisor is None else f"{self.base} // {self.divisor}"
+        divisor = self.divisor()
+        quotient = self.base if divisor is None else f"{self.base} // {divisor}"
         if not self.wrapped:
             return quotient
-        return f"{quotient} % {extent}" if self.divisor is None else f"({quotient}) % {extent}"
+        return f"{quotient} % {extent}" if divisor is None else f"({quotient}) % {extent}"
 
 
 class KernelBuilder(ValueLowering):
@@ -126,6 +142,9 @@ class KernelBuilder(ValueLowering):
         self.reference = reference or self.outputs[0]
         # Compiled Triton only: the interpreter's ``block & scalar`` is no boolean mask.
         self.code = CodeWriter(masked_uniform=self.loop_stages > 1)
+        #: index name -> how it was taken from a flat index (``_IndexForm``): an axis taken from it is
+        #: written from that flat index, in the text the loop nest gives the axis (``_axes_of``)
+        self._index_forms: dict[str, _IndexForm] = {}
         self._class_symbol: dict[int, str] = {}
         self._sizes: list[SizeSource] = []
         self._size_arguments: dict[str, str] = {}
@@ -314,7 +333,6 @@ class KernelBuilder(ValueLowering):
             known[id(i)], bounded[id(i)] = index, True
         result = Indices()
         merged: dict[int, tuple[int, ...]] = {}
-        forms: dict[int, _IndexForm] = {}
         start = tv.domain().root or tv.get_logical_domain()  # an rfactor partial maps its producer by root
         for t in reversed(transforms_between(start, tv.get_loop_domain())):
             if isinstance(t, Split):
@@ -333,21 +351,17 @@ class KernelBuilder(ValueLowering):
                     continue
                 inner_extent = int_expr(self.extent(t.inner))
                 outer_extent = int_expr(self.extent(t.outer))
-                form = forms.get(id(t.out), _IndexForm(out))
                 if inner_extent == "1":
                     known[id(t.outer)], known[id(t.inner)] = out, "0"
-                    forms[id(t.outer)] = form
                 elif outer_extent == "1":
                     # the merged index itself (not ``out % inner``): the same text a tensor without the
                     # outer broadcast (a squeeze's output, replayed by forwarding) computes, so a
                     # value computed for one is found again by the other
                     known[id(t.outer)], known[id(t.inner)] = "0", out
-                    forms[id(t.inner)] = form
                 else:
-                    forms[id(t.outer)] = outer_form = form.divided(inner_extent)
-                    forms[id(t.inner)] = inner_form = form.within()
-                    known[id(t.outer)] = code.assign("ix", outer_form.text(outer_extent))
-                    known[id(t.inner)] = code.assign("ix", inner_form.text(inner_extent))
+                    form = self._form_of(out)
+                    known[id(t.outer)] = self._assign_form(form.divided(self._leaf_extents(t.inner)), outer_extent)
+                    known[id(t.inner)] = self._assign_form(form.within(), inner_extent)
                 bounded[id(t.outer)], bounded[id(t.inner)] = bounded[id(t.out)], True
                 merged[id(t.out)] = (id(t.outer), id(t.inner))
                 result.groups.append(((id(t.out),), out))
@@ -369,6 +383,24 @@ class KernelBuilder(ValueLowering):
         groups = [(logical_of(g[0]), e) for g, e in result.groups]
         result.groups = [(g, e) for g, e in groups if all(k in logical_ids for k in g)]
         return result
+
+    def _form_of(self, index: str) -> _IndexForm:
+        """How ``index`` was taken from a flat index (``index`` itself where it was not)."""
+        return self._index_forms.get(index, _IndexForm(index))
+
+    def _assign_form(self, form: _IndexForm, extent: str) -> str:
+        """The name of ``form``'s index of an axis of ``extent``, its form remembered."""
+        name = self.code.assign("ix", form.text(extent))
+        self._index_forms.setdefault(name, form)
+        return name
+
+    def _leaf_extents(self, i: IterDomain) -> tuple[str, ...]:
+        """The extents (texts) of the IDs a nest of merges combines into ``i`` (``i``'s own if no merge
+        made it)."""
+        definition = i.definition
+        if isinstance(definition, Merge) and i is definition.out:
+            return self._leaf_extents(definition.outer) + self._leaf_extents(definition.inner)
+        return (int_expr(self.extent(i)),)
 
     def _divides(self, split: Split) -> bool:
         """Whether ``split`` divides the extent the kernel iterates, not the one the fusion states: in
@@ -437,7 +469,9 @@ class KernelBuilder(ValueLowering):
         the consumer's flat index over the group's axes (a merged index the consumer already has, else
         their row-major sum), then each producer axis as that index divided by the extents inside it
         and wrapped by its own. A consumer's merged group that covers whole groups is the operand's
-        merged group too, so a dense operand is still addressed by one index times one stride."""
+        merged group too, so a dense operand is still addressed by one index times one stride, and its
+        axes are taken from that one index as the kernel's loop nest takes them (``_axes_of``): a value a
+        reduction kernel computed at the nest's indices is found again through reshapes."""
         groups = reshape_groups(expr)
         if groups is None:
             raise KernelError(f"{expr.output.short_name}: a reshape whose groups of axes are not known from its "
@@ -450,10 +484,28 @@ class KernelBuilder(ValueLowering):
         result = Indices(valid=consumer.valid)
         for p in producer.get_logical_domain():
             result.of[id(p)] = "0"
+        done: set[int] = set()  # groups (by position) whose producer axes are known
+        # merged groups of the consumer that cover whole reshape groups, widest first: the same flat index
+        position = {id(i): d for d, i in enumerate(c_ids)}
+        for group_ids, index in sorted(consumer.groups, key=lambda g: -len(g[0])):
+            if any(k not in position for k in group_ids):
+                continue
+            dims = [position[k] for k in group_ids if not c_ids[position[k]].is_broadcast]
+            chosen = [k for k, g in enumerate(groups) if set(dims) & set(g.outputs)]
+            between = [d for d in range(min(dims, default=0), max(dims, default=-1) + 1) if not c_ids[d].is_broadcast]
+            if dims != between or dims != sorted(d for k in chosen for d in groups[k].outputs
+                                                 if not c_ids[d].is_broadcast):
+                continue
+            ins = [p_ids[d] for k in chosen for d in groups[k].inputs if not p_ids[d].is_broadcast]
+            if len(ins) > 1:
+                result.groups.append((tuple(id(i) for i in ins), index))
+            if not done & set(chosen):
+                self._axes_of(index, ins, result)
+                done.update(chosen)
         merged = {tuple(group): index for group, index in consumer.groups}
-        for group in groups:
-            live_in = [d for d in group.inputs if not p_ids[d].is_broadcast]
-            if not live_in:
+        for k, group in enumerate(groups):
+            live_in = [p_ids[d] for d in group.inputs if not p_ids[d].is_broadcast]
+            if not live_in or k in done:
                 continue
             outs = [c_ids[d] for d in group.outputs if not c_ids[d].is_broadcast]
             flat = merged.get(tuple(id(i) for i in outs)) if len(outs) > 1 else None
@@ -463,27 +515,28 @@ class KernelBuilder(ValueLowering):
                     index = consumer.of.get(id(i), "0")
                     extent = int_expr(self.size_symbol(i))
                     flat = index if flat == "0" else code.assign("ix", f"({flat}) * {extent} + {index}")
-            inner = "1"
-            for k, d in reversed(list(enumerate(live_in))):
-                quotient = flat if inner == "1" else f"({flat}) // ({inner})"
-                extent = int_expr(self.size_symbol(p_ids[d]))
-                text = quotient if k == 0 else f"({quotient}) % {extent}"
-                result.of[id(p_ids[d])] = text if text == flat else code.assign("ix", text)
-                inner = extent if inner == "1" else f"{inner} * {extent}"
-        # merged groups of the consumer that cover whole reshape groups: the same flat index
-        position = {id(i): d for d, i in enumerate(c_ids)}
-        for group_ids, index in consumer.groups:
-            if any(k not in position for k in group_ids):
-                continue
-            dims = [position[k] for k in group_ids if not c_ids[position[k]].is_broadcast]
-            chosen = [g for g in groups if set(dims) & set(g.outputs)]
-            between = [d for d in range(min(dims, default=0), max(dims, default=-1) + 1) if not c_ids[d].is_broadcast]
-            if dims != between or dims != sorted(d for g in chosen for d in g.outputs if not c_ids[d].is_broadcast):
-                continue
-            ins = tuple(id(p_ids[d]) for g in chosen for d in g.inputs if not p_ids[d].is_broadcast)
-            if len(ins) > 1:
-                result.groups.append((ins, index))
+            self._axes_of(flat, live_in, result)
+            if len(live_in) > 1:  # the operand's axes of the group, merged: the same flat index
+                result.groups.append((tuple(id(i) for i in live_in), flat))
         return result
+
+    def _axes_of(self, flat: str, axes: list[IterDomain], result: Indices) -> None:
+        """Each of ``axes`` (outer first) from their row-major ``flat`` index, in the text ``walk_back`` gives
+        the axes of a nest of merges outer first (``merge(merge(a, b), c)``): the same text, so a value
+        computed at the loop nest's indices is recalled, not computed again; axes of one element are 0.
+        Where ``flat`` was itself taken from a wider flat index (a reshape's group merged in the loop nest
+        with axes outside it, ``merge(merge(B, D), C)`` read through ``[C, B * D]``), the axes are taken
+        from that wider index, as ``walk_back`` takes them (``i // 4``, not ``(i // 2) // 2``)."""
+        form = self._form_of(flat)
+        sized = [(i, int_expr(self.size_symbol(i))) for i in axes]
+        for i, extent in sized:
+            if extent == "1":
+                result.of[id(i)] = "0"
+        live = [(i, extent) for i, extent in sized if extent != "1"]
+        for k, (i, extent) in reversed(list(enumerate(live))):
+            axis = form if k == 0 else form.within()
+            result.of[id(i)] = flat if len(live) == 1 else self._assign_form(axis, extent)
+            form = form.divided((extent,))
 
     def _mapped_indices(self, expr: Expr, producer: TensorView, consumer: Indices) -> Indices:
         mapping = expr.logical_map(producer)

@@ -13,7 +13,6 @@ from pyfuser.preseg.loop_allocation_decoupling import decouple_loop_and_allocati
 from pyfuser.preseg.propagate_shardings import propagate_shardings
 from pyfuser.preseg.required_output_layouts import apply_required_output_layouts
 from pyfuser.preseg.staged_var_mean import stage_var_means
-from pyfuser.preseg.sunk_reshapes import sink_reshapes
 from pyfuser.preseg.unrolled_reductions import unroll_small_reductions
 from pyfuser.preseg.view_friendly_layouts import permuted_layouts_for_reshapes
 
@@ -25,7 +24,6 @@ PRESEG_PASSES: list[Pass[Fusion]] = [
     Pass("decompose_resharding", decompose_resharding),
     Pass("unroll_small_reductions", unroll_small_reductions),
     Pass("bind_input_layouts", bind_input_layouts),
-    Pass("sink_reshapes", sink_reshapes),
     Pass("apply_required_output_layouts", apply_required_output_layouts),
     Pass("stage_var_means", stage_var_means),
     Pass("infer_allocation_order", infer_allocation_order, disabled_by=DisableOption.infer_contiguity),

@@ -46,7 +46,7 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
     outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
     if not outputs:
         return False, "the segment has no tensor output", None
-    exact = IdGraph(fusion.tensors(), exprs, map_broadcast=False, through_transforms=False)
+    exact = IdGraph(fusion.tensors(), exprs, map_broadcast=False, through_transforms=False, through_reshapes=False)
     ref = reference_output(fusion)
     ref_axes = _iterating_classes(ref, exact)
     ref_classes = set(ref_axes)

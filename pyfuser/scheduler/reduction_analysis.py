@@ -12,21 +12,32 @@ reductions' inputs) and each tensor iterates that space or the part a reduction 
 
 The memory order that decides inner and outer is the allocation order the segment's inputs have
 (an intermediate inherits it, ``infer_allocation_orders``), never the logical position (docs/cached_inputs.md).
+
+The space extends through reshapes that regroup kept axes only (``ir/analysis/reshape.py``): a
+``[B * S, V]`` and the ``[B, S, V]`` it is reshaped into (or from) iterate one space, ``B * S`` being
+``merge(B, S)``. A reshape that regroups a reduced axis ends the kernel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from weakref import WeakKeyDictionary
 
 from pyfuser.codegen.support import unsupported_in_reduction_kernel, unsupported_indexed_reads
 from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
 from pyfuser.ir.analysis.id_graph import IdGraph
+from pyfuser.ir.analysis.reshape import (
+    Regroupings,
+    regrouped_classes,
+    regroupings,
+    reshape_regroupings,
+    reshaped_classes,
+)
 from pyfuser.ir.base import Expr, downstream_exprs
 from pyfuser.ir.iter_domain import IterDomain
-from pyfuser.ir.ops import ReductionOp, VarMeanOp
+from pyfuser.ir.ops import ReductionOp, ReshapeOp, VarMeanOp
 from pyfuser.ir.ops.indexing import read_by_index_only
 from pyfuser.ir.symbolic import SymConst, SymExpr
 from pyfuser.ir.tensor_view import TensorView
@@ -55,6 +66,8 @@ class ReductionAnalysis:
     reduced: frozenset[int]
     inner: bool
     outer_reference: TensorView | None = None
+    #: the groups of axes the segment's reshapes make one iteration (of ``exact``'s classes)
+    regrouped: Regroupings = field(default_factory=lambda: Regroupings(()))
 
     def extents(self) -> tuple[SymExpr, SymExpr]:
         """(reduced extent, kept extent) of the reference, as products over its logical IDs."""
@@ -117,9 +130,25 @@ def _analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
                           "one reduction kernel iterates one space")
         groups.setdefault(_classes(exact, [i for i in out.get_logical_domain() if i.is_reduction]), []).append(e)
     assert full is not None
+    regrouped = reshape_regroupings(exprs, exact.class_of, exact.forwards)
+    reduced_classes = frozenset().union(*groups)
+    boundary = {id(v) for v in (*fusion.inputs(), *fusion.outputs())}
+    for reshape in exprs:
+        if not isinstance(reshape, ReshapeOp):
+            continue
+        name = reshape.output.short_name
+        if any(reduced_classes & {*p, *c} for p, c in regroupings(reshape, exact.class_of, exact.forwards) or []):
+            return None, (f"reshape producing {name} splits or merges a reduced axis; one reduction kernel computes "
+                          "reshapes of kept axes only")
+        if id(reshape.output) in boundary and id(reshape.inputs[0]) in boundary:
+            return None, (f"reshape producing {name} returns a tensor in global memory reshaped: an ATen view of it, "
+                          "not a kernel's copy")
+    # the space's axes on the other side of reshapes of kept axes, and (as a pointwise kernel reads them)
+    # the axes of a reshape's operand read at indices computed from its result's
+    reachable = reshaped_classes(exprs, exact.class_of, regrouped_classes(full, regrouped))
     for tv in fusion.tensors():
         own = _classes(exact, [i for i in tv.get_logical_domain() if not i.is_reduction])
-        if not own <= full and not read_by_index_only(tv, exprs):  # (a lookup tensor is not iterated)
+        if not own <= reachable and not read_by_index_only(tv, exprs):  # (a lookup tensor is not iterated)
             return None, (f"{tv.short_name} iterates axes outside the reductions' space; one reduction kernel "
                           "iterates one space")
     for tv in _computed_from(reductions, exprs):
@@ -138,7 +167,7 @@ def _analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
     for value in fusion.outputs():
         if isinstance(value, TensorView) and value.definition is not None and not isinstance(
                 value.definition, ReductionOp | VarMeanOp):
-            missing = kept - _classes(exact, value.get_logical_domain())
+            missing = kept - regrouped_classes(_classes(exact, value.get_logical_domain()), regrouped)
             if missing:
                 return None, (f"output {value.short_name} does not iterate every axis the reduction "
                               f"{reductions[0].output.short_name} keeps; one reduction kernel writes "
@@ -151,9 +180,10 @@ def _analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
         reduced = next(iter(groups))
         inner = kinds[id(first)] is ReductionKind.inner
         if not _persistent(fusion, exact, reductions):
-            return ReductionAnalysis(NormalizationKind.reduction, exact, first.output, order, reduced, inner), ""
+            return ReductionAnalysis(NormalizationKind.reduction, exact, first.output, order, reduced, inner,
+                                     regrouped=regrouped), ""
         kind = NormalizationKind.inner_persistent if inner else NormalizationKind.outer_persistent
-        return ReductionAnalysis(kind, exact, first.output, order, reduced, inner), ""
+        return ReductionAnalysis(kind, exact, first.output, order, reduced, inner, regrouped=regrouped), ""
     if len(groups) > 2:
         return None, "reductions over more than two sets of axes"
     (a, a_exprs), (b, b_exprs) = groups.items()
@@ -167,7 +197,7 @@ def _analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
     if any(isinstance(e, VarMeanOp) for e in outer_exprs):
         return None, "an outer var_mean in an inner-outer segment (its partial results cannot be combined)"
     return ReductionAnalysis(NormalizationKind.inner_outer_persistent, exact, inner_exprs[0].output, order,
-                             inner_set, True, outer_exprs[0].output), ""
+                             inner_set, True, outer_exprs[0].output, regrouped), ""
 
 
 def _kind(expr: Expr, order: list[IterDomain]) -> ReductionKind:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 
 from pyfuser.ir.analysis.online_softmax import softmax_shift
+from pyfuser.ir.domain_replay import logical_ancestors
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType
 from pyfuser.ir.ops import ReductionOp
@@ -421,10 +422,14 @@ def flatten(ref: TensorView, analysis: ReductionAnalysis, reduced_first: bool) -
     (broadcast axes join the kept ones)."""
     exact = analysis.exact
     rank = {c: k for k, c in enumerate(analysis.order)}
+    merge_regrouped(ref, analysis)
     loop = ref.get_loop_domain()
+    logical = ref.get_logical_domain()
 
     def key(i: IterDomain) -> int:
-        return -1 if i.is_broadcast else rank.get(exact.class_of(i), len(rank))
+        if i.is_broadcast:
+            return -1
+        return min(rank.get(exact.class_of(a), len(rank)) for a in logical_ancestors(i, logical))
 
     kept = sorted((i for i in loop if not i.is_reduction), key=key)
     reduced = sorted((i for i in loop if i.is_reduction), key=key)
@@ -439,6 +444,35 @@ def flatten(ref: TensorView, analysis: ReductionAnalysis, reduced_first: bool) -
             ref.merge(0)
     if not first:  # a full reduction: a kept axis of one element to hang the grid on
         raise ValueError(f"{ref.short_name}: a reduction to a single value has no kept axis")
+
+
+def merge_regrouped(ref: TensorView, analysis: ReductionAnalysis) -> None:
+    """Merge each group of ``ref``'s kept axes that a reshape of the segment regroups, outer first (``[B,
+    S, rV]`` read from a ``[B * S, V]``: ``merge(B, S)``), so that the tensors on the reshape's other side
+    find that iteration in ``ref``'s transforms (``transform_like``), whatever order ``flatten`` puts the
+    kept axes in."""
+    exact, regrouped = analysis.exact, analysis.regrouped
+    for key in regrouped.keys():
+        if len(key) < 2:
+            continue
+        loop = ref.get_loop_domain()
+        chosen: list[IterDomain] = []
+        for c in key:
+            match = next((i for i in loop if i.definition is None and not i.is_reduction and not i.is_broadcast
+                          and exact.class_of(i) == c and all(i is not j for j in chosen)), None)
+            if match is None:
+                break
+            chosen.append(match)
+        else:
+            merged = chosen[0]
+            for inner in chosen[1:]:
+                outer_pos, inner_pos = _position(ref, merged), _position(ref, inner)
+                ref.merge(outer_pos, inner_pos)
+                merged = ref.get_loop_domain()[min(outer_pos, inner_pos)]
+
+
+def _position(tv: TensorView, i: IterDomain) -> int:
+    return next(k for k, j in enumerate(tv.get_loop_domain()) if j is i)
 
 
 def schedule_reference(ref: TensorView, analysis: ReductionAnalysis, params: ReductionParams) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pyfuser.ir.analysis.id_graph import IdGraph
+from pyfuser.ir.analysis.reshape import Key, Regroupings, reshape_regroupings
 from pyfuser.ir.domain_replay import logical_ancestors, replay
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.iter_domain import IdTransform, IterDomain, ParallelType
+from pyfuser.ir.iter_domain import IdTransform, IterDomain, Merge, ParallelType
 from pyfuser.ir.ops.indexing import read_by_index_only
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
@@ -47,10 +48,18 @@ def transform_like(ref: TensorView, tvs: Sequence[TensorView] | None = None) -> 
     broadcast ID matches the ID it is broadcast to); a transform whose inputs have no counterpart
     in the target is skipped, and the target's unmatched IDs go after the replayed ones. Parallel
     types are not copied (``parallelize_like`` does that).
+
+    Across reshapes (``ir/analysis/reshape.py``), an ID of ``ref`` (logical, or a merge of its
+    transforms) that a reshape's group of axes regroups matches the target's axis of that group, or the
+    target's axes of the group merged row-major: ``[B * S, rV]``'s ``B * S`` is ``merge(B, S)`` of a
+    ``[B, S, V]`` it was reshaped into, and the replay goes on from there.
     """
     fusion = ref.fusion
     graph = IdGraph(fusion.tensors(), fusion.exprs(), map_broadcast=True, through_transforms=False)
+    regrouped = reshape_regroupings(fusion.exprs(), graph.class_of, graph.forwards)
     transforms = transforms_between(ref.get_logical_domain(), ref.get_loop_domain())
+    keyed = [(r, graph.key(r)) for r in (*ref.get_logical_domain(), *(t.out for t in transforms if isinstance(t, Merge)))]
+    keyed = [(r, key) for r, key in keyed if key in regrouped]
     for tv in _targets(ref, tvs):
         id_map: dict[int, IterDomain] = {}
         taken: set[int] = set()
@@ -59,12 +68,40 @@ def transform_like(ref: TensorView, tvs: Sequence[TensorView] | None = None) -> 
             if match is not None:
                 id_map[id(r)] = match
                 taken.add(id(match))
+        for r, key in keyed:
+            if id(r) not in id_map and not any(id(a) in id_map for a in logical_ancestors(r, ref.get_logical_domain())):
+                found = _regrouped(tv, key, regrouped, graph, taken)
+                if found is not None:
+                    id_map[id(r)] = found
         replay(transforms, id_map, tv, partial=True, copy_parallel=False, forwards=graph.forwards)
         loop = [id_map[id(i)] for i in ref.get_loop_domain() if id(i) in id_map]
         loop += _unused_pieces(transforms, id_map, loop)
         covered = {id(a) for i in loop for a in logical_ancestors(i, tv.get_logical_domain())}
         loop += [i for i in tv.get_logical_domain() if id(i) not in covered]
         tv.set_loop_domain(loop)
+
+
+def _regrouped(tv: TensorView, key: Key, regrouped: Regroupings, graph: IdGraph, taken: set[int]) -> IterDomain | None:
+    """``tv``'s ID of an iteration equivalent to ``key`` through reshapes: a logical ID of it, or
+    ``tv``'s logical IDs of an equivalent group merged outer first (the merges made here); ``taken``
+    (IDs already matched) grows by the IDs used."""
+    options = sorted((k for k in regrouped.keys() if regrouped.same(key, k)), key=len)
+    free = [i for i in tv.get_logical_domain() if id(i) not in taken and not i.is_reduction]
+    for option in options:
+        chosen: list[IterDomain] = []
+        for c in option:
+            match = next((i for i in free if graph.class_of(i) == c and all(i is not j for j in chosen)), None)
+            if match is None:
+                break
+            chosen.append(match)
+        else:
+            merged = chosen[0]
+            for inner in chosen[1:]:
+                merged = Merge(merged, inner).out
+                merged.tensor = tv
+            taken.update(id(i) for i in chosen)
+            return merged
+    return None
 
 
 def _unused_pieces(transforms: Sequence[IdTransform], id_map: dict[int, IterDomain],

@@ -77,10 +77,12 @@ class _Segmenter:
             self.order.append(group)
         if self.kernels:
             self._merge_rounds()
-            # Reshapes join kernels last: no reduction or normalization kernel computes one, so a
-            # reshape merged early would pull its producers and consumers away from the reduction
-            # kernels they join (a norm's input read through a reshape, a loss's labels flattened).
-            # Merged after, a reshape joins the pointwise kernels left on either side of it.
+            # Reshapes join kernels last: a reduction or normalization kernel computes only those of
+            # kept axes (``ir/analysis/reshape.py``), so a reshape of a row merged early would pull its
+            # producers and consumers away from the reduction kernels they join (a norm's input read
+            # through a reshape). Merged after, a reshape joins the kernels left on either side of it:
+            # a pointwise one, or a reduction's where it regroups kept axes (a loss's gradient over
+            # [B * S, V] added to a [B, S, V] one).
             self.reshapes_merge = True
             self._merge_rounds()
             self._merge_horizontally()

@@ -7,6 +7,12 @@ a broadcast input is indexed inside its consumer's loop. Both maps then grow thr
 transforms: two splits with mapped inputs and the same factor have mapped outputs, and likewise two
 merges whose inputs are mapped pairwise (nvFuser's forward propagation of ``IdModel``).
 
+Across a reshape, the IDs of a group of axes with equal products are mapped (``reshape.py``
+``regroupings``): one axis to one axis directly, and the row-major merge of a group's axes where a tensor
+has it (a scheduler's ``merge(B, S)`` of a ``[B, S, V]`` is the ``B * S`` of the ``[B * S, V]`` it was
+reshaped from). Merges are associative in the flat index they give, so a merge is known by its axes'
+classes in order, however nested.
+
 Schedulers ask it which axes of a segment correspond; the code generator uses the loop map to bind
 every tensor's loop IDs to the kernel's loop nest and the exact map to give every ID a runtime
 extent (``concrete`` ID: a non-broadcast member).
@@ -16,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from pyfuser.ir.analysis.reshape import Key, group_ids, reshape_regroupings
 from pyfuser.ir.base import Expr
 from pyfuser.ir.iter_domain import IdTransform, IterDomain, Merge, Split
+from pyfuser.ir.ops import ReshapeOp
 from pyfuser.ir.symbolic import SymConst
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
@@ -60,8 +68,11 @@ class IdGraph:
     """Union-find classes of the IDs of ``tensors`` (every domain, every transform between them)."""
 
     def __init__(self, tensors: Sequence[TensorView], exprs: Iterable[Expr], *, map_broadcast: bool,
-                 through_transforms: bool = True) -> None:
-        """``through_transforms=False`` maps logical IDs only (what propagating a schedule starts from)."""
+                 through_transforms: bool = True, through_reshapes: bool = True) -> None:
+        """``through_transforms=False`` maps logical IDs only (what propagating a schedule starts from), and
+        across a reshape the IDs of groups of one axis and the merges a tensor already has;
+        ``through_reshapes=False`` maps nothing across a reshape (the pointwise analysis, which reads a
+        reshape's operand at computed indices without mapping it)."""
         self.map_broadcast = map_broadcast
         self._classes = _UnionFind()
         self._ids: dict[int, IterDomain] = {}
@@ -78,7 +89,8 @@ class IdGraph:
             for i in (*t.inputs, *t.outputs):
                 self._ids[id(i)] = i
         self._members: dict[int, list[IterDomain]] | None = None
-        for expr in exprs:
+        self._exprs = list(exprs)
+        for expr in self._exprs:
             self._map_expr(expr)
         concrete = {self._classes.find(k) for k, i in self._ids.items() if not _size_one(i)}
         #: IDs of one position (broadcasts, reductions of a broadcast) whose class has no other kind of
@@ -89,6 +101,59 @@ class IdGraph:
         if through_transforms:
             self._forward(self._transforms)
             self._propagate(self._transforms)
+        self._reshapes = [e for e in self._exprs if isinstance(e, ReshapeOp)] if through_reshapes else []
+        self._map_reshapes()
+
+    def key(self, i: IterDomain) -> Key:
+        """``i`` as the classes of the IDs a nest of merges combines into it, outer first (IDs of one
+        position that no other ID resolves left out): the flat index it iterates."""
+        definition = i.definition
+        if isinstance(definition, Merge) and i is definition.out:
+            return self.key(definition.outer) + self.key(definition.inner)
+        return () if id(i) in self._unresolved else (self._classes.find(id(i)),)
+
+    def _map_reshapes(self) -> None:
+        """Join the IDs whose keys reshapes make one iteration, until nothing changes (a join changes
+        classes, so keys; through transforms it maps their splits too)."""
+        if not self._reshapes:
+            return
+        for expr in self._reshapes:
+            for a, b in group_ids(expr, lambda i: id(i) in self._unresolved) or []:
+                if len(a) == 1 and len(b) == 1 and not self._joins_two_axes(id(a[0]), id(b[0])):
+                    self._classes.union(id(a[0]), id(b[0]))
+        if self._through_transforms:
+            self._propagate(self._transforms)
+        changed = True
+        while changed:
+            changed = False
+            regrouped = reshape_regroupings(self._reshapes, self.class_of, lambda i: id(i) in self._unresolved)
+            holders: dict[Key, int] = {}
+            for k, i in self._ids.items():
+                key = self.key(i)
+                if key and key in regrouped:
+                    first = holders.setdefault(regrouped.find(key), k)
+                    if not self._joins_two_axes(first, k):
+                        changed |= self._classes.union(first, k)
+            if changed and self._through_transforms:
+                self._propagate(self._transforms)
+        self._members = None
+
+    def _joins_two_axes(self, a: int, b: int) -> bool:
+        """Whether joining the classes of IDs ``a`` and ``b`` would make two logical axes of one tensor one
+        class. A reshape never does that: where its operand's axes are one class already (``s[:, None] -
+        s[None, :]``, a relative-position matrix), mapping each of them to its own axis of the result would
+        join the result's axes; the second is left unmapped (the operand is read at computed indices)."""
+        ra, rb = self._classes.find(a), self._classes.find(b)
+        if ra == rb:
+            return False
+        axes: dict[int, set[int]] = {}
+        for k, i in self._ids.items():
+            root = self._classes.find(k)
+            if (root == ra or root == rb) and i.tensor is not None and not i.is_broadcast:
+                logical = {id(j) for j in i.tensor.get_logical_domain()}
+                if k in logical:
+                    axes.setdefault(id(i.tensor), set()).add(root)
+        return any(len(roots) == 2 for roots in axes.values())
 
     def _map_expr(self, expr: Expr) -> None:
         outs = expr.tensor_outputs

@@ -9,6 +9,12 @@ a generated kernel reads a reshape's operand at computed positions, whatever the
 
 The groups are known only where the products can be compared: constant extents, or equal symbolic
 extents paired one to one. Any other reshape stays an ATen call.
+
+The same groups say which iterations are one across a reshape (``regroupings``): a group's producer axes
+merged row-major iterate what its consumer axes merged row-major iterate (``[B * S] -> [B, S]``: ``B * S``
+is ``merge(B, S)``). The ID graph maps them so (``id_graph.py``), so a reduction kernel iterates tensors on
+both sides of a reshape in one loop nest: a scheduler merges a group's axes where a tensor has them apart,
+and the code generator divides and wraps the merged index back into the axes, as it reads an operand.
 """
 
 from __future__ import annotations
@@ -86,6 +92,92 @@ def _groups(src: Sequence[SymExpr], dst: Sequence[SymExpr]) -> list[ReshapeGroup
                 t += 1
         groups.append(ReshapeGroup(tuple(ins), tuple(outs)))
     return groups
+
+
+#: A group's axes as iteration classes, outer first, size-1 axes left out (they add nothing to a flat index).
+Key = tuple[int, ...]
+
+
+def group_ids(expr: ReshapeOp, size_one: Callable[[IterDomain], bool],
+              ) -> list[tuple[list[IterDomain], list[IterDomain]]] | None:
+    """Each group of ``expr`` as (producer IDs, consumer IDs), outer first, those ``size_one`` drops left
+    out (they add nothing to a flat index), groups empty on a side dropped; None where the groups are not
+    known. A group of one ID a side maps the two IDs; a longer one maps the row-major merges of its IDs."""
+    groups = reshape_groups(expr)
+    if groups is None:
+        return None
+    producer = expr.inputs[0]
+    assert isinstance(producer, TensorView)
+    p_ids = producer.get_logical_domain(no_reductions=True)
+    c_ids = expr.output.get_logical_domain(no_reductions=True)
+    found = []
+    for g in groups:
+        a = [p_ids[d] for d in g.inputs if not size_one(p_ids[d])]
+        b = [c_ids[d] for d in g.outputs if not size_one(c_ids[d])]
+        if a and b:
+            found.append((a, b))
+    return found
+
+
+def regroupings(expr: ReshapeOp, class_of: Callable[[IterDomain], int],
+                size_one: Callable[[IterDomain], bool]) -> list[tuple[Key, Key]] | None:
+    """The groups of ``expr`` of several IDs on a side (``group_ids``), each as (producer key, consumer
+    key): their classes (``class_of``), outer first. (A group of one ID a side maps two IDs directly.)"""
+    groups = group_ids(expr, size_one)
+    if groups is None:
+        return None
+    return [(tuple(map(class_of, a)), tuple(map(class_of, b))) for a, b in groups if len(a) > 1 or len(b) > 1]
+
+
+class Regroupings:
+    """Keys (``Key``) that reshapes make one iteration, transitively (``[B * S] -> [B, S] -> [B * S]``)."""
+
+    def __init__(self, pairs: Sequence[tuple[Key, Key]]) -> None:
+        self._parent: dict[Key, Key] = {}
+        for a, b in pairs:
+            self._parent[self.find(a)] = self.find(b)
+
+    def find(self, key: Key) -> Key:
+        parent = self._parent.setdefault(key, key)
+        while parent != key:
+            key, parent = parent, self._parent.setdefault(parent, parent)
+        return key
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._parent
+
+    def keys(self) -> list[Key]:
+        return list(self._parent)
+
+    def same(self, a: Key, b: Key) -> bool:
+        return a in self and b in self and self.find(a) == self.find(b)
+
+
+def reshape_regroupings(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int],
+                        size_one: Callable[[IterDomain], bool]) -> Regroupings:
+    """The ``Regroupings`` of every reshape of ``exprs`` whose groups are known."""
+    pairs: list[tuple[Key, Key]] = []
+    for expr in exprs:
+        if isinstance(expr, ReshapeOp):
+            pairs += regroupings(expr, class_of, size_one) or []
+    return Regroupings(pairs)
+
+
+def regrouped_classes(classes: set[int] | frozenset[int], regrouped: Regroupings) -> set[int]:
+    """``classes`` grown by the classes of every key equivalent to a key all of whose classes are in it: the
+    axes a kernel reaches through reshapes from a tensor iterating ``classes`` (``[B, S, V]`` reaches
+    ``B * S``; ``[B * S, V]`` reaches ``B`` and ``S``)."""
+    grown = set(classes)
+    changed = True
+    while changed:
+        changed = False
+        for key in regrouped.keys():
+            if all(c in grown for c in key):
+                for other in regrouped.keys():
+                    if regrouped.same(key, other) and not all(c in grown for c in other):
+                        grown.update(other)
+                        changed = True
+    return grown
 
 
 def reshaped_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int], allowed: set[int]) -> set[int]:

@@ -1,7 +1,8 @@
-"""A reshape sinks past pointwise math whose other operands are dense inputs of its shape (they are reshaped
-instead, as views), and reshapes that restore a shape cancel: a language model's loss gradient, reshaped to
-[batch, tokens, vocab], plus the logits' own gradient and reshaped back, is computed in the softmax's
-kernel. Through generated kernels (Triton's interpreter on CPU) against torch."""
+"""A language model's loss gradient of the logits, computed over ``[batch * tokens, vocab]``, reshaped to
+``[batch, tokens, vocab]``, plus the logits' own gradient and reshaped back: the softmax's normalization kernel
+computes both reshapes (``ir/analysis/reshape.py``: they regroup kept axes only), so the add is in it, whatever
+the other operand's layout (permuted, broadcast). Through generated kernels (Triton's interpreter on CPU)
+against torch."""
 
 from __future__ import annotations
 
@@ -43,14 +44,15 @@ def test_reshaped_gradient_sum_is_computed_in_the_softmax_kernel(dtype: torch.dt
     assert kernel_schedulers(fd) == ["inner_persistent"]
 
 
-def test_a_permuted_input_keeps_the_reshape(device: str) -> None:
-    """The input's reshape would be a copy: the add stays a kernel of its own beside the softmax's."""
+def test_a_permuted_input_is_read_through_the_reshape(device: str) -> None:
+    """The input's reshape would be a copy as an ATen call: the softmax's kernel reads it at computed
+    indices instead, and computes the add."""
     logits = torch.randn(6, 40, device=device)
     tangent = torch.randn(2, 40, 3, device=device).transpose(1, 2)
     fd = _loss_gradient(logits, tangent)
     (out,) = execute_with_kernels(fd, [logits, tangent])
     torch.testing.assert_close(out, (tangent + torch.softmax(logits, 1).view(2, 3, 40)).reshape(6, 40))
-    assert len(kernel_schedulers(fd)) == 2
+    assert kernel_schedulers(fd) == ["inner_persistent"]
 
 
 def test_a_reshaped_sum_that_is_an_output_is_written(device: str) -> None:
@@ -61,10 +63,13 @@ def test_a_reshaped_sum_that_is_an_output_is_written(device: str) -> None:
     expected = tangent + torch.softmax(logits, 1).view(2, 3, 40)
     torch.testing.assert_close(total, expected)
     torch.testing.assert_close(flat, expected.view(6, 40))
+    # the sum is written once, in the kernel; its reshape for the other output is an ATen view of it
+    assert kernel_schedulers(fd) == ["inner_persistent"]
 
 
-def test_a_broadcast_operand_keeps_the_reshape(device: str) -> None:
-    """An operand broadcast over the reshaped axes is not of the reshape's shape: nothing moves."""
+def test_a_broadcast_operand_is_added_in_the_kernel(device: str) -> None:
+    """An operand broadcast over one of the regrouped axes (a bias over the tokens) is read at the index of
+    the axis it has."""
     logits = torch.randn(6, 40, device=device)
     bias = torch.randn(1, 3, 40, device=device)
     with FusionDefinition() as fd:
@@ -73,3 +78,4 @@ def test_a_broadcast_operand_keeps_the_reshape(device: str) -> None:
         fd.add_output(fd.ops.reshape(fd.ops.add(fd.ops.reshape(probs, [2, 3, 40]), b), [6, 40]))
     (out,) = execute_with_kernels(fd, [logits, bias])
     torch.testing.assert_close(out, ((logits - logits.amax(1, True)).exp().view(2, 3, 40) + bias).view(6, 40))
+    assert kernel_schedulers(fd) == ["inner_persistent"]
