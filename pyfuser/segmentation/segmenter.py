@@ -181,7 +181,11 @@ class _Segmenter:
         is a kernel of its own (a transpose kernel copying a tensor for a matmul that reads either
         layout). So are an expand and a broadcast: an ATen call reads stride-0 axes as they are
         (DeBERTa's relative-position gathers: the kernel wrote each [1, S, S] index expanded to a
-        [batch x heads, S, S] int64 tensor)."""
+        [batch x heads, S, S] int64 tensor). Reshapes the permute reads through, each a view of its
+        operand's layout, leave with it, and so do the kernel's other reshapes that only ATen calls read
+        (a loss gradient viewed [tokens, vocabulary], transposed for the head's weight gradient and viewed
+        again for the input gradient: a reduction kernel returns no reshape of a value it also returns,
+        so the kernel wrote the gradient twice)."""
         outputs = {id(v) for v in self.fusion.outputs()}
         for expr in self.exprs:
             group = self.group_of[id(expr)]
@@ -193,16 +197,46 @@ class _Segmenter:
             if id(out) in outputs or not readers or any(is_kernel(g.scheduler) for g in readers):
                 continue
             reason = f"{what} only ATen calls read: a view"
-            if len(group.exprs) == 1:
-                self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval, reason=reason)
-                continue
-            rest = [e for e in group.exprs if e is not expr]
-            remaining = self._scheduled(rest)
-            if remaining is None:
-                continue
-            for e in rest:
-                self.group_of[id(e)] = remaining
-            self.group_of[id(expr)] = SegmentedGroup([expr], SchedulerType.expr_eval, reason=reason)
+            peeled = self._with_reshapes_read(expr, group, outputs)
+            rest = [e for e in group.exprs if e not in peeled]
+            # the kernel's other reshapes that only ATen calls read: views of the value it then writes once
+            reshapes = [e for e in rest if self._reshape_only_aten_reads(e, group, peeled, outputs)]
+            rest = [e for e in rest if e not in reshapes]
+            if rest:
+                remaining = self._scheduled(rest)
+                if remaining is None:
+                    continue
+                for e in rest:
+                    self.group_of[id(e)] = remaining
+            for exprs, why in ((peeled, reason), *(([r], "a reshape only ATen calls read: a view") for r in reshapes)):
+                view = SegmentedGroup(exprs, SchedulerType.expr_eval, reason=why)
+                for e in exprs:
+                    self.group_of[id(e)] = view
+
+    def _reshape_only_aten_reads(self, expr: Expr, group: SegmentedGroup, peeled: list[Expr], outputs: set[int]) -> bool:
+        """Whether ``expr`` is a reshape of ``group``, a view of its operand's layout and no fusion output,
+        whose result only ATen calls (or the views ``peeled``) read."""
+        if not isinstance(expr, ReshapeOp) or id(expr.outputs[0]) in outputs:
+            return False
+        uses = [u for u in expr.outputs[0].uses if id(u) in self.live]
+        if not uses or any(u not in peeled and (self.group_of[id(u)] is group or is_kernel(self.group_of[id(u)].scheduler))
+                           for u in uses):
+            return False
+        return is_view_of(expr, logical_order(expr.tensor_inputs[0]))
+
+    def _with_reshapes_read(self, expr: Expr, group: SegmentedGroup, outputs: set[int]) -> list[Expr]:
+        """``expr`` and the chain of reshapes of ``group`` it reads through (each a view of its operand's
+        layout, read by nothing else and no fusion output), in expr order."""
+        chain = [expr]
+        members = {id(e) for e in group.exprs}
+        while True:
+            producer = chain[0].tensor_inputs[0].definition
+            if (not isinstance(producer, ReshapeOp) or id(producer) not in members
+                    or id(producer.outputs[0]) in outputs
+                    or any(id(u) in self.live and u is not chain[0] for u in producer.outputs[0].uses)
+                    or not is_view_of(producer, logical_order(producer.tensor_inputs[0]))):
+                return chain
+            chain.insert(0, producer)
 
     def _is_input_broadcast(self, group: SegmentedGroup) -> bool:
         """Whether ``group`` only broadcasts, expands, squeezes or slices fusion inputs, as defined (a

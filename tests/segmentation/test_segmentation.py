@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -281,3 +283,25 @@ def test_cycle_checks_walk_the_groups_between_the_two_merged(monkeypatch) -> Non
 
     small, large = walked(20), walked(40)
     assert large < 5 * small, (small, large)
+
+
+def test_a_reduction_result_viewed_and_transposed_for_a_matmul_is_written_once(monkeypatch, capsys, device) -> None:
+    """A loss gradient (a normalization's result) viewed [tokens, vocabulary] and transposed for the head's
+    weight gradient, and viewed again for the input gradient: the reshapes and the permute are views of
+    the kernel's one output (the kernel wrote both reshapes, or the transpose and a reshape: the gradient
+    twice)."""
+    x, h, w = torch.randn(2, 8, 64, device=device), torch.randn(16, 32, device=device), torch.randn(64, 32, device=device)
+    with FusionDefinition() as fd:
+        tx, th, tw = (fd.from_pytorch(t, static_sizes=True) for t in (x, h, w))
+        e = fd.ops.exp(fd.ops.sub(tx, fd.ops.broadcast(fd.ops.max(tx, [2]), [False, False, True])))
+        grad = fd.ops.div(e, fd.ops.broadcast(fd.ops.sum(e, [2]), [False, False, True]))
+        fd.add_output(fd.ops.matmul(fd.ops.permute(fd.ops.reshape(grad, [16, 64]), [1, 0]), th))
+        fd.add_output(fd.ops.matmul(fd.ops.reshape(grad, [16, 64]), tw))
+    kernels_on = ["triton_interpreter"] if device == "cpu" else []
+    (weight_grad, input_grad), dump = _dump(monkeypatch, capsys, fd, [x, h, w],
+                                            lambda fd, i: fd.execute(i, _enable_options=kernels_on))
+    want = torch.softmax(x, 2).reshape(16, 64)
+    torch.testing.assert_close(weight_grad, want.t() @ h, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(input_grad, want @ w, atol=1e-5, rtol=1e-5)
+    (launch,) = [line for line in dump.splitlines() if "LaunchKernel(" in line]
+    assert len(re.findall(r"T\d+_g", launch.split("outputs = ")[1])) == 1, launch
