@@ -9,6 +9,8 @@ segments around it from merging (one pointwise kernel writes outputs of one shap
 reads nothing more than the input its readers' kernels would read anyway, so each reader gets its
 own chain from the input, and the segmenter then puts every copy inside the kernel of its reader.
 
+A value a GEMM or an attention call reads is written anyway, so it is not forwarded.
+
 Forwarded: broadcasts and expands (views on the ATen path too) and, where segments run as generated
 kernels (each copy computed inside its reader's kernel, not as an ATen call of its own), unary ops,
 binary ops of one tensor and a scalar, ``iota`` and ``full``, each of a fusion input or of another
@@ -21,12 +23,16 @@ from __future__ import annotations
 
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import BinaryOp, BroadcastOp, ExpandOp, FullOp, IotaOp, UnaryOp
+from pyfuser.ir.ops import BinaryOp, BroadcastOp, ExpandOp, FullOp, IotaOp, LinearOp, MatmulOp, UnaryOp
+from pyfuser.ir.ops.attention import SdpaBwdOp, SdpaFwdOp
+from pyfuser.ir.ops.matmul import GroupedMmOp
 from pyfuser.ir.tensor_view import TensorView, new_like, user_scheduled
 from pyfuser.options import CompileOptions
 
 #: exprs whose result costs nothing to recompute beside their tensor operand (or from no tensor at all)
 _CHEAP = (BroadcastOp, ExpandOp, UnaryOp, BinaryOp, IotaOp, FullOp)
+#: readers that run as ATen calls on tensors in memory, never inside a kernel
+_READ_FROM_MEMORY = (MatmulOp, LinearOp, GroupedMmOp, SdpaFwdOp, SdpaBwdOp)
 
 
 def _as_defined(tv: TensorView) -> bool:
@@ -85,5 +91,10 @@ def forward_input_broadcasts(fusion: Fusion, options: CompileOptions) -> None:
             seen.add(id(expr.output))
     for tv in forwarded:
         readers: list[Expr] = list(dict.fromkeys(u for u in tv.uses if id(u) in live))
+        # A GEMM or attention call reads the value from memory, so it is written anyway: the other
+        # readers read it too (a copy of their own was written beside it: Whisper's scaled queries, read
+        # by a matmul and, reshaped, by a bias gradient's kernel and two more matmuls, written twice).
+        if any(isinstance(r, _READ_FROM_MEMORY) for r in readers):
+            continue
         for reader in readers[1:]:
             reader.replace_input(tv, _copy_chain(tv, fusion))

@@ -5,6 +5,8 @@ an iota) is recomputed inside both, not written out by a kernel of its own. Thro
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -69,3 +71,21 @@ def test_a_forwarded_value_that_is_an_output_is_written_once() -> None:
     torch.testing.assert_close(cos_out, a.cos())
     torch.testing.assert_close(prod, x * a.cos())
     torch.testing.assert_close(total, (x + a.cos()).sum(0))
+
+
+def test_a_value_a_matmul_reads_is_computed_once() -> None:
+    """Queries scaled (a scalar times an input) and read by a matmul, and, reshaped, by a bias gradient's
+    sum: the matmul reads the value from memory, so it is written anyway and the sum's kernel reads it
+    too (a forwarded copy was computed and written beside it: Whisper's scaled queries twice)."""
+    q, w = torch.randn(2, 6, 32), torch.randn(32, 16)
+    with FusionDefinition() as fd:
+        tq, tw = fd.from_pytorch(q, static_sizes=True), fd.from_pytorch(w, static_sizes=True)
+        scaled = fd.ops.mul(tq, 0.125)
+        fd.add_output(fd.ops.matmul(scaled, tw))
+        fd.add_output(fd.ops.sum(fd.ops.reshape(scaled, [12, 32]), [0]))
+    product, total = execute_with_kernels(fd, [q, w])
+    torch.testing.assert_close(product, (q * 0.125) @ w)
+    torch.testing.assert_close(total, (q * 0.125).reshape(12, 32).sum(0))
+    for code in fd.fec.kernel_codes():
+        stored = re.findall(r"tl\.store\(T\d+ \+ [^,]*, ([^,)]*\)?)", code)
+        assert len(stored) == len(set(stored)), code  # no value stored twice
