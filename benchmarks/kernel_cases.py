@@ -745,6 +745,7 @@ QUICK: tuple[Point, ...] = (
     Point("rmsnorm", (16384, 4096), BF), Point("rmsnorm", (1024, 11008), BF),
     Point("group_norm", (8, 512, 15999), BF), Point("group_norm", (32, 128, 4096), F32),
     Point("layernorm_bwd", (8192, 4096), BF), Point("layernorm_bwd", (4097, 1000), F32),
+    Point("layernorm_bwd", (100352, 96), BF),
     Point("rmsnorm_bwd", (8192, 4096), BF), Point("rmsnorm_bwd", (1024, 11008), BF),
     Point("softmax", (1024, 65536), BF), Point("softmax", (512, 128256), BF), Point("softmax", (4097, 127), F32),
     Point("log_softmax", (1024, 32000), BF), Point("log_softmax", (63, 262144), F32),

@@ -238,8 +238,12 @@ def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
         return tiles + loops + (splits if params.shape in ("loop", "split") else [])
     if scheduler is SchedulerType.inner_outer_persistent:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        return [dataclasses.replace(params, split=waves * sms, rows=r, num_warps=w, num_stages=stages)
+        wide = [dataclasses.replace(params, split=waves * sms, rows=r, num_warps=w, num_stages=stages)
                 for waves in (1, 2) for r in (1, 2, 4) for w in (8, 16) for stages in (1, 3)]
+        # narrow rows (a channels-last layer norm's 96 channels): more rows a step keep loads in flight
+        narrow = [dataclasses.replace(params, split=waves * sms, rows=r, num_warps=w, num_stages=3)
+                  for waves in (1, 2) for r in (8, 16, 32, 64) for w in (2, 4, 8)]
+        return wide + narrow
     if scheduler is SchedulerType.transpose:
         return [dataclasses.replace(params, tile_in=t, tile_out=t, num_warps=w) for t in (32, 64) for w in (4, 8)]
     flat = [dataclasses.replace(params, block=(b,), num_warps=w) for b in (512, 1024, 2048, 4096) for w in (4, 8)]
