@@ -56,7 +56,7 @@ def unsupported_in_pointwise_kernel(expr: Expr) -> str | None:
             return f"{name}: {expr.kind.name} has no Triton lowering"
         if lowering.floating_only and not compute_dtype(expr.outputs[0].dtype).is_floating:
             return f"{name}: {expr.kind.name} on {expr.outputs[0].dtype} is only exact as an ATen call"
-        if isinstance(expr, BinaryOp) and expr.kind is BinaryOpType.div and _divides_integers_by_maybe_zero(expr):
+        if isinstance(expr, BinaryOp) and expr.kind in _INTEGER_DIVISIONS and _divides_integers_by_maybe_zero(expr):
             return f"{name}: integer division by a value that may be 0, for which ATen raises and a kernel cannot"
         for v in expr.inputs:
             if isinstance(v, Scalar) and v.is_fusion_input and v.dtype is DataType.Double and \
@@ -91,6 +91,10 @@ def unsupported_indexed_reads(exprs: Sequence[Expr]) -> str | None:
             return (f"{e.op_description} producing {e.outputs[0]}: its lookup tensor {e.lookup.short_name} is "
                     "computed in the segment; a kernel reads it at indexed positions from a segment input")
     return None
+
+
+#: ops that divide integers (a quotient or a remainder): ATen raises for a 0 divisor
+_INTEGER_DIVISIONS = (BinaryOpType.div, BinaryOpType.fmod, BinaryOpType.mod)
 
 
 def _divides_integers_by_maybe_zero(expr: BinaryOp) -> bool:

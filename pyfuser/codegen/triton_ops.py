@@ -53,6 +53,9 @@ TRITON_POINTWISE: dict[PointwiseKind, TritonOp] = {
     BinaryOpType.mul: TritonOp("{0} * {1}"),
     BinaryOpType.div: TritonOp("_div({0}, {1})"),
     BinaryOpType.truediv: TritonOp("{0} / {1}"),
+    # C's remainder (the dividend's sign): Triton's ``%`` (``srem`` / ``frem``; the interpreter's numpy fmod)
+    BinaryOpType.fmod: TritonOp("{0} % {1}"),
+    BinaryOpType.mod: TritonOp("{0} % {1}"),
     BinaryOpType.pow: TritonOp("_pow({0}, {1})", floating_only=True),
     BinaryOpType.maximum: TritonOp("tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),
     BinaryOpType.minimum: TritonOp("tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"),

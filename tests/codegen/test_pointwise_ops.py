@@ -73,7 +73,10 @@ def test_unary(kind: UnaryOpType, dtype: torch.dtype, device: str, run_kernels) 
 
 
 BINARY_REFERENCE = {"div": None, "truediv": torch.true_divide, "maximum": torch.maximum, "minimum": torch.minimum,
-                    "logical_and": torch.logical_and, "logical_or": torch.logical_or, "pow": torch.pow}
+                    "logical_and": torch.logical_and, "logical_or": torch.logical_or, "pow": torch.pow,
+                    "mod": torch.fmod}
+#: integer divisions: a tensor divisor may hold 0, for which ATen raises (they run as ATen calls)
+DIVISIONS = (BinaryOpType.div, BinaryOpType.fmod, BinaryOpType.mod)
 
 
 def _binary_ref(kind: BinaryOpType):
@@ -89,7 +92,7 @@ BINARY_CASES = [(k, d) for k in BinaryOpType if k in TRITON_POINTWISE for d in D
 
 @pytest.mark.parametrize(("kind", "dtype"), BINARY_CASES, ids=lambda p: getattr(p, "name", str(p)))
 def test_binary(kind: BinaryOpType, dtype: torch.dtype, device: str, run_kernels) -> None:
-    divides = kind in (BinaryOpType.div, BinaryOpType.truediv)
+    divides = kind in (*DIVISIONS, BinaryOpType.truediv)
     a = _data(dtype, positive=kind is BinaryOpType.pow).to(device)
     b = _data(dtype, nonzero=divides).to(device)
     if kind is BinaryOpType.pow and dtype.is_floating_point:
@@ -97,7 +100,7 @@ def test_binary(kind: BinaryOpType, dtype: torch.dtype, device: str, run_kernels
     with FusionDefinition() as fd:
         fd.add_output(getattr(fd.ops, kind.name)(fd.from_pytorch(a), fd.from_pytorch(b)))
     integer = not (a.is_floating_point() or b.is_floating_point())
-    if (TRITON_POINTWISE[kind].floating_only or kind is BinaryOpType.div) and integer:
+    if (TRITON_POINTWISE[kind].floating_only or kind in DIVISIONS) and integer:
         (got,) = fd.execute([a, b], _enable_options=[] if a.is_cuda else ["triton_interpreter"])
         with pytest.raises(ValueError, match="no generated kernel"):
             fd.last_kernel_code()  # integer pow stays exact, integer div raises for a 0 divisor: ATen calls
@@ -208,4 +211,23 @@ def test_bitwise_ops_run_in_kernels(dtype: torch.dtype, device: str, run_kernels
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w)
+    assert kernel_schedulers(fd) == ["pointwise"]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32, torch.bfloat16])
+def test_remainders_by_a_constant_run_in_kernels(dtype: torch.dtype, device: str, run_kernels) -> None:
+    """C's remainder (``fmod``, the dividend's sign) by a non-zero constant, negative dividends and divisors
+    included, and torch's integer floor division built from it (an MoE's expert histogram divides token
+    positions so): one kernel, no ATen call between kernels."""
+    a = (torch.randn(5, 37, generator=torch.Generator().manual_seed(7)) * 40).to(dtype).to(device)
+    divisor = 3 if not dtype.is_floating_point else 2.5
+    with FusionDefinition() as fd:
+        x = fd.from_pytorch(a)
+        fd.add_output(fd.ops.fmod(x, divisor))
+        fd.add_output(fd.ops.fmod(x, -divisor))
+        fd.add_output(fd.ops.mod(x, divisor))
+    got = run_kernels(fd, [a])
+    for g, w in zip(got, [torch.fmod(a, divisor), torch.fmod(a, -divisor), torch.fmod(a, divisor)], strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, atol=0, rtol=0)
     assert kernel_schedulers(fd) == ["pointwise"]

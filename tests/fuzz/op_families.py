@@ -38,7 +38,7 @@ UNARY = {
 #: where torch takes tensors only, as fd.ops documents)
 BINARY = {
     "add": "{a} + {b}", "sub": "{a} - {b}", "mul": "{a} * {b}", "truediv": "{a} / {b}",
-    "div": "div_like_nvfuser({a}, {b})", "pow": "torch.pow({a}, {b})",
+    "div": "div_like_nvfuser({a}, {b})", "fmod": "torch.fmod({A}, {B})", "pow": "torch.pow({a}, {b})",
     "maximum": "torch.maximum({A}, {B})", "minimum": "torch.minimum({A}, {B})",
     "eq": "{a} == {b}", "ne": "{a} != {b}", "lt": "{a} < {b}", "le": "{a} <= {b}", "gt": "{a} > {b}",
     "ge": "{a} >= {b}", "logical_and": "torch.logical_and({A}, {B})", "logical_or": "torch.logical_or({A}, {B})",
