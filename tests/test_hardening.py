@@ -291,16 +291,20 @@ def test_pad_cropping_more_than_an_axis_holds_then_padding() -> None:
     torch.testing.assert_close(fd.execute([x := torch.randn(2)])[0], F.pad(x, [-1, 2], value=-2.0))
 
 
+@pytest.mark.parametrize("op", ["div", "fmod", "mod", "remainder"])
 @pytest.mark.parametrize("divisor", ["number", "tensor"])
-def test_integer_division_by_zero(divisor: str) -> None:
+def test_integer_division_by_zero(divisor: str, op: str) -> None:
+    """A quotient or a remainder of integers by 0 (torch raises): a ValueError naming the operands, with
+    generated kernels on too (a divisor that may be 0 keeps the op an ATen call)."""
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1], dtype=DataType.Int)
         y = fd.define_tensor([-1], dtype=DataType.Int) if divisor == "tensor" else 0
-        fd.add_output(fd.ops.div(x, y))
+        fd.add_output(getattr(fd.ops, op)(x, y))
     inputs = [torch.arange(3)] + ([torch.tensor([1, 0, 2])] if divisor == "tensor" else [])
     other = "T1" if divisor == "tensor" else r"int64_t\(0\)"
-    with pytest.raises(ValueError, match=rf"div: on the integer operands T0 and {other}, a divisor is 0"):
-        fd.execute(inputs)
+    for options in ([], ["triton_interpreter"]):
+        with pytest.raises(ValueError, match=rf"{op}: on the integer operands T0 and {other}, a divisor is 0"):
+            fd.execute(inputs, _enable_options=options)
 
 
 def test_integer_power_with_a_negative_exponent() -> None:

@@ -245,10 +245,13 @@ class BinaryOpType(Enum):
     nextafter = PointwiseSpec(_tensor_or_scalar(torch.nextafter, math.nextafter), printed=_float_suffixed)
     atan2 = PointwiseSpec(_tensor_or_scalar(torch.atan2, math.atan2), printed=_float_suffixed)
     #: C's remainder (the dividend's sign): ``fmod``; nvFuser's ``mod`` is the same on integers
-    fmod = PointwiseSpec(_tensor_or_scalar(torch.fmod, _scalar_fmod), torch.fmod, printed=_float_suffixed)
-    mod = PointwiseSpec(_tensor_or_scalar(torch.fmod, _scalar_fmod), torch.fmod, printed=_float_suffixed)
+    fmod = PointwiseSpec(_tensor_or_scalar(torch.fmod, _scalar_fmod), torch.fmod, printed=_float_suffixed,
+                         integer_domain="a divisor is 0")
+    mod = PointwiseSpec(_tensor_or_scalar(torch.fmod, _scalar_fmod), torch.fmod, printed=_float_suffixed,
+                        integer_domain="a divisor is 0")
     #: Python's remainder (the divisor's sign)
-    remainder = PointwiseSpec(_tensor_or_scalar(torch.remainder, operator.mod), torch.remainder)
+    remainder = PointwiseSpec(_tensor_or_scalar(torch.remainder, operator.mod), torch.remainder,
+                              integer_domain="a divisor is 0")
     #: a complex number from its real and imaginary parts (of one floating dtype)
     complex = PointwiseSpec(_tensor_or_scalar(torch.complex, _scalar_complex))
 
