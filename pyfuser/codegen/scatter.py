@@ -130,8 +130,10 @@ class ScatterKernelBuilder(KernelBuilder):
         branched = code.branch(code.uniform())
         offset, dims = self.offset(out, position, where)
         # the lanes past the value's extent read index 0 (a row in range): their conditions join the mask
-        # through the index the address is computed from, not only through the address itself
-        mask = code.mask(dims | code.dims_of(in_range), uses=f"{offset} {in_range}")
+        # through the index the address is computed from, not only through the address itself, and through
+        # the value (one index of one element broadcast to a value of symbolic length: the row's lanes)
+        mask = code.mask(dims | code.dims_of(in_range) | code.dims_of(element),
+                         uses=f"{offset} {in_range} {element}")
         if self.target == "cuda":
             message = (f"{op.op_name}: index {index.short_name} holds a value out of range for "
                        f"{acc.short_name} axis 0 (valid: 0 to its size - 1)")

@@ -159,6 +159,24 @@ def test_a_single_row_written_by_one_lane_of_a_wide_tile(run_kernels: RunKernels
 
 
 @pytest.mark.usefixtures("nondeterministic")
+@pytest.mark.parametrize("accumulate", [True, False], ids=["add", "store"])
+def test_one_index_into_a_vector_with_a_value_of_symbolic_length(run_kernels: RunKernels, device: str,
+                                                               accumulate: bool) -> None:
+    """One index into a 1-D tensor (an element, a scalar address) with a value whose length is symbolic
+    (1 at execution): the value's lanes join the mask, so the address is widened to a block (the
+    interpreter refused a block value at a scalar address); found by the fuzzer (seed 9400847)."""
+    x, value, index = torch.randn(4, device=device), torch.randn(1, device=device), torch.tensor([2], device=device)
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([4], dtype=DataType.Float)
+        t1 = fd.define_tensor([-1], dtype=DataType.Float)
+        t2 = fd.define_tensor([1], dtype=DataType.Int)
+        put = fd.ops.index_put_accumulate if accumulate else fd.ops.index_put
+        fd.add_output(put(t0, fd.ops.remainder(t2, 4), t1))
+    (out,) = run_kernels(fd, [x, value, index])
+    torch.testing.assert_close(out, x.index_put((index,), value, accumulate=accumulate))
+
+
+@pytest.mark.usefixtures("nondeterministic")
 def test_rows_added_into_a_matmuls_result(run_kernels: RunKernels, device: str) -> None:
     """``acc`` a matmul's result, whose logical domain keeps the reduced axis: rows are compared with
     ``value``'s without it (found by the fuzzer)."""
