@@ -98,8 +98,8 @@ _INTEGER_DIVISIONS = (BinaryOpType.div, BinaryOpType.fmod, BinaryOpType.mod)
 
 
 def _divides_integers_by_maybe_zero(expr: BinaryOp) -> bool:
-    """Integer ``div`` whose divisor is not a non-zero constant: ATen raises for a 0 divisor (the
-    default path's ValueError), a kernel would return garbage, so such a division runs as ATen."""
+    """An integer quotient or remainder whose divisor is not a non-zero constant: ATen raises for a 0
+    divisor (the default path's ValueError), a kernel would return garbage, so it runs as ATen."""
     lhs, rhs = expr.inputs
     if any(v.dtype.is_floating or v.dtype.is_complex for v in (lhs, rhs)):
         return False

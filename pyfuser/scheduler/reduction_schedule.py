@@ -287,8 +287,7 @@ class OuterHeuristic:
 
     A program reads a block of ``column_bytes`` of the kept (innermost) axis per row, ``step_bytes``
     per loop step (``reduction_step_bytes`` in a plain reduction; rows of the block, pipelined ``stages``
-    deep). Where the kept axis gives fewer than
-    ``waves`` programs per SM:
+    deep). Where the kept axis gives fewer than ``waves`` programs per SM:
 
     * a plain reduction first narrows its block, down to ``narrow_bytes`` (whole 128-byte lines), if
       that alone gives every SM a program (no second launch: the permuted mean of 16384 columns, 256
