@@ -416,6 +416,33 @@ def test_stream_loop_refuses_a_kernel_reading_one_input_along_two_chunked_axes(d
     assert torch.equal(out, torch.where(mask.permute(2, 0, 3, 1), mask, mask.permute(2, 0, 3, 1)))
 
 
+def test_stream_loop_refuses_a_kernel_whose_second_output_reads_the_input_along_another_axis(
+        device: str, run_kernels) -> None:
+    """``t.T`` returned beside ``t.T * t``, both split on stream along axis 1: the first output reads ``t``
+    along axis 0 only, the second along both, so one chunk of ``t`` cannot serve the kernel (the products
+    and a pad of ``t.T`` came out wrong: fuzz seed 9406589). Refused, naming both axes; without the split
+    the same fusion computes."""
+    x = torch.randn(3, 3, device=device)
+
+    def define(stream: bool) -> FusionDefinition:
+        with FusionDefinition() as fd:
+            t0 = fd.define_tensor([3, -1], dtype=DataType.Float)
+            t2 = fd.ops.permute(t0, [1, 0])
+            t3 = fd.ops.mul(t2, t0)
+            fd.add_output(t2)
+            fd.add_output(t3)
+        if stream:
+            for tv in (t2, t3):
+                tv.outer_split(1, 2)
+                tv.axis(1).parallelize(ParallelType.stream)
+        return fd
+
+    with pytest.raises(ValueError, match=r"reads T\d+ along axes .* a chunk of one is not a chunk of the others"):
+        run_kernels(define(True), [x])
+    transposed, product = run_kernels(define(False), [x])
+    assert torch.equal(transposed, x.t()) and torch.equal(product, x.t() * x)
+
+
 def test_manual_schedule_whose_grid_has_no_program_for_a_nonempty_output(device: str) -> None:
     """A hand-scheduled kernel whose grid spans an empty axis cannot write an output beside it (a
     broadcast): ``manual_execute`` says so instead of returning uninitialized memory."""

@@ -77,9 +77,17 @@ class FusedExprs:
 
     def producer_ids_reaching(self, producer: TensorView, consumer_id: IterDomain) -> list[IterDomain]:
         """Every non-broadcast logical ID of ``producer`` that the exprs map onto ``consumer_id`` (an ID
-        of the first output): two when the kernel reads ``producer`` both directly and transposed
-        (``where(t.permute(1, 0), t, ...)``), so no single chunk of ``producer`` serves both reads."""
-        return [i for i in self._trace(producer)[0].get(id(consumer_id), []) if not i.is_broadcast]
+        of the first output) or onto an ID exactly mapped to it (another output's: one loop iterates
+        both): two when the kernel reads ``producer`` both directly and transposed (``where(t.permute(1,
+        0), t, ...)``, or ``t.permute(1, 0)`` returned beside ``pow(t.permute(1, 0), t)``), so no single
+        chunk of ``producer`` serves both reads."""
+        origins, root = self._trace(producer)
+        axis = root(id(consumer_id))
+        found: list[IterDomain] = []
+        for k, ids in origins.items():
+            if root(k) == axis:
+                found.extend(i for i in ids if not i.is_broadcast and all(i is not j for j in found))
+        return found
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         """``producer`` logical ID -> first output's logical ID, composed through the exprs (the first
