@@ -35,7 +35,7 @@ from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.cache import cache_inputs, derive_allocation_from_loop
 from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
 from pyfuser.scheduler.registry import FusionLike, Machine, SchedulerType, SizeHints
-from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
+from pyfuser.scheduler.tools import inline_most, one_per_class, parallelize_like, transform_like
 from pyfuser.utils import next_power_of_2
 
 #: Elements of a tile a program holds at once when several rows share it (registers per thread).
@@ -454,15 +454,9 @@ def merge_regrouped(ref: TensorView, analysis: ReductionAnalysis) -> None:
     for key in regrouped.keys():
         if len(key) < 2:
             continue
-        loop = ref.get_loop_domain()
-        chosen: list[IterDomain] = []
-        for c in key:
-            match = next((i for i in loop if i.definition is None and not i.is_reduction and not i.is_broadcast
-                          and exact.class_of(i) == c and all(i is not j for j in chosen)), None)
-            if match is None:
-                break
-            chosen.append(match)
-        else:
+        loop = [i for i in ref.get_loop_domain() if i.definition is None and not i.is_reduction and not i.is_broadcast]
+        chosen = one_per_class(loop, key, exact.class_of)
+        if chosen is not None:
             merged = chosen[0]
             for inner in chosen[1:]:
                 outer_pos, inner_pos = _position(ref, merged), _position(ref, inner)

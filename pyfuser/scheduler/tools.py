@@ -8,7 +8,7 @@ the result.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.analysis.reshape import Key, Regroupings, reshape_regroupings
@@ -81,6 +81,18 @@ def transform_like(ref: TensorView, tvs: Sequence[TensorView] | None = None) -> 
         tv.set_loop_domain(loop)
 
 
+def one_per_class(candidates: Sequence[IterDomain], classes: Sequence[int],
+                  class_of: Callable[[IterDomain], int]) -> list[IterDomain] | None:
+    """A distinct ID of ``candidates`` for each of ``classes``, in their order (None where one has none)."""
+    chosen: list[IterDomain] = []
+    for c in classes:
+        match = next((i for i in candidates if class_of(i) == c and all(i is not j for j in chosen)), None)
+        if match is None:
+            return None
+        chosen.append(match)
+    return chosen
+
+
 def _regrouped(tv: TensorView, key: Key, regrouped: Regroupings, graph: IdGraph, taken: set[int]) -> IterDomain | None:
     """``tv``'s ID of an iteration equivalent to ``key`` through reshapes: a logical ID of it, or
     ``tv``'s logical IDs of an equivalent group merged outer first (the merges made here); ``taken``
@@ -88,13 +100,8 @@ def _regrouped(tv: TensorView, key: Key, regrouped: Regroupings, graph: IdGraph,
     options = sorted((k for k in regrouped.keys() if regrouped.same(key, k)), key=len)
     free = [i for i in tv.get_logical_domain() if id(i) not in taken and not i.is_reduction]
     for option in options:
-        chosen: list[IterDomain] = []
-        for c in option:
-            match = next((i for i in free if graph.class_of(i) == c and all(i is not j for j in chosen)), None)
-            if match is None:
-                break
-            chosen.append(match)
-        else:
+        chosen = one_per_class(free, option, graph.class_of)
+        if chosen is not None:
             merged = chosen[0]
             for inner in chosen[1:]:
                 merged = Merge(merged, inner).out
