@@ -242,7 +242,7 @@ def time_cases(cases: list[Case], batch: Batch, opts: Options) -> None:
     """The prepared cases timed together (``time_ms_interleaved``), each into its record."""
     live = {c.record["variant"]: c for c in cases if c.step is not None}
     with timing_lock(opts.timing_lock):
-        times = time_ms_interleaved({v: c.step for v, c in live.items() if c.step is not None}, opts.device,
+        times = time_ms_interleaved({v: c.step for v, c in live.items()}, opts.device,
                                     opts.warmup, opts.iters, around=lambda variant: watched(live[variant].record))
     for case in live.values():
         ms = times[case.record["variant"]]

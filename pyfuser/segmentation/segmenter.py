@@ -214,7 +214,7 @@ class _Segmenter:
                     self.group_of[id(e)] = view
 
     def _reshape_only_aten_reads(self, expr: Expr, group: SegmentedGroup, peeled: list[Expr], outputs: set[int]) -> bool:
-        """Whether ``expr`` is a reshape of ``group``, a view of its operand's layout and no fusion output,
+        """Whether ``expr`` (of ``group``) is a reshape, a view of its operand's layout and no fusion output,
         whose result only ATen calls (or the views ``peeled``) read."""
         if not isinstance(expr, ReshapeOp) or id(expr.outputs[0]) in outputs:
             return False
@@ -225,18 +225,14 @@ class _Segmenter:
         return is_view_of(expr, logical_order(expr.tensor_inputs[0]))
 
     def _with_reshapes_read(self, expr: Expr, group: SegmentedGroup, outputs: set[int]) -> list[Expr]:
-        """``expr`` and the chain of reshapes of ``group`` it reads through (each a view of its operand's
-        layout, read by nothing else and no fusion output), in expr order."""
+        """``expr`` and the chain of ``group``'s reshapes it reads through that only ATen calls and the
+        chain read (``_reshape_only_aten_reads``), in expr order."""
         chain = [expr]
         members = {id(e) for e in group.exprs}
-        while True:
-            producer = chain[0].tensor_inputs[0].definition
-            if (not isinstance(producer, ReshapeOp) or id(producer) not in members
-                    or id(producer.outputs[0]) in outputs
-                    or any(id(u) in self.live and u is not chain[0] for u in producer.outputs[0].uses)
-                    or not is_view_of(producer, logical_order(producer.tensor_inputs[0]))):
-                return chain
+        while ((producer := chain[0].tensor_inputs[0].definition) is not None and id(producer) in members
+               and self._reshape_only_aten_reads(producer, group, chain, outputs)):
             chain.insert(0, producer)
+        return chain
 
     def _is_input_broadcast(self, group: SegmentedGroup) -> bool:
         """Whether ``group`` only broadcasts, expands, squeezes or slices fusion inputs, as defined (a
