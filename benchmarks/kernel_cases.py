@@ -41,6 +41,10 @@ ROWS_COLUMNS_SMALL = ((4097, 64), (1023, 127), (4097, 512), (1023, 1000), (1023,
 #: normalization families (softmax, log-softmax, cross-entropy) run these too, in bf16 and fp32.
 ROWS_FEW_WIDE = ((8, 262144), (32, 262144), (63, 262144), (130, 131072), (17, 128256), (66, 65536), (127, 32768))
 
+#: Many narrow rows: a channels-last layer norm over a CNN's channels (ConvNeXt's 96-768 at batch 32), the
+#: norms' backward families run these too (the inner-outer scheduler's narrow-row steps were chosen on them).
+ROWS_MANY_NARROW = ((100352, 96), (25088, 192), (6272, 384), (1568, 768), (65536, 64), (16384, 256), (16384, 512))
+
 #: Shapes per grid name. ``2d``: (rows, columns); ``rotary``: (batch, sequence, heads, head dim);
 #: ``batchnorm``: (N, C, H, W); ``embedding``: (tokens, hidden, vocabulary); ``seed003``: (1, rows, columns);
 #: ``relative``: (batch x heads, sequence, span).
@@ -658,9 +662,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("group_norm", "group_norm", _make_group_norm, _def_group_norm, _torch_group_norm, (3, 5, 33),
            scheduler=SchedulerType.inner_persistent),
     Family("layernorm_bwd", "2d", _make_layernorm_bwd, _def_layernorm_bwd, _torch_layernorm_bwd, (5, 33), copies=3,
-           scheduler=SchedulerType.inner_outer_persistent),
+           scheduler=SchedulerType.inner_outer_persistent, extra=ROWS_MANY_NARROW),
     Family("rmsnorm_bwd", "2d", _make_rmsnorm_bwd, _def_rmsnorm_bwd, _torch_rmsnorm_bwd, (5, 33), copies=3,
-           scheduler=SchedulerType.inner_outer_persistent),
+           scheduler=SchedulerType.inner_outer_persistent, extra=ROWS_MANY_NARROW),
     Family("softmax", "2d", _make_2d, _def_softmax, _torch_softmax, (5, 33), ("contiguous", "permuted"),
            scheduler=SchedulerType.inner_persistent, extra=ROWS_FEW_WIDE),
     Family("log_softmax", "2d", _make_2d, _def_log_softmax, _torch_log_softmax, (5, 33),

@@ -53,6 +53,7 @@ from pyfuser.ir.ops import VarMeanOp
 from pyfuser.preseg.staged_var_mean import stage_outer_var_means
 from pyfuser.schedule import SchedulerType
 from pyfuser.scheduler.reduction_schedule import InnerHeuristic, OuterHeuristic, inner_heuristic, outer_heuristic
+from pyfuser.utils import next_power_of_2
 
 #: The fusions other benchmarks time (``seed003_ceiling.py``, ``persistent_tiles.py``) and their timer.
 bench = time_ms_flushed
@@ -208,7 +209,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"overall": stats(rows), "families": families}
 
 
-def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
+def _variants(scheduler: SchedulerType, params: Any, shape: Sequence[int]) -> list[Any]:
     """Hand-edited heuristics around ``params`` for ``--sweep``."""
     if params.shape == "outer":
         return _outer_variants(params)
@@ -240,14 +241,18 @@ def _variants(scheduler: SchedulerType, params: Any, rank: int) -> list[Any]:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         wide = [dataclasses.replace(params, split=waves * sms, rows=r, num_warps=w, num_stages=stages)
                 for waves in (1, 2) for r in (1, 2, 4) for w in (8, 16) for stages in (1, 3)]
-        # narrow rows (a channels-last layer norm's 96 channels): more rows a step keep loads in flight
-        narrow = [dataclasses.replace(params, split=waves * sms, rows=r, num_warps=w, num_stages=3)
-                  for waves in (1, 2) for r in (8, 16, 32, 64) for w in (2, 4, 8)]
+        # narrow rows (a channels-last layer norm's 96 channels): 1024-8192 elements a step on 2-8 warps, 1-8
+        # programs an SM, the step's rows added up each step or kept as partials until the block is done
+        width = next_power_of_2(shape[-1])
+        narrow = [dataclasses.replace(params, split=waves * sms, rows=step // width, num_warps=w, num_stages=3,
+                                      keep_step_rows=keep)
+                  for step, w in ((1024, 2), (1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8), (8192, 8))
+                  for waves in (1, 2, 4, 8) for keep in (False, True) if step // width > 1]
         return wide + narrow
     if scheduler is SchedulerType.transpose:
         return [dataclasses.replace(params, tile_in=t, tile_out=t, num_warps=w) for t in (32, 64) for w in (4, 8)]
     flat = [dataclasses.replace(params, block=(b,), num_warps=w) for b in (512, 1024, 2048, 4096) for w in (4, 8)]
-    if rank < 2:
+    if len(shape) < 2:
         return flat
     # The 2-D schedule (outer x inner axes), which the heuristics leave to manual schedules.
     inner = params.block[0] // 4
@@ -410,7 +415,7 @@ def sweep_point(point: Point, inputs: list[Any], nbytes: int, timer: Timer) -> l
     except Exception as e:  # not one segment of this scheduler: nothing to tune here
         return [{"params": "", "ms": float("inf"), "GBps": 0.0, "error": f"{type(e).__name__}: {str(e)[:200]}"}]
     results = []
-    for params in _variants(scheduler, base, len(point.shape)):
+    for params in _variants(scheduler, base, point.shape):
         fd = _define(point, inputs)
         try:
             schedule.schedule(fd.fusion, scheduler, params)

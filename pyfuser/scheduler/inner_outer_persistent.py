@@ -7,7 +7,9 @@ row into its partial results of the reduction across rows; a second, small launc
 reduction over the ``G`` partials (a grid reduction). The reference is the reduction across rows:
 ``[G (grid_x), rows/G (loop), row (block_x)]``, or ``[G, rows/G/R (loop), R (block_y), row]`` with
 ``R`` rows a step, which each reduction across rows adds up (an rfactor) before it accumulates
-them, so its accumulator over the loop is one row. The loop is software-pipelined (``num_stages``).
+them, so its accumulator over the loop is one row; for narrow rows it keeps a partial per row of
+the step instead, added up once after the loop (``keep_step_rows``). The loop is software-pipelined
+(``num_stages``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ from pyfuser.scheduler.tools import inline_most
 from pyfuser.utils import next_power_of_2
 
 KINDS = (NormalizationKind.inner_outer_persistent,)
+
+#: Rows of at most this many elements (rounded up to a power of two) are narrow: each program steps
+#: through its block many rows at a time, 16 elements a thread (8 warps over 4096 elements for rows
+#: up to 128, 4 warps over 2048 above), and each reduction across rows keeps a partial per row of the
+#: step until its block is done (``keep_step_rows``): adding up each step's rows costs a reduction
+#: across warps and a barrier a step, and one program an SM spends its time waiting on them. H200
+#: sweep (``benchmarks/kernels.py --sweep`` on ``ROWS_MANY_NARROW``: layer-norm backward bf16
+#: 100352 x 96, 65536 x 64, 25088 x 192, 16384 x 256, 6272 x 384, 16384 x 512, float32 100352 x 96,
+#: rms-norm backward 100352 x 96; rows a step x warps x 1-8 programs an SM x kept partials): at least
+#: 0.94x of each shape's best (rms-norm 96 and layer-norm 512 at 0.94x; four of eight the best); 4
+#: rows a step, as wide rows take, lost 2.8-14x on rows up to 256 (100352 x 96: 890 against 53 us).
+#: Rows of 1024 add up each step's rows (38.6 against 50-54 us kept). One program an SM beat two to
+#: eight when kept.
+NARROW_ROW = 512
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
@@ -71,6 +87,14 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
         # 4096) beat steps of the whole tile (two rows of 8192: 255 registers and spills, 3200 and
         # 3447 GB/s); 8 warps beat 16; unpipelined, every shape lost 20-35%.
         width = next_power_of_2(max(row, 1))
+        if width <= NARROW_ROW:
+            step, warps = (4096, 8) if width <= 128 else (2048, 4)
+            rows_per_step = max(1, step // width)
+            if rows is not None:  # no more rows a step than a program's block has
+                rows_per_step = min(rows_per_step, next_power_of_2(-(-rows // programs)))
+            return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
+                                   rows=rows_per_step, split=programs, num_warps=warps, num_stages=3,
+                                   keep_step_rows=rows_per_step > 1)
         rows_per_step = max(1, min(4, m.max_persistent // 2 // width))
         return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
                                rows=rows_per_step, split=programs, num_warps=warps_for(rows_per_step * width),
@@ -97,7 +121,7 @@ def schedule(fusion: Fusion, params: ReductionParams) -> None:
     else:
         ref.axis(row).parallelize(ParallelType.block_x)
     propagate(fusion, ref, caches)
-    if params.rows > 1:
+    if params.rows > 1 and not params.keep_step_rows:
         _add_up_each_step(fusion)
 
 

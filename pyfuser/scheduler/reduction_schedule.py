@@ -74,6 +74,10 @@ class ReductionParams:
     #: a looped normalization's sums of ``exp(y - max(y))`` accumulate in their max's pass (an online
     #: softmax, ``mark_online_sums``): the row is read once for both
     online: bool = True
+    #: inner-outer persistent with several rows a step: each reduction across rows keeps a partial per
+    #: row of the step over the row loop and adds them up once after it, instead of adding up each
+    #: step's rows (a reduction across warps, a barrier, each step)
+    keep_step_rows: bool = False
 
     def __str__(self) -> str:
         fields = {"tile": f"rows per program: {self.rows}, row as one tile",
@@ -82,7 +86,8 @@ class ReductionParams:
                   "outer": f"kept tile: {self.tile}, reduced tile: {self.tile_reduced or 'whole extent'}"}
         if self.scheduler_type is SchedulerType.inner_outer_persistent:
             fields = {"tile": "row as one tile", "loop": f"row in steps of {self.tile}"}
-            fields = {k: f"{v}; {self.split} programs, each a block of rows, {self.rows} at a time (partials "
+            held = ", a partial per row of the step" if self.keep_step_rows else ""
+            fields = {k: f"{v}; {self.split} programs, each a block of rows, {self.rows} at a time{held} (partials "
                          "finished by a second launch)" for k, v in fields.items()}
         if self.scheduler_type in (SchedulerType.inner_persistent, SchedulerType.outer_persistent):
             fields["loop"] += f", online softmax: {self.online}"

@@ -263,11 +263,15 @@ def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels) -> 
     if cols <= 128:  # the row as one tile: one pass over the rows reads each input once
         partial = _kernel_body(fd.last_kernel_code(), "_partial0")
         assert partial.count("for ") == 1 and partial.count("tl.load(T0 ") == 1, partial
-        # A step's rows are added up before they accumulate across steps (rfactor of the step's
-        # axis): each accumulator kept over the row loop is one row, not one per row of the step
-        # (two sums, each with its compensation).
+        # Each reduction across rows keeps over the row loop a partial per row of the step, added up
+        # after the loop, or one row where the rows of a step are added up each step (two sums, each
+        # with its compensation); a step of one row has no row axis.
+        params = schedule.compute_heuristics(fd.fusion, SchedulerType.inner_outer_persistent,
+                                             [dy, x.detach(), mean, rstd, w.detach()])
         kept = re.findall(r"acc\d+ = tl\.full\(\[([^\]]*)\]", partial.split("for ")[0])
-        assert len(kept) == 4 and all(shape.startswith("1, ") for shape in kept), partial
+        rows = f"{params.rows if params.keep_step_rows else 1}, "
+        assert len(kept) == 4, partial
+        assert all(shape.startswith(rows) if params.rows > 1 else "," not in shape for shape in kept), partial
 
     # rmsnorm backward: dx per row and dw across rows
     xd = x.detach().requires_grad_()
@@ -347,12 +351,14 @@ def test_channels_last_layernorm_backward_into_a_channel_scale(dtype: torch.dtyp
     _close(ds, sd.grad, dtype)
 
 
-@pytest.mark.parametrize("rows_per_step", [1, 2])
-def test_pipelined_inner_outer_kernel_masks_rows_past_the_end(rows_per_step: int, device: str) -> None:
+@pytest.mark.parametrize(("rows_per_step", "keep_step_rows"), [(1, False), (2, False), (2, True), (8, True)])
+def test_pipelined_inner_outer_kernel_masks_rows_past_the_end(rows_per_step: int, keep_step_rows: bool,
+                                                              device: str) -> None:
     """A software-pipelined row loop (``num_stages`` > 1, compiled) has no ``if`` in its body (Triton
     does not pipeline a loop that branches): a row past the end of a program's block is masked
     instead, in its loads, its sums and its stores. 11 rows over 3 programs: the last block ends
-    early."""
+    early; with 8 rows a step each block is one step, partly past its end (the partials kept per
+    row of a step add zeros there)."""
     cols, n = 40, 11
     x, dy = torch.randn(n, cols, device=device), torch.randn(n, cols, device=device)
     w = torch.randn(cols, device=device)
@@ -364,7 +370,7 @@ def test_pipelined_inner_outer_kernel_masks_rows_past_the_end(rows_per_step: int
         fd.add_output(fd.ops.sub(g, fd.ops.mul(tx, c)))
         fd.add_output(fd.ops.sum(fd.ops.mul(tdy, tx), [0]))
         params = schedule.compute_heuristics(fd.fusion, SchedulerType.inner_outer_persistent, inputs)
-        params = dataclasses.replace(params, rows=rows_per_step, split=3, num_stages=3)
+        params = dataclasses.replace(params, rows=rows_per_step, split=3, num_stages=3, keep_step_rows=keep_step_rows)
         schedule.schedule(fd.fusion, SchedulerType.inner_outer_persistent, params)
     dx, dw = fd.manual_execute(inputs, params)
     g_ref = dy * w
@@ -560,6 +566,23 @@ def test_inner_outer_programs_all_have_rows(sm_count: int) -> None:
         block = -(-rows // programs)
         assert block == -(-rows // min(sm_count, rows)), (rows, programs)
         assert (programs - 1) * block < rows, (rows, programs)  # the last program has rows
+
+
+def test_narrow_rows_step_many_rows_and_keep_a_partial_per_row_of_the_step() -> None:
+    """Rows up to 512 wide (a channels-last layer norm's channels): 16 elements a thread, many rows a
+    step, and each reduction across rows keeps a partial per row of the step over the loop (no
+    reduction across warps each step), never more rows a step than a program's block has; wider rows
+    add up each step's rows."""
+    fd = _seed003()
+    h100 = Machine(132, 16384, 2048)
+    for width, rows_per_step, warps in [(64, 64, 8), (96, 32, 8), (128, 32, 8), (192, 8, 4), (384, 4, 4), (512, 4, 4)]:
+        params = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(width, 100352, h100))
+        assert (params.rows, params.num_warps, params.keep_step_rows) == (rows_per_step, warps, True), width
+    for rows, rows_per_step in [(1000, 8), (132, 1), (300, 4)]:  # blocks of 8, 1 and 3 rows
+        params = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(96, rows, h100))
+        assert (params.rows, params.keep_step_rows) == (rows_per_step, rows_per_step > 1), rows
+    wide = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(1024, 8192, h100))
+    assert not wide.keep_step_rows and wide.rows == 4
 
 
 def test_rows_share_smaller_programs_in_normalizations_than_in_reductions() -> None:
