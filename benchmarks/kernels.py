@@ -295,16 +295,16 @@ def _outer_summary(params: Any) -> str:
 def _outer_variants_of_heuristic() -> list[OuterHeuristic]:
     """The outer heuristic's variants ``--sweep`` times a fusion with outer segments under: each knob of
     ``OuterHeuristic`` moved alone from its default (column block, loop step, programs per SM, loop steps
-    per program of a split, narrowing before a split, a var_mean's steps / programs / elements per thread,
-    the final step's columns and programs, pipelining, L2 hints), then the schedule before narrowing and
-    the small Welford steps."""
+    per program of a split, narrowing before a split, a var_mean's columns / steps / programs / elements per
+    thread, the final step's columns and programs, pipelining, L2 hints), then the schedule before narrowing
+    and the small Welford steps."""
     base = OuterHeuristic()
     knobs: dict[str, tuple[Any, ...]] = {
         "column_bytes": (256, 1024), "step_bytes": (8192, 32768), "reduction_step_bytes": (4096, 16384),
         "waves": (1, 4), "split_waves": (2, 8),
         "min_steps": (1, 2),
-        "min_columns": (64,), "narrow_bytes": (0, 64, 256), "welford_step_bytes": (2048, 8192, 16384),
-        "welford_waves": (1, 4, 8, 16),
+        "min_columns": (64,), "narrow_bytes": (0, 64, 256), "welford_column_bytes": (64, 256, 512),
+        "welford_step_bytes": (4096, 16384), "welford_waves": (2, 4, 8),
         "welford_elements": (4, 16, 32), "final_waves": (2, 4), "final_min_columns": (1, 16, 32), "stages": (2, 4),
         "evict_last": (False,)}
     variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]

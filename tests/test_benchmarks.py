@@ -141,7 +141,7 @@ def test_the_sweep_of_looped_rows_varies_step_warps_and_the_online_pass(shape: s
     few wide rows (split) programs per row too."""
     base = ReductionParams(SchedulerType.inner_persistent, 0, shape, tile=4096, num_warps=16, evict_last=False,
                            split=3 if shape == "split" else 1)
-    variants = kernels._variants(SchedulerType.inner_persistent, base, 2)
+    variants = kernels._variants(SchedulerType.inner_persistent, base, (1024, 65536))
     loops = {(v.tile, v.num_warps, v.online) for v in variants if v.shape == "loop"}
     assert {(t, w, o) for t in (1024, 2048, 4096, 8192) for w in (8, 16) for o in (True, False)} <= loops
     assert any(v.shape == "split" for v in variants) == (shape == "split")
@@ -159,7 +159,8 @@ def test_the_outer_heuristic_sweep_times_every_segment_under_each_variant() -> N
     fd = kernels._define(point, inputs)
     fd.execute(inputs, _enable_options=["triton_interpreter"])
     assert kernels.runs_outer(fd)
-    narrow, wide = (kernels.OuterHeuristic(column_bytes=b, min_columns=m) for b, m in ((16, 8), (512, 16)))
+    narrow, wide = (kernels.OuterHeuristic(column_bytes=b, welford_column_bytes=b, min_columns=m)
+                    for b, m in ((16, 8), (512, 16)))
     rows = kernels.sweep_outer(point, inputs, 100, lambda fn: (fn(), 1.0)[1], ["triton_interpreter"], [narrow, wide])
     # a var_mean: each variant also with outer var_means staged
     assert [r.get("error") for r in rows] == [None] * 4 and sum(" staged " in r["params"] for r in rows) == 2
@@ -178,7 +179,7 @@ def test_outer_sweep_variants_keep_the_outer_shape() -> None:
     with FusionDefinition() as fd:
         fd.add_output(fd.ops.sum(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0]))
     base = schedule.compute_heuristics(fd.fusion, SchedulerType.reduction, [x])
-    variants = kernels._variants(SchedulerType.reduction, dataclasses.replace(base, split=4), 2)
+    variants = kernels._variants(SchedulerType.reduction, dataclasses.replace(base, split=4), (300, 20))
     assert {v.shape for v in variants} == {"outer"} and {v.split for v in variants} == {2, 4, 8}
     assert {v.tile for v in variants} == {32, 64, 128, 256} and {v.tile_reduced for v in variants} == {8, 16, 32, 64}
     for params in (variants[0], variants[-1]):

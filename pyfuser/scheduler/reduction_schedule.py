@@ -299,11 +299,15 @@ class OuterHeuristic:
       programs of 64 bf16 columns, as Inductor runs it); else it keeps the wide block and splits the
       reduced axis across programs (a grid reduction of at most ``split_waves`` programs per SM, each
       at least ``min_steps`` loop steps, the steps divided evenly among them);
-    * a var_mean splits the same way, into ``welford_waves`` programs per SM of ``welford_step_bytes``
-      steps: Welford's four accumulators per element (and a division) make its per-thread share
-      costly, so its steps are small (``welford_elements`` per thread); 2 programs an SM were the best
-      of a sweep on one H100 (batch-norm statistics, bf16 channels-last 32 x 256 x 56 x 56: 727 GB/s
-      against 551 at 4, 379 at 8, 230 at 16);
+    * a var_mean reads blocks of ``welford_column_bytes`` and splits the same way, into
+      ``welford_waves`` programs per SM of ``welford_step_bytes`` steps, ``welford_elements`` per
+      thread (Welford's four accumulators per element and a division make a thread's share costly).
+      H200 sweep of channels-last batch-norm statistics (bf16 32 x 256 x 56 x 56, 64 x 512 x 28 x 28,
+      32 x 64 x 112 x 112, 128 x 2048 x 7 x 7, float32 32 x 256 x 56 x 56; column blocks of 128-512
+      bytes x steps of 4-16 KiB x 1-4 programs an SM x 8 or 16 elements a thread): blocks of 128 bytes
+      (64 bf16 channels, 32 float32) with 8 KiB steps (64 rows) on one program an SM were within 0.87x
+      of each shape's best (geomean 0.98x), against 0.66x (0.76x) for 512-byte blocks of 4 KiB steps
+      on two programs an SM: 69.9 -> 49.6 us at 32 x 256 x 56 x 56 (Inductor 42.9);
     * a normalization splits the same way, its final launch reading each program's share of the rows
       again; one with a var_mean cannot split and narrows its block down to ``min_columns`` elements.
 
@@ -322,8 +326,9 @@ class OuterHeuristic:
     min_columns: int = MIN_OUTER_TILE
     stages: int = LOOP_STAGES
     narrow_bytes: int = 128
-    welford_step_bytes: int = 4096
-    welford_waves: int = 2
+    welford_column_bytes: int = 128
+    welford_step_bytes: int = 8192
+    welford_waves: int = 1
     welford_elements: int = 8
     final_waves: int = 1
     final_min_columns: int = 4
@@ -346,7 +351,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     reduced, kept = hints.reduced, hints.kept
     # Whole 16-byte vectors per lane: 32 lanes of them by default.
     element = max(bytes_per_element, 1)
-    widest = next_power_of_2(max(1, h.column_bytes // element))
+    widest = next_power_of_2(max(1, (h.welford_column_bytes if welford else h.column_bytes) // element))
     inner = min(widest, next_power_of_2(kept)) if kept is not None else widest
     target = (h.welford_waves if welford else h.waves) * m.sm_count
     # A plain reduction's split (its partial results combined once) takes more programs than a

@@ -110,12 +110,13 @@ def _outer_var_mean() -> FusionDefinition:
                                             (3267, 127), (65536, 1)])
 def test_outer_var_mean_splits_across_programs(rows: int, kept: int) -> None:
     """An outer var_mean (channels-last batch-norm statistics: N*H*W rows of C channels on an H200) keeps
-    whole 512-byte column blocks and splits its rows across programs where the channels give too few
-    programs (Welford's partial results, combined by a second launch), into more programs than a column
-    sum (``welford_waves`` per SM) of small steps (``welford_elements`` per thread)."""
+    column blocks of ``welford_column_bytes`` and splits its rows across programs where the channels give
+    too few programs (Welford's partial results, combined by a second launch), into ``welford_waves``
+    programs per SM of ``welford_elements`` per thread."""
     h = OuterHeuristic()
     params = reduction.compute_heuristics(_outer_var_mean().fusion, SizeHints(rows, kept, H200))
-    assert params.shape == "outer" and params.tile == min(256, 1 << (kept - 1).bit_length()), params
+    widest = h.welford_column_bytes // 2  # bfloat16 elements
+    assert params.shape == "outer" and params.tile == min(widest, 1 << (kept - 1).bit_length()), params
     assert params.tile * params.tile_reduced * 2 <= h.welford_step_bytes, params
     assert params.num_warps * 32 * h.welford_elements in (params.tile * params.tile_reduced, 256 * h.welford_elements)
     programs = -(-kept // params.tile)
@@ -128,7 +129,8 @@ def test_outer_var_mean_splits_across_programs(rows: int, kept: int) -> None:
         most = max(1, min(target // programs, rows // (4 * params.tile_reduced)))
         assert params.split == -(-steps // -(-steps // most)), params
         assert programs * params.split <= target, params
-        assert params.split >= 2 or rows < 8 * params.tile_reduced, params
+        # a split wherever two programs a column block fit the target and the rows have steps for them
+        assert params.split >= 2 or 2 * programs > target or rows < 8 * params.tile_reduced, params
 
 
 def test_channels_last_batchnorm_forward_is_staged() -> None:
