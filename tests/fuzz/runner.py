@@ -68,7 +68,9 @@ class Category(Enum):
     undefined_cast = "undefined in torch: float-to-integer cast out of range"
     #: an oracle artifact, not a defect: pyfuser differs from torch beyond the dtype's tolerance, but
     #: against the program evaluated in float64 each differing element is within twice torch's own
-    #: error plus that tolerance (an ill-conditioned result: both round, in other orders)
+    #: error plus that tolerance (an ill-conditioned result: both round, in other orders), or within the
+    #: tolerance of the float64 program itself where torch is not (torch's CPU ``erf`` of a half subnormal
+    #: is -0.0, so ``pow(-3, erf(x))`` is 1 where pyfuser and the float64 program give NaN: seed 9404423)
     rounding = "rounding: as close to float64 as torch (2x torch's error + tolerance)"
     #: an oracle artifact, not a defect: torch's reference (on the CPU) raised for an integer division by
     #: zero, and the program ran on a GPU, where torch's own integer division by zero raises nothing and
@@ -293,7 +295,7 @@ def rounding_artifact(case: Case, values: Sequence[Any], outs: Sequence[Any],
                       wants: Sequence[torch.Tensor]) -> tuple[str, list[torch.Tensor]] | None:
     """When every element where ``outs`` differ from torch's ``wants`` is as close to the program in
     float64 as torch is (pyfuser's error at most twice torch's plus the dtype's tolerance, torch's error
-    finite): a description, and ``wants`` with those elements taken from ``outs`` (to check the
+    finite; or pyfuser within the dtype's tolerance of the float64 program): a description, and ``wants`` with those elements taken from ``outs`` (to check the
     executor's other promises); None when any is not (a wrong result), or when the float64 program does
     not run. As ``tests/codegen/test_accuracy.py`` judges reductions: torch's own error is the measure of
     how ill-conditioned the result is."""
@@ -313,8 +315,11 @@ def rounding_artifact(case: Case, values: Sequence[Any], outs: Sequence[Any],
         ours, torchs = _error(out, exact), _error(want, exact)
         tol = tolerance(want.dtype, low)
         scale = exact.abs().double().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-        allowed = 2 * torchs + tol["atol"] + tol["rtol"] * scale
-        if bool((differ & ~(torchs.isfinite() & (ours <= allowed))).any()):
+        within = tol["atol"] + tol["rtol"] * scale
+        # within twice torch's (finite) error, or within the dtype's tolerance of the float64 program where
+        # torch is further off (a NaN the float64 program has too, where torch's rounding made a number)
+        explained = (torchs.isfinite() & (ours <= 2 * torchs + within)) | (ours <= within)
+        if bool((differ & ~explained).any()):
             return None
         patched.append(torch.where(differ, out.to(want.device), want))
         described.append(f"output {k} ({case.outputs[k].name}): {int(differ.sum())} element(s) differ from torch; "

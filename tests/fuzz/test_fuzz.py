@@ -188,6 +188,19 @@ def test_torchs_own_rounding_is_an_oracle_artifact() -> None:
     assert re.search(r"output 0 \(t1\): \d+ element\(s\) differ from torch; against float64", outcome.detail)
 
 
+def test_a_result_equal_to_the_float64_program_where_torch_rounds_to_another_is_an_oracle_artifact() -> None:
+    """pyfuser's NaN where torch's rounding gave a number and the float64 program gives NaN too (torch's CPU
+    ``erf`` of a half subnormal returns -0.0, and ``pow(-3, -0.0)`` is 1: CPU fuzz seed 9404423; here an
+    exponent that torch's float16 flushes to 0 and float64 keeps): torch's error is not finite, pyfuser's
+    is 0, so the difference is torch's."""
+    case = _one_op_case("fd.ops.pow(-3.0, fd.ops.mul(t0, 1e-7))", "torch.pow(-3.0, (t0 * 1e-7).half().float())",
+                        shape=(8, 33))
+    values = case.input_values()
+    assert (case.reference(values)[0] == 1.0).any() and reference_float64(case, values)[0].isnan().all()
+    (outcome,) = run_case(case, [MODES["default"]])
+    assert outcome.category is Category.rounding and not outcome.failed, outcome
+
+
 def test_rounding_never_excuses_a_less_accurate_result() -> None:
     """The other way round (pyfuser's result the less accurate one), or where torch's value is not
     finite but the float64 program's is (an overflow torch has and pyfuser lacks): wrong results."""
