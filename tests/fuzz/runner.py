@@ -295,10 +295,10 @@ def rounding_artifact(case: Case, values: Sequence[Any], outs: Sequence[Any],
                       wants: Sequence[torch.Tensor]) -> tuple[str, list[torch.Tensor]] | None:
     """When every element where ``outs`` differ from torch's ``wants`` is as close to the program in
     float64 as torch is (pyfuser's error at most twice torch's plus the dtype's tolerance, torch's error
-    finite; or pyfuser within the dtype's tolerance of the float64 program): a description, and ``wants`` with those elements taken from ``outs`` (to check the
-    executor's other promises); None when any is not (a wrong result), or when the float64 program does
-    not run. As ``tests/codegen/test_accuracy.py`` judges reductions: torch's own error is the measure of
-    how ill-conditioned the result is."""
+    finite; or pyfuser within the dtype's tolerance of the float64 program): a description, and ``wants``
+    with those elements taken from ``outs`` (to check the executor's other promises); None when any is not
+    (a wrong result), or when the float64 program does not run. As ``tests/codegen/test_accuracy.py`` judges
+    reductions: torch's own error is the measure of how ill-conditioned the result is."""
     try:
         exacts = reference_float64(case, values)
     except Exception:
