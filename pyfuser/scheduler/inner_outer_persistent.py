@@ -81,13 +81,8 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     assert analysis.outer_reference is not None
     row = hints.reduced
     if row is not None and next_power_of_2(row) <= m.max_persistent:
-        # H200 sweeps (layernorm and rmsnorm backward, bf16 rows of 8192; kernels.py's seed003, f32 rows of 4096),
-        # with the row loop software-pipelined three deep (no branch in its body): steps of half the
-        # persistent tile (one row of 8192: 3606 and 3784 GB/s, 0.85 and 0.89 of copy; two rows of
-        # 4096) beat steps of the whole tile (two rows of 8192: 255 registers and spills, 3200 and
-        # 3447 GB/s); 8 warps beat 16; unpipelined, every shape lost 20-35%.
         width = next_power_of_2(max(row, 1))
-        if width <= NARROW_ROW:
+        if width <= NARROW_ROW:  # 16 elements a thread, partials kept per row of the step (NARROW_ROW)
             step, warps = (4096, 8) if width <= 128 else (2048, 4)
             rows_per_step = max(1, step // width)
             if rows is not None:  # no more rows a step than a program's block has
@@ -95,6 +90,11 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
             return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
                                    rows=rows_per_step, split=programs, num_warps=warps, num_stages=3,
                                    keep_step_rows=rows_per_step > 1)
+        # H200 sweeps (layernorm and rmsnorm backward, bf16 rows of 8192; kernels.py's seed003, f32 rows of 4096),
+        # with the row loop software-pipelined three deep (no branch in its body): steps of half the
+        # persistent tile (one row of 8192: 3606 and 3784 GB/s, 0.85 and 0.89 of copy; two rows of
+        # 4096) beat steps of the whole tile (two rows of 8192: 255 registers and spills, 3200 and
+        # 3447 GB/s); 8 warps beat 16; unpipelined, every shape lost 20-35%.
         rows_per_step = max(1, min(4, m.max_persistent // 2 // width))
         return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
                                rows=rows_per_step, split=programs, num_warps=warps_for(rows_per_step * width),
