@@ -4,7 +4,7 @@ one focused case per defect, named by what the kernel got wrong."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 from triton.runtime import interpreter
 
 from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser.ir.tensor_view import TensorView
 from tests.codegen.conftest import execute_with_aten, kernel_schedulers
 
 
@@ -405,6 +406,22 @@ def test_a_reduction_result_stored_across_an_empty_tile_axis(device: str, run_ke
         assert less.shape == (1, rows, 6, 1) and not less.any()
 
 
+def _split_on_stream(tvs: Sequence[TensorView], chunks: int) -> None:
+    """Each of ``tvs`` computed in ``chunks`` stream iterations of its axis 1."""
+    for tv in tvs:
+        tv.outer_split(1, chunks)
+        tv.axis(1).parallelize(ParallelType.stream)
+
+
+def _refused_on_stream_computed_without(define: Callable[[bool], FusionDefinition], inputs: list[Any],
+                                        run_kernels: Any) -> list[torch.Tensor]:
+    """``define(True)`` (split on stream) refused because a kernel would read one input's chunk along two
+    axes; the outputs of ``define(False)``, the same fusion unsplit."""
+    with pytest.raises(ValueError, match=r"reads T\d+ along axes .* a chunk of one is not a chunk of the others"):
+        run_kernels(define(True), inputs)
+    return run_kernels(define(False), inputs)
+
+
 def test_stream_loop_refuses_a_kernel_reading_one_input_along_two_chunked_axes(device: str, run_kernels) -> None:
     """``where(t.permute(...), t, ...)`` in a stream loop over the output's axis 1, which is ``t``'s axis 0
     through the permute and ``t``'s axis 1 directly: one chunk of ``t`` cannot serve both reads (the
@@ -423,15 +440,11 @@ def test_stream_loop_refuses_a_kernel_reading_one_input_along_two_chunked_axes(d
             out = fd.ops.where(t5, t2, t5)
             fd.add_output(out)
         if stream:
-            for tv in (out, t5):
-                tv.outer_split(1, 3)
-                tv.axis(1).parallelize(ParallelType.stream)
+            _split_on_stream((out, t5), 3)
         return fd
 
-    with pytest.raises(ValueError, match=r"reads T\d+ along axes .* a chunk of one is not a chunk of the others"):
-        run_kernels(define(True), [x, threes])
+    (out,) = _refused_on_stream_computed_without(define, [x, threes], run_kernels)
     mask = x.to(torch.int32) != 3
-    (out,) = run_kernels(define(False), [x, threes])
     assert torch.equal(out, torch.where(mask.permute(2, 0, 3, 1), mask, mask.permute(2, 0, 3, 1)))
 
 
@@ -451,14 +464,10 @@ def test_stream_loop_refuses_a_kernel_whose_second_output_reads_the_input_along_
             fd.add_output(t2)
             fd.add_output(t3)
         if stream:
-            for tv in (t2, t3):
-                tv.outer_split(1, 2)
-                tv.axis(1).parallelize(ParallelType.stream)
+            _split_on_stream((t2, t3), 2)
         return fd
 
-    with pytest.raises(ValueError, match=r"reads T\d+ along axes .* a chunk of one is not a chunk of the others"):
-        run_kernels(define(True), [x])
-    transposed, product = run_kernels(define(False), [x])
+    transposed, product = _refused_on_stream_computed_without(define, [x], run_kernels)
     assert torch.equal(transposed, x.t()) and torch.equal(product, x.t() * x)
 
 
