@@ -208,10 +208,15 @@ class _Segmenter:
                     continue
                 for e in rest:
                     self.group_of[id(e)] = remaining
-            for exprs, why in ((peeled, reason), *(([r], "a reshape only ATen calls read: a view") for r in reshapes)):
-                view = SegmentedGroup(exprs, SchedulerType.expr_eval, reason=why)
-                for e in exprs:
-                    self.group_of[id(e)] = view
+            self._run_as_view(peeled, reason)
+            for r in reshapes:
+                self._run_as_view([r], "a reshape only ATen calls read: a view")
+
+    def _run_as_view(self, exprs: list[Expr], reason: str) -> None:
+        """``exprs`` one ATen segment (views: no kernel writes them)."""
+        view = SegmentedGroup(exprs, SchedulerType.expr_eval, reason=reason)
+        for e in exprs:
+            self.group_of[id(e)] = view
 
     def _reshape_only_aten_reads(self, expr: Expr, group: SegmentedGroup, peeled: list[Expr], outputs: set[int]) -> bool:
         """Whether ``expr`` (of ``group``) is a reshape, a view of its operand's layout and no fusion output,

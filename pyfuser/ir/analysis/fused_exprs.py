@@ -85,8 +85,11 @@ class FusedExprs:
         axis = root(id(consumer_id))
         found: list[IterDomain] = []
         for k, ids in origins.items():
-            if root(k) == axis:
-                found.extend(i for i in ids if not i.is_broadcast and all(i is not j for j in found))
+            if root(k) != axis:
+                continue
+            for i in ids:
+                if not i.is_broadcast and all(i is not j for j in found):
+                    found.append(i)
         return found
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
