@@ -7,14 +7,17 @@ Each rank holds ``M / D`` rows of ``x [M, K]`` and its own weight ``[N, K]`` (N 
 shard); the output is ``[M, N]`` per rank. Measured with the same buffers, per size:
 
 * ``gemm``: the local GEMM ``[M, K] x [K, N]`` alone; ``allgather``: NCCL's all-gather alone;
-* ``ag_then_gemm``: all-gather, then GEMM; ``ideal``: max(gemm, allgather);
+* ``ag_then_gemm``: all-gather, then GEMM; ``ag_then_gemm_graph``: the same captured into a CUDA graph (torch's
+  own ops replayed); ``ideal``: max(gemm, allgather);
 * ``nccl_chunks_S2``: the hand-written NCCL chunk pipeline (2 chunks, each all-gathered and multiplied on its
   own stream);
 * ``torch_fused``: ``torch.ops.symm_mem.fused_all_gather_matmul``;
 * ``pyfuser_nccl_S{S}``: seed 004's fusion (``x [S, D, M/(S*D), K]``, axis 1 on mesh_x, output axis 0 on
   stream) with NCCL collectives; ``pyfuser_p2p_S{S}``: the same with ``CommunicatorBackend.cuda`` (the P2P
   pipeline over the copy engines). ``pyfuser_best``: the fastest P2P variant. ``pyfuser_auto``: S = 1 with
-  the sizes given, so the machine model (``comm/overlap_model.py``) picks the pipeline or all-gather then GEMM.
+  the sizes given, so the machine model (``comm/overlap_model.py``) picks the pipeline or all-gather then GEMM;
+  ``pyfuser_auto_graph``: that program with ``cuda_graph`` (captured per signature, replayed: no host latency
+  before the first GPU operation; the weight a parameter, read in place).
 
 Rank 0 writes ``OUT/ag_linear_<kind>.json`` and ``.md`` (kind ``h200x2``: two H200s), over the previous
 run's. ``--profile DIR``: chrome traces of pyfuser's S = 1 and S = 2 programs at the first size on every
@@ -32,8 +35,10 @@ import torch
 import torch.distributed as dist
 from overlap_common import (
     Timer,
+    captured,
     main,
     profile_variants,
+    pyfuser_graph_run,
     relative_error,
     symm_mem_group,
 )
@@ -71,8 +76,11 @@ def seed_004_fusion(d: int, dtype: torch.dtype, shapes: tuple[list[int], list[in
 
 
 def pyfuser_program(d: int, dtype: torch.dtype, backend: str) -> MultiDeviceExecutor:
+    """``backend``: a name of ``BACKENDS``, with ``_graph`` appended: the program replayed from a CUDA graph."""
     fd = seed_004_fusion(d, dtype)
-    return MultiDeviceExecutor(fd.fusion, MultiDeviceExecutorParams(backend_type=BACKENDS[backend]))
+    params = MultiDeviceExecutorParams(backend_type=BACKENDS[backend.removesuffix("_graph")],
+                                       cuda_graph=backend.endswith("_graph"))
+    return MultiDeviceExecutor(fd.fusion, params)
 
 
 def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, timer: Timer) -> dict[str, Any]:
@@ -95,6 +103,9 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
         torch.matmul(full, w.t(), out=out)
 
     r["ag_then_gemm_ms"] = timer(ag_then_gemm)
+    graphed = captured(ag_then_gemm) if device.type == "cuda" else None
+    if graphed is not None:
+        r["ag_then_gemm_graph_ms"] = timer(graphed)
     r["ideal_ms"] = max(r["gemm_ms"], r["allgather_ms"])
     _all_gather(full, x)
     reference = torch.matmul(full.float(), w.float().t())
@@ -123,6 +134,14 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
     (got,) = auto.run([local, w])
     r["pyfuser_auto_error"] = relative_error(got, reference.view(d, rows, n))
     r["pyfuser_auto_ms"] = timer(lambda: auto.run([local, w]))
+    # the same program captured into a CUDA graph per signature (``cuda_graph``): no host latency before the GPU's work
+    graph = MultiDeviceExecutor(seed_004_fusion(d, dtype, ([d, rows, k], [n, k])).fusion,
+                                MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda, cuda_graph=True))
+    replay, (got,) = pyfuser_graph_run(graph, [local, w], weight=1)
+    (got,) = replay()
+    r["pyfuser_auto_graph_error"] = relative_error(got, reference.view(d, rows, n))
+    del got
+    r["pyfuser_auto_graph_ms"] = timer(replay)
     r["pyfuser_auto"] = "P2P S=1" if "P2PCommunication" in auto.host_ir() else "all-gather then GEMM"
     p2p = {key: value for key, value in r.items() if key.startswith("pyfuser_p2p_S") and key.endswith("_ms")}
     if p2p:
@@ -163,18 +182,23 @@ def profile(m: int, k: int, n: int, dtype: torch.dtype, directory: Path, host: b
 
     def runner(backend: str, s: int) -> Callable[[], object]:
         executor, local = pyfuser_program(d, dtype, backend), x.view(s, 1, rows // s, k)
+        if backend.endswith("_graph"):
+            return pyfuser_graph_run(executor, [local, w], weight=1)[0]
         return lambda: executor.run([local, w])
 
-    return profile_variants("ag_linear", m, runner, list(BACKENDS), directory, host,
+    backends = [*BACKENDS, *(f"{b}_graph" for b in BACKENDS)]
+    return profile_variants("ag_linear", m, runner, backends, directory, host,
                             f"all-gather + linear, M=K={m}, N={n}/rank")
 
 
 COLUMNS = [("size", "M, K, N per rank"), ("gemm_ms", "GEMM"), ("allgather_ms", "all-gather"),
-           ("ag_then_gemm_ms", "AG then GEMM"), ("nccl_chunks_S2_ms", "NCCL chunks S=2"),
+           ("ag_then_gemm_ms", "AG then GEMM"), ("ag_then_gemm_graph_ms", "AG then GEMM, CUDA graph"),
+           ("nccl_chunks_S2_ms", "NCCL chunks S=2"),
            ("torch_fused_ms", "torch fused_all_gather_matmul"), ("pyfuser_nccl_S1_ms", "pyfuser NCCL S=1"),
            ("pyfuser_nccl_S2_ms", "pyfuser NCCL S=2"), ("pyfuser_p2p_S1_ms", "pyfuser P2P S=1"),
            ("pyfuser_p2p_S2_ms", "pyfuser P2P S=2"), ("pyfuser_p2p_S4_ms", "pyfuser P2P S=4"),
            ("pyfuser_best_ms", "pyfuser best"), ("pyfuser_auto_ms", "pyfuser auto"), ("pyfuser_auto", "auto chose"),
+           ("pyfuser_auto_graph_ms", "pyfuser auto, CUDA graph"),
            ("ideal_ms", "ideal max(GEMM, AG)"), ("best_vs_ideal", "best / ideal")]
 
 

@@ -7,14 +7,16 @@ Each rank holds ``x [M, K]`` and ``w [N, K]`` (K per rank: the contraction is sh
 sums ``[M, N]`` and keeps its ``M / D`` rows of their sum. Measured with the same buffers, per size:
 
 * ``gemm``: the local GEMM alone; ``reduce_scatter``: NCCL's reduce-scatter of ``[M, N]`` alone;
-* ``gemm_then_rs``; ``ideal``: max(gemm, reduce_scatter);
+* ``gemm_then_rs``; ``gemm_then_rs_graph``: the same captured into a CUDA graph (torch's own ops replayed);
+  ``ideal``: max(gemm, reduce_scatter);
 * ``nccl_chunks_S2``: the hand-written NCCL chunk pipeline (2 row chunks, each multiplied then
   reduce-scattered on its own stream);
 * ``torch_fused``: ``torch.ops.symm_mem.fused_matmul_reduce_scatter``;
 * ``pyfuser_nccl_S{S}``: the fusion ``x [S, D, M/(S*D), K]`` (K sharded on mesh_x) -> ``out`` (axis 1 on
   mesh_x, axis 0 on stream) with NCCL collectives; ``pyfuser_p2p_S{S}``: with ``CommunicatorBackend.cuda``;
   ``pyfuser_auto``: S = 1 with the sizes given, so the machine model (``comm/overlap_model.py``) picks the
-  pipeline or GEMM then reduce-scatter.
+  pipeline or GEMM then reduce-scatter; ``pyfuser_auto_graph``: that program with ``cuda_graph`` (captured per
+  signature, replayed: no host latency before the first GPU operation; the weight a parameter, read in place).
 
 Rank 0 writes ``OUT/linear_rs_<kind>.json`` and ``.md``, over the previous run's; ``--profile DIR`` as in ``ag_linear.py``.
 """
@@ -30,8 +32,10 @@ import torch
 import torch.distributed as dist
 from overlap_common import (
     Timer,
+    captured,
     main,
     profile_variants,
+    pyfuser_graph_run,
     relative_error,
     symm_mem_group,
 )
@@ -73,8 +77,11 @@ def row_parallel_fusion(d: int, dtype: torch.dtype, shapes: tuple[list[int], lis
 
 
 def pyfuser_program(d: int, dtype: torch.dtype, backend: str) -> MultiDeviceExecutor:
+    """``backend``: a name of ``BACKENDS``, with ``_graph`` appended: the program replayed from a CUDA graph."""
     fd = row_parallel_fusion(d, dtype)
-    return MultiDeviceExecutor(fd.fusion, MultiDeviceExecutorParams(backend_type=BACKENDS[backend]))
+    params = MultiDeviceExecutorParams(backend_type=BACKENDS[backend.removesuffix("_graph")],
+                                       cuda_graph=backend.endswith("_graph"))
+    return MultiDeviceExecutor(fd.fusion, params)
 
 
 def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, timer: Timer) -> dict[str, Any]:
@@ -96,6 +103,9 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
         _reduce_scatter(out, partial)
 
     r["gemm_then_rs_ms"] = timer(gemm_then_rs)
+    graphed = captured(gemm_then_rs) if device.type == "cuda" else None
+    if graphed is not None:
+        r["gemm_then_rs_graph_ms"] = timer(graphed)
     r["ideal_ms"] = max(r["gemm_ms"], r["reduce_scatter_ms"])
     total = torch.matmul(x.float(), w.float().t())
     dist.all_reduce(total)  # the sum of every rank's partial products, [M, N]
@@ -123,6 +133,14 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
     (got,) = auto.run([local, w])
     r["pyfuser_auto_error"] = relative_error(got, total.view(d, m // d, n)[rank:rank + 1])
     r["pyfuser_auto_ms"] = timer(lambda: auto.run([local, w]))
+    # the same program captured into a CUDA graph per signature (``cuda_graph``): no host latency before the GPU's work
+    graph = MultiDeviceExecutor(row_parallel_fusion(d, dtype, ([d, m // d, k * d], [n, k * d])).fusion,
+                                MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda, cuda_graph=True))
+    replay, (got,) = pyfuser_graph_run(graph, [local, w], weight=1)
+    (got,) = replay()
+    r["pyfuser_auto_graph_error"] = relative_error(got, total.view(d, m // d, n)[rank:rank + 1])
+    del got
+    r["pyfuser_auto_graph_ms"] = timer(replay)
     r["pyfuser_auto"] = "P2P S=1" if "P2PCommunication" in auto.host_ir() else "GEMM then reduce-scatter"
     p2p = {key: value for key, value in r.items() if key.startswith("pyfuser_p2p_S") and key.endswith("_ms")}
     if p2p:
@@ -162,18 +180,23 @@ def profile(m: int, k: int, n: int, dtype: torch.dtype, directory: Path, host: b
 
     def runner(backend: str, s: int) -> Callable[[], object]:
         executor, local = pyfuser_program(d, dtype, backend), x.view(s, d, m // (s * d), k)
+        if backend.endswith("_graph"):
+            return pyfuser_graph_run(executor, [local, w], weight=1)[0]
         return lambda: executor.run([local, w])
 
-    return profile_variants("linear_rs", m, runner, list(BACKENDS), directory, host,
+    backends = [*BACKENDS, *(f"{b}_graph" for b in BACKENDS)]
+    return profile_variants("linear_rs", m, runner, backends, directory, host,
                             f"linear + reduce-scatter, M={m}, K={k}/rank, N={n}")
 
 
 COLUMNS = [("size", "M, K per rank, N"), ("gemm_ms", "GEMM"), ("reduce_scatter_ms", "reduce-scatter"),
-           ("gemm_then_rs_ms", "GEMM then RS"), ("torch_fused_ms", "torch fused_matmul_reduce_scatter"),
+           ("gemm_then_rs_ms", "GEMM then RS"), ("gemm_then_rs_graph_ms", "GEMM then RS, CUDA graph"),
+           ("torch_fused_ms", "torch fused_matmul_reduce_scatter"),
            ("nccl_chunks_S2_ms", "NCCL chunks S=2"), ("pyfuser_nccl_S1_ms", "pyfuser NCCL S=1"),
            ("pyfuser_nccl_S2_ms", "pyfuser NCCL S=2"), ("pyfuser_p2p_S1_ms", "pyfuser P2P S=1"),
            ("pyfuser_p2p_S2_ms", "pyfuser P2P S=2"), ("pyfuser_p2p_S4_ms", "pyfuser P2P S=4"),
            ("pyfuser_best_ms", "pyfuser best"), ("pyfuser_auto_ms", "pyfuser auto"), ("pyfuser_auto", "auto chose"),
+           ("pyfuser_auto_graph_ms", "pyfuser auto, CUDA graph"),
            ("ideal_ms", "ideal max(GEMM, RS)"), ("best_vs_ideal", "best / ideal")]
 
 

@@ -82,6 +82,34 @@ def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float(err.item())
 
 
+def captured(fn: Callable[[], object]) -> Callable[[], object] | None:
+    """``fn`` (torch's own collective and GEMM: the anchor of pyfuser's graph column) captured into a CUDA
+    graph on every rank, its replay returned; None where the capture fails (the row leaves it out)."""
+    side, current = torch.cuda.Stream(), torch.cuda.current_stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        for _ in range(3):  # lazy initialization, workspaces
+            fn()
+    current.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            fn()
+    except RuntimeError as e:
+        print(f"rank {dist.get_rank()}: the anchor could not be captured: {e}", flush=True)
+        return None
+    return graph.replay
+
+
+def pyfuser_graph_run(executor: Any, inputs: list[torch.Tensor], weight: int) -> tuple[Callable[[], object], list[torch.Tensor]]:
+    """A ``cuda_graph`` executor's call with input ``weight`` as a parameter (read in place by the graph,
+    as a model's weight is; the activations are copied into the graph's buffers); its first result."""
+    args = list(inputs)
+    args[weight] = torch.nn.Parameter(args[weight], requires_grad=False)
+    first = executor.run(args)  # a signature's first call runs without a graph on every rank
+    return (lambda: executor.run(args)), first
+
+
 def symm_mem_group() -> str | None:
     """The default group's name with symmetric memory enabled for torch's fused ops, or None (no CUDA)."""
     if not torch.cuda.is_available():
@@ -249,8 +277,9 @@ ProgramRunner = Callable[[str, int], Callable[[], object]]
 
 def profile_variants(name: str, m: int, runner: ProgramRunner, backends: Sequence[str], directory: Path, host: bool,
                      title: str) -> dict[str, Any]:
-    """Traces of pyfuser's S = 1 and S = 2 programs (every backend) on every rank, and with ``host`` where their
-    host time goes; rank 0 reads them all, writes ``{name}_profile_{m}.json`` and draws the timeline."""
+    """Traces of pyfuser's S = 1 and S = 2 programs (every backend, without and with CUDA graphs) on every rank,
+    and with ``host`` where their host time goes; rank 0 reads them all, writes ``{name}_profile_{m}.json`` and
+    draws the timeline."""
     comm = Communicator.instance()
     d, rank = comm.size(), comm.rank()
     variants = [(backend, s) for s in (1, 2) for backend in backends]
@@ -269,7 +298,7 @@ def profile_variants(name: str, m: int, runner: ProgramRunner, backends: Sequenc
         for r in range(d):
             events = gpu_events(directory / f"{name}_{m}_{backend}_S{s}_rank{r}.json")
             summary[f"{backend}_S{s}_rank{r}"] = summarize(events)
-            if s == 1 or backend == "p2p":
+            if s == 1 or backend.startswith("p2p"):
                 lanes.append((f"{backend} S={s} rank {r}", events))
     draw_timeline(lanes, directory / f"{name}_timeline_{m}.png", f"{title}, d={d}: pyfuser programs per rank and "
                   "CUDA stream")

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from pyfuser.host_ir.cuda_graph import release_collective_graphs
 from pyfuser.options import LaunchInfo
 
 #: Default collective timeout in seconds; override with ``PYFUSER_DIST_TIMEOUT``.
@@ -136,10 +137,12 @@ class Communicator:
         Communicator._instance = None
 
     def _teardown(self, destroy_world: bool) -> None:
-        """Stop what runs beside the groups (the P2P watchdog), destroy the world (with every sub-group) when
-        ``destroy_world``, and drop pyfuser's references, which ends the groups' threads. No barrier: a rank
+        """Drop the CUDA graphs that captured communications, stop what runs beside the groups (the P2P
+        watchdog), destroy the world (with every sub-group) when ``destroy_world``, and drop pyfuser's
+        references, which ends the groups' threads. No barrier: a rank
         that exits after an error must not wait for peers that may be inside a collective it never joins
         (destroying its groups makes theirs fail instead of running into the timeout)."""
+        release_collective_graphs()
         for hook in list(_BEFORE_TEARDOWN):
             hook()
         _BEFORE_TEARDOWN.clear()

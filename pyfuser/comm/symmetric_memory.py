@@ -8,15 +8,18 @@ blocks.
 * **Transfers.** A send is ``cuMemcpyAsync`` from this rank's tensor to the same offset of the peer's
   allocation (its address in this process comes from the rendezvous), on a dedicated copy stream: the
   copy engines move it over NVLink.
-* **Signals.** After the data, the same copy stream copies 4 bytes -- the execution's signal value, from
-  a small table on this GPU -- into the peer's ``ready`` flag: a write by the copy engine, ordered after
-  the data by the stream (``cuStreamWriteValue`` no longer writes a peer's memory from CUDA 13.1 on, and
-  NCCL moved its own signals to ``cudaMemcpyAsync`` for that reason). The receiver's stream waits for
-  its *local* flag with ``cuStreamWaitValue32`` (NVIDIA's ``cuda-bindings``): no kernel spins.
-* **Reuse.** At the end of an execution each rank writes ``free`` into every peer; a sender's first
-  transfer of the next execution waits (on the copy stream) for the receiver's ``free``, so a buffer is
-  never overwritten while its owner still reads it. Signal values cycle through 1..1024 per execution,
-  so waits compare for equality and never see a stale value (a peer is at most one execution ahead).
+* **Signals.** After the data, the same copy stream copies 4 bytes -- a 1, from a small table on this GPU --
+  into the peer's ``ready`` flag: a write by the copy engine, ordered after the data by the stream
+  (``cuStreamWriteValue`` no longer writes a peer's memory from CUDA 13.1 on, and NCCL moved its own signals
+  to ``cudaMemcpyAsync`` for that reason). The receiver's stream waits for its *local* flag to hold 1 with
+  ``cuStreamWaitValue32`` (NVIDIA's ``cuda-bindings``) and sets it back to 0 (``cuStreamWriteValue32`` on its
+  own memory): no kernel spins.
+* **Reuse.** At the end of an execution each rank writes 1 into its ``free`` flag in every peer; a sender's
+  first transfer of the next execution waits (on the copy stream) for the receiver's ``free`` and sets it
+  back to 0, so a buffer is never overwritten while its owner still reads it (``free`` starts at 1). Every
+  flag a wait reads was reset by that wait's stream before its writer could write it again (a peer is at
+  most one execution ahead), so the values are the same in every execution: a CUDA graph of a program
+  replays its transfers unchanged (``host_ir/cuda_graph.py``).
 * **Faults.** A stream wait has no timeout, so a watchdog thread watches every execution's end: when one
   has not completed ``PYFUSER_DIST_TIMEOUT`` seconds after it became the oldest pending, a peer failed or
   stopped before its transfer; the watchdog prints which transfers and exits the process (NCCL's
@@ -48,14 +51,9 @@ try:  # optional dependency: stream memory operations of the CUDA driver API
 except ImportError:  # a CPU-only install: the transport reports itself unavailable
     _cu = None
 
-#: Signal values cycle through 1..SIGNAL_VALUES (0: nothing received since the buffer was set up).
-SIGNAL_VALUES = 1024
+#: A flag holding SIGNALED: the transfer landed (``ready``) / the buffer may be written (``free``).
+SIGNALED = 1
 _ALIGN = 256
-
-
-def signal_value(epoch: int) -> int:
-    """The value execution ``epoch`` (1, 2, ...) writes into flags; 0 before the first."""
-    return 0 if epoch <= 0 else (epoch - 1) % SIGNAL_VALUES + 1
 
 
 def _check(result: Any, what: str) -> None:
@@ -73,6 +71,19 @@ def wait_value(stream: torch.cuda.Stream | None, address: int, value: int) -> No
            "cuStreamWaitValue32")
 
 
+def write_value(stream: torch.cuda.Stream, address: int, value: int) -> None:
+    """``stream`` writes ``value`` into the int32 at ``address`` (this GPU's memory) once its work before is done."""
+    _check(_cu.cuStreamWriteValue32(_cu.CUstream(stream.cuda_stream), _cu.CUdeviceptr(address), value,
+                                    _cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32")
+
+
+def wait_and_reset(stream: torch.cuda.Stream | None, address: int) -> None:
+    """``stream`` (None: the current one) waits until the flag at ``address`` is SIGNALED, then clears it."""
+    stream = stream if stream is not None else torch.cuda.current_stream()
+    wait_value(stream, address, SIGNALED)
+    write_value(stream, address, 0)
+
+
 def copy_bytes(stream: torch.cuda.Stream, dst: int, src: int, nbytes: int) -> None:
     """``nbytes`` from ``src`` to ``dst`` (device addresses, possibly a peer's) by the copy engines."""
     _check(_cu.cuMemcpyAsync(_cu.CUdeviceptr(dst), _cu.CUdeviceptr(src), nbytes, _cu.CUstream(stream.cuda_stream)),
@@ -80,14 +91,15 @@ def copy_bytes(stream: torch.cuda.Stream, dst: int, src: int, nbytes: int) -> No
 
 
 class _Device:
-    """What every channel of one GPU shares: the copy stream and the table of signal values."""
+    """What every channel of one GPU shares: the copy stream and the value its signals copy."""
 
     def __init__(self, device: torch.device) -> None:
         self.copy_stream = torch.cuda.Stream(device=device)
-        self.values = torch.arange(SIGNAL_VALUES + 1, dtype=torch.int32, device=device)
+        self.signal = torch.full((1,), SIGNALED, dtype=torch.int32, device=device)
 
-    def value_address(self, value: int) -> int:
-        return self.values.data_ptr() + 4 * value
+    @property
+    def signal_address(self) -> int:
+        return self.signal.data_ptr()
 
     @staticmethod
     def of(device: torch.device) -> _Device:
@@ -176,7 +188,9 @@ class CudaChannel(Channel):
         handle = symm_mem.rendezvous(raw, group.group_name)
         self._raw, self._handle = raw, handle
         self.local = raw[:data_bytes].view(dtype).as_strided(list(shape), dense_strides(list(shape), list(perm)))
-        raw[self._flags_at:].view(torch.int32).zero_()
+        flags = raw[self._flags_at:].view(torch.int32)
+        flags.zero_()
+        flags[size * slots:] = SIGNALED  # every ``free`` flag: no execution has written the buffers yet
         group_ranks = sorted(self.team)
         pointers = list(handle.buffer_ptrs)
         offset = raw.data_ptr() - pointers[group_ranks.index(rank)]
@@ -186,9 +200,10 @@ class CudaChannel(Channel):
         self._shared = _Device.of(device)
         self._watchdog = Watchdog.get(timeout_s, rank)
         self._peer_tensors: dict[int, torch.Tensor] = {}
+        #: executions begun (host side: which send of an execution is the first to a peer, what the watchdog names)
         self.epoch = 0
         self._free_waited: dict[int, int] = {}
-        torch.cuda.synchronize(device)  # every flag is zero on every rank before anyone signals
+        torch.cuda.synchronize(device)  # every flag is set up on every rank before anyone signals
         if dist.get_backend(group) == "nccl":
             dist.barrier(group=group, device_ids=[device.index])
         else:
@@ -225,8 +240,8 @@ class CudaChannel(Channel):
         copy = self._shared.copy_stream
         source_ready.record(current)
         copy.wait_event(source_ready)
-        if self.epoch > 1 and self._free_waited.get(peer) != self.epoch:
-            wait_value(copy, self._free(self.rank, peer), signal_value(self.epoch - 1))
+        if self._free_waited.get(peer) != self.epoch:
+            wait_and_reset(copy, self._free(self.rank, peer))
             self._free_waited[peer] = self.epoch
         if src.numel() == 0:
             pass  # nothing to move; the signal still tells the peer this transfer is done
@@ -235,22 +250,22 @@ class CudaChannel(Channel):
         else:  # a strided piece: torch's copy kernel writes the peer's memory through its mapping
             with torch.cuda.stream(copy):
                 self._remote_view(block, peer).copy_(src)
-        copy_bytes(copy, self._ready(peer, self.rank, slot), self._shared.value_address(signal_value(self.epoch)), 4)
+        copy_bytes(copy, self._ready(peer, self.rank, slot), self._shared.signal_address, 4)
         done.record(copy)
         return lambda stream: stream.wait_event(done)
 
     def recv(self, block: torch.Tensor, peer: int, slot: int, step: Hashable) -> PendingTransfer:
-        address, value = self._ready(self.rank, peer, slot), signal_value(self.epoch)
-        return lambda stream: wait_value(stream, address, value)
+        address = self._ready(self.rank, peer, slot)
+        return lambda stream: wait_and_reset(stream, address)
 
     def release(self, stream: Any) -> None:
         current: torch.cuda.Stream = stream
-        value = self._shared.value_address(signal_value(self.epoch))
         for peer in self.team:
             if peer != self.rank:
-                copy_bytes(current, self._free(peer, self.rank), value, 4)
-        self._watchdog.watch(current, f"the P2P transfers into {self.name} over team "
-                                      f"({' '.join(map(str, self.team))}) in execution {self.epoch}")
+                copy_bytes(current, self._free(peer, self.rank), self._shared.signal_address, 4)
+        if not torch.cuda.is_current_stream_capturing():  # a graph's replays are not watched (nor NCCL's)
+            self._watchdog.watch(current, f"the P2P transfers into {self.name} over team "
+                                          f"({' '.join(map(str, self.team))}) in execution {self.epoch}")
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,8 @@ class CapturedGraph:
     """One captured execution: static inputs, the graph, its output buffers."""
 
     def __init__(self, run: Run, args: Sequence[Any], in_place: frozenset[int], pool: Any, name: str,
-                 hands_out: Callable[[int, torch.Tensor], bool] = lambda j, o: True) -> None:
+                 hands_out: Callable[[int, torch.Tensor], bool] = lambda j, o: True,
+                 capture_error_mode: str = "global") -> None:
         inputs: list[Any] = []  # what the capture reads: held only while capturing (see below)
         self.copies: list[tuple[int, _StaticInput]] = []  # inputs copied into the graph's buffers
         for k, a in enumerate(args):
@@ -188,7 +190,7 @@ class CapturedGraph:
             _warm_up(run, inputs, name)
         torch.cuda.current_stream(device).wait_stream(side)
         try:
-            with torch.cuda.graph(self.graph, pool=pool):
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode=capture_error_mode):
                 self.outputs: list[torch.Tensor | None] = list(run(list(inputs)))
                 self._sort_outputs(inputs, in_place, name, hands_out)
         except CaptureError:
@@ -309,13 +311,33 @@ class Captures(Specializations[Hashable, list[CapturedGraph]]):
         super().clear()
 
 
+#: The runners whose graphs captured communications (``collective``), dropped before the process groups go.
+_collective_runners: weakref.WeakSet[CudaGraphRunner] = weakref.WeakSet()
+
+
+def release_collective_graphs() -> None:
+    """Drop every graph that captured communications, once the device finished them: the communicator's
+    teardown calls it before it destroys the process groups, since a communicator whose collectives live on
+    in a graph is not torn down (the process would not exit). A later call of such a program captures anew."""
+    runners = [r for r in _collective_runners if r._graphs]
+    if runners and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    for runner in runners:
+        runner.forget()
+
+
 class CudaGraphRunner:
     """Runs ``run(args)`` by replaying a CUDA graph captured for the arguments' signature."""
 
     def __init__(self, run: Run, static_inputs: Sequence[int] = (), name: str = "program",
                  replicas: int = 2, hand_out_bytes: int = 1 << 20, handed_from: int | None = None,
-                 on_refusal: Callable[[CaptureError], None] | None = None) -> None:
+                 on_refusal: Callable[[CaptureError], None] | None = None, collective: bool = False) -> None:
         self.run = run
+        #: ``run`` communicates with other processes (``CaptureGraph.collective``): a key's first call runs
+        #: without a graph, and captures use the thread-local error mode (NCCL's watchdog thread queries
+        #: its events while this thread captures)
+        self.collective = collective
+        self._ran_plain: Specializations[Hashable, bool] = Specializations()
         #: told of a key whose capture is refused (a ``CaptureError``), which then runs ``run`` without a
         #: graph; without it the refusal is raised to the caller (which gives the runner up)
         self.on_refusal = on_refusal
@@ -339,6 +361,13 @@ class CudaGraphRunner:
         self.plain_runs = 0
         #: the last call's key and replicas: most calls repeat it
         self._recent: tuple[tuple[Any, ...], list[CapturedGraph]] | None = None
+        if collective:
+            _collective_runners.add(self)
+
+    def forget(self) -> None:
+        """Drop every captured graph (and the last call's key); the next call of a key captures anew."""
+        self._graphs.clear()
+        self._recent = None
 
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """What a captured graph depends on: every tensor's signature, the address of an input read in
@@ -403,10 +432,15 @@ class CudaGraphRunner:
             if len(replicas) >= self.replicas or (self._refused and key in self._refused):
                 self.plain_runs += 1
                 return self.run(list(args))
+            if self.collective and not replicas and key not in self._ran_plain:
+                self._ran_plain.record(key, True)
+                self.plain_runs += 1
+                return self.run(list(args))
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             try:
-                graph = CapturedGraph(self.run, args, self.in_place(args), self._pool, self.name, self.hands_out)
+                graph = CapturedGraph(self.run, args, self.in_place(args), self._pool, self.name, self.hands_out,
+                                      "thread_local" if self.collective else "global")
             except CaptureError as e:
                 if self.on_refusal is None:
                     raise
@@ -427,11 +461,12 @@ class GraphStep:
     the host, say) runs the body's steps from then on, with a warning; inside a caller's capture the
     body's steps run, to be captured by it."""
 
-    def __init__(self, body: Sequence[Step], reads: Sequence[int], writes: Sequence[int], name: str) -> None:
+    def __init__(self, body: Sequence[Step], reads: Sequence[int], writes: Sequence[int], name: str,
+                 collective: bool = False) -> None:
         self.body = list(body)
         self.reads = list(reads)
         self.writes = list(writes)
-        self.runner = CudaGraphRunner(self._run, name=name, on_refusal=self._refused)
+        self.runner = CudaGraphRunner(self._run, name=name, on_refusal=self._refused, collective=collective)
         #: the frame of the run in progress, which the body's runs (warm-up, capture, plain) start from
         self._frame: Frame | None = None
 

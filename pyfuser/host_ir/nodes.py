@@ -335,10 +335,15 @@ class CaptureGraph(HostNode):
     tensor's signature, the addresses of inputs that keep theirs, scalar values): ``inputs`` are
     those values, read off the body; ``outputs`` the values it hands on (written by the body, read
     after it: for the ``capture_graph`` pass, the program's outputs). The body's steps run in the
-    warm-up and the capture only; a replay writes ``outputs`` (``host_ir/cuda_graph.py``)."""
+    warm-up and the capture only; a replay writes ``outputs`` (``host_ir/cuda_graph.py``).
 
-    def __init__(self, body: Sequence[HostNode], outputs: Sequence[HostVal]) -> None:
+    ``collective``: the body communicates with other processes (a multi-device program), so every rank
+    captures and replays it at the same calls; each new key runs once without a graph first (communicators
+    and P2P buffers are set up by a first run, with host synchronizations no capture may contain)."""
+
+    def __init__(self, body: Sequence[HostNode], outputs: Sequence[HostVal], collective: bool = False) -> None:
         self.body = list(body)
+        self.collective = collective
         written = {v for node in _flat(self.body) for v in node.outputs}
         missing = [str(v) for v in outputs if v not in written]
         if missing:
@@ -361,7 +366,8 @@ class CaptureGraph(HostNode):
         ins = ", ".join(map(str, self.inputs))
         outs = ", ".join(map(str, self.outputs))
         body = "".join(node.to_string(indent + 1) for node in self.body)
-        return f"{indent_str(indent)}CaptureGraph( inputs = ( {ins} ), outputs = ( {outs} ) ):\n{body}"
+        kind = ", collective" if self.collective else ""
+        return f"{indent_str(indent)}CaptureGraph( inputs = ( {ins} ), outputs = ( {outs} ){kind} ):\n{body}"
 
 
 def _flat(nodes: Sequence[HostNode]) -> list[HostNode]:

@@ -318,7 +318,7 @@ def build_capture_graph(node: CaptureGraph, cc: CompileContext) -> Step | None:
     body = cc.compile_body(node.body, once_per_run=True)
     if cc.device.type == "cuda" and body:
         return GraphStep(body, [cc.slot(v) for v in node.inputs], [cc.slot(v) for v in node.outputs],
-                         f"the program of {len(node.outputs)} outputs")
+                         f"the program of {len(node.outputs)} outputs", collective=node.collective)
     if not body:
         return None
 

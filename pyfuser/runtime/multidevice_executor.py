@@ -25,6 +25,12 @@ class MultiDeviceExecutorParams:
     memory; ``nccl`` / ``gloo`` (or None, the default: ``PYFUSER_COMM_BACKEND``, else the process
     group's) use torch.distributed collectives.
 
+    ``cuda_graph`` (pyfuser's): capture the program (its kernels, GEMMs and communications) into a CUDA
+    graph per input signature and replay it, so a call costs one graph launch instead of one host dispatch
+    per node and the first GPU operation follows the call within microseconds. Every rank must call with
+    the same signatures, as for any collective; a signature's first call runs without a graph. Inputs that
+    are not parameters are copied into the graph's buffers before each replay (``host_ir/cuda_graph.py``).
+
     ``use_allocation_cache``, ``number_of_streams``, ``offset_stream_indexing_by_rank`` and
     ``inter_stream_synchronization`` tune nvFuser's own Host IR executor. They are accepted so its
     scripts run unchanged; pyfuser's programs do not read them (results do not depend on them).
@@ -32,6 +38,7 @@ class MultiDeviceExecutorParams:
 
     device: torch.device | str | None = None
     backend_type: CommunicatorBackend | None = None
+    cuda_graph: bool = False
     use_allocation_cache: bool = False
     number_of_streams: int = 3
     offset_stream_indexing_by_rank: bool = False
@@ -63,7 +70,8 @@ class MultiDeviceExecutor:
         return self.communicator.device()
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        return self._cache.run(input_list(inputs), device=self.device, backend=self._backend)
+        options = ("cuda_graph",) if self.params.cuda_graph else ()
+        return self._cache.run(input_list(inputs), device=self.device, backend=self._backend, enable_options=options)
 
     def host_ir(self) -> str:
         """This rank's Host IR of the latest run (as ``PYFUSER_DUMP=host_ir`` prints it)."""

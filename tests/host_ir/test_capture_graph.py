@@ -1,6 +1,6 @@
 """The ``CaptureGraph`` node and the ``capture_graph`` pass (``_enable_options=["cuda_graph"]``): the
 program's nodes in one block that prints around them, what the block reads and hands on, the pass
-leaving a CPU program as it is (with a warning) and refusing a multi-device one, and the evaluator
+leaving a CPU program as it is (with a warning) and marking a multi-device one's block collective, and the evaluator
 reading the outputs' memory through the block. Capture and replay themselves need a GPU
 (``tests/runtime/test_cuda_graph.py``)."""
 
@@ -111,21 +111,32 @@ def test_a_cpu_program_is_left_as_it_is_with_a_warning() -> None:
         torch.testing.assert_close(g, r)
 
 
-def test_a_multi_device_program_is_refused() -> None:
-    """Communications are not captured: a program of a fusion on a device mesh is a ValueError on CUDA
-    (on a CPU, the option does nothing, with its warning)."""
+def test_a_multi_device_programs_block_is_collective() -> None:
+    """A program of a fusion on a device mesh is captured with its communications: its block says
+    ``collective`` (every rank captures and replays at the same calls; a signature's first call runs
+    without a graph); a single-device block does not. On a CPU the option does nothing, with its warning."""
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1])
         fd.add_output(fd.ops.relu(x))
     x.set_device_mesh(DeviceMesh(range(2)))
     fusion = fd.fusion
-    container = HostIrContainer(fusion.inputs(), fusion.outputs(), [AtenCall(e) for e in fusion.exprs()])
-    with pytest.raises(ValueError, match=r"^_enable_options=\['cuda_graph'\]: a multi-device fusion's communications "
-                                         r"are not captured into CUDA graphs; run it without cuda_graph$"):
-        capture_graph(container, CompileOptions(device=CUDA))
+
+    def container() -> HostIrContainer:
+        return HostIrContainer(fusion.inputs(), fusion.outputs(), [AtenCall(e) for e in fusion.exprs()])
+
+    on_cpu = container()
     with pytest.warns(RuntimeWarning, match="CUDA graphs capture CUDA work only"):
-        capture_graph(container, CompileOptions())
-    assert not any(isinstance(n, CaptureGraph) for n in container.nodes)
+        capture_graph(on_cpu, CompileOptions())
+    assert not any(isinstance(n, CaptureGraph) for n in on_cpu.nodes)
+    on_gpu = container()
+    capture_graph(on_gpu, CompileOptions(device=CUDA))
+    (block,) = on_gpu.nodes
+    assert isinstance(block, CaptureGraph) and block.collective
+    assert _program_lines(str(on_gpu))[1].endswith(f"outputs = ( {fusion.outputs()[0]} ), collective ):")
+    single = _linear_fusion()
+    program = compile_fusion(single.fusion, CompileOptions(GRAPHS, ATEN, CUDA))
+    (block,) = program.container.nodes
+    assert isinstance(block, CaptureGraph) and not block.collective and "collective" not in str(program.container)
 
 
 def test_the_outputs_of_a_block_are_written_by_it() -> None:

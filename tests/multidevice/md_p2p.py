@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from harness import assert_close, case, comm, device, expect_error, main, randn
 
 from pyfuser import FusionDefinition, ParallelType, TensorView
+from pyfuser.host_ir.cuda_graph import CudaGraphRunner, GraphStep
+from pyfuser.host_ir.evaluator import HostIrEvaluator
+from pyfuser.host_ir.nodes import CaptureGraph
 from pyfuser.multidevice import (
     CommunicatorBackend,
     DeviceMesh,
@@ -333,6 +336,52 @@ def p2p_shards_of_different_shapes_raise() -> None:
     (got,) = executor.run([shard_tensor(xf, x), wf, bf])
     assert_close(got, F.linear(xf, wf, bf), "P2P all-gather after a rejected run")
     torch.testing.assert_close(got.shape, torch.Size([2, d, 2, 5]))
+
+
+
+def _graph_runner(executor: MultiDeviceExecutor) -> CudaGraphRunner:
+    """The CUDA-graph runner of an executor's last program (its one ``CaptureGraph`` block)."""
+    program = executor._cache.last_program
+    assert isinstance(program, HostIrEvaluator)
+    (node,) = program.container.nodes
+    step = program.step_of(node)
+    if not isinstance(node, CaptureGraph) or not isinstance(step, GraphStep) or not node.collective:
+        raise AssertionError(f"expected one collective CaptureGraph block:\n{program.container}")
+    return step.runner
+
+
+@case()
+def pipelines_replayed_from_cuda_graphs() -> None:
+    """``cuda_graph``: the P2P pipelines (with and without a stream loop) and the programs of the process
+    group's collectives are captured with their transfers and replayed on every rank with new values: the
+    results are torch's; one capture per signature, whose first call runs without a graph (set-up). On CPUs
+    the option leaves the programs as they are (its warning is the CPU's)."""
+    d, rank, _ = world()
+    nccl = MultiDeviceExecutorParams(cuda_graph=True)
+    p2p = MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda, cuda_graph=True)
+    for params, streams in ((p2p, None), (p2p, 2), (nccl, None), (nccl, 2)):
+        what = f"{params.backend_type or 'process group'}, S={streams or 1}"
+        ag, x = allgather_linear(streams)
+        rs, xr, wr = linear_reduce_scatter(streams)
+        ag_executor, rs_executor = MultiDeviceExecutor(ag.fusion, params), MultiDeviceExecutor(rs.fusion, params)
+        wf, bf, wrf = randn(5, 8), randn(5), randn(5, 4 * d)
+        lead = (streams, d) if streams else (d,)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "_enable_options=.*CUDA graphs capture CUDA work only")
+            for attempt in range(4):
+                xf = randn(*lead, 3, 8) * (attempt + 1)
+                (got,) = ag_executor.run([shard_tensor(xf, x), wf, bf])
+                assert_close(got, F.linear(xf, wf, bf), f"all-gather + linear from a CUDA graph, {what}, run {attempt}")
+                xrf = randn(*lead, 2, 4 * d) * (attempt + 1)
+                (got,) = rs_executor.run([shard_tensor(xrf, xr), shard_tensor(wrf, wr)])
+                want = F.linear(xrf, wrf)[:, rank:rank + 1] if streams else F.linear(xrf, wrf)[rank:rank + 1]
+                assert_close(got, want, f"linear + reduce-scatter from a CUDA graph, {what}, run {attempt}", atol=1e-4)
+        if device().type == "cuda":
+            for name, executor in (("all-gather", ag_executor), ("reduce-scatter", rs_executor)):
+                runner = _graph_runner(executor)
+                if runner.captures != 1 or runner.plain_runs != 1:
+                    raise AssertionError(f"{name}, {what}: expected one capture and one plain first run, got "
+                                         f"{runner.captures} and {runner.plain_runs}")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ P2P_CASES = [
     "p2p_transport_falls_back_with_one_warning", "p2p_allgather_linear_pipeline", "p2p_linear_reduce_scatter_pipeline",
     "p2p_allgather_several_gemms_and_gathered_output",
     "p2p_without_stream_loop", "p2p_noncontiguous_and_empty_shards", "p2p_only_when_asked",
-    "p2p_shards_of_different_shapes_raise", "p2p_chosen_by_size",
+    "p2p_shards_of_different_shapes_raise", "p2p_chosen_by_size", "pipelines_replayed_from_cuda_graphs",
 ]
 
 

@@ -1,17 +1,17 @@
 """The CUDA P2P transport's protocol, simulated on CPU memory in one process.
 
 Two ``CudaChannel``s (ranks 0 and 1) share fake symmetric memory: each "allocation" is a CPU tensor whose
-address every rank knows; ``cuMemcpyAsync`` copies bytes at once and ``cuStreamWaitValue32`` checks that the
-flag already holds the value a stream would wait for (in this in-order simulation a wait that is not
-satisfied would block forever). Data, signals and releases must land at the right offsets of the peer's
-allocation, in the order the protocol promises, over several executions.
+address every rank knows; ``cuMemcpyAsync`` copies bytes at once, ``cuStreamWriteValue32`` writes at once and
+``cuStreamWaitValue32`` checks that the flag already holds the value a stream would wait for (in this in-order
+simulation a wait that is not satisfied would block forever). Data, signals and releases must land at the
+right offsets of the peer's allocation, in the order the protocol promises, over several executions, and
+every execution must issue the same driver calls (what lets a CUDA graph replay them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import itertools
 import os
 import subprocess
 import sys
@@ -36,6 +36,9 @@ class _FakeDriver:
     class CUstreamWaitValue_flags:
         CU_STREAM_WAIT_VALUE_EQ = 1
 
+    class CUstreamWriteValue_flags:
+        CU_STREAM_WRITE_VALUE_DEFAULT = 0
+
     def __init__(self) -> None:
         self.log: list[tuple[str, int, int]] = []
 
@@ -51,6 +54,11 @@ class _FakeDriver:
         held = ctypes.c_int32.from_address(address).value
         assert held == value, f"a stream would wait forever: flag holds {held}, waits for {value}"
         self.log.append(("wait", address, value))
+        return (0,)
+
+    def cuStreamWriteValue32(self, stream: Any, address: int, value: int, flags: int) -> tuple[int]:
+        ctypes.c_int32.from_address(address).value = value
+        self.log.append(("write", address, value))
         return (0,)
 
 
@@ -78,8 +86,8 @@ def ranks(monkeypatch: pytest.MonkeyPatch) -> tuple[list[sm.CudaChannel], _FakeD
             raws.extend(torch.full((nbytes,), 0xAB, dtype=torch.uint8) for _ in range(2))  # garbage, like fresh memory
         return raws[device.index]
 
-    shared = SimpleNamespace(copy_stream=_Stream(), values=torch.arange(sm.SIGNAL_VALUES + 1, dtype=torch.int32))
-    shared.value_address = lambda v: shared.values.data_ptr() + 4 * v
+    signal = torch.full((1,), sm.SIGNALED, dtype=torch.int32)
+    shared = SimpleNamespace(copy_stream=_Stream(), signal=signal, signal_address=signal.data_ptr())
     monkeypatch.setattr(sm, "_cu", driver)
     monkeypatch.setattr(sm.symm_mem, "empty", empty)
     monkeypatch.setattr(sm.symm_mem, "rendezvous", lambda raw, name: SimpleNamespace(
@@ -90,6 +98,7 @@ def ranks(monkeypatch: pytest.MonkeyPatch) -> tuple[list[sm.CudaChannel], _FakeD
         watch=lambda stream, what: watched.append(what))))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(sm.dist, "get_backend", lambda group: "gloo")
     monkeypatch.setattr(sm.dist, "barrier", lambda **kwargs: None)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
@@ -104,32 +113,52 @@ def _blocks(channel: sm.CudaChannel, chunk: int) -> list[torch.Tensor]:
     return list(channel.local[chunk].split(2, 0))
 
 
-def test_flags_start_at_zero_and_data_lands_in_the_peers_block(ranks) -> None:
+def _execute(channels: list[sm.CudaChannel], epoch: int) -> None:
+    """One execution of a two-chunk exchange: each rank sends its block of each chunk to the other."""
+    for c in channels:
+        c.begin()
+    shards = [torch.full((2, 3), 10.0 * epoch + rank) for rank in (0, 1)]
+    pending = []
+    for chunk in (0, 1):
+        for rank, c in enumerate(channels):
+            peer = 1 - rank
+            mine = _blocks(c, chunk)[rank]
+            pending.append(c.send(shards[rank] + chunk, mine, peer, chunk, None, (_Event(), _Event()), _Stream()))
+        for rank, c in enumerate(channels):
+            peer = 1 - rank
+            c.recv(_blocks(c, chunk)[peer], peer, chunk, None)(_Stream())  # the signal must be there
+            torch.testing.assert_close(_blocks(c, chunk)[peer], shards[peer] + chunk)
+    for finish in pending:
+        finish(_Stream())
+    for c in channels:
+        c.release(_Stream())
+
+
+def test_data_lands_in_the_peers_block_and_every_flag_is_reset_by_its_waiter(ranks) -> None:
     channels, driver, watched = ranks
     for epoch in (1, 2, 3):
-        for c in channels:
-            c.begin()
-        shards = [torch.full((2, 3), 10.0 * epoch + rank) for rank in (0, 1)]
-        pending = []
-        for chunk in (0, 1):
-            for rank, c in enumerate(channels):
-                peer = 1 - rank
-                mine = _blocks(c, chunk)[rank]
-                pending.append(c.send(shards[rank] + chunk, mine, peer, chunk, None, (_Event(), _Event()), _Stream()))
-            for rank, c in enumerate(channels):
-                peer = 1 - rank
-                c.recv(_blocks(c, chunk)[peer], peer, chunk, None)(_Stream())  # the signal must be there
-                torch.testing.assert_close(_blocks(c, chunk)[peer], shards[peer] + chunk)
-        for finish in pending:
-            finish(_Stream())
-        for c in channels:
-            c.release(_Stream())
+        _execute(channels, epoch)
     assert len(watched) == 6 and "T3 over team (0 1) in execution 3" in watched[-1]
     waits = [entry for entry in driver.log if entry[0] == "wait"]
-    # per epoch: every receive (2 ranks x 2 chunks); from epoch 2 on, each sender's first send waits for the
-    # peer's release of the previous execution
-    assert len(waits) == 3 * 4 + 2 * 2, waits
+    # per execution: every receive (2 ranks x 2 chunks) and each sender's first send (the peer's release)
+    assert len(waits) == 3 * (4 + 2) and all(value == sm.SIGNALED for _, _, value in waits), waits
+    resets = [entry for entry in driver.log if entry[0] == "write"]
+    assert [(a, 0) for _, a, _ in waits] == [(a, v) for _, a, v in resets]  # each wait clears what it read
     assert len([w for w in driver.log if w[0] == "copy" and w[2] == 4]) == 3 * (2 * 2 + 2)  # signals + releases
+    for c in channels:  # between executions: nothing received, every buffer free
+        flags = c._raw[c._flags_at:].view(torch.int32).tolist()
+        assert flags == [0] * 4 + [sm.SIGNALED] * 2, flags
+
+
+def test_every_execution_issues_the_same_driver_calls(ranks) -> None:
+    """What a CUDA graph captures of one execution replays the next ones: same addresses, same values."""
+    channels, driver, _ = ranks
+    calls = []
+    for epoch in (1, 2, 3):
+        driver.log.clear()
+        _execute(channels, epoch)
+        calls.append(list(driver.log))
+    assert calls[0] == calls[1] == calls[2] and calls[0]
 
 
 def test_a_strided_source_is_copied_through_the_peers_mapping(ranks) -> None:
@@ -149,12 +178,6 @@ def test_a_missing_signal_is_a_wait_that_never_ends(ranks) -> None:
         c.begin()
     with pytest.raises(AssertionError, match="would wait forever: flag holds 0, waits for 1"):
         channels[0].recv(_blocks(channels[0], 0)[1], 1, 0, None)(_Stream())
-
-
-def test_signal_values_cycle_without_zero() -> None:
-    values = [sm.signal_value(e) for e in range(0, 2 * sm.SIGNAL_VALUES + 2)]
-    assert values[0] == 0 and values[1] == 1 and values[sm.SIGNAL_VALUES] == sm.SIGNAL_VALUES
-    assert values[sm.SIGNAL_VALUES + 1] == 1 and all(a != b for a, b in itertools.pairwise(values))
 
 
 _WATCHDOG_SCRIPT = """

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser.comm.communicator import Communicator
 from pyfuser.host_ir import cuda_graph, specialization
 from pyfuser.host_ir.cuda_graph import CapturedGraph, CaptureError, CudaGraphRunner, GraphStep, _StaticInput
 from pyfuser.host_ir.evaluator import HostIrEvaluator
@@ -259,6 +260,27 @@ def test_captures_are_specializations_forgotten_together(monkeypatch: pytest.Mon
     assert all(g.released for g in first) and list(runner._graphs) == [runner.key([xs[3]])]
     torch.testing.assert_close(runner([xs[0]])[0], xs[0] * 2)
     assert runner.captures == 5
+
+
+def test_a_collective_runner_runs_a_keys_first_call_plain_and_its_graphs_go_before_the_groups(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner of a multi-device program (``collective``): the first call of each key runs without a graph
+    (communicators and P2P buffers are set up there), the second captures; the communicator's teardown
+    drops its graphs (every rank's, with the groups' collectives in them) and leaves other runners' alone."""
+    monkeypatch.setattr(cuda_graph, "CapturedGraph", _FakeCapture)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    collective = CudaGraphRunner(lambda args: [args[0] * 2], collective=True)
+    single = CudaGraphRunner(lambda args: [args[0]])
+    x, y = torch.randn(3, 2), torch.randn(4, 2)
+    for inputs in ([x], [x], [x], [y], [y]):
+        torch.testing.assert_close(collective(inputs)[0], inputs[0] * 2)
+    single([x])
+    assert (collective.plain_runs, collective.captures, single.plain_runs, single.captures) == (2, 2, 0, 1)
+    captured = [graph for replicas in collective._graphs.values() for graph in replicas]
+    Communicator()._teardown(destroy_world=False)  # a communicator of its own: not the process's
+    assert all(g.released for g in captured) and not collective._graphs and len(single._graphs) == 1
+    collective([x])
+    assert collective.captures == 3  # captured anew (a key's plain first run is not repeated)
 
 
 @cuda

@@ -7,8 +7,10 @@ they read and replays it (``host_ir/cuda_graph.py``)::
 
 What runs after the node stays outside the graph: the evaluator's conforming of the outputs (a copy
 of one sharing memory with an input or another output, a restride), which it reads through the body.
-A program on another device than CUDA is left as it is, with a warning; a multi-device program is
-refused (its communications are not captured).
+A program on another device than CUDA is left as it is, with a warning. A multi-device program's
+block is ``collective``: its communications (NCCL collectives, the CUDA P2P transport's copies and
+stream-side signals) are captured with its kernels, so every rank must call it with the same input
+signatures (as for any collective), and its first call of each signature runs without a graph.
 """
 
 from __future__ import annotations
@@ -27,11 +29,8 @@ def capture_graph(container: HostIrContainer, options: CompileOptions) -> None:
         warnings.warn(f"_enable_options=['cuda_graph']: CUDA graphs capture CUDA work only; the fusion runs on "
                       f"{device.type} without one", RuntimeWarning, stacklevel=outside_pyfuser())
         return
-    if is_multidevice(container.fusion):
-        raise ValueError("_enable_options=['cuda_graph']: a multi-device fusion's communications are not "
-                         "captured into CUDA graphs; run it without cuda_graph")
     if not container.nodes:  # outputs that are inputs: nothing to capture
         return
     written = {v for node in container.walk() for v in node.outputs}
     outputs: dict[HostVal, None] = {v: None for v in container.outputs if v in written}
-    container.nodes = [CaptureGraph(container.nodes, list(outputs))]
+    container.nodes = [CaptureGraph(container.nodes, list(outputs), collective=is_multidevice(container.fusion))]
