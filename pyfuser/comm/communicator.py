@@ -139,9 +139,9 @@ class Communicator:
     def _teardown(self, destroy_world: bool) -> None:
         """Drop the CUDA graphs that captured communications, stop what runs beside the groups (the P2P
         watchdog), destroy the world (with every sub-group) when ``destroy_world``, and drop pyfuser's
-        references, which ends the groups' threads. No barrier: a rank
-        that exits after an error must not wait for peers that may be inside a collective it never joins
-        (destroying its groups makes theirs fail instead of running into the timeout)."""
+        references, which ends the groups' threads. No barrier: a rank that exits after an error must not
+        wait for peers that may be inside a collective it never joins (destroying its groups makes theirs
+        fail instead of running into the timeout)."""
         release_collective_graphs()
         for hook in list(_BEFORE_TEARDOWN):
             hook()

@@ -8,8 +8,8 @@ blocks.
 * **Transfers.** A send is ``cuMemcpyAsync`` from this rank's tensor to the same offset of the peer's
   allocation (its address in this process comes from the rendezvous), on a dedicated copy stream: the
   copy engines move it over NVLink.
-* **Signals.** After the data, the same copy stream copies 4 bytes -- a 1, from a small table on this GPU --
-  into the peer's ``ready`` flag: a write by the copy engine, ordered after the data by the stream
+* **Signals.** After the data, the same copy stream copies 4 bytes -- a 1, from a one-element tensor on this
+  GPU -- into the peer's ``ready`` flag: a write by the copy engine, ordered after the data by the stream
   (``cuStreamWriteValue`` no longer writes a peer's memory from CUDA 13.1 on, and NCCL moved its own signals
   to ``cudaMemcpyAsync`` for that reason). The receiver's stream waits for its *local* flag to hold 1 with
   ``cuStreamWaitValue32`` (NVIDIA's ``cuda-bindings``) and sets it back to 0 (``cuStreamWriteValue32`` on its

@@ -31,6 +31,12 @@ what every other per-signature specialization is kept in): one key more than
 ``SPECIALIZATION_LIMIT`` forgets them all, freeing their memory once the caller drops their results,
 and the new key captures anew. Most calls repeat the last call's signature, checked first without
 building a key.
+
+A multi-device program's runner is ``collective``: its graphs hold NCCL collectives and P2P transfers, so
+every rank must capture and replay at the same calls (as for any collective). A key's first call runs
+without a graph (communicators and symmetric buffers are set up there, with host synchronizations), the
+capture runs in the thread-local error mode (NCCL's watchdog thread queries events meanwhile), and the
+communicator's teardown drops these graphs before it destroys the groups (``release_collective_graphs``).
 """
 
 from __future__ import annotations
