@@ -245,6 +245,21 @@ class Expr(ABC):
         """Producer logical ID -> consumer (first output) logical ID, for IDs the op preserves."""
         return {}
 
+    def output_map(self, producer: TensorView, output: TensorView) -> dict[IterDomain, IterDomain]:
+        """Producer logical ID -> ``output``'s logical ID, for IDs the op preserves. By default the first
+        output's ``logical_map``, carried by position to another output of the same rank (multi-output ops
+        of one shape: var_mean, welford); an output of another rank maps nothing. Ops whose outputs differ
+        in shape (sdpa: the attention, its log-sum-exp, the philox state) override it."""
+        mapping = self.logical_map(producer)
+        first = self.tensor_outputs[0]
+        if output is first:
+            return mapping
+        first_ids, ids = first.get_logical_domain(), output.get_logical_domain()
+        if len(first_ids) != len(ids):
+            return {}
+        position = {id(i): k for k, i in enumerate(first_ids)}
+        return {p: ids[position[id(c)]] for p, c in mapping.items() if id(c) in position}
+
     def operand_map(self, position: int) -> dict[IterDomain, IterDomain]:
         """``logical_map`` of the input at ``position``. Ops that map their operand positions
         differently (matmul's ``a`` and ``b``) override this; their ``logical_map`` of a tensor read

@@ -39,6 +39,7 @@ class MemoryType(Enum):
     # nvFuser's spellings (``global`` is a Python keyword: MemoryType.Global)
     local = "l"
     shared = "s"
+    symmetric = "sym"
 
 
 class TensorView(Val):

@@ -64,21 +64,20 @@ def _reference_order(expr: Expr) -> list[TensorView]:
 
 
 def _propagated_axes(expr: Expr, out: TensorView) -> dict[int, ParallelType]:
-    first = expr.tensor_outputs[0]
-    first_pos = {id(i): p for p, i in enumerate(first.get_logical_domain())}
+    out_pos = {id(i): p for p, i in enumerate(out.get_logical_domain())}
     out_ids = out.get_logical_domain()
     axes: dict[int, ParallelType] = {}
     for inp in _reference_order(expr):
         if inp.device_mesh != out.device_mesh:
             continue
-        mapping = expr.logical_map(inp)
+        mapping = expr.output_map(inp, out)
         in_ids = inp.get_logical_domain()
         for axis, ptype in sharding_of(inp).axes.items():
             target = mapping.get(in_ids[axis])
             if target is None or ptype in axes.values():
                 continue
-            pos = first_pos[id(target)]  # multi-output ops (var_mean) share one shape
-            if pos >= len(out_ids) or pos in axes or out_ids[pos].is_reduction or out_ids[pos].is_broadcast:
+            pos = out_pos[id(target)]
+            if pos in axes or out_ids[pos].is_reduction or out_ids[pos].is_broadcast:
                 continue
             axes[pos] = ptype
     return axes

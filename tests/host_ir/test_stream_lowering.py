@@ -51,6 +51,20 @@ def test_inner_split_stream_chunks(device, run_seed_dumped):
     assert "FOR StreamIdx in iStreamIdx" in dump and "{( ceilDiv(i1, 4) )}:" in dump
 
 
+def test_a_broadcast_id_on_stream_is_one_chunk(device, run_seed_dumped):
+    """A size-1 (broadcast) axis parallelized on stream, as nvFuser's S = 1 pipelines write it: one chunk,
+    the whole tensor, so no loop."""
+    fd = FusionDefinition()
+    t0 = fd.define_tensor([1, -1, -1])
+    t1 = fd.ops.neg(t0)
+    fd.add_output(t1)
+    t1.axis(0).parallelize(STREAM)
+    x = torch.randn(1, 3, 5, device=device)
+    (out,), dump = run_seed_dumped(fd, [x])
+    torch.testing.assert_close(out, -x)
+    assert "FOR" not in dump and "bStreamIdx" in dump
+
+
 def test_stream_on_input_puts_consumers_in_the_loop(device, run_seed_dumped):
     fd = FusionDefinition()
     t0 = fd.define_tensor([-1, -1])

@@ -118,5 +118,36 @@ def sdpa_head_and_context_parallel() -> None:
         assert_close(got, want.chunk(d, axis)[rank], f"sdpa sharded on axis {axis}")
 
 
+
+@case()
+def sdpa_training_head_parallel_runs_on_the_shards() -> None:
+    """Forward and backward of a head-sharded attention (nvFuser's ``test_sdpa`` pattern: only the inputs
+    placed and sharded): the results are torch's on the full tensors, and the program moves nothing between
+    ranks (each rank attends over its heads)."""
+    d, rank, mesh = world()
+    b, h, s, e = 2, 2 * d, 8, 8
+    q, k, v, grad = (randn(b, h, s, e) * scale for scale in (1.0, 0.5, 1.0, 1.0))
+    with FusionDefinition() as fd:
+        tq, tk, tv, tg = (fd.define_tensor([-1, -1, -1, -1]) for _ in range(4))
+        out, lse, seed, offset = fd.ops.sdpfa_fwd(tq, tk, tv, dropout_p=None, is_causal=True)
+        grads = fd.ops.sdpfa_bwd(tg, tq, tk, tv, out, lse, None, True, seed, offset)
+        for t in (out, *grads):
+            fd.add_output(t)
+        for t in (tq, tk, tv, tg):
+            t.set_device_mesh(mesh)
+            t.outer_split(1, d)
+            t.axis(1).parallelize(X)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    want.backward(grad)
+    got = fd.execute([shard_tensor(q, tq), shard_tensor(k, tk), shard_tensor(v, tv), shard_tensor(grad, tg)])
+    for g, w, what in zip(got, [want.detach(), *(t.grad for t in leaves)], ("out", "dq", "dk", "dv"), strict=True):
+        assert w is not None
+        assert_close(g, w.chunk(d, 1)[rank], f"head-parallel sdpa {what}", atol=1e-4)
+    program = str(fd.fec.last_program)
+    if "Communication" in program:
+        raise AssertionError(f"head-parallel attention should move nothing between ranks:\n{program}")
+
+
 if __name__ == "__main__":
     main()

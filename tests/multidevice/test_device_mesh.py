@@ -145,3 +145,47 @@ def test_communicator_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         Communicator(info, backend="mpi")
     with pytest.raises(ValueError, match=r"team \[0, 5\] names ranks outside the world of 2 processes"):
         comm.group([0, 5])
+
+
+def _vector(mesh: DeviceMesh, schedule: str) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        tv = fd.define_tensor([-1])
+        fd.add_output(tv)
+    tv.set_device_mesh(mesh)
+    if schedule == "inner":  # [n/2, 2], the inner ID on the mesh: ranks take every other element
+        tv.inner_split(0, 2)
+        tv.axis(1).parallelize(ParallelType.mesh_x)
+    elif schedule == "nested":  # [2, n/2] -> [2, 2, n/4], the middle ID on the mesh
+        tv.outer_split(0, 2)
+        tv.outer_split(1, 2)
+        tv.axis(1).parallelize(ParallelType.mesh_x)
+    else:  # 2-D mesh [2, 2]: [n/6, 6] -> [2, n/12, 6] -> [2, n/12, 2, 3], mesh_y then mesh_x
+        tv.inner_split(0, 6)
+        tv.outer_split(0, 2)
+        tv.axis(0).parallelize(ParallelType.mesh_y)
+        tv.outer_split(2, 2)
+        tv.axis(2).parallelize(ParallelType.mesh_x)
+    return fd
+
+
+@pytest.mark.parametrize("schedule", ["inner", "nested", "two_mesh_axes"])
+def test_shard_tensor_follows_a_chain_of_splits(schedule: str) -> None:
+    """A device ID anywhere in a chain of splits of one axis (nvFuser's ``shard_tensor`` cases): the axis
+    viewed as the chain's leaves, each device leaf at the rank's mesh position, the rest flattened back;
+    a tensor the chain does not divide is a clear error."""
+    mesh = DeviceMesh(torch.arange(4).reshape(2, 2)) if schedule == "two_mesh_axes" else DeviceMesh(range(2))
+    tv = _vector(mesh, schedule).fusion.inputs()[0]
+    full = torch.arange(24.0)
+    for rank in mesh.ranks:
+        got = shard_tensor(full, tv, rank=rank)
+        if schedule == "inner":
+            want = full.view(12, 2)[:, rank]
+        elif schedule == "nested":
+            want = full.view(2, 2, 6)[:, rank].flatten()
+        else:
+            y, x = divmod(rank, 2)
+            want = full.view(2, 2, 2, 3)[y, :, x].flatten()
+        torch.testing.assert_close(got, want)
+        assert got.is_contiguous()
+    with pytest.raises(ValueError, match=r"T0 axis 0 has extent 13 here, which its split by (2|6) does not divide"):
+        shard_tensor(torch.arange(13.0), tv, rank=0)

@@ -12,7 +12,7 @@ import pytest
 from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.comm.comm_plan import plan_communication
 from pyfuser.ir.ops import BinaryOp, BinaryOpType, LinearOp, LoadStoreOp
-from pyfuser.ir.ops.attention import SdpaBwdOp
+from pyfuser.ir.ops.attention import SdpaBwdOp, SdpaFwdOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.multidevice import CommunicationType, Communicator, DeviceMesh, sharding_of
 from pyfuser.options import LaunchInfo
@@ -247,10 +247,9 @@ def test_one_rank_mesh_runs_locally_with_a_stream_loop() -> None:
 
 
 
-def test_sdpa_backward_of_head_sharded_operands_reshards_each_gradient() -> None:
-    """sdpa's backward has three outputs and each input maps its own (``k`` to ``grad_k``): with every
-    operand sharded on the head axis, the op (not chunkable) runs on gathered operands and each
-    gradient is sliced back to this rank's heads."""
+def _sdpa_training(axis: int) -> tuple[FusionDefinition, list[TensorView]]:
+    """sdpa forward and backward with q, k, v and the output's gradient ``[B, H, S, E]`` sharded on ``axis``
+    and propagated; returns the fusion and the three gradients."""
     with FusionDefinition() as fd:
         q, k, v, grad = (fd.define_tensor([-1, -1, -1, -1]) for _ in range(4))
         out, lse, seed, offset = fd.ops.sdpfa_fwd(q, k, v, dropout_p=None, is_causal=True)
@@ -259,12 +258,33 @@ def test_sdpa_backward_of_head_sharded_operands_reshards_each_gradient() -> None
             fd.add_output(g)
     for tv in (q, k, v, grad):
         tv.set_device_mesh(MESH)
-        shard(tv, 1)
+        shard(tv, axis)
     propagate_shardings(fd.fusion)
     decompose_resharding(fd.fusion)
+    return fd, list(grads)
+
+
+def test_sdpa_on_head_sharded_operands_runs_on_the_shards() -> None:
+    """sdpa attends head by head: with q, k, v and the output's gradient sharded on the heads, forward and
+    backward run on the shards with no communication (nvFuser's head-parallel attention): the attention,
+    its log-sum-exp and every gradient are sharded on the heads, the philox seed and offset replicated."""
+    fd, grads = _sdpa_training(1)
+    forward = next(e for e in fd.fusion.exprs() if isinstance(e, SdpaFwdOp))
+    backward = next(e for e in fd.fusion.exprs() if isinstance(e, SdpaBwdOp))
+    assert [axes(t) for t in forward.tensor_outputs] == [{1: X}, {1: X}, {}, {}]
+    assert [axes(t) for t in backward.tensor_inputs] == [{1: X}] * 6 + [{}, {}]
+    assert [axes(g) for g in grads] == [{1: X}] * 3 and all(g.definition is backward for g in grads)
+    assert not sets(fd)
+
+
+def test_sdpa_on_sequence_sharded_operands_gathers_and_slices_each_gradient() -> None:
+    """A causal attention's query positions read every key before them: sharded on the sequence, the
+    operands are gathered, the ops run whole and each gradient (one output each, ``k`` to ``grad_k``) is
+    sliced back to this rank's positions."""
+    fd, grads = _sdpa_training(2)
     backward = next(e for e in fd.fusion.exprs() if isinstance(e, SdpaBwdOp))
     assert all(axes(t) == {} for t in backward.tensor_inputs)
-    assert [axes(g) for g in grads] == [{1: X}] * 3
+    assert [axes(g) for g in grads] == [{2: X}] * 3
     for g, computed in zip(grads, backward.tensor_outputs, strict=True):
         assert isinstance(g.definition, LoadStoreOp) and g.definition.inputs[0] is computed
 

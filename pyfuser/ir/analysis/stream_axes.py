@@ -82,7 +82,8 @@ def walk_outer_splits(node: IterDomain, logical: Sequence[IterDomain]) -> tuple[
 
 
 def stream_axis_of(tv: TensorView) -> StreamAxis | None:
-    """The stream chunking ``tv``'s loop domain asks for, or None; ValueError when it cannot be one."""
+    """The stream chunking ``tv``'s loop domain asks for, or None (none, or a broadcast ID on stream: one
+    chunk, the whole tensor); ValueError when it cannot be one."""
     loop = tv.get_loop_domain()
     streams = [i for i in loop if i.is_stream]
     if not streams:
@@ -96,8 +97,8 @@ def stream_axis_of(tv: TensorView) -> StreamAxis | None:
     if sid.is_reduction:
         raise ValueError(f"{where} is a reduction ID parallelized on stream; a host loop cannot split a "
                          "reduction: parallelize an iteration axis instead")
-    if sid.is_broadcast:
-        raise ValueError(f"{where} is a broadcast ID parallelized on stream; parallelize an iteration axis")
+    if sid.is_broadcast:  # one element: the loop would run once, on the whole tensor (nvFuser's S = 1)
+        return None
     logical = tv.get_logical_domain()
     node, splits = walk_outer_splits(sid, logical)
     if all(node is not i for i in logical):

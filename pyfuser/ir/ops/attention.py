@@ -185,6 +185,21 @@ class SdpaFwdOp(Expr):
             return dict(zip(ids[:-2], out_ids[:-2], strict=True))
         return {}
 
+    def shardable_axes(self) -> set[int]:
+        """The batch and head axes (all but the sequence and the embedding): each shard of them attends on
+        its own, as nvFuser's head-parallel sdpa."""
+        return set(range(len(self.output.get_logical_domain()) - 2))
+
+    def output_map(self, producer: TensorView, output: TensorView) -> dict[IterDomain, IterDomain]:
+        """The attention as ``logical_map``; the log-sum-exp ``[..., H, S]`` takes q's axes but the last;
+        the philox seed and offset map nothing (one state per call, no axis of the inputs)."""
+        if output is self.output:
+            return self.logical_map(producer)
+        if output is self.tensor_outputs[1] and producer is self.inputs[0]:
+            ids = producer.get_logical_domain(no_reductions=True)
+            return dict(zip(ids[:-1], output.get_logical_domain(), strict=True))
+        return {}
+
     def python_call(self) -> PythonCall:
         return PythonCall("sdpfa_fwd", tuple(self.inputs[:3]), dict(zip(self.given, self.inputs[3:], strict=True)))
 
@@ -223,13 +238,28 @@ class SdpaBwdOp(Expr):
         return [g.to(t.dtype) for g, t in zip(grads, (q, k, v), strict=True)]
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
-        """query, key and value map onto their gradients."""
+        """query, key and value map onto their gradients; the output's gradient, the output and the
+        log-sum-exp map their batch, head and query axes onto the query gradient's."""
+        ids = producer.get_logical_domain(no_reductions=True)
         for k in (1, 2, 3):
             if producer is self.inputs[k]:
                 grad = self.tensor_outputs[k - 1]  # every output is a tensor: dq, dk, dv
-                return dict(zip(producer.get_logical_domain(no_reductions=True), grad.get_logical_domain(),
-                                strict=True))
+                return dict(zip(ids, grad.get_logical_domain(), strict=True))
+        leading = self.tensor_outputs[0].get_logical_domain()[:-1]
+        if producer is self.inputs[0] or producer is self.inputs[4]:  # grad_output, output: [..., H, S, Ev]
+            return dict(zip(ids[:-1], leading, strict=True))
+        if producer is self.inputs[5]:  # logsumexp [..., H, S]
+            return dict(zip(ids, leading, strict=True))
         return {}
+
+    def shardable_axes(self) -> set[int]:
+        """The batch and head axes, as the forward's."""
+        return set(range(len(self.tensor_outputs[0].get_logical_domain()) - 2))
+
+    def output_map(self, producer: TensorView, output: TensorView) -> dict[IterDomain, IterDomain]:
+        """query, key and value map onto their own gradients only."""
+        k = self.tensor_outputs.index(output) + 1
+        return self.logical_map(producer) if producer is self.inputs[k] else {}
 
     def python_call(self) -> PythonCall:
         args = list(self.inputs) + [None] * (len(self.NAMES) - len(self.inputs))  # scale None: 1 / sqrt(E)
