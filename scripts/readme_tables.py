@@ -141,15 +141,16 @@ def compile_llama(data: Data) -> tuple[str, str]:
 def overlap(what: str, anchor: str, anchor_label: str) -> Callable[[Data], tuple[str, str]]:
     """pyfuser's own choice per size (the overlap model's, replayed from a CUDA graph where the file has that
     column) against not overlapping (torch's, plain and in a CUDA graph), torch's fused op and the ideal."""
+    anchor_graph = anchor.replace("_ms", "_graph_ms")
+
     def row(data: Data) -> tuple[str, str]:
         parts, ratios = [], []
         for r in data["results"]:
             size = r["size"].split(",")[0]
-            ours_key = "pyfuser_auto_graph_ms" if "pyfuser_auto_graph_ms" in r else "pyfuser_auto_ms"
-            ours = r[ours_key]
-            label = "with a CUDA graph" if ours_key == "pyfuser_auto_graph_ms" else "without CUDA graphs"
-            graph = f" ({r[anchor.replace('_ms', '_graph_ms')]:.3f} in a CUDA graph)" if anchor.replace(
-                "_ms", "_graph_ms") in r else ""
+            graphed = "pyfuser_auto_graph_ms" in r
+            ours = r["pyfuser_auto_graph_ms" if graphed else "pyfuser_auto_ms"]
+            label = "with a CUDA graph" if graphed else "without CUDA graphs"
+            graph = f" ({r[anchor_graph]:.3f} in a CUDA graph)" if anchor_graph in r else ""
             fused = f", {r['torch_fused_ms']:.3f} torch fused" if "torch_fused_ms" in r else ""
             ratios.append((ours / r["ideal_ms"], ours / r[anchor], size))
             parts.append(f"{size}: {ours:.3f} ms ({r.get('pyfuser_auto', '')}, {label}; {r['pyfuser_auto_ms']:.3f} "
