@@ -137,7 +137,7 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
     # the same program captured into a CUDA graph per signature (``cuda_graph``): no host latency before the GPU's work
     graph = MultiDeviceExecutor(seed_004_fusion(d, dtype, ([d, rows, k], [n, k])).fusion,
                                 MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda, cuda_graph=True))
-    replay, (got,) = pyfuser_graph_run(graph, [local, w], weight=1)
+    replay = pyfuser_graph_run(graph, [local, w], weight=1)
     (got,) = replay()
     r["pyfuser_auto_graph_error"] = relative_error(got, reference.view(d, rows, n))
     del got
@@ -183,7 +183,7 @@ def profile(m: int, k: int, n: int, dtype: torch.dtype, directory: Path, host: b
     def runner(backend: str, s: int) -> Callable[[], object]:
         executor, local = pyfuser_program(d, dtype, backend), x.view(s, 1, rows // s, k)
         if backend.endswith("_graph"):
-            return pyfuser_graph_run(executor, [local, w], weight=1)[0]
+            return pyfuser_graph_run(executor, [local, w], weight=1)
         return lambda: executor.run([local, w])
 
     backends = [*BACKENDS, *(f"{b}_graph" for b in BACKENDS)]

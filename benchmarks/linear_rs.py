@@ -136,7 +136,7 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
     # the same program captured into a CUDA graph per signature (``cuda_graph``): no host latency before the GPU's work
     graph = MultiDeviceExecutor(row_parallel_fusion(d, dtype, ([d, m // d, k * d], [n, k * d])).fusion,
                                 MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda, cuda_graph=True))
-    replay, (got,) = pyfuser_graph_run(graph, [local, w], weight=1)
+    replay = pyfuser_graph_run(graph, [local, w], weight=1)
     (got,) = replay()
     r["pyfuser_auto_graph_error"] = relative_error(got, total.view(d, m // d, n)[rank:rank + 1])
     del got
@@ -181,7 +181,7 @@ def profile(m: int, k: int, n: int, dtype: torch.dtype, directory: Path, host: b
     def runner(backend: str, s: int) -> Callable[[], object]:
         executor, local = pyfuser_program(d, dtype, backend), x.view(s, d, m // (s * d), k)
         if backend.endswith("_graph"):
-            return pyfuser_graph_run(executor, [local, w], weight=1)[0]
+            return pyfuser_graph_run(executor, [local, w], weight=1)
         return lambda: executor.run([local, w])
 
     backends = [*BACKENDS, *(f"{b}_graph" for b in BACKENDS)]

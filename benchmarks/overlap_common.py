@@ -101,13 +101,14 @@ def captured(fn: Callable[[], object]) -> Callable[[], object] | None:
     return graph.replay
 
 
-def pyfuser_graph_run(executor: Any, inputs: list[torch.Tensor], weight: int) -> tuple[Callable[[], object], list[torch.Tensor]]:
+def pyfuser_graph_run(executor: Any, inputs: list[torch.Tensor], weight: int) -> Callable[[], list[torch.Tensor]]:
     """A ``cuda_graph`` executor's call with input ``weight`` as a parameter (read in place by the graph,
-    as a model's weight is; the activations are copied into the graph's buffers); its first result."""
+    as a model's weight is; the activations are copied into the graph's buffers), after the signature's
+    first call (which runs without a graph on every rank): the next call captures."""
     args = list(inputs)
     args[weight] = torch.nn.Parameter(args[weight], requires_grad=False)
-    first = executor.run(args)  # a signature's first call runs without a graph on every rank
-    return (lambda: executor.run(args)), first
+    executor.run(args)
+    return lambda: executor.run(args)
 
 
 def symm_mem_group() -> str | None:
