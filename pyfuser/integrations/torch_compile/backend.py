@@ -6,7 +6,8 @@ with the decomposition table of ``decompositions.py``, splits training graphs in
 backward (``min_cut_rematerialization_partition`` of the joint graph without its no-op detaches, as
 Inductor's joint-graph passes leave it: cheap pointwise values are recomputed in the backward rather
 than saved) and hands each ATen graph to ``compile_aten_graph``,
-which drops the transposes that undo each other and the detaches (``view_pairs.py``), turns all-gather ->
+which folds the one-element values that depend on no input (``constant_folding.py``), drops the
+transposes that undo each other and the detaches (``view_pairs.py``), turns all-gather ->
 matmul and matmul -> reduce-scatter into pyfuser's multi-device pipelines (``collective_matmul.py``; other
 collectives stay torch's, region boundaries), partitions it into pyfuser
 regions and eager ops, collapses the chains of views left in eager (``view_chains.py``) and calls the other
@@ -43,6 +44,7 @@ from torch.fx import GraphModule, Node
 from pyfuser.integrations.torch_compile.attention_masks import fold_constant_attention_masks
 from pyfuser.integrations.torch_compile.bound_graph import BoundGraph
 from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul, lower_collective_matmuls
+from pyfuser.integrations.torch_compile.constant_folding import fold_scalar_constants
 from pyfuser.integrations.torch_compile.conv_layout import split_convolution_biases, to_channels_last
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
@@ -142,6 +144,7 @@ class PyfuserBackend:
         layout = to_channels_last(gm, saved_from if kind == "forward" else None, self.channels_last, example_inputs,
                                   training=kind != "inference")
         split_convolution_biases(gm)
+        fold_scalar_constants(gm)
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
         pipelines = lower_collective_matmuls(gm, f"pyfuser_{kind}{sum(g.kind == kind for g in self.graphs)}")

@@ -9,7 +9,8 @@ required in the layout its example value has, so a later region or eager op sees
 was traced with (torch's meta functions', or, for a value only regions read, the layout the
 partitioner chose for them: ``boundary_layouts``).
 
-Every translated value is checked against the node's traced value (dtype, rank, static sizes); a
+A one-element constant of the graph (a ``get_attr``: ``constant_folding``) is a literal of the
+kernels. Every translated value is checked against the node's traced value (dtype, rank, static sizes); a
 node that fails to translate raises ``TranslationError`` naming it, and the partitioner leaves it
 in eager.
 """
@@ -23,10 +24,12 @@ from typing import Any
 
 import sympy
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Node
 from torch.fx.node import map_aggregate
 
 from pyfuser.frontend.fusion_definition import FusionDefinition
+from pyfuser.integrations.torch_compile.constant_folding import constant_value
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.lowering import LoweringContext, OpClass, is_tensor_meta, meta_of
 from pyfuser.integrations.torch_compile.support import LOWERINGS, op_class, op_name
@@ -141,6 +144,11 @@ class RegionTranslator:
         symbols: dict[sympy.Symbol, tuple[TensorView, int]] = {}
         for k, node in enumerate(self.inputs):  # tensors first: symbolic scalars may be their sizes
             meta = meta_of(node)
+            literal = self._literal(node)
+            if literal is not None:
+                self.env[node] = literal
+                self.names[literal.short_name] = f"{node.name} (constant)"
+                continue
             if is_tensor_meta(meta):
                 tv = self._define_tensor(node, meta)
                 self.env[node] = tv
@@ -164,6 +172,16 @@ class RegionTranslator:
             self.env[node] = self.fd.define_scalar(None, dtype)
             order.append(k)
         return order
+
+    def _literal(self, node: Node) -> TensorView | None:
+        """A one-element constant of the graph (``constant_folding``) as a value of the kernels, not an
+        input read on every call (None for any other input)."""
+        value = constant_value(node)
+        if value is None or value.numel() != 1 or value.is_complex():
+            return None
+        with unset_fake_temporarily():  # (the partitioner translates under AOTAutograd's fake mode)
+            number = value.item()
+        return self.fd.ops.full(list(value.shape), number, DataType.from_torch(value.dtype))
 
     def _define_tensor(self, node: Node, meta: torch.Tensor) -> TensorView:
         if meta.device != self.device and not (meta.device.type == "cpu" and meta.dim() == 0):
