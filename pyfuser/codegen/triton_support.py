@@ -111,6 +111,76 @@ def _bitwise_not(x):
 
 
 @_jit
+def _floor(x):
+    if x.dtype.is_floating():
+        return tl.floor(x)
+    else:
+        return x
+
+
+@_jit
+def _ceil(x):
+    if x.dtype.is_floating():
+        return tl.ceil(x)
+    else:
+        return x
+
+
+@_jit
+def _trunc(x):
+    if x.dtype.is_floating():
+        return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+    else:
+        return x
+
+
+@_jit
+def _round(x):
+    """``torch.round``: halves to even, the sign of a zero result kept (-0.3 rounds to -0.0)."""
+    if x.dtype.is_floating():
+        r = tl.floor(x)
+        d = x - r
+        odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
+        r = tl.where((d > 0.5) | ((d == 0.5) & odd), r + 1.0, r)
+        return tl.where(r == 0, x * 0.0, r)
+    else:
+        return x
+
+
+@_jit
+def _sign(x):
+    """``torch.sign``: 0 for zeros and NaN; a boolean is its own sign."""
+    if x.dtype == tl.int1:
+        return x
+    else:
+        return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+
+
+@_jit
+def _isinf(x):
+    if x.dtype.is_floating():
+        return tl.abs(x) == _INF
+    else:
+        return x != x
+
+
+@_jit
+def _log1p(x):
+    """log(1 + x) without the rounding of 1 + x (the ratio restores what the sum lost)."""
+    u = 1.0 + x
+    ratio = tl.log(u) * (x / (u - 1.0))
+    return tl.where(u == 1.0, x, tl.where(u == _INF, u, ratio))
+
+
+@_jit
+def _expm1(x):
+    """exp(x) - 1 without the cancellation near 0 (Kahan's: (u - 1) * x / log(u))."""
+    u = tl.exp(x)
+    ratio = (u - 1.0) * (x / tl.log(u))
+    return tl.where(u == 1.0, x, tl.where(u == _INF, u, tl.where(u - 1.0 == -1.0, u - 1.0, ratio)))
+
+
+@_jit
 def _add(a, b):
     return a + b
 

@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 #: Exprs a kernel computes by indexing their producer differently; the value passes through.
 INDEX_ONLY_OPS = (LoadStoreOp, BroadcastOp, ExpandOp, SqueezeOp, PermuteOp)
 _COMPARISONS = frozenset({BinaryOpType.eq, BinaryOpType.ne, BinaryOpType.lt, BinaryOpType.le, BinaryOpType.gt,
-                          BinaryOpType.ge})
+                          BinaryOpType.ge, UnaryOpType.isnan, UnaryOpType.isinf})
 _LOGICAL = frozenset({BinaryOpType.logical_and, BinaryOpType.logical_or, UnaryOpType.logical_not})
 #: ops whose boolean results are computed on booleans (not widened to int32 and compared): the logical
 #: ones, casts, and ``~`` (of a widened True, -2: nonzero)
@@ -153,10 +153,10 @@ def _pow_by_constant(expr: UnaryOp | BinaryOp | TernaryOp) -> str | None:
 
 
 def promoted_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
-    """The dtype torch converts an op's operands to: its output's, except for comparisons (the
-    operands' common type, by torch's promotion)."""
+    """The dtype torch converts an op's operands to: its output's, except for comparisons and the
+    predicates ``isnan`` / ``isinf`` (the operands' common type, by torch's promotion)."""
     if expr.kind in _COMPARISONS:
-        return result_dtype(torch.add, expr.inputs)
+        return result_dtype(torch.add, expr.inputs) if len(expr.inputs) > 1 else expr.inputs[0].dtype
     return expr.outputs[0].dtype
 
 

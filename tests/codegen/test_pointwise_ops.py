@@ -61,7 +61,7 @@ UNARY_CASES = [(k, d) for k in UNARY for d in DTYPES if _valid(_unary_ref(k), to
 
 @pytest.mark.parametrize(("kind", "dtype"), UNARY_CASES, ids=lambda p: getattr(p, "name", str(p)))
 def test_unary(kind: UnaryOpType, dtype: torch.dtype, device: str, run_kernels) -> None:
-    x = _data(dtype, positive=kind.name in ("log", "sqrt", "rsqrt", "reciprocal")).to(device)
+    x = _data(dtype, positive=kind.name in ("log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal")).to(device)
     with FusionDefinition() as fd:
         t = fd.from_pytorch(x)
         out = fd.ops.gelu(t, approximate="tanh") if kind is UnaryOpType.gelu_tanh else getattr(fd.ops, kind.name)(t)
@@ -70,6 +70,28 @@ def test_unary(kind: UnaryOpType, dtype: torch.dtype, device: str, run_kernels) 
     expected = _unary_ref(kind)(x)
     assert got.dtype == expected.dtype
     torch.testing.assert_close(got, expected, **_tolerance(expected.dtype))
+
+
+#: halves (ties to even), signed zeros, NaN, infinities, values past float32's last fraction bit, tiny
+#: values (where log1p / expm1 must not round 1 + x)
+SPECIAL = [-2.5, -1.5, -0.5, -0.3, -0.0, 0.0, 0.3, 0.5, 1.5, 2.5, 0.49999997, -0.49999997, 3.0e7 + 1, 1e-10,
+           -1e-10, -1.0, 90.0, -90.0, float("nan"), float("inf"), -float("inf")]
+
+
+@pytest.mark.parametrize("kind", ["floor", "ceil", "trunc", "round", "frac", "sign", "isnan", "isinf", "log1p",
+                                  "expm1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_unary_special_values(kind: str, dtype: torch.dtype, device: str, run_kernels) -> None:
+    x = torch.tensor(SPECIAL, dtype=dtype, device=device)
+    with FusionDefinition() as fd:
+        fd.add_output(getattr(fd.ops, kind)(fd.from_pytorch(x)))
+    (got,) = run_kernels(fd, [x])
+    expected = getattr(torch, kind)(x)
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, equal_nan=True, **_tolerance(expected.dtype))
+    if expected.is_floating_point():  # and the sign of each zero
+        zeros = expected == 0
+        assert torch.equal(got[zeros].signbit(), expected[zeros].signbit()), (got, expected)
 
 
 BINARY_REFERENCE = {"div": None, "truediv": torch.true_divide, "maximum": torch.maximum, "minimum": torch.minimum,
