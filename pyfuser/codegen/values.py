@@ -35,6 +35,7 @@ from pyfuser.codegen.grid_reduction import GRID_TYPES
 from pyfuser.codegen.kernel_source import KernelError
 from pyfuser.codegen.triton_ops import TRITON_POINTWISE
 from pyfuser.codegen.triton_support import NAN, compute_dtype, int_expr, literal, triton_dtype
+from pyfuser.ir.analysis.value_range import integer_bounds
 from pyfuser.ir.base import Expr, Scalar, Val
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.iter_domain import IterDomain, ParallelType
@@ -158,6 +159,13 @@ def promoted_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
     if expr.kind in _COMPARISONS:
         return result_dtype(torch.add, expr.inputs) if len(expr.inputs) > 1 else expr.inputs[0].dtype
     return expr.outputs[0].dtype
+
+
+def _in_range(index: TensorView, axis: IterDomain) -> bool:
+    """Whether every value of ``index`` is a position of the constant-extent ``axis``."""
+    bounds = integer_bounds(index)
+    extent = 1 if axis.is_broadcast else axis.extent.value if axis.extent.is_const else None
+    return bounds is not None and isinstance(extent, int) and 0 <= bounds[0] and bounds[1] < extent
 
 
 def op_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
@@ -341,7 +349,8 @@ class ValueLowering:
         those values along the indexed axes and at ``out``'s positions along the others.
 
         Each index is checked to be in ``[0, extent)`` (``[-extent, extent)`` where negative values
-        count from the end) where the loop point is in range, as ATen's CUDA kernels assert it: a
+        count from the end) where the loop point is in range, unless its bounds prove it
+        (``integer_bounds``: an index clamped to the axis), as ATen's CUDA kernels assert it: a
         device-side assert on a GPU (``KernelSource.device_asserts``), a ValueError through the
         interpreter (``_check_index``); the load is masked by the range too, so no lane reads out of
         bounds either way. The index term is 64-bit (an int32 index is widened): ``index * stride``
@@ -361,6 +370,9 @@ class ValueLowering:
             if index.dtype is not DataType.Int:
                 at = code.assign("ix", f"({at}).to(tl.int64)")
             extent = "1" if lookup_ids[dim].is_broadcast else int_expr(self.size_symbol(lookup_ids[dim]))
+            if _in_range(index, lookup_ids[dim]):  # (clamped to the axis: no check, no wrap)
+                read.of[id(lookup_ids[dim])] = at
+                continue
             if expr.allows_negative:
                 at = code.assign("ix", f"tl.where({at} < 0, {at} + {extent}, {at})")
             checks.append((code.assign("inside", f"({at} >= 0) & ({at} < {extent})"),

@@ -9,6 +9,13 @@ segments around it from merging (one pointwise kernel writes outputs of one shap
 reads nothing more than the input its readers' kernels would read anyway, so each reader gets its
 own chain from the input, and the segmenter then puts every copy inside the kernel of its reader.
 
+A value computed from nothing at all (DeBERTa's relative-position buckets: ``arange``s, their
+difference, its sign, log and clamps) reads no memory in any copy, so there the chain may combine
+several forwarded values (binary and ternary ops of two or three of them) and squeeze them. Each
+reader's private chain also keeps its kernel's axes its own: one ``[S, S]`` table read as it is by
+one gather and transposed by another would tie the query axis to the key axis in a kernel that reads
+both (the scores' softmax could not be one kernel); each copy maps onto its reader's axes alone.
+
 A value a GEMM or an attention call reads is written anyway, so it is not forwarded.
 
 Forwarded: broadcasts and expands (views on the ATen path too) and, where segments run as generated
@@ -23,7 +30,18 @@ from __future__ import annotations
 
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.ops import BinaryOp, BroadcastOp, ExpandOp, FullOp, IotaOp, LinearOp, MatmulOp, UnaryOp
+from pyfuser.ir.ops import (
+    BinaryOp,
+    BroadcastOp,
+    ExpandOp,
+    FullOp,
+    IotaOp,
+    LinearOp,
+    MatmulOp,
+    SqueezeOp,
+    TernaryOp,
+    UnaryOp,
+)
 from pyfuser.ir.ops.attention import SdpaBwdOp, SdpaFwdOp
 from pyfuser.ir.ops.matmul import GroupedMmOp
 from pyfuser.ir.tensor_view import TensorView, new_like, user_scheduled
@@ -31,6 +49,8 @@ from pyfuser.options import CompileOptions
 
 #: exprs whose result costs nothing to recompute beside their tensor operand (or from no tensor at all)
 _CHEAP = (BroadcastOp, ExpandOp, UnaryOp, BinaryOp, IotaOp, FullOp)
+#: exprs that cost nothing to recompute from values that are themselves computed from nothing
+_INPUT_FREE = (*_CHEAP, TernaryOp, SqueezeOp)
 #: readers that run as ATen calls on tensors in memory, never inside a kernel
 _READ_FROM_MEMORY = (MatmulOp, LinearOp, GroupedMmOp, SdpaFwdOp, SdpaBwdOp)
 
@@ -38,6 +58,14 @@ _READ_FROM_MEMORY = (MatmulOp, LinearOp, GroupedMmOp, SdpaFwdOp, SdpaBwdOp)
 def _as_defined(tv: TensorView) -> bool:
     return (not tv.is_fusion_output and not tv.has_allocation_domain() and tv.compute_at_pos == 0
             and not user_scheduled(tv))
+
+
+def _input_free(expr: Expr, free: set[int], kernels: bool) -> bool:
+    """Whether ``expr`` computes its output cheaply from values computed from nothing (or from no
+    tensor at all), inside the kernels that read it."""
+    return (kernels and isinstance(expr, _INPUT_FREE) and len(expr.outputs) == 1
+            and isinstance(expr.outputs[0], TensorView) and all(id(t) in free for t in expr.tensor_inputs)
+            and _as_defined(expr.output))
 
 
 def _forwardable(expr: Expr, forwarded: set[int], kernels: bool) -> bool:
@@ -53,13 +81,18 @@ def _forwardable(expr: Expr, forwarded: set[int], kernels: bool) -> bool:
     return all(t.is_fusion_input or id(t) in forwarded for t in tensors) and _as_defined(expr.output)
 
 
-def _copy_chain(tv: TensorView, fusion: Fusion) -> TensorView:
-    """A private copy of the forwarded exprs that compute ``tv``."""
+def _copy_chain(tv: TensorView, fusion: Fusion, copies: dict[int, TensorView]) -> TensorView:
+    """A private copy of the forwarded exprs that compute ``tv``; ``copies``: the values of this copy
+    made so far (a value two exprs of the chain read is copied once)."""
+    made = copies.get(id(tv))
+    if made is not None:
+        return made
     expr = tv.definition
     assert expr is not None
-    inputs = [v if not isinstance(v, TensorView) or v.is_fusion_input else _copy_chain(v, fusion)
+    inputs = [v if not isinstance(v, TensorView) or v.is_fusion_input else _copy_chain(v, fusion, copies)
               for v in expr.inputs]
     copy = new_like(tv)
+    copies[id(tv)] = copy
     copy.device_mesh = tv.device_mesh
     if isinstance(expr, BroadcastOp | ExpandOp):
         source = inputs[0]
@@ -72,6 +105,12 @@ def _copy_chain(tv: TensorView, fusion: Fusion) -> TensorView:
         UnaryOp(fusion, expr.kind, copy, inputs[0])
     elif isinstance(expr, BinaryOp):
         BinaryOp(fusion, expr.kind, copy, inputs[0], inputs[1]).number_like = expr.number_like
+    elif isinstance(expr, TernaryOp):
+        TernaryOp(fusion, expr.kind, copy, inputs[0], inputs[1], inputs[2])
+    elif isinstance(expr, SqueezeOp):
+        source = inputs[0]
+        assert isinstance(source, TensorView)
+        SqueezeOp(fusion, copy, source, expr.flags)
     elif isinstance(expr, IotaOp):
         IotaOp(fusion, copy, inputs[0], inputs[1], inputs[2])
     else:
@@ -85,10 +124,14 @@ def forward_input_broadcasts(fusion: Fusion, options: CompileOptions) -> None:
     live = {id(e) for e in exprs}
     forwarded: list[TensorView] = []
     seen: set[int] = set()
+    free: set[int] = set()
     for expr in exprs:
-        if _forwardable(expr, seen, options.kernels):
-            forwarded.append(expr.output)
-            seen.add(id(expr.output))
+        if _input_free(expr, free, options.kernels):
+            free.add(id(expr.output))
+        elif not _forwardable(expr, seen, options.kernels):
+            continue
+        forwarded.append(expr.output)
+        seen.add(id(expr.output))
     for tv in forwarded:
         readers: list[Expr] = list(dict.fromkeys(u for u in tv.uses if id(u) in live))
         # A GEMM or attention call reads the value from memory, so it is written anyway: the other
@@ -97,4 +140,4 @@ def forward_input_broadcasts(fusion: Fusion, options: CompileOptions) -> None:
         if any(isinstance(r, _READ_FROM_MEMORY) for r in readers):
             continue
         for reader in readers[1:]:
-            reader.replace_input(tv, _copy_chain(tv, fusion))
+            reader.replace_input(tv, _copy_chain(tv, fusion, {}))

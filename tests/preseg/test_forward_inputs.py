@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition
+from pyfuser.ir.tensor_view import TensorView
 from tests.codegen.conftest import execute_with_kernels, kernel_schedulers
 
 _DTYPES = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
@@ -89,3 +90,62 @@ def test_a_value_a_matmul_reads_is_computed_once() -> None:
     for code in fd.fec.kernel_codes():
         stored = re.findall(r"tl\.store\(T\d+ \+ [^,]*, ([^,)]*\)?)", code)
         assert len(stored) == len(set(stored)), code  # no value stored twice
+
+
+def _buckets(fd: FusionDefinition, seq: int, span: int) -> TensorView:
+    """DeBERTa's relative-position bucket of each ``[query, key]`` pair, from two iotas (sign, log, ceil,
+    where)."""
+    rows = fd.ops.broadcast(fd.ops.iota(seq, 0, 1, DataType.Int), [False, True])
+    cols = fd.ops.broadcast(fd.ops.iota(seq, 0, 1, DataType.Int), [True, False])
+    relative = fd.ops.sub(rows, cols)
+    mid = span // 2
+    magnitude = fd.ops.where(fd.ops.logical_and(fd.ops.lt(relative, mid), fd.ops.gt(relative, -mid)),
+                             fd.ops.full([seq, seq], mid - 1, DataType.Int), fd.ops.abs(relative))
+    log_position = fd.ops.add(fd.ops.ceil(fd.ops.mul(fd.ops.div(fd.ops.log(fd.ops.div(
+        fd.ops.cast(magnitude, DataType.Float), float(mid))), 2.0), float(mid - 1))), float(mid))
+    bucket = fd.ops.where(fd.ops.le(magnitude, mid), fd.ops.cast(relative, DataType.Float),
+                          fd.ops.mul(log_position, fd.ops.cast(fd.ops.sign(relative), DataType.Float)))
+    return fd.ops.cast(bucket, DataType.Int)
+
+
+def _torch_buckets(seq: int, span: int) -> torch.Tensor:
+    relative = torch.arange(seq)[:, None] - torch.arange(seq)[None, :]
+    mid = span // 2
+    magnitude = torch.where((relative < mid) & (relative > -mid), torch.full_like(relative, mid - 1), relative.abs())
+    log_position = torch.ceil(torch.log(magnitude.float() / mid) / 2.0 * (mid - 1)) + mid
+    return torch.where(magnitude <= mid, relative.float(), log_position * torch.sign(relative).float()).long()
+
+
+@pytest.mark.parametrize(("heads", "seq", "span"), [(2, 8, 4), (3, 13, 8), (1, 5, 2)])
+def test_relative_position_tables_join_the_softmax_that_gathers_them_both_ways(heads: int, seq: int,
+                                                                                span: int) -> None:
+    """DeBERTa's scores: content-to-position gathered at the bucket table's ``[q, k]`` positions, and
+    position-to-content gathered with the same table's rows as keys (then transposed), then the softmax:
+    one table, read with its first axis as the query by one gather and as the key by the other. It is
+    computed from nothing inside that one kernel (each reader's copy maps its own axes), the gathers with
+    no range check (the index is clamped to the axis, whose extent is static)."""
+    g = torch.Generator().manual_seed(seq)
+    scores = torch.randn(heads, seq, seq, generator=g)
+    c2p = torch.randn(heads, seq, 2 * span, generator=g)
+    p2c = torch.randn(heads, seq, 2 * span, generator=g)
+    with FusionDefinition() as fd:
+        # (static sizes, as a torch.compile region declares them: the clamp's bound is checked against them)
+        ts, tc, tp = (fd.from_pytorch(t, static_sizes=True) for t in (scores, c2p, p2c))
+        table = _buckets(fd, seq, span)
+        forward, backward = (fd.ops.expand(fd.ops.broadcast(fd.ops.clamp(fd.ops.add(t, span), 0, 2 * span - 1),
+                                                            [True, False, False]), [heads, seq, seq])
+                             for t in (table, fd.ops.neg(table)))
+        content = fd.ops.take_along_axis(tc, forward, 2)
+        position = fd.ops.permute(fd.ops.take_along_axis(tp, backward, 2), [0, 2, 1])
+        logits = fd.ops.add(ts, fd.ops.add(content, position))
+        exp = fd.ops.exp(fd.ops.sub(logits, fd.ops.max(logits, [2], keepdim=True)))
+        fd.add_output(fd.ops.div(exp, fd.ops.sum(exp, [2], keepdim=True)))
+    (got,) = execute_with_kernels(fd, [scores, c2p, p2c])
+    index = _torch_buckets(seq, span)
+    forward_t = (index + span).clamp(0, 2 * span - 1).expand(heads, seq, seq)
+    backward_t = (-index + span).clamp(0, 2 * span - 1).expand(heads, seq, seq)
+    want = (scores + c2p.gather(2, forward_t) + p2c.gather(2, backward_t).transpose(1, 2)).softmax(2)
+    torch.testing.assert_close(got, want)
+    assert len(kernel_schedulers(fd)) == 1, kernel_schedulers(fd)  # (a short row's softmax is unrolled)
+    kernel = fd.last_kernel_code()
+    assert "_check_index(" not in kernel[kernel.index("_kernel("):]
