@@ -33,6 +33,8 @@ UNARY = {
     "sqrt": "torch.sqrt({})", "rsqrt": "torch.rsqrt({})", "reciprocal": "torch.reciprocal({})",
     "sin": "torch.sin({})", "cos": "torch.cos({})", "tanh": "torch.tanh({})", "sigmoid": "torch.sigmoid({})",
     "relu": "torch.relu({})", "silu": "F.silu({})", "erf": "torch.erf({})", "logical_not": "torch.logical_not({})",
+    "exp2": "torch.exp2({})", "log2": "torch.log2({})", "log10": "torch.log10({})", "log1p": "torch.log1p({})",
+    "expm1": "torch.expm1({})",
 }
 #: binary kinds: the reference as an expression of ``{a}`` and ``{b}`` (numbers become 0-dim tensors
 #: where torch takes tensors only, as fd.ops documents)
