@@ -92,7 +92,8 @@ def test_returned_random_and_large_values_stay_computed() -> None:
         returned = torch.tensor(2.0) * 3  # the caller may write into what it gets
         noise = torch.rand(()) * 2  # a new value on every call
         table = torch.arange(4.0) * torch.tensor(0.5)  # four elements: computed where read
-        return x * noise + table, returned, x * torch.exp(torch.tensor(1.0))
+        large = torch.ones(300, 300).sum()  # one element of a large computation: not evaluated here
+        return x * noise + table + large, returned, x * torch.exp(torch.tensor(1.0))
 
     x = torch.randn(3, 4)
     gm = _graph_of(fn, x)
@@ -104,6 +105,7 @@ def test_returned_random_and_large_values_stay_computed() -> None:
     assert any("rand" in t for t in targets) and any("arange" in t for t in targets)
     first, second = gm(x), gm(x)
     assert not torch.equal(first[0], second[0])  # the random value is drawn on every call
+    assert any("sum" in t for t in targets)
     torch.testing.assert_close(first[1], torch.tensor(6.0))
     first[1].add_(1)  # a returned value is the caller's own
     torch.testing.assert_close(gm(x)[1], torch.tensor(6.0))

@@ -26,6 +26,10 @@ from torch.fx import GraphModule, Node
 
 #: The attribute names of folded values: ``_pyfuser_folded_<k>``
 FOLDED_PREFIX = "_pyfuser_folded_"
+#: The most elements a value computed on the way to a folded one may hold: folding runs at compile
+#: time, and a one-element result of a large input-free computation (``arange(n).sum()``) is left
+#: to the kernels rather than computed whole here.
+EVALUATED_LIMIT = 1 << 16
 
 aten = torch.ops.aten
 
@@ -124,7 +128,7 @@ def _evaluate(gm: GraphModule, constant: set[Node], wanted: list[Node]) -> dict[
             if node.op == "get_attr":
                 env[node] = constant_value(node)
                 continue
-            if any(n not in env for n in node.all_input_nodes):
+            if any(n not in env for n in node.all_input_nodes) or _elements(node) > EVALUATED_LIMIT:
                 continue
             args = torch.fx.node.map_arg(node.args, env.__getitem__)
             kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
@@ -139,6 +143,18 @@ def _evaluate(gm: GraphModule, constant: set[Node], wanted: list[Node]) -> dict[
                 and value.device == traced.device):
             values[node] = value
     return values
+
+
+def _elements(node: Node) -> int:
+    """How many elements ``node``'s traced tensor values hold together (0 for none; a symbolic count is
+    unbounded)."""
+    values = node.meta.get("val")
+    total = 0
+    for value in values if isinstance(values, (list, tuple)) else (values,):
+        if isinstance(value, torch.Tensor):
+            numel = value.numel()
+            total += numel if isinstance(numel, int) else EVALUATED_LIMIT + 1
+    return total
 
 
 def _fresh_name(gm: GraphModule) -> str:
