@@ -51,6 +51,8 @@ from pyfuser.options import CompileOptions
 _CHEAP = (BroadcastOp, ExpandOp, UnaryOp, BinaryOp, IotaOp, FullOp)
 #: exprs that cost nothing to recompute from values that are themselves computed from nothing
 _INPUT_FREE = (*_CHEAP, TernaryOp, SqueezeOp)
+#: The most exprs the copies of one forwarded value may add (a long chain many exprs read stays shared)
+COPY_BUDGET = 2048
 #: readers that run as ATen calls on tensors in memory, never inside a kernel
 _READ_FROM_MEMORY = (MatmulOp, LinearOp, GroupedMmOp, SdpaFwdOp, SdpaBwdOp)
 
@@ -119,6 +121,21 @@ def _copy_chain(tv: TensorView, fusion: Fusion, copies: dict[int, TensorView]) -
     return copy
 
 
+def _chain_size(tv: TensorView, forwarded: set[int]) -> int:
+    """How many exprs a copy of ``tv``'s forwarded chain holds."""
+    seen: set[int] = set()
+    stack = [tv]
+    while stack:
+        value = stack.pop()
+        if id(value) in seen or id(value) not in forwarded:
+            continue
+        seen.add(id(value))
+        definition = value.definition
+        if definition is not None:
+            stack.extend(definition.tensor_inputs)
+    return len(seen)
+
+
 def forward_input_broadcasts(fusion: Fusion, options: CompileOptions) -> None:
     exprs = fusion.exprs()
     live = {id(e) for e in exprs}
@@ -138,6 +155,8 @@ def forward_input_broadcasts(fusion: Fusion, options: CompileOptions) -> None:
         # readers read it too (a copy of their own was written beside it: Whisper's scaled queries, read
         # by a matmul and, reshaped, by a bias gradient's kernel and two more matmuls, written twice).
         if any(isinstance(r, _READ_FROM_MEMORY) for r in readers):
+            continue
+        if (len(readers) - 1) * _chain_size(tv, seen) > COPY_BUDGET:  # (the segmenter's time grows with it)
             continue
         for reader in readers[1:]:
             reader.replace_input(tv, _copy_chain(tv, fusion, {}))

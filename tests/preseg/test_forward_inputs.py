@@ -12,6 +12,8 @@ import torch
 
 from pyfuser import DataType, FusionDefinition
 from pyfuser.ir.tensor_view import TensorView
+from pyfuser.options import CompileOptions, EnableOption
+from pyfuser.preseg.forward_input_broadcasts import COPY_BUDGET, forward_input_broadcasts
 from tests.codegen.conftest import execute_with_kernels, kernel_schedulers
 
 _DTYPES = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
@@ -149,3 +151,25 @@ def test_relative_position_tables_join_the_softmax_that_gathers_them_both_ways(h
     assert len(kernel_schedulers(fd)) == 1, kernel_schedulers(fd)  # (a short row's softmax is unrolled)
     kernel = fd.last_kernel_code()
     assert "_check_index(" not in kernel[kernel.index("_kernel("):]
+
+
+def test_a_long_chain_many_exprs_read_stays_shared() -> None:
+    """Copies of a chain computed from nothing cost the segmenter time: a value whose copies would add more
+    than ``COPY_BUDGET`` exprs is computed once, and the results stay right."""
+    links, readers = 300, 8
+    xs = [torch.randn(links, 2 + k) for k in range(readers)]
+    with FusionDefinition() as fd:
+        value = fd.ops.cast(fd.ops.iota(links, 0, 1, DataType.Int), DataType.Float)
+        for k in range(links - 1):
+            value = fd.ops.add(value, float(k % 3))
+        table = fd.ops.broadcast(value, [False, True])
+        for x in xs:
+            fd.add_output(fd.ops.mul(fd.from_pytorch(x), table))
+    copied = fd.fusion.clone()
+    forward_input_broadcasts(copied, CompileOptions(enabled=frozenset({EnableOption.triton_interpreter})))
+    assert (readers - 1) * links > COPY_BUDGET
+    assert len(copied.exprs()) == len(fd.fusion.exprs())
+    got = execute_with_kernels(fd, xs)
+    want = torch.arange(links, dtype=torch.float32) + sum(float(k % 3) for k in range(links - 1))
+    for g, x in zip(got, xs, strict=True):
+        torch.testing.assert_close(g, x * want[:, None])
