@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyfuser import DataType, FusionDefinition
 from pyfuser.ir.analysis.value_range import integer_bounds
@@ -58,3 +60,62 @@ def test_a_sum_that_would_wrap_its_dtype_is_unknown() -> None:
         big = fd.ops.iota(3, 2**30, 2**30, DataType.Int32)
         fd.add_output(fd.ops.add(big, big))
     assert integer_bounds(fd.fusion.outputs()[0]) is None
+
+
+_LEAVES = ("iota", "full", "input")
+_OPS = ("add", "sub", "maximum", "minimum", "neg", "clamp", "where", "cast32")
+
+
+@st.composite
+def _expressions(draw: st.DrawFn, depth: int = 0) -> tuple:
+    """A random integer expression over a 6-element axis: iotas, constants and a loaded input at the
+    leaves, the ops the analysis follows (and a loaded value it must not trust) above them."""
+    if depth >= 4 or draw(st.integers(0, 3)) == 0:
+        leaf = draw(st.sampled_from(_LEAVES))
+        if leaf == "iota":
+            return ("iota", draw(st.integers(-20, 20)), draw(st.integers(-5, 5)))
+        if leaf == "full":
+            return ("full", draw(st.integers(-50, 50)))
+        return ("input",)
+    op = draw(st.sampled_from(_OPS))
+    if op in ("neg", "cast32"):
+        return (op, draw(_expressions(depth + 1)))
+    if op == "clamp":
+        lo, hi = draw(st.integers(-30, 30)), draw(st.integers(-30, 30))
+        return (op, draw(_expressions(depth + 1)), lo, hi)
+    if op == "where":
+        return (op, draw(_expressions(depth + 1)), draw(_expressions(depth + 1)))
+    return (op, draw(_expressions(depth + 1)), draw(_expressions(depth + 1)))
+
+
+def _build(fd: FusionDefinition, tree: tuple, x: TensorView) -> TensorView:
+    kind = tree[0]
+    if kind == "iota":
+        return fd.ops.iota(6, tree[1], tree[2], DataType.Int)
+    if kind == "full":
+        return fd.ops.full([6], tree[1], DataType.Int)
+    if kind == "input":
+        return x
+    if kind == "neg":
+        return fd.ops.neg(_build(fd, tree[1], x))
+    if kind == "cast32":
+        return fd.ops.cast(_build(fd, tree[1], x), DataType.Int32)
+    if kind == "clamp":
+        return fd.ops.clamp(_build(fd, tree[1], x), tree[2], tree[3])
+    if kind == "where":
+        return fd.ops.where(fd.ops.gt(x, 0), _build(fd, tree[1], x), _build(fd, tree[2], x))
+    return getattr(fd.ops, kind)(_build(fd, tree[1], x), _build(fd, tree[2], x))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_expressions(), st.lists(st.integers(-100, 100), min_size=6, max_size=6))
+def test_derived_bounds_hold_for_random_expressions(tree: tuple, data: list[int]) -> None:
+    """Whatever bounds are derived, every value the ATen evaluator computes lies inside them."""
+    x = torch.tensor(data)
+    with FusionDefinition() as fd:
+        out = _build(fd, tree, fd.from_pytorch(x))
+        fd.add_output(fd.ops.cast(out, DataType.Int))
+    bounds = integer_bounds(out)
+    (value,) = fd.execute([x])
+    if bounds is not None:
+        assert bounds[0] <= int(value.min()) and int(value.max()) <= bounds[1], (tree, bounds, value)
