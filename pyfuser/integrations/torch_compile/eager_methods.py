@@ -27,6 +27,7 @@ METHODS = {
     aten.permute.default: "permute",
     aten.unsqueeze.default: "unsqueeze",
     aten.squeeze.dim: "squeeze",
+    aten.squeeze.dims: "squeeze",
     aten.select.int: "select",
     aten.expand.default: "expand",
     aten.detach.default: "detach",

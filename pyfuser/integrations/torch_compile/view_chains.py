@@ -25,8 +25,8 @@ aten = torch.ops.aten
 #: (constant) arguments, with the operand's dtype.
 CHAIN_OPS = frozenset({
     aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.t.default, aten.transpose.int,
-    aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default, aten.expand.default,
-    aten.select.int, aten.slice.Tensor, aten.alias.default, aten.detach.default,
+    aten.permute.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+    aten.expand.default, aten.select.int, aten.slice.Tensor, aten.alias.default, aten.detach.default,
 })
 
 
