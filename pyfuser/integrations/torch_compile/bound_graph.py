@@ -11,9 +11,10 @@ node's result's geometry) and rewrites a copy of itself, Inductor's wrapper code
 
 * a region's call becomes a call of its straight-line function on its inputs (their strides were
   compared once, at the graph's entry, as the graph's inputs');
-* a view left in eager (a tensor method, a ``ViewChain``, a view op), other than an output whose
-  aliasing AOTAutograd tracks, becomes one ``reinterpret_tensor`` of the nearest value that is not
-  such a view: chains collapse, and a view only other views read is dropped;
+* a view left in eager (a tensor method, a ``ViewChain``, a view op, a piece of a ``split``), other
+  than an output whose aliasing AOTAutograd tracks, becomes one ``reinterpret_tensor`` of the nearest
+  value that is not such a view: chains collapse, a view only other views read is dropped, and so is
+  a split all of whose pieces are reinterpreted;
 * any other ATen op left in eager whose torch function means that one op (``direct_function``) is
   called through that function, as Inductor's ``extern_kernels.convolution`` is ``torch.convolution``:
   an ``OpOverload`` parses its arguments against the schema in Python-facing C++ that costs several
@@ -123,13 +124,25 @@ def direct_function(target: Any) -> Callable[..., Any] | None:
     return function
 
 
+#: Views of several outputs (each taken by a ``getitem``): a fused projection's split into q, k, v
+_SPLITS = frozenset({torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default})
+
+
 def _view_operand(node: Node) -> Node | None:
-    """The tensor a node views, for a view left in eager whose other arguments are constants."""
+    """The tensor a node views, for a view left in eager whose other arguments are constants (a piece
+    of a split: the split's operand)."""
     if node.op == "call_method":
         is_view = node.target in VIEW_METHODS
+    elif _piece_of_split(node):
+        return viewed_operand(node.args[0])  # type: ignore[arg-type]  # (a Node: _piece_of_split checked it)
     else:
         is_view = node.op == "call_function" and (node.target in CHAIN_OPS or isinstance(node.target, ViewChain))
     return viewed_operand(node) if is_view else None
+
+
+def _piece_of_split(node: Node) -> bool:
+    split = node.args[0] if node.op == "call_function" and node.target is operator.getitem else None
+    return isinstance(split, Node) and split.op == "call_function" and split.target in _SPLITS
 
 
 
@@ -190,6 +203,9 @@ def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
     for view in reversed(reinterpreted):  # views only other (now rewritten) views read
         if not view.users:
             graph.erase_node(view)
+    for node in reversed(list(graph.nodes)):  # splits whose pieces are all reinterpretations now
+        if node.op == "call_function" and node.target in _SPLITS and not node.users:
+            graph.erase_node(node)
     graph.lint()
     return GraphModule(gm, graph)
 
