@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 
 #: Exprs a kernel computes by indexing their producer differently; the value passes through.
 INDEX_ONLY_OPS = (LoadStoreOp, BroadcastOp, ExpandOp, SqueezeOp, PermuteOp)
+#: predicates: boolean results of operands compared in their promoted dtype (isnan / isinf of one)
 _COMPARISONS = frozenset({BinaryOpType.eq, BinaryOpType.ne, BinaryOpType.lt, BinaryOpType.le, BinaryOpType.gt,
                           BinaryOpType.ge, UnaryOpType.isnan, UnaryOpType.isinf})
 _LOGICAL = frozenset({BinaryOpType.logical_and, BinaryOpType.logical_or, UnaryOpType.logical_not})

@@ -156,7 +156,7 @@ def forward_input_broadcasts(fusion: Fusion, options: CompileOptions) -> None:
         # by a matmul and, reshaped, by a bias gradient's kernel and two more matmuls, written twice).
         if any(isinstance(r, _READ_FROM_MEMORY) for r in readers):
             continue
-        if (len(readers) - 1) * _chain_size(tv, seen) > COPY_BUDGET:  # (the segmenter's time grows with it)
-            continue
+        if len(readers) > 1 and (len(readers) - 1) * _chain_size(tv, seen) > COPY_BUDGET:
+            continue  # (the segmenter's time grows with the copies)
         for reader in readers[1:]:
             reader.replace_input(tv, _copy_chain(tv, fusion, {}))

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import GraphModule, Node
 
+from pyfuser.integrations.torch_compile.constant_folding import ancestors
+
 #: The Torch-level calls of scaled dot-product attention in a dynamo graph, and the positions of their
 #: ``attn_mask`` and ``is_causal`` arguments.
 _SDPA = (torch._C._nn.scaled_dot_product_attention, F.scaled_dot_product_attention)
@@ -112,17 +114,6 @@ def _input_free_nodes(gm: GraphModule) -> set[Node]:
     return free
 
 
-def _ancestors(node: Node) -> set[Node]:
-    seen: set[Node] = set()
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if current not in seen:
-            seen.add(current)
-            stack.extend(current.all_input_nodes)
-    return seen
-
-
 def _evaluate(gm: GraphModule, constant: set[Node], wanted: set[Node]) -> dict[Node, torch.Tensor]:
     """The wanted masks' values: their producers run in graph order on real tensors, and so do the
     functorch calls among the input-free nodes (a ``vmap``'s levels entered and left, its batch
@@ -132,7 +123,7 @@ def _evaluate(gm: GraphModule, constant: set[Node], wanted: set[Node]) -> dict[N
     needed: set[Node] = set()
     masks = set()
     for mask in wanted:
-        producers = _ancestors(mask)
+        producers = ancestors([mask])
         if not any(p.target in _NOT_CONSTANT for p in producers):
             needed |= producers
             masks.add(mask)

@@ -131,18 +131,20 @@ _SPLITS = frozenset({torch.ops.aten.split.Tensor, torch.ops.aten.split_with_size
 def _view_operand(node: Node) -> Node | None:
     """The tensor a node views, for a view left in eager whose other arguments are constants (a piece
     of a split: the split's operand)."""
+    split = _split_taken_from(node)
+    if split is not None:
+        return viewed_operand(split)
     if node.op == "call_method":
         is_view = node.target in VIEW_METHODS
-    elif _piece_of_split(node):
-        return viewed_operand(node.args[0])  # type: ignore[arg-type]  # (a Node: _piece_of_split checked it)
     else:
         is_view = node.op == "call_function" and (node.target in CHAIN_OPS or isinstance(node.target, ViewChain))
     return viewed_operand(node) if is_view else None
 
 
-def _piece_of_split(node: Node) -> bool:
+def _split_taken_from(node: Node) -> Node | None:
+    """The split whose piece ``node`` takes by index (None: it is no such piece)."""
     split = node.args[0] if node.op == "call_function" and node.target is operator.getitem else None
-    return isinstance(split, Node) and split.op == "call_function" and split.target in _SPLITS
+    return split if isinstance(split, Node) and split.op == "call_function" and split.target in _SPLITS else None
 
 
 

@@ -18,6 +18,7 @@ mutating op reaches.
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -102,24 +103,26 @@ def _pure(node: Node) -> bool:
     return not schema.is_mutable and not any(tag is torch.Tag.nondeterministic_seeded for tag in target.tags)
 
 
+def ancestors(nodes: Iterable[Node]) -> set[Node]:
+    """``nodes`` and every node they read, directly or not."""
+    seen: set[Node] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return seen
+
+
 def _one_element(node: Node) -> bool:
-    value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor):
-        return False
-    numel = value.numel()
-    return isinstance(numel, int) and numel == 1
+    return isinstance(node.meta.get("val"), torch.Tensor) and _elements(node) == 1
 
 
 def _evaluate(gm: GraphModule, constant: set[Node], wanted: list[Node]) -> dict[Node, torch.Tensor]:
     """The wanted values, computed in graph order on real tensors; one whose computation fails, or
     whose result differs from the traced dtype, shape or device, is left out."""
-    needed: set[Node] = set()
-    stack = list(wanted)
-    while stack:
-        node = stack.pop()
-        if node not in needed:
-            needed.add(node)
-            stack.extend(node.all_input_nodes)
+    needed = ancestors(wanted)
     env: dict[Node, Any] = {}
     with unset_fake_temporarily(), torch.no_grad():
         for node in gm.graph.nodes:

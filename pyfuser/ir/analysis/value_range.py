@@ -9,6 +9,8 @@ answered: any value whose bounds this does not derive is unknown (None).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.ops import (
     BinaryOp,
@@ -33,10 +35,23 @@ Bounds = tuple[int, int]
 _SAME_VALUES = (BroadcastOp, ExpandOp, SqueezeOp, PermuteOp, LoadStoreOp)
 #: how deep a chain of exprs is followed (a value computed further away is unknown)
 _DEPTH = 64
+#: binary kinds whose bounds follow from their operands'
+_BINARY: dict[BinaryOpType, Callable[[Bounds, Bounds], Bounds]] = {
+    BinaryOpType.add: lambda a, b: (a[0] + b[0], a[1] + b[1]),
+    BinaryOpType.sub: lambda a, b: (a[0] - b[1], a[1] - b[0]),
+    BinaryOpType.maximum: lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
+    BinaryOpType.minimum: lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
+}
 
 
-def integer_bounds(value: Val, depth: int = 0) -> Bounds | None:
+def integer_bounds(value: Val) -> Bounds | None:
     """``(lo, hi)`` with every element of the integer ``value`` in ``[lo, hi]`` (None: unknown)."""
+    return _bounds(value, {}, 0)
+
+
+def _bounds(value: Val, known: dict[int, Bounds | None], depth: int) -> Bounds | None:
+    """``integer_bounds``; ``known``: the values of this query already bounded (a value several exprs of
+    the chain read is bounded once), each operand bounded only where the expr's rule reads it."""
     if isinstance(value, Scalar):
         constant = value.value if value.is_const else None
         return (constant, constant) if type(constant) is int else None
@@ -45,37 +60,44 @@ def integer_bounds(value: Val, depth: int = 0) -> Bounds | None:
     expr = value.definition
     if expr is None:
         return None
-    operand = [integer_bounds(v, depth + 1) if v.dtype.is_integral else None for v in expr.inputs]
-    if isinstance(expr, _SAME_VALUES):
-        return operand[0]
-    if isinstance(expr, FullOp):
-        return operand[0]
+    if id(value) not in known:
+        known[id(value)] = _expr_bounds(value, lambda k: _bounds(expr.inputs[k], known, depth + 1))
+    return known[id(value)]
+
+
+def _expr_bounds(value: TensorView, operand: Callable[[int], Bounds | None]) -> Bounds | None:
+    """The bounds of ``value`` from those of its definition's operands (``operand(k)``: the k-th's)."""
+    expr = value.definition
+    assert expr is not None  # (_bounds asks only for defined values)
+    if isinstance(expr, (*_SAME_VALUES, FullOp)):
+        return operand(0)
     if isinstance(expr, IotaOp):
-        length, start, step = operand
+        length, start, step = operand(0), operand(1), operand(2)
         if length is None or start is None or step is None or length[0] != length[1] or length[0] <= 0:
             return None
         first, last = start[0], start[0] + (length[0] - 1) * step[0]
         span = (min(first, last), max(first, last))
         return span if start[0] == start[1] and step[0] == step[1] and _fits(span, value) else None
-    if isinstance(expr, TernaryOp):
-        if expr.kind is TernaryOpType.clamp and operand[1] is not None and operand[2] is not None:
-            lo, hi = operand[1][0], operand[2][1]  # min(max(x, lo), hi): in [lo, hi], or hi where lo > hi
-            return (min(lo, hi), hi)
-        if expr.kind is TernaryOpType.where and operand[1] is not None and operand[2] is not None:
-            return (min(operand[1][0], operand[2][0]), max(operand[1][1], operand[2][1]))
-        return None
-    if isinstance(expr, UnaryOp):
-        if expr.kind is UnaryOpType.cast:
-            return operand[0] if operand[0] is not None and _fits(operand[0], value) else None
-        if expr.kind is UnaryOpType.neg and operand[0] is not None:
-            return (-operand[0][1], -operand[0][0])
-        return None
-    if isinstance(expr, BinaryOp) and operand[0] is not None and operand[1] is not None:
-        (a0, a1), (b0, b1) = operand[0], operand[1]
-        result = {BinaryOpType.add: (a0 + b0, a1 + b1), BinaryOpType.sub: (a0 - b1, a1 - b0),
-                  BinaryOpType.maximum: (max(a0, b0), max(a1, b1)),
-                  BinaryOpType.minimum: (min(a0, b0), min(a1, b1))}.get(expr.kind)
-        return result if result is not None and _fits(result, value) else None
+    if isinstance(expr, TernaryOp) and expr.kind in (TernaryOpType.clamp, TernaryOpType.where):
+        low, high = operand(1), operand(2)  # (clamp's bounds; where's two sides)
+        if low is None or high is None:
+            return None
+        if expr.kind is TernaryOpType.clamp:  # min(max(x, lo), hi): in [lo, hi], or hi where lo > hi
+            return (min(low[0], high[1]), high[1])
+        return (min(low[0], high[0]), max(low[1], high[1]))
+    if isinstance(expr, UnaryOp) and expr.kind in (UnaryOpType.cast, UnaryOpType.neg):
+        inner = operand(0)
+        if inner is None:
+            return None
+        if expr.kind is UnaryOpType.neg:
+            return (-inner[1], -inner[0])
+        return inner if _fits(inner, value) else None
+    if isinstance(expr, BinaryOp) and expr.kind in _BINARY:
+        a, b = operand(0), operand(1)
+        if a is None or b is None:
+            return None
+        result = _BINARY[expr.kind](a, b)
+        return result if _fits(result, value) else None
     return None
 
 

@@ -119,3 +119,14 @@ def test_derived_bounds_hold_for_random_expressions(tree: tuple, data: list[int]
     (value,) = fd.execute([x])
     if bounds is not None:
         assert bounds[0] <= int(value.min()) and int(value.max()) <= bounds[1], (tree, bounds, value)
+
+
+def test_a_value_read_twice_at_every_level_is_bounded_once() -> None:
+    """``v = v + v`` forty times: each level reads the one below twice, so bounding each read anew would
+    take 2**40 steps; every value is bounded once per query."""
+    with FusionDefinition() as fd:
+        value = fd.ops.iota(5, 0, 1, DataType.Int)
+        for _ in range(40):
+            value = fd.ops.add(value, value)
+        fd.add_output(value)
+    assert integer_bounds(value) == (0, 4 << 40)
