@@ -216,3 +216,53 @@ def test_llama_step_kernel_count_does_not_grow(training: bool) -> None:
     limit = (LLAMA_TRAINING_KERNELS, LLAMA_TRAINING_OTHER_ATEN) if training else \
         (LLAMA_INFERENCE_KERNELS, LLAMA_INFERENCE_OTHER_ATEN)
     assert kernels <= limit[0] and other <= limit[1], counts.line()
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("dim", [0, 2, None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_weight_norm_and_its_backward_are_generated_kernels(dtype: torch.dtype, dim: int | None) -> None:
+    """A grouped convolution with a ``weight_norm`` parametrization (wav2vec2's positional convolution
+    normalizes its weight over the kernel axis, dim 2; ``None``: one norm of the whole weight): the weight's
+    norm and scaling, and in the backward the gradients of ``v`` and ``g``, are generated kernels, no ATen
+    norm call; values and gradients as eager's."""
+    torch.manual_seed(0)
+    conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(6, 6, 5, groups=2, padding=2), dim=dim)
+    conv = conv.to(dtype)
+    x = torch.randn(2, 6, 13, dtype=dtype)
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(lambda x: torch.nn.functional.gelu(conv(x)).float().square().sum(), backend=backend)
+    params = [conv.parametrizations.weight.original0, conv.parametrizations.weight.original1]
+    got = compiled(x)
+    got.backward()
+    got_grads = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    want = torch.nn.functional.gelu(conv(x)).float().square().sum()
+    want.backward()
+    tolerance = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got, want, **tolerance)
+    for g, p in zip(got_grads, params, strict=True):
+        assert g.dtype == p.dtype and g.shape == p.shape
+        torch.testing.assert_close(g, p.grad, **tolerance)
+    left = [name for graph in backend.graphs for name in graph.eager]
+    assert not any("norm" in name for name in left), left
+    claimed = {entry for graph in backend.graphs for r in graph.regions for entry in r.nodes}
+    assert not any("weight_norm" in entry for entry in claimed), claimed
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("ord", [2, 1, 3.5, float("inf"), float("-inf"), 0])
+def test_vector_norms_are_reductions(ord: float) -> None:
+    """``torch.linalg.vector_norm`` (``F.normalize``, gradient clipping) over an axis and over all
+    elements, and the tensor method ``norm`` (ATen's ``norm``): generated reductions, values as eager's,
+    on a non-contiguous input with negative values."""
+    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(0)).t()
+    x[1, 2] = 0.0
+    def norms(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.linalg.vector_norm(x, ord, dim=-1, keepdim=True), torch.linalg.vector_norm(x, ord), x.norm(ord, 0)
+    backend = PyfuserBackend(triton_interpreter=True)
+    got = torch.compile(norms, backend=backend)(x)
+    for g, w in zip(got, norms(x), strict=True):
+        torch.testing.assert_close(g, w)
+    assert not any(graph.eager for graph in backend.graphs), [graph.eager for graph in backend.graphs]

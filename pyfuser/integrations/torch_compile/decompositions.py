@@ -1,6 +1,7 @@
 """The decomposition table AOTAutograd traces with: composite ATen ops replaced by the ops the
 translator lowers, so their math fuses with their neighbours instead of running as one opaque
-ATen call. PyTorch's own decompositions (``torch._decomp``) are used; nothing is re-derived here.
+ATen call. PyTorch's own decompositions (``torch._decomp``) are used where torch has one; the few
+written here are said below.
 
 Decomposed (each entry's forward and, where listed, backward):
 
@@ -22,8 +23,14 @@ Decomposed (each entry's forward and, where listed, backward):
   running statistics' update and the backward's input gradient fused with their neighbours (ATen's
   kernels were four launches per batch norm, its running statistics a cast and a copy each);
 * ``native_dropout_backward`` (a mask multiply), ``masked_fill``, ``mse_loss`` and its backward,
-  ``std``, ``nan_to_num``, ``isneginf``;
-* ``nll_loss_forward`` / ``nll_loss_backward``: the one derivation of this module, since torch's
+  ``std``, ``nan_to_num``, ``isneginf``, ``linalg_vector_norm`` and ``norm``;
+* weight normalization (``_weight_norm_interface``, what ``weight_norm`` parametrizations call on a
+  weight's first or last axis: wav2vec2's positional convolution): the norm is a reduction fused with
+  the scaling. Its backward (``_weight_norm_interface_backward``, which torch does not decompose) is
+  written here from the same math, ``grad_v = g / |v| * (grad_w - v * sum(grad_w * v) / |v|^2)`` and
+  ``grad_g = sum(grad_w * v) / |v|``. ATen's last-axis kernel took 538 us for wav2vec2's
+  ``[768, 48, 128]`` weight on an H200, Inductor's fused one 9 us;
+* ``nll_loss_forward`` / ``nll_loss_backward``: derived here (as is the weight-norm backward), since torch's
   gathers the target's class and scatters into zeros (each an ATen call and, for the backward, a
   logits-sized fill). Here the target's class is ``arange(classes) == target``: the forward is a
   reduction over the classes that fuses with the log-softmax's own (one pass over the logits), the
@@ -60,6 +67,7 @@ DECOMPOSED_OPS: tuple[Any, ...] = (
     aten.native_dropout_backward, aten.masked_fill, aten.mse_loss, aten.mse_loss_backward,
     aten.std, aten.nan_to_num, aten.isneginf,
     aten._native_batch_norm_legit_functional, aten.native_batch_norm_backward,
+    aten.linalg_vector_norm, aten.norm, aten._weight_norm_interface,
 )
 
 
@@ -146,8 +154,22 @@ def _batch_norm_in_eval_mode(x: torch.Tensor, weight: torch.Tensor | None, bias:
     return out.to(x.dtype), empty, empty
 
 
+def _weight_norm_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,
+                          saved_norms: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_v, grad_g)`` of ``w = v * g / |v|``, the norm over every axis but ``dim``; in float32 for
+    reduced precision, as ATen accumulates, each gradient in its input's dtype."""
+    dim = dim % saved_v.dim() if saved_v.dim() else 0
+    reduced = [d for d in range(saved_v.dim()) if d != dim]
+    compute = torch.float32 if saved_v.dtype in (torch.float16, torch.bfloat16) else saved_v.dtype
+    grad, v, g, norms = (t.to(compute) for t in (grad_w, saved_v, saved_g, saved_norms))
+    sums = (grad * v).sum(reduced, keepdim=True)
+    grad_v = g / norms * (grad - v * (sums / (norms * norms)))
+    return grad_v.to(saved_v.dtype), (sums / norms).to(saved_g.dtype)
+
+
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """OpOverload -> decomposition, for ``aot_autograd(decompositions=...)``."""
     return get_decompositions(list(DECOMPOSED_OPS)) | {
         aten.nll_loss_forward.default: _nll_loss_forward, aten.nll_loss_backward.default: _nll_loss_backward,
-        aten._native_batch_norm_legit_no_training.default: _batch_norm_in_eval_mode}
+        aten._native_batch_norm_legit_no_training.default: _batch_norm_in_eval_mode,
+        aten._weight_norm_interface_backward.default: _weight_norm_backward}
