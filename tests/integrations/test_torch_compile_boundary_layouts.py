@@ -78,7 +78,8 @@ def _run(model: torch.nn.Module, features: torch.Tensor, training: bool) -> tupl
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_transposed_residual_stream_matches_eager(dtype: torch.dtype, training: bool) -> None:
     """Values, output strides and gradients equal eager's; in inference the residual stream crosses the
-    attention's region boundary row-major, so both layer norms are inner normalizations."""
+    attention's region boundary row-major, so both layer norms are inner normalizations; in training the
+    forward writes it row-major (``conv_layout.normalized_rows``) and saves it so for the backward."""
     torch.manual_seed(0)
     model = ConvEncoderBlock().to(dtype).train(training)
     features = torch.randn(3, 6, 10, dtype=dtype)
@@ -95,6 +96,12 @@ def test_transposed_residual_stream_matches_eager(dtype: torch.dtype, training: 
         assert all(n.startswith("inner_persistent_") for n in norms), norms
         relaid = [n for g in backend.graphs for n in g.graph_module.graph.nodes if n.meta.get(ROW_MAJOR_OUTPUT)]
         assert relaid and all(n.meta["val"].is_contiguous() for n in relaid)
+    else:
+        (forward,) = [g for g in backend.graphs if g.kind == "forward"]
+        (output,) = [n for n in forward.graph_module.graph.nodes if n.op == "output"]
+        streams = [v.meta["val"] for v in output.args[0]
+                   if isinstance(v, torch.fx.Node) and tuple(v.meta["val"].shape) == (3, 10, 24)]
+        assert streams and all(v.is_contiguous() for v in streams), [v.stride() for v in streams]
 
 
 def test_dynamic_batch_writes_the_stream_row_major() -> None:
@@ -191,3 +198,38 @@ def test_whisper_layer_norms_are_inner_normalizations(dtype: torch.dtype) -> Non
     norms = _normalizations(backend.graphs)
     assert len(norms) >= 5, _kernels(backend.graphs)  # 3 encoder and 3 decoder layer norms, some fused
     assert all(n.startswith("inner_persistent_") for n in norms), norms
+
+
+class StreamViewedInItsTracedLayout(torch.nn.Module):
+    """The transposed residual stream of ``ConvEncoderBlock`` normalized, and also flattened by a view that
+    only its traced (transposed) layout allows: ``x.transpose(1, 2).view(b, -1)``."""
+
+    def __init__(self, mels: int = 6, hidden: int = 24, frames: int = 10) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(mels, hidden, 3, padding=1)
+        self.positions = torch.nn.Parameter(torch.randn(frames, hidden))
+        self.norm = torch.nn.LayerNorm(hidden)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.conv(features)).permute(0, 2, 1) + self.positions
+        flat = x.transpose(1, 2).view(x.shape[0], -1)
+        return self.norm(x).sum(-1) * flat[:, :1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_view_of_the_traced_layout_reads_a_converted_copy(dtype: torch.dtype) -> None:
+    """In training the stream is written row-major; the view that needs its traced layout reads a copy
+    converted back to it (a permute to its memory order, a row-major copy, the inverse permute): values and
+    gradients as eager's."""
+    torch.manual_seed(0)
+    model = StreamViewedInItsTracedLayout().to(dtype)
+    features = torch.randn(3, 6, 10, dtype=dtype)
+    backend = PyfuserBackend(triton_interpreter=True)
+    got = _run(torch.compile(model, backend=backend), features, True)
+    want = _run(model, features, True)
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, **tolerance)
+    (forward,) = [g for g in backend.graphs if g.kind == "forward"]
+    assert any("clone" in name for r in forward.regions for name in r.nodes) or any(
+        n.target is torch.ops.aten.clone.default for n in forward.graph_module.graph.nodes), forward.graph_module.code

@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from pyfuser.integrations.torch_compile import PyfuserBackend
-from pyfuser.integrations.torch_compile.conv_layout import layout_refusal, split_convolution_biases, to_channels_last
+from pyfuser.integrations.torch_compile.conv_layout import layout_refusal, relayout_activations, split_convolution_biases
 
 pytest.importorskip("transformers")
 
@@ -294,7 +294,7 @@ def test_view_refused_by_channels_last_reads_traced_layout() -> None:
     # in the ATen graph: the view reads the activation converted back; the returned activation is converted
     # back; the convolution's output is channels-last
     gm = inference_graph(FlattenNet().double(), x.detach())
-    assert to_channels_last(gm) is None
+    assert relayout_activations(gm) is None
     (view,) = [n for n in gm.graph.nodes if n.target is aten.view.default and n.args[0].meta["val"].dim() == 4]
     assert view.args[0].target is aten._to_copy.default
     assert view.args[0].kwargs["memory_format"] is torch.contiguous_format
@@ -371,3 +371,25 @@ def test_convolution_bias_is_added_by_the_region_reading_it(dtype: torch.dtype, 
     (convolution,) = [n for n in forward.graph_module.graph.nodes if n.target is aten.convolution.default]
     assert convolution.args[2] is None
     assert any("(aten.add.Tensor)" in n for r in forward.regions for n in r.nodes)
+
+
+def test_an_input_come_in_another_layout_is_converted_back_for_a_stride_dependent_op() -> None:
+    """A graph whose input arrives row-major where it was traced transposed (a backward's saved value that
+    its forward wrote row-major): an ``as_strided`` of it, which depends on strides, reads a copy in the
+    traced layout (no memory format gives it: a permute, a row-major copy, the inverse permute), and so does
+    the returned pointwise result (the user sees traced strides). Results as the traced graph's on the
+    traced layout."""
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return aten.as_strided.default(x, [2, 3], [1, 4]) * 2, x + 1
+
+    traced = torch.randn(2, 5, 4).permute(0, 2, 1)  # [2, 4, 5], strides (20, 1, 4)
+    gm = make_fx(f, tracing_mode="fake")(traced)
+    row_major = traced.contiguous()
+    assert relayout_activations(gm, example_inputs=[row_major]) == "no 2-D or 3-D convolutions"
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(aten.clone.default) == 2 and targets.count(aten.permute.default) == 4, gm.code
+    strided, added = gm(row_major)
+    want_strided, want_added = f(traced)
+    torch.testing.assert_close(strided, want_strided)
+    torch.testing.assert_close(added, want_added)
+    assert added.stride() == want_added.stride()

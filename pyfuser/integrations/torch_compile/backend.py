@@ -45,7 +45,7 @@ from pyfuser.integrations.torch_compile.attention_masks import fold_constant_att
 from pyfuser.integrations.torch_compile.bound_graph import BoundGraph
 from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul, lower_collective_matmuls
 from pyfuser.integrations.torch_compile.constant_folding import fold_scalar_constants
-from pyfuser.integrations.torch_compile.conv_layout import split_convolution_biases, to_channels_last
+from pyfuser.integrations.torch_compile.conv_layout import relayout_activations, split_convolution_biases
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
 from pyfuser.integrations.torch_compile.eager_methods import call_views_as_methods
@@ -141,7 +141,7 @@ class PyfuserBackend:
         output a forward saves for its backward; ``example_inputs``: what AOTAutograd compiles it for (a
         backward's saved values in the layouts its forward reported)."""
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
-        layout = to_channels_last(gm, saved_from if kind == "forward" else None, self.channels_last, example_inputs,
+        layout = relayout_activations(gm, saved_from if kind == "forward" else None, self.channels_last, example_inputs,
                                   training=kind != "inference")
         split_convolution_biases(gm)
         fold_scalar_constants(gm)

@@ -14,7 +14,9 @@ Such a value is written row-major when a region reading it normalizes it over it
 reduction of the value, or of what pointwise ops, casts and clones compute from it in that region,
 over its last axes): the value's node gets the row-major example value, so its producer requires
 that order of the output and its readers declare their input in it. A value no region reduces that
-way keeps eager's layout, the cheap one for its producer.
+way keeps eager's layout, the cheap one for its producer. A training forward saves such values for its
+backward: there ``conv_layout.normalized_rows`` makes the choice before partitioning, the backward
+compiled for the saved values' new strides.
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from pyfuser.ir.layout import is_dense, memory_order
 aten = torch.ops.aten
 
 #: reductions whose reduced axes are their ``dim`` argument (position 1)
-_REDUCTIONS = frozenset({aten.var_mean.correction, aten.var.correction, aten.sum.dim_IntList, aten.mean.dim,
+REDUCTIONS = frozenset({aten.var_mean.correction, aten.var.correction, aten.sum.dim_IntList, aten.mean.dim,
                          aten.amax.default, aten.amin.default})
 #: ops a value flows through unchanged in shape and axes on its way to a reduction
-_SAME_AXES = frozenset({*POINTWISE_LOWERINGS, aten.clone.default, aten._to_copy.default,
+SAME_AXES = frozenset({*POINTWISE_LOWERINGS, aten.clone.default, aten._to_copy.default,
                         aten.alias.default, aten.detach.default})
 
 
@@ -80,17 +82,17 @@ def _normalized_rows(value: Node, producer: int, region_of: Mapping[Node, int]) 
         if node in seen:
             continue
         seen.add(node)
-        if node.target in _REDUCTIONS:
-            if _reduces_trailing_axes(node, len(shape)):
+        if node.target in REDUCTIONS:
+            if reduces_trailing_axes(node, len(shape)):
                 return True
             continue
         meta = meta_of(node)
-        if node.target in _SAME_AXES and is_tensor_meta(meta) and tuple(meta.shape) == shape:
+        if node.target in SAME_AXES and is_tensor_meta(meta) and tuple(meta.shape) == shape:
             frontier.extend(u for u in node.users if region_of.get(u) == region_of[node])
     return False
 
 
-def _reduces_trailing_axes(node: Node, rank: int) -> bool:
+def reduces_trailing_axes(node: Node, rank: int) -> bool:
     """Whether a reduction's ``dim`` is the last axes of its rank-``rank`` operand, not all of them."""
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if isinstance(dims, int):

@@ -1,4 +1,5 @@
-"""Channels-last activations for graphs of convolutions (the layout choice Inductor's ``layout_opt`` makes).
+"""Activation layouts chosen before partitioning: channels-last for graphs of convolutions (the layout
+choice Inductor's ``layout_opt`` makes), and row-major streams under layer norms in a training forward.
 
 cuDNN runs its fast convolutions on channels-last (NHWC) tensors; handed NCHW ones it transposes the
 input and weight in and the result back out around every convolution, and the fused regions between
@@ -32,6 +33,16 @@ GPU time (cuDNN's NCHW convolutions transpose in and out; ``benchmarks/results/m
 ``channels_last=True`` applies the layout to any graph of static sizes with convolutions; ``False``
 never.
 
+In a training forward, a value normalized over its trailing axes is read row-major from the first
+pointwise op that laid it out otherwise (``normalized_rows``; Whisper's encoder, where ``permute(conv) +
+positions`` makes the residual stream transposed and each layer norm over it an outer normalization):
+its readers, and the backward through its saved copy, read a row-major copy that the region computing
+the value writes instead, and the values computed from it follow. In an inference graph,
+``boundary_layouts.py`` makes that choice for the values only regions read (there nothing is saved).
+
+A conversion back to a traced layout is a ``_to_copy`` to its memory format or, for a dense layout no
+format gives (a permuted one), a permute to its memory order, a row-major copy and the inverse permute.
+
 Whatever the layout, a forward CUDA convolution's bias is split off (``split_convolution_biases``): ATen
 adds it in a kernel of its own there; as a pointwise op of the graph it fuses into the region that reads
 the convolution.
@@ -49,7 +60,11 @@ from torch._guards import TracingContext, detect_fake_mode
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_aggregate, map_arg
 
+from pyfuser.integrations.torch_compile.boundary_layouts import REDUCTIONS as _REDUCTIONS
+from pyfuser.integrations.torch_compile.boundary_layouts import SAME_AXES as _SAME_AXES
+from pyfuser.integrations.torch_compile.boundary_layouts import reduces_trailing_axes as _reduces_trailing_axes
 from pyfuser.integrations.torch_compile.region import static_tensor
+from pyfuser.ir.layout import is_dense, memory_order
 
 aten = torch.ops.aten
 
@@ -161,8 +176,9 @@ class _Plan:
 
     #: node -> its example value in the new layouts (only nodes whose layout changes)
     values: dict[Node, Any] = field(default_factory=dict)
-    #: (reader, operand, memory format): the operand converted to that format for that reader
-    conversions: list[tuple[Node, Node, torch.memory_format]] = field(default_factory=list)
+    #: (reader, operand, target): the operand converted for that reader to a memory format, or to the
+    #: layout of an example value (a layout no memory format gives)
+    conversions: list[tuple[Node, Node, torch.memory_format | torch.Tensor]] = field(default_factory=list)
 
 
 def _rerun(node: Node, values: dict[Node, Any], overrides: dict[Node, Any], mode: Any) -> Any:
@@ -181,14 +197,15 @@ def _rerun(node: Node, values: dict[Node, Any], overrides: dict[Node, Any], mode
         return node.target(*args, **kwargs)
 
 
-def _plan(gm: GraphModule, convolutions: set[Node], mode: Any, inputs: dict[Node, Any]) -> _Plan | str:
-    """The new layouts of ``gm``'s values (``inputs``: the inputs' where they changed) and the conversions
-    that give them (or why there are none)."""
+def _plan(gm: GraphModule, convolutions: set[Node], mode: Any, inputs: dict[Node, Any],
+          rows: frozenset[Node] = frozenset()) -> _Plan | str:
+    """The new layouts of ``gm``'s values (``inputs``: the inputs' where they changed; ``rows``: values
+    every reader reads row-major) and the conversions that give them (or why there are none)."""
     plan = _Plan(dict(inputs))
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        overrides: dict[Node, Any] = {}
+        overrides: dict[Node, tuple[torch.Tensor, torch.memory_format]] = {}
         if node in convolutions:
             for position in _CONVOLUTIONS[node.target][0]:
                 operand = node.args[position]
@@ -198,26 +215,37 @@ def _plan(gm: GraphModule, convolutions: set[Node], mode: Any, inputs: dict[Node
                 fmt = channels_last_format(current.dim()) if isinstance(current, torch.Tensor) else None
                 if fmt is not None and not current.is_contiguous(memory_format=fmt):
                     with mode:
-                        overrides[operand] = current.contiguous(memory_format=fmt)
+                        overrides[operand] = (current.contiguous(memory_format=fmt), fmt)
+        for operand in node.all_input_nodes:
+            current = plan.values.get(operand, _val(operand))
+            if operand in rows and operand not in overrides and not current.is_contiguous():
+                with mode:
+                    overrides[operand] = (current.contiguous(), torch.contiguous_format)
         changed = [a for a in node.all_input_nodes if a in plan.values]
         if not overrides and not changed:
             continue
         try:
-            value = _rerun(node, plan.values, overrides, mode)
+            value = _rerun(node, plan.values, {k: v for k, (v, _) in overrides.items()}, mode)
         except Exception:  # the op needs its operands' traced layouts (a view the new strides do not allow)
             for operand in changed:
-                back = _format_of(_val(operand))
-                if back is None:
-                    return f"{node.name} needs {operand.name} in its traced layout, which no memory format gives"
-                plan.conversions.append((node, operand, back))
+                traced = _val(operand)
+                back = _format_of(traced)
+                if back is None and not _dense(traced):
+                    return f"{node.name} needs {operand.name} in its traced layout, which is not dense"
+                plan.conversions.append((node, operand, traced if back is None else back))
             continue
-        for operand, converted in overrides.items():
-            fmt = channels_last_format(converted.dim())
-            assert fmt is not None  # (overrides are made only of 4-D and 5-D operands)
+        for operand, (_, fmt) in overrides.items():
             plan.conversions.append((node, operand, fmt))
         if _layout(value) != _layout(node.meta.get("val")):
             plan.values[node] = value
     return plan
+
+
+def _dense(value: Any) -> bool:
+    """Whether ``value`` is a tensor of static sizes whose elements fill its storage once (a permutation
+    of a row-major layout)."""
+    return (isinstance(value, torch.Tensor) and static_tensor(value)
+            and is_dense([int(n) for n in value.shape], [int(t) for t in value.stride()]))
 
 
 def _returned(gm: GraphModule) -> tuple[Node, list[Any]]:
@@ -240,60 +268,64 @@ def _restrided_inputs(gm: GraphModule, example_inputs: Sequence[Any], mode: Any)
     return restrided
 
 
-def to_channels_last(gm: GraphModule, visible: int | None = None, force: bool | None = None,
-                     example_inputs: Sequence[Any] = (), training: bool = False) -> str | None:
+def relayout_activations(gm: GraphModule, visible: int | None = None, force: bool | None = None,
+                         example_inputs: Sequence[Any] = (), training: bool = False) -> str | None:
     """Rewrite ``gm`` (an ATen graph, in place) to channels-last activations when ``layout_refusal``
-    has no objection; ``visible``: how many leading outputs are returned to the user (None: all), whose
-    traced layouts are kept; ``example_inputs``: what AOTAutograd compiles the graph for, whose strides
-    the inputs take where they differ from the traced ones (a backward's saved values, channels-last
-    where its forward made them so). Returns why the graph's convolutions were left as they were (None:
-    they read channels-last operands)."""
+    has no objection, and, in a training forward, to row-major streams under layer norms
+    (``normalized_rows``); ``visible``: how many leading outputs are returned to the user (None: all, an
+    inference graph or a backward), whose traced layouts are kept; ``example_inputs``: what AOTAutograd
+    compiles the graph for, whose strides the inputs take where they differ from the traced ones (a
+    backward's saved values, in the layouts its forward gave them). Returns why the graph's convolutions
+    were left as they were (None: they read channels-last operands)."""
     placeholders = [_val(n) for n in gm.graph.nodes if n.op == "placeholder"]
     mode = detect_fake_mode([v for v in placeholders if isinstance(v, torch.Tensor)])
     if mode is None:
         return "no fake mode to propagate example values in"
     why = layout_refusal(gm, force, training)
     restrided = _restrided_inputs(gm, example_inputs, mode)
-    if why is not None and not restrided:
+    rows = normalized_rows(gm) if visible is not None else frozenset()
+    if why is not None and not restrided and not rows:
         return why
-    plan = _plan(gm, set(_convolutions(gm)) if why is None else set(), mode, restrided)
+    plan = _plan(gm, set(_convolutions(gm)) if why is None else set(), mode, restrided, rows)
     if isinstance(plan, str):
         if restrided:
             raise RuntimeError(f"the graph's inputs come in other layouts than traced, and {plan}")
         return plan
     output, returned = _returned(gm)
     end = len(returned) if visible is None else visible
-    restored: list[tuple[int, Node, torch.memory_format]] = []
+    restored: list[tuple[int, Node, torch.memory_format | torch.Tensor]] = []
     for k, value in enumerate(returned[:end]):
         if isinstance(value, Node) and value in plan.values:
-            back = _format_of(_val(value))
-            if back is None:
-                why = f"output {k} ({value.name}) has a traced layout no memory format gives"
+            traced = _val(value)
+            back = _format_of(traced)
+            if back is None and not _dense(traced):
+                why = f"output {k} ({value.name}) has a traced layout that is not dense"
                 if restrided:
                     raise RuntimeError(f"the graph's inputs come in other layouts than traced, and {why}")
                 return why
-            restored.append((k, value, back))
+            restored.append((k, value, traced if back is None else back))
     graph = gm.graph
     for node, value in plan.values.items():
         node.meta["val"] = value
     made: dict[tuple[Node, torch.memory_format], Node] = {}
 
-    def converted(operand: Node, fmt: torch.memory_format, before: Node) -> Node:
-        key = (operand, fmt)
+    def converted(operand: Node, target: torch.memory_format | torch.Tensor, before: Node) -> Node:
+        key = (operand, target if isinstance(target, torch.memory_format) else _layout(target))
         if key not in made:
-            with graph.inserting_before(before) if before.op != "output" else graph.inserting_after(operand):
-                node = graph.call_function(aten._to_copy.default, (operand,), {"memory_format": fmt})
-            with mode:
-                node.meta["val"] = aten._to_copy.default(operand.meta["val"], memory_format=fmt)
-            made[key] = node
+            with graph.inserting_before(before):
+                made[key] = _converted(graph, operand, target, mode)
         return made[key]
 
     for reader, operand, fmt in plan.conversions:
         reader.replace_input_with(operand, converted(operand, fmt, reader))
-    if restored:
+    saved = [(k, value) for k, value in enumerate(returned) if k >= end and value in rows
+             and isinstance(_val(value), torch.Tensor) and not _val(value).is_contiguous()]
+    if restored or saved:
         values = list(returned)
-        for k, value, fmt in restored:
-            values[k] = converted(value, fmt, output)
+        for k, value, target in restored:
+            values[k] = converted(value, target, output)
+        for k, value in saved:  # the backward reads it row-major too
+            values[k] = converted(value, torch.contiguous_format, output)
         output.args = (tuple(values) if isinstance(output.args[0], tuple | list) else values[0],)
     gm.graph.lint()
     gm.recompile()
@@ -302,6 +334,62 @@ def to_channels_last(gm: GraphModule, visible: int | None = None, force: bool | 
         context.output_strides.extend(_layout(_val(v)) if isinstance(_val(v), torch.Tensor) else None
                                       for v in _returned(gm)[1])
     return why
+
+
+def _converted(graph: Any, operand: Node, target: torch.memory_format | torch.Tensor, mode: Any) -> Node:
+    """A node of ``operand`` copied to ``target``: a memory format (one ``_to_copy``), or the dense layout
+    of an example value (a permute to its memory order, a row-major copy, the inverse permute)."""
+    value = operand.meta["val"]
+    if isinstance(target, torch.memory_format):
+        node = graph.call_function(aten._to_copy.default, (operand,), {"memory_format": target})
+        with mode:
+            node.meta["val"] = aten._to_copy.default(value, memory_format=target)
+        return node
+    order = memory_order([int(n) for n in target.shape], [int(t) for t in target.stride()])
+    inverse = [order.index(d) for d in range(len(order))]
+    first = graph.call_function(aten.permute.default, (operand, order))
+    copy = graph.call_function(aten.clone.default, (first,), {"memory_format": torch.contiguous_format})
+    last = graph.call_function(aten.permute.default, (copy, inverse))
+    with mode:
+        first.meta["val"] = aten.permute.default(value, order)
+        copy.meta["val"] = aten.clone.default(first.meta["val"], memory_format=torch.contiguous_format)
+        last.meta["val"] = aten.permute.default(copy.meta["val"], inverse)
+    return last
+
+
+def normalized_rows(gm: GraphModule) -> frozenset[Node]:
+    """The values of ``gm`` (static sizes) to be read row-major: each reduction over the trailing axes of
+    a value (a layer norm's statistics) followed back through the pointwise ops, casts and clones of its
+    shape that compute it (its layer norm's row-major ``clone`` of the input included) to the first of
+    them not laid out row-major. Whisper's encoder: ``permute(conv) + positions`` makes the whole
+    residual stream transposed (torch's TensorIterator gives ``a + b`` its first operand's layout), and
+    the region computing a layer norm over it writes the stream in that layout beside the normalized
+    rows (an outer normalization). Read row-major from that first add on, every value of the stream is
+    row-major. Values the graph returns to the user keep their traced layout (the caller converts only
+    for readers and saved values)."""
+    found: set[Node] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in _REDUCTIONS or not isinstance(node.args[0], Node):
+            continue
+        value, seed = node.args[0], None
+        rank = _val(value).dim() if isinstance(_val(value), torch.Tensor) else 0
+        if rank < 2 or not _reduces_trailing_axes(node, rank):
+            continue
+        while value.op == "call_function" and value.target in _SAME_AXES and _dense(_val(value)):
+            traced = _val(value)
+            if not traced.is_contiguous():
+                seed = value
+            sources = [a for a in value.all_input_nodes if a.op == "call_function" and a.target in _SAME_AXES
+                       and _dense(_val(a)) and tuple(_val(a).shape) == tuple(traced.shape)]
+            alike = [a for a in sources if _layout(_val(a)) == _layout(traced)]
+            if not traced.is_contiguous() and alike:
+                sources = alike
+            if not sources:
+                break
+            value = sources[0]
+        if seed is not None:
+            found.add(seed)
+    return frozenset(found)
 
 
 def split_convolution_biases(gm: GraphModule) -> int:
