@@ -194,7 +194,10 @@ def _keep_schedule(fusion: Fusion, memo: dict[int, object], reductions: list[Ten
 
 
 def _grid_types(tv: TensorView) -> set[ParallelType]:
-    return {i.parallel_type for i in tv.get_loop_domain() if not i.is_reduction and i.parallel_type in GRID_TYPES}
+    """The grid axes ``tv`` iterates (a broadcast axis scheduled like the row it is read back into, a
+    per-row result's, iterates none)."""
+    return {i.parallel_type for i in tv.get_loop_domain()
+            if not i.is_reduction and not i.is_broadcast and i.parallel_type in GRID_TYPES}
 
 
 def _grid_to_loops(tv: TensorView) -> None:

@@ -12,6 +12,8 @@ import torch._dynamo
 
 from benchmarks.fusion_counts import pyfuser_counts
 from pyfuser.integrations.torch_compile import PyfuserBackend
+from pyfuser.scheduler.registry import Machine
+from tests.conftest import devices
 
 pytest.importorskip("transformers")
 
@@ -266,3 +268,32 @@ def test_vector_norms_are_reductions(ord: float) -> None:
     for g, w in zip(got, norms(x), strict=True):
         torch.testing.assert_close(g, w)
     assert not any(graph.eager for graph in backend.graphs), [graph.eager for graph in backend.graphs]
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("device", devices())
+def test_a_weight_norm_reduced_across_programs_returns_its_norm(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    """The weight norm of wav2vec2's shape class on a GPU's machine (132 SMs: the norm over 3,072 rows of
+    128 columns is reduced across programs, a grid reduction): in training the forward returns the norm
+    (saved for the backward) beside the scaled weight. The final launch's loop nest is the scaled weight's,
+    which iterates the programs' shares of the rows, not the norm's, whose row axes are broadcasts; it was
+    the norm's, and the kernel failed to build on CUDA only (ATen ran the region)."""
+    if device == "cpu":  # (the interpreter's machine is small; a GPU's is its own)
+        monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(132, 16384, 2048)))
+    torch.manual_seed(0)
+    v = torch.randn(64, 48, 128, dtype=torch.bfloat16, device=device, requires_grad=True)
+    g = torch.randn(1, 1, 128, dtype=torch.bfloat16, device=device, requires_grad=True)
+    x = torch.randn(64, 48, 128, dtype=torch.bfloat16, device=device)
+
+    def step(v: torch.Tensor, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return (torch._weight_norm(v, g, 2) * x).float().sum()
+
+    got = torch.compile(step, backend=PyfuserBackend(triton_interpreter=device == "cpu"))(v, g, x)
+    got.backward()
+    got_grads = [v.grad, g.grad]
+    v.grad = g.grad = None
+    want = step(v, g, x)
+    want.backward()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=1.0)
+    for a, b in zip(got_grads, [v.grad, g.grad], strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
