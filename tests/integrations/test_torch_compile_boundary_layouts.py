@@ -233,3 +233,42 @@ def test_view_of_the_traced_layout_reads_a_converted_copy(dtype: torch.dtype) ->
     (forward,) = [g for g in backend.graphs if g.kind == "forward"]
     assert any("clone" in name for r in forward.regions for name in r.nodes) or any(
         n.target is torch.ops.aten.clone.default for n in forward.graph_module.graph.nodes), forward.graph_module.code
+
+
+class ReturnedStream(torch.nn.Module):
+    """The transposed stream returned beside its layer norm (Whisper's training step, broken into a graph
+    per encoder layer: each graph's output is the stream)."""
+
+    def __init__(self, mels: int = 6, hidden: int = 24, frames: int = 10) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(mels, hidden, 3, padding=1)
+        self.positions = torch.nn.Parameter(torch.randn(frames, hidden))
+        self.norm = torch.nn.LayerNorm(hidden)
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = F.gelu(self.conv(features)).permute(0, 2, 1) + self.positions
+        return self.norm(x), x
+
+
+def test_a_returned_stream_keeps_its_layout() -> None:
+    """A stream the graph returns to the user keeps eager's layout in training: nothing converts it (a copy
+    to row-major and one back would gain nothing); values, strides and gradients are eager's."""
+    torch.manual_seed(0)
+    model = ReturnedStream()
+    features = torch.randn(3, 6, 10)
+    backend = PyfuserBackend(triton_interpreter=True)
+    normed, stream = torch.compile(model, backend=backend)(features)
+    (normed.square().sum() + stream.sum()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    want_normed, want_stream = model(features)
+    (want_normed.square().sum() + want_stream.sum()).backward()
+    torch.testing.assert_close(normed, want_normed)
+    torch.testing.assert_close(stream, want_stream)
+    assert stream.stride() == want_stream.stride()
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+    (forward,) = [g for g in backend.graphs if g.kind == "forward"]
+    copies = [n for n in forward.graph_module.graph.nodes if n.kwargs.get("memory_format") is torch.contiguous_format]
+    assert not copies and not any("_to_copy_default" in name or "clone_default" in name
+                                  for r in forward.regions for name in r.nodes), forward.graph_module.code

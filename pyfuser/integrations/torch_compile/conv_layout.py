@@ -283,7 +283,9 @@ def relayout_activations(gm: GraphModule, visible: int | None = None, force: boo
         return "no fake mode to propagate example values in"
     why = layout_refusal(gm, force, training)
     restrided = _restrided_inputs(gm, example_inputs, mode)
-    rows = normalized_rows(gm) if visible is not None else frozenset()
+    rows: frozenset[Node] = frozenset()
+    if visible is not None:  # (a value returned to the user stays in its layout: not one to convert)
+        rows = normalized_rows(gm) - {v for v in _returned(gm)[1][:visible] if isinstance(v, Node)}
     if why is not None and not restrided and not rows:
         return why
     plan = _plan(gm, set(_convolutions(gm)) if why is None else set(), mode, restrided, rows)
@@ -365,8 +367,9 @@ def normalized_rows(gm: GraphModule) -> frozenset[Node]:
     residual stream transposed (torch's TensorIterator gives ``a + b`` its first operand's layout), and
     the region computing a layer norm over it writes the stream in that layout beside the normalized
     rows (an outer normalization). Read row-major from that first add on, every value of the stream is
-    row-major. Values the graph returns to the user keep their traced layout (the caller converts only
-    for readers and saved values)."""
+    row-major. The caller leaves out values the graph returns to the user, which keep their traced
+    layout (Whisper's training step breaks its graph at each encoder layer, whose input and output are the
+    transposed stream: converting it would add a copy back to eager's layout and gain nothing)."""
     found: set[Node] = set()
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in _REDUCTIONS or not isinstance(node.args[0], Node):
