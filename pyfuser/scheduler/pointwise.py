@@ -24,7 +24,12 @@ from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.scheduler.pointwise_analysis import check_pointwise, innermost_classes, reference_output
+from pyfuser.scheduler.pointwise_analysis import (
+    check_pointwise,
+    innermost_classes,
+    reference_output,
+    short_transposed_axis,
+)
 from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import inline_most, parallelize_like, transform_like
 
@@ -55,7 +60,7 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     if not ok:
         return False, reason
     assert exact is not None
-    if len(innermost_classes(fusion, exact)) > 1:
+    if len(innermost_classes(fusion, exact)) > 1 and short_transposed_axis(fusion, exact) is None:
         return False, "inputs and outputs disagree on the innermost axis in memory: the transpose scheduler tiles it"
     return True, ""
 

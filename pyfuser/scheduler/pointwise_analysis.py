@@ -94,3 +94,34 @@ def innermost_classes(fusion: FusionLike, exact: IdGraph) -> dict[int, TensorVie
         if inner is not None and own == ref_classes:
             classes.setdefault(exact.class_of(inner), tv)
     return classes
+
+
+#: The shortest axis the transpose scheduler tiles (its tiles are 64 wide): on a shorter one most of
+#: each tile is masked, and the pointwise scheduler's 1-D tiles over the output's memory order take the
+#: segment. ConvNeXt's 3-channel image and its 2x2 convolution weights converted to channels-last ran as
+#: five tiled transposes taking 90 us a step on an H200, where Inductor's 1-D kernel for the image took 30.
+MIN_TILED_EXTENT = 32
+
+
+def transposed_axes(fusion: FusionLike, exact: IdGraph) -> tuple[IterDomain, IterDomain]:
+    """The reference's logical axes a transpose tiles: the innermost in memory of an input (or output)
+    whose innermost is not the reference's, and the reference's innermost (the segment's tensors must
+    disagree on it: ``innermost_classes`` has two classes or more)."""
+    ref = reference_output(fusion)
+    out_axis = innermost(ref)
+    assert out_axis is not None
+    out_class = exact.class_of(out_axis)
+    in_class = next(c for c in innermost_classes(fusion, exact) if c != out_class)
+    in_axis = next(i for i in ref.get_logical_domain() if not i.is_broadcast and exact.class_of(i) == in_class)
+    return in_axis, out_axis
+
+
+def short_transposed_axis(fusion: FusionLike, exact: IdGraph) -> str | None:
+    """Why a segment whose tensors disagree on the innermost axis is not the transpose scheduler's (an
+    axis it would tile has a static extent under ``MIN_TILED_EXTENT``), or None: it is."""
+    for axis in transposed_axes(fusion, exact):
+        extent = axis.extent.value
+        if extent is not None and extent < MIN_TILED_EXTENT:
+            return (f"axis {axis} of the transpose has {extent} < {MIN_TILED_EXTENT} elements: its tiles would be "
+                    "mostly masked (the pointwise scheduler's 1-D tiles take it)")
+    return None

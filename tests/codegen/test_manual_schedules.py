@@ -112,6 +112,23 @@ def test_transpose_scheduler_is_found_for_a_transpose(device: str) -> None:
     torch.testing.assert_close(fd.manual_execute(inputs, params)[0], inputs[0].t() + inputs[1])
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 9, 40), (6, 5, 2, 2), (2, 40, 5, 33)], ids=["image", "weight", "wide"])
+def test_a_transpose_with_a_short_static_axis_is_a_pointwise_kernel(device: str, shape: tuple[int, ...]) -> None:
+    """A permuted copy (NCHW to NHWC) of static sizes whose transposed axes are at least 32 long is the
+    transpose scheduler's; with a shorter one (an image of 3 channels, a 2x2 convolution weight: a 64-wide tile would
+    be mostly masked) the pointwise scheduler's 1-D kernel over the output. Values and strides as torch's."""
+    x = torch.randn(*shape, device=device)
+    with FusionDefinition() as fd:
+        t = fd.define_tensor(list(shape), contiguity=True)
+        fd.add_output(fd.ops.mul(fd.ops.permute(t, [0, 2, 3, 1]), 2.0), stride_order=[3, 2, 1, 0])
+        expected = [SchedulerType.transpose] if min(shape[1], shape[3]) >= 32 else [SchedulerType.pointwise]
+        assert schedule.find_compatible_schedulers(fd.fusion, [x]) == expected
+    (out,) = fd.execute([x], _enable_options=["triton_interpreter"] if device == "cpu" else [])
+    want = (x * 2).permute(0, 2, 3, 1).contiguous()
+    torch.testing.assert_close(out, want)
+    assert out.stride() == want.stride()
+
+
 def test_caches_are_staging_values_of_the_kernel(device: str) -> None:
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1], contiguity=True)
