@@ -309,7 +309,7 @@ def relayout_activations(gm: GraphModule, visible: int | None = None, force: boo
     graph = gm.graph
     for node, value in plan.values.items():
         node.meta["val"] = value
-    made: dict[tuple[Node, torch.memory_format], Node] = {}
+    made: dict[tuple[Node, Any], Node] = {}  # (operand, memory format or strides) -> its conversion
 
     def converted(operand: Node, target: torch.memory_format | torch.Tensor, before: Node) -> Node:
         key = (operand, target if isinstance(target, torch.memory_format) else _layout(target))
@@ -318,8 +318,8 @@ def relayout_activations(gm: GraphModule, visible: int | None = None, force: boo
                 made[key] = _converted(graph, operand, target, mode)
         return made[key]
 
-    for reader, operand, fmt in plan.conversions:
-        reader.replace_input_with(operand, converted(operand, fmt, reader))
+    for reader, operand, target in plan.conversions:
+        reader.replace_input_with(operand, converted(operand, target, reader))
     saved = [(k, value) for k, value in enumerate(returned) if k >= end and value in rows
              and isinstance(_val(value), torch.Tensor) and not _val(value).is_contiguous()]
     if restored or saved:

@@ -156,9 +156,9 @@ def _batch_norm_in_eval_mode(x: torch.Tensor, weight: torch.Tensor | None, bias:
 
 def _weight_norm_backward(grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor,
                           saved_norms: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(grad_v, grad_g)`` of ``w = v * g / |v|``, the norm over every axis but ``dim``; in float32 for
+    """``(grad_v, grad_g)`` of ``w = v * g / |v|``, the norm over every axis but ``dim`` (as the forward's
+    decomposition reads ``dim``: an axis index, any other value reducing every axis); in float32 for
     reduced precision, as ATen accumulates, each gradient in its input's dtype."""
-    dim = dim % saved_v.dim() if saved_v.dim() else 0
     reduced = [d for d in range(saved_v.dim()) if d != dim]
     compute = torch.float32 if saved_v.dtype in (torch.float16, torch.bfloat16) else saved_v.dtype
     grad, v, g, norms = (t.to(compute) for t in (grad_w, saved_v, saved_g, saved_norms))
