@@ -905,7 +905,13 @@ class ValueLowering:
         self.code.reduced(b, axes)
 
     def _tile_pos_of(self, i: IterDomain) -> int | None:
-        """The tile axis a reduction loop ID of a reduction tensor iterates (None: a serial loop)."""
+        """The tile axis a reduction loop ID of a reduction tensor iterates (None: a serial loop). A serial
+        reduction ID is always iterated by a loop of its own (``open_loops_for``), whose values every lane
+        added: by the time the reduction finishes that loop is closed, and the tile index an enclosing pass
+        has for the same axis is not what accumulated it (a sum over it would count each value once per
+        lane)."""
+        if i.parallel_type is ParallelType.serial:
+            return None
         taken: dict[int, int] = {}
         index = self.index_of_loop_id(i, taken)
         if index is None:

@@ -724,3 +724,25 @@ def test_a_reduced_value_read_along_another_axis_of_its_class_is_its_own_kernel(
     want = torch.where(torch.where(r1, True, r1), torch.nn.functional.silu(r1.sum([0, 3], dtype=torch.float32)), flag)
     torch.testing.assert_close(out, want)
     assert kernel_schedulers(fd) == ["reduction", "pointwise"]
+
+
+@pytest.mark.parametrize("kind", ["sum", "prod", "min"])
+@pytest.mark.parametrize("rows", [4, 5, 13])
+def test_a_reduction_in_a_second_pass_over_the_row_counts_each_value_once(device: str, run_kernels, kind: str,
+                                                                          rows: int) -> None:
+    """CPU fuzz seed 9201292: a persistent kernel's row of ``x[i, 0]``, a min of ``expm1`` over it, then a
+    second pass over the squeezed row (its min with the first min's result added, and a sum, product or min
+    of it) in a loop of its own. Every lane of the tile added the loop's values, so reducing across the
+    lanes at the finish counted each value once per lane (a sum times the tile width, a product to its
+    power): a serial reduction axis is never a tile axis at the finish."""
+    x = torch.randn(rows, 1, device=device, dtype=torch.float16, generator=torch.Generator(device).manual_seed(0))
+    with FusionDefinition() as fd:
+        t0 = fd.define_tensor([-1, 1], contiguity=True, stride_order=[0, 1], dtype=DataType.Half)
+        first = fd.ops.min(fd.ops.expm1(t0), [0], keepdim=False)
+        row = fd.ops.squeeze(t0, [1])
+        fd.add_output(fd.ops.min(fd.ops.add(row, fd.ops.rsqrt(fd.ops.abs(first))), None, keepdim=True))
+        fd.add_output(getattr(fd.ops, kind)(row, [0], keepdim=False))
+    _, out = run_kernels(fd, [x])
+    row_ref = x.squeeze(1).float()
+    want = {"sum": row_ref.sum(), "prod": row_ref.prod(), "min": row_ref.min()}[kind].to(torch.float16)
+    torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3)
