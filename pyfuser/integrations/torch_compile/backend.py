@@ -141,8 +141,8 @@ class PyfuserBackend:
         output a forward saves for its backward; ``example_inputs``: what AOTAutograd compiles it for (a
         backward's saved values in the layouts its forward reported)."""
         title = f"{kind} graph {sum(g.kind == kind for g in self.graphs)}"
-        layout = relayout_activations(gm, saved_from if kind == "forward" else None, self.channels_last, example_inputs,
-                                  training=kind != "inference")
+        layout = relayout_activations(gm, saved_from if kind == "forward" else None, self.channels_last,
+                                      example_inputs, training=kind != "inference")
         split_convolution_biases(gm)
         fold_scalar_constants(gm)
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor

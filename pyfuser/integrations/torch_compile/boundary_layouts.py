@@ -35,10 +35,10 @@ aten = torch.ops.aten
 
 #: reductions whose reduced axes are their ``dim`` argument (position 1)
 REDUCTIONS = frozenset({aten.var_mean.correction, aten.var.correction, aten.sum.dim_IntList, aten.mean.dim,
-                         aten.amax.default, aten.amin.default})
+                        aten.amax.default, aten.amin.default})
 #: ops a value flows through unchanged in shape and axes on its way to a reduction
 SAME_AXES = frozenset({*POINTWISE_LOWERINGS, aten.clone.default, aten._to_copy.default,
-                        aten.alias.default, aten.detach.default})
+                       aten.alias.default, aten.detach.default})
 
 
 def row_major_boundaries(regions: list[tuple[list[Node], TranslatedRegion]]) -> list[Node]:
