@@ -60,9 +60,7 @@ from torch._guards import TracingContext, detect_fake_mode
 from torch.fx import GraphModule, Node
 from torch.fx.node import map_aggregate, map_arg
 
-from pyfuser.integrations.torch_compile.boundary_layouts import REDUCTIONS as _REDUCTIONS
-from pyfuser.integrations.torch_compile.boundary_layouts import SAME_AXES as _SAME_AXES
-from pyfuser.integrations.torch_compile.boundary_layouts import reduces_trailing_axes as _reduces_trailing_axes
+from pyfuser.integrations.torch_compile.boundary_layouts import REDUCTIONS, SAME_AXES, reduces_trailing_axes
 from pyfuser.integrations.torch_compile.region import static_tensor
 from pyfuser.ir.layout import is_dense, memory_order
 
@@ -216,9 +214,9 @@ def _plan(gm: GraphModule, convolutions: set[Node], mode: Any, inputs: dict[Node
                 if fmt is not None and not current.is_contiguous(memory_format=fmt):
                     with mode:
                         overrides[operand] = (current.contiguous(memory_format=fmt), fmt)
-        for operand in node.all_input_nodes:
+        for operand in [a for a in node.all_input_nodes if a in rows and a not in overrides]:
             current = plan.values.get(operand, _val(operand))
-            if operand in rows and operand not in overrides and not current.is_contiguous():
+            if not current.is_contiguous():
                 with mode:
                     overrides[operand] = (current.contiguous(), torch.contiguous_format)
         changed = [a for a in node.all_input_nodes if a in plan.values]
@@ -372,17 +370,17 @@ def normalized_rows(gm: GraphModule) -> frozenset[Node]:
     transposed stream: converting it would add a copy back to eager's layout and gain nothing)."""
     found: set[Node] = set()
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in _REDUCTIONS or not isinstance(node.args[0], Node):
+        if node.op != "call_function" or node.target not in REDUCTIONS or not isinstance(node.args[0], Node):
             continue
         value, seed = node.args[0], None
         rank = _val(value).dim() if isinstance(_val(value), torch.Tensor) else 0
-        if rank < 2 or not _reduces_trailing_axes(node, rank):
+        if rank < 2 or not reduces_trailing_axes(node, rank):
             continue
-        while value.op == "call_function" and value.target in _SAME_AXES and _dense(_val(value)):
+        while value.op == "call_function" and value.target in SAME_AXES and _dense(_val(value)):
             traced = _val(value)
             if not traced.is_contiguous():
                 seed = value
-            sources = [a for a in value.all_input_nodes if a.op == "call_function" and a.target in _SAME_AXES
+            sources = [a for a in value.all_input_nodes if a.op == "call_function" and a.target in SAME_AXES
                        and _dense(_val(a)) and tuple(_val(a).shape) == tuple(traced.shape)]
             alike = [a for a in sources if _layout(_val(a)) == _layout(traced)]
             if not traced.is_contiguous() and alike:
