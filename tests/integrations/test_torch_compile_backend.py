@@ -804,3 +804,57 @@ def test_a_constant_moved_to_the_device_never_waits_for_it() -> None:
     torch.testing.assert_close(got, f(x))
     reasons = [r for g in backend.graphs for r in g.eager.values()]
     assert not any("_to_copy" in r for r in reasons), reasons
+
+
+class _Block(torch.nn.Module):
+    """A convolution (left in eager), then group norm, GELU and the residual: a region between two
+    convolutions."""
+
+    def __init__(self, channels: int, eps: float) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(channels, channels, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(2, channels, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.nn.functional.gelu(self.norm(self.conv(x)))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_equal_regions_are_compiled_once(monkeypatch: pytest.MonkeyPatch, training: bool) -> None:
+    """Repeated blocks make equal regions (forward and backward alike): they share one executor cache,
+    so each distinct region is segmented, scheduled and compiled once; a block that differs (another
+    epsilon, another width) is a fusion of its own. Results match eager."""
+    import pyfuser.runtime.executor as executor_module
+
+    compiles = []
+    compile_fusion = executor_module.compile_fusion
+    monkeypatch.setattr(executor_module, "compile_fusion",
+                        lambda fusion, options: compiles.append(1) or compile_fusion(fusion, options))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(6, 1e-5) for _ in range(4)], _Block(6, 1e-3),
+                                torch.nn.Conv1d(6, 4, 1), *[_Block(4, 1e-5) for _ in range(3)]).train(training)
+    reference = copy.deepcopy(model)
+    backend = PyfuserBackend()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(3, 6, 5)
+    xs, xe = x.clone().requires_grad_(training), x.clone().requires_grad_(training)
+    got, want = compiled(xs), reference(xe)
+    torch.testing.assert_close(got, want)
+    if training:
+        grad = torch.randn_like(want)
+        got.backward(grad)
+        want.backward(grad)
+        torch.testing.assert_close(xs.grad, xe.grad)
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+    regions = [r for g in backend.graphs for r in g.regions]
+    distinct = {id(r.fec) for r in regions}
+    assert len(distinct) == backend.fusions.num_fusions() == len(compiles)
+    assert len(distinct) <= len(regions) // 2, (len(distinct), len(regions))
+    forward = backend.graphs[0].regions
+    per = len(forward) // 8  # each block's regions (a block's norm may span two)
+    assert len(forward) == 8 * per
+    blocks = [forward[k * per:(k + 1) * per] for k in range(8)]
+    fecs = [[r.fec for r in b] for b in blocks]
+    assert fecs[0] == fecs[1] == fecs[2] == fecs[3] and fecs[5] == fecs[6] == fecs[7]
+    assert fecs[4] != fecs[3] and not set(map(id, fecs[5])) & set(map(id, fecs[0]))

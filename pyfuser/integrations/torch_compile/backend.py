@@ -59,6 +59,7 @@ from pyfuser.integrations.torch_compile.view_pairs import (
     drop_transpose_pairs,
 )
 from pyfuser.options import DumpOption, check_options, dump
+from pyfuser.runtime.fusion_cache import LRUCache
 
 _OPTION_NAMES = ("cuda_graph", "triton_interpreter", "enable_options", "disable_options", "channels_last")
 
@@ -98,6 +99,10 @@ class PyfuserBackend:
         self.disable_options = tuple(disable_options)
         self.channels_last = channels_last
         self.graphs: list[CompiledGraph] = []
+        #: the compiled programs of the regions, one per distinct fusion: a model's repeated blocks (ResNet's
+        #: and ConvNeXt's stages, an encoder's layers, a forward region its backward repeats) make equal
+        #: regions, which share one executor cache and so are segmented, scheduled and compiled once
+        self.fusions = LRUCache()
 
     @staticmethod
     def from_options(options: dict[str, Any] | None = None, mode: str | None = None) -> PyfuserBackend:
@@ -157,6 +162,7 @@ class PyfuserBackend:
         eager = {n.name: why for n, why in plan.eager.items()}
         replaced: dict[Node, Node] = {}
         for k, (nodes, translated) in enumerate(plan.regions):
+            translated.fd.fec = self.fusions.cache_compile(translated.fd.fusion)
             region = FusionRegion(f"pyfuser_region_{k}", translated, nodes, enable_options=self.enable_options,
                                   disable_options=self.disable_options, cuda_graph=self.cuda_graph,
                                   static_inputs=static_nodes)
