@@ -286,20 +286,28 @@ class ScatterSequence(KernelSequence):
         k = self.parts
         if k.init is not None:
             return k.init.run(ctx, *[args[s] for s in k.init_reads])[0]
-        acc = args[k.acc_slot]
+        return self._copied_acc(args)
+
+    def _copied_acc(self, args: Sequence[Any]) -> torch.Tensor:
+        acc = args[self.parts.acc_slot]
         buffer = torch.empty_strided(acc.shape, dense_strides(acc.shape, self.output_perms[0]), dtype=acc.dtype,
                                      device=acc.device)
         return buffer.copy_(acc)
+
+    def _check_on_host(self, index: torch.Tensor, buffer: torch.Tensor, deterministic: bool) -> None:
+        """The index check where no device assert makes it: Triton's interpreter, ATen's deterministic
+        ``index_put`` (which checks only what it does not add)."""
+        op = self.parts.op
+        check_indices(op.op_name, index, op.tensor_input(1), buffer.shape[0], op.tensor_input(0), 0,
+                      allow_negative=op.wrap_negative, asserted_by_aten=deterministic and not op.accumulate)
 
     def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         k = self.parts
         buffer = self._buffer(ctx, args)
         index, op = args[k.index_slot], k.op
         deterministic = torch.are_deterministic_algorithms_enabled()
-        # The interpreter has no device asserts, nor ATen's accumulating index_put: the host checks first.
         if deterministic or self._target != "cuda":
-            check_indices(op.op_name, index, op.tensor_input(1), buffer.shape[0], op.tensor_input(0), 0,
-                          allow_negative=op.wrap_negative, asserted_by_aten=deterministic and not op.accumulate)
+            self._check_on_host(index, buffer, deterministic)
         if deterministic:
             values = k.values.run(ctx, *[args[s] for s in k.value_reads])[0] if k.values is not None \
                 else args[k.value_slot]
@@ -311,9 +319,55 @@ class ScatterSequence(KernelSequence):
         return _deliver([buffer], out)
 
     def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], Bound | None]:
-        """Nothing bound: the second launch writes the first one's output, which a bound launch would
-        allocate afresh."""
-        return self.run(ctx, *args), None
+        """Run on ``args``, and return with the outputs the launches bound for a bound program's later
+        calls: the buffer (the init kernel's bound launch, or a fresh copy of ``acc``), then the scatter's
+        bound launch writing into it. Nothing bound under deterministic algorithms (ATen's
+        ``index_put``), where no rows are added, or where a launch cannot be bound."""
+        k = self.parts
+        if torch.are_deterministic_algorithms_enabled():
+            return self.run(ctx, *args), None
+        init_bound: Bound | None = None
+        if k.init is not None:
+            (buffer,), init_bound = k.init.bind(ctx, [args[s] for s in k.init_reads])
+        else:
+            buffer = self._copied_acc(args)
+        on_host = self._target != "cuda"
+        if on_host:
+            self._check_on_host(args[k.index_slot], buffer, False)
+        scatter_args = [buffer, *[args[s] for s in k.scatter_reads]]
+        try:
+            _, grid, params = k.scatter.prepare(ctx, *scatter_args, out=[buffer])
+        except NoPrograms:
+            return [buffer], None
+        if grid is None:
+            return [buffer], None
+        launch = k.scatter.launch(grid, params)
+        entries = k.scatter.bound_params(range(len(scatter_args)), 0, params)  # its output: the buffer
+        scatter = None if launch is None or entries is None else bound_launch(
+            scatter_args, [], entries, [0], (*grid, *(1,) * (3 - len(grid))), launch)
+        if scatter is None or (k.init is not None and init_bound is None):
+            return [buffer], None
+        init_run = init_bound.run if init_bound is not None else None
+        init_reads, scatter_reads, index_slot, scatter_run = k.init_reads, k.scatter_reads, k.index_slot, scatter.run
+        deterministic = torch.are_deterministic_algorithms_enabled
+
+        def run_bound(args: Sequence[Any]) -> list[torch.Tensor] | None:
+            if deterministic():  # turned on since: the caller runs ``run``, which calls ATen's index_put
+                return None
+            if init_run is None:
+                buffer = self._copied_acc(args)
+            else:
+                made = init_run([args[s] for s in init_reads])
+                if made is None:  # an argument's alignment changed: the caller runs the launchers
+                    return None
+                buffer = made[0]
+            if on_host:
+                self._check_on_host(args[index_slot], buffer, False)
+            if scatter_run([buffer, *[args[s] for s in scatter_reads]]) is None:
+                return None
+            return [buffer]
+
+        return [buffer], BoundFunction(run_bound)
 
 
 def compile_scatter(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,

@@ -483,7 +483,8 @@ class BoundLaunch:
                  results: Sequence[int], grid: tuple[int, ...], variant: Variant,
                  counter: Callable[[Any], torch.Tensor] | None) -> None:
         self.n_args = len(args)
-        self.device = made[0].device
+        #: (a launch that writes into an argument allocates nothing)
+        self.device = made[0].device if made else next(a.device for a in args if isinstance(a, torch.Tensor))
         self.reads = sorted({value for kind, value in params if kind == "slot" and value < self.n_args})
         self.aligned = {k: args[k].data_ptr() % 16 == 0 for k in self.reads}
         self.made = [(tuple(t.shape), t.stride(), t.dtype) for t in made]

@@ -288,3 +288,52 @@ def test_integer_rows_add_exactly(run_kernels: RunKernels) -> None:
     (out,) = run_kernels(fd, [value, index])
     assert kernel_schedulers(fd) == ["scatter"]
     assert torch.equal(out, torch.zeros(5, 3, dtype=torch.int32).index_put((index,), value, accumulate=True))
+
+
+@pytest.mark.usefixtures("nondeterministic")
+@pytest.mark.parametrize("acc_kind", ["computed", "input"])
+def test_a_bound_program_replays_its_scatter(monkeypatch: pytest.MonkeyPatch, device: str, acc_kind: str) -> None:
+    """Under a binding (a torch.compile region's later calls) a scatter segment replays its launches --
+    the buffer (the init kernel's launch, or a copy of an input ``acc``), then the adds into it --
+    without its launcher: each call's values, indices and ``acc`` are read afresh, and the result is a
+    new tensor. Where no device assert checks the indices (Triton's interpreter) the replay checks them."""
+    torch.manual_seed(0)
+    acc, grad, index = torch.randn(5, 3, device=device), torch.randn(6, 3, device=device), \
+        torch.tensor([0, 4, 2, 4, 0, 1], device=device)
+    with FusionDefinition() as fd:
+        a, g, i = fd.from_pytorch(acc), fd.from_pytorch(grad), fd.from_pytorch(index)
+        start = fd.ops.mul(a, 2.0) if acc_kind == "computed" else a
+        fd.add_output(fd.ops.index_put_accumulate(start, i, g))
+    options = [] if device == "cuda" else ["triton_interpreter"]
+
+    def reference(acc: torch.Tensor, grad: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        start = acc.double() * 2 if acc_kind == "computed" else acc.double()
+        return start.index_put((index,), grad.double(), accumulate=True).float()
+
+    fd.execute([acc, grad, index], _enable_options=options)
+    bound = fd.fec.bound_program([acc, grad, index], enable_options=options)
+    assert bound is not None
+    assert any(isinstance(s, ScatterSequence) for s in kernel_segments(fd))
+    launcher_runs: list[int] = []
+    run = ScatterSequence.run
+    monkeypatch.setattr(ScatterSequence, "run", lambda self, *a, **k: launcher_runs.append(1) or run(self, *a, **k))
+    results = []
+    for _ in range(4):  # the first binds, the second replays the steps, later ones the straight-line function
+        args = [torch.randn(5, 3, device=device), torch.randn(6, 3, device=device),
+                torch.randint(0, 5, (6,), device=device)]
+        (out,) = bound.run(args)
+        torch.testing.assert_close(out, reference(*args))
+        results.append(out)
+    assert not launcher_runs
+    assert len({r.data_ptr() for r in results}) == len(results)  # each call's result a tensor of its own
+    if device == "cpu":
+        with pytest.raises(ValueError, match=r"index_put_accumulate: index T\d+ holds 5, out of range"):
+            bound.run([acc, grad, torch.tensor([0, 5, 2, 4, 0, 1])])
+    torch.use_deterministic_algorithms(True)
+    try:
+        args = [torch.randn(5, 3, device=device), torch.randn(6, 3, device=device), index]
+        (out,) = bound.run(args)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    torch.testing.assert_close(out, reference(*args))
+    assert launcher_runs  # ATen's sorted index_put, through the launcher's path
