@@ -3,8 +3,7 @@
 A kernel's source is written once to the kernel cache directory (``PYFUSER_CACHE_DIR``, default
 ``~/.cache/pyfuser/kernels``), named by its hash, and imported from there: Triton's ``jit`` needs a
 file to read, and its own disk cache then makes the next process fast. In memory, kernels are
-cached by source, and so are their launches (``kernel_launches``): a segment scheduled the same way
-(a model's repeated layers) compiles once per process and loads each compiled variant once.
+cached by source, so a segment scheduled the same way compiles once per process.
 
 The launch is the hot path: read the size arguments off the tensors, check the sizes the kernel
 takes as equal, allocate the outputs that were not given, compute the grid, call the kernel.
@@ -77,23 +76,6 @@ def load_kernel(name: str, source: str) -> Any:
     return fn
 
 
-_LAUNCHES: dict[tuple[str, int, bool, bool, bool], DirectLaunches] = {}
-
-
-def kernel_launches(name: str, source: str, num_warps: int, *, cooperative: bool = False, interpreted: bool = False,
-                    device_asserts: bool = False) -> DirectLaunches:
-    """The launches of the jitted function ``name`` of ``source``: one per distinct kernel and launch
-    options in the process, shared by every segment that compiled to it, so that each compiled variant
-    is found in Triton's caches and loaded for torch's launcher once, not once per segment."""
-    key = (source, num_warps, cooperative, interpreted, device_asserts)
-    launches = _LAUNCHES.get(key)
-    if launches is None:
-        launches = _LAUNCHES[key] = DirectLaunches(load_kernel(name, source), num_warps, name, source,
-                                                   cooperative=cooperative, interpreted=interpreted,
-                                                   device_asserts=device_asserts)
-    return launches
-
-
 class CompiledKernel:
     """A generated kernel, ready to launch on a segment's inputs (``run``, as Host IR calls it)."""
 
@@ -107,10 +89,11 @@ class CompiledKernel:
         self.name = source.name
         self.num_warps = num_warps
         self.output_perms = source.output_perms
+        fn = load_kernel(source.name, source.source)
         interpreted = "InterpretedFunction" in source.source
         #: the one path from the kernel's parameters to its launch
-        self.launches = kernel_launches(source.name, source.source, num_warps, interpreted=interpreted,
-                                        device_asserts=source.device_asserts)
+        self.launches = DirectLaunches(fn, num_warps, source.name, source.source, interpreted=interpreted,
+                                       device_asserts=source.device_asserts)
         host, namespace = launcher_source(source, direct=not interpreted)
         namespace["launches"], namespace["variants"] = self.launches, self.launches.variants
         compile_source(host, f"launcher of {source.name}", namespace)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from pyfuser.codegen.compiled_kernel import CompiledKernel, kernel_launches
+from pyfuser.codegen.compiled_kernel import CompiledKernel, load_kernel
 from pyfuser.codegen.cooperative import cooperative_source
 from pyfuser.codegen.grid_reduction import FinishStep, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
@@ -20,6 +20,7 @@ from pyfuser.codegen.launcher import (
     Bound,
     BoundFunction,
     BoundParam,
+    DirectLaunches,
     Variant,
     bound_launch,
     raw_stream,
@@ -158,9 +159,9 @@ class CooperativeSequence(KernelSequence):
                 self._phases.append([])
             self._phases[-1].append(k)
         self.cooperative_code = cooperative_source(name, [k.source for k in kernels], target, barriers)
-        self._launches = kernel_launches(name, self.cooperative_code, kernels[0].num_warps, cooperative=True,
-                                         interpreted=target != "cuda",
-                                         device_asserts=any(k.source.device_asserts for k in kernels))
+        self._launches = DirectLaunches(load_kernel(name, self.cooperative_code), kernels[0].num_warps, name,
+                                        self.cooperative_code, cooperative=True, interpreted=target != "cuda",
+                                        device_asserts=any(k.source.device_asserts for k in kernels))
 
     @property
     def code(self) -> str:

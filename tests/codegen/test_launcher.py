@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition, ParallelType
-from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_builder import KernelBuilder
 from pyfuser.codegen.kernel_source import KernelLaunchError
 from pyfuser.codegen.launcher import DirectLaunches, StaticLaunch, Variant, bound_launch, launcher_source
@@ -153,30 +152,3 @@ def test_cuda_variants_launch_through_torchs_static_launcher() -> None:
     assert variants and set(kernel.launches.static) == (set(variants) if static else set())
     assert all(run.__qualname__.startswith("StaticLaunch.launcher" if static else "_triton_launch")
                for run in variants.values())
-
-
-def _exp_kernel_source(width: int) -> Any:
-    with FusionDefinition() as fd:
-        fd.add_output(fd.ops.exp(fd.define_tensor([-1, -1])))
-    out = fd.fusion.outputs()[0]
-    out.merge(0)
-    out.split(0, width)
-    out.axis(0).parallelize(ParallelType.grid_x)
-    out.axis(1).parallelize(ParallelType.block_x)
-    transform_like(out)
-    parallelize_like(out)
-    return KernelBuilder(fd.fusion, "k", "interpreter", {}, out).build()
-
-
-def test_kernels_of_one_source_share_their_launches() -> None:
-    """Segments that compile to the same kernel (a model's repeated layers) share its launches, so each
-    compiled variant is looked up in Triton's caches and loaded once; other launch options or another
-    source are launches of their own. Each kernel still computes its own segment's result."""
-    first, second = CompiledKernel(_exp_kernel_source(128)), CompiledKernel(_exp_kernel_source(128))
-    assert first.code == second.code and first.launches is second.launches
-    assert CompiledKernel(_exp_kernel_source(128), num_warps=8).launches is not first.launches
-    assert CompiledKernel(_exp_kernel_source(64)).launches is not first.launches
-    x = torch.randn(3, 50)
-    for kernel in (first, second):
-        (got,) = kernel.run(EvalContext(), x)
-        torch.testing.assert_close(got, x.exp())
