@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyfuser import FusionDefinition
+from pyfuser import DataType, FusionDefinition
 from pyfuser.ir.iter_domain import ParallelType
 
 STREAM = ParallelType.stream
@@ -247,3 +247,35 @@ def test_chunk_outputs_written_in_place_keep_torch_promotion(device):
     for g, want in zip(got, (torch.exp(x), x + 2.5, x / x, x * 3), strict=True):
         assert g.dtype == want.dtype
         torch.testing.assert_close(g, want)
+
+
+def _gather_then_compare(copy: bool) -> FusionDefinition:
+    """``take_along_axis(y, i % 2, 1) < y`` with both ops on stream along axis 1, the gathered one;
+    ``copy``: the comparison reads a copy of ``y``."""
+    fd = FusionDefinition()
+    x = fd.define_tensor([-1, -1, -1])
+    i = fd.define_tensor([-1, -1, -1], dtype=DataType.Int)
+    y = fd.ops.log10(fd.ops.minimum(x, x))
+    gathered = fd.ops.take_along_axis(y, fd.ops.remainder(i, 2), 1)
+    out = fd.ops.lt(gathered, fd.ops.segment_set(y) if copy else y)
+    fd.add_output(out)
+    for t in (gathered, out):
+        t.outer_split(1, 2)
+        t.axis(1).parallelize(STREAM)
+    return fd
+
+
+def test_a_kernel_cannot_read_a_lookup_whole_and_chunked(device):
+    """A stream loop over the gathered axis of ``take_along_axis``: the gather reads its lookup whole along
+    that axis, the comparison in the same kernel reads the lookup chunked, and a kernel takes one operand
+    per tensor: an error says so and what to do (the kernel used to get the chunk, and its index check
+    called an in-range index out of range). With the comparison reading a copy the loop runs, as torch."""
+    x, index = torch.rand(3, 2, 5, device=device) + 0.5, torch.randint(-4, 5, (3, 2, 5), device=device)
+    options = [] if device == "cuda" else ["triton_interpreter"]
+    with pytest.raises(ValueError, match=r"parallelized on stream, but the kernel of .* reads T\d+ whole along that "
+                                         r"axis \(TakeAlongAxisOp computing T\d+\) and other ops of it read T\d+ "
+                                         r"chunked: .* copy T\d+ \(segment_set\)"):
+        _gather_then_compare(copy=False).execute([x, index], _enable_options=options)
+    (out,) = _gather_then_compare(copy=True).execute([x, index], _enable_options=options)
+    y = torch.log10(x)
+    torch.testing.assert_close(out, torch.take_along_dim(y, index % 2, 1) < y)

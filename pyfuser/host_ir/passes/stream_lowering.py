@@ -122,6 +122,13 @@ class _StreamLowering:
                                  f"chunk of one is not a chunk of the others; copy {p.short_name} (segment_set) for "
                                  "one of the reads, or split another axis on stream")
             mapped = operand_id(expr, position, axis.logical)
+            if (mapped is not None and isinstance(expr, FusedExprs)
+                    and (reader := expr.whole_reader(p, axis.logical)) is not None):
+                raise ValueError(f"{axis.describe()} is parallelized on stream, but the {expr.op_description} reads "
+                                 f"{p.short_name} whole along that axis ({reader.op_description} computing "
+                                 f"{reader.tensor_outputs[0].short_name}) and other ops of it read {p.short_name} "
+                                 f"chunked: one chunk cannot serve both; copy {p.short_name} (segment_set) for one of "
+                                 "the reads, or split another axis on stream")
             if mapped is None or p in node.whole_inputs:
                 continue  # read whole: e.g. the weight of a row-chunked matmul
             if p not in loop.chunks:

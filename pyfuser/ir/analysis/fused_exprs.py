@@ -92,6 +92,25 @@ class FusedExprs:
                     found.append(i)
         return found
 
+    def whole_reader(self, producer: TensorView, consumer_id: IterDomain) -> Expr | None:
+        """An expr that reads ``producer`` whole along the axis the exprs map onto ``consumer_id`` (its
+        map drops the ID of ``producer`` that reaches it, as a ``take_along_axis`` its lookup's gathered
+        axis) while its own output iterates that axis: where another expr reads ``producer`` chunked
+        along it, one chunk cannot serve both reads. None where there is none."""
+        reaching = self.producer_ids_reaching(producer, consumer_id)
+        if not reaching:
+            return None
+        _, root = self._trace(self.output)
+        axis = root(id(consumer_id))
+        for expr in self.exprs:
+            outs = expr.tensor_outputs
+            if not outs or not any(root(id(i)) == axis for i in outs[0].get_logical_domain()):
+                continue
+            for k, operand in enumerate(expr.inputs):
+                if operand is producer and any(i not in expr.operand_map(k) for i in reaching):
+                    return expr
+        return None
+
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:
         """``producer`` logical ID -> first output's logical ID, composed through the exprs (the first
         ID that reaches it); an ID that reaches the first output only through another one (``t9 =
