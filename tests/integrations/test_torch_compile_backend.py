@@ -858,3 +858,19 @@ def test_equal_regions_are_compiled_once(monkeypatch: pytest.MonkeyPatch, traini
     fecs = [[r.fec for r in b] for b in blocks]
     assert fecs[0] == fecs[1] == fecs[2] == fecs[3] and fecs[5] == fecs[6] == fecs[7]
     assert fecs[4] != fecs[3] and not set(map(id, fecs[5])) & set(map(id, fecs[0]))
+
+
+def test_equal_regions_of_symbolic_sizes_share_a_program_for_every_size() -> None:
+    """Under dynamic shapes equal regions still share one executor cache, which binds each call's sizes:
+    results match eager for every batch size, and each distinct region compiled one program."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(6, 1e-5) for _ in range(3)]).eval()
+    backend = PyfuserBackend()
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for batch in (2, 5, 3):
+            x = torch.randn(batch, 6, 7)
+            torch.testing.assert_close(compiled(x), model(x))
+    regions = [r for g in backend.graphs for r in g.regions]
+    assert len({id(r.fec) for r in regions}) < len(regions)
+    assert all(r.fec.compile_count == 1 for r in regions)
