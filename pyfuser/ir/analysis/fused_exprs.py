@@ -82,26 +82,18 @@ class FusedExprs:
         0), t, ...)``, or ``t.permute(1, 0)`` returned beside ``pow(t.permute(1, 0), t)``), so no single
         chunk of ``producer`` serves both reads."""
         origins, root = self._trace(producer)
-        axis = root(id(consumer_id))
-        found: list[IterDomain] = []
-        for k, ids in origins.items():
-            if root(k) != axis:
-                continue
-            for i in ids:
-                if not i.is_broadcast and all(i is not j for j in found):
-                    found.append(i)
-        return found
+        return _reaching(origins, root, root(id(consumer_id)))
 
     def whole_reader(self, producer: TensorView, consumer_id: IterDomain) -> Expr | None:
         """An expr that reads ``producer`` whole along the axis the exprs map onto ``consumer_id`` (its
         map drops the ID of ``producer`` that reaches it, as a ``take_along_axis`` its lookup's gathered
         axis) while its own output iterates that axis: where another expr reads ``producer`` chunked
         along it, one chunk cannot serve both reads. None where there is none."""
-        reaching = self.producer_ids_reaching(producer, consumer_id)
+        origins, root = self._trace(producer)
+        axis = root(id(consumer_id))
+        reaching = _reaching(origins, root, axis)
         if not reaching:
             return None
-        _, root = self._trace(self.output)
-        axis = root(id(consumer_id))
         for expr in self.exprs:
             outs = expr.tensor_outputs
             if not outs or not any(root(id(i)) == axis for i in outs[0].get_logical_domain()):
@@ -124,3 +116,15 @@ class FusedExprs:
             if p not in result and c is not None and not p.is_broadcast and c not in result.values():
                 result[p] = c
         return result
+
+
+def _reaching(origins: dict[int, list[IterDomain]], root: Callable[[int], int], axis: int) -> list[IterDomain]:
+    """The non-broadcast IDs among ``origins`` of the IDs in class ``axis`` (``FusedExprs._trace``)."""
+    found: list[IterDomain] = []
+    for k, ids in origins.items():
+        if root(k) != axis:
+            continue
+        for i in ids:
+            if not i.is_broadcast and all(i is not j for j in found):
+                found.append(i)
+    return found
