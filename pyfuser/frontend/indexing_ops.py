@@ -113,7 +113,8 @@ class IndexingOps(OpsBase):
         """``arg[indices]`` as torch's advanced indexing computes it: ``indices[d]`` (an integer tensor, or
         None for the whole axis) addresses ``arg``'s axis ``d``; the tensors broadcast together into the
         index shape, whose axes replace the indexed ones where those are adjacent and come first
-        otherwise. Negative values count from the end of their axis."""
+        otherwise. Negative values count from the end of their axis. A 0-dim index tensor is an index tensor
+        as in ``aten.index`` (Python's ``x[t, :, u]`` takes it for an integer, a select, instead)."""
         tv = self._tv(arg, "index arg")
         if len(indices) > tv.ndim:
             raise ValueError(f"index: {len(indices)} indices for {tv.short_name} of rank {tv.ndim}")

@@ -434,20 +434,23 @@ class OpFamilies(ABC):
                 f"{x}.index_put((torch.remainder({raw}, {rows}).long(),), {value}, accumulate=True)", 1)
 
     def _advanced_index(self, x: str, shape: list[int]) -> Candidate | None:
-        """``x[..., i0, ..., i1]``: one or two axes (adjacent or apart) by integer tensors whose shapes
-        broadcast together (suffixes of one shape, some extents 1), values in ``[-size, size)``."""
+        """``aten.index(x, [..., i0, ..., i1])``: one or two axes (adjacent or apart) by integer tensors whose
+        shapes broadcast together (suffixes of one shape, some extents 1, 0-dim ones too), values in
+        ``[-size, size)``."""
         axes = sorted(self.rng.sample(range(len(shape)), min(len(shape), self.rng.choice([1, 1, 2]))))
         if any(shape[d] == 0 for d in axes) or len(self.inputs) + len(axes) > self.config.max_inputs:
             return None
         common = [self.rng.choice(SIZES) for _ in range(self.rng.randint(0, 2))]
         keys_fd: list[str] = ["None"] * (axes[-1] + 1)
-        keys_ref: list[str] = [":"] * (axes[-1] + 1)
+        keys_ref: list[str] = ["None"] * (axes[-1] + 1)
         for d in axes:
             own = [self.rng.choice([1, e]) for e in common[self.rng.randint(0, len(common)):]]
             raw = self.tensor_input(own, self.rng.choice([torch.int64, torch.int32]))
             keys_fd[d] = f"fd.ops.sub(fd.ops.remainder({raw}, {2 * shape[d]}), {shape[d]})"
             keys_ref[d] = f"(torch.remainder({raw}, {2 * shape[d]}) - {shape[d]})"
-        return f"fd.ops.index({x}, [{', '.join(keys_fd)}])", f"{x}[{', '.join(keys_ref)}]", 1
+        # ATen's op, not Python's ``x[...]``, which takes a 0-dim index tensor for an integer (a select)
+        return (f"fd.ops.index({x}, [{', '.join(keys_fd)}])", f"torch.ops.aten.index.Tensor({x}, [{', '.join(keys_ref)}])",
+                1)
 
     def full(self) -> Candidate | None:
         shape = self.sizes([self.rng.choice(SIZES) for _ in range(self.rng.randint(0, 3))])
