@@ -24,6 +24,7 @@ from pyfuser.integrations.torch_compile.lowering import Lowering
 from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
 from pyfuser.integrations.torch_compile.view_chains import ViewChain, collapse_view_chains
 from pyfuser.integrations.torch_compile.view_pairs import drop_detaches, drop_transpose_pairs
+from pyfuser.runtime import executor as executor_module
 from pyfuser.runtime.executor import FusionExecutorCache
 from tests.conftest import devices
 
@@ -824,8 +825,6 @@ def test_equal_regions_are_compiled_once(monkeypatch: pytest.MonkeyPatch, traini
     """Repeated blocks make equal regions (forward and backward alike): they share one executor cache,
     so each distinct region is segmented, scheduled and compiled once; a block that differs (another
     epsilon, another width) is a fusion of its own. Results match eager."""
-    import pyfuser.runtime.executor as executor_module
-
     compiles = []
     compile_fusion = executor_module.compile_fusion
     monkeypatch.setattr(executor_module, "compile_fusion",
