@@ -62,6 +62,7 @@ class DisableOption(StrEnum):
     matmul_expr_eval = "matmul_expr_eval"
     #: ``CommunicatorBackend.cuda``: never pipeline; the plain collective then GEMM runs
     p2p_pipelines = "p2p_pipelines"
+    compile_ahead = "compile_ahead"
 
 
 class CommunicatorBackend(StrEnum):
@@ -103,6 +104,9 @@ DESCRIPTIONS: dict[StrEnum, str] = {
     DisableOption.stream_overlap: "concurrent stream-loop iterations (docs/stream_lowering.md: each iteration joins the user's "
                                   "stream)",
     DisableOption.kernel_codegen: "generated kernels (every segment runs as ATen calls)",
+    DisableOption.compile_ahead: "compiling a CUDA program's kernel variants in threads before its first run, from a "
+                                 "run on meta tensors (each compiles at its first launch instead; "
+                                 "PYFUSER_COMPILE_THREADS sets the threads, 0 none)",
     DisableOption.cooperative_launch: "a grid reduction's steps in one cooperative launch with a grid synchronization "
                                       "(each step a launch of its own instead)",
 }

@@ -22,6 +22,7 @@ from pyfuser.codegen.launcher import (
     BoundParam,
     DirectLaunches,
     Variant,
+    ahead_device,
     bound_launch,
     raw_stream,
 )
@@ -113,6 +114,8 @@ COOPERATIVE_ROUNDS = 2
 def resident_programs(device: torch.device) -> int:
     """Programs that surely run at once: one per SM on a GPU (any kernel that compiles fits one);
     one in Triton's interpreter, which runs programs one after another."""
+    if device.type == "meta" and (ahead := ahead_device()) is not None:  # a rehearsal's (``compiling_ahead``)
+        device = torch.device("cuda", ahead)
     if device.type != "cuda":
         return 1
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -198,8 +201,9 @@ class CooperativeSequence(KernelSequence):
         params.append(_counter(device))
         key = (tuple(k.key(p) for k, _, p in steps), tuple((g == 1, g % 16 == 0) for _, grid, _ in steps[1:]
                                                        for g in grid))
-        self._launches.launch(key, steps[0][1], params, device.index)
-        variant = self._launches.variant(key, device.index)
+        index = device.index if device.index is not None else -1  # (-1: not a CUDA device, as ``get_device``)
+        self._launches.launch(key, steps[0][1], params, index)
+        variant = self._launches.variant(key, index)
 
         global cooperative_launches
         cooperative_launches += 1

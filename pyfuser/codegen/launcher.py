@@ -5,10 +5,14 @@ cached launch runs straight-line code instead of interpreting the kernel's descr
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import operator
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +66,42 @@ raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (lambda _de
 #: ``launch(grid, params, stream)``: one compiled variant's launch (``grid``: x, y, z).
 VariantLaunch = Callable[[tuple[int, ...], list[Any], Any], None]
 
+#: Threads that compile kernel variants ahead of their first launch: ``PYFUSER_COMPILE_THREADS``, else
+#: one per core up to 16. Triton spends most of a compilation in its MLIR and LLVM passes and in
+#: ``ptxas``, outside the GIL, so variants compiled in threads overlap one another and the host's own
+#: work (segmentation, scheduling, code generation of the next program).
+_COMPILE_THREADS = int(os.environ.get("PYFUSER_COMPILE_THREADS") or min(16, os.cpu_count() or 1))
+_compile_pool: ThreadPoolExecutor | None = None
+#: Variants whose first launch took them compiled from a compile thread, in this process (tests count them).
+variants_compiled_ahead = 0
+#: The CUDA device that launches on meta tensors compile for, inside ``compiling_ahead``.
+_ahead_device: contextvars.ContextVar[int | None] = contextvars.ContextVar("pyfuser_ahead_device", default=None)
+
+
+def ahead_device() -> int | None:
+    """The CUDA device a rehearsal's launches compile for, inside ``compiling_ahead`` (None outside)."""
+    return _ahead_device.get()
+
+
+@contextlib.contextmanager
+def compiling_ahead(device: int) -> Iterator[bool]:
+    """A dry run of a program on meta tensors (same sizes and strides as a call's) inside this block
+    launches nothing: each launch of a compiled kernel hands its variant to the compile threads, to be
+    compiled for CUDA device ``device``, and the real launch of that variant later takes the result
+    (``DirectLaunches.launch``). Yields whether threads compile (False: none are configured, and the
+    dry run would gain nothing)."""
+    global _compile_pool
+    if _COMPILE_THREADS < 1:
+        yield False
+        return
+    if _compile_pool is None:
+        _compile_pool = ThreadPoolExecutor(_COMPILE_THREADS, thread_name_prefix="pyfuser-compile")
+    token = _ahead_device.set(device)
+    try:
+        yield True
+    finally:
+        _ahead_device.reset(token)
+
 
 class DirectLaunches:
     """The one path from a kernel's parameters to a Triton launch: every launch of a generated kernel
@@ -96,6 +136,8 @@ class DirectLaunches:
         self.variants: dict[tuple[Any, ...], VariantLaunch] = {}
         #: (device, key) -> the variant's launch in parts, where torch's static launcher calls it
         self.static: dict[tuple[Any, ...], StaticLaunch] = {}
+        #: (device, key) -> the variant being compiled ahead by a compile thread (``compiling_ahead``)
+        self.ahead: dict[tuple[Any, ...], Future[Any]] = {}
         self.direct = not interpreted
 
     def launch(self, key: tuple[Any, ...] | None, grid: tuple[int, ...], params: list[Any], device: int) -> None:
@@ -107,6 +149,9 @@ class DirectLaunches:
         if self.interpreted:
             self._interpret(grid, params, None)
             return
+        if device < 0 and self.direct and (target := ahead_device()) is not None:
+            self._compile_ahead(target, key, grid, params)
+            return
         if not self.direct or not callable(getattr(self.fn, "warmup", None)):
             # a Triton without compile-only warm-up: it compiles and launches in one call
             self.direct = False
@@ -115,8 +160,14 @@ class DirectLaunches:
             except Exception as e:
                 raise KernelLaunchError(self.name, self.source, e) from e
             return
-        try:  # a variant's first launch: Triton compiles it (without launching)
-            compiled = self.fn.warmup(*params, grid=grid, num_warps=self.num_warps, **self.options)
+        try:  # a variant's first launch: Triton compiles it (without launching), or a compile thread has
+            ahead = self.ahead.pop((device, key), None) if self.ahead else None
+            compiled = ahead.result() if ahead is not None and ahead.exception() is None else None
+            if compiled is None:  # (a compile thread's failure: compiled here again, to raise it with the source)
+                compiled = self.fn.warmup(*params, grid=grid, num_warps=self.num_warps, **self.options)
+            else:
+                global variants_compiled_ahead
+                variants_compiled_ahead += 1
             static = _static_launch(compiled, device)
             run = static.launcher() if static is not None else _triton_launch(compiled)
             run(grid, params, raw_stream(device))
@@ -125,6 +176,22 @@ class DirectLaunches:
         self.variants[(device, key)] = run
         if static is not None:
             self.static[(device, key)] = static
+
+    def _compile_ahead(self, device: int, key: tuple[Any, ...] | None, grid: tuple[int, ...], params: list[Any]) -> None:
+        """Hand the variant of ``params`` (meta tensors where the launch takes device tensors: Triton
+        specializes on their dtypes and the 16-byte alignment of their addresses, which a meta tensor
+        has as its CUDA counterpart) to a compile thread, once."""
+        slot = (device, key)
+        if slot in self.variants or slot in self.ahead or _compile_pool is None or not callable(
+                getattr(self.fn, "warmup", None)):
+            return
+        fn, num_warps, options = self.fn, self.num_warps, self.options
+
+        def compile_variant() -> Any:
+            torch.cuda.set_device(device)  # (per thread) the device Triton compiles for
+            return fn.warmup(*params, grid=grid, num_warps=num_warps, **options)
+
+        self.ahead[slot] = _compile_pool.submit(compile_variant)
 
     def variant(self, key: tuple[Any, ...] | None, device: int) -> Variant | None:
         """The variant ``key`` selects, launched before (None where there is none to call directly);

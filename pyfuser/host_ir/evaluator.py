@@ -212,6 +212,13 @@ class HostIrEvaluator:
             return None
         return node.segment.run, pick, results, self.bound_launches(node)
 
+    def on_device(self, device: torch.device) -> HostIrEvaluator:
+        """The same program with its steps built for ``device`` (a rehearsal on meta tensors: every
+        tensor it allocates is a meta tensor too, and no stream or CUDA graph step is built)."""
+        program = HostIrEvaluator(self.container, self.layouts, device, self.num_streams, self._builders)
+        program.segments = self.segments
+        return program
+
     # --- CompileContext ------------------------------------------------------------------------
     def slot(self, val: HostVal | Hashable) -> int:
         slot = self._slots.get(val)

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from pyfuser.codegen.launcher import compiling_ahead
 from pyfuser.comm.communicator import Communicator
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import HostIrContainer, KernelSegment, LaunchKernel, PlainSegment
@@ -24,7 +25,7 @@ from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import is_dense, memory_order
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.options import CommunicatorBackend, CompileOptions, check_options, comm_backend
+from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
 from pyfuser.runtime import profiling
 from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.inputs import InputBinder, check_devices, signature
@@ -310,7 +311,29 @@ class FusionExecutorCache:
         enabled, disabled = check_options(enable_options, disable_options)
         binder.check(args)
         moved = check_devices(binder.specs, args, target)
-        layout = (_layout_key(args), target, enabled, disabled, backend)
+        return self._program(args, binder, target, enabled, disabled, backend), moved
+
+    def compile_ahead(self, args: Sequence[Any], *, device: torch.device | str | int,
+                      enable_options: Sequence[str] = (), disable_options: Sequence[str] = ()) -> None:
+        """Compile the program that ``run(args, device=device, ...)`` runs, before that call, and start
+        compiling its kernels (``_rehearse``): for a caller that knows a call's inputs before their
+        values exist (a torch.compile graph's regions, from their traced sizes and strides), so the
+        programs of many fusions compile side by side. ``args``: meta tensors stand for tensors of
+        ``device``."""
+        if self._version != self.fusion.version:
+            self._reset()
+        binder = self._binder
+        assert binder is not None  # set by _reset
+        target = self._target(device, args, binder)
+        enabled, disabled = check_options(enable_options, disable_options)
+        binder.check(args)
+        self._program(args, binder, target, enabled, disabled, None)
+
+    def _program(self, args: Sequence[Any], binder: InputBinder, target: torch.device,
+                 enabled: frozenset[EnableOption], disabled: frozenset[DisableOption],
+                 backend: CommunicatorBackend | None) -> HostIrEvaluator:
+        """The program for ``args``' layout, compiled on its first call."""
+        layout = (_layout_key(args, target), target, enabled, disabled, backend)
         program = self._by_layout.get(layout)
         if program is None:
             _check_no_cpu_scalar_outputs(self.fusion)
@@ -322,7 +345,35 @@ class FusionExecutorCache:
             program = compile_fusion(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program
-        return program, moved
+            if (target.type == "cuda" and options.kernels and not options.is_disabled(DisableOption.compile_ahead)
+                    and not is_multidevice(self.fusion)):
+                self._rehearse(program, args, binder, target)
+        return program
+
+    @staticmethod
+    def _rehearse(program: HostIrEvaluator, args: Sequence[Any], binder: InputBinder, target: torch.device) -> None:
+        """Run ``program`` once on meta tensors of ``args``' sizes and strides, inside ``compiling_ahead``:
+        it launches nothing, and each kernel variant its launches would compile on the first run starts
+        compiling in a thread. A first run then finds its variants compiled or compiling, where it would
+        compile them one after another (a model's first call spends more time in Triton than anywhere
+        else). The rehearsal stops where meta tensors cannot go on (an ATen op without a meta kernel, a
+        value read on the host): the variants it reached compile ahead, the others at their launch."""
+        meta = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+                if isinstance(a, torch.Tensor) and not (a.device.type == "cpu" and a.dim() == 0) else a for a in args]
+        device = torch.device("meta")
+        with compiling_ahead(target.index if target.index is not None else torch.cuda.current_device()) as threads:
+            if not threads:
+                return
+            try:
+                rehearsal = program.on_device(device)
+                if binder.has_scalars:
+                    meta = binder.coerce(meta)
+                    env = binder.bind(meta)
+                else:
+                    env = binder.bind_signature(signature(meta), meta)
+                rehearsal.run(meta, EvalContext(env, device))
+            except Exception:  # (the first run raises whatever is the caller's error)
+                return
 
 
     def _rank(self) -> int:
@@ -335,13 +386,15 @@ class FusionExecutorCache:
         return comm.rank()
 
 
-def _layout_key(args: Sequence[Any]) -> tuple[Any, ...]:
-    """What a compiled program may depend on: dtypes, ranks, size-1 axes, memory orders and density."""
+def _layout_key(args: Sequence[Any], target: torch.device | None = None) -> tuple[Any, ...]:
+    """What a compiled program may depend on: dtypes, ranks, size-1 axes, memory orders, density and
+    devices (a meta tensor stands for one of ``target``'s)."""
     key: list[object] = []
     for a in args:
         if isinstance(a, torch.Tensor):
             order = tuple(memory_order(a.shape, a.stride()))
-            key.append((a.dtype, tuple(s == 1 for s in a.shape), order, is_dense(a.shape, a.stride()), a.device.type))
+            where = target.type if a.device.type == "meta" and target is not None else a.device.type
+            key.append((a.dtype, tuple(s == 1 for s in a.shape), order, is_dense(a.shape, a.stride()), where))
         else:
             key.append(type(a))
     return tuple(key)

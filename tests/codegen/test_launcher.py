@@ -4,15 +4,24 @@ launcher where it applies)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser.codegen import launcher as launcher_module
 from pyfuser.codegen.kernel_builder import KernelBuilder
 from pyfuser.codegen.kernel_source import KernelLaunchError
-from pyfuser.codegen.launcher import DirectLaunches, StaticLaunch, Variant, bound_launch, launcher_source
+from pyfuser.codegen.launcher import (
+    DirectLaunches,
+    StaticLaunch,
+    Variant,
+    bound_launch,
+    compiling_ahead,
+    launcher_source,
+)
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.schedule import parallelize_like, transform_like
 
@@ -113,6 +122,67 @@ def test_a_refused_variant_names_the_kernel_and_carries_its_source(fn: _Refusing
         launches.launch(("key",), (1, 1, 1), [torch.zeros(1)], 0)
     assert caught.value.source == "def pointwise_kernel(T0, T1): ..."
     assert not launches.variants
+
+
+class _ThreadedWarmupJitFunction(_JitFunction):
+    """A ``warmup`` that logs the thread compiling, the device of the first argument, and the grid."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        super().__init__()
+        self.refuse = refuse
+
+    def warmup(self, *params: Any, grid: tuple[int, ...], num_warps: int) -> _Compiled:
+        thread = "compile thread" if threading.current_thread().name.startswith("pyfuser-compile") else "caller"
+        self.log.append(f"compile {grid} on {params[0].device.type} in the {thread}")
+        if self.refuse:
+            raise ValueError("out of resources: shared memory")
+        return _Compiled(self.log)
+
+
+def test_launches_of_a_rehearsal_compile_their_variants_in_threads_for_the_first_launches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ``compiling_ahead`` a launch on meta tensors launches nothing: its variant (each once) compiles
+    in a compile thread for the given CUDA device, and the first real launch of that variant takes it,
+    compiling nothing itself; a variant not rehearsed compiles at its launch. (CPU tensors stand for
+    device 0's in the launches after the rehearsal: the fake variants launch nothing.)"""
+    devices: list[int] = []
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    fn = _ThreadedWarmupJitFunction()
+    launches = DirectLaunches(fn, 4, "k", "def k(T0): ...")
+    meta = torch.empty(64, 33, device="meta")
+    with compiling_ahead(0) as threads:
+        assert threads
+        for _ in range(2):
+            launches.launch(("a",), (17, 1, 1), [meta, 33], -1)
+        launches.launch(("b",), (16, 1, 1), [meta, 32], -1)
+    assert set(launches.ahead) == {(0, ("a",)), (0, ("b",))} and not launches.variants
+    for future in launches.ahead.values():
+        future.result()
+    taken = launcher_module.variants_compiled_ahead
+    launches.launch(("a",), (17, 1, 1), [torch.zeros(64, 33), 33], 0)
+    launches.launch(("a",), (17, 1, 1), [torch.zeros(64, 33), 33], 0)
+    launches.launch(("c",), (9, 1, 1), [torch.zeros(64, 33), 33], 0)
+    assert sorted(fn.log[:2]) == ["compile (16, 1, 1) on meta in the compile thread",
+                                  "compile (17, 1, 1) on meta in the compile thread"]
+    assert fn.log[2:] == ["direct (17, 1, 1)", "direct (17, 1, 1)", "compile (9, 1, 1) on cpu in the caller",
+                          "direct (9, 1, 1)"]
+    assert devices == [0, 0] and launcher_module.variants_compiled_ahead == taken + 1
+    assert set(launches.ahead) == {(0, ("b",))}  # rehearsed, not launched yet
+    launches.launch(("d",), (17, 1, 1), [meta, 33], -1)  # outside a rehearsal: a launch as any other
+    assert fn.log[-2:] == ["compile (17, 1, 1) on meta in the caller", "direct (17, 1, 1)"]
+
+
+def test_a_variant_refused_in_a_compile_thread_fails_its_launch_naming_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    fn = _ThreadedWarmupJitFunction(refuse=True)
+    launches = DirectLaunches(fn, 4, "k", "def k(T0): ...")
+    with compiling_ahead(0):
+        launches.launch(("a",), (2, 1, 1), [torch.empty(8, device="meta")], -1)
+    with pytest.raises(KernelLaunchError, match="generated kernel k failed to compile or launch: ValueError: out of "
+                                                "resources") as caught:
+        launches.launch(("a",), (2, 1, 1), [torch.zeros(8)], 0)
+    assert caught.value.source == "def k(T0): ..."
+    assert fn.log == ["compile (2, 1, 1) on meta in the compile thread", "compile (2, 1, 1) on cpu in the caller"]
 
 
 def test_a_static_launch_calls_torchs_launcher_with_the_kept_arguments_and_bound_launches_inline_it() -> None:

@@ -12,6 +12,7 @@ import torch
 import torch._dynamo
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from pyfuser.codegen import launcher as launcher_module
 from pyfuser.codegen.kernel_source import KernelLaunchError
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import AtenCall
@@ -21,7 +22,7 @@ from pyfuser.integrations.torch_compile.bound_graph import WARM_CALLS
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.graph_replay import capturable
 from pyfuser.integrations.torch_compile.lowering import Lowering
-from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
+from pyfuser.integrations.torch_compile.region import FusionRegion, KernelFallbackWarning
 from pyfuser.integrations.torch_compile.view_chains import ViewChain, collapse_view_chains
 from pyfuser.integrations.torch_compile.view_pairs import drop_detaches, drop_transpose_pairs
 from pyfuser.runtime import executor as executor_module
@@ -857,6 +858,39 @@ def test_equal_regions_are_compiled_once(monkeypatch: pytest.MonkeyPatch, traini
     fecs = [[r.fec for r in b] for b in blocks]
     assert fecs[0] == fecs[1] == fecs[2] == fecs[3] and fecs[5] == fecs[6] == fecs[7]
     assert fecs[4] != fecs[3] and not set(map(id, fecs[5])) & set(map(id, fecs[0]))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_regions_compile_before_the_graphs_first_call(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    """A graph's regions compile their programs from the traced sizes when the graph compiles (on a GPU,
+    their kernels in compile threads from a rehearsal on meta tensors): every region's first call finds
+    its program compiled, no region compiles twice, and a training step matches eager."""
+    programs_at_first_call = []
+    execute = FusionRegion._execute
+
+    def first_call(region: FusionRegion, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        programs_at_first_call.append(region.fec.compile_count)
+        return execute(region, inputs)
+
+    monkeypatch.setattr(FusionRegion, "_execute", first_call)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Block(6, 1e-5), torch.nn.Conv1d(6, 4, 1), _Block(4, 1e-3)).to(device)
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=(backend := PyfuserBackend()))
+    x = torch.randn(3, 6, 5, device=device)
+    xs, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ahead = launcher_module.variants_compiled_ahead
+    got, want = compiled(xs), reference(xe)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(xs.grad, xe.grad)
+    regions = [r for g in backend.graphs for r in g.regions]
+    assert {g.kind for g in backend.graphs} == {"forward", "backward"}
+    assert len(programs_at_first_call) == len(regions) and all(programs_at_first_call), programs_at_first_call
+    assert all(r.fec.compile_count == 1 for r in regions)
+    if device == "cuda":  # the kernels' first launches took variants compiled in threads
+        assert launcher_module.variants_compiled_ahead > ahead
 
 
 def test_equal_regions_of_symbolic_sizes_share_a_program_for_every_size() -> None:

@@ -11,9 +11,10 @@ transposes that undo each other and the detaches (``view_pairs.py``), turns all-
 matmul and matmul -> reduce-scatter into pyfuser's multi-device pipelines (``collective_matmul.py``; other
 collectives stay torch's, region boundaries), partitions it into pyfuser
 regions and eager ops, collapses the chains of views left in eager (``view_chains.py``) and calls the other
-views as tensor methods (``eager_methods.py``). After its first calls a graph of static shapes runs as a
-copy specialized to them: regions as their straight-line functions, eager views as reinterpretations
-(``bound_graph.py``).
+views as tensor methods (``eager_methods.py``). Each region's program is compiled then, from the traced
+sizes, its kernels in compile threads (``FusionExecutorCache.compile_ahead``). After its first calls a graph
+of static shapes runs as a copy specialized to them: regions as their straight-line functions, eager views as
+reinterpretations (``bound_graph.py``).
 
 Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):
 
@@ -172,6 +173,8 @@ class PyfuserBackend:
         collapse_view_chains(gm, aliasing)
         call_views_as_methods(gm, aliasing)
         compiled = CompiledGraph(kind, finish(gm), regions, eager, pipelines, layout=layout)
+        for region in regions:
+            region.compile_ahead()
         if self.cuda_graph and any(r.device.type == "cuda" for r in regions):
             why = capturable(compiled.graph_module)
             if why is None:

@@ -135,6 +135,26 @@ class FusionRegion:
         elif self._graphs is None:
             self._graphs = CudaGraphRunner(self._execute, self._static, name=f"pyfuser region {self.name}")
 
+    def compile_ahead(self) -> None:
+        """Compile the region's program for its traced inputs now, its kernels in compile threads
+        (``FusionExecutorCache.compile_ahead``): a graph's regions then compile side by side before
+        its first call, not one after another inside it. For regions of static shapes; a failure is
+        left to the first call, which handles it (``_without_kernels``)."""
+        if not self._static_shapes:
+            return
+        args = []
+        for node, _ in self._traced:
+            value = node.meta.get("val")
+            if not isinstance(value, torch.Tensor):
+                return
+            # meta tensors stand for the region's device's; a 0-dim CPU tensor (a scalar) stays one
+            where = "cpu" if value.device.type == "cpu" and value.dim() == 0 else "meta"
+            args.append(torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=where))
+        try:
+            self.fec.compile_ahead(args, device=self.device, enable_options=self._enable, disable_options=self._disable)
+        except Exception:
+            return
+
     def _execute(self, inputs: list[Any]) -> list[torch.Tensor]:
         """The fusion's outputs for ``inputs``. In a graph of static shapes, dynamo's guards fix the
         graph's inputs (sizes, strides, dtypes, devices), autograd the sizes of incoming gradients, and
