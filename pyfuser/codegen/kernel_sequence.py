@@ -203,6 +203,8 @@ class CooperativeSequence(KernelSequence):
                                                        for g in grid))
         index = device.index if device.index is not None else -1  # (-1: not a CUDA device, as ``get_device``)
         self._launches.launch(key, steps[0][1], params, index)
+        if device.type == "meta":  # a rehearsal's (``compiling_ahead``): nothing launched
+            return None
         variant = self._launches.variant(key, index)
 
         global cooperative_launches
