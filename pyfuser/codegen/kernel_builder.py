@@ -161,6 +161,8 @@ class KernelBuilder(ValueLowering):
         self._stored: set[int] = set()
         self._tile_index: dict[int, str] = {}
         self.tile_shape: list[str] = []
+        #: the bounds of splits that may not divide: (condition, outer index, stride, inner index, extent)
+        self._split_bounds: list[tuple[str, str, str, str, str]] = []
 
     # --- sizes ------------------------------------------------------------------------------------
     def size_symbol(self, logical: IterDomain) -> SymExpr:
@@ -343,7 +345,9 @@ class KernelBuilder(ValueLowering):
                 index = known[id(t.in_id)] = code.assign(
                     "ix", f"{outer} * {stride} + {inner}" if stride != "1" else f"{outer} + {inner}")
                 if not (self._divides(t) and bounded[id(t.outer)] and bounded[id(t.inner)]):
-                    code.add_condition(f"({index} < {int_expr(self.extent(t.in_id))})", code.dims_of(index))
+                    extent = int_expr(self.extent(t.in_id))
+                    code.add_condition(f"({index} < {extent})", code.dims_of(index))
+                    self._split_bounds.append((f"({index} < {extent})", outer, stride, inner, extent))
                 bounded[id(t.in_id)] = True
             elif isinstance(t, Merge):
                 out = known.get(id(t.out))
@@ -947,7 +951,7 @@ class KernelBuilder(ValueLowering):
         # A bool arrives as an int (``KernelSource.bool_scalars``): a comparison.
         typed = [f"    s_{sym} = {arg} != 0" if dtype is DataType.Bool else
                  f"    s_{sym} = tl.full([], {arg}, {triton_dtype(dtype)})" for sym, (arg, dtype, _) in self._scalars.items()]
-        body = "\n".join([*typed, *self.code.lines]) or "    pass"
+        body = "\n".join([*typed, *self._full_tiles_apart(loops)]) or "    pass"
         source = f"{prelude(self.target)}\n\n@_jit\ndef {self.name}({params}):\n{body}\n"
         grid = tuple(next((loop.extent for loop in loops if loop.kind == "grid" and loop.index == f"pid{a}"),
                           SymConst(1)) for a in range(3))
@@ -965,6 +969,37 @@ class KernelBuilder(ValueLowering):
             bool_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if self._scalars[sym][1] is DataType.Bool),
             cpu_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if isinstance(self._scalars[sym][2], TensorView)),
             device_asserts=self.device_asserts)
+
+    def _full_tiles_apart(self, loops: list[Loop]) -> list[str]:
+        """The body's lines; for a kernel over a flat index split into one tile per program (the
+        pointwise schedule's, ``pid * B + arange(B)``), the body twice: programs whose tile lies wholly
+        inside the extent run it with the bound known true, the last one with its mask. Triton widens
+        a masked access to 16 bytes only where it can prove the mask constant over each group, which
+        it cannot when the extent is not a multiple of 16 in its specializations (an odd element
+        count, or sizes none of which is a multiple of 16): every access is then an element wide,
+        2.1-2.6x slower for a bf16 activation on an H200."""
+        lines = self.code.lines
+        grids = [loop for loop in loops if loop.kind == "grid"]
+        tiles = [loop for loop in loops if loop.kind == "tile" and loop.tile_size]
+        if len(loops) != 2 or len(grids) != 1 or len(tiles) != 1 or not self._split_bounds:
+            return lines
+        pid, tile, size = grids[0].index, tiles[0].index, tiles[0].tile_size
+        conditions = {c for c, _ in self.code.conditions()}
+        bounds = {b[0]: b for b in self._split_bounds if b[0] in conditions}
+        if not bounds or set(bounds) != conditions or any((outer, stride, inner) != (pid, str(size), tile)
+                                            for _, outer, stride, inner, _ in bounds.values()):
+            return lines
+        full = " & ".join(f"({pid} * {size} + {size} <= {extent})" for *_, extent in bounds.values())
+        unmasked = []
+        for line in lines:
+            for condition in bounds:
+                line = line.replace(condition, f"tl.full([{size}], 1, tl.int1)")
+            unmasked.append(line)
+        first = next((k for k, line in enumerate(lines) if line.strip().startswith(f"{pid} = ")), None)
+        if first is None:
+            return lines
+        return [*lines[:first + 1], f"    if {full}:", *("    " + line for line in unmasked[first + 1:]),
+                "    else:", *("    " + line for line in lines[first + 1:])]
 
     def _constant_checks(self) -> tuple[tuple[int, int, int], ...]:
         """Input dims of symbolic extent in a class of constant extent (``expand(x, [6, 4])`` of an

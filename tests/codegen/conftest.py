@@ -59,3 +59,14 @@ def kernel_schedulers(fd: FusionDefinition) -> list[str]:
     longest scheduler name that begins its kernel's name (``<scheduler>_<ops>_kernel``)."""
     names = sorted((t.name for t in SchedulerType), key=len, reverse=True)
     return [next(n for n in names if s.name.startswith(f"{n}_")) for s in kernel_segments(fd)]
+
+
+def masked_path(code: str) -> str:
+    """A kernel's source without the branch its programs with a full tile take (``KernelBuilder``'s
+    ``_full_tiles_apart``): what the other programs run, each access once."""
+    lines = code.splitlines()
+    start = next((k for k, line in enumerate(lines) if line.startswith("    if (pid") and " <= " in line), None)
+    if start is None:
+        return code
+    end = lines.index("    else:", start)
+    return "\n".join(lines[:start] + [line[4:] for line in lines[end + 1:]])

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition
-from tests.codegen.conftest import execute_with_kernels
+from tests.codegen.conftest import execute_with_kernels, masked_path
 
 
 def _load_terms(code: str, tensor: str) -> list[int]:
     """The number of stride terms in each load of ``tensor`` in ``code``."""
-    return [len(re.findall(r"\* st\d+_\d+", m)) for m in re.findall(rf"tl\.load\({tensor} \+ ([^,]*),", code)]
+    return [len(re.findall(r"\* st\d+_\d+", m)) for m in re.findall(rf"tl\.load\({tensor} \+ ([^,]*),", masked_path(code))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -62,7 +62,8 @@ def _indices_of_strided_loads(code: str) -> list[list[str]]:
     def expanded(expr: str) -> str:
         return re.sub(r"\bix\d+\b", lambda m: f"({expanded(assigned[m[0]])})" if m[0] in assigned else m[0], expr)
 
-    loads = [re.findall(r"\((ix\d+)\) \* st\d+_\d+", terms) for terms in re.findall(r"tl\.load\(T\d+ \+ ([^,]*),", code)]
+    accesses = re.findall(r"tl\.load\(T\d+ \+ ([^,]*),", masked_path(code))
+    loads = [re.findall(r"\((ix\d+)\) \* st\d+_\d+", terms) for terms in accesses]
     return [[expanded(name) for name in names] for names in loads if len(names) > 1]
 
 
