@@ -977,7 +977,7 @@ class KernelBuilder(ValueLowering):
         a masked access to 16 bytes only where it can prove the mask constant over each group, which
         it cannot when the extent is not a multiple of 16 in its specializations (an odd element
         count, or sizes none of which is a multiple of 16): every access is then an element wide,
-        2.1-2.6x slower for a bf16 activation on an H200."""
+        2-3.5x slower for a bf16 activation on an H200 (``benchmarks/results/kernels_notes.md``)."""
         lines = self.code.lines
         grids = [loop for loop in loops if loop.kind == "grid"]
         tiles = [loop for loop in loops if loop.kind == "tile" and loop.tile_size]
