@@ -70,7 +70,17 @@ VariantLaunch = Callable[[tuple[int, ...], list[Any], Any], None]
 #: one per core up to 16. Triton spends most of a compilation in its MLIR and LLVM passes and in
 #: ``ptxas``, outside the GIL, so variants compiled in threads overlap one another and the host's own
 #: work (segmentation, scheduling, code generation of the next program).
-_COMPILE_THREADS = int(os.environ.get("PYFUSER_COMPILE_THREADS") or min(16, os.cpu_count() or 1))
+def _compile_threads() -> int:
+    raw = os.environ.get("PYFUSER_COMPILE_THREADS", "").strip()
+    if not raw:
+        return min(16, os.cpu_count() or 1)
+    if not raw.isdigit():
+        raise ValueError(f"PYFUSER_COMPILE_THREADS must be a number of threads (0: compile each kernel at its first "
+                         f"launch), got {raw!r}")
+    return int(raw)
+
+
+_COMPILE_THREADS = _compile_threads()
 _compile_pool: ThreadPoolExecutor | None = None
 #: Variants whose first launch took them compiled from a compile thread, in this process (tests count them).
 variants_compiled_ahead = 0

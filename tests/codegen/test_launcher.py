@@ -4,6 +4,9 @@ launcher where it applies)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -222,3 +225,12 @@ def test_cuda_variants_launch_through_torchs_static_launcher() -> None:
     assert variants and set(kernel.launches.static) == (set(variants) if static else set())
     assert all(run.__qualname__.startswith("StaticLaunch.launcher" if static else "_triton_launch")
                for run in variants.values())
+
+
+def test_the_compile_threads_setting_is_checked_and_zero_turns_compiling_ahead_off() -> None:
+    script = "from pyfuser.codegen import launcher\nwith launcher.compiling_ahead(0) as threads:\n    print(threads)"
+    runs = {value: subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "PYFUSER_COMPILE_THREADS": value}) for value in ("0", "2", "many")}
+    assert runs["0"].stdout.strip() == "False" and runs["2"].stdout.strip() == "True"
+    assert runs["many"].returncode != 0
+    assert "PYFUSER_COMPILE_THREADS must be a number of threads" in runs["many"].stderr.splitlines()[-1]
