@@ -31,52 +31,58 @@ from pyfuser.ir.ops.rfactor import RFactorOp
 
 
 def unsupported_in_pointwise_kernel(expr: Expr) -> str | None:
-    """Why a pointwise kernel cannot compute ``expr`` (None: it can)."""
-    name = f"{expr.op_description} producing {expr.outputs[0]}"
+    """Why a pointwise kernel cannot compute ``expr`` (None: it can), naming the op and the tensor it
+    produces (written only for a refusal: the segmenter asks of every expr of every candidate segment)."""
+    cause = _pointwise_refusal(expr)
+    return None if cause is None else f"{expr.op_description} producing {expr.outputs[0]}: {cause}"
+
+
+def _pointwise_refusal(expr: Expr) -> str | None:
+    """``unsupported_in_pointwise_kernel``'s cause, without the op's name."""
     for v in (*expr.inputs, *expr.outputs):
         if triton_dtype(v.dtype) is None:
-            return f"{name}: dtype {v.dtype} has no Triton type"
+            return f"dtype {v.dtype} has no Triton type"
     if isinstance(expr, LoadStoreOp):
         if expr.kind is LoadStoreOpType.segment_set:
-            return f"{name}: segment_set forces a segment boundary"
+            return "segment_set forces a segment boundary"
         return None
     if isinstance(expr, SqueezeOp) and expr.runtime_checked:
-        return f"{name}: squeezing an axis of unknown size needs a size check at execution"
+        return "squeezing an axis of unknown size needs a size check at execution"
     if isinstance(expr, (*INDEX_ONLY_OPS, *RESIZE_OPS, FullOp, IotaOp)):
         return None
     if isinstance(expr, ReshapeOp):
         if reshape_groups(expr) is None:
-            return f"{name}: its groups of axes are not known from its extents (symbolic, or empty)"
+            return "its groups of axes are not known from its extents (symbolic, or empty)"
         return None
     if isinstance(expr, IndexedRead):
-        return _unsupported_indexed_read(expr, name)
+        return _indexed_read_refusal(expr)
     if isinstance(expr, UnaryOp | BinaryOp | TernaryOp):
         lowering = TRITON_POINTWISE.get(expr.kind)
         if lowering is None:
-            return f"{name}: {expr.kind.name} has no Triton lowering"
+            return f"{expr.kind.name} has no Triton lowering"
         if lowering.floating_only and not compute_dtype(expr.outputs[0].dtype).is_floating:
-            return f"{name}: {expr.kind.name} on {expr.outputs[0].dtype} is only exact as an ATen call"
+            return f"{expr.kind.name} on {expr.outputs[0].dtype} is only exact as an ATen call"
         if isinstance(expr, BinaryOp) and expr.kind in _INTEGER_DIVISIONS and _divides_integers_by_maybe_zero(expr):
-            return f"{name}: integer division by a value that may be 0, for which ATen raises and a kernel cannot"
+            return "integer division by a value that may be 0, for which ATen raises and a kernel cannot"
         for v in expr.inputs:
             if isinstance(v, Scalar) and v.is_fusion_input and v.dtype is DataType.Double and \
                     compute_dtype(expr.outputs[0].dtype) is DataType.Double:
-                return f"{name}: a double-precision scalar argument would be passed to Triton as float32"
+                return "a double-precision scalar argument would be passed to Triton as float32"
         return None
-    return f"{name}: {expr.op_description} is not computed by a pointwise kernel"
+    return f"{expr.op_description} is not computed by a pointwise kernel"
 
 
-def _unsupported_indexed_read(expr: IndexedRead, name: str) -> str | None:
+def _indexed_read_refusal(expr: IndexedRead) -> str | None:
     """An indirect load computes index_select, gather and embedding's rows (``values.py``), from a lookup
     tensor of at least one axis; embedding only without ``max_norm`` (which renormalizes the rows it
     reads) and ``padding_idx`` (no forward value depends on it, but its range is ATen's check)."""
     lookup = expr.lookup
     if lookup.ndim == 0:
-        return f"{name}: a 0-dim lookup tensor {lookup.short_name}"
+        return f"a 0-dim lookup tensor {lookup.short_name}"
     if isinstance(expr, EmbeddingFwdOp):
         for option in ("max_norm", "padding_idx"):
             if expr.option(option) is not None:
-                return f"{name}: embedding with {option} is an ATen call"
+                return f"embedding with {option} is an ATen call"
     return None
 
 
