@@ -61,12 +61,18 @@ def kernel_schedulers(fd: FusionDefinition) -> list[str]:
     return [next(n for n in names if s.name.startswith(f"{n}_")) for s in kernel_segments(fd)]
 
 
-def masked_path(code: str) -> str:
-    """A kernel's source without the branch its programs with a full tile take (``KernelBuilder``'s
-    ``_full_tiles_apart``): what the other programs run, each access once."""
+def tile_branches(code: str) -> tuple[str, str] | None:
+    """(the branch a kernel's programs with a full tile take, the source the other programs run, each
+    access once) of a kernel written with both (``KernelBuilder._full_tiles_apart``); None for one body."""
     lines = code.splitlines()
     start = next((k for k, line in enumerate(lines) if line.startswith("    if (pid") and " <= " in line), None)
     if start is None:
-        return code
+        return None
     end = lines.index("    else:", start)
-    return "\n".join(lines[:start] + [line[4:] for line in lines[end + 1:]])
+    return "\n".join(lines[start + 1:end]), "\n".join(lines[:start] + [line[4:] for line in lines[end + 1:]])
+
+
+def masked_path(code: str) -> str:
+    """A kernel's source as its programs without a full tile run it (the whole source for one body)."""
+    branches = tile_branches(code)
+    return code if branches is None else branches[1]

@@ -10,18 +10,16 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition
-from tests.codegen.conftest import execute_with_kernels, kernel_schedulers, masked_path
+from tests.codegen.conftest import execute_with_kernels, kernel_schedulers, masked_path, tile_branches
 from tests.conftest import devices
 
 _DTYPES = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
 
 
 def _branches(code: str) -> tuple[str, str]:
-    """(the full tiles' branch, the last program's) of a kernel with one."""
-    lines = code.splitlines()
-    start = next(k for k, line in enumerate(lines) if line.startswith("    if (pid") and " <= " in line)
-    end = lines.index("    else:", start)
-    return "\n".join(lines[start + 1:end]), masked_path(code)
+    branches = tile_branches(code)
+    assert branches is not None, code
+    return branches
 
 
 @pytest.mark.parametrize("device", devices())

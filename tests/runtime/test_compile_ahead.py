@@ -45,11 +45,10 @@ def test_a_program_compiled_ahead_from_meta_tensors_serves_the_first_call(device
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_cuda_programs_first_run_takes_variants_compiled_from_its_rehearsal() -> None:
     """Without a caller compiling ahead, a CUDA program's first run rehearses it on meta tensors first:
     each kernel's variant compiles in a thread, the run takes them (and launches nothing twice)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     fd = _relu_matmul_exp()
     x, w = torch.randn(300, 64, device="cuda"), torch.randn(64, 48, device="cuda")
     taken = launcher.variants_compiled_ahead

@@ -147,9 +147,9 @@ class FusionRegion:
             value = node.meta.get("val")
             if not isinstance(value, torch.Tensor):
                 return
-            # meta tensors stand for the region's device's; a 0-dim CPU tensor (a scalar) stays one
-            where = "cpu" if value.device.type == "cpu" and value.dim() == 0 else "meta"
-            args.append(torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=where))
+            # meta tensors stand for the region's device's; a 0-dim CPU tensor (a scalar read on the host) a zero
+            args.append(torch.zeros((), dtype=value.dtype) if value.device.type == "cpu" and value.dim() == 0 else
+                        torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta"))
         try:
             self.fec.compile_ahead(args, device=self.device, enable_options=self._enable, disable_options=self._disable)
         except Exception:
