@@ -32,8 +32,9 @@ Writes ``<out>/models[_<variant>]_<kind>.json`` and ``.md`` (``benchmarks/result
 defaults to ``benchmarks/results``); a run of another size or a quick run is a variant of its own.
 ``--merge`` keeps the cases of the file it writes over that this run did not repeat (a full run in
 several processes, one after another); the file is rewritten after each model, so a run cut short keeps
-what it finished. Shards in parallel on one GPU: ``--timing-lock FILE`` (timed steps never overlap; first
-calls compile in parallel, so their seconds include contention) and ``--out`` per shard, then
+what it finished. Shards in parallel on one machine: ``--timing-lock FILE`` (timed steps hold it alone; compilation,
+first calls and checks share it, so shards compile in parallel, their first calls' seconds including
+contention, but never beside a timed step) and ``--out`` per shard, then
 ``--combine shard*/models_<kind>.json`` writes them as one run.
 
 ``--profile MODEL`` instead writes ``models_profile_<model>_<mode>_<dtype>_<kind>.md``: each variant's kernels by GPU time
@@ -223,7 +224,7 @@ def prepare_case(case: Case, model: torch.nn.Module, batch: Batch, opts: Options
     training = record["mode"] == "training"
     variant = record["variant"]
     try:
-        with watched(record):
+        with timing_lock(opts.timing_lock, shared=True), watched(record):
             run, case.backend = compiled(variant, model, opts)
             case.step = make_step(run, model, batch, training, variant == "inductor_cuda_graph")
             if opts.device == "cuda":
@@ -253,14 +254,15 @@ def time_cases(cases: list[Case], batch: Batch, opts: Options) -> None:
             case.record["units_per_s"] = batch.units / (ms / 1e3)
 
 
-def finish_case(case: Case, model: torch.nn.Module, reference: StepResult, grad_names: list[str]) -> None:
+def finish_case(case: Case, model: torch.nn.Module, reference: StepResult, grad_names: list[str],
+                opts: Options) -> None:
     """Check a timed case's step against the float32 reference and count what its backend compiled."""
     record = case.record
     if case.step is None:
         return
     training = record["mode"] == "training"
     try:
-        with watched(record):
+        with timing_lock(opts.timing_lock, shared=True), watched(record):
             record["errors"] = errors(checked(case.step(), model, training, grad_names), reference)
             if case.backend is not None:
                 record["regions"] = sum(len(g.regions) for g in case.backend.graphs)
@@ -295,7 +297,8 @@ def run_model(name: str, modes: list[str], dtypes: list[str], variants: list[str
         reference_model = copy.deepcopy(pristine).train(training)
         batch32 = make_batch(name, opts.size, opts.device, torch.float32, opts.seed)
         try:
-            out = make_step(reference_model, reference_model, batch32, training, False)()
+            with timing_lock(opts.timing_lock, shared=True):
+                out = make_step(reference_model, reference_model, batch32, training, False)()
             grad_names = picked_gradients(reference_model, reference_model) if training else []
             reference = checked(out, reference_model, training, grad_names)
             error_text = None
@@ -319,7 +322,7 @@ def run_model(name: str, modes: list[str], dtypes: list[str], variants: list[str
                     prepare_case(case, model, batch, opts)
             time_cases(cases, batch, opts)
             for case in cases:
-                finish_case(case, model, reference, grad_names)
+                finish_case(case, model, reference, grad_names, opts)
                 print(line(case.record), flush=True)
             del model, batch, cases
             release(opts.device)
@@ -390,8 +393,9 @@ def markdown(report: dict[str, Any]) -> str:
              f"{meta['iters']} steps after {meta['warmup']} warm-up steps ({meta['timer']}). Ratios: anchor time over "
              "the variant's (above 1: faster than Inductor, CUDA-graph variants against `reduce-overhead`). "
              "Errors: max abs error over the fp32 eager reference's max abs value, worst of logits, loss and "
-             "gradients." + (" Shards ran in parallel processes on the GPU, timed steps one at a time (one lock): "
-                             "first calls compiled beside other shards' compilation." if meta.get("timing_lock") else ""),
+             "gradients." + (" Shards ran in parallel processes, timed steps alone (one lock: "
+                             "exclusive for timing, shared for compiling): first calls compiled beside other "
+                             "shards' compilation." if meta.get("timing_lock") else ""),
              "", "## Summary: pyfuser / Inductor across models", "",
              "| mode | dtype | variant | models | geomean | worst | geomean vs eager | failed |",
              "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
@@ -498,10 +502,11 @@ def run_profile(name: str, mode: str, dtype: str, variants: list[str], opts: Opt
         record: dict[str, Any] = {"model": name, "mode": mode, "dtype": dtype, "variant": variant}
         try:
             with watched(record):
-                run, backend = compiled(variant, model, opts)
-                step = make_step(run, model, batch, training, variant == "inductor_cuda_graph")
-                for _ in range(1 + opts.warmup):
-                    step()
+                with timing_lock(opts.timing_lock, shared=True):
+                    run, backend = compiled(variant, model, opts)
+                    step = make_step(run, model, batch, training, variant == "inductor_cuda_graph")
+                    for _ in range(1 + opts.warmup):
+                        step()
                 with timing_lock(opts.timing_lock):
                     step_ms[variant] = time_ms(step, opts.device, 2, 10)
                     tables[variant] = profile_kernels(step, opts.device, steps)
@@ -577,7 +582,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(RESULTS), help="results folder")
     parser.add_argument("--merge", action="store_true", help="keep the written file's cases this run does not repeat")
     parser.add_argument("--timing-lock", default=None, metavar="FILE",
-                        help="hold FILE's exclusive lock while timing (shards in parallel on one GPU)")
+                        help="hold FILE's exclusive lock while timing, its shared lock while compiling (shards in parallel)")
     parser.add_argument("--combine", nargs="+", default=[], metavar="JSON",
                         help="write these results files' cases as one run (no model runs)")
     parser.add_argument("--profile", default=None, metavar="MODEL", help="profile MODEL's kernels instead")

@@ -19,15 +19,16 @@ def synchronize(device: str) -> None:
 
 
 @contextmanager
-def timing_lock(path: str | None) -> Iterator[None]:
-    """Hold ``path``'s exclusive ``flock`` (nothing without a path): benchmark processes sharing one GPU
-    compile and check in parallel but never time at once. Their untimed GPU work (first calls, checks)
-    can still overlap a timed step; medians over many steps keep such a step out."""
+def timing_lock(path: str | None, shared: bool = False) -> Iterator[None]:
+    """Hold ``path``'s ``flock`` (nothing without a path): exclusive for timed steps, shared
+    (``shared=True``) for a benchmark process's other work, its compilation and first calls above all.
+    Processes sharing a machine then compile in parallel with each other but never beside a timed step,
+    whose host time another process's compile threads would otherwise take."""
     if not path:
         yield
         return
     with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         try:
             yield
         finally:

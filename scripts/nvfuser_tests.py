@@ -14,6 +14,7 @@ copied here). The tests run unmodified; the harness only sets up their environme
   CUTLASS kernels are not emulated: tests that use them count as "needs a GPU", as do tests sized
   for a GPU, which an address-space limit per test process (``--memory-gb``) and a time limit per
   test (``--test-timeout``) stop before they exhaust the host;
+- on a GPU machine the tests run as written (``--workers N``: N pytest-xdist processes per direct file);
 - direct tests run one pytest per file (a timeout per file); multidevice files run under
   ``torchrun --nproc-per-node 2``, their NCCL process groups on gloo (``--multidevice``).
   ``test_high_complexity.py`` runs only when named (``--files``): over 10 minutes on 2 CPU cores;
@@ -57,7 +58,9 @@ import pyfuser
 pyfuser.install_nvfuser_alias()
 
 _limit = int(os.environ.get("NVFUSER_TESTS_MEMORY_BYTES", "0"))
-if _limit:  # a test sized for an 80 GB GPU fails with an allocation error instead of exhausting the host
+# A test sized for an 80 GB GPU fails with an allocation error instead of exhausting the host (not on a
+# GPU machine: a CUDA context reserves more address space than any such limit).
+if _limit and not torch.cuda.is_available():
     resource.setrlimit(resource.RLIMIT_AS, (_limit, _limit))
 
 
@@ -186,11 +189,11 @@ def write_env(tmp: Path, checkout: Path) -> dict[str, str]:
     return env
 
 
-def pytest_args(tmp: Path, checkout: Path, test: Path, k: str | None) -> list[str]:
+def pytest_args(tmp: Path, checkout: Path, test: Path, k: str | None, workers: int = 0) -> list[str]:
     args = ["-m", "pytest", str(test), "-p", "nvfuser_cpu_env", "-c", str(tmp / "pytest.ini"),
             "--rootdir", str(checkout), "--confcutdir", str(checkout / "tests"), "-p", "no:cacheprovider",
             "-q", "--no-header", "-rN"]
-    return args + (["-k", k] if k else [])
+    return args + (["-k", k] if k else []) + (["-n", str(workers)] if workers > 1 else [])
 
 
 def read_results(log: Path) -> list[tuple[str, str, str]]:
@@ -229,8 +232,8 @@ def _descendants(root: int) -> list[int]:
 
 
 def run_file(tmp: Path, checkout: Path, env: dict[str, str], test: Path, nproc: int, timeout: int,
-             k: str | None) -> tuple[list[tuple[str, str, str]], str]:
-    args = pytest_args(tmp, checkout, test, k)
+             k: str | None, workers: int = 0) -> tuple[list[tuple[str, str, str]], str]:
+    args = pytest_args(tmp, checkout, test, k, workers if nproc == 1 else 0)
     log = tmp / f"{test.parent.name}_{test.stem}.rank0.jsonl"
     env = dict(env, NVFUSER_TESTS_LOG=str(log).replace(".rank0.", ".rank${RANK}."))
     if nproc > 1:
@@ -274,6 +277,8 @@ def main() -> int:
                              "instead of exhausting the host); 0: none")
     parser.add_argument("--test-timeout", type=int, default=180,
                         help="seconds one test may run (GPU-sized tests crawl on a CPU); 0: none")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="pytest-xdist processes per single-process file (a GPU machine's cores)")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every failing test")
     opts = parser.parse_args()
     tests = opts.checkout.resolve() / "tests" / "python"
@@ -299,7 +304,8 @@ def main() -> int:
         env["NVFUSER_TESTS_TEST_TIMEOUT"] = str(opts.test_timeout)
         print(f"{'file':42} {'pass':>5} {'fail':>5} {'gpu':>5} {'skip':>5} {'n/a':>5}")
         for test, nproc in files:
-            results, note = run_file(tmp, opts.checkout.resolve(), env, test, nproc, opts.timeout, opts.k)
+            results, note = run_file(tmp, opts.checkout.resolve(), env, test, nproc, opts.timeout, opts.k,
+                                    opts.workers)
             counts = collections.Counter(outcome for _, outcome, _ in results)
             counts["failed"] += counts.pop("error", 0)
             totals.update(counts)

@@ -46,6 +46,37 @@ def test_timed_sections_of_several_holders_never_overlap(tmp_path: Path) -> None
         pass
 
 
+def test_shared_sections_overlap_each_other_but_never_a_timed_one(tmp_path: Path) -> None:
+    """Compiling holders (shared) run side by side; a timing holder (exclusive) runs alone."""
+    lock, spans = str(tmp_path / "gpu.lock"), []
+    both_compiling = threading.Barrier(2, timeout=10)  # fails if the shared sections cannot overlap
+
+    def compile_(shared_rounds: int) -> None:
+        for _ in range(shared_rounds):
+            with timing.timing_lock(lock, shared=True):
+                start = time.perf_counter()
+                both_compiling.wait()
+                time.sleep(0.01)
+                spans.append(("shared", start, time.perf_counter()))
+
+    def time_() -> None:
+        for _ in range(3):
+            with timing.timing_lock(lock):
+                start = time.perf_counter()
+                time.sleep(0.01)
+                spans.append(("exclusive", start, time.perf_counter()))
+
+    threads = [threading.Thread(target=compile_, args=(3,)) for _ in range(2)] + [threading.Thread(target=time_)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(spans) == 9
+    for kind, start, end in spans:
+        if kind == "exclusive":
+            assert all(e <= start or end <= s for k, s, e in spans if (k, s, e) != (kind, start, end)), spans
+
+
 def _case(model: str, mode: str, variant: str, ms: float) -> dict[str, object]:
     return {"model": model, "mode": mode, "dtype": "bf16", "variant": variant, "status": "ok", "ms": ms,
             "unit": "tokens", "units_per_step": 100, "first_call_s": 1.0, "units_per_s": 1.0, "errors": {}}
