@@ -14,8 +14,10 @@ copied here). The tests run unmodified; the harness only sets up their environme
   CUTLASS kernels are not emulated: tests that use them count as "needs a GPU", as do tests sized
   for a GPU, which an address-space limit per test process (``--memory-gb``) and a time limit per
   test (``--test-timeout``) stop before they exhaust the host;
-- on a GPU machine the tests run as written (``--workers N``: N pytest-xdist processes per direct file);
-- direct tests run one pytest per file (a timeout per file); multidevice files run under
+- on a GPU machine the tests run as written; ``--workers N`` runs the direct files in one pytest of N
+  pytest-xdist processes, spread over the GPUs (one GPU each), and the multidevice files in one torchrun
+  (``--timeout`` is then per run);
+- otherwise direct tests run one pytest per file (a timeout per file); multidevice files run under
   ``torchrun --nproc-per-node 2``, their NCCL process groups on gloo (``--multidevice``).
   ``test_high_complexity.py`` runs only when named (``--files``): over 10 minutes on 2 CPU cores;
 - a test stopped by pyfuser's ``UnsupportedFeatureError`` (a feature of nvFuser's CUDA code generator
@@ -38,6 +40,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Loaded by pytest (``-p nvfuser_cpu_env``) before nvFuser's conftest files import nvfuser_direct.
@@ -47,6 +51,12 @@ import os
 import resource
 import signal
 import types
+
+# pytest-xdist workers on a machine of several GPUs: one GPU each, in turn (before torch reads the variable)
+_gpus = int(os.environ.get("NVFUSER_TESTS_GPUS", "0"))
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _gpus > 1 and _worker.startswith("gw"):
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(int(_worker[2:]) % _gpus)
 
 import pytest
 
@@ -189,8 +199,8 @@ def write_env(tmp: Path, checkout: Path) -> dict[str, str]:
     return env
 
 
-def pytest_args(tmp: Path, checkout: Path, test: Path, k: str | None, workers: int = 0) -> list[str]:
-    args = ["-m", "pytest", str(test), "-p", "nvfuser_cpu_env", "-c", str(tmp / "pytest.ini"),
+def pytest_args(tmp: Path, checkout: Path, tests: list[Path], k: str | None, workers: int = 0) -> list[str]:
+    args = ["-m", "pytest", *map(str, tests), "-p", "nvfuser_cpu_env", "-c", str(tmp / "pytest.ini"),
             "--rootdir", str(checkout), "--confcutdir", str(checkout / "tests"), "-p", "no:cacheprovider",
             "-q", "--no-header", "-rN"]
     return args + (["-k", k] if k else []) + (["-n", str(workers)] if workers > 1 else [])
@@ -200,7 +210,7 @@ def read_results(log: Path) -> list[tuple[str, str, str]]:
     """(test id, outcome, first line of the message) per test the plugin logged (rank 0's)."""
     if not log.exists():
         return []
-    results = {}
+    results: dict[str, tuple[str, str]] = {}
     for line in log.read_text().splitlines():
         record = json.loads(line)
         outcome, message = record["outcome"], record["message"]
@@ -231,10 +241,11 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def run_file(tmp: Path, checkout: Path, env: dict[str, str], test: Path, nproc: int, timeout: int,
-             k: str | None, workers: int = 0) -> tuple[list[tuple[str, str, str]], str]:
-    args = pytest_args(tmp, checkout, test, k, workers if nproc == 1 else 0)
-    log = tmp / f"{test.parent.name}_{test.stem}.rank0.jsonl"
+def run_files(tmp: Path, checkout: Path, env: dict[str, str], tests: list[Path], nproc: int, timeout: int,
+              k: str | None, workers: int = 0) -> tuple[list[tuple[str, str, str]], str]:
+    """Run ``tests`` in one pytest (under torchrun for ``nproc`` > 1; ``workers`` xdist processes)."""
+    args = pytest_args(tmp, checkout, tests, k, workers if nproc == 1 else 0)
+    log = tmp / f"{tests[0].parent.name}_{tests[0].stem}.rank0.jsonl"
     env = dict(env, NVFUSER_TESTS_LOG=str(log).replace(".rank0.", ".rank${RANK}."))
     if nproc > 1:
         # Every rank runs every test and logs its own results; rank 0's are read.
@@ -262,6 +273,24 @@ def run_file(tmp: Path, checkout: Path, env: dict[str, str], test: Path, nproc: 
             proc.communicate()
             note = f"timed out after {timeout} s"
     return read_results(log), note
+
+
+def print_file(test: Path, results: list[tuple[str, str, str]], note: str, totals: collections.Counter[str],
+               causes: collections.Counter[str], unsupported: collections.Counter[str], verbose: bool) -> None:
+    """One file's row of counts (adding them to ``totals``), its failures by message."""
+    counts = collections.Counter(outcome for _, outcome, _ in results)
+    counts["failed"] += counts.pop("error", 0)
+    totals.update(counts)
+    label = f"{test.parent.name}/{test.name}"
+    print(f"{label:42} {counts['passed']:5} {counts['failed']:5} {counts['gpu']:5} {counts['skipped']:5}"
+          f" {counts['n/a']:5}{'  ' + note if note else ''}", flush=True)
+    for test_id, outcome, message in results:
+        if outcome in ("failed", "error"):
+            causes[re.sub(r"T\d+_g|0x[0-9a-f]+|\d+", "#", message)[:110]] += 1
+            if verbose:
+                print(f"    FAIL {test_id.split('.')[-1]}: {message}")
+        elif outcome == "n/a":
+            unsupported[re.sub(r"T\d+|\d+", "#", message.split("does not implement ")[-1])[:110]] += 1
 
 
 def main() -> int:
@@ -303,22 +332,17 @@ def main() -> int:
         env["NVFUSER_TESTS_MEMORY_BYTES"] = str(int(opts.memory_gb * (1 << 30)))
         env["NVFUSER_TESTS_TEST_TIMEOUT"] = str(opts.test_timeout)
         print(f"{'file':42} {'pass':>5} {'fail':>5} {'gpu':>5} {'skip':>5} {'n/a':>5}")
-        for test, nproc in files:
-            results, note = run_file(tmp, opts.checkout.resolve(), env, test, nproc, opts.timeout, opts.k,
-                                    opts.workers)
-            counts = collections.Counter(outcome for _, outcome, _ in results)
-            counts["failed"] += counts.pop("error", 0)
-            totals.update(counts)
-            label = f"{test.parent.name}/{test.name}"
-            print(f"{label:42} {counts['passed']:5} {counts['failed']:5} {counts['gpu']:5} {counts['skipped']:5}"
-                  f" {counts['n/a']:5}{'  ' + note if note else ''}", flush=True)
-            for test_id, outcome, message in results:
-                if outcome in ("failed", "error"):
-                    causes[re.sub(r"T\d+_g|0x[0-9a-f]+|\d+", "#", message)[:110]] += 1
-                    if opts.verbose:
-                        print(f"    FAIL {test_id.split('.')[-1]}: {message}")
-                elif outcome == "n/a":
-                    unsupported[re.sub(r"T\d+|\d+", "#", message.split("does not implement ")[-1])[:110]] += 1
+        env["NVFUSER_TESTS_GPUS"] = str(torch.cuda.device_count()) if torch.cuda.is_available() else "0"
+        if opts.workers > 1:  # one pytest for the direct files, one torchrun for the multidevice ones
+            batches = [([t for t, n in files if n == k], k) for k in sorted({n for _, n in files})]
+        else:
+            batches = [([t], n) for t, n in files]
+        for tests, nproc in batches:
+            results, note = run_files(tmp, opts.checkout.resolve(), env, tests, nproc, opts.timeout, opts.k,
+                                      opts.workers)
+            for test in tests:
+                mine = [r for r in results if r[0].split("::")[0].endswith(f"{test.parent.name}/{test.name}")]
+                print_file(test, mine, note, totals, causes, unsupported, opts.verbose)
     ran = totals["passed"] + totals["failed"]
     share = f" ({100 * totals['passed'] / ran:.1f}%)" if ran else ""
     print(f"{'total':42} {totals['passed']:5} {totals['failed']:5} {totals['gpu']:5} {totals['skipped']:5}"
