@@ -14,7 +14,7 @@ from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops.indexing import read_by_index_only
 from pyfuser.ir.tensor_view import TensorView
-from pyfuser.scheduler.registry import FusionLike
+from pyfuser.scheduler.registry import FusionLike, once_per_view
 
 
 def reference_output(fusion: FusionLike) -> TensorView:
@@ -29,6 +29,7 @@ def innermost(tv: TensorView) -> IterDomain | None:
     return order[-1] if order else None
 
 
+@once_per_view
 def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
     """Whether one kernel over the reference output's iteration space computes the segment:
     every expr is one a pointwise kernel computes, every tensor's iterating axes are axes of the

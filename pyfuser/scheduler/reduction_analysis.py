@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from weakref import WeakKeyDictionary
 
 from pyfuser.codegen.support import unsupported_in_reduction_kernel, unsupported_indexed_reads
 from pyfuser.ir.analysis.allocation_order import infer_allocation_orders
@@ -42,7 +41,7 @@ from pyfuser.ir.ops.indexing import read_by_index_only
 from pyfuser.ir.symbolic import SymConst, SymExpr
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.reduction_kind import ReductionKind, reduction_kind
-from pyfuser.scheduler.registry import FusionLike, SegmentView
+from pyfuser.scheduler.registry import FusionLike, once_per_view
 
 
 class NormalizationKind(Enum):
@@ -87,23 +86,10 @@ def _classes(exact: IdGraph, ids: list[IterDomain]) -> frozenset[int]:
     return frozenset(exact.class_of(i) for i in ids if not i.is_broadcast)
 
 
-#: Each segment view's analysis: every reduction scheduler's ``can_schedule`` asks it of the same view
-#: while segmenting, and a view reads a graph that does not change while it lives.
-_VIEW_ANALYSES: WeakKeyDictionary[SegmentView, tuple[ReductionAnalysis | None, str]] = WeakKeyDictionary()
-
-
+@once_per_view
 def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
     """The segment's reductions if one reduction or normalization kernel computes it (else None
     and why not)."""
-    if not isinstance(fusion, SegmentView):
-        return _analyze(fusion)
-    found = _VIEW_ANALYSES.get(fusion)
-    if found is None:
-        found = _VIEW_ANALYSES[fusion] = _analyze(fusion)
-    return found
-
-
-def _analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
     exprs = fusion.exprs()
     reductions = [e for e in exprs if isinstance(e, ReductionOp | VarMeanOp)]
     if not reductions:

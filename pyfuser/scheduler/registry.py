@@ -13,10 +13,12 @@ Every scheduler module has the same three entry points (nvFuser's ``registry.h``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+from weakref import WeakKeyDictionary
 
 import torch
 
@@ -121,6 +123,27 @@ class SegmentView:
                 if isinstance(v, TensorView):
                     seen.setdefault(id(v), v)
         return list(seen.values())
+
+
+_Result = TypeVar("_Result")
+
+
+def once_per_view(analysis: Callable[[FusionLike], _Result]) -> Callable[[FusionLike], _Result]:
+    """``analysis`` computed once per ``SegmentView``: while segmenting, several schedulers' ``can_schedule``
+    ask the same analysis of one view (the pointwise and transpose schedulers both check it is pointwise),
+    and a view reads a graph that does not change while it lives. A whole ``Fusion`` (a scheduler may
+    transform it between calls) is analyzed every time."""
+    results: WeakKeyDictionary[SegmentView, _Result] = WeakKeyDictionary()
+
+    @functools.wraps(analysis)
+    def per_view(fusion: FusionLike) -> _Result:
+        if not isinstance(fusion, SegmentView):
+            return analysis(fusion)
+        if fusion not in results:
+            results[fusion] = analysis(fusion)
+        return results[fusion]
+
+    return per_view
 
 
 class SchedulerParams(Protocol):
