@@ -68,14 +68,20 @@ def _folds(sizes: Sequence[int], strides: Sequence[int]) -> bool:
     return all(strides[i] == strides[i + 1] * sizes[i + 1] for i in range(len(sizes) - 1))
 
 
+def _viewed(seen: Seen, sizes: tuple[int, ...]) -> Geometry:
+    """``seen`` viewed as ``sizes`` with the strides torch's ``view`` gives it (the caller checked it is a
+    view). Size-1 axes matter: BLAS reads a matrix's leading dimension from them, and a different one can
+    pick another kernel, whose sums round differently (``[2, 1]`` with strides ``(1, 2)`` or ``(1, 1)``)."""
+    return sizes, tuple(torch.empty_strided(seen.sizes, seen.strides, device="meta").view(sizes).stride())
+
+
 def _merged(seen: Seen, keep: int) -> Geometry:
     """``seen`` with every axis before its last ``keep`` merged into one (a view: the caller checked
     they fold), or None where nothing merges."""
     lead = len(seen.sizes) - keep
     if lead == 1:
         return None
-    sizes = (prod(seen.sizes[:lead]), *seen.sizes[lead:])
-    return sizes, (seen.strides[lead - 1], *seen.strides[lead:])
+    return _viewed(seen, (prod(seen.sizes[:lead]), *seen.sizes[lead:]))
 
 
 def _result(result: Seen, sizes: tuple[int, ...]) -> tuple[bool, Geometry]:
@@ -100,7 +106,9 @@ def _matmul(operands: Sequence[Seen | None], result: Seen) -> BlasCall | None:
     if not (_folds(batch, a.strides[:-2]) and _folds(batch, b.strides[:-2])):
         return None  # the batch reshape would copy
     viewed, view = _result(result, (prod(batch), a.sizes[-2], b.sizes[-1]))
-    return BlasCall(torch.bmm, (0, 1), (_merged(a, 2), _merged(b, 2)), view) if viewed else None
+    # ATen reshapes both operands to 3-D even where they are 3-D already: strides as ``view`` gives them
+    operand_views = tuple(_viewed(t, (prod(batch), *t.sizes[-2:])) for t in (a, b))
+    return BlasCall(torch.bmm, (0, 1), operand_views, view) if viewed else None
 
 
 def _linear(operands: Sequence[Seen | None], result: Seen) -> BlasCall | None:
@@ -116,7 +124,7 @@ def _linear(operands: Sequence[Seen | None], result: Seen) -> BlasCall | None:
     if len(operands) > 2:  # ATen's addmm: a 2-D input, or a contiguous one with a vector bias
         if bias is None or len(bias.sizes) != 1 or not (len(x.sizes) == 2 or _is_contiguous(x)):
             return None  # torch adds the bias after the product
-        flat = None if len(x.sizes) == 2 else ((rows, x.sizes[-1]), contiguous_strides((rows, x.sizes[-1])))
+        flat = None if len(x.sizes) == 2 else _viewed(x, (rows, x.sizes[-1]))
         return BlasCall(torch.addmm, (2, 0, 1), (None, flat, weight_t), view)
     if len(x.sizes) > 2 and not _folds(x.sizes[:-1], x.strides[:-1]):
         return None

@@ -28,10 +28,13 @@ class _ComputeOps(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[Any] = []
+        #: each op's tensor arguments as (sizes, strides)
+        self.geometries: list[list[tuple[tuple[int, ...], tuple[int, ...]]]] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if not func.is_view and func not in (torch.ops.aten._unsafe_view.default,):
             self.ops.append(func)
+            self.geometries.append([(tuple(a.shape), a.stride()) for a in args if isinstance(a, torch.Tensor)])
         return func(*args, **(kwargs or {}))
 
 
@@ -59,6 +62,8 @@ def _check(function: Callable[..., torch.Tensor], args: list[torch.Tensor | None
         a = args[position]
         assert a is not None
         operands.append(a if view is None else torch.as_strided(a, view[0], view[1], a.storage_offset()))
+    # the operands' strides as torch passes them, size-1 axes included: BLAS reads leading dimensions there
+    assert [(tuple(o.shape), o.stride()) for o in operands] == recorder.geometries[0]
     got = call.function(*operands)
     if call.result is not None:
         got = torch.as_strided(got, call.result[0], call.result[1], 0)
