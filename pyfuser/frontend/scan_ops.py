@@ -14,22 +14,26 @@ from pyfuser.ir.tensor_view import TensorView
 
 
 class ScanOps(OpsBase):
-    def _scan(self, kind: ScanOpType, arg: TensorView, dim: int) -> TensorView:
+    def _scan(self, kind: ScanOpType, arg: TensorView, dim: int, dtype: DataType | None = None) -> TensorView:
         tv = self._tv(arg, kind.name)
         if tv.ndim == 0:
             raise ValueError(f"{kind.name}: {tv.short_name} is 0-dim; a scan needs an axis")
         axis = normalize_axis(dim, tv.ndim, tv, f"{kind.name} dim")
-        dtype = result_dtype(lambda t: kind(t, 0), [tv])
-        out = self._new_tv([clone_id(self, i) for i in tv.get_logical_domain(no_reductions=True)], dtype)
-        ScanOp(self._fusion, kind, out, tv, axis)
+        if dtype is not None and not isinstance(dtype, DataType):
+            raise TypeError(f"{kind.name}: dtype must be a DataType (or None), got {dtype!r}")
+        result = dtype if dtype is not None else result_dtype(lambda t: kind(t, 0), [tv])
+        out = self._new_tv([clone_id(self, i) for i in tv.get_logical_domain(no_reductions=True)], result)
+        ScanOp(self._fusion, kind, out, tv, axis, dtype)
         return out
 
-    def cumsum(self, arg: TensorView, dim: int) -> TensorView:
-        """Inclusive prefix sums along ``dim`` (integers accumulate in int64, as torch's)."""
-        return self._scan(ScanOpType.cumsum, arg, dim)
+    def cumsum(self, arg: TensorView, dim: int, dtype: DataType | None = None) -> TensorView:
+        """Inclusive prefix sums along ``dim``: integers accumulate in int64, as torch's, unless ``dtype``
+        (torch's ``dtype=``: the operand cast to it, the sums in it) says otherwise."""
+        return self._scan(ScanOpType.cumsum, arg, dim, dtype)
 
-    def cumprod(self, arg: TensorView, dim: int) -> TensorView:
-        return self._scan(ScanOpType.cumprod, arg, dim)
+    def cumprod(self, arg: TensorView, dim: int, dtype: DataType | None = None) -> TensorView:
+        """Inclusive prefix products along ``dim`` (``dtype`` as ``cumsum``'s)."""
+        return self._scan(ScanOpType.cumprod, arg, dim, dtype)
 
     def cummin(self, arg: TensorView, dim: int) -> TensorView:
         """The running minimum along ``dim`` (values only)."""

@@ -297,3 +297,24 @@ def test_a_weight_norm_reduced_across_programs_returns_its_norm(monkeypatch: pyt
     torch.testing.assert_close(got, want, rtol=2e-2, atol=1.0)
     for a, b in zip(got_grads, [v.grad, g.grad], strict=True):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("dtype", [torch.int32, None], ids=["int32", "default"])
+def test_a_cumsum_of_counts_is_one_scan_without_casts(dtype: torch.dtype | None) -> None:
+    """An MoE router's expert offsets (``cumsum(counts, 0, dtype=torch.int32)``): the scan accumulates in
+    the dtype asked (one ATen call), no cast kernel before or after it."""
+    def offsets(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = (x > 0).to(torch.int32).sum(0, dtype=torch.int32)
+        return torch.cumsum(counts, 0, dtype=dtype), counts * 2  # the scan's result leaves the region as it is
+
+    x = torch.randn(9, 6, generator=torch.Generator().manual_seed(0))
+    backend = PyfuserBackend(triton_interpreter=True)
+    got = torch.compile(offsets, backend=backend)(x)
+    for g, w in zip(got, offsets(x), strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w)
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    summary = region.summary()
+    assert summary.count(" kernel ") == 1 and "ATen calls: Scan x1" in summary, summary  # the counts (and doubled)

@@ -17,6 +17,7 @@ from pyfuser.integrations.torch_compile.lowering import (
     meta_of,
     swapped_dims,
 )
+from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.tensor_view import TensorView
 
 aten = torch.ops.aten
@@ -181,10 +182,11 @@ def _arg_reduction(name: str) -> Any:
 
 
 def _cumsum(ctx: LoweringContext, x: TensorView, dim: int, **kwargs: Any) -> TensorView:
-    dtype = ctx.meta.dtype
-    source = x if x.dtype.torch_dtype == dtype else ctx.ops.cast(x, dtype)
-    result = ctx.ops.cumsum(source, dim)  # an int32 sum is int64 unless ``dtype=`` asks otherwise
-    return result if result.dtype.torch_dtype == dtype else ctx.ops.cast(result, dtype)
+    """One scan: ``dtype=`` (or the traced result's dtype where torch's default differs) is the scan's own,
+    not casts around it (each its own kernel beside the scan's ATen call)."""
+    dtype, operand = ctx.meta.dtype, x.dtype.torch_dtype
+    default = operand if operand.is_floating_point or operand.is_complex else torch.int64
+    return ctx.ops.cumsum(x, dim, dtype=None if dtype == default else DataType.from_torch(dtype))
 
 
 # --- contractions ------------------------------------------------------------------------------------

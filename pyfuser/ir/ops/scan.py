@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pyfuser.ir.base import Expr, PythonCall, Val
+from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops.common import call_string, header, positional_map
 from pyfuser.ir.symbolic import SymExpr
@@ -32,24 +33,36 @@ class ScanOpType(Enum):
     cummin = "cummin"
     cummax = "cummax"
 
-    def __call__(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+    @property
+    def accumulates(self) -> bool:
+        """Whether torch's op takes ``dtype=``: the operand cast to it first, the scan accumulated in it."""
+        return self in (ScanOpType.cumsum, ScanOpType.cumprod)
+
+    def __call__(self, x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         fn: Callable[..., Any] = getattr(torch, self.value)
-        result = fn(x, dim)
+        result = fn(x, dim, dtype=dtype) if dtype is not None else fn(x, dim)
         return result.values if self in (ScanOpType.cummin, ScanOpType.cummax) else result  # (values, indices)
 
 
 class ScanOp(Expr):
-    """``out[..., i, ...] = op(in[..., 0, ...], ..., in[..., i, ...])`` along ``dim``."""
+    """``out[..., i, ...] = op(in[..., 0, ...], ..., in[..., i, ...])`` along ``dim``; ``accumulate``: a
+    cumsum's / cumprod's ``dtype=`` (the operand cast to it, the scan in it), None for torch's default
+    (integers in int64)."""
 
     chunkable = False
 
-    def __init__(self, fusion: Fusion, kind: ScanOpType, out: TensorView, inp: TensorView, dim: int) -> None:
+    def __init__(self, fusion: Fusion, kind: ScanOpType, out: TensorView, inp: TensorView, dim: int,
+                 accumulate: DataType | None = None) -> None:
         super().__init__(fusion, [inp], [out])
+        if accumulate is not None and not kind.accumulates:
+            raise ValueError(f"{kind.name} takes no dtype: only cumsum and cumprod accumulate in one")
         self.kind = kind
         self.dim = dim
+        self.accumulate = accumulate
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
-        return [self.kind(x, self.dim).to(self.output.dtype.torch_dtype)]
+        dtype = self.accumulate.torch_dtype if self.accumulate is not None else None
+        return [self.kind(x, self.dim, dtype).to(self.output.dtype.torch_dtype)]
 
     def accumulated_size(self, env: dict[str, int]) -> int:
         return self.output.get_logical_domain()[self.dim].extent.evaluate(env)
@@ -58,10 +71,12 @@ class ScanOp(Expr):
         return positional_map(producer, self.output)
 
     def python_call(self) -> PythonCall:
-        return PythonCall(self.kind.name, (self.inputs[0],), {"dim": self.dim})
+        dtype = {} if self.accumulate is None else {"dtype": self.accumulate}
+        return PythonCall(self.kind.name, (self.inputs[0],), {"dim": self.dim, **dtype})
 
     def to_string(self, indent: int = 0) -> str:
-        return call_string(self.output, "scan", self.inputs, f"op = {self.kind.name}, dim = {self.dim}", indent)
+        dtype = "" if self.accumulate is None else f", dtype = {self.accumulate}"
+        return call_string(self.output, "scan", self.inputs, f"op = {self.kind.name}, dim = {self.dim}{dtype}", indent)
 
 
 class TopKOp(Expr):

@@ -43,6 +43,23 @@ def test_scans(name: str, dtype: torch.dtype, device: str) -> None:
         torch.testing.assert_close(got.cpu(), w.cpu())
 
 
+@pytest.mark.parametrize(("name", "operand", "dtype"), [
+    ("cumsum", torch.bool, DataType.Int32), ("cumsum", torch.int32, DataType.Int32),
+    ("cumsum", torch.float32, DataType.Int32), ("cumsum", torch.int64, DataType.Double),
+    ("cumprod", torch.int32, DataType.Float), ("cumsum", torch.bfloat16, DataType.Float),
+])
+def test_scans_accumulate_in_the_dtype_asked(name: str, operand: torch.dtype, dtype: DataType, device: str) -> None:
+    """torch's ``dtype=``: the operand cast to it, the scan in it (an int32 count stays int32, wrapping as
+    torch's does), one op instead of casts around an int64 scan."""
+    x = (torch.randn(3, 7) * 100).to(operand)
+    if operand == torch.int32:
+        x = x * 30_000_000  # sums past int32's range: wrapped as torch's
+    (got,) = run(lambda fd: fd.add_output(getattr(fd.ops, name)(fd.from_pytorch(x), 1, dtype=dtype)), [x], device)
+    want = getattr(torch, name)(x, 1, dtype=dtype.torch_dtype)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+
+
 def test_scan_tolerance_grows_with_the_scanned_axis() -> None:
     with FusionDefinition() as fd:
         fd.add_output(fd.ops.cumsum(fd.define_tensor([-1, -1]), 1))
@@ -96,6 +113,7 @@ def test_argsort_argmax_argmin_and_triu(device: str) -> None:
 @pytest.mark.parametrize(("call", "error", "pattern"), [
     (lambda fd, x: fd.ops.cumsum(fd.ops.sum(x), 0), ValueError, r"cumsum: T\d+ is 0-dim; a scan needs an axis"),
     (lambda fd, x: fd.ops.cumsum(x, 2), ValueError, r"T0: cumsum dim entry 2 is out of range for rank 2"),
+    (lambda fd, x: fd.ops.cumsum(x, 1, dtype=torch.int32), TypeError, r"cumsum: dtype must be a DataType"),
     (lambda fd, x: fd.ops.topk(x, 5, dim=0), ValueError, r"topk: k = 5 is larger than T0 axis 0's extent 4"),
     (lambda fd, x: fd.ops.topk(fd.ops.cast(x, DataType.ComplexFloat), 1), TypeError, r"not valid for this op"),
     (lambda fd, x: fd.ops.triu(fd.ops.sum(x, [0]), 0), ValueError, r"triu: T\d+ has rank 1; triu needs at least 2 axes"),
