@@ -202,7 +202,7 @@ def write_env(tmp: Path, checkout: Path) -> dict[str, str]:
 def pytest_args(tmp: Path, checkout: Path, tests: list[Path], k: str | None, workers: int = 0) -> list[str]:
     args = ["-m", "pytest", *map(str, tests), "-p", "nvfuser_cpu_env", "-c", str(tmp / "pytest.ini"),
             "--rootdir", str(checkout), "--confcutdir", str(checkout / "tests"), "-p", "no:cacheprovider",
-            "-q", "--no-header", "-rN"]
+            "-q", "--no-header", "-rN", "--continue-on-collection-errors"]  # a file that fails to import: its own count
     return args + (["-k", k] if k else []) + (["-n", str(workers)] if workers > 1 else [])
 
 
