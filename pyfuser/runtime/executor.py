@@ -357,7 +357,8 @@ class FusionExecutorCache:
         compiling in a thread. A first run then finds its variants compiled or compiling, where it would
         compile them one after another (a model's first call spends more time in Triton than anywhere
         else). The rehearsal stops where meta tensors cannot go on (an ATen op without a meta kernel, a
-        value read on the host): the variants it reached compile ahead, the others at their launch."""
+        value read on the host): the variants it reached compile ahead, the others at their launch. A torch
+        profiler does not record the rehearsal's ops: they are not the call's work."""
         meta = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
                 if isinstance(a, torch.Tensor) and not (a.device.type == "cpu" and a.dim() == 0) else a for a in args]
         device = torch.device("meta")
@@ -371,7 +372,8 @@ class FusionExecutorCache:
                     env = binder.bind(meta)
                 else:
                     env = binder.bind_signature(signature(meta), meta)
-                rehearsal.run(meta, EvalContext(env, device))
+                with profiling.unseen_by_torch_profiler():
+                    rehearsal.run(meta, EvalContext(env, device))
             except Exception:  # (the first run raises whatever is the caller's error)
                 return
 

@@ -59,6 +59,22 @@ def active() -> bool:
 
 
 @contextmanager
+def unseen_by_torch_profiler() -> Iterator[None]:
+    """The ops dispatched inside are not recorded by a torch profiler active on this thread (torch's
+    RecordFunction is off for the thread meanwhile): a rehearsal's ATen calls on meta tensors are no
+    work of the program, and a profile of a first call would otherwise count each of them twice (nvFuser's
+    stream tests count the ``aten::mm`` of a profiled call). Costs nothing while no profiler runs."""
+    if not torch.autograd._profiler_enabled():
+        yield
+        return
+    torch.autograd._enable_record_function(False)
+    try:
+        yield
+    finally:
+        torch.autograd._enable_record_function(True)  # a profiler records only with it on
+
+
+@contextmanager
 def recording() -> Iterator[list[FusionProfile]]:
     """Collect the profiles of the executions inside the block."""
     sink: list[FusionProfile] = []

@@ -9,6 +9,7 @@ import torch
 
 from pyfuser import FusionDefinition
 from pyfuser.codegen import launcher
+from pyfuser.runtime.executor import FusionExecutorCache
 
 
 def _relu_matmul_exp() -> FusionDefinition:
@@ -56,3 +57,23 @@ def test_a_cuda_programs_first_run_takes_variants_compiled_from_its_rehearsal() 
         (got,) = fd.execute([x, w])
         torch.testing.assert_close(got, torch.exp(torch.relu(x) @ w))
     assert launcher.variants_compiled_ahead - taken == 2 and fd.fec.compile_count == 1
+
+
+def test_a_torch_profiler_does_not_see_the_rehearsals_aten_calls() -> None:
+    """A CUDA program's first call rehearses it on meta tensors, its ATen calls included: a torch profiler of
+    that call sees each of them once, the real one (nvFuser's stream tests count a profiled call's
+    ``aten::mm``). The rehearsal is called directly here, for device 0, on a program compiled for the CPU."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        w = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.matmul(x, w))
+    args = [torch.randn(5, 7), torch.randn(7, 6)]
+    fd.execute(args)
+    program, binder = fd.fec.last_program, fd.fec._binder
+    with torch.profiler.profile(record_shapes=True) as profile:
+        FusionExecutorCache._rehearse(program, args, binder, torch.device("cuda", 0))  # type: ignore[arg-type]
+        torch.mm(*args)
+    assert [e.input_shapes for e in profile.events() if e.name == "aten::mm"] == [[[5, 7], [7, 6]]]
+    with torch.profiler.profile() as profile:  # the thread's record functions are on again
+        torch.mm(*args)
+    assert [e.name for e in profile.events() if e.name == "aten::mm"] == ["aten::mm"]
