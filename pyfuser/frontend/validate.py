@@ -5,6 +5,9 @@ accumulates (its reduction size: the product of the extents reduced on the way f
 a scan's axis counting as reduced). The tables are nvFuser's measured worst-case errors of sums
 of that many values (``ValidationConstants``); a tolerance takes the entry one size up, for
 margin, and a relative tolerance of 1 % of it. Integral and boolean outputs must be equal.
+A float output computed from a value rounded to Half or BFloat16 on the way (not a copy of an input)
+is judged by that dtype's table: a kernel that contracts ``a * b + c`` into one FMA differs from
+the op-by-op reference by a float32 ulp, which that rounding can turn into a Half ulp.
 
 Without reference outputs the reference is the fusion evaluated op by op with each op's torch
 reference (``Expr.evaluate``), before the fusion runs, so outputs written in place into inputs
@@ -22,6 +25,17 @@ from pyfuser.ir.base import evaluate_exprs
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.ops.shape import (
+    BroadcastOp,
+    CatOp,
+    ExpandOp,
+    LoadStoreOp,
+    PadOp,
+    PermuteOp,
+    ReshapeOp,
+    SliceOp,
+    SqueezeOp,
+)
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime.inputs import InputBinder
 
@@ -67,10 +81,37 @@ def reduction_sizes(fusion: Fusion, env: dict[str, int]) -> dict[int, int]:
     return sizes
 
 
+#: ops whose output elements are copies of their operands' (or a pad's constant): they round nothing
+_COPY_OPS = (BroadcastOp, CatOp, ExpandOp, LoadStoreOp, PadOp, PermuteOp, ReshapeOp, SliceOp, SqueezeOp)
+_LOW_PRECISION = (DataType.Half, DataType.BFloat16)  # coarser last
+
+
+def rounded_to(fusion: Fusion) -> dict[int, DataType]:
+    """Tensor name -> the coarsest of Half / BFloat16 that a value it is computed from was rounded to
+    (tensors computed only in float32 / float64, or copied from inputs, are absent)."""
+    found: dict[int, DataType] = {}
+    for expr in fusion.exprs():
+        inherited = [found[t.name] for t in expr.tensor_inputs if t.name in found]
+        for out in expr.tensor_outputs:
+            own = [out.dtype] if out.dtype in _LOW_PRECISION and not isinstance(expr, _COPY_OPS) else []
+            coarsest = max(inherited + own, key=_LOW_PRECISION.index, default=None)
+            if coarsest is not None:
+                found[out.name] = coarsest
+    return found
+
+
 def get_val_tolerances(fusion: Fusion, inputs: Sequence[Any]) -> list[tuple[float, float]]:
-    """``(atol, rtol)`` of each returned output (nvFuser's ``get_val_tolerances``)."""
+    """``(atol, rtol)`` of each returned output (nvFuser's ``get_val_tolerances``): by its reduction size,
+    and by its dtype or the Half / BFloat16 a value it comes from was rounded to, whichever is coarser."""
     sizes = reduction_sizes(fusion, _prepare(fusion, inputs)[1])
-    return [tolerance(out.dtype, sizes.get(out.name, 1)) for out in _returned(fusion)]
+    rounded = rounded_to(fusion)
+    tolerances = []
+    for out in _returned(fusion):
+        dtype = out.dtype
+        if dtype in (DataType.Float, DataType.Double) and out.name in rounded:
+            dtype = rounded[out.name]
+        tolerances.append(tolerance(dtype, sizes.get(out.name, 1)))
+    return tolerances
 
 
 def evaluate_reference(fusion: Fusion, inputs: Sequence[Any], device: torch.device | None = None) -> list[torch.Tensor]:
@@ -93,11 +134,12 @@ def check_outputs(fusion: Fusion, outputs: Sequence[torch.Tensor], inputs: Seque
         raise ValueError(f"validate: the fusion returns {len(outputs)} outputs but {len(references)} reference "
                          "outputs were given")
     sizes = reduction_sizes(fusion, _prepare(fusion, inputs)[1])
+    tolerances = get_val_tolerances(fusion, inputs)
     for k, (tv, out, ref) in enumerate(zip(returned, outputs, references, strict=True)):
         what = f"validate: output {k} ({tv.short_name}, {tv.dtype})"
         if tuple(ref.shape) != tuple(out.shape):
             raise AssertionError(f"{what} has shape {tuple(out.shape)} but the reference has {tuple(ref.shape)}")
-        atol, rtol = tolerance(tv.dtype, sizes.get(tv.name, 1))
+        atol, rtol = tolerances[k]
         if out.is_floating_point() or out.is_complex():
             ref = ref.to(device=out.device, dtype=out.dtype)
             if not torch.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=True):

@@ -66,3 +66,23 @@ def test_validate_in_half_precision_and_with_in_place_outputs() -> None:
     torch.testing.assert_close(doubled, before * 2)
     torch.testing.assert_close(acc, before + 1)
     validate_with_auto_inferred_outputs(inplace.fusion, [acc * 2], [acc])
+
+
+def test_a_float_output_of_a_value_rounded_to_half_is_judged_by_the_half_table() -> None:
+    """``2 * float(half(x * x + x))``: a kernel that contracts ``x * x + x`` into one FMA may round to the
+    neighbouring Half, which the doubling makes 2**-8 at 7.5 (nvFuser's
+    ``test_reduction_reference_missing_input_ids`` saw 0.0039 on a GPU): a Half error, not a float32 one.
+    A float output of a slice of a Half input (copies, rounded nowhere) keeps the float32 table."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1])
+        h = fd.define_tensor([-1], dtype=DataType.Half)
+        rounded = fd.ops.cast(fd.ops.add(fd.ops.mul(x, x), x), DataType.Half)
+        fd.add_output(fd.ops.mul(fd.ops.cast(rounded, DataType.Float), 2.0))
+        fd.add_output(fd.ops.mul(fd.ops.cast(fd.ops.slice(h, [1], [4]), DataType.Float), 2.0))
+    inputs = [torch.full((4,), 1.5), torch.full((4,), 3.0, dtype=torch.half)]
+    assert get_val_tolerances(fd.fusion, inputs) == [tolerance(DataType.Half, 1), tolerance(DataType.Float, 1)]
+    out, copied = fd.validate(inputs)
+    fd.validate(inputs, [out + 2 ** -8, copied])
+    with pytest.raises(AssertionError, match=r"output 1 \(T\d+, float\) differs from the reference: max abs error "
+                                             r"0.00390625 \(absolute tolerance 1.68222e-06"):
+        fd.validate(inputs, [out, copied + 2 ** -8])
