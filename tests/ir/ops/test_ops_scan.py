@@ -54,7 +54,8 @@ def test_scans_accumulate_in_the_dtype_asked(name: str, operand: torch.dtype, dt
     x = (torch.randn(3, 7) * 100).to(operand)
     if operand == torch.int32:
         x = x * 30_000_000  # sums past int32's range: wrapped as torch's
-    (got,) = run(lambda fd: fd.add_output(getattr(fd.ops, name)(fd.from_pytorch(x), 1, dtype=dtype)), [x], device)
+    (got,) = run(lambda fd: fd.add_output(getattr(fd.ops, name)(fd.from_pytorch(x.to(device)), 1, dtype=dtype)), [x],
+                 device)
     want = getattr(torch, name)(x, 1, dtype=dtype.torch_dtype)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want)
