@@ -307,7 +307,8 @@ def main() -> int:
     parser.add_argument("--test-timeout", type=int, default=180,
                         help="seconds one test may run (GPU-sized tests crawl on a CPU); 0: none")
     parser.add_argument("--workers", type=int, default=0,
-                        help="pytest-xdist processes per single-process file (a GPU machine's cores)")
+                        help="run the direct files in one pytest of N xdist processes and the multidevice files in "
+                             "one torchrun (a GPU machine)")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every failing test")
     opts = parser.parse_args()
     tests = opts.checkout.resolve() / "tests" / "python"

@@ -181,12 +181,10 @@ def _arg_reduction(name: str) -> Any:
     return build
 
 
-def _cumsum(ctx: LoweringContext, x: TensorView, dim: int, **kwargs: Any) -> TensorView:
-    """One scan: ``dtype=`` (or the traced result's dtype where torch's default differs) is the scan's own,
-    not casts around it (each its own kernel beside the scan's ATen call)."""
-    dtype, operand = ctx.meta.dtype, x.dtype.torch_dtype
-    default = operand if operand.is_floating_point or operand.is_complex else torch.int64
-    return ctx.ops.cumsum(x, dim, dtype=None if dtype == default else DataType.from_torch(dtype))
+def _cumsum(ctx: LoweringContext, x: TensorView, dim: int, dtype: torch.dtype | None = None) -> TensorView:
+    """One scan: ``dtype=`` is the scan's own, not casts around it (each its own kernel beside the scan's ATen
+    call); without it the frontend promotes as torch does."""
+    return ctx.ops.cumsum(x, dim, dtype=None if dtype is None else DataType.from_torch(dtype))
 
 
 # --- contractions ------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 
 from pyfuser import DataType, FusionDefinition, get_val_tolerances
 from pyfuser.frontend.validate import tolerance
+from pyfuser.ir.ops.scan import ScanOp, ScanOpType
 from tests.ir.test_python_definition import rebuild
 
 
@@ -59,6 +60,13 @@ def test_scans_accumulate_in_the_dtype_asked(name: str, operand: torch.dtype, dt
     want = getattr(torch, name)(x, 1, dtype=dtype.torch_dtype)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want)
+
+
+def test_only_sums_and_products_accumulate_in_a_dtype() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        with pytest.raises(ValueError, match="cummax takes no dtype: only cumsum and cumprod accumulate in one"):
+            ScanOp(fd.fusion, ScanOpType.cummax, fd.ops.cumsum(x, 1), x, 1, DataType.Double)
 
 
 def test_scan_tolerance_grows_with_the_scanned_axis() -> None:
