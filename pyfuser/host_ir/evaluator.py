@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, Step, StepBuilder
 from pyfuser.host_ir.nodes import (
     NUMBER_OF_STREAMS,
@@ -36,7 +37,7 @@ from pyfuser.host_ir.nodes import (
 from pyfuser.host_ir.outputs import OutputLayout
 from pyfuser.host_ir.specialization import Recording, Specializations
 from pyfuser.host_ir.steps import CORE_STEP_BUILDERS, BoundLaunches
-from pyfuser.host_ir.straight_line import STRAIGHT_LINE_NODES, StraightLine, StraightLineFunction
+from pyfuser.host_ir.straight_line import STRAIGHT_LINE_NODES, InlinedBody, StraightLine, StraightLineFunction
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, SlotWait, Synchronize
 from pyfuser.ir.base import Scalar, Val
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
@@ -188,8 +189,8 @@ class HostIrEvaluator:
         self._direct = self._direct_launch(container)
         #: per binding, the program's run as one generated function (``straight_line.py``; None: the
         #: binding's run could not be written so); None for programs that keep their steps. A program of
-        #: one launch has one too: a compiled graph calls its regions' functions, never their programs
-        #: (``integrations/torch_compile/bound_graph.py``), so each region needs one
+        #: one launch has one too: a compiled graph writes its regions' straight-line bodies into its own
+        #: function, never running their programs (``integrations/torch_compile/bound_graph.py``)
         self._straight: Specializations[object, StraightLineFunction | None] | None = None
         if not self._uses_streams and all(isinstance(n, STRAIGHT_LINE_NODES) for n in container.nodes):
             self._straight = Specializations()
@@ -354,12 +355,25 @@ class HostIrEvaluator:
         output is a view of what, and its strides, are the same on every run."""
         straight = self._straight
         assert straight is not None
-        inputs = [recorded[("input", k)] for k in range(len(self.container.inputs))]
-        results = [[recorded[(k, j)] for j in range(len(node.outputs))] for k, node in enumerate(self._step_nodes)]
+        container, nodes = self.container, self._step_nodes
+        inputs = [recorded[("input", k)] for k in range(len(container.inputs))]
+        results = [[recorded[(k, j)] for j in range(len(node.outputs))] for k, node in enumerate(nodes)]
+        conforming = tuple(fixes)
+
+        def inline(writer: PythonWriter, given: Sequence[str], prefix: str, fixed: Sequence[bool]) -> InlinedBody | None:
+            body = StraightLine(self.slot, self._initial, self.device, self._bound_launches.get, writer, prefix).inline(
+                container.inputs, inputs, nodes, results, container.outputs, ctx, given, fixed)
+            if body is not None:
+                for pos, fix in conforming:
+                    name = writer.fresh(f"{prefix}out")
+                    body.lines.append(f"{name} = {writer.constant(fix, '_conform')}({body.outputs[pos]})")
+                    body.outputs[pos] = name
+            return body
+
         run = StraightLine(self.slot, self._initial, self.device, self._bound_launches.get).build(
-            self.container.inputs, inputs, self._step_nodes, results, self.container.outputs, ctx)
-        if run is not None and fixes:
-            run = _with_fixes(run, tuple(fixes))
+            container.inputs, inputs, nodes, results, container.outputs, ctx, inline)
+        if run is not None and conforming:
+            run = _with_fixes(run, conforming)
         straight.record(ctx.binding, run)
 
     def step_of(self, node: HostNode) -> Step:
@@ -402,4 +416,4 @@ def _with_fixes(function: StraightLineFunction,
                 outputs[pos] = fix(outputs[pos])
         return outputs
 
-    return StraightLineFunction(conformed, function.source)
+    return StraightLineFunction(conformed, function.source, function.inline)

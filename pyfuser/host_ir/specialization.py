@@ -11,8 +11,8 @@ every level:
   compiled variant (``codegen/launcher.py`` ``BoundLaunch``);
 * a Host IR program (``host_ir/evaluator.py``): its run as one straight-line function
   (``host_ir/straight_line.py``), the launches inlined;
-* a torch.compile graph (``integrations/torch_compile/bound_graph.py``): a copy of the FX graph
-  calling its regions' straight-line functions, views as reinterpretations; each region keeps its
+* a torch.compile graph (``integrations/torch_compile/bound_graph.py``): one generated function with
+  its regions' straight-line bodies in place, views as reinterpretations; each region keeps its
   bound programs the same way (``region.py``);
 * a ``CaptureGraph``'s step and a CUDA-graph runner (``host_ir/cuda_graph.py`` ``Captures``): the graphs
   captured per key.

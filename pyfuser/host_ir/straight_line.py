@@ -18,6 +18,11 @@ which storage); then this module writes the run as one function of the inputs:
 
 No value slots, steps, frames or per-node dispatch are left on the path: a run is the torch calls and
 the launches. Programs with loops, stream switches or communications keep their steps.
+
+The same body can be written into a caller's generated function instead of one of its own
+(``StraightLineFunction.inline``): a compiled torch.compile graph writes its regions' bodies into one
+function per input signature (``integrations/torch_compile/bound_graph.py``), as Inductor's wrapper
+calls kernels, with no call, argument list or device check per region.
 """
 
 from __future__ import annotations
@@ -47,12 +52,31 @@ StraightLineRun = Callable[[Sequence[Any]], "list[Any] | None"]
 
 
 @dataclass(frozen=True, slots=True)
+class InlinedBody:
+    """A program's body written into a caller's function: its lines, the expression of each output
+    (a name the lines define, or one of the input expressions), and the lines the caller runs once
+    before every body (by the name they define: ``_stream``, the current stream, which the bodies of
+    one device share)."""
+
+    lines: list[str]
+    outputs: list[str]
+    head: dict[str, str]
+
+
+#: ``inline(writer, inputs, prefix, fixed)``: the body written into ``writer``'s function on the input
+#: expressions ``inputs``, its own names starting with ``prefix`` (None: it cannot be written so);
+#: ``fixed``: per input, whether the caller obtains its memory itself (aligned alike on every run)
+InlineWriter = Callable[[PythonWriter, Sequence[str], str, Sequence[bool]], "InlinedBody | None"]
+
+
+@dataclass(frozen=True, slots=True)
 class StraightLineFunction:
     """A program's run under one binding as a generated function, with its source (what a reader or
-    a test checks of it)."""
+    a test checks of it), and the same run written into a caller's function (``inline``)."""
 
     run: StraightLineRun
     source: str
+    inline: InlineWriter
 
 
 @dataclass
@@ -65,19 +89,27 @@ class _Line:
 
 
 class StraightLine:
-    """Writes the function of one program under one binding; ``build`` returns it (None where a node
-    cannot be replayed as straight-line code)."""
+    """Writes one program's run under one binding: ``build`` as a function of its own, ``inline`` as
+    lines of a caller's function (each None where a node cannot be replayed as straight-line code).
+
+    ``writer``: the caller's writer (``inline``), whose globals the body's constants join; ``prefix``
+    starts every name the body defines, so bodies written into one function never share one."""
 
     def __init__(self, slot_of: Callable[[Val], int], constants: Sequence[Any], device: torch.device,
-                 bound_launches: Callable[[LaunchKernel], BoundLaunches | None]) -> None:
+                 bound_launches: Callable[[LaunchKernel], BoundLaunches | None],
+                 writer: PythonWriter | None = None, prefix: str = "") -> None:
         self._slot_of = slot_of
         #: a top-level launch's bound launches, which the binding's first run recorded
         self._bound_launches = bound_launches
         self._constants = constants
         self._device = device
         #: ``__name__``: the module of the functions it writes (how torch.fx names a call of one)
-        self._writer = PythonWriter("straight-line program", {"_reinterpret": reinterpret_tensor, "__name__": __name__})
-        self._env = self._writer.env
+        self._writer = writer or PythonWriter("straight-line program", {"__name__": __name__})
+        self._writer.env.setdefault("_reinterpret", reinterpret_tensor)
+        self._prefix = prefix
+        #: slot -> the global name of a value the program does not compute (a constant, or None)
+        self._constant_names: dict[int, str] = {}
+        self._ctx = ""
         self._lines: list[_Line] = []
         #: slot -> (the slot of the tensor it is a view of, that tensor's recorded geometry), for
         #: views and for tensors that are their own base
@@ -89,12 +121,17 @@ class StraightLine:
         self._head: dict[str, str] = {}
         self._input_storages: set[int] = set()
 
+    def _local(self, slot: int) -> str:
+        return f"{self._prefix}v{slot}"
+
     def _name(self, v: Val) -> str:
         slot = self._slot_of(v)
         if slot in self._written:
-            return f"v{slot}"
-        name = f"_c{slot}"  # not computed by the program: a constant of the program (or None)
-        self._env[name] = self._constants[slot] if slot < len(self._constants) else None
+            return self._local(slot)
+        name = self._constant_names.get(slot)
+        if name is None:  # not computed by the program: a constant of the program (or None)
+            value = self._constants[slot] if slot < len(self._constants) else None
+            name = self._constant_names[slot] = self._writer.constant(value, f"_{self._prefix}c{slot}")
         return name
 
     def _constant(self, value: Any, prefix: str) -> str:
@@ -108,28 +145,55 @@ class StraightLine:
         if seen is not None:
             self._base[slot] = (slot, seen)
             self._seen[slot] = seen
-        return f"v{slot}"
+        return self._local(slot)
 
-    def build(self, inputs: Sequence[Val], inputs_seen: Sequence[Seen | None], nodes: Sequence[HostNode],
-              seen: Sequence[Sequence[Seen | None]], outputs: Sequence[Val],
-              ctx: EvalContext) -> StraightLineFunction | None:
-        self._env["_ctx"] = ctx
-        self._input_storages = {seen.storage for seen in inputs_seen if seen is not None}
+    def _body(self, inputs: Sequence[Val], inputs_seen: Sequence[Seen | None], nodes: Sequence[HostNode],
+              seen: Sequence[Sequence[Seen | None]], outputs: Sequence[Val], ctx: EvalContext,
+              fixed: Sequence[bool] = ()) -> tuple[list[str], list[str], list[str]] | None:
+        """(the inputs' names, the body's lines, the outputs' expressions), or None; the lines of
+        ``_head`` come before the body's. ``fixed``: the inputs whose alignment cannot change."""
+        self._ctx = self._writer.constant(ctx, "_ctx")
+        self._input_storages = {seen.storage for k, seen in enumerate(inputs_seen)
+                                if seen is not None and not (k < len(fixed) and fixed[k])}
         names = [self._define(v, s) for v, s in zip(inputs, inputs_seen, strict=True)]
         for node, results in zip(nodes, seen, strict=True):
             if not self._node(node, results, ctx):
                 return None
         returned = [self._name(v) for v in outputs]
-        body = self._release(returned)
+        return names, self._release(returned), returned
+
+    def build(self, inputs: Sequence[Val], inputs_seen: Sequence[Seen | None], nodes: Sequence[HostNode],
+              seen: Sequence[Sequence[Seen | None]], outputs: Sequence[Val], ctx: EvalContext,
+              inline: InlineWriter) -> StraightLineFunction | None:
+        """The run as a function of its own (``run(args)``; None on another current device), with
+        ``inline`` the caller's way of writing the same run into another function."""
+        written = self._body(inputs, inputs_seen, nodes, seen, outputs, ctx)
+        if written is None:
+            return None
+        names, body, returned = written
         head = []
         if self._device.type == "cuda" and _current_device is not None:
-            self._env["_current_device"] = _current_device
-            head = [f"if _current_device() != {self._device.index}:", "    return None"]
-        head += self._head.values()
+            check = self._writer.constant(_current_device, "_current_device")
+            head = [f"if {check}() != {self._device.index}:", "    return None"]
         unpack = f"{', '.join(names)}, = args" if names else "del args"
         writer = self._writer
-        writer.function("def run(args):", [unpack, *head, *body, f"return [{', '.join(returned)}]"])
-        return StraightLineFunction(writer.define("run"), writer.source)
+        writer.function("def run(args):", [unpack, *head, *self._head.values(), *body,
+                                           f"return [{', '.join(returned)}]"])
+        return StraightLineFunction(writer.define("run"), writer.source, inline)
+
+    def inline(self, inputs: Sequence[Val], inputs_seen: Sequence[Seen | None], nodes: Sequence[HostNode],
+               seen: Sequence[Sequence[Seen | None]], outputs: Sequence[Val], ctx: EvalContext,
+               given: Sequence[str], fixed: Sequence[bool]) -> InlinedBody | None:
+        """The run as lines of the caller's function, on the input expressions ``given``; the caller
+        vouches that it runs on the program's device (no device check is written), and that the inputs
+        ``fixed`` marks are memory it obtains itself, aligned as recorded on every run (no alignment
+        check of theirs is written)."""
+        written = self._body(inputs, inputs_seen, nodes, seen, outputs, ctx, fixed)
+        if written is None:
+            return None
+        names, body, returned = written
+        return InlinedBody([*(f"{name} = {value}" for name, value in zip(names, given, strict=True)), *body],
+                           returned, dict(self._head))
 
     # --- nodes ---------------------------------------------------------------------------------------
     def _node(self, node: HostNode, results: Sequence[Seen | None], ctx: EvalContext) -> bool:
@@ -159,7 +223,8 @@ class StraightLine:
             if len(node.outputs) != 1:
                 return False
             out = self._name(node.outputs[0])
-            self._emit(f"{self._constant(expr.evaluate_into, 'into')}(_ctx, {', '.join([out, *ins])})", [], [out, *ins])
+            self._emit(f"{self._constant(expr.evaluate_into, 'into')}({self._ctx}, {', '.join([out, *ins])})", [],
+                       [out, *ins])
             return True
         base = self._viewed(node, results)
         if base is not None:
@@ -169,8 +234,8 @@ class StraightLine:
             out = self._define(node.outputs[0], None)
             self._base[self._slot_of(node.outputs[0])] = (root, root_seen)
             self._seen[self._slot_of(node.outputs[0])] = result
-            self._emit(f"{out} = _reinterpret(v{root}, {result.sizes}, {result.strides}, "
-                       f"{result.offset - root_seen.offset})", [out], [f"v{root}"], view=True)
+            self._emit(f"{out} = _reinterpret({self._local(root)}, {result.sizes}, {result.strides}, "
+                       f"{result.offset - root_seen.offset})", [out], [self._local(root)], view=True)
             return True
         outs = [self._define(v, s) for v, s in zip(node.outputs, results, strict=True)]
         unchecked = expr.unchecked_call() if len(outs) == 1 else None
@@ -183,7 +248,7 @@ class StraightLine:
             call = self._reinterpreted(f"{self._constant(blas.function, blas.function.__name__)}({', '.join(args)})", blas.result)
             self._emit(f"{outs[0]} = {call}", outs, ins)
             return True
-        call = f"{self._constant(expr.evaluate, 'evaluate')}(_ctx, {', '.join(ins)})"
+        call = f"{self._constant(expr.evaluate, 'evaluate')}({self._ctx}, {', '.join(ins)})"
         self._emit(f"{outs[0]} = {call}[0]" if len(outs) == 1 else f"{', '.join(outs)}, = {call}", outs, ins)
         return True
 
@@ -208,7 +273,7 @@ class StraightLine:
         unbound = self._constant(launch_with_fallback(node), "launch")
         if node.into:
             outs = [self._name(v) for v in node.outputs]
-            self._emit(f"{unbound}(_ctx, [{', '.join(ins)}], [{', '.join(outs)}])", [], [*ins, *outs])
+            self._emit(f"{unbound}({self._ctx}, [{', '.join(ins)}], [{', '.join(outs)}])", [], [*ins, *outs])
             return True
         bound = self._bound_launches(node)
         replay = bound.by_binding.get(ctx.binding) if bound is not None else None
@@ -216,13 +281,13 @@ class StraightLine:
         targets = f"{outs[0]}," if len(outs) == 1 else ", ".join(outs)
         arguments = f"[{', '.join(ins)}]"
         if replay is None:
-            self._emit(f"{targets} = {unbound}(_ctx, {arguments}, None)", outs, ins)
+            self._emit(f"{targets} = {unbound}({self._ctx}, {arguments}, None)", outs, ins)
             return True
         if not isinstance(replay, BoundLaunch):  # a replay of its own (a sequence of launches): called
             # It returns None where an argument's 16-byte alignment differs from the recorded run's
             # (part of the compiled variant): the launcher runs then.
             self._emit(f"_r = {self._constant(replay.run, 'bound')}({arguments})\n"
-                       f"if _r is None:\n    _r = {unbound}(_ctx, {arguments}, None)\n{targets} = _r", outs, ins)
+                       f"if _r is None:\n    _r = {unbound}({self._ctx}, {arguments}, None)\n{targets} = _r", outs, ins)
             return True
         plan = replay
         n_args = plan.n_args
@@ -233,7 +298,7 @@ class StraightLine:
         lines += [f"{out} = {slots[r]}" for out, r in zip(outs, plan.results, strict=True) if slots[r] != out]
         check = plan.misaligned(ins, [self._fixed_alignment(v) for v in node.inputs])
         if check:  # an argument's alignment differs from the recorded run's: the launcher runs
-            lines = [f"if {check}:", f"    {targets} = {unbound}(_ctx, {arguments}, None)", "else:",
+            lines = [f"if {check}:", f"    {targets} = {unbound}({self._ctx}, {arguments}, None)", "else:",
                      *("    " + line for line in lines)]
         self._emit("\n".join(lines), outs, ins)
         return True
@@ -246,10 +311,13 @@ class StraightLine:
         return base is not None and base[1].storage not in self._input_storages
 
     def _stream(self, plan: BoundLaunch) -> str:
-        """``_stream``: the current stream, read once at the function's start (a straight-line program
-        switches none)."""
+        """``_stream``: the current stream, read once before the body (a straight-line program
+        switches none; the bodies a caller writes into one function run on one device)."""
         if "_stream" not in self._head:
-            self._head["_stream"] = f"_stream = {plan.stream_expression(self._writer)}"
+            expression = plan.stream_expression(self._writer)
+            if expression == "None":  # (not a CUDA launch)
+                return expression
+            self._head["_stream"] = f"_stream = {expression}"
         return "_stream"
 
     def _emit(self, text: str, defines: list[str], uses: list[str], view: bool = False) -> None:
@@ -266,13 +334,14 @@ class StraightLine:
             kept.append(line)
         kept.reverse()
         last: dict[str, int] = {}
+        local = f"{self._prefix}v"
         for k, line in enumerate(kept):
             for name in line.uses:
                 last[name] = k
         out: list[str] = []
         for k, line in enumerate(kept):
             out.extend(line.text.split("\n"))
-            dead = sorted({n for n in line.uses if last.get(n) == k and n not in returned and n.startswith("v")})
+            dead = sorted({n for n in line.uses if last.get(n) == k and n not in returned and n.startswith(local)})
             if dead:
                 out.append(f"del {', '.join(dead)}")
         return out

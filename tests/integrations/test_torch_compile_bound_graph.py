@@ -1,8 +1,10 @@
-"""Compiled graphs specialized to their recorded call (``bound_graph.py``): regions as their
-straight-line functions, eager views as reinterpretations; anything else runs the graph as compiled."""
+"""Compiled graphs specialized to their recorded call (``bound_graph.py``): one generated function with
+the regions' straight-line bodies in place of their calls, eager views as reinterpretations; anything
+else runs the graph as compiled."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -14,7 +16,7 @@ import torch.nn.functional as F
 from pyfuser.host_ir import specialization
 from pyfuser.integrations.torch_compile import PyfuserBackend
 from pyfuser.integrations.torch_compile.bound_graph import WARM_CALLS, BoundGraph, direct_function
-from pyfuser.integrations.torch_compile.region import FusionRegion
+from pyfuser.integrations.torch_compile.region import FusionRegion, RegionFunction
 from pyfuser.integrations.torch_compile.view_chains import ViewChain
 
 
@@ -118,6 +120,36 @@ def test_regions_of_one_kernel_are_specialized_too(device: str, kernel_options: 
     assert bound.specialized is not None, bound.declined
     assert [r.summary().count(" kernel ") for r in backend.graphs[0].regions] == [1, 1]
     assert calls == ["pyfuser_region_0", "pyfuser_region_1"] * (WARM_CALLS + 1)  # none once specialized
+
+
+def test_the_graph_runs_as_one_function_with_its_regions_bodies_in_place(
+        device: str, kernel_options: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A specialized graph is one generated function: each region's body is written in place of its call
+    (its straight-line function, which the region would call, is never called), and a launch reading a
+    value the graph computed itself (attention's output) has no alignment check, unlike one reading the
+    graph's input, whose offset may change."""
+    straight_line = FusionRegion.straight_line
+
+    def uncallable(self: FusionRegion, arguments: Any) -> RegionFunction | None:
+        function = straight_line(self, arguments)
+
+        def called(*args: Any) -> Any:
+            raise AssertionError(f"{self.name}'s straight-line function was called")
+
+        return function if function is None else dataclasses.replace(function, run=called)
+
+    monkeypatch.setattr(FusionRegion, "straight_line", uncallable)
+    backend = PyfuserBackend(enable_options=kernel_options)
+    compiled = torch.compile(_one_kernel_regions, backend=backend)
+    for _ in range(WARM_CALLS + 3):
+        x = torch.randn(2, 3, 5, 8, device=device)
+        torch.testing.assert_close(compiled(x), _one_kernel_regions(x))
+    (bound,) = _bound_graphs(backend)
+    assert bound.declined is None and bound.specialized is not None, bound.declined
+    code = bound.code
+    assert code.count("def ") == 1 and "r0_v" in code and "r1_v" in code, code
+    checked = [line for line in code.splitlines() if "data_ptr()" in line]
+    assert len(checked) == 1 and "r0_v" in checked[0], code  # the input's read, not attention's output
 
 
 def _attention_of_input(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -247,7 +279,7 @@ def test_graphs_of_symbolic_sizes_are_specialized_per_concrete_call(monkeypatch:
                 _check(compiled, torch.randn(batch, 6, 8))
     (bound,) = _bound_graphs(backend)
     assert bound.declined is None and len(bound.signatures) == len(sizes), bound.declined
-    assert all(s.run is not None for s in bound.signatures.values()), [s.why for s in bound.signatures.values()]
+    assert all(s.function is not None for s in bound.signatures.values()), [s.why for s in bound.signatures.values()]
     assert not calls, calls  # every call ran a specialized copy
 
 
@@ -287,7 +319,7 @@ def test_ops_left_in_eager_call_torchs_own_function() -> None:
             x = torch.randn(2, 3, 9, 7)
             torch.testing.assert_close(compiled(x), conv(x))
     (bound,) = _bound_graphs(backend)
-    assert bound.code.count("torch.convolution(") == 2 and "aten.convolution" not in bound.code, bound.code
+    assert bound.code.count("torch_convolution(") == 2 and "aten_convolution" not in bound.code, bound.code
 
 
 def test_batch_norm_statistics_saved_for_the_backward_are_reinterpretations() -> None:

@@ -13,8 +13,8 @@ collectives stay torch's, region boundaries), partitions it into pyfuser
 regions and eager ops, collapses the chains of views left in eager (``view_chains.py``) and calls the other
 views as tensor methods (``eager_methods.py``). Each region's program is compiled then, from the traced
 sizes, its kernels in compile threads (``FusionExecutorCache.compile_ahead``). After its first calls a graph
-of static shapes runs as a copy specialized to them: regions as their straight-line functions, eager views as
-reinterpretations (``bound_graph.py``).
+runs as one generated function per input signature: the regions' straight-line bodies in place of their calls,
+eager views as reinterpretations (``bound_graph.py``).
 
 Options (``torch.compile(..., options={...})``, or ``PyfuserBackend(...)`` directly):
 

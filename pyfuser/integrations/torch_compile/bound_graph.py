@@ -1,4 +1,4 @@
-"""A compiled graph of static shapes, after its first calls, as one specialized FX graph.
+"""A compiled graph, after its first calls, as one generated function per input signature.
 
 Once every region of a graph runs a straight-line function (``host_ir/straight_line.py``), what is
 left around the kernels and GEMMs on each call is the graph's own Python: each region's call (picking
@@ -7,10 +7,14 @@ left in eager (a call into torch per view or chain). Given the graph's input str
 the graph has the same sizes, strides and storage offset relative to its base on every call: dynamo's
 guards fix the inputs' sizes (autograd an incoming gradient's), and the regions' programs and the
 eager ops compute the rest the same way. So after its warm-up calls the graph records one call (each
-node's result's geometry) and rewrites a copy of itself, Inductor's wrapper code per graph:
+node's result's geometry), rewrites a copy of itself (``specialize``: an FX graph of what the call
+does, which a test reads) and writes that as one function (``write_function``, through the one writer
+of generated Python, ``codegen/python_writer.py``), Inductor's wrapper code per graph:
 
-* a region's call becomes a call of its straight-line function on its inputs (their strides were
-  compared once, at the graph's entry, as the graph's inputs');
+* a region's call becomes its straight-line body, written in place (``StraightLineFunction.inline``:
+  the region's kernel launches, GEMMs and ATen calls on the graph's values; their strides were
+  compared once, at the graph's entry, as the graph's inputs'), with no call, argument list, device
+  check or stream read per region;
 * a view left in eager (a tensor method, a ``ViewChain``, a view op, a piece of a ``split``), other
   than an output whose aliasing AOTAutograd tracks, becomes one ``reinterpret_tensor`` of the nearest
   value that is not such a view: chains collapse, a view only other views read is dropped, and so is
@@ -18,7 +22,8 @@ node's result's geometry) and rewrites a copy of itself, Inductor's wrapper code
 * any other ATen op left in eager whose torch function means that one op (``direct_function``) is
   called through that function, as Inductor's ``extern_kernels.convolution`` is ``torch.convolution``:
   an ``OpOverload`` parses its arguments against the schema in Python-facing C++ that costs several
-  microseconds more per call (a convolution: 27 against 20 us of host time on an H200's host).
+  microseconds more per call (a convolution: 27 against 20 us of host time on an H200's host);
+* every value is dropped after its last use, as the graph's own code drops it.
 
 Each input signature (``BoundGraph``: the inputs' strides, on CUDA the current device) is warmed up,
 recorded and specialized on its own, at most ``SPECIALIZATION_LIMIT`` of them: an incoming gradient
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import operator
 import warnings
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
@@ -45,9 +51,10 @@ from torch.fx import Graph, GraphModule, Interpreter, Node
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from pyfuser.codegen.launcher import reinterpret_tensor
+from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.host_ir.specialization import Recording, Specializations
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
-from pyfuser.integrations.torch_compile.region import FusionRegion, dynamic_signature, static_tensor
+from pyfuser.integrations.torch_compile.region import FusionRegion, RegionFunction, dynamic_signature, static_tensor
 from pyfuser.integrations.torch_compile.view_chains import CHAIN_OPS, ViewChain, viewed_operand
 
 _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None)
@@ -148,8 +155,21 @@ def _split_taken_from(node: Node) -> Node | None:
 
 
 
+@dataclass(frozen=True)
+class Specialized:
+    """A graph specialized to a recorded call: ``graph_module`` (each region's call a call of its
+    straight-line function on the fusion's inputs, taken apart by index into the fusion's outputs),
+    and each such call's ``RegionFunction``, whose body ``write_function`` writes in its place."""
+
+    graph_module: GraphModule
+    regions: dict[Node, RegionFunction]
+    #: per region call, per fusion input: whether the graph obtains its memory itself (a result of the
+    #: graph's ops at a recorded offset, not on an input's memory): aligned alike on every call
+    fixed: dict[Node, list[bool]]
+
+
 def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
-               requires_grad: Collection[Node] = (), numbers: Mapping[Node, Any] | None = None) -> GraphModule | str:
+               requires_grad: Collection[Node] = (), numbers: Mapping[Node, Any] | None = None) -> Specialized | str:
     """A copy of ``gm`` specialized to the geometry of a recorded call (see the module's docstring), or
     why it cannot be."""
     graph = Graph()
@@ -160,7 +180,11 @@ def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
     #: a view rewritten as a reinterpretation -> the value it reinterprets
     base_of: dict[Node, Node] = {}
     reinterpreted: list[Node] = []
-    regions = 0
+    #: each region's call -> the region's straight-line function
+    functions: dict[Node, RegionFunction] = {}
+    fixed: dict[Node, list[bool]] = {}
+    placeholders = [seen.get(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    input_storages = {p.storage for p in placeholders if p is not None}
     for node in gm.graph.nodes:
         new = env[node]
         if node.op == "call_function" and isinstance(node.target, FusionRegion):
@@ -170,14 +194,15 @@ def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
             function = node.target.straight_line(recorded)
             if function is None:
                 return f"{node.target.name} has no straight-line function for the recorded call"
-            run, positions, slots = function
             if node.kwargs or any(u.op != "call_function" or u.target is not operator.getitem for u in node.users):
                 return f"{node.name}'s outputs are read other than by index"
-            new.target = run
-            new.args = ([new.args[k] for k in positions],)
+            new.target = function.run
+            new.args = ([new.args[k] for k in function.positions],)
             for user in node.users:
-                env[user].args = (new, slots[user.args[1]])
-            regions += 1
+                env[user].args = (new, function.slots[user.args[1]])
+            functions[new] = function
+            fixed[new] = [isinstance(a, Node) and (s := seen.get(a)) is not None and s.storage not in input_storages
+                          for a in (node.args[k] for k in function.positions)]
             continue
         operand = _view_operand(node)
         if operand is None and node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
@@ -200,7 +225,7 @@ def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
         env[node] = view
         base_of[node] = base
         reinterpreted.append(view)
-    if not regions:
+    if not functions:
         return "no regions"
     for view in reversed(reinterpreted):  # views only other (now rewritten) views read
         if not view.users:
@@ -209,7 +234,174 @@ def specialize(gm: GraphModule, seen: Recording, protected: Collection[Node],
         if node.op == "call_function" and node.target in _SPLITS and not node.users:
             graph.erase_node(node)
     graph.lint()
-    return GraphModule(gm, graph)
+    return Specialized(GraphModule(gm, graph), functions, fixed)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphFunction:
+    """A specialized graph as one generated function: ``run(args)`` (the graph's inputs, in order) -> what
+    the graph returns; ``source`` its text."""
+
+    run: Callable[[Sequence[Any]], Any]
+    source: str
+
+
+@dataclass
+class _Statement:
+    lines: list[str]
+    #: the function's local names it reads and defines
+    uses: list[str]
+    defines: list[str]
+
+
+def _callable_name(target: Any) -> str:
+    """A readable global name for a function a generated graph calls (``aten_mm_default``, ``torch_convolution``)."""
+    if isinstance(target, torch._ops.OpOverload):
+        text = f"{target.namespace}_{target._opname}_{target._overloadname}"
+    else:
+        module = getattr(target, "__module__", None) or ""
+        name = getattr(target, "__name__", None) or type(target).__name__
+        text = f"torch_{name}" if module.startswith("torch") and target is getattr(torch, name, None) else name
+    text = "".join(c if c.isalnum() or c == "_" else "_" for c in text)
+    return text if text.startswith(("_", "aten_", "torch_")) else f"_{text}"
+
+
+class _GraphWriter:
+    """Writes a specialized graph (``Specialized``) as one function with ``PythonWriter``: each region's
+    straight-line body in place of its call (``RegionFunction.inline``), every other node one statement,
+    each value dropped after its last use (a training step's activations are freed as the graph goes)."""
+
+    def __init__(self, specialized: Specialized, what: str) -> None:
+        self._graph_module = specialized.graph_module
+        self._regions = specialized.regions
+        self._fixed = specialized.fixed
+        self._writer = PythonWriter(what)
+        #: FX node -> the expression of its value (a local name, or a region body's output)
+        self._names: dict[Node, str] = {}
+        #: a region's call -> the expressions of the fusion's outputs its body computes
+        self._outputs: dict[Node, list[str]] = {}
+        #: the function's local names (what may be dropped after its last use)
+        self._locals: set[str] = set()
+        self._statements: list[_Statement] = []
+        #: each function the graph calls -> its global name
+        self._functions: dict[Any, str] = {}
+        self._head: dict[str, str] = {}
+        self._uses: list[str] = []
+
+    def write(self) -> GraphFunction | str:
+        parameters: list[str] = []
+        returned = "None"
+        for node in self._graph_module.graph.nodes:
+            if node.op == "placeholder":
+                parameters.append(self._local(node))
+            elif node.op == "output":
+                self._uses = []
+                returned = self._render(node.args[0])
+                self._statements.append(_Statement([], self._uses, []))
+            elif node in self._regions:
+                why = self._region(node, self._regions[node])
+                if why is not None:
+                    return why
+            elif node.op == "call_function" and node.target is operator.getitem \
+                    and node.args[0] in self._regions:
+                self._names[node] = self._outputs[node.args[0]][node.args[1]]
+            else:
+                self._statement(node)
+        unpack = f"{', '.join(parameters)}, = args" if parameters else "del args"
+        body = self._release()
+        writer = self._writer
+        writer.function("def graph(args):", [unpack, *self._head.values(), *body, f"return {returned}"])
+        return GraphFunction(writer.define("graph"), writer.source)
+
+    def _local(self, node: Node) -> str:
+        name = self._writer.fresh(f"g_{node.name}")
+        self._names[node] = name
+        self._locals.add(name)
+        return name
+
+    def _region(self, node: Node, function: RegionFunction) -> str | None:
+        self._uses = []
+        (arguments,) = node.args
+        assert isinstance(arguments, list)  # (``specialize`` passes the fusion's inputs as one list)
+        given = [self._render(a) for a in arguments]
+        prefix = f"r{len(self._outputs)}_"
+        body = function.inline(self._writer, given, prefix, self._fixed[node])
+        if body is None:
+            return f"{node.name}'s body could not be written into the graph's function"
+        for name, line in body.head.items():
+            self._head.setdefault(name, line)
+        outputs = [o for o in body.outputs if o.startswith(prefix)]
+        self._locals.update(outputs)
+        self._outputs[node] = body.outputs
+        self._statements.append(_Statement(body.lines, self._uses, outputs))
+        return None
+
+    def _statement(self, node: Node) -> None:
+        self._uses = []
+        if node.op == "get_attr":
+            value: Any = self._graph_module
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+            expression = self._writer.constant(value, "_attr")
+        elif node.op == "call_method":
+            this, *rest = node.args
+            expression = f"{self._render(this)}.{node.target}({self._arguments(rest, node.kwargs)})"
+        elif node.target is operator.getitem:
+            expression = f"{self._render(node.args[0])}[{self._render(node.args[1])}]"
+        else:
+            function = self._functions.get(node.target)
+            if function is None:
+                function = self._functions[node.target] = self._writer.constant(node.target,
+                                                                                 _callable_name(node.target))
+            expression = f"{function}({self._arguments(node.args, node.kwargs)})"
+        uses = self._uses
+        if node.users:
+            name = self._local(node)
+            self._statements.append(_Statement([f"{name} = {expression}"], uses, [name]))
+        else:  # (run for its effect: an input's update)
+            self._statements.append(_Statement([expression], uses, []))
+
+    def _arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        return ", ".join([*(self._render(a) for a in args), *(f"{k}={self._render(v)}" for k, v in kwargs.items())])
+
+    def _render(self, value: Any) -> str:
+        """``value`` (an FX argument) as an expression, noting the local names it reads."""
+        if isinstance(value, Node):
+            name = self._names[value]
+            if name in self._locals:
+                self._uses.append(name)
+            return name
+        if isinstance(value, list | tuple) and not hasattr(value, "_fields"):  # (not a named tuple)
+            inner = ", ".join(self._render(v) for v in value)
+            return f"[{inner}]" if isinstance(value, list) else f"({inner}{',' if len(value) == 1 else ''})"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{self._render(k)}: {self._render(v)}" for k, v in value.items()) + "}"
+        if value is None or type(value) in (bool, int, str) or (type(value) is float and math.isfinite(value)):
+            return repr(value)
+        return self._writer.constant(value, "_k")
+
+    def _release(self) -> list[str]:
+        """The statements' lines, each local name dropped after its last use (or its definition, where
+        nothing reads it) unless returned (the last statement's)."""
+        last: dict[str, int] = {}
+        for k, statement in enumerate(self._statements):
+            for name in statement.uses:
+                last[name] = k
+        kept = set(self._statements[-1].uses) if self._statements else set()
+        lines: list[str] = []
+        for k, statement in enumerate(self._statements):
+            lines.extend(statement.lines)
+            dead = {n for n in statement.uses if last[n] == k}
+            dead.update(n for n in statement.defines if last.get(n, -1) <= k)
+            dead -= kept
+            if dead and k < len(self._statements) - 1:
+                lines.append(f"del {', '.join(sorted(dead))}")
+        return lines
+
+
+def write_function(specialized: Specialized, what: str) -> GraphFunction | str:
+    """``specialized`` as one generated function (``_GraphWriter``), or why it cannot be written."""
+    return _GraphWriter(specialized, what).write()
 
 
 def _strides(args: list[Any]) -> list[Any]:
@@ -220,10 +412,11 @@ def _strides(args: list[Any]) -> list[Any]:
 @dataclass(slots=True)
 class Signature:
     """One input signature's state in a ``BoundGraph``: its calls run as compiled so far, then its
-    specialized copy (``run`` its forward) or why it has none (its calls run as compiled)."""
+    specialized copy (``graph``: what the copy does, as an FX graph; ``function``: that, written as one
+    function, which its calls run) or why it has none (its calls run as compiled)."""
 
     calls: int = 0
-    run: Callable[..., Any] | None = None
+    function: GraphFunction | None = None
     graph: GraphModule | None = None
     why: str | None = None
 
@@ -280,7 +473,7 @@ class BoundGraph:
         if run is not None and self._signature_of(args) == self._strides and (
                 self._current is None or _current_device() == self._current):
             try:
-                return run(*args)
+                return run(args)
             except Exception as e:  # the graph as compiled reports it, naming the region and its FX nodes
                 self._decline(f"the specialized graph failed ({type(e).__name__}: {e})")
                 return self._forward(*args)
@@ -299,9 +492,9 @@ class BoundGraph:
             current = _current_device()
             key = (key, current)
         signature = self.signatures.get(key)
-        if signature is None or signature.run is None:
+        if signature is None or signature.function is None:
             return self._warm_up(key, signature, args, strides, current)
-        self._run, self._strides, self._current = signature.run, strides, current
+        self._run, self._strides, self._current = signature.function.run, strides, current
         return self(args)
 
     def _warm_up(self, key: Hashable, signature: Signature | None, args: list[Any],
@@ -319,12 +512,16 @@ class BoundGraph:
         specialized = self._specialize(recorder, current)
         if isinstance(specialized, str):
             signature.why = specialized
+            return outputs
+        function = write_function(specialized, f"graph of {self.name}")
+        if isinstance(function, str):
+            signature.why = function
         else:
-            signature.graph, signature.run = specialized, specialized.forward
-            self._run, self._strides, self._current = signature.run, strides, current
+            signature.graph, signature.function = specialized.graph_module, function
+            self._run, self._strides, self._current = function.run, strides, current
         return outputs
 
-    def _specialize(self, recorder: _Recorder, current: int | None) -> GraphModule | str:
+    def _specialize(self, recorder: _Recorder, current: int | None) -> Specialized | str:
         device = self._device
         if device is not None and device.type == "cuda" and (current is None or current != device.index):
             return "a call on another device than the regions'"
@@ -345,6 +542,6 @@ class BoundGraph:
 
     @property
     def code(self) -> str:
-        """The latest specialized copy's Python code (empty before it exists)."""
-        specialized = self.specialized
-        return specialized.code if specialized is not None else ""
+        """The latest specialized copy's generated function (empty before it exists)."""
+        functions = [s.function for s in self.signatures.values() if s.function is not None]
+        return functions[-1].source if functions else ""

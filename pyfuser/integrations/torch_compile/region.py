@@ -14,15 +14,18 @@ import collections
 import re
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.fx import Node
 
 from pyfuser.codegen.kernel_source import KernelLaunchError
+from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.host_ir.cuda_graph import CaptureError, CudaGraphRunner
 from pyfuser.host_ir.nodes import AtenCall, LaunchKernel
 from pyfuser.host_ir.specialization import Seen, Specializations
+from pyfuser.host_ir.straight_line import InlinedBody, InlineWriter
 from pyfuser.integrations.torch_compile.support import op_name
 from pyfuser.integrations.torch_compile.translator import TranslatedRegion
 from pyfuser.ir.tensor_view import TensorView
@@ -78,6 +81,29 @@ def _launch_error(error: BaseException | None) -> KernelLaunchError | None:
     while error is not None and not isinstance(error, KernelLaunchError):
         error = error.__cause__ or error.__context__
     return error
+
+
+@dataclass(frozen=True)
+class RegionFunction:
+    """A region's straight-line function for one signature of its calls: ``run(fusion_inputs)`` -> the
+    fusion's outputs; ``positions``: each fusion input's position among the region call's arguments;
+    ``slots``: each region output's position among the fusion's outputs."""
+
+    run: Callable[..., Any]
+    positions: list[int]
+    slots: list[int]
+    _inline: InlineWriter
+    _casts: Sequence[tuple[int, torch.dtype]]
+
+    def inline(self, writer: PythonWriter, fusion_inputs: Sequence[str], prefix: str,
+               fixed: Sequence[bool]) -> InlinedBody | None:
+        """The same run written into ``writer``'s function on the expressions ``fusion_inputs`` (as ``run``
+        takes them; ``fixed``: those whose memory the caller obtains itself, aligned alike on every call);
+        the body's outputs are the fusion's, in its order."""
+        given, fixed = list(fusion_inputs), list(fixed)
+        for j, dtype in self._casts:  # (a conversion is a new tensor)
+            given[j], fixed[j] = f"{given[j]}.to({writer.constant(dtype, '_dtype')})", True
+        return self._inline(writer, given, prefix, fixed)
 
 
 class RegionExecutionError(RuntimeError):
@@ -217,13 +243,12 @@ class FusionRegion:
             outputs = self._without_kernels(inputs, e)
         return outputs if self._in_order else [outputs[k] for k in self._slots]
 
-    def straight_line(self, arguments: Sequence[Seen | Any]) -> tuple[Callable[..., Any], list[int], list[int]] | None:
+    def straight_line(self, arguments: Sequence[Seen | Any]) -> RegionFunction | None:
         """For a caller that vouches every call passes arguments like ``arguments`` (per argument of the
         call, in order: a tensor's recorded geometry, a scalar's value): the region's straight-line
-        function (``function(fusion_inputs)`` -> the fusion's outputs), the position of each fusion input
-        among the call's arguments, and each region output's position among the function's outputs.
-        None where the region has no such function (that signature not bound yet, a program that keeps
-        its steps, CUDA graphs of its own)."""
+        function and how to write it into the caller's own (``RegionFunction``). None where the region
+        has no such function (that signature not bound yet, a program that keeps its steps, CUDA graphs
+        of its own)."""
         given = [arguments[k] for k in self._positions]
         if self._static_shapes:
             key: tuple[Any, ...] | None = tuple([a.strides if isinstance(a, Seen) else None for a in given])
@@ -234,10 +259,10 @@ class FusionRegion:
         if not written or self._graphs is not None:
             return None
         function: Callable[..., Any] = written.run
-        casts = self._casts
+        casts = self._casts or ()
         if casts:  # the inputs the region converts to their traced dtype (``_dtype_casts``)
             function = _converting(function, casts)
-        return function, list(self._positions), list(self._slots)
+        return RegionFunction(function, list(self._positions), list(self._slots), written.inline, casts)
 
     def _without_kernels(self, inputs: list[Any], error: Exception) -> list[torch.Tensor]:
         """After a failure with generated kernels, the same fusion with every op an ATen call: if that
