@@ -288,6 +288,27 @@ def tp_training(data: Data) -> tuple[str, str]:
     return what, result
 
 
+def model_breadth(data: Data) -> tuple[str, str]:
+    """Architectures outside the zoo: the CPU check's passing cases, or the GPU run's ratios to Inductor."""
+    cases = data["cases"]
+    if data["run"].get("variant") == "check":
+        ok = sum(c["result"] == "ok" for c in cases)
+        theirs = sum(c["result"] == "not pyfuser's" for c in cases)
+        models = len({c["model"] for c in cases})
+        what = (f"{models} `transformers` architectures outside the zoo, tiny, CPU: a training step in float64 where eager has "
+                "its kernels (regions as ATen calls) and float32 inference through generated kernels, against eager")
+        return what, f"{ok} of {len(cases)} cases equal eager; failed not by pyfuser (also with aot_eager): {theirs}"
+    timed = [c for c in cases if "vs_inductor" in c]
+    worst = min(timed, key=lambda c: c["vs_inductor"])
+    faster_first = sum(c["first_s"]["pyfuser"] <= c["first_s"]["inductor"] for c in timed)
+    what = "`transformers` architectures outside the zoo at realistic sizes, bf16, eager / Inductor / pyfuser"
+    result = (f"pyfuser / Inductor over {len(timed)} cases: geomean {geomean(c['vs_inductor'] for c in timed):.2f}x "
+              f"(worst {worst['vs_inductor']:.2f}x, {worst['model']} {worst['mode']}), vs eager "
+              f"{geomean(c['vs_eager'] for c in timed):.2f}x; first call faster than Inductor's in {faster_first} of "
+              f"{len(timed)}; failed: {len(cases) - len(timed)}")
+    return what, result
+
+
 ROWS: dict[str, Callable[[Data], tuple[str, str]]] = {
     "kernels": kernels,
     "compile_llama": compile_llama,
@@ -300,6 +321,7 @@ ROWS: dict[str, Callable[[Data], tuple[str, str]]] = {
     "persistent_tiles": persistent_tiles,
     "accuracy": accuracy,
     "models": models,
+    "model_breadth": model_breadth,
     "tp_training": tp_training,
 }
 

@@ -1,0 +1,433 @@
+"""Breadth: Hugging Face architectures outside the model zoo, built from configs in code (random weights,
+nothing downloaded), through ``backend="pyfuser"`` -- what a user brings that pyfuser was not tuned on.
+
+Two modes:
+
+* ``--check`` (a CPU, tiny sizes, one process per architecture): a training step in float64 (float32 where
+  eager has no float64 kernel) with the regions evaluated as ATen calls, and inference in float32 with the
+  regions run as generated kernels (Triton's interpreter), each against eager; a ``KernelFallbackWarning``
+  fails the case. A case that fails the same way with ``backend="aot_eager"`` is not pyfuser's (dynamo or the config) and says so.
+* timing (a GPU, realistic sizes, bf16): eager, Inductor and pyfuser in one process, timed interleaved
+  (``timing.time_ms_interleaved``), ms per step and the ratios, first calls' seconds.
+
+    python benchmarks/model_breadth.py --check                       # CPU, every architecture
+    python benchmarks/model_breadth.py --cases qwen3:training,swin:inference --out benchmarks/results
+
+Writes ``model_breadth[_check]_<kind>.json`` and ``.md`` (``results_files.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._dynamo
+import torch._inductor.config
+import transformers
+from model_zoo import _without_randomness
+from results_files import RESULTS, machine_kind, write_results
+from timing import time_ms_interleaved
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyfuser.integrations.torch_compile import PyfuserBackend
+from pyfuser.integrations.torch_compile.region import KernelFallbackWarning
+
+
+@dataclass(frozen=True)
+class Arch:
+    """An architecture: the model class and config class (``transformers`` names), the config's tiny and
+    realistic overrides, and the kind of input it takes."""
+
+    model: str
+    config: str
+    kind: str  # lm, mlm, s2s, image, ctc, audio, embed (no head: a loss of the output)
+    tiny: dict[str, Any]
+    full: dict[str, Any] = field(default_factory=dict)
+    #: the check's training step in float32 (an op without float64 kernels: ``torch._grouped_mm``, or a
+    #: mask value float64 overflows into), else float64
+    float32: bool = False
+
+
+_T = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 128,
+      "max_position_embeddings": 64}
+_LM = {**_T, "num_key_value_heads": 2}
+_FULL = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
+         "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 1024}
+_MHA = {**_FULL, "num_key_value_heads": 16}
+_ENC = {**_MHA, "intermediate_size": 4096}
+_S2S_T = {"d_model": 32, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+          "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "vocab_size": 128,
+          "max_position_embeddings": 64}
+_S2S = {"d_model": 1024, "encoder_layers": 4, "decoder_layers": 4, "encoder_attention_heads": 16,
+        "decoder_attention_heads": 16, "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "vocab_size": 32000,
+        "max_position_embeddings": 1024}
+_VIS = {"image_size": 32, "patch_size": 4, "num_channels": 3, "num_labels": 5}
+_SPECIAL = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+_AUDIO = {**_T, "conv_dim": (16, 16), "conv_stride": (5, 2), "conv_kernel": (10, 3), "num_conv_pos_embeddings": 16,
+          "num_conv_pos_embedding_groups": 4, "vocab_size": 32}
+
+ARCHS: dict[str, Arch] = {
+    "opt": Arch("OPTForCausalLM", "OPTConfig", "lm", {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "ffn_dim": 64, "vocab_size": 128, "max_position_embeddings": 64, "word_embed_proj_dim": 32},
+                {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16, "ffn_dim": 4096,
+                 "vocab_size": 32000, "max_position_embeddings": 1024, "word_embed_proj_dim": 1024}),
+    "gpt_neox": Arch("GPTNeoXForCausalLM", "GPTNeoXConfig", "lm", _T, _MHA),
+    "falcon": Arch("FalconForCausalLM", "FalconConfig", "lm", {"hidden_size": 32, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "vocab_size": 128},
+                   {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16, "vocab_size": 32000}),
+    "bloom": Arch("BloomForCausalLM", "BloomConfig", "lm", {"hidden_size": 32, "n_layer": 2, "n_head": 4, "vocab_size": 128},
+                  {"hidden_size": 1024, "n_layer": 4, "n_head": 16, "vocab_size": 32000}),
+    "gptj": Arch("GPTJForCausalLM", "GPTJConfig", "lm", {"n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 128,
+                 "n_positions": 64, "rotary_dim": 4},
+                 {"n_embd": 1024, "n_layer": 4, "n_head": 16, "vocab_size": 32000, "n_positions": 1024, "rotary_dim": 32}),
+    "codegen": Arch("CodeGenForCausalLM", "CodeGenConfig", "lm", {"n_embd": 32, "n_layer": 2, "n_head": 4,
+                    "vocab_size": 128, "n_positions": 64, "n_ctx": 64, "rotary_dim": 4}),
+    "stablelm": Arch("StableLmForCausalLM", "StableLmConfig", "lm", _LM, _FULL),
+    "qwen3": Arch("Qwen3ForCausalLM", "Qwen3Config", "lm", {**_LM, "head_dim": 8}, {**_FULL, "head_dim": 64}),
+    "qwen3_moe": Arch("Qwen3MoeForCausalLM", "Qwen3MoeConfig", "lm", {**_LM, "head_dim": 8, "num_experts": 4,
+                      "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+                      {**_FULL, "head_dim": 64, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 704},
+                      float32=True),
+    "gemma": Arch("GemmaForCausalLM", "GemmaConfig", "lm", {**_LM, "head_dim": 8}, {**_FULL, "head_dim": 64}),
+    "gemma3": Arch("Gemma3ForCausalLM", "Gemma3TextConfig", "lm", {**_LM, "head_dim": 8, "sliding_window": 4},
+                   {**_FULL, "head_dim": 64, "sliding_window": 256}),
+    "olmo": Arch("OlmoForCausalLM", "OlmoConfig", "lm", _LM, _FULL),
+    "olmo2": Arch("Olmo2ForCausalLM", "Olmo2Config", "lm", _LM, _FULL),
+    "cohere": Arch("CohereForCausalLM", "CohereConfig", "lm", _LM, _FULL),
+    "starcoder2": Arch("Starcoder2ForCausalLM", "Starcoder2Config", "lm", _LM, _FULL),
+    "phi": Arch("PhiForCausalLM", "PhiConfig", "lm", _T, _MHA),
+    "gpt_bigcode": Arch("GPTBigCodeForCausalLM", "GPTBigCodeConfig", "lm", {"n_embd": 32, "n_layer": 2, "n_head": 4,
+                        "vocab_size": 128, "n_positions": 64}),
+    "granite": Arch("GraniteForCausalLM", "GraniteConfig", "lm", _LM, _FULL),
+    "deepseek_v3": Arch("DeepseekV3ForCausalLM", "DeepseekV3Config", "lm", {**_LM, "moe_intermediate_size": 16,
+                        "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+                        "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 4,
+                        "qk_nope_head_dim": 4, "v_head_dim": 8}, float32=True),
+    "nemotron": Arch("NemotronForCausalLM", "NemotronConfig", "lm", _LM, _FULL),
+    "mpt": Arch("MptForCausalLM", "MptConfig", "lm", {"d_model": 32, "n_layers": 2, "n_heads": 4, "vocab_size": 128,
+                "max_seq_len": 64}),
+    "xglm": Arch("XGLMForCausalLM", "XGLMConfig", "lm", {"d_model": 32, "num_layers": 2, "attention_heads": 4,
+                 "ffn_dim": 64, "vocab_size": 128, "max_position_embeddings": 64}, float32=True),
+    "roberta": Arch("RobertaForMaskedLM", "RobertaConfig", "mlm", _T, _ENC),
+    "albert": Arch("AlbertForMaskedLM", "AlbertConfig", "mlm", {**_T, "embedding_size": 16},
+                   {**_ENC, "embedding_size": 128}),
+    "electra": Arch("ElectraForMaskedLM", "ElectraConfig", "mlm", {**_T, "embedding_size": 16}),
+    "distilbert": Arch("DistilBertForMaskedLM", "DistilBertConfig", "mlm", {"dim": 32, "n_layers": 2, "n_heads": 4,
+                       "hidden_dim": 64, "vocab_size": 128, "max_position_embeddings": 64},
+                       {"dim": 1024, "n_layers": 4, "n_heads": 16, "hidden_dim": 4096, "vocab_size": 32000}),
+    "xlm_roberta": Arch("XLMRobertaForMaskedLM", "XLMRobertaConfig", "mlm", _T),
+    "mpnet": Arch("MPNetForMaskedLM", "MPNetConfig", "mlm", _T),
+    "modernbert": Arch("ModernBertForMaskedLM", "ModernBertConfig", "mlm",
+                       {**_T, **_SPECIAL, "global_attn_every_n_layers": 2, "local_attention": 4, "cls_token_id": 1,
+                        "sep_token_id": 2},
+                       {"hidden_size": 768, "num_hidden_layers": 4, "num_attention_heads": 12, "intermediate_size": 1152,
+                        "vocab_size": 32000, **_SPECIAL, "cls_token_id": 1, "sep_token_id": 2}),
+    "funnel": Arch("FunnelForMaskedLM", "FunnelConfig", "mlm", {"d_model": 32, "n_head": 4, "d_head": 8, "d_inner": 64,
+                   "vocab_size": 128, "block_sizes": [1, 1], "num_decoder_layers": 1}),
+    "convbert": Arch("ConvBertForMaskedLM", "ConvBertConfig", "mlm", {**_T, "embedding_size": 32}),
+    "mobilebert": Arch("MobileBertForMaskedLM", "MobileBertConfig", "mlm", {**_T, "embedding_size": 16,
+                       "intra_bottleneck_size": 32, "num_feedforward_networks": 1, "true_hidden_size": 32}),
+    "mt5": Arch("MT5ForConditionalGeneration", "MT5Config", "s2s", {"d_model": 32, "d_kv": 8, "d_ff": 64,
+                "num_layers": 2, "num_heads": 4, "vocab_size": 128},
+                {"d_model": 1024, "d_kv": 64, "d_ff": 2816, "num_layers": 4, "num_heads": 16, "vocab_size": 32000}),
+    "pegasus": Arch("PegasusForConditionalGeneration", "PegasusConfig", "s2s", _S2S_T, _S2S),
+    "marian": Arch("MarianMTModel", "MarianConfig", "s2s", {**_S2S_T, "decoder_start_token_id": 3, "pad_token_id": 1}),
+    "mbart": Arch("MBartForConditionalGeneration", "MBartConfig", "s2s", _S2S_T, _S2S),
+    "blenderbot": Arch("BlenderbotForConditionalGeneration", "BlenderbotConfig", "s2s", _S2S_T),
+    "swin": Arch("SwinForImageClassification", "SwinConfig", "image", {"image_size": 32, "patch_size": 4,
+                 "num_channels": 3, "embed_dim": 16, "depths": [1, 1], "num_heads": [2, 2], "window_size": 4,
+                 "num_labels": 5}),
+    "deit": Arch("DeiTForImageClassification", "DeiTConfig", "image", {**_T, **_VIS}),
+    "beit": Arch("BeitForImageClassification", "BeitConfig", "image", {**_T, **_VIS, "use_relative_position_bias": True},
+                 {"use_relative_position_bias": True}),
+    "dinov2": Arch("Dinov2ForImageClassification", "Dinov2Config", "image", {**_T, **_VIS}, {"image_size": 224}),
+    "convnextv2": Arch("ConvNextV2ForImageClassification", "ConvNextV2Config", "image", {"num_channels": 3,
+                       "hidden_sizes": [16, 32], "depths": [1, 1], "num_labels": 5, "image_size": 32, "num_stages": 2,
+                       "out_features": ["stage2"]}),
+    "regnet": Arch("RegNetForImageClassification", "RegNetConfig", "image", {"num_channels": 3, "embedding_size": 16,
+                   "hidden_sizes": [16, 32], "depths": [1, 1], "groups_width": 8, "num_labels": 5}),
+    "mobilenet_v2": Arch("MobileNetV2ForImageClassification", "MobileNetV2Config", "image", {"num_channels": 3,
+                         "image_size": 32, "depth_multiplier": 0.25, "num_labels": 5}),
+    "efficientnet": Arch("EfficientNetForImageClassification", "EfficientNetConfig", "image", {"num_channels": 3,
+                         "image_size": 32, "width_coefficient": 0.5, "depth_coefficient": 0.25, "num_labels": 5,
+                         "hidden_dim": 640}),
+    "segformer": Arch("SegformerForImageClassification", "SegformerConfig", "image", {"num_channels": 3,
+                      "hidden_sizes": [16, 32], "depths": [1, 1], "num_encoder_blocks": 2, "sr_ratios": [2, 1],
+                      "num_attention_heads": [1, 2], "patch_sizes": [7, 3], "strides": [4, 2], "mlp_ratios": [2, 2],
+                      "num_labels": 5}),
+    "poolformer": Arch("PoolFormerForImageClassification", "PoolFormerConfig", "image", {"num_channels": 3,
+                       "hidden_sizes": [16, 32], "depths": [1, 1], "num_encoder_blocks": 2, "patch_sizes": [7, 3],
+                       "strides": [4, 2], "padding": [2, 1], "num_labels": 5}),
+    "levit": Arch("LevitForImageClassification", "LevitConfig", "image", {"image_size": 64, "num_channels": 3,
+                  "hidden_sizes": [32, 48, 64], "num_attention_heads": [2, 2, 2], "depths": [1, 1, 1],
+                  "key_dim": [8, 8, 8], "num_labels": 5}),
+    "mobilevit": Arch("MobileViTForImageClassification", "MobileViTConfig", "image", {"image_size": 64,
+                      "num_channels": 3, "hidden_sizes": [16, 24, 32], "neck_hidden_sizes": [8, 8, 16, 16, 24, 32, 64],
+                      "num_labels": 5}),
+    "hubert": Arch("HubertForCTC", "HubertConfig", "ctc", _AUDIO),
+    "wavlm": Arch("WavLMForCTC", "WavLMConfig", "ctc", {**_AUDIO, "num_buckets": 16, "max_bucket_distance": 32}),
+    "data2vec_audio": Arch("Data2VecAudioForCTC", "Data2VecAudioConfig", "ctc", {**_AUDIO, "conv_pos_kernel_size": 5,
+                           "num_conv_pos_embeddings_layers": 1}),
+    "ast": Arch("ASTForAudioClassification", "ASTConfig", "audio", {**_T, "patch_size": 4, "frequency_stride": 4,
+                "time_stride": 4, "max_length": 32, "num_mel_bins": 16, "num_labels": 5}),
+    "clip_vision": Arch("CLIPVisionModelWithProjection", "CLIPVisionConfig", "embed", {**_T, "image_size": 32,
+                        "patch_size": 4, "projection_dim": 16}),
+    "siglip_text": Arch("SiglipTextModel", "SiglipTextConfig", "embed", _T),
+}
+
+#: Architectures whose step computes part of its math in float32 whatever the model's dtype (CTC's
+#: log-softmax), so float64 checks use float32's tolerance.
+FLOAT32_INSIDE = frozenset(("hubert", "wavlm", "data2vec_audio"))
+
+
+@dataclass
+class Built:
+    model: torch.nn.Module
+    inputs: dict[str, torch.Tensor]
+    labels: torch.Tensor | None
+    items: int  # tokens, images or clips a step processes
+
+
+def build(name: str, full: bool, dtype: torch.dtype, device: str) -> Built:
+    """The model (random weights of seed 0) and one step's inputs (seed 1, drawn on the CPU)."""
+    arch = ARCHS[name]
+    config = getattr(transformers, arch.config)(**(arch.full if full else arch.tiny))
+    _without_randomness(config)
+    if full and arch.kind == "image":
+        config.num_labels = 1000
+    torch.manual_seed(0)
+    model = getattr(transformers, arch.model)(config).to(device, dtype)
+    g = torch.Generator().manual_seed(1)
+    batch, seq = (8, 512) if full else (2, 8)
+    vocab = getattr(config, "vocab_size", 128)
+    embed = "embed" in arch.kind
+    if arch.kind in ("lm", "mlm") or (embed and "Text" in arch.config):
+        ids = torch.randint(5, vocab, (batch, seq), generator=g)
+        inputs, labels = {"input_ids": ids}, (None if embed else ids.clone())
+    elif arch.kind == "s2s":
+        dec = seq // 4 if full else 6
+        inputs = {"input_ids": torch.randint(5, vocab, (batch, seq), generator=g),
+                  "decoder_input_ids": torch.randint(5, vocab, (batch, dec), generator=g)}
+        labels = torch.randint(5, vocab, (batch, dec), generator=g)
+    elif arch.kind == "ctc":
+        inputs = {"input_values": torch.randn(batch, 16000 if full else 800, generator=g)}
+        labels = torch.randint(1, vocab, (batch, 5), generator=g)
+    elif arch.kind == "audio":
+        inputs = {"input_values": torch.randn(batch, config.max_length, config.num_mel_bins, generator=g)}
+        labels = torch.randint(0, config.num_labels, (batch,), generator=g)
+    else:  # an image model
+        batch = 32 if full else 2
+        size = config.image_size if isinstance(getattr(config, "image_size", None), int) else (224 if full else 32)
+        inputs = {"pixel_values": torch.randn(batch, 3, size, size, generator=g)}
+        labels = None if embed else torch.randint(0, config.num_labels, (batch,), generator=g)
+    moved = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}
+    items = inputs["input_ids"].numel() if "input_ids" in inputs else batch
+    return Built(model, moved, labels.to(device) if labels is not None else None, items)
+
+
+def _output(out: Any) -> torch.Tensor:
+    for key in ("logits", "last_hidden_state", "image_embeds"):
+        value = getattr(out, key, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    raise TypeError(f"no output tensor among {list(out.keys())}")
+
+
+def step(run: Callable[..., Any], built: Built, training: bool) -> list[torch.Tensor | None]:
+    """One step: inference's output, or training's output, loss and every parameter's gradient (None for
+    one that is zero or missing: a parameter the loss does not reach gets either, depending on the path)."""
+    model = built.model
+    if not training:
+        with torch.no_grad():
+            return [_output(run(**built.inputs)).detach()]
+    model.zero_grad(set_to_none=True)
+    out = run(**built.inputs, **({"labels": built.labels} if built.labels is not None else {}))
+    loss = out.loss if getattr(out, "loss", None) is not None else _output(out).float().square().mean()
+    loss.backward()
+    grads = [p.grad if p.grad is not None and bool(p.grad.abs().max() > 0) else None for p in model.parameters()]
+    return [_output(out).detach(), loss.detach(), *(g.clone() if g is not None else None for g in grads)]
+
+
+#: mode -> (training, regions as generated kernels); training is in float64 (``Arch.float32``: float32)
+CHECK_MODES = {"training": (True, False), "inference_kernels": (False, True)}
+
+
+def check_case(name: str, mode: str, backend: Any) -> None:
+    """Raises where the compiled step differs from eager's (or fails)."""
+    training, kernels = CHECK_MODES[mode]
+    dtype = torch.float64 if training and not ARCHS[name].float32 else torch.float32
+    built = build(name, False, dtype, "cpu")
+    built.model.train(training)
+    want = step(built.model, built, training)
+    torch._dynamo.reset()
+    if backend == "pyfuser":
+        backend = PyfuserBackend(triton_interpreter=kernels)
+    compiled = torch.compile(built.model, backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        for _ in range(1 if kernels else 3):  # (the third call runs the graph's specialized function)
+            got = step(compiled, built, training)
+    tolerance: dict[str, float] = {"atol": 1e-4, "rtol": 1e-4} if dtype != torch.float64 or name in FLOAT32_INSIDE else {}
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        if a is None and b is None:
+            continue
+        # (a gradient zero in exact math -- a bias before a normalization -- is exactly zero on one side only)
+        a = torch.zeros_like(b) if a is None else a
+        b = torch.zeros_like(a) if b is None else b
+        torch.testing.assert_close(a, b, **tolerance, msg=lambda m, k=k: f"output {k}: {m}")
+
+
+def run_check(name: str) -> list[dict[str, Any]]:
+    records = []
+    for mode in CHECK_MODES:
+        start = time.perf_counter()
+        record: dict[str, Any] = {"model": name, "mode": mode}
+        try:
+            check_case(name, mode, "pyfuser")
+            record["result"] = "ok"
+        except Exception as e:
+            record["result"] = "fail"
+            record["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            record["trace"] = traceback.format_exc(limit=-8)
+            try:
+                check_case(name, mode, "aot_eager")
+            except Exception as other:
+                record["result"] = "not pyfuser's"
+                record["aot_eager"] = f"{type(other).__name__}: {str(other).splitlines()[0][:200] if str(other) else ''}"
+        record["seconds"] = round(time.perf_counter() - start, 1)
+        records.append(record)
+    return records
+
+
+def time_case(name: str, mode: str, device: str) -> dict[str, Any]:
+    training = mode == "training"
+    record: dict[str, Any] = {"model": name, "mode": mode}
+    built = build(name, True, torch.bfloat16, device)
+    built.model.train(training)
+    steps: dict[str, Callable[[], Any]] = {}
+    first: dict[str, float] = {}
+    for variant in ("eager", "inductor", "pyfuser"):
+        torch._dynamo.reset()
+        run = built.model if variant == "eager" else torch.compile(
+            built.model, backend=PyfuserBackend() if variant == "pyfuser" else "inductor")
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", KernelFallbackWarning)
+            step(run, built, training)
+        torch.cuda.synchronize()
+        first[variant] = round(time.perf_counter() - start, 1)
+        steps[variant] = lambda run=run: step(run, built, training)
+    timed = time_ms_interleaved(steps, device, 5, 20)
+    for variant, value in timed.items():
+        if isinstance(value, BaseException):
+            raise value
+        record[variant] = round(value, 3)
+    record["vs_inductor"] = round(record["inductor"] / record["pyfuser"], 3)
+    record["vs_eager"] = round(record["eager"] / record["pyfuser"], 3)
+    record["per_s"] = round(built.items / record["pyfuser"] * 1e3)
+    record["first_s"] = first
+    return record
+
+
+def markdown_check(records: list[dict[str, Any]]) -> str:
+    ok = sum(r["result"] == "ok" for r in records)
+    lines = ["# Breadth check: architectures outside the zoo through pyfuser, CPU, tiny sizes", "",
+             f"{ok} of {len(records)} cases equal eager; `training`: a training step in float64 (float32 for "
+             f"{', '.join(n for n, a in ARCHS.items() if a.float32)}: ops without float64 kernels), regions as ATen calls; "
+             "`inference_kernels`: float32, regions as generated kernels (Triton's interpreter), a kernel fallback "
+             "failing the case.", "", "| model | training | inference_kernels |", "| --- | --- | --- |"]
+    by_model: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        by_model.setdefault(r["model"], {})[r["mode"]] = r
+    for model, modes in by_model.items():
+        cells = [modes[m]["result"] + (f" ({modes[m].get('error', '')})" if modes[m]["result"] != "ok" else "")
+                 for m in CHECK_MODES if m in modes]
+        lines.append(f"| {model} | {' | '.join(cells)} |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_timing(records: list[dict[str, Any]], kind: str) -> str:
+    ok = [r for r in records if "vs_inductor" in r]
+    ratios = [r["vs_inductor"] for r in ok]
+    worst = min(ok, key=lambda r: r["vs_inductor"]) if ok else None
+    summary = (f"geomean {math.exp(statistics.fmean(math.log(x) for x in ratios)):.2f}x of Inductor over {len(ok)} "
+               f"cases, worst {worst['vs_inductor']:.2f}x ({worst['model']} {worst['mode']})" if worst else "no case timed")
+    lines = [f"# Breadth: architectures outside the zoo through torch.compile, {kind}, bf16", "",
+             f"{summary}; failed: {len(records) - len(ok)}. Ratios: Inductor's (eager's) ms over pyfuser's.", "",
+             "| model | mode | eager ms | inductor ms | pyfuser ms | vs inductor | vs eager | first call s, inductor / pyfuser |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in records:
+        if "vs_inductor" in r:
+            first = f"{r['first_s']['inductor']} / {r['first_s']['pyfuser']}"
+            lines.append(f"| {r['model']} | {r['mode']} | {r['eager']:.2f} | {r['inductor']:.2f} | {r['pyfuser']:.2f} | "
+                         f"{r['vs_inductor']:.2f}x | {r['vs_eager']:.2f}x | {first} |")
+        else:
+            lines.append(f"| {r['model']} | {r['mode']} | failed: {r.get('error', '')} | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="CPU correctness of every architecture (or --models)")
+    parser.add_argument("--models", help="comma-separated architectures (default: all)")
+    parser.add_argument("--cases", help="timing: model:mode,... (mode inference or training)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process of --check: one model, JSON on stdout
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per architecture of --check")
+    args = parser.parse_args()
+    torch._inductor.config.fx_graph_cache = False
+    if args.one:
+        print("RECORDS " + json.dumps(run_check(args.one)))
+        return 0
+    names = args.models.split(",") if args.models else list(ARCHS)
+    if args.check:
+        records: list[dict[str, Any]] = []
+        for name in names:
+            try:
+                done = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True,
+                                      timeout=args.timeout)
+                lines = [line for line in done.stdout.splitlines() if line.startswith("RECORDS ")]
+                why = f"crashed: {done.stderr[-300:]}"
+                got = json.loads(lines[-1].removeprefix("RECORDS ")) if lines else \
+                    [{"model": name, "mode": m, "result": "fail", "error": why} for m in CHECK_MODES]
+            except subprocess.TimeoutExpired:
+                why = f"timed out ({args.timeout} s)"
+                got = [{"model": name, "mode": m, "result": "fail", "error": why} for m in CHECK_MODES]
+            for r in got:
+                print(f"{r['model']} {r['mode']}: {r['result']} {r.get('error', '')}", flush=True)
+            records += got
+        write_results("model_breadth", "cpu", {"cases": records}, markdown_check(records), args.out, variant="check")
+        return int(any(r["result"] == "fail" for r in records))
+    if not torch.cuda.is_available():
+        parser.error("timing needs a GPU (--check runs on a CPU)")
+    kind = machine_kind(torch.cuda.get_device_name())
+    cases = [c.split(":") for c in (args.cases or ",".join(f"{n}:inference,{n}:training" for n in names)).split(",")]
+    records = []
+    for name, mode in cases:
+        try:
+            record = time_case(name, mode, "cuda")
+        except Exception as e:
+            record = {"model": name, "mode": mode, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(json.dumps(record), flush=True)
+        records.append(record)
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+        write_results("model_breadth", kind, {"cases": records}, markdown_timing(records, kind), args.out)
+    return int(any("error" in r for r in records))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
