@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
+import torch.nn.functional as F
 from torch._functorch import config as functorch_config
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -191,3 +192,27 @@ def test_indexing_and_floor_division_that_stay_in_eager_say_why() -> None:
     assert "(broadcast)" in reasons["aten.index_put.default"]
     assert "floor division of floating tensors" in reasons["aten.floor_divide.default"]
     assert "floor division of floating tensors" in reasons["aten.div.Tensor_mode"]
+
+
+@pytest.mark.filterwarnings("error::pyfuser.integrations.torch_compile.region.KernelFallbackWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_roll_is_read_inside_its_readers_kernel(dtype: torch.dtype) -> None:
+    """Swin's shifted windows: ``torch.roll`` over two axes of a permuted tensor, then an activation, is one
+    generated kernel reading through the roll (no ATen roll kernel), equal to eager, forward and backward
+    (whose roll goes the other way)."""
+    def shifted(x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(torch.roll(x * 2, shifts=(-3, 2), dims=(1, 2))) + 1
+
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(shifted, backend=backend)
+    for _ in range(WARM_CALLS + 1):
+        x = torch.randn(2, 5, 7, 9, dtype=dtype).permute(0, 2, 3, 1)
+        xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = compiled(xc), shifted(xe)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad)
+    assert all(not g.eager for g in backend.graphs), [g.eager for g in backend.graphs]
+    forward = backend.graphs[0].regions[0].summary()
+    assert "1 kernel(s), 0 ATen call(s)" in forward, forward

@@ -152,6 +152,8 @@ CASES: list[Case] = [
     Case(aten.cat.default, lambda x, y: aten.cat.default([x * 2, y], 1) + 1, inputs(f(3, 4), f(3, 2))),
     Case(aten.cat.default, lambda x: aten.cat.default([torch.empty(0, dtype=x.dtype, device=x.device), x * 2], 0) + 1,
          inputs(f(3, 4))),
+    Case(aten.roll.default, lambda x: aten.roll.default(x * 2, [1, -2], [1, 2]) + 1, inputs(f(2, 5, 7))),
+    Case(aten.roll.default, lambda x: aten.roll.default(x * 2, [7, 3], [0, -1]) + 1, inputs(f(3, 4))),
     Case(aten.constant_pad_nd.default, lambda x: aten.constant_pad_nd.default(x * 2, [1, 2, 0, 1], 0.5) + 1,
          inputs(f(3, 4))),
     Case(aten.slice_backward.default, lambda g: aten.slice_backward.default(g * 2, [3, 7], 1, 2, 6, 1) + 1,

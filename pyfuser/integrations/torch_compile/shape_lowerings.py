@@ -224,6 +224,38 @@ def _check_cat(node: Node) -> str | None:
     return None
 
 
+def _roll(ctx: LoweringContext, x: Any, shifts: Sequence[int], dims: Sequence[int] = ()) -> Any:
+    """``torch.roll`` along given axes: per axis, its last ``shift`` elements, then the others -- a ``cat``
+    of two slices, which the kernel computing the result reads through (Inductor indexes a roll inside its
+    kernels too; Swin's shifted windows roll every block's activations)."""
+    shape = meta_of(ctx.node.args[0]).shape
+    for shift, dim in zip(shifts, dims, strict=True):
+        axis = _normalize(dim, x.ndim)
+        extent = shape[axis]
+        cut = extent - shift % extent
+        if cut == extent:
+            continue
+        starts, ends, steps = _full_ranges(ctx, x)
+        starts[axis], ends[axis] = cut, extent
+        last = ctx.ops.slice(x, starts, ends, steps)
+        starts, ends, steps = _full_ranges(ctx, x)
+        starts[axis], ends[axis] = 0, cut
+        x = ctx.ops.cat([last, ctx.ops.slice(x, starts, ends, steps)], axis)
+    return ctx.ops.set(x)
+
+
+def _check_roll(node: Node) -> str | None:
+    shifts, dims = list_arg(node, 1), arg(node, 2, "dims", [])
+    shape = meta_of(node.args[0]).shape
+    if not dims or len(dims) != len(shifts):
+        return "roll of the flattened tensor (no dims)"
+    if not all(isinstance(v, int) for v in (*shifts, *dims)):
+        return "roll by shifts that are not constants"
+    if not all(isinstance(shape[d], int) and shape[d] > 0 for d in dims):
+        return "roll of an axis of symbolic or zero extent"
+    return None
+
+
 def _split_sizes(ctx: LoweringContext) -> list[int]:
     return [t.shape[_normalize(arg(ctx.node, 2, "dim", 0), t.dim())] for t in ctx.meta]
 
@@ -336,6 +368,7 @@ SHAPE_LOWERINGS: dict[Any, Lowering] = {
     aten.split_with_sizes.default: Lowering(_split_with_sizes, VIEW, check=_check_static_pieces),
     aten.unbind.int: Lowering(_unbind, VIEW, check=_check_unbind),
     aten.cat.default: Lowering(_cat, check=_check_cat),
+    aten.roll.default: Lowering(_roll, OpClass.copy, check=_check_roll),
     aten.constant_pad_nd.default: Lowering(_pad),
     aten.slice_backward.default: Lowering(_slice_backward, check=_check_slice_backward),
     aten.select_backward.default: Lowering(_select_backward, check=_check_select_backward),
