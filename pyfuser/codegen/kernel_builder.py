@@ -452,6 +452,12 @@ class KernelBuilder(ValueLowering):
             index = f"{c_index}" if axis.step == 1 else f"({c_index}) * {axis.step}"
             offset = self.size_argument(axis.offset)
             index = f"({index} + {offset})" if offset != "0" else index
+            if index in self._index_forms:
+                # the consumer's index as taken from a flat one, ``(flat // d) % extent``, wraps at the
+                # consumer's extent, not the operand's (a cat's part, a slice, a pad): the operand's axes
+                # of a reshape are taken from it by a name of its own, never rewritten through the
+                # consumer's flat index
+                index = self.code.assign("ix", index, cse=False)
             result.of[id(p_ids[axis.dim])] = index
             if axis.bounded:
                 extent = int_expr(self.size_symbol(p_ids[axis.dim]))

@@ -255,3 +255,32 @@ def test_a_slice_or_pad_to_one_element_of_a_reshape_is_computed(crop: str, devic
     (got,) = run_kernels(fd, [x])
     want = x.reshape(shape) + 0.5
     torch.testing.assert_close(got, want[:1] if crop == "pad" else want[5:6] if crop == "slice" else want[5:6, 1:2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("resize", ["cat", "pad", "slice"])
+def test_a_resize_of_a_reshape_reads_the_operand_at_its_own_extent(resize: str, dtype: torch.dtype, device: str,
+                                                                   run_kernels) -> None:
+    """A reshape that merges permuted axes into the axis a cat, pad or slice resizes (heads merged back
+    into the hidden axis, then concatenated with the key and value gradients: a multi-query attention's
+    backward). The kernel's index of the resized axis wraps at the result's extent; the operand's axes
+    are taken from it as an index of the operand's extent, not from the result's flat index (13 is no
+    multiple of 5 * 2: the flat index's division would read other rows)."""
+    x = torch.randn(3, 5, 7, 2, device=device).to(dtype)  # [batch, heads, seq, head_dim]
+    y = torch.randn(3, 7, 3, device=device).to(dtype)
+    with FusionDefinition() as fd:  # static sizes: the reshape is computed in the kernel
+        tx, ty = (fd.define_tensor(list(t.shape), contiguity=True, dtype=DataType.from_torch(dtype)) for t in (x, y))
+        merged = fd.ops.reshape(fd.ops.permute(tx, [0, 2, 1, 3]), [3, 7, 10])
+        if resize == "cat":
+            out = fd.ops.cat([merged, fd.ops.mul(ty, 2.0)], 2)
+        elif resize == "pad":
+            out = fd.ops.pad(merged, [0, 3], 0.5)
+        else:
+            out = fd.ops.slice(merged, [0, 0, 0], [3, 7, 4])
+        fd.add_output(fd.ops.mul(out, 3.0))
+    (got,) = run_kernels(fd, [x, y])
+    merged = x.transpose(1, 2).reshape(3, 7, 10)
+    want = {"cat": lambda: torch.cat([merged, y * 2.0], 2), "pad": lambda: F.pad(merged, [0, 3], value=0.5),
+            "slice": lambda: merged[..., :4]}[resize]() * 3.0
+    torch.testing.assert_close(got, want)
+    assert kernel_schedulers(fd) == ["pointwise"]
