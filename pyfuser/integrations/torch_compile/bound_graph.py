@@ -283,8 +283,8 @@ class _GraphWriter:
         #: the function's local names (what may be dropped after its last use)
         self._locals: set[str] = set()
         self._statements: list[_Statement] = []
-        #: each function the graph calls -> its global name
-        self._functions: dict[Any, str] = {}
+        #: each function the graph calls (by ``id``) -> its global name
+        self._functions: dict[int, str] = {}
         self._head: dict[str, str] = {}
         self._uses: list[str] = []
 
@@ -349,10 +349,10 @@ class _GraphWriter:
         elif node.target is operator.getitem:
             expression = f"{self._render(node.args[0])}[{self._render(node.args[1])}]"
         else:
-            function = self._functions.get(node.target)
-            if function is None:
-                function = self._functions[node.target] = self._writer.constant(node.target,
-                                                                                 _callable_name(node.target))
+            function = self._functions.get(id(node.target))
+            if function is None:  # (by identity: a target need not be hashable; the graph keeps it alive)
+                function = self._functions[id(node.target)] = self._writer.constant(node.target,
+                                                                                    _callable_name(node.target))
             expression = f"{function}({self._arguments(node.args, node.kwargs)})"
         uses = self._uses
         if node.users:
