@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -84,6 +84,26 @@ class PythonWriter:
         if len(names) == 1:
             return namespace[names[0]]
         return tuple(namespace[n] for n in names)
+
+
+def dropped_after_last_use(statements: Sequence[tuple[str, Collection[str], Collection[str]]],
+                           kept: Collection[str], local: Callable[[str], bool]) -> list[str]:
+    """The lines of ``statements`` (each its text, the names it reads, the names it defines), each
+    ``local`` name dropped (``del``) after the last statement that reads it, or after its definition where
+    none does, unless ``kept`` (returned): a generated function frees its intermediates as it goes, as
+    torch.fx's code does."""
+    last: dict[str, int] = {}
+    for k, (_, uses, _) in enumerate(statements):
+        for name in uses:
+            last[name] = k
+    lines: list[str] = []
+    for k, (text, uses, defines) in enumerate(statements):
+        lines.extend(text.split("\n"))
+        dead = {n for n in uses if last[n] == k} | {n for n in defines if last.get(n, -1) <= k}
+        dead = {n for n in dead if n not in kept and local(n)}
+        if dead:
+            lines.append(f"del {', '.join(sorted(dead))}")
+    return lines
 
 
 def compile_source(source: str, what: str, env: dict[str, Any]) -> dict[str, Any]:

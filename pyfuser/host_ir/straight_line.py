@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from pyfuser.codegen.launcher import BoundLaunch, reinterpret_tensor
-from pyfuser.codegen.python_writer import PythonWriter
+from pyfuser.codegen.python_writer import PythonWriter, dropped_after_last_use
 from pyfuser.host_ir.blas_calls import Geometry, blas_call
 from pyfuser.host_ir.nodes import Allocate, AtenCall, Deallocate, HostNode, LaunchKernel
 from pyfuser.host_ir.specialization import Seen
@@ -333,15 +333,6 @@ class StraightLine:
             needed.update(line.uses)
             kept.append(line)
         kept.reverse()
-        last: dict[str, int] = {}
         local = f"{self._prefix}v"
-        for k, line in enumerate(kept):
-            for name in line.uses:
-                last[name] = k
-        out: list[str] = []
-        for k, line in enumerate(kept):
-            out.extend(line.text.split("\n"))
-            dead = sorted({n for n in line.uses if last.get(n) == k and n not in returned and n.startswith(local)})
-            if dead:
-                out.append(f"del {', '.join(dead)}")
-        return out
+        return dropped_after_last_use([(line.text, line.uses, line.defines) for line in kept], returned,
+                                      lambda name: name.startswith(local))

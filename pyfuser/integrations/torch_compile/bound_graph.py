@@ -51,7 +51,7 @@ from torch.fx import Graph, GraphModule, Interpreter, Node
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from pyfuser.codegen.launcher import reinterpret_tensor
-from pyfuser.codegen.python_writer import PythonWriter
+from pyfuser.codegen.python_writer import PythonWriter, dropped_after_last_use
 from pyfuser.host_ir.specialization import Recording, Specializations
 from pyfuser.integrations.torch_compile.eager_methods import METHODS
 from pyfuser.integrations.torch_compile.region import FusionRegion, RegionFunction, dynamic_signature, static_tensor
@@ -246,12 +246,8 @@ class GraphFunction:
     source: str
 
 
-@dataclass
-class _Statement:
-    lines: list[str]
-    #: the function's local names it reads and defines
-    uses: list[str]
-    defines: list[str]
+#: a statement of a generated graph function: its text, the local names it reads and those it defines
+_Statement = tuple[str, list[str], list[str]]
 
 
 def _callable_name(target: Any) -> str:
@@ -290,14 +286,13 @@ class _GraphWriter:
 
     def write(self) -> GraphFunction | str:
         parameters: list[str] = []
-        returned = "None"
+        returned, kept = "None", []
         for node in self._graph_module.graph.nodes:
             if node.op == "placeholder":
                 parameters.append(self._local(node))
             elif node.op == "output":
                 self._uses = []
-                returned = self._render(node.args[0])
-                self._statements.append(_Statement([], self._uses, []))
+                returned, kept = self._render(node.args[0]), self._uses
             elif node in self._regions:
                 why = self._region(node, self._regions[node])
                 if why is not None:
@@ -308,7 +303,7 @@ class _GraphWriter:
             else:
                 self._statement(node)
         unpack = f"{', '.join(parameters)}, = args" if parameters else "del args"
-        body = self._release()
+        body = dropped_after_last_use(self._statements, kept, self._locals.__contains__)
         writer = self._writer
         writer.function("def graph(args):", [unpack, *self._head.values(), *body, f"return {returned}"])
         return GraphFunction(writer.define("graph"), writer.source)
@@ -333,7 +328,7 @@ class _GraphWriter:
         outputs = [o for o in body.outputs if o.startswith(prefix)]
         self._locals.update(outputs)
         self._outputs[node] = body.outputs
-        self._statements.append(_Statement(body.lines, self._uses, outputs))
+        self._statements.append(("\n".join(body.lines), self._uses, outputs))
         return None
 
     def _statement(self, node: Node) -> None:
@@ -357,9 +352,9 @@ class _GraphWriter:
         uses = self._uses
         if node.users:
             name = self._local(node)
-            self._statements.append(_Statement([f"{name} = {expression}"], uses, [name]))
+            self._statements.append((f"{name} = {expression}", uses, [name]))
         else:  # (run for its effect: an input's update)
-            self._statements.append(_Statement([expression], uses, []))
+            self._statements.append((expression, uses, []))
 
     def _arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         return ", ".join([*(self._render(a) for a in args), *(f"{k}={self._render(v)}" for k, v in kwargs.items())])
@@ -379,25 +374,6 @@ class _GraphWriter:
         if value is None or type(value) in (bool, int, str) or (type(value) is float and math.isfinite(value)):
             return repr(value)
         return self._writer.constant(value, "_k")
-
-    def _release(self) -> list[str]:
-        """The statements' lines, each local name dropped after its last use (or its definition, where
-        nothing reads it) unless returned (the last statement's)."""
-        last: dict[str, int] = {}
-        for k, statement in enumerate(self._statements):
-            for name in statement.uses:
-                last[name] = k
-        kept = set(self._statements[-1].uses) if self._statements else set()
-        lines: list[str] = []
-        for k, statement in enumerate(self._statements):
-            lines.extend(statement.lines)
-            dead = {n for n in statement.uses if last[n] == k}
-            dead.update(n for n in statement.defines if last.get(n, -1) <= k)
-            dead -= kept
-            if dead and k < len(self._statements) - 1:
-                lines.append(f"del {', '.join(sorted(dead))}")
-        return lines
-
 
 def write_function(specialized: Specialized, what: str) -> GraphFunction | str:
     """``specialized`` as one generated function (``_GraphWriter``), or why it cannot be written."""
