@@ -305,7 +305,9 @@ class ValueLowering:
             result = self.load(val, position, offset, self.code.mask(dims, uses=offset), dims, indices.valid)
         elif isinstance(definition, ReductionOp | VarMeanOp):
             self.reduce(definition)  # first read at this loop point: reduce here
-            reduced = self.code.recall(key)
+            # read through a pad's or cat's operand part: the reduced value is the one of its loop point
+            # (the part's condition selects the read, not the reduction's operands)
+            reduced = self.code.recall(key[:len(key) - len(indices.valid)])
             if reduced is None:
                 raise KernelError(f"{val.short_name} is read at a loop point where it was not reduced; read the "
                                   "reduction where its consumers' loops map onto its iteration axes")

@@ -34,6 +34,7 @@ from pyfuser.ir.analysis.reshape import (
     reshape_regroupings,
     reshaped_classes,
 )
+from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes, resized_classes
 from pyfuser.ir.base import Expr, downstream_exprs
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops import ReductionOp, ReshapeOp, VarMeanOp
@@ -131,19 +132,28 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
                           "not a kernel's copy")
     # the space's axes on the other side of reshapes of kept axes, and (as a pointwise kernel reads them)
     # the axes of a reshape's operand read at indices computed from its result's
-    reachable = reshaped_classes(exprs, exact.class_of, regrouped_classes(full, regrouped))
+    reachable = regrouped_classes(full, regrouped)
+    while True:
+        grown = reshaped_classes(exprs, exact.class_of, resized_classes(exprs, exact.class_of, reachable))
+        if grown == reachable:
+            break
+        reachable = grown
     for tv in fusion.tensors():
         own = _classes(exact, [i for i in tv.get_logical_domain() if not i.is_reduction])
         if not own <= reachable and not read_by_index_only(tv, exprs):  # (a lookup tensor is not iterated)
             return None, (f"{tv.short_name} iterates axes outside the reductions' space; one reduction kernel "
                           "iterates one space")
-    for tv in _computed_from(reductions, exprs):
+    computed = _computed_from(reductions, exprs)
+    for tv in computed:
         kept_ids = [i for i in tv.get_logical_domain() if not i.is_reduction and not i.is_broadcast]
         if len(_classes(exact, kept_ids)) < len(kept_ids):
             # (``x + x.t()`` of a reduced value): the programs tile each axis of the space once, so a
             # reduced value read along the other axis is one they did not compute
             return None, (f"{tv.short_name}, computed from a reduction, iterates two axes of one axis of the "
                           "reductions' space; one reduction kernel reads a reduced value where it computed it")
+    reason = _shifts_of_reduced_values(exprs, exact, computed, frozenset.intersection(*groups))
+    if reason is not None:
+        return None, reason
     if any(not r for r in groups):
         return None, "a reduction over no axis"
     # The kernel's programs tile the kept axes; an output that lacks one of them (a broadcast of a
@@ -184,6 +194,38 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
         return None, "an outer var_mean in an inner-outer segment (its partial results cannot be combined)"
     return ReductionAnalysis(NormalizationKind.inner_outer_persistent, exact, inner_exprs[0].output, order,
                              inner_set, True, outer_exprs[0].output, regrouped), ""
+
+
+def _shifts_of_reduced_values(exprs: list[Expr], exact: IdGraph, computed: list[TensorView],
+                              reduced_by_all: frozenset[int]) -> str | None:
+    """Why a slice, pad or cat cannot read a value computed from a reduction where it reads it (None: it
+    can). A resize reads its operand at shifted indices on the axes it resizes. A reduced value is
+    the same along the axes every reduction reduced (rotary embedding after a per-head norm reads
+    the normalized row's other half: its loads again, times the row's statistics); along a kept axis
+    it is another program's value."""
+    ids = {id(tv) for tv in computed}
+    resizes = [e for e in exprs if isinstance(e, RESIZE_OPS)]
+    # the operand axis a resize reads into a reduced one (each part of a cat of the row) is reduced too
+    reduced = set(reduced_by_all)
+    for expr in reversed(resizes):  # consumers before producers
+        out_ids = expr.output.get_logical_domain(no_reductions=True)
+        for k, operand in enumerate(expr.tensor_inputs):
+            o_ids = operand.get_logical_domain(no_reductions=True)
+            reduced.update(exact.class_of(o_ids[a.dim]) for a in resized_axes(expr, k)
+                           if exact.class_of(out_ids[a.dim]) in reduced)
+    for expr in resizes:
+        for k, producer in enumerate(expr.tensor_inputs):
+            if id(producer) not in ids:
+                continue
+            p_ids = producer.get_logical_domain(no_reductions=True)
+            for axis in resized_axes(expr, k):
+                i = p_ids[axis.dim]
+                if not i.is_broadcast and exact.class_of(i) not in reduced:
+                    return (f"{expr.op_description} producing {expr.outputs[0].short_name} reads "
+                            f"{producer.short_name}, computed from a reduction, shifted along its axis {axis.dim}, "
+                            "which the reductions keep; one reduction kernel reads a reduced value where it "
+                            "computed it")
+    return None
 
 
 def _kind(expr: Expr, order: list[IterDomain]) -> ReductionKind:

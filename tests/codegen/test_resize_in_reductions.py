@@ -1,0 +1,146 @@
+"""Slice, pad and cat inside reduction and normalization kernels: a resize reads its operand at shifted
+indices, which a reduction kernel can do wherever the operand is loaded again or is the same at the
+shifted point (a reduced value along the axes it reduced). Per-head norms followed by rotary
+embedding (Qwen3, Gemma3) are one kernel; a shift along a kept axis of a reduced value is another
+program's value and stays in a kernel of its own. Against torch (and the ATen evaluator) in fp32 and
+bf16, on symbolic sizes, head dims that fill the tile and ones that do not, permuted heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyfuser import DataType, FusionDefinition
+from pyfuser.ir.dtypes import DataType as IrDataType
+from pyfuser.ir.tensor_view import TensorView
+from pyfuser.scheduler.reduction_analysis import analyze
+from tests.codegen.conftest import execute_with_aten, kernel_schedulers
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1)
+
+
+def _dtype(dtype: torch.dtype) -> IrDataType:
+    return DataType.BFloat16 if dtype == torch.bfloat16 else DataType.Float
+
+
+def _softmax(fd: FusionDefinition, x: TensorView, dim: int) -> TensorView:
+    shifted = fd.ops.exp(fd.ops.sub(x, fd.ops.max(x, [dim], keepdim=True)))
+    return fd.ops.div(shifted, fd.ops.sum(shifted, [dim], keepdim=True))
+
+
+def _norm_rotary(dtype: torch.dtype) -> FusionDefinition:
+    """Qwen3's attention input: RMS norm of each head of a projection ``[b, s, h, d]`` (fp32 math), the
+    heads moved before the sequence, then ``x * cos + rotate_half(x) * sin``."""
+    with FusionDefinition() as fd:
+        q = fd.define_tensor([-1, -1, -1, -1], contiguity=True, dtype=_dtype(dtype))
+        w = fd.define_tensor([-1], contiguity=True, dtype=_dtype(dtype))
+        cos = fd.define_tensor([-1, -1, -1], contiguity=True, dtype=_dtype(dtype))
+        sin = fd.define_tensor([-1, -1, -1], contiguity=True, dtype=_dtype(dtype))
+        qf = fd.ops.cast(q, DataType.Float)
+        mean_square = fd.ops.mean(fd.ops.mul(qf, qf), [3], keepdim=True)
+        normed = fd.ops.mul(qf, fd.ops.rsqrt(fd.ops.add(mean_square, 1e-6)))
+        normed = fd.ops.mul(fd.ops.broadcast(fd.ops.cast(w, DataType.Float), [True, True, True, False]), normed)
+        x = fd.ops.permute(fd.ops.cast(normed, _dtype(dtype)), [0, 2, 1, 3])
+        b, h, s, d = (fd.ops.size(x, k) for k in range(4))
+        half = fd.ops.div(d, 2)
+        upper = fd.ops.slice(x, [0, 0, 0, half], [b, h, s, d])
+        lower = fd.ops.slice(x, [0, 0, 0, 0], [b, h, s, half])
+        rotated = fd.ops.cat([fd.ops.neg(upper), lower], 3)
+        cb, sb = (fd.ops.broadcast(t, [False, True, False, False]) for t in (cos, sin))
+        fd.add_output(fd.ops.add(fd.ops.mul(x, cb), fd.ops.mul(rotated, sb)))
+    return fd
+
+
+def _torch_norm_rotary(q: torch.Tensor, w: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    qf = q.float()
+    normed = w.float() * (qf * torch.rsqrt(qf.pow(2).mean(-1, keepdim=True) + 1e-6))
+    x = normed.to(q.dtype).transpose(1, 2)
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("head_dim", [16, 80], ids=["d16", "d80"])
+def test_per_head_norm_then_rotary_is_one_kernel(device: str, run_kernels, dtype: torch.dtype,
+                                                 head_dim: int) -> None:
+    """The rotated half re-reads the projection at the shifted column and scales it by the row's
+    statistics, which the kernel holds (80: a tile of 128 columns, partly masked)."""
+    fd = _norm_rotary(dtype)
+    for batch, seq in ((2, 5), (3, 7)):
+        q = torch.randn(batch, seq, 4, head_dim, device=device, dtype=dtype)
+        w = torch.randn(head_dim, device=device, dtype=dtype)
+        cos, sin = (torch.randn(batch, seq, head_dim, device=device, dtype=dtype) for _ in range(2))
+        (out,) = run_kernels(fd, [q, w, cos, sin])
+        torch.testing.assert_close(out, _torch_norm_rotary(q, w, cos, sin))
+        assert kernel_schedulers(fd) == ["inner_persistent"]
+        (aten,) = execute_with_aten(fd, [q, w, cos, sin])
+        torch.testing.assert_close(out, aten)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_softmax_plus_its_rotated_row_is_one_kernel(device: str, run_kernels, dtype: torch.dtype) -> None:
+    """``s + cat(s[:, 1:], s[:, :1])`` of a softmax: the shifted read recomputes the exponential at the
+    other column from the row's max and sum."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True, dtype=_dtype(dtype))
+        s = _softmax(fd, fd.ops.cast(x, DataType.Float), 1)
+        rows, cols = fd.ops.size(s, 0), fd.ops.size(s, 1)
+        rolled = fd.ops.cat([fd.ops.slice(s, [0, 1], [rows, cols]), fd.ops.slice(s, [0, 0], [rows, 1])], 1)
+        fd.add_output(fd.ops.cast(fd.ops.add(s, rolled), _dtype(dtype)))
+    for shape in ((6, 37), (1, 64)):
+        x = torch.randn(shape, device=device, dtype=dtype)
+        (out,) = run_kernels(fd, [x])
+        s = torch.softmax(x.float(), 1)
+        torch.testing.assert_close(out, (s + torch.roll(s, -1, 1)).to(dtype))
+        assert kernel_schedulers(fd) == ["inner_persistent"]
+
+
+@pytest.mark.parametrize("dim", [0, 1], ids=["kept", "reduced"])
+def test_sum_of_a_cat_is_one_kernel(device: str, run_kernels, dim: int) -> None:
+    """A cat before the reduction, along the reduced or the kept axis: its parts are loaded where the
+    reduction's loop reaches them."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1], contiguity=True)
+        b = fd.define_tensor([-1, -1], contiguity=True)
+        fd.add_output(fd.ops.sum(fd.ops.cat([a, fd.ops.mul(b, 2.0)], dim), [1]))
+    a = torch.randn(9, 20, device=device)
+    b = torch.randn(4, 20, device=device) if dim == 0 else torch.randn(9, 13, device=device)
+    (out,) = run_kernels(fd, [a, b])
+    torch.testing.assert_close(out, torch.cat([a, b * 2], dim).sum(1))
+    assert len(kernel_schedulers(fd)) == 1
+
+
+def test_a_reduced_value_shifted_along_a_kept_axis_is_another_kernels(device: str, run_kernels) -> None:
+    """``s + roll(s, -1, 0)`` of a softmax over rows: no program of the normalization holds the next row's
+    statistics, so the shifted rows are read from memory in a kernel of their own."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True)
+        s = _softmax(fd, x, 1)
+        rows, cols = fd.ops.size(s, 0), fd.ops.size(s, 1)
+        rolled = fd.ops.cat([fd.ops.slice(s, [1, 0], [rows, cols]), fd.ops.slice(s, [0, 0], [1, cols])], 0)
+        fd.add_output(fd.ops.add(s, rolled))
+    reason = analyze(fd.fusion)[1]
+    assert "shifted along its axis 0, which the reductions keep" in reason, reason
+    x = torch.randn(7, 33, device=device)
+    (out,) = run_kernels(fd, [x])
+    s = torch.softmax(x, 1)
+    torch.testing.assert_close(out, s + torch.roll(s, -1, 0))
+    assert sorted(kernel_schedulers(fd)) == ["inner_persistent", "pointwise"]
+
+
+def test_a_column_sum_shifted_along_the_rows_axis_is_another_kernels(device: str, run_kernels) -> None:
+    """Per row and across rows (layer-norm backward's shape): the across-rows sum keeps the columns, so
+    a neighbour column's value is not this program's; the per-row sum alone would allow the shift."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True)
+        row = fd.ops.sum(x, [1], keepdim=True)
+        column = fd.ops.sum(x, [0], keepdim=True)
+        cols = fd.ops.size(x, 1)
+        shifted = fd.ops.cat([fd.ops.slice(column, [0, 1], [1, cols]), fd.ops.slice(column, [0, 0], [1, 1])], 1)
+        fd.add_output(fd.ops.add(fd.ops.mul(x, row), shifted))
+    assert "which the reductions keep" in analyze(fd.fusion)[1]
+    x = torch.randn(6, 10, device=device)
+    (out,) = run_kernels(fd, [x])
+    torch.testing.assert_close(out, x * x.sum(1, keepdim=True) + torch.roll(x.sum(0, keepdim=True), -1, 1))
