@@ -151,7 +151,7 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
             # reduced value read along the other axis is one they did not compute
             return None, (f"{tv.short_name}, computed from a reduction, iterates two axes of one axis of the "
                           "reductions' space; one reduction kernel reads a reduced value where it computed it")
-    reason = _shifts_of_reduced_values(exprs, exact, computed, frozenset.intersection(*groups))
+    reason = _shifts_of_reduced_values(exprs, exact, computed, full, frozenset.intersection(*groups))
     if reason is not None:
         return None, reason
     if any(not r for r in groups):
@@ -200,13 +200,14 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
                              inner_set, True, outer_exprs[0].output, regrouped), ""
 
 
-def _shifts_of_reduced_values(exprs: list[Expr], exact: IdGraph, computed: list[TensorView],
+def _shifts_of_reduced_values(exprs: list[Expr], exact: IdGraph, computed: list[TensorView], space: frozenset[int],
                               reduced_by_all: frozenset[int]) -> str | None:
     """Why a slice, pad or cat cannot read its operand where it reads it (None: it can). A resize
     reads its operand at shifted indices on the axes it resizes. A reduced value is the same along
     the axes every reduction reduced (rotary embedding after a per-head norm reads the normalized
     row's other half: its loads again, times the row's statistics); along a kept axis it is another
-    program's value. A resize of values no reduction computes is a pointwise kernel's."""
+    program's value. A resize of values no reduction computes is a pointwise kernel's, and so is one of
+    a reshape of a reduced value."""
     ids = {id(tv) for tv in computed}
     resizes = [e for e in exprs if isinstance(e, RESIZE_OPS)]
     # the operand axis a resize reads into a reduced one (each part of a cat of the row) is reduced too
@@ -226,6 +227,12 @@ def _shifts_of_reduced_values(exprs: list[Expr], exact: IdGraph, computed: list[
                         "which no reduction of the segment computes; one reduction kernel computes slices, pads "
                         "and cats of its reduced values only")
             p_ids = producer.get_logical_domain(no_reductions=True)
+            if any(not i.is_broadcast and exact.class_of(i) not in space | reduced for i in p_ids):
+                # (Swin's pad of a normalized ``[B, H * W, C]`` viewed as ``[B, H, W, C]``): the reduced value is
+                # found again at the loop nest's own indices only
+                return (f"{expr.op_description} producing {expr.outputs[0].short_name} reads {producer.short_name}, "
+                        "a reshape of a value computed from a reduction; one reduction kernel computes slices, "
+                        "pads and cats of reduced values over the reductions' own axes")
             for axis in resized_axes(expr, k):
                 i = p_ids[axis.dim]
                 if not i.is_broadcast and exact.class_of(i) not in reduced:

@@ -154,3 +154,23 @@ def test_a_column_sum_shifted_along_the_rows_axis_is_another_kernels(device: str
     x = torch.randn(6, 10, device=device)
     (out,) = run_kernels(fd, [x])
     torch.testing.assert_close(out, x * x.sum(1, keepdim=True) + torch.roll(x.sum(0, keepdim=True), -1, 1))
+
+
+@pytest.mark.parametrize("widths", [[0, 0, 0, 1, 0, 2], [0, 0, 0, 0, 0, 0]], ids=["padded", "zero-width"])
+def test_a_pad_of_a_reshaped_normalization_is_another_kernels(device: str, run_kernels, widths: list[int]) -> None:
+    """Swin's window padding: a layer norm over the channels of ``[B, H * W, C]``, viewed as ``[B, H, W, C]``
+    and padded along H and W (by nothing where the windows divide the image): the pad reads the reduced
+    value through the view at indices that are not the loop nest's, so it is a kernel of its own."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2, 12, 8], contiguity=True)
+        mean = fd.ops.mean(x, [2], keepdim=True)
+        centered = fd.ops.sub(x, mean)
+        normed = fd.ops.div(centered, fd.ops.sqrt(fd.ops.add(fd.ops.mean(fd.ops.mul(centered, centered), [2],
+                                                                          keepdim=True), 1e-5)))
+        fd.add_output(fd.ops.mul(fd.ops.pad(fd.ops.reshape(normed, [2, 3, 4, 8]), widths), 2.0))
+    analysis, reason = analyze(fd.fusion)
+    assert analysis is None and reason, reason
+    x = torch.randn(2, 12, 8, device=device)
+    (out,) = run_kernels(fd, [x])
+    want = torch.nn.functional.pad(torch.nn.functional.layer_norm(x, (8,)).view(2, 3, 4, 8), widths) * 2
+    torch.testing.assert_close(out, want)
