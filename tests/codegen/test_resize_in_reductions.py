@@ -1,11 +1,11 @@
 """Slice, pad and cat inside reduction and normalization kernels: a resize reads its operand at shifted
-indices, which a reduction kernel can do wherever the operand is loaded again or is the same at the
-shifted point (a reduced value along the axes it reduced). Per-head norms followed by rotary
-embedding (Qwen3, Gemma3) are one kernel; a shift along a kept axis of a reduced value is another
-program's value and stays in a kernel of its own. Against torch (and the ATen evaluator) in fp32 and
-bf16, on symbolic sizes, head dims that fill the tile and ones that do not, permuted heads; the training
-step of a Qwen3-style attention input (the rotary backward's pads before the norm backward's sums
-stay a kernel of their own) through generated kernels."""
+indices, which a reduction kernel computes again where the operand is a reduced value read along the
+axes every reduction reduced (its loads again, the row's statistics it holds). Per-head norms followed
+by rotary embedding (Qwen3, Gemma3) are one kernel; a shift along a kept axis (another program's row), a
+resize of values no reduction computes, one of a reshape of a reduced value and one beside two sets of
+reductions stay kernels of their own, each still equal to torch. fp32 and bf16 (against float64 beside
+torch's own error where bf16 cancels), symbolic sizes, head dims that fill the tile and ones that do not.
+The training step of such an attention input: ``test_torch_compile_generated_kernels.py``."""
 
 from __future__ import annotations
 
@@ -174,3 +174,20 @@ def test_a_pad_of_a_reshaped_normalization_is_another_kernels(device: str, run_k
     (out,) = run_kernels(fd, [x])
     want = torch.nn.functional.pad(torch.nn.functional.layer_norm(x, (8,)).view(2, 3, 4, 8), widths) * 2
     torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("rows", [37, 300], ids=["rows37", "rows300"])
+def test_a_column_normalization_plus_its_rolled_rows_is_one_kernel(device: str, run_kernels, rows: int) -> None:
+    """An outer normalization (over the rows, per column) read back at the next row: the shift is along the
+    axis the reduction reduced, so the column's sum is the program's own."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True)
+        s = fd.ops.div(x, fd.ops.sum(x, [0], keepdim=True))
+        n, cols = fd.ops.size(s, 0), fd.ops.size(s, 1)
+        rolled = fd.ops.cat([fd.ops.slice(s, [1, 0], [n, cols]), fd.ops.slice(s, [0, 0], [1, cols])], 0)
+        fd.add_output(fd.ops.add(s, rolled))
+    x = torch.rand(rows, 6, device=device) + 1
+    (out,) = run_kernels(fd, [x])
+    s = x / x.sum(0, keepdim=True)
+    torch.testing.assert_close(out, s + torch.roll(s, -1, 0))
+    assert len(kernel_schedulers(fd)) == 1, kernel_schedulers(fd)
