@@ -5,18 +5,24 @@ by rotary embedding (Qwen3, Gemma3) are one kernel; a shift along a kept axis (a
 resize of values no reduction computes, one of a reshape of a reduced value and one beside two sets of
 reductions stay kernels of their own, each still equal to torch. fp32 and bf16 (against float64 beside
 torch's own error where bf16 cancels), symbolic sizes, head dims that fill the tile and ones that do not.
-The training step of such an attention input: ``test_torch_compile_generated_kernels.py``."""
+A property: random row or column normalizations read back shifted along the reduced axis (rotate-half,
+roll) match the ATen evaluator. The training step of such an attention input:
+``test_torch_compile_generated_kernels.py``."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pyfuser import DataType, FusionDefinition
 from pyfuser.ir.dtypes import DataType as IrDataType
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.reduction_analysis import analyze
-from tests.codegen.conftest import kernel_schedulers
+from tests.codegen.conftest import execute_with_aten, execute_with_kernels, kernel_schedulers
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -191,3 +197,60 @@ def test_a_column_normalization_plus_its_rolled_rows_is_one_kernel(device: str, 
     s = x / x.sum(0, keepdim=True)
     torch.testing.assert_close(out, s + torch.roll(s, -1, 0))
     assert len(kernel_schedulers(fd)) == 1, kernel_schedulers(fd)
+
+
+@dataclass
+class ShiftedNormalization:
+    rows: int
+    cols: int
+    inner: bool  # normalized over the inner (contiguous) axis, else over the outer one
+    norm: str
+    shift: str  # how the normalized rows are read back shifted along the reduced axis
+    amount: int
+    dtype: torch.dtype
+
+
+@st.composite
+def shifted_normalizations(draw: st.DrawFn) -> ShiftedNormalization:
+    cols = draw(st.one_of(st.integers(1, 20).map(lambda n: 2 * n), st.just(130)))
+    return ShiftedNormalization(draw(st.integers(1, 7)), cols, draw(st.booleans()),
+                                draw(st.sampled_from(["softmax", "rms", "center"])),
+                                draw(st.sampled_from(["rotate_half", "roll"])), draw(st.integers(1, cols - 1)),
+                                draw(st.sampled_from([torch.float32, torch.bfloat16])))
+
+
+def _normalized(fd: FusionDefinition, x: TensorView, p: ShiftedNormalization, axis: int) -> TensorView:
+    xf = fd.ops.cast(x, DataType.Float)
+    if p.norm == "softmax":
+        return _softmax(fd, xf, axis)
+    if p.norm == "rms":
+        return fd.ops.mul(xf, fd.ops.rsqrt(fd.ops.add(fd.ops.mean(fd.ops.mul(xf, xf), [axis], keepdim=True), 1e-6)))
+    return fd.ops.sub(xf, fd.ops.mean(xf, [axis], keepdim=True))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shifted_normalizations())
+def test_normalizations_read_back_shifted_match_the_oracle(p: ShiftedNormalization) -> None:
+    """A row (or column) normalization plus the same values read at a shift along the reduced axis is one
+    kernel, equal to the ATen evaluator, over sizes that fill the tile or not."""
+    axis = 1 if p.inner else 0
+    shape = [p.rows, p.cols] if p.inner else [p.cols, p.rows]
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=True, dtype=_dtype(p.dtype))
+        n = _normalized(fd, x, p, axis)
+        sizes = [fd.ops.size(n, 0), fd.ops.size(n, 1)]
+
+        def part(start: int, stop: int) -> TensorView:
+            starts, stops = [0, 0], list(sizes)
+            starts[axis], stops[axis] = start, stop
+            return fd.ops.slice(n, starts, stops)
+
+        split = p.cols // 2 if p.shift == "rotate_half" else p.amount
+        first, second = part(split, p.cols), part(0, split)
+        shifted = fd.ops.cat([fd.ops.neg(first) if p.shift == "rotate_half" else first, second], axis)
+        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.mul(n, 0.5), shifted), _dtype(p.dtype)))
+    x = torch.randn(shape, dtype=p.dtype)
+    (got,) = execute_with_kernels(fd, [x])
+    (want,) = execute_with_aten(fd, [x])
+    torch.testing.assert_close(got, want, **({"atol": 2e-2, "rtol": 2e-2} if p.dtype == torch.bfloat16 else {}))
+    assert len(kernel_schedulers(fd)) <= 1, kernel_schedulers(fd)  # (a launch sequence for a split column)
