@@ -8,8 +8,7 @@ from collections import Counter
 
 from pyfuser.codegen.support import unsupported_in_pointwise_kernel, unsupported_indexed_reads
 from pyfuser.ir.analysis.id_graph import IdGraph
-from pyfuser.ir.analysis.reshape import reshaped_classes
-from pyfuser.ir.analysis.resize import resized_classes
+from pyfuser.ir.analysis.resize import readable_classes
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops.indexing import read_by_index_only
@@ -53,12 +52,7 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
     ref_classes = set(ref_axes)
     # A producer's axis a slice, pad or cat shifts into one of the reference's is read at shifted indices,
     # the axes of a reshape's operand at indices computed from its result's.
-    readable = ref_classes
-    while True:
-        grown = reshaped_classes(exprs, exact.class_of, resized_classes(exprs, exact.class_of, readable))
-        if grown == readable:
-            break
-        readable = grown
+    readable = readable_classes(exprs, exact.class_of, ref_classes)
     for tv in fusion.tensors():
         if read_by_index_only(tv, exprs):  # addressed at indexed positions, not iterated
             continue

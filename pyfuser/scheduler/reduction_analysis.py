@@ -32,9 +32,8 @@ from pyfuser.ir.analysis.reshape import (
     regrouped_classes,
     regroupings,
     reshape_regroupings,
-    reshaped_classes,
 )
-from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes, resized_classes
+from pyfuser.ir.analysis.resize import RESIZE_OPS, readable_classes, resized_axes, resized_classes
 from pyfuser.ir.base import Expr, downstream_exprs
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops import ReductionOp, ReshapeOp, VarMeanOp
@@ -132,12 +131,7 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
                           "not a kernel's copy")
     # the space's axes on the other side of reshapes of kept axes, and (as a pointwise kernel reads them)
     # the axes of a reshape's operand read at indices computed from its result's
-    reachable = regrouped_classes(full, regrouped)
-    while True:
-        grown = reshaped_classes(exprs, exact.class_of, resized_classes(exprs, exact.class_of, reachable))
-        if grown == reachable:
-            break
-        reachable = grown
+    reachable = readable_classes(exprs, exact.class_of, regrouped_classes(full, regrouped))
     for tv in fusion.tensors():
         own = _classes(exact, [i for i in tv.get_logical_domain() if not i.is_reduction])
         if not own <= reachable and not read_by_index_only(tv, exprs):  # (a lookup tensor is not iterated)
@@ -209,16 +203,9 @@ def _shifts_of_reduced_values(exprs: list[Expr], exact: IdGraph, computed: list[
     program's value. A resize of values no reduction computes is a pointwise kernel's, and so is one of
     a reshape of a reduced value."""
     ids = {id(tv) for tv in computed}
-    resizes = [e for e in exprs if isinstance(e, RESIZE_OPS)]
     # the operand axis a resize reads into a reduced one (each part of a cat of the row) is reduced too
-    reduced = set(reduced_by_all)
-    for expr in reversed(resizes):  # consumers before producers
-        out_ids = expr.output.get_logical_domain(no_reductions=True)
-        for k, operand in enumerate(expr.tensor_inputs):
-            o_ids = operand.get_logical_domain(no_reductions=True)
-            reduced.update(exact.class_of(o_ids[a.dim]) for a in resized_axes(expr, k)
-                           if exact.class_of(out_ids[a.dim]) in reduced)
-    for expr in resizes:
+    reduced = resized_classes(exprs, exact.class_of, set(reduced_by_all), to_broadcasts=False)
+    for expr in (e for e in exprs if isinstance(e, RESIZE_OPS)):
         for k, producer in enumerate(expr.tensor_inputs):
             if id(producer) not in ids:
                 # (a rotary backward's pads before a norm backward's sums: the schedule replays the

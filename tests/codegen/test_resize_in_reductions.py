@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyfuser import DataType, FusionDefinition
-from pyfuser.ir.dtypes import DataType as IrDataType
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.reduction_analysis import analyze
 from tests.codegen.conftest import execute_with_aten, execute_with_kernels, kernel_schedulers
@@ -30,7 +29,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), -1)
 
 
-def _dtype(dtype: torch.dtype) -> IrDataType:
+def _dtype(dtype: torch.dtype) -> DataType:
     return DataType.BFloat16 if dtype == torch.bfloat16 else DataType.Float
 
 

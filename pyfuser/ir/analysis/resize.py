@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pyfuser.ir.analysis.reshape import reshaped_classes
 from pyfuser.ir.base import Expr
 from pyfuser.ir.iter_domain import IterDomain
 from pyfuser.ir.ops import CatOp, PadOp, SliceOp
@@ -50,11 +51,12 @@ def resized_axes(expr: SliceOp | PadOp | CatOp, operand: int) -> list[ResizedAxi
     return [ResizedAxis(d, 1, SymConst(0) - offset, True) for d in dims]
 
 
-def resized_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int], allowed: set[int]) -> set[int]:
+def resized_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int], allowed: set[int],
+                    to_broadcasts: bool = True) -> set[int]:
     """``allowed`` (ID classes of a kernel's reference) grown by the producer axes resize ops read
     into them, consumers before producers (``exprs`` in definition order, walked backwards). A
     producer axis resized to a broadcast (a slice or pad to one element) is read at one index and
-    needs no loop of the reference's: it is grown too."""
+    needs no loop of the reference's: it is grown too, unless not ``to_broadcasts``."""
     grown = set(allowed)
     for expr in reversed(exprs):
         if not isinstance(expr, RESIZE_OPS):
@@ -63,6 +65,18 @@ def resized_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int]
         for k, v in enumerate(expr.tensor_inputs):
             p_ids = v.get_logical_domain(no_reductions=True)
             for axis in resized_axes(expr, k):
-                if out_ids[axis.dim].is_broadcast or class_of(out_ids[axis.dim]) in grown:
+                if (to_broadcasts and out_ids[axis.dim].is_broadcast) or class_of(out_ids[axis.dim]) in grown:
                     grown.add(class_of(p_ids[axis.dim]))
     return grown
+
+
+def readable_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int], iterated: set[int]) -> set[int]:
+    """The ID classes a kernel iterating ``iterated`` reads: grown by the producer axes resize ops shift
+    into them and the axes of reshapes' operands read at indices computed from their results', until
+    neither adds one."""
+    readable = set(iterated)
+    while True:
+        grown = reshaped_classes(exprs, class_of, resized_classes(exprs, class_of, readable))
+        if grown == readable:
+            return readable
+        readable = grown
