@@ -616,8 +616,12 @@ def main() -> None:
     start = time.perf_counter()
     for k, point in enumerate(points):
         if args.budget_s and time.perf_counter() - start > args.budget_s:
-            result["points"] += [{"point": p.name, "family": p.family, "status": "not run",
-                                  "reason": f"--budget-s {args.budget_s:g} spent"} for p in points[k:]]
+            skipped = [{"point": p.name, "family": p.family, "status": "not run",
+                        "reason": f"--budget-s {args.budget_s:g} spent"} for p in points[k:]]
+            result["points"] += skipped
+            if progress is not None:  # a merge of progress files counts them too
+                with progress.open("a") as f:
+                    f.writelines(json.dumps(row) + "\n" for row in skipped)
             break
         row = run_point(point, dev, copy, timer, args.max_autotune, args.sweep or args.sweep_heuristics,
                         hand_edited=not args.sweep_heuristics)

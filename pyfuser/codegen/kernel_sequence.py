@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -34,11 +34,24 @@ from pyfuser.ir.ops.indexing import IndexPutOp, check_indices
 from pyfuser.ir.tensor_view import TensorView
 
 
+class Launch(Protocol):
+    """What a ``KernelSequence`` launches: a compiled kernel, or kernels of their own in order (the
+    parts of a segment split for some sizes, each compiled per size bucket)."""
+
+    @property
+    def code(self) -> str: ...
+
+    def run(self, ctx: EvalContext, *args: Any, out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]: ...
+
+    def bind(self, ctx: EvalContext, args: Sequence[Any]) -> tuple[list[torch.Tensor], Bound | None]: ...
+
+
 class KernelSequence:
     """Kernels launched one after another on a segment's inputs; a later one reads what an earlier
-    one wrote (a grid reduction's partial results). Runs like one ``CompiledKernel``."""
+    one wrote (a grid reduction's partial results, a split segment's per-row statistics). Runs like
+    one ``CompiledKernel``."""
 
-    def __init__(self, name: str, kernels: list[CompiledKernel], reads: list[list[int]], outputs: list[int],
+    def __init__(self, name: str, kernels: Sequence[Launch], reads: list[list[int]], outputs: list[int],
                  output_perms: tuple[tuple[int, ...], ...]) -> None:
         """``reads[k]``: the slots kernel ``k`` takes (the segment's inputs, then every kernel's
         outputs in launch order); ``outputs``: the slots of the segment's outputs."""
@@ -145,6 +158,7 @@ class CooperativeSequence(KernelSequence):
                  output_perms: tuple[tuple[int, ...], ...], target: str, inputs: int) -> None:
         """``inputs``: how many inputs the segment has (the slots before the kernels' outputs)."""
         super().__init__(name, kernels, reads, outputs, output_perms)
+        self._steps = kernels
         # A step synchronizes with every program first when it reads what a step since the last
         # synchronization wrote.
         made_by, slot = {}, inputs
@@ -180,7 +194,7 @@ class CooperativeSequence(KernelSequence):
         with more than ``COOPERATIVE_ROUNDS`` programs per program of the first."""
         slots: list[Any] = list(args)
         steps = []
-        for kernel, reads in zip(self.kernels, self._reads, strict=True):
+        for kernel, reads in zip(self._steps, self._reads, strict=True):
             outputs, grid, params = kernel.prepare(ctx, *[slots[s] for s in reads])
             if grid is None:  # empty outputs: the plain sequence knows what to skip
                 return None

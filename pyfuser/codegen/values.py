@@ -639,7 +639,7 @@ class ValueLowering:
         # var_mean over tile axes only (the row on chip): passes over registers; Welford's update is
         # for rows read in a loop, and combines partial results (counted) wherever they are read.
         on_chip = welford and not looped and not isinstance(expr, WelfordCombineOp)
-        compensated = looped and isinstance(expr, ReductionOp) and acc_dtype.is_floating and \
+        compensated = looped and isinstance(expr, ReductionOp) and expr.compensated and acc_dtype.is_floating and \
             expr.kind in (ReductionOpType.sum, ReductionOpType.mean)
         count = 2 if on_chip or compensated else 4 if welford else 1
         names = [self.code.fresh("acc") for _ in range(count)]
@@ -823,7 +823,7 @@ class ValueLowering:
                 self._sum_over(value, axes)
                 acc_dtype = wide
             elif kind in (ReductionOpType.sum, ReductionOpType.mean) and acc_dtype is DataType.Float and \
-                    self.gpu_sums and self._reads_float32(expr):
+                    self.gpu_sums and expr.compensated and self._reads_float32(expr):
                 value = self._compensated_sum_over(value, axes, shape)
                 acc_dtype = DataType.Double
             elif kind in (ReductionOpType.sum, ReductionOpType.mean):

@@ -15,6 +15,7 @@ from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_axes
+from pyfuser.ir.base import Expr
 from pyfuser.ir.domain_replay import is_permutation_of_logical, logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import Layout
@@ -23,8 +24,9 @@ from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CompileOptions, DisableOption, DumpOption, dump
 from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
 from pyfuser.scheduler.kernel_scheduling import Bucket, KernelScheduling
-from pyfuser.scheduler.schedulers import is_kernel
-from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, segment_fusion_copy
+from pyfuser.scheduler.registry import SegmentView
+from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS, is_kernel
+from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, boundaries, segment_fusion_copy
 
 
 def kernel_target(device: torch.device) -> str:
@@ -48,8 +50,10 @@ def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
 
 
 def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_kernel: set[int],
-                  options: CompileOptions, in_stream_loop: bool = False,
+                  options: CompileOptions, in_stream_loop: bool = False, known_layouts: dict[int, Layout] | None = None,
                   ) -> CompiledKernel | KernelSequence | SizeDispatchedKernel:
+    """``known_layouts``: boundary tensors' layouts already decided (by name), for a part of a split
+    segment, whose boundary is the segment's."""
     # In a stream loop a kernel gets chunks, and on many devices shards: either way not the extents
     # the fusion knows statically.
     chunked = in_stream_loop or any(
@@ -58,6 +62,9 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
     layouts: dict[int, Layout] = {}
     for original in (*group.inputs, *group.outputs):
         if isinstance(original, TensorView):
+            if known_layouts is not None and original.name in known_layouts:
+                layouts[original.name] = known_layouts[original.name]
+                continue
             dense = id(original) in written_by_kernel and not chunked
             layouts[original.name] = _layout(fusion, original, dense, chunked)
     scheduling = KernelScheduling.of(group.scheduler, options.device)
@@ -68,6 +75,12 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
 
     def build(bucket: Bucket | None) -> CompiledKernel | KernelSequence:
         copy = unscheduled.pop() if unscheduled else segment_fusion_copy(fusion, group)[0]
+        split = scheduling.split_at(copy, bucket)
+        sequence = _split_segment(copy, split, name, index, layouts, options, chunked) if split else None
+        if sequence is not None:
+            dump(DumpOption.scheduler_params, lambda: f"Segment g{index} ({group.scheduler.name}) for sizes {bucket}: "
+                 f"split at {', '.join(t.short_name for t in split)}, its parts launched one after another\n")
+            return sequence
         params = scheduling.heuristics(copy, bucket)
         dump(DumpOption.scheduler_params, lambda: f"Segment g{index} ({group.scheduler.name}):\n{params}")
         scheduling.schedule(copy, params)
@@ -91,6 +104,57 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         return build(None)
     perms = tuple(layouts[o.name].perm for o in group.outputs)
     return SizeDispatchedKernel(name, build, buckets, perms)
+
+
+def _split_segment(copy: Fusion, split: list[TensorView], name: str, index: int, layouts: dict[int, Layout],
+                   options: CompileOptions, chunked: bool) -> KernelSequence | None:
+    """A segment run as two launches (``Scheduler.split_at``): the first computes the ``split`` tensors
+    (and any segment output among their producers), the second everything else, reading them from
+    memory; each part is compiled as a segment of the scheduler that takes it (None where no kernel
+    scheduler takes a part)."""
+    at = {id(t) for t in split}
+    first = _needed(copy, split, set())
+    rest = _needed(copy, [o for o in copy.outputs() if isinstance(o, TensorView) and id(o) not in at], at)
+    # A producer both parts need (a cast of the input) is computed by each, not passed between them.
+    by_rest = {id(t) for e in rest for t in e.tensor_outputs}
+    returned = {id(o) for o in copy.outputs()}
+    parts: list[SegmentedGroup] = []
+    for exprs in (first, rest):
+        inputs, _ = boundaries(copy, exprs, set())
+        results = [t for e in exprs for t in e.tensor_outputs
+                   if id(t) in at or (id(t) in returned and (exprs is rest or id(t) not in by_rest))]
+        view = SegmentView(exprs, inputs, results)
+        scheduler = next((s.type for s in KERNEL_SCHEDULERS if s.can_schedule(view)[0]), None)
+        if scheduler is None:  # the segment's own kernel serves these sizes too, if slower
+            return None
+        parts.append(SegmentedGroup(exprs, scheduler, inputs=inputs, outputs=results))
+    slot_of = {id(v): k for k, v in enumerate(copy.inputs())}
+    kernels, reads = [], []
+    for part in parts:
+        kernels.append(compile_group(copy, part, index, at, options, chunked, layouts))
+        reads.append([slot_of[id(v)] for v in part.inputs])
+        for t in part.outputs:
+            slot_of[id(t)] = len(slot_of)
+    outputs = [slot_of[id(o)] for o in copy.outputs()]
+    perms = tuple(layouts[o.name].perm for o in copy.outputs() if isinstance(o, TensorView))
+    sequence = KernelSequence(name, kernels, reads, outputs, perms)
+    sequence.scheduled_ir = "\n".join(k.scheduled_ir for k in kernels)
+    return sequence
+
+
+def _needed(fusion: Fusion, targets: list[TensorView], stop: set[int]) -> list[Expr]:
+    """The exprs of ``fusion`` that ``targets`` are computed by, not looking past the tensors in ``stop``
+    (ids), in the fusion's order."""
+    needed: set[int] = set()
+    pending = [t.definition for t in targets if t.definition is not None]
+    while pending:
+        expr = pending.pop()
+        if id(expr) in needed:
+            continue
+        needed.add(id(expr))
+        pending += [v.definition for v in expr.inputs if isinstance(v, TensorView) and id(v) not in stop
+                    and v.definition is not None]
+    return [e for e in fusion.exprs() if id(e) in needed]
 
 
 #: How many characters of op names a kernel's name carries (Triton names the GPU function after it).

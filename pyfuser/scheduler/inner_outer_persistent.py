@@ -10,6 +10,12 @@ reduction over the ``G`` partials (a grid reduction). The reference is the reduc
 them, so its accumulator over the loop is one row; for narrow rows it keeps a partial per row of
 the step instead, added up once after the loop (``keep_step_rows``). The loop is software-pipelined
 (``num_stages``).
+
+A row too long to stay on chip (``on_chip_row``) would have each program read its
+row again for every step of the row it sums across rows: the per-row reductions are computed first,
+by a launch of their own, and the rest reads them (``row_statistics``; two launches, each of a
+scheduler that takes it: a reduction of rows, then a reduction across rows that also writes the
+row's outputs). Each element is read twice, as Inductor's two kernels read it, not once a step.
 """
 
 from __future__ import annotations
@@ -19,19 +25,21 @@ from typing import Any
 
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
-from pyfuser.ir.ops import ReductionOp
+from pyfuser.ir.ops import ReductionOp, VarMeanOp
+from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.cache import cache_inputs
-from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
+from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
 from pyfuser.scheduler.reduction_schedule import (
     ReductionParams,
     checked_analysis,
     element_bytes,
     flatten,
+    mark_rounded_sums,
     propagate,
     size_hints,
     warps_for,
 )
-from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType, SizeHints
+from pyfuser.scheduler.registry import FusionLike, Machine, Scheduler, SchedulerType, SizeHints
 from pyfuser.scheduler.tools import inline_most
 from pyfuser.utils import next_power_of_2
 
@@ -88,7 +96,8 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
             if rows is not None:  # no more rows a step than a program's block has
                 rows_per_step = min(rows_per_step, next_power_of_2(-(-rows // programs)))
             return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
-                                   rows=rows_per_step, split=programs, num_warps=warps, num_stages=3,
+                                   rows=rows_per_step, split=programs, num_warps=warps,
+                                   num_stages=loop_stages(fusion, analysis, rows_per_step * width, m),
                                    keep_step_rows=rows_per_step > 1)
         # H200 sweeps (layernorm and rmsnorm backward, bf16 rows of 8192; kernels.py's seed003, f32 rows of 4096),
         # with the row loop software-pipelined three deep (no branch in its body): steps of half the
@@ -98,10 +107,50 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
         rows_per_step = max(1, min(4, m.max_persistent // 2 // width))
         return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
                                rows=rows_per_step, split=programs, num_warps=warps_for(rows_per_step * width),
-                               num_stages=3)
+                               num_stages=loop_stages(fusion, analysis, rows_per_step * width, m))
     step = m.loop_tile * max(1, 4 // element_bytes(fusion))
     return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "loop",
                            tile=step, split=programs, num_warps=warps_for(step))
+
+
+#: How deep the row loop is software-pipelined where its loads' buffers fit in shared memory.
+LOOP_STAGES = 3
+
+
+def loop_stages(fusion: FusionLike, analysis: ReductionAnalysis, step: int, machine: Machine) -> int:
+    """Stages of the row loop's pipeline: ``LOOP_STAGES`` where that many steps of the inputs that
+    iterate rows (``step`` elements each) fit in a program's shared memory, else fewer; 0 (not
+    pipelined) where two do not (float32 rows of 11008 in steps of 16384: 3 x 128 KiB of buffers)."""
+    streamed = 0
+    for tv in fusion.inputs():
+        if isinstance(tv, TensorView):
+            classes = {analysis.exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast}
+            if analysis.reduced <= classes and classes - analysis.reduced:
+                streamed += tv.dtype.torch_dtype.itemsize * step
+    fitting = machine.shared_bytes // max(streamed, 1)
+    return LOOP_STAGES if fitting >= LOOP_STAGES else fitting if fitting >= 2 else 0
+
+
+def on_chip_row(machine: Machine) -> int:
+    """The longest row (a power of two) the inner-outer kernel keeps on chip: half the persistent tile.
+    A whole tile of 16384 (rows of 8193-16384) holds 64 values a thread of each live tensor on 8 warps,
+    and the sums across rows with their compensations as many again: it spilled (H200, layer-norm
+    backward bf16 2048 x 11008: 1273 us against Inductor's 90; float32 1024 x 11008: 579 against 95),
+    where the two launches of longer rows run at 0.85-1.3x of Inductor."""
+    return machine.max_persistent // 2
+
+
+def row_statistics(fusion: FusionLike, hints: SizeHints) -> list[TensorView]:
+    """The per-row reductions' outputs where a row of ``hints``' size does not stay on chip
+    (``on_chip_row``; the segment then runs as two launches split there, the module's docstring), else
+    none."""
+    if hints.reduced is None or next_power_of_2(hints.reduced) <= on_chip_row(hints.machine):
+        return []
+    analysis = checked_analysis(fusion, KINDS)
+    return [t for e in fusion.exprs() if isinstance(e, ReductionOp | VarMeanOp)
+            and frozenset(analysis.exact.class_of(i) for i in e.output.get_logical_domain()
+                          if i.is_reduction and not i.is_broadcast) == analysis.reduced
+            for t in e.tensor_outputs]
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:
@@ -123,6 +172,7 @@ def schedule(fusion: Fusion, params: ReductionParams) -> None:
     propagate(fusion, ref, caches)
     if params.rows > 1 and not params.keep_step_rows:
         _add_up_each_step(fusion)
+    mark_rounded_sums(fusion)
 
 
 def _add_up_each_step(fusion: Fusion) -> None:
@@ -141,4 +191,4 @@ def _add_up_each_step(fusion: Fusion) -> None:
 
 
 INNER_OUTER_PERSISTENT = Scheduler(SchedulerType.inner_outer_persistent, can_schedule, compute_heuristics, schedule,
-                                   size_dependent=True)
+                                   size_dependent=True, split_at=row_statistics)

@@ -21,6 +21,7 @@ from pyfuser.codegen.python_writer import define_function
 from pyfuser.codegen.triton_support import host_int_expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
+from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.reduction import schedule_final_step
 from pyfuser.scheduler.reduction_analysis import analyze
 from pyfuser.scheduler.registry import FusionLike, KernelParams, Machine, Scheduler, SchedulerType, SizeHints
@@ -73,6 +74,13 @@ class KernelScheduling:
     def heuristics(self, fusion: FusionLike, bucket: Bucket | None) -> KernelParams:
         """The params for a bucket's sizes (None: for any size)."""
         return self.scheduler.kernel_heuristics(fusion, () if bucket is None else SizeHints(*bucket, self.machine))
+
+    def split_at(self, fusion: FusionLike, bucket: Bucket | None) -> list[TensorView]:
+        """The tensors a segment is split at for a bucket's sizes, its parts launched one after another
+        (``Scheduler.split_at``); none where one kernel serves the bucket."""
+        if bucket is None or self.scheduler.split_at is None:
+            return []
+        return self.scheduler.split_at(fusion, SizeHints(*bucket, self.machine))
 
     def schedule(self, fusion: Fusion, params: KernelParams) -> None:
         self.scheduler.schedule(fusion, params)

@@ -76,17 +76,25 @@ def _iterating_classes(tv: TensorView, exact: IdGraph) -> Counter[int]:
 
 def innermost_classes(fusion: FusionLike, exact: IdGraph) -> dict[int, TensorView]:
     """Exact class of the innermost memory axis -> a global tensor (input or output) that has it,
-    among the tensors that iterate over every axis of the reference (a broadcast input, such as a
-    bias, is read along whatever axis it has and decides no layout)."""
+    among the tensors that iterate over at least two of the reference's axes and disagree with the
+    reference on the memory order of those (its innermost among them is not theirs). A bias (one
+    axis) is read along whatever axis it has and decides no layout, nor do ids ``[B, S]`` beside their
+    embeddings ``[B, S, D]``; an attention mask shared by the batch ([1, S, T] beside [B, S, T] scores
+    stored transposed) read across its rows by a 1-D schedule over the scores' memory order touches a
+    line per element (H200, bf16 4 x 8192 x 1000: 225 us against Inductor's tiled 52)."""
     ref = reference_output(fusion)
-    ref_classes = {exact.class_of(i) for i in ref.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
+    ref_order = [exact.class_of(i) for i in logical_order(ref) if not i.is_broadcast and not i.is_reduction]
+    ref_classes = set(ref_order)
     classes: dict[int, TensorView] = {}
     for tv in (*fusion.inputs(), *fusion.outputs()):
         if not isinstance(tv, TensorView):
             continue
         own = {exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
         inner = innermost(tv)
-        if inner is not None and own == ref_classes:
+        if inner is None or len(own) < 2 or not own <= ref_classes:
+            continue
+        shared_innermost = [c for c in ref_order if c in own][-1]
+        if own == ref_classes or exact.class_of(inner) != shared_innermost:
             classes.setdefault(exact.class_of(inner), tv)
     return classes
 

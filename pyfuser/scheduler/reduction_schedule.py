@@ -27,9 +27,10 @@ import torch
 
 from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.domain_replay import logical_ancestors
+from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType
-from pyfuser.ir.ops import ReductionOp
+from pyfuser.ir.ops import BinaryOp, LoadStoreOp, ReductionOp, ReductionOpType, SqueezeOp, UnaryOp
 from pyfuser.ir.symbolic import SymExpr, SymVar
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.cache import cache_inputs, derive_allocation_from_loop
@@ -566,6 +567,7 @@ def schedule_segment(fusion: Fusion, params: ReductionParams, kinds: Sequence[No
     looped = params.shape == "loop" or (params.shape == "outer" and params.tile_reduced > 0 and params.split == 1)
     if params.online and looped:
         mark_online_sums(fusion)
+    mark_rounded_sums(fusion)
 
 
 def mark_online_sums(fusion: Fusion) -> None:
@@ -575,3 +577,39 @@ def mark_online_sums(fusion: Fusion) -> None:
     for e in fusion.exprs():
         if isinstance(e, ReductionOp):
             e.online_max = softmax_shift(e)
+
+
+def mark_rounded_sums(fusion: Fusion) -> None:
+    """Sums and means whose results are only ever rounded to 16 bits add without Kahan's compensation
+    (``ReductionOp.compensated``): a float32 accumulator's rounding over a loop (about 2**-24 a step
+    of the lane's total) stays far below a bfloat16 result's (2**-9), as in torch's own kernels, and
+    the compensation's four operations a value made the outer sums of 16-bit data arithmetic-bound
+    (H200, column sums of bf16 8192 x 4096: 44 us with it, 34 without, Inductor 28). A result
+    combined with other tensors (a mean subtracted from its row) keeps it: there its error is
+    relative to the spread of the data, not to the result."""
+    for e in fusion.exprs():
+        if isinstance(e, ReductionOp) and e.kind in (ReductionOpType.sum, ReductionOpType.mean):
+            e.compensated = not _only_rounded_to_16_bits(e.output)
+
+
+def _only_rounded_to_16_bits(tv: TensorView) -> bool:
+    """Whether every path from ``tv`` to an output ends in a 16-bit float tensor, passing only through
+    one-operand ops, ops with a scalar, and the finishing steps of a split reduction."""
+    pending, seen = [tv], set()
+    while pending:
+        t = pending.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.dtype in (DataType.BFloat16, DataType.Half):
+            continue
+        if t.is_fusion_output or not t.uses:
+            return False
+        for use in t.uses:
+            tensors = [v for v in use.inputs if isinstance(v, TensorView)]
+            passes = isinstance(use, UnaryOp | LoadStoreOp | SqueezeOp) or (isinstance(use, BinaryOp) and len(tensors) == 1) \
+                or (isinstance(use, ReductionOp) and use.kind in (ReductionOpType.sum, ReductionOpType.mean))
+            if not passes:
+                return False
+            pending += [v for v in use.outputs if isinstance(v, TensorView)]
+    return True

@@ -58,17 +58,21 @@ class SchedulerType(Enum):
 
 @dataclass(frozen=True)
 class Machine:
-    """What schedulers size tiles by: programs that run at once, and how many elements a tile may
-    hold when a reduced extent stays on chip (persistent) or is looped over."""
+    """What schedulers size tiles by: programs that run at once, how many elements a tile may
+    hold when a reduced extent stays on chip (persistent) or is looped over, and the shared memory a
+    program may take (the buffers of a software-pipelined loop's loads)."""
 
     sm_count: int
     max_persistent: int
     loop_tile: int
+    shared_bytes: int = 227 * 1024
 
     @staticmethod
     def of(device: torch.device) -> Machine:
         if device.type == "cuda":
-            return Machine(torch.cuda.get_device_properties(device).multi_processor_count, 16384, 2048)
+            props = torch.cuda.get_device_properties(device)
+            shared = getattr(props, "shared_memory_per_block_optin", 0) or 48 * 1024
+            return Machine(props.multi_processor_count, 16384, 2048, shared)
         # Triton's interpreter: small tiles, so small tests take every path (split, multi-pass).
         return Machine(4, 1024, 128)
 
@@ -176,7 +180,9 @@ class Scheduler:
     """One scheduler: its type (name), its three entry points and its facts, declared together in
     its module. ``size_dependent``: the schedule depends on the sizes, so the runtime compiles it per
     size bucket at launch; ``is_kernel``: its segments run as one generated kernel (False: as ATen
-    calls)."""
+    calls); ``split_at``: for a size-dependent scheduler, the tensors a segment is split at for sizes
+    its kernel does not serve (the runtime launches the parts one after another, each scheduled by a
+    scheduler that takes it; none: one kernel serves every size)."""
 
     type: SchedulerType
     can_schedule: Callable[[FusionLike], tuple[bool, str]]
@@ -184,6 +190,7 @@ class Scheduler:
     schedule: Callable[[Fusion, Any], None]
     size_dependent: bool = field(kw_only=True)
     is_kernel: bool = field(default=True, kw_only=True)
+    split_at: Callable[[FusionLike, SizeHints], list[TensorView]] | None = field(default=None, kw_only=True)
 
     def kernel_heuristics(self, fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> KernelParams:
         """``compute_heuristics`` of a kernel scheduler: the params the code generator reads."""

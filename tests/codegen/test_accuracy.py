@@ -6,6 +6,8 @@ columns, a reduction across programs, an inner-outer kernel). The sweep and its 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -156,3 +158,51 @@ def test_half_precision_rows_keep_the_plain_sum(gpu_sums_in_the_interpreter: Non
     assert ", _two_sum)" not in fd.last_kernel_code() and ", _add)" in fd.last_kernel_code()
     wide = data.float()
     torch.testing.assert_close(got, (wide * torch.rsqrt(wide.square().mean(1, keepdim=True) + 1e-5)).bfloat16())
+
+
+def _kahan(code: str) -> bool:
+    """Whether a kernel adds in a loop with Kahan's compensation (its drop of a non-finite one)."""
+    return re.search(r"tl\.where\(d\d+ - d\d+ == 0, ", code) is not None
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+@pytest.mark.parametrize(("rows", "cols", "axis"), [(3000, 40, 0), (5, 3001, 1), (20000, 3, 0)])
+def test_sums_rounded_to_16_bits_add_plainly_within_torchs_error(rows: int, cols: int, axis: int, offset: float,
+                                                                  device: str, run_kernels) -> None:
+    """A bfloat16 sum or mean of bfloat16 data accumulated in a loop (columns, long rows, a split across
+    programs) adds each value once, without the compensation: its float32 rounding stays far below the
+    result's, as torch's does (``mark_rounded_sums``)."""
+    x = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows), dtype=torch.float64)
+         + offset).bfloat16().to(device)
+    with FusionDefinition() as fd:
+        tx = fd.from_pytorch(x)
+        wide = fd.ops.cast(tx, DataType.Float)
+        fd.add_output(fd.ops.cast(fd.ops.sum(wide, [axis]), DataType.BFloat16))
+        fd.add_output(fd.ops.cast(fd.ops.mean(fd.ops.mul(wide, 0.5), [axis]), DataType.BFloat16))
+    got = run_kernels(fd, [x])
+    ref = [x.double().sum(axis), (x.double() * 0.5).mean(axis)]
+    torchs = [x.sum(axis), (x * 0.5).mean(axis)]
+    assert not _kahan(fd.last_kernel_code())
+    for g, r, t in zip(got, ref, torchs, strict=True):
+        assert g.dtype is torch.bfloat16
+        ulp = float(r.abs().max()) * 2.0 ** -8  # a bfloat16 ulp of the largest result
+        assert max_error([g], [r]) <= max(2 * max_error([t], [r]), ulp)
+
+
+def test_sums_used_at_full_precision_keep_the_compensation(device: str, run_kernels) -> None:
+    """A float32 result, or a bfloat16 one whose mean is subtracted from its row (its error then counts
+    against the spread, not the mean), keeps Kahan's compensation in a loop."""
+    cols = 2 * Machine.of(torch.device(device)).max_persistent + 1  # a row read in a loop on this device
+    x = (torch.randn(3, cols, dtype=torch.float64) + 1e3).bfloat16().to(device)
+    with FusionDefinition() as fd:
+        wide = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
+        fd.add_output(fd.ops.sum(wide, [1]))
+    run_kernels(fd, [x])
+    assert _kahan(fd.last_kernel_code())
+    with FusionDefinition() as fd:
+        wide = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
+        mean = fd.ops.mean(wide, [1], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.sub(wide, mean), DataType.BFloat16))
+    (got,) = run_kernels(fd, [x])
+    assert _kahan(fd.last_kernel_code())
+    torch.testing.assert_close(got, (x.double() - x.double().mean(1, keepdim=True)).bfloat16(), rtol=2e-2, atol=2e-2)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition, schedule
 from pyfuser.scheduler import inner_outer_persistent, inner_persistent, outer_persistent, reduction
+from pyfuser.scheduler.kernel_scheduling import KernelScheduling
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from tests.codegen.conftest import kernel_schedulers, kernel_segments
 
@@ -232,10 +233,12 @@ def _kernel_body(code: str, part: str) -> str:
 
 
 @pytest.mark.parametrize("cols", [40, 1300])
-def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels) -> None:
+def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels, monkeypatch: pytest.MonkeyPatch) -> None:
     """dx per row (inner reductions) and dw, db across rows (outer ones): one inner-outer kernel,
     whose partial results across rows a second launch finishes; dx, dw and db share one pass over
-    the rows."""
+    the rows. Rows too long to stay on chip are split into two launches (``test_wide_inner_outer.py``);
+    the kernel that loops over them (where a part of the split has no scheduler) is forced here."""
+    monkeypatch.setattr(KernelScheduling, "split_at", lambda self, fusion, bucket: [])
     n = 11
     x = torch.randn(n, cols, device=device, requires_grad=True)
     w, b = torch.randn(cols, device=device, requires_grad=True), torch.randn(cols, device=device, requires_grad=True)
@@ -537,7 +540,9 @@ def _seed003() -> FusionDefinition:
 
 
 @pytest.mark.parametrize("cols", [50, 1200])
-def test_seed_003_runs_in_the_inner_outer_persistent_kernel(cols: int, device: str, run_kernels) -> None:
+def test_seed_003_runs_in_the_inner_outer_persistent_kernel(cols: int, device: str, run_kernels,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(KernelScheduling, "split_at", lambda self, fusion, bucket: [])  # rows looped on CPU too
     fd = _seed003()
     x = torch.randn(37, 1, cols, device=device).permute(1, 0, 2)
     t4, t6 = run_kernels(fd, [x])

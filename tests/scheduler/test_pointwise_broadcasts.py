@@ -88,3 +88,24 @@ def test_a_mask_beside_the_positions_it_compares(device: str, outputs: tuple[str
         torch.testing.assert_close(out, want[name])
     torch.testing.assert_close(got[-1], p[None, None, None, :] <= p[None, None, :, None])
     assert set(kernel_schedulers(fd)) == {"pointwise"}
+
+
+@pytest.mark.parametrize(("bias_shape", "scheduler"), [((1, 45, 70), "transpose"), ((70,), "pointwise")])
+def test_an_input_shared_by_the_batch_decides_the_layout_a_bias_does_not(device: str, bias_shape: tuple[int, ...],
+                                                                          scheduler: str) -> None:
+    """Scores stored transposed ([B, S, T] over [B, T, S] memory) plus a mask shared by the batch ([1, S, T],
+    row-major): the mask spans two of the scores' axes and is innermost along the other one, so a 1-D
+    schedule over the scores' memory would read it a line per element; the transpose scheduler tiles
+    both. A bias along one axis is read along it whatever the schedule."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1, -1], dtype=DataType.BFloat16, stride_order=[2, 0, 1])
+        m = fd.define_tensor([1 if k == 0 and len(bias_shape) == 3 else -1 for k in range(len(bias_shape))],
+                             dtype=DataType.BFloat16)
+        y = fd.ops.add(fd.ops.mul(fd.ops.cast(x, DataType.Float), 0.125), fd.ops.cast(m, DataType.Float))
+        fd.add_output(fd.ops.cast(y, DataType.BFloat16))
+    scores = torch.randn(3, 70, 45, device=device, dtype=torch.bfloat16).transpose(1, 2)
+    mask = torch.randn(*bias_shape, device=device, dtype=torch.bfloat16)
+    (out,) = execute_with_kernels(fd, [scores, mask])
+    torch.testing.assert_close(out, (scores.float() * 0.125 + mask.float()).bfloat16())
+    assert out.stride() == scores.stride()
+    assert kernel_schedulers(fd) == [scheduler]

@@ -203,11 +203,12 @@ def rfactor(tv: TensorView, axes: Sequence[int]) -> TensorView:
     x = expr.tensor_input(0)
     x.uses[:] = [e for e in x.uses if e is not expr]
     kind = ReductionOpType.sum if expr.kind is ReductionOpType.mean else expr.kind
-    RFactorOp(fusion, kind, partial, x, split.partial_axes)
+    partial_op = RFactorOp(fusion, kind, partial, x, split.partial_axes)
     count = expr.count_ids or split.reduced_copies
     final = ReductionOp(fusion, expr.kind, tv, partial, split.final_axes,
                         count_ids=count if expr.kind is ReductionOpType.mean else ())
     final.name = expr.name
+    partial_op.compensated = final.compensated = expr.compensated  # a schedule's choice, kept by both steps
     fusion.mark_changed()
     return partial
 
