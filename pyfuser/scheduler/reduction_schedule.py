@@ -446,12 +446,14 @@ def flatten(ref: TensorView, analysis: ReductionAnalysis, reduced_first: bool) -
     order = [*reduced, *kept] if reduced_first else [*kept, *reduced]
     ref.reorder({loop.index(i): k for k, i in enumerate(order)})
     first, second = (reduced, kept) if reduced_first else (kept, reduced)
-    if len(second) > 1:
-        for _ in range(len(second) - 1):
-            ref.merge(len(first))
-    if len(first) > 1:
-        for _ in range(len(first) - 1):
-            ref.merge(0)
+    # The innermost axes merged first, (d0, (d1, d2)): each inner group is a merged index of its own, so
+    # a dense tensor whose group is not contiguous as a whole (an NCHW batch norm's rows: N, then H and W
+    # beyond the channel) is still read at one index for its contiguous part (H * W), one division and
+    # one remainder by runtime sizes an element instead of three.
+    for k in range(len(first) + len(second) - 2, len(first) - 1, -1):
+        ref.merge(k, k + 1)
+    for k in range(len(first) - 2, -1, -1):
+        ref.merge(k, k + 1)
     if not first:  # a full reduction: a kept axis of one element to hang the grid on
         raise ValueError(f"{ref.short_name}: a reduction to a single value has no kept axis")
 
