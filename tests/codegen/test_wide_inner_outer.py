@@ -129,3 +129,37 @@ def test_row_loop_is_pipelined_only_as_deep_as_shared_memory_holds(dtype: DataTy
         fd.add_output(fd.ops.sum(fd.ops.mul(dyf, xf), [0]))
     params = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(11008, 1024, Machine(132, 16384, 2048)))
     assert params.shape == "tile" and params.num_stages == stages
+
+
+def test_wide_layernorm_training_step_through_torch_compile() -> None:
+    """A LayerNorm over rows too long to stay on chip, trained through torch.compile: its backward's
+    inner-outer region runs as the split's two launches, also when the region's program is bound and
+    replayed (the second step)."""
+    from pyfuser.integrations.torch_compile import PyfuserBackend
+
+    torch.manual_seed(0)
+    cols = _wide("cpu", 11)
+    norm = torch.nn.LayerNorm(cols)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    backend = PyfuserBackend(triton_interpreter=True)
+    compiled = torch.compile(norm, backend=backend)
+    for _ in range(2):
+        x = torch.randn(40, cols)
+        dy = torch.randn(40, cols)
+        got = [x.clone().requires_grad_()]
+        compiled(got[0]).backward(dy)
+        got_grads = [got[0].grad, norm.weight.grad.clone(), norm.bias.grad.clone()]
+        norm.zero_grad(set_to_none=True)
+        want = [x.clone().requires_grad_()]
+        norm(want[0]).backward(dy)
+        want_grads = [want[0].grad, norm.weight.grad.clone(), norm.bias.grad.clone()]
+        norm.zero_grad(set_to_none=True)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    (backward,) = [g for g in backend.graphs if g.kind == "backward"]
+    (region,) = backward.regions
+    assert "1 kernel(s)" in region.summary() and "inner_outer_persistent" in region.summary(), region.summary()
+    kernels = _kernels(region.fd)  # the segment ran as its parts: a reduction of rows, one across rows
+    assert kernels and all(k.startswith("reduction_") for k in kernels), kernels
