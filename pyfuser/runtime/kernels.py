@@ -25,7 +25,7 @@ from pyfuser.options import CompileOptions, DisableOption, DumpOption, dump
 from pyfuser.runtime.size_dispatch import SizeDispatchedKernel
 from pyfuser.scheduler.kernel_scheduling import Bucket, KernelScheduling
 from pyfuser.scheduler.registry import SegmentView
-from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS, is_kernel
+from pyfuser.scheduler.schedulers import is_kernel, kernel_scheduler_for
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, boundaries, segment_fusion_copy
 
 
@@ -123,8 +123,7 @@ def _split_segment(copy: Fusion, split: list[TensorView], name: str, index: int,
         inputs, _ = boundaries(copy, exprs, set())
         results = [t for e in exprs for t in e.tensor_outputs
                    if id(t) in at or (id(t) in returned and (exprs is rest or id(t) not in by_rest))]
-        view = SegmentView(exprs, inputs, results)
-        scheduler = next((s.type for s in KERNEL_SCHEDULERS if s.can_schedule(view)[0]), None)
+        scheduler = kernel_scheduler_for(SegmentView(exprs, inputs, results))
         if scheduler is None:  # the segment's own kernel serves these sizes too, if slower
             return None
         parts.append(SegmentedGroup(exprs, scheduler, inputs=inputs, outputs=results))

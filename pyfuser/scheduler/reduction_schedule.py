@@ -30,7 +30,16 @@ from pyfuser.ir.domain_replay import logical_ancestors
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType
-from pyfuser.ir.ops import BinaryOp, LoadStoreOp, ReductionOp, ReductionOpType, SqueezeOp, UnaryOp
+from pyfuser.ir.ops import (
+    BinaryOp,
+    BinaryOpType,
+    LoadStoreOp,
+    ReductionOp,
+    ReductionOpType,
+    SqueezeOp,
+    UnaryOp,
+    UnaryOpType,
+)
 from pyfuser.ir.symbolic import SymExpr, SymVar
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.cache import cache_inputs, derive_allocation_from_loop
@@ -587,16 +596,25 @@ def mark_rounded_sums(fusion: Fusion) -> None:
     of the lane's total) stays far below a bfloat16 result's (2**-9), as in torch's own kernels, and
     the compensation's four operations a value made the outer sums of 16-bit data arithmetic-bound
     (H200, column sums of bf16 8192 x 4096: 44 us with it, 34 without, Inductor 28). A result
-    combined with other tensors (a mean subtracted from its row) keeps it: there its error is
-    relative to the spread of the data, not to the result."""
+    combined with other tensors (a mean subtracted from its row), moved by a constant or passed through
+    a function that magnifies relative errors keeps it: there its error is relative to something
+    other than the result."""
     for e in fusion.exprs():
         if isinstance(e, ReductionOp) and e.kind in (ReductionOpType.sum, ReductionOpType.mean):
             e.compensated = not _only_rounded_to_16_bits(e.output)
 
 
+#: Ops of one tensor that keep its relative error (at most): a sum's rounding passes through them to a
+#: 16-bit result no larger than it was (an add of a constant could cancel it, an exp scale it).
+_RELATIVE_UNARY = frozenset({UnaryOpType.cast, UnaryOpType.neg, UnaryOpType.abs, UnaryOpType.sqrt,
+                             UnaryOpType.rsqrt, UnaryOpType.reciprocal})
+_RELATIVE_BINARY = frozenset({BinaryOpType.mul, BinaryOpType.div, BinaryOpType.truediv})
+
+
 def _only_rounded_to_16_bits(tv: TensorView) -> bool:
     """Whether every path from ``tv`` to an output ends in a 16-bit float tensor, passing only through
-    one-operand ops, ops with a scalar, and the finishing steps of a split reduction."""
+    ops that keep its relative error (casts, a scale by a scalar, square roots; ``_RELATIVE_UNARY``)
+    and the finishing steps of a split reduction."""
     pending, seen = [tv], set()
     while pending:
         t = pending.pop()
@@ -609,7 +627,9 @@ def _only_rounded_to_16_bits(tv: TensorView) -> bool:
             return False
         for use in t.uses:
             tensors = [v for v in use.inputs if isinstance(v, TensorView)]
-            passes = isinstance(use, UnaryOp | LoadStoreOp | SqueezeOp) or (isinstance(use, BinaryOp) and len(tensors) == 1) \
+            passes = isinstance(use, LoadStoreOp | SqueezeOp) \
+                or (isinstance(use, UnaryOp) and use.kind in _RELATIVE_UNARY) \
+                or (isinstance(use, BinaryOp) and use.kind in _RELATIVE_BINARY and len(tensors) == 1) \
                 or (isinstance(use, ReductionOp) and use.kind in (ReductionOpType.sum, ReductionOpType.mean))
             if not passes:
                 return False

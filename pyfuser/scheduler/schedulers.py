@@ -9,7 +9,7 @@ from pyfuser.scheduler.inner_persistent import INNER_PERSISTENT
 from pyfuser.scheduler.outer_persistent import OUTER_PERSISTENT
 from pyfuser.scheduler.pointwise import POINTWISE
 from pyfuser.scheduler.reduction import REDUCTION
-from pyfuser.scheduler.registry import Scheduler, SchedulerType
+from pyfuser.scheduler.registry import FusionLike, Scheduler, SchedulerType
 from pyfuser.scheduler.scatter import SCATTER
 from pyfuser.scheduler.transpose import TRANSPOSE
 
@@ -33,3 +33,10 @@ def size_dependent(scheduler_type: SchedulerType) -> bool:
     """Whether a segment of this type is scheduled and compiled per size bucket at launch."""
     scheduler = SCHEDULERS.get(scheduler_type)
     return scheduler is not None and scheduler.size_dependent
+
+
+def kernel_scheduler_for(fusion: FusionLike) -> SchedulerType | None:
+    """The kernel scheduler that takes ``fusion`` (a segment, or a part of one), the first in
+    ``KERNEL_SCHEDULERS`` order; None: none does (its exprs run as ATen calls)."""
+    return next((s.type for s in KERNEL_SCHEDULERS if s.can_schedule(fusion)[0]), None)
+

@@ -31,7 +31,7 @@ from pyfuser.ir.ops import (
 from pyfuser.ir.tensor_view import MemoryType, TensorView, user_scheduled
 from pyfuser.options import CompileOptions
 from pyfuser.scheduler.registry import SchedulerType, SegmentView
-from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS, is_kernel
+from pyfuser.scheduler.schedulers import KERNEL_SCHEDULERS, is_kernel, kernel_scheduler_for
 from pyfuser.segmentation.segmented_fusion import SegmentedFusion, SegmentedGroup, boundaries
 
 #: Exprs that only change how an input is viewed: a segment of nothing else computes nothing.
@@ -150,7 +150,7 @@ class _Segmenter:
         key = tuple(map(id, exprs))
         if key not in self.verdicts:
             view = self._view(exprs)
-            self.verdicts[key] = next((s.type for s in KERNEL_SCHEDULERS if s.can_schedule(view)[0]), None)
+            self.verdicts[key] = kernel_scheduler_for(view)
         verdict = self.verdicts[key]
         return None if verdict is None else SegmentedGroup(exprs, verdict)
 

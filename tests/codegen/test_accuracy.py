@@ -190,8 +190,9 @@ def test_sums_rounded_to_16_bits_add_plainly_within_torchs_error(rows: int, cols
 
 
 def test_sums_used_at_full_precision_keep_the_compensation(device: str, run_kernels) -> None:
-    """A float32 result, or a bfloat16 one whose mean is subtracted from its row (its error then counts
-    against the spread, not the mean), keeps Kahan's compensation in a loop."""
+    """A float32 result, a bfloat16 one whose mean is subtracted from its row (its error then counts
+    against the spread, not the mean), or one less a constant (which may cancel it) keeps Kahan's
+    compensation in a loop."""
     cols = 2 * Machine.of(torch.device(device)).max_persistent + 1  # a row read in a loop on this device
     x = (torch.randn(3, cols, dtype=torch.float64) + 1e3).bfloat16().to(device)
     with FusionDefinition() as fd:
@@ -206,3 +207,8 @@ def test_sums_used_at_full_precision_keep_the_compensation(device: str, run_kern
     (got,) = run_kernels(fd, [x])
     assert _kahan(fd.last_kernel_code())
     torch.testing.assert_close(got, (x.double() - x.double().mean(1, keepdim=True)).bfloat16(), rtol=2e-2, atol=2e-2)
+    with FusionDefinition() as fd:
+        wide = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
+        fd.add_output(fd.ops.cast(fd.ops.sub(fd.ops.mean(wide, [1]), 1e3), DataType.BFloat16))
+    run_kernels(fd, [x])
+    assert _kahan(fd.last_kernel_code())

@@ -149,3 +149,26 @@ def test_rfactor_var_mean_errors() -> None:
         tv.axis(1).parallelize(ParallelType.grid_y)
     with pytest.raises(KernelError, match="with no axis reduced within a program"):
         fd.manual_execute([x])
+
+
+@pytest.mark.parametrize(("rows", "cols", "dtype"), [(1, 3001, torch.float32), (3, 2500, torch.bfloat16),
+                                                     (2, 4097, torch.float32)])
+def test_layer_norm_of_few_long_rows_splits_its_var_mean(rows: int, cols: int, dtype: torch.dtype) -> None:
+    """A layer norm over fewer rows than programs: each row's var_mean split across programs (Welford's
+    partial results, combined in float64 by the launch that normalizes the program's share of the row),
+    on data far from 0; within twice torch's error against float64."""
+    x = (torch.randn(rows, cols, dtype=torch.float64) * 2 + 1e3).to(dtype)
+    w, b = torch.randn(cols).to(dtype), torch.randn(cols).to(dtype)
+    with FusionDefinition() as fd:
+        tx, tw, tb = (fd.ops.cast(fd.from_pytorch(t), DataType.Float) for t in (x, w, b))
+        var, mean = fd.ops.var_mean(tx, [1], correction=0, keepdim=True)
+        y = fd.ops.mul(fd.ops.sub(tx, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5)))
+        y = fd.ops.add(fd.ops.mul(y, fd.ops.broadcast(tw, [True, False])), fd.ops.broadcast(tb, [True, False]))
+        fd.add_output(fd.ops.cast(y, DataType.Float if dtype is torch.float32 else DataType.BFloat16))
+    (got,) = execute_with_kernels(fd, [x, w, b])
+    ref = torch.nn.functional.layer_norm(x.double(), (cols,), w.double(), b.double(), 1e-5)
+    torch_error = (torch.nn.functional.layer_norm(x.float(), (cols,), w.float(), b.float(), 1e-5).to(dtype).double()
+                   - ref).abs().max().item()
+    assert (got.double() - ref).abs().max().item() <= 2 * torch_error + 1e-6
+    params = _split_params(fd)
+    assert params.shape == "split" and params.split >= 2, params
