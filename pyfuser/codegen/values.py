@@ -158,7 +158,11 @@ def promoted_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
     """The dtype torch converts an op's operands to: its output's, except for comparisons and the
     predicates ``isnan`` / ``isinf`` (the operands' common type, by torch's promotion)."""
     if expr.kind in _COMPARISONS:
-        return result_dtype(torch.add, expr.inputs) if len(expr.inputs) > 1 else expr.inputs[0].dtype
+        if isinstance(expr, UnaryOp):
+            return expr.inputs[0].dtype
+        # an operand that was a 0-dim tensor (a full reduction's result) promotes like a number, as it
+        # did when the op was defined: ``min(x) >= x.bfloat16()`` compares in bfloat16
+        return result_dtype(torch.add, expr.inputs, expr.number_like)
     return expr.outputs[0].dtype
 
 

@@ -746,3 +746,20 @@ def test_a_reduction_in_a_second_pass_over_the_row_counts_each_value_once(device
     row_ref = x.squeeze(1).float()
     want = {"sum": row_ref.sum(), "prod": row_ref.prod(), "min": row_ref.min()}[kind].to(torch.float16)
     torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3)
+
+
+def test_a_full_reductions_result_compared_with_bfloat16_values_promotes_like_a_number(device: str,
+                                                                                     run_kernels) -> None:
+    """CPU fuzz seed 9942847: ``min(x) >= x.bfloat16()`` with ``x`` float32. The minimum is a 0-dim tensor,
+    which torch promotes like a number: the comparison is in bfloat16 (the minimum rounded first). The
+    kernel saw the minimum broadcast to the row's rank and compared in float32 (False where the rounded
+    values are equal)."""
+    x = torch.tensor([0.2838, -1.7218, 2.1105, -0.8574], device=device)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        fd.add_output(fd.ops.ge(fd.ops.min(t, [0], keepdim=False), fd.ops.cast(t, DataType.BFloat16)))
+        fd.add_output(fd.ops.lt(fd.ops.cast(t, DataType.BFloat16), fd.ops.sum(t, [0], keepdim=False)))
+    ge, lt = run_kernels(fd, [x])
+    torch.testing.assert_close(ge, x.amin() >= x.bfloat16())
+    torch.testing.assert_close(lt, x.bfloat16() < x.sum())
+    assert ge.tolist() == [False, True, False, False]

@@ -312,6 +312,8 @@ def rounding_artifact(case: Case, values: Sequence[Any], outs: Sequence[Any],
         if not bool(differ.any()):
             patched.append(want)
             continue
+        if not want.dtype.is_floating_point and not want.dtype.is_complex:
+            return None  # an integer or boolean result has no rounding to be as close as torch's in
         ours, torchs = _error(out, exact), _error(want, exact)
         tol = tolerance(want.dtype, low)
         scale = exact.abs().double().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
