@@ -28,13 +28,14 @@ from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.scheduler.cache import cache_inputs
-from pyfuser.scheduler.reduction_analysis import NormalizationKind, ReductionAnalysis, analyze
+from pyfuser.scheduler.reduction_analysis import NormalizationKind, analyze
 from pyfuser.scheduler.reduction_schedule import (
     ReductionParams,
     checked_analysis,
     element_bytes,
     flatten,
     mark_rounded_sums,
+    pipeline_stages,
     propagate,
     size_hints,
     warps_for,
@@ -97,7 +98,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
                 rows_per_step = min(rows_per_step, next_power_of_2(-(-rows // programs)))
             return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
                                    rows=rows_per_step, split=programs, num_warps=warps,
-                                   num_stages=loop_stages(fusion, analysis, rows_per_step * width, m),
+                                   num_stages=pipeline_stages(fusion, analysis, rows_per_step * width, m),
                                    keep_step_rows=rows_per_step > 1)
         # H200 sweeps (layernorm and rmsnorm backward, bf16 rows of 8192; kernels.py's seed003, f32 rows of 4096),
         # with the row loop software-pipelined three deep (no branch in its body): steps of half the
@@ -107,28 +108,10 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
         rows_per_step = max(1, min(4, m.max_persistent // 2 // width))
         return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
                                rows=rows_per_step, split=programs, num_warps=warps_for(rows_per_step * width),
-                               num_stages=loop_stages(fusion, analysis, rows_per_step * width, m))
+                               num_stages=pipeline_stages(fusion, analysis, rows_per_step * width, m))
     step = m.loop_tile * max(1, 4 // element_bytes(fusion))
     return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "loop",
                            tile=step, split=programs, num_warps=warps_for(step))
-
-
-#: How deep the row loop is software-pipelined where its loads' buffers fit in shared memory.
-LOOP_STAGES = 3
-
-
-def loop_stages(fusion: FusionLike, analysis: ReductionAnalysis, step: int, machine: Machine) -> int:
-    """Stages of the row loop's pipeline: ``LOOP_STAGES`` where that many steps of the inputs that
-    iterate rows (``step`` elements each) fit in a program's shared memory, else fewer; 0 (not
-    pipelined) where two do not (float32 rows of 11008 in steps of 16384: 3 x 128 KiB of buffers)."""
-    streamed = 0
-    for tv in fusion.inputs():
-        if isinstance(tv, TensorView):
-            classes = {analysis.exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast}
-            if analysis.reduced <= classes and classes - analysis.reduced:
-                streamed += tv.dtype.torch_dtype.itemsize * step
-    fitting = machine.shared_bytes // max(streamed, 1)
-    return LOOP_STAGES if fitting >= LOOP_STAGES else fitting if fitting >= 2 else 0
 
 
 def on_chip_row(machine: Machine) -> int:

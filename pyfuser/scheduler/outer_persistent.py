@@ -9,6 +9,7 @@ A var_mean (Welford's partial results are not finished across programs) keeps on
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pyfuser.ir.fusion import Fusion
@@ -19,6 +20,7 @@ from pyfuser.scheduler.reduction_schedule import (
     checked_analysis,
     element_bytes,
     outer_params,
+    pipeline_stages,
     schedule_segment,
     size_hints,
 )
@@ -40,8 +42,10 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     analysis = checked_analysis(fusion, KINDS)
     hints = size_hints(fusion, analysis, inputs)
     splittable = not any(isinstance(e, VarMeanOp) for e in fusion.exprs())  # as inner_persistent's
-    return outer_params(SchedulerType.outer_persistent, analysis.reference, hints, True, splittable,
+    params = outer_params(SchedulerType.outer_persistent, analysis.reference, hints, True, splittable,
                         element_bytes(fusion))
+    return replace(params, num_stages=pipeline_stages(fusion, analysis, params.tile * params.tile_reduced,
+                                                      hints.machine, params.num_stages))
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:

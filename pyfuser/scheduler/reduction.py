@@ -4,6 +4,7 @@ epilogue, inner or outer in memory; few long rows are split across programs (a g
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pyfuser.ir.fusion import Fusion
@@ -17,6 +18,7 @@ from pyfuser.scheduler.reduction_schedule import (
     final_params,
     inner_params,
     outer_params,
+    pipeline_stages,
     reduction_inner_params,
     schedule_segment,
     size_hints,
@@ -46,8 +48,10 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     if analysis.inner:
         return reduction_inner_params(analysis.reference, hints, True, welford)
-    return outer_params(SchedulerType.reduction, analysis.reference, hints, False, True, streamed_bytes(fusion),
+    params = outer_params(SchedulerType.reduction, analysis.reference, hints, False, True, streamed_bytes(fusion),
                         welford)
+    return replace(params, num_stages=pipeline_stages(fusion, analysis, params.tile * params.tile_reduced,
+                                                      hints.machine, params.num_stages))
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:

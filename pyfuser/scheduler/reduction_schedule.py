@@ -177,6 +177,23 @@ LOOP_STAGES = 3
 LOOP_STEP_TILES = 4
 
 
+def pipeline_stages(fusion: FusionLike, analysis: ReductionAnalysis, step: int, machine: Machine,
+                    wanted: int = LOOP_STAGES) -> int:
+    """How deep a loop over rows is software-pipelined: ``wanted`` stages where that many steps of the
+    inputs that iterate the whole space (``step`` elements of each a step) fit in a program's shared
+    memory, else fewer; 0 (not pipelined) where two do not. Triton holds each stage's loads in shared
+    memory: float32 rows of 11008 in steps of 16384 asked 3 x 128 KiB of an H200's 227 (a launch
+    failure on CUDA only; the interpreter has no shared memory)."""
+    streamed = 0
+    for tv in fusion.inputs():
+        if isinstance(tv, TensorView):
+            classes = {analysis.exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast}
+            if analysis.reduced <= classes and classes - analysis.reduced:
+                streamed += tv.dtype.torch_dtype.itemsize * step
+    fitting = machine.shared_bytes // max(streamed, 1)
+    return wanted if fitting >= wanted else fitting if fitting >= 2 else 0
+
+
 def inner_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHints, splittable: bool) -> ReductionParams:
     m = hints.machine
     reduced, kept = hints.reduced, hints.kept

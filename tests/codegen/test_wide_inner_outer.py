@@ -1,6 +1,8 @@
 """Inner-outer segments (a per-row reduction and one across rows) whose rows are too long to stay on
 chip: the segment runs as two launches split at its per-row statistics, each of a scheduler that takes
-it, so each element is read twice rather than once per step of its row (``Scheduler.split_at``)."""
+it, so each element is read twice rather than once per step of its row (``Scheduler.split_at``). And
+loops over rows pipelined only as deep as a GPU's shared memory holds (``pipeline_stages``): failures
+the interpreter, which has no shared memory, cannot show."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition
-from pyfuser.scheduler import inner_outer_persistent
+from pyfuser.scheduler import inner_outer_persistent, outer_persistent
 from pyfuser.scheduler.registry import Machine, SizeHints
 from tests.codegen.conftest import kernel_schedulers
 
@@ -163,3 +165,17 @@ def test_wide_layernorm_training_step_through_torch_compile() -> None:
     assert "1 kernel(s)" in region.summary() and "inner_outer_persistent" in region.summary(), region.summary()
     kernels = _kernels(region.fd)  # the segment ran as its parts: a reduction of rows, one across rows
     assert kernels and all(k.startswith("reduction_") for k in kernels), kernels
+
+
+@pytest.mark.parametrize(("inputs", "stages"), [(2, 3), (6, 2)])
+def test_outer_normalization_pipelines_only_as_deep_as_shared_memory_holds(inputs: int, stages: int) -> None:
+    """A batch-norm-like normalization over many rows reading several float32 inputs of the whole space:
+    three 16 KiB steps of six of them (288 KiB) exceed an H200's 227 KiB of shared memory; two fit."""
+    with FusionDefinition() as fd:
+        xs = [fd.define_tensor([-1, -1], dtype=DataType.Float) for _ in range(inputs)]
+        y = xs[0]
+        for x in xs[1:]:
+            y = fd.ops.add(y, fd.ops.mul(x, 0.5))
+        fd.add_output(fd.ops.sub(y, fd.ops.sum(y, [0], keepdim=True)))
+    params = outer_persistent.compute_heuristics(fd.fusion, SizeHints(100000, 1024, Machine(132, 16384, 2048)))
+    assert params.shape == "outer" and params.tile_reduced > 0 and params.num_stages == stages, params
