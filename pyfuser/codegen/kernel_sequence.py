@@ -154,11 +154,12 @@ class CooperativeSequence(KernelSequence):
     the later steps need at most ``COOPERATIVE_ROUNDS`` of them, else (or when a step has nothing to
     run) as the sequence of launches."""
 
+    kernels: Sequence[CompiledKernel]  # its steps are compiled kernels, joined into one launch's source
+
     def __init__(self, name: str, kernels: list[CompiledKernel], reads: list[list[int]], outputs: list[int],
                  output_perms: tuple[tuple[int, ...], ...], target: str, inputs: int) -> None:
         """``inputs``: how many inputs the segment has (the slots before the kernels' outputs)."""
         super().__init__(name, kernels, reads, outputs, output_perms)
-        self._steps = kernels
         # A step synchronizes with every program first when it reads what a step since the last
         # synchronization wrote.
         made_by, slot = {}, inputs
@@ -194,7 +195,7 @@ class CooperativeSequence(KernelSequence):
         with more than ``COOPERATIVE_ROUNDS`` programs per program of the first."""
         slots: list[Any] = list(args)
         steps = []
-        for kernel, reads in zip(self._steps, self._reads, strict=True):
+        for kernel, reads in zip(self.kernels, self._reads, strict=True):
             outputs, grid, params = kernel.prepare(ctx, *[slots[s] for s in reads])
             if grid is None:  # empty outputs: the plain sequence knows what to skip
                 return None

@@ -15,7 +15,6 @@ from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_axes
-from pyfuser.ir.base import Expr
 from pyfuser.ir.domain_replay import is_permutation_of_logical, logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import Layout
@@ -113,16 +112,17 @@ def _split_segment(copy: Fusion, split: list[TensorView], name: str, index: int,
     memory; each part is compiled as a segment of the scheduler that takes it (None where no kernel
     scheduler takes a part)."""
     at = {id(t) for t in split}
-    first = _needed(copy, split, set())
-    rest = _needed(copy, [o for o in copy.outputs() if isinstance(o, TensorView) and id(o) not in at], at)
+    first = Fusion.exprs_between(copy.inputs(), split)
+    returned = [o for o in copy.outputs() if isinstance(o, TensorView) and id(o) not in at]
+    rest = Fusion.exprs_between([*copy.inputs(), *split], returned)
     # A producer both parts need (a cast of the input) is computed by each, not passed between them.
     by_rest = {id(t) for e in rest for t in e.tensor_outputs}
-    returned = {id(o) for o in copy.outputs()}
+    first_results = [t for e in first for t in e.tensor_outputs
+                     if id(t) in at or (t.is_fusion_output and id(t) not in by_rest)]
+    rest_results = [t for e in rest for t in e.tensor_outputs if t.is_fusion_output]
     parts: list[SegmentedGroup] = []
-    for exprs in (first, rest):
+    for exprs, results in ((first, first_results), (rest, rest_results)):
         inputs, _ = boundaries(copy, exprs, set())
-        results = [t for e in exprs for t in e.tensor_outputs
-                   if id(t) in at or (id(t) in returned and (exprs is rest or id(t) not in by_rest))]
         scheduler = kernel_scheduler_for(SegmentView(exprs, inputs, results))
         if scheduler is None:  # the segment's own kernel serves these sizes too, if slower
             return None
@@ -139,21 +139,6 @@ def _split_segment(copy: Fusion, split: list[TensorView], name: str, index: int,
     sequence = KernelSequence(name, kernels, reads, outputs, perms)
     sequence.scheduled_ir = "\n".join(k.scheduled_ir for k in kernels)
     return sequence
-
-
-def _needed(fusion: Fusion, targets: list[TensorView], stop: set[int]) -> list[Expr]:
-    """The exprs of ``fusion`` that ``targets`` are computed by, not looking past the tensors in ``stop``
-    (ids), in the fusion's order."""
-    needed: set[int] = set()
-    pending = [t.definition for t in targets if t.definition is not None]
-    while pending:
-        expr = pending.pop()
-        if id(expr) in needed:
-            continue
-        needed.add(id(expr))
-        pending += [v.definition for v in expr.inputs if isinstance(v, TensorView) and id(v) not in stop
-                    and v.definition is not None]
-    return [e for e in fusion.exprs() if id(e) in needed]
 
 
 #: How many characters of op names a kernel's name carries (Triton names the GPU function after it).

@@ -76,3 +76,15 @@ def masked_path(code: str) -> str:
     """A kernel's source as its programs without a full tile run it (the whole source for one body)."""
     branches = tile_branches(code)
     return code if branches is None else branches[1]
+
+
+def define_rmsnorm_backward(fd: FusionDefinition, dy: torch.Tensor, x: torch.Tensor, rms: torch.Tensor,
+                            w: torch.Tensor) -> tuple[Any, Any, Any]:
+    """RMSNorm's backward over the last axis of 2-D ``x`` in ``fd`` (``rms``: the rows' ``rsqrt(mean(x * x)
+    + eps)``, kept as ``[rows, 1]``): dx, dw and the per-row sum ``sum(dy * w * x)`` it reads."""
+    tdy, tx, tr, tw = (fd.from_pytorch(t) for t in (dy, x, rms, w))
+    g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
+    c = fd.ops.sum(fd.ops.mul(g, tx), [1], keepdim=True)
+    r3 = fd.ops.mul(fd.ops.mul(tr, tr), tr)
+    dx = fd.ops.sub(fd.ops.mul(g, tr), fd.ops.mul(tx, fd.ops.mul(r3, fd.ops.div(c, float(x.shape[-1])))))
+    return dx, fd.ops.sum(fd.ops.mul(tdy, fd.ops.mul(tx, tr)), [0]), c

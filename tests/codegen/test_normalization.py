@@ -16,7 +16,7 @@ from pyfuser import DataType, FusionDefinition, schedule
 from pyfuser.scheduler import inner_outer_persistent, inner_persistent, outer_persistent, reduction
 from pyfuser.scheduler.kernel_scheduling import KernelScheduling
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
-from tests.codegen.conftest import kernel_schedulers, kernel_segments
+from tests.codegen.conftest import define_rmsnorm_backward, kernel_schedulers, kernel_segments
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 DT = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
@@ -283,13 +283,9 @@ def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels, mon
     (xd * rms * wd).backward(dy)
     r = rms.detach()
     with FusionDefinition() as fd:
-        tdy, tx, tr, tw = (fd.from_pytorch(t) for t in (dy, x.detach(), r, w.detach()))
-        g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
-        c = fd.ops.sum(fd.ops.mul(g, tx), [1], keepdim=True)
-        r3 = fd.ops.mul(fd.ops.mul(tr, tr), tr)
-        dx = fd.ops.sub(fd.ops.mul(g, tr), fd.ops.mul(tx, fd.ops.mul(r3, fd.ops.div(c, float(cols)))))
+        dx, grad_w, _ = define_rmsnorm_backward(fd, dy, x.detach(), r, w.detach())
         fd.add_output(dx)
-        fd.add_output(fd.ops.sum(fd.ops.mul(tdy, fd.ops.mul(tx, tr)), [0]))
+        fd.add_output(grad_w)
     dx, dw = run_kernels(fd, [dy, x.detach(), r, w.detach()])
     _close(dx, xd.grad)
     _close(dw, wd.grad)

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition
+from pyfuser.integrations.torch_compile import PyfuserBackend
 from pyfuser.scheduler import inner_outer_persistent, outer_persistent
 from pyfuser.scheduler.registry import Machine, SizeHints
-from tests.codegen.conftest import kernel_schedulers
+from tests.codegen.conftest import define_rmsnorm_backward, kernel_schedulers
 
 DT = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
 
@@ -75,13 +76,8 @@ def test_rmsnorm_backward_of_wide_rows_against_torch(device: str, run_kernels) -
     (x * rms * w).backward(dy)
     r = rms.detach()
     with FusionDefinition() as fd:
-        tdy, tx, tr, tw = (fd.from_pytorch(t) for t in (dy, x.detach(), r, w.detach()))
-        g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
-        c = fd.ops.sum(fd.ops.mul(g, tx), [1], keepdim=True)
-        r3 = fd.ops.mul(fd.ops.mul(tr, tr), tr)
-        fd.add_output(fd.ops.sub(fd.ops.mul(g, tr), fd.ops.mul(tx, fd.ops.mul(r3, fd.ops.div(c, float(cols))))))
-        fd.add_output(fd.ops.sum(fd.ops.mul(tdy, fd.ops.mul(tx, tr)), [0]))
-        fd.add_output(c)  # a per-row statistic returned: the first launch writes it
+        for out in define_rmsnorm_backward(fd, dy, x.detach(), r, w.detach()):
+            fd.add_output(out)  # the last, a per-row statistic: the first launch writes it
     dx, dw, c = run_kernels(fd, [dy, x.detach(), r, w.detach()])
     torch.testing.assert_close(dx, x.grad, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(dw, w.grad, rtol=1e-4, atol=1e-3)
@@ -137,8 +133,6 @@ def test_wide_layernorm_training_step_through_torch_compile() -> None:
     """A LayerNorm over rows too long to stay on chip, trained through torch.compile: its backward's
     inner-outer region runs as the split's two launches, also when the region's program is bound and
     replayed (the second step)."""
-    from pyfuser.integrations.torch_compile import PyfuserBackend
-
     torch.manual_seed(0)
     cols = _wide("cpu", 11)
     norm = torch.nn.LayerNorm(cols)
