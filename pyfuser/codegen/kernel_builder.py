@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyfuser.codegen.code_writer import CodeWriter
-from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource
+from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource, alignment_param
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
 from pyfuser.codegen.values import Indices, ValueLowering
 from pyfuser.ir.analysis.id_graph import IdGraph
@@ -952,12 +952,14 @@ class KernelBuilder(ValueLowering):
         scalar_symbols = list(self._scalars)
         scalar_positions = tuple(all_inputs.index(self._scalars[sym][2]) for sym in scalar_symbols)
         tile_params = [f"{param}: tl.constexpr" for param, *_ in self._dynamic_tiles]
-        params = ", ".join([*tensors, *strides, *sizes, *(self._scalars[sym][0] for sym in scalar_symbols),
-                            *tile_params])
+        integers = [*strides, *sizes]
+        params = ", ".join([*tensors, *integers, *(self._scalars[sym][0] for sym in scalar_symbols),
+                            *tile_params, *(f"{alignment_param(n)}: tl.constexpr" for n in integers)])
+        aligned = [f"    {n} = _aligned({n}, {alignment_param(n)})" for n in integers]
         # A bool arrives as an int (``KernelSource.bool_scalars``): a comparison.
         typed = [f"    s_{sym} = {arg} != 0" if dtype is DataType.Bool else
                  f"    s_{sym} = tl.full([], {arg}, {triton_dtype(dtype)})" for sym, (arg, dtype, _) in self._scalars.items()]
-        body = "\n".join([*typed, *self._full_tiles_apart(loops)]) or "    pass"
+        body = "\n".join([*aligned, *typed, *self._full_tiles_apart(loops)]) or "    pass"
         source = f"{prelude(self.target)}\n\n@_jit\ndef {self.name}({params}):\n{body}\n"
         grid = tuple(next((loop.extent for loop in loops if loop.kind == "grid" and loop.index == f"pid{a}"),
                           SymConst(1)) for a in range(3))

@@ -41,11 +41,28 @@ class SizeSource:
     extent: SymExpr | None = None
 
 
+#: The alignment of an integer argument ``x``: ``ALIGNMENTS[x & 15]``, the largest power of two up to
+#: 16 that divides it.
+ALIGNMENTS = (16, 1, 2, 1, 4, 1, 2, 1, 8, 1, 2, 1, 4, 1, 2, 1)
+
+
+def alignment_param(name: str) -> str:
+    """The constexpr parameter that holds integer argument ``name``'s alignment (``ALIGNMENTS``).
+
+    Triton specializes an integer argument only on being 1 or a multiple of 16, which a row of
+    1000 or 1500 elements is not: without more, every load of such rows is an element wide. Inductor
+    bakes sizes into its kernels; a kernel here takes them at launch, and is compiled per alignment
+    of each instead (a variant per class: 1, 2, 4, 8, 16), which its first lines assert to Triton
+    (the prelude's ``_aligned``)."""
+    return f"{name}_align"
+
+
 @dataclass(frozen=True)
 class KernelSource:
     """A generated kernel and everything its launcher needs. Arguments, in order: tensors (the
-    segment's tensor inputs, then its outputs), strides, sizes, scalars, then the constexpr tile
-    sizes of axes whose extent is only known at launch (``dynamic_tiles``)."""
+    segment's tensor inputs, then its outputs), strides, sizes, scalars, the constexpr tile sizes
+    of axes whose extent is only known at launch (``dynamic_tiles``), then the constexpr alignment
+    of each stride and size (``alignment_param``)."""
 
     name: str
     source: str

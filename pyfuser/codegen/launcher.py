@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyfuser.codegen.kernel_source import IndexOutOfRange, KernelLaunchError, KernelSource
+from pyfuser.codegen.kernel_source import ALIGNMENTS, IndexOutOfRange, KernelLaunchError, KernelSource, alignment_param
 from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.codegen.triton_support import host_int_expr
 from pyfuser.ir.eval_context import NoPrograms
@@ -354,15 +354,16 @@ def _dense_stride_exprs(shape: str, rank: int, perm: Sequence[int]) -> str:
 
 
 def _specialization(names: list[str], kinds: list[str]) -> str:
-    """The key expression of an argument list: alignment of tensors, 1 / multiple of 16 / 64-bit of
-    integers (Triton's specializations), the value of tile sizes, the type of scalars."""
+    """The key expression of an argument list: alignment of tensors, 1 / 64-bit of integers (Triton's
+    specializations), the value of constexprs (tile sizes, the integers' alignments, which include
+    Triton's multiple of 16), the type of scalars."""
     parts = []
     for name, kind in zip(names, kinds, strict=True):
         if kind == "tensor":
             parts.append(f"{name}.data_ptr() % 16 == 0")
         elif kind == "int":
-            parts.append(f"{name} == 1, {name} % 16 == 0, {name} > 2147483647")
-        elif kind == "tile":
+            parts.append(f"{name} == 1, {name} > 2147483647")
+        elif kind == "constexpr":
             parts.append(name)
         else:
             parts.append(f"type({name}), {name} == 1 if type({name}) is int else 0, "
@@ -381,7 +382,7 @@ def launcher_source(s: KernelSource, direct: bool = False) -> tuple[str, dict[st
     w = PythonWriter(f"launcher of {s.name}", {
         "torch": torch, "_size_error": _size_error, "_constant_error": _constant_error, "_unknown": _unknown_output_size,
         "names": s.tensor_names, "_dense": dense_strides, "_next_pow2": next_power_of_2, "_NoPrograms": NoPrograms,
-        "_raw_stream": raw_stream})
+        "_raw_stream": raw_stream, "_ALIGNMENTS": ALIGNMENTS})
     n_in, n_out = len(s.tensor_inputs), len(s.output_shapes)
     device = "t0.device" if n_in else "ctx.device"
     # On the current CUDA device, outputs come from torch's allocator without the dispatcher
@@ -422,10 +423,12 @@ def launcher_source(s: KernelSource, direct: bool = False) -> tuple[str, dict[st
     strides = [f"st{k}_{d}" for k, d in s.stride_args]
     scalars = [f"sc{k}" for k in range(len(s.scalar_inputs))]
     tile_params = [param for param, *_ in s.dynamic_tiles]
-    names = [*tensors, *strides, *(src.symbol for src in s.sizes), *scalars, *tile_params]
+    integers = [*strides, *(src.symbol for src in s.sizes)]
+    alignments = [alignment_param(n) for n in integers]
+    names = [*tensors, *integers, *scalars, *tile_params, *alignments]
     params = ", ".join(names)
-    kinds = [*(["tensor"] * len(tensors)), *(["int"] * (len(strides) + len(s.sizes))),
-             *(["scalar"] * len(scalars)), *(["tile"] * len(tile_params))]
+    kinds = [*(["tensor"] * len(tensors)), *(["int"] * len(integers)), *(["scalar"] * len(scalars)),
+             *(["constexpr"] * (len(tile_params) + len(alignments)))]
     grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")
     grid3 = ", ".join([*(host_int_expr(e) for e in s.grid), *(["1"] * (3 - len(s.grid)))])  # the runner's x, y, z
     empty_grid = " or ".join(f"{host_int_expr(e)} == 0" for e in s.grid if e.value is None or e.value == 0)
@@ -493,6 +496,8 @@ def launcher_source(s: KernelSource, direct: bool = False) -> tuple[str, dict[st
         for k, p in enumerate(s.scalar_inputs):
             value = f"args[{p}].item()" if k in s.cpu_scalars else f"args[{p}]"
             w.line(f"sc{k} = int({value})" if k in s.bool_scalars else f"sc{k} = {value}")
+        for integer, alignment in zip(integers, alignments, strict=True):
+            w.line(f"{alignment} = _ALIGNMENTS[{integer} & 15]")
 
     def no_programs() -> None:
         """No output to write: nothing to launch. Outputs but no program to write them (a reduction of

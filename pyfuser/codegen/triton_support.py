@@ -93,6 +93,17 @@ _INF = tl.constexpr(float("inf"))
 
 
 @_jit
+def _aligned(x, alignment: tl.constexpr):
+    """Integer argument ``x``, a multiple of ``alignment`` (a power of two, its launch's
+    specialization), written so that Triton's analysis of divisibility knows it: the quotient times
+    the constant. (Multiples of 16 Triton knows from its own specialization.)"""
+    if alignment > 1 and alignment < 16:
+        return x // alignment * alignment
+    else:
+        return x
+
+
+@_jit
 def _div(a, b):
     """nvFuser's div: true division for floating point, truncation (C semantics) for integers."""
     if a.dtype.is_floating():

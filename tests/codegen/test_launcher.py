@@ -94,6 +94,31 @@ def test_each_variant_compiles_once_then_launches_directly() -> None:
                       "direct (16, 1, 1)", "compile (17, 1, 1)", "direct (17, 1, 1)"]
 
 
+class _AlignmentLoggingJitFunction(_WarmupJitFunction):
+    """A ``warmup`` that logs the alignment each integer argument is compiled for (the kernel's trailing
+    constexpr parameters: one per stride and size, ``KernelSource``'s argument order)."""
+
+    def warmup(self, *params: Any, grid: tuple[int, ...], num_warps: int) -> _Compiled:
+        integers = [p for p in params if type(p) is int]
+        self.log.append(f"compile {integers[len(integers) // 2:]}")
+        return _Compiled(self.log)
+
+
+def test_a_variant_per_alignment_of_sizes_and_strides() -> None:
+    """Each stride and size is compiled for its alignment (the largest power of two up to 16 dividing
+    it: Triton's own specialization stops at 16), one variant per combination: rows of 1000 bf16
+    elements load 16 bytes at a time only where the kernel knows the row stride is a multiple of 8."""
+    fn = _AlignmentLoggingJitFunction()
+    run = _launcher_run(fn)
+    ctx = EvalContext(device=torch.device("cpu"))
+    for cols in (40, 56, 44, 42, 48, 41, 40):
+        run(ctx, torch.randn(64, cols))
+    compiled = [entry for entry in fn.log if entry.startswith("compile")]
+    # (the input's strides, the output's, the rows (64), the columns)
+    assert compiled == ["compile [8, 1, 8, 1, 16, 8]", "compile [4, 1, 4, 1, 16, 4]", "compile [2, 1, 2, 1, 16, 2]",
+                        "compile [16, 1, 16, 1, 16, 16]", "compile [1, 1, 1, 1, 16, 1]"], fn.log
+
+
 def test_a_triton_without_warmup_dispatches_every_launch() -> None:
     fn = _JitFunction()
     run = _launcher_run(fn)
