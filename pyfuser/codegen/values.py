@@ -9,9 +9,10 @@ nvFuser does. Reductions accumulate in float32 for floating inputs (the output's
 
 Floating reductions are as accurate as torch's, also on data far from 0 (rows of mean 1e4, std 1):
 
-* a sum or mean read in a loop adds each lane's values with Kahan's compensation (a lane adds up
-  one value per iteration, where a long row's rounding errors would otherwise build up), then the
-  lanes' sums in float64 (once per lane: the tree's levels round at the scale of the whole sum);
+* a sum or mean read in a loop keeps, per lane, what each add's rounding lost in a second
+  accumulator (a lane adds up one value per iteration, where a long row's rounding errors would
+  otherwise build up), then adds the lanes' sums and losses in float64 (once per lane: the tree's
+  levels round at the scale of the whole sum);
 * ``var_mean`` of a row on chip takes the corrected two-pass: a first mean, then the sums of the
   deviations from it and of their squares, which correct the mean and give the spread exactly;
 * ``var_mean`` of a row read in a loop is Welford's update per lane on the lane's values less its
@@ -206,7 +207,7 @@ class _Accumulation:
     key: tuple[object, ...]
     dtype: DataType
     on_chip: bool
-    #: a floating sum or mean read in a loop: Kahan's compensated sum per lane
+    #: a floating sum or mean read in a loop: a compensated sum per lane (the sum and what it lost)
     compensated: bool
     names: list[str]
 
@@ -226,7 +227,10 @@ class _Accumulation:
         return isinstance(self.expr, VarMeanOp)
 
     def shape(self, builder: ValueLowering) -> str:
-        """The accumulators' tile shape: the tile's size along their axes, 1 along the others."""
+        """The accumulators' tile shape: the tile's size along their axes, 1 along the others (a
+        scalar where they span none)."""
+        if not self.axes:
+            return "[]"
         return f"[{', '.join(t if k in self.axes else '1' for k, t in enumerate(builder.tile_shape))}]"
 
     def declare(self, builder: ValueLowering) -> None:
@@ -653,7 +657,10 @@ class ValueLowering:
     def _accumulator_axes(self, out: TensorView) -> frozenset[int]:
         """The tile axes ``out``'s loop domain iterates: a reduction of values already added up along a
         tile axis (a step's rows, rfactored out of it) keeps an accumulator of size 1 there (every
-        axis when it iterates none, or when a tile loop ID of it maps to no single tile axis)."""
+        axis when a tile loop ID of it maps to no single tile axis). None when it iterates only loops
+        and program ids: one value at a time (the programs' partial results of a split row, read in a
+        loop by the launch that finishes it), kept in scalars, where a tile of copies would repeat
+        every operation per element (a float64 Welford combine 8192 times over)."""
         every = frozenset(range(len(self.tile_shape)))
         axes: set[int] = set()
         taken: dict[int, int] = {}
@@ -665,7 +672,7 @@ class ValueLowering:
             if not dims or len(dims) != 1:
                 return every
             axes |= dims
-        return frozenset(axes) if axes else every  # a value per program: the stores take a tile
+        return frozenset(axes)
 
     def _accumulate(self, acc: _Accumulation) -> None:
         """Add this loop point's values into the accumulators of ``acc``."""
@@ -713,13 +720,14 @@ class ValueLowering:
             code.emit(f"{mean} = {mean} + tl.where({valid}, {delta} / tl.where({count} == 0, 1.0, {count}), 0.0)")
             code.emit(f"{m2} = {m2} + tl.where({valid}, {delta} * ({shifted} - {mean}), 0.0)")
         elif acc.compensated:
-            total, compensation = names
-            # Kahan: ``compensation`` holds what the lane's sum lost to rounding; it is dropped where
-            # the sum is not finite (an inf or NaN value), where it would turn an inf into NaN.
-            kept = f"tl.where({mask}, {value}, 0.0)" if mask else value
-            term = code.assign("d", f"{kept} - {compensation}", cse=False)
-            summed = code.assign("d", f"{total} + {term}", cse=False)
-            code.emit(f"{compensation} = tl.where({summed} - {summed} == 0, ({summed} - {total}) - {term}, 0.0)")
+            total, lost = names
+            # What the add lost to rounding, exactly where the lane's sum is at least as large as the
+            # value (Dekker's fast two-sum: a row far from 0 after its first value), added up apart:
+            # three operations a value. The sum never reads it, so an inf or NaN value leaves the sum
+            # as torch's; the lost part turns NaN then and is dropped at the end (``_finish``).
+            kept = code.assign("d", f"tl.where({mask}, {value}, 0.0)", cse=False) if mask else value
+            summed = code.assign("d", f"{total} + {kept}", cse=False)
+            code.emit(f"{lost} = {lost} + ({kept} - ({summed} - {total}))")
             code.emit(f"{total} = {summed}")
         else:
             (total,) = names
@@ -812,9 +820,9 @@ class ValueLowering:
                 # mean's count) in float64: the result rounds once. Per lane, not per element: a
                 # float32 tree over the lanes' large sums would round at their scale at each level.
                 wide = DataType.Double
-                total, compensation = (code.assign("v", self.convert(n, acc_dtype, wide), cse=False) for n in names)
-                self._sum_over_pair(total, compensation, axes)
-                value = code.assign("v", f"{total} - {compensation}", cse=False)
+                total, lost = (code.assign("v", self.convert(n, acc_dtype, wide), cse=False) for n in names)
+                self._sum_over_pair(total, lost, axes)
+                value = code.assign("v", f"tl.where({total} - {total} == 0, {total} + {lost}, {total})", cse=False)
                 acc_dtype = wide
             elif kind in (ReductionOpType.sum, ReductionOpType.mean) and acc_dtype is DataType.Float and \
                     self._sums_partials(expr):
