@@ -47,7 +47,7 @@ LOOP_WARPS = 16
 #: (``benchmarks/results/kernels_notes.md``). ptxas for sm_90a at two: 64 registers a thread.
 LOOP_BYTES_PER_THREAD = 32
 LOOP_BYTES_PER_THREAD_NARROW = 16
-#: Running results a row's pass may carry for the wide step.
+#: Running results a row's pass may carry for the wide step (a var_mean counts four: Welford's).
 LOOP_WIDE_MAX_RESULTS = 2
 
 
@@ -99,19 +99,27 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     # grid reduction whose final step reads the share again (softmax: the shares' maxima, then their
     # sums of exponentials, then the output: three launches, the row read three times where one
     # program per row reads it twice, on enough programs to fill the machine): an online softmax only
-    # for fewer rows than half the SMs (``ONLINE_SPLIT_SMS_PER_ROW``). A layer norm's var_mean splits
-    # into Welford's partial results per program, combined by the launch that normalizes its share: the
-    # row is read twice either way (one program a row of 128256 left 99 of 132 SMs idle: 0.40x of
-    # Inductor on an H200).
+    # for fewer rows than half the SMs (``ONLINE_SPLIT_SMS_PER_ROW``). So does a layer norm's var_mean:
+    # Welford's partial results per program, combined by the launch that normalizes its share (the row
+    # is read twice either way). H200, bf16 layer norm against Inductor, one program a row / split: 33 x
+    # 128256 0.40x / 0.73x, 63 x 65536 0.65x / 0.73x, 1 x 262144 0.13x / 0.47x; but 128 x 262144
+    # 1.06x / 0.83x and 256 x 128256 0.72x / 0.55x.
     online = any(isinstance(e, ReductionOp) and softmax_shift(e) is not None for e in fusion.exprs())
-    splittable = not (online and hints.kept is not None
+    welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
+    splittable = not ((online or welford) and hints.kept is not None
                       and hints.kept * ONLINE_SPLIT_SMS_PER_ROW >= hints.machine.sm_count)
     params = inner_params(SchedulerType.inner_persistent, analysis.reference, hints, splittable)
     if params.shape == "loop":
-        results = sum(isinstance(e, ReductionOp | VarMeanOp) for e in fusion.exprs())
+        # running values per element: Welford's shift, mean, m2 and count for a var_mean
+        results = sum(4 if isinstance(e, VarMeanOp) else 1 for e in fusion.exprs() if isinstance(e, ReductionOp | VarMeanOp))
         step, warps = looped_row(hints.machine, row_bytes(fusion, analysis), hints.kept, results)
         params = replace(params, tile=step, num_warps=warps)
-    if hints.kept is not None and hints.reduced is not None:
+    if params.shape in ("loop", "split"):
+        # The row is read again by the pass that writes the outputs: its lines should still be in L2
+        # then, whatever the size (Inductor hints its looped normalizations' first reads so). On the
+        # H200 no swept point moved by the hint alone (bf16 layer norm 1024 x 32000: 0.47x either way).
+        params = replace(params, evict_last=True)
+    elif hints.kept is not None and hints.reduced is not None:
         params = replace(params, evict_last=2 * hints.kept * hints.reduced * element_bytes(fusion) >= EVICT_LAST_MIN_BYTES)
     return params
 

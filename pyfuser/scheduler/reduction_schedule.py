@@ -299,7 +299,8 @@ def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, 
 MIN_OUTER_TILE = 32
 
 
-#: Bytes a plain outer reduction's program reads per loop step, and programs per SM its split aims for
+#: Bytes a plain outer reduction's program reads per loop step (``outer_params``), and programs per SM its
+#: split aims for
 #: (normalizations keep ``step_bytes`` and ``waves``: not swept): H200 x4 sweep of the generated kernels
 #: (column sums bf16 and f32 of 17 shapes from 1023 x 1000 to 262144 x 64, a mean, two maxima) over 512 / 256 /
 #: 128-byte columns x 16 / 8 KiB steps x 1 / 2 / 4 waves: 8 KiB and 4 waves within 0.69x of each shape's best
@@ -308,6 +309,11 @@ MIN_OUTER_TILE = 32
 #: 8192 x 4096: 43.8 against 34.5 at best).
 OUTER_REDUCTION_STEP_BYTES = 8192
 OUTER_SPLIT_WAVES = 4
+#: Programs per SM from which a plain outer reduction of 16-bit data counts its step in float32
+#: accumulators (8 rows of 256 columns, not 16). H200, bf16 column sums (compensated: two accumulators an
+#: element) and maxima: 1.04-1.29x on 8192 x 4096, 32768 x 1000, 65536 x 512, 256 x 128256, 512 x 65536,
+#: 4097 x 512, 1023 x 1000 (4 or more programs an SM), 0.80x on 2048 x 11008 (172 programs of 64 columns).
+STEP_IN_ACCUMULATORS_WAVES = 2
 
 
 @dataclass(frozen=True)
@@ -399,23 +405,40 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
             narrowed //= 2
         if -(-kept // narrowed) >= m.sm_count:  # a program for every SM without a second launch
             inner, splittable = narrowed, False
-    if persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent:
+    # A normalization must hold its columns whole; a reduction asking for it (a var_mean of few rows) takes
+    # it only where the column blocks alone give every SM a program, else it splits its rows.
+    whole = persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent
+    if whole and scheduler_type is SchedulerType.reduction:
+        whole = kept is not None and -(-kept // inner) >= m.sm_count
+    if whole and reduced is not None:
         tile = next_power_of_2(max(reduced, 1)) * inner
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))
-    split = 1
-    # Bytes per loop step: a step of 16-bit data has twice the rows of float32's (the loads in flight,
-    # not the elements, keep the memory system busy).
     step = h.welford_step_bytes if welford else h.reduction_step_bytes if plain else h.step_bytes
-    rows = max(1, min(step // element // inner, next_power_of_2(reduced) if reduced is not None else 64))
-    if splittable and reduced is not None and kept is not None:
-        programs = -(-kept // inner)
-        if programs < split_target:
-            # At most ``split_target`` programs in all (one more column block's worth was a second wave of
-            # programs on an H100: 272 for 264 slots), each with loop steps to take (16 steps in 17
-            # programs left one program masked off), so the split divides the steps evenly.
-            split = max(1, min(split_target // programs, reduced // (h.min_steps * rows)))
-            steps = -(-reduced // rows)
-            split = -(-steps // -(-steps // split))
+
+    def steps_of(width: int) -> tuple[int, int]:
+        """(rows per loop step, programs along the reduced axis) for steps of ``step`` bytes of ``width``."""
+        rows = max(1, min(step // width // inner, next_power_of_2(reduced) if reduced is not None else 64))
+        split = 1
+        if splittable and reduced is not None and kept is not None:
+            programs = -(-kept // inner)
+            if programs < split_target:
+                # At most ``split_target`` programs in all (one more column block's worth was a second wave
+                # of programs on an H100: 272 for 264 slots), each with loop steps to take (16 steps in 17
+                # programs left one program masked off), so the split divides the steps evenly.
+                split = max(1, min(split_target // programs, reduced // (h.min_steps * rows)))
+                steps = -(-reduced // rows)
+                split = -(-steps // -(-steps // split))
+        return rows, split
+
+    # Bytes per loop step: of the data (a step of 16-bit data has twice the rows of float32's: the loads
+    # in flight, not the elements, keep the memory system busy); but a plain reduction on enough programs
+    # (``STEP_IN_ACCUMULATORS_WAVES`` an SM, which keep the loads in flight together) counts its step in
+    # its float32 accumulators, whatever the data's width.
+    rows, split = steps_of(element)
+    if plain and element < 4:
+        narrow_rows, narrow_split = steps_of(4)
+        if kept is not None and -(-kept // inner) * narrow_split >= STEP_IN_ACCUMULATORS_WAVES * m.sm_count:
+            rows, split = narrow_rows, narrow_split
     warps = max(1, min(8, rows * inner // (32 * h.welford_elements))) if welford else warps_for(rows * inner)
     return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
                            num_warps=warps, num_stages=h.stages, evict_last=h.evict_last)

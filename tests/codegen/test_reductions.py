@@ -105,17 +105,36 @@ def test_long_rows_loop_and_few_rows_split(device: str, run_kernels) -> None:
         assert "_partial0" in fd.last_kernel_code() and "_final" in fd.last_kernel_code()
 
 
-def test_column_blocks_of_16_bit_data_are_as_many_bytes_as_of_float32() -> None:
-    """A column reduction's block is 16 bytes a thread wide and its loop step as many bytes as 2048
-    float32 elements, counted in the data it reads, not its float32 result: bfloat16 columns in blocks
-    of 256, 16 rows a step (128 and 16 for float32 data)."""
+def test_column_blocks_of_16_bit_data_step_by_their_float32_accumulators_on_enough_programs() -> None:
+    """A column reduction's block is 16 bytes a thread wide; its loop step holds 2048 float32
+    accumulators where the launch has two programs an SM or more (bfloat16 columns in blocks of 256, 8
+    rows a step; 128 and 16 for float32 data), else 8 KiB of the data it reads (fewer programs keep more
+    loads in flight each: bfloat16 64-column blocks of 2048 x 11008, 64 rows a step)."""
     h200 = Machine(132, 16384, 2048)
-    for dtype, (tile, rows) in {DataType.BFloat16: (256, 16), DataType.Float: (128, 16)}.items():
+    cases = {(DataType.BFloat16, 65536, 1000): (256, 8), (DataType.Float, 65536, 1000): (128, 16),
+             (DataType.BFloat16, 2048, 16384): (64, 64)}
+    for (dtype, rows, columns), (tile, step) in cases.items():
         with FusionDefinition() as fd:
             x = fd.define_tensor([-1, -1], dtype=dtype, contiguity=True)
             fd.add_output(fd.ops.max(fd.ops.cast(x, DataType.Float), [0]))
-        params = reduction.compute_heuristics(fd.fusion, SizeHints(65536, 1000, h200))
-        assert (params.shape, params.tile, params.tile_reduced) == ("outer", tile, rows), params
+        params = reduction.compute_heuristics(fd.fusion, SizeHints(rows, columns, h200))
+        assert (params.shape, params.tile, params.tile_reduced) == ("outer", tile, step), params
+
+
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float])
+def test_few_rows_of_a_column_reduction_are_one_tile_unless_it_also_writes_its_input_shape(dtype: DataType) -> None:
+    """Column sums of 33 rows take the rows in one tile (no loop, no loop compensation) where every
+    output is reduced; a segment that also writes an output of the input's shape (a norm backward's
+    ``dx`` beside its column sums) loops over the rows."""
+    h200 = Machine(132, 16384, 2048)
+    for full_size in (False, True):
+        with FusionDefinition() as fd:
+            x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=dtype, contiguity=True), DataType.Float)
+            fd.add_output(fd.ops.sum(x, [0]))
+            if full_size:
+                fd.add_output(fd.ops.mul(x, 2.0))
+        params = reduction.compute_heuristics(fd.fusion, SizeHints(64, 65536, h200))
+        assert params.shape == "outer" and (params.tile_reduced > 0) == full_size, params
 
 
 def test_prologue_and_epilogue_share_the_reduction_kernel(device: str, run_kernels) -> None:

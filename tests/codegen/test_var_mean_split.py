@@ -16,7 +16,9 @@ from pyfuser import DataType, FusionDefinition, ParallelType, schedule
 from pyfuser.codegen.kernel_source import KernelError
 from pyfuser.ir.ops.rfactor import WelfordCombineOp, WelfordPartialOp, rfactor_var_mean
 from pyfuser.schedule import SchedulerType
+from pyfuser.scheduler import inner_persistent, reduction
 from pyfuser.scheduler.reduction_schedule import OuterHeuristic, outer_heuristic
+from pyfuser.scheduler.registry import Machine, SizeHints
 from tests.codegen.conftest import execute_with_kernels, kernel_segments
 
 
@@ -153,10 +155,13 @@ def test_rfactor_var_mean_errors() -> None:
 
 @pytest.mark.parametrize(("rows", "cols", "dtype"), [(1, 3001, torch.float32), (3, 2500, torch.bfloat16),
                                                      (2, 4097, torch.float32)])
-def test_layer_norm_of_few_long_rows_splits_its_var_mean(rows: int, cols: int, dtype: torch.dtype) -> None:
-    """A layer norm over fewer rows than programs: each row's var_mean split across programs (Welford's
-    partial results, combined in float64 by the launch that normalizes the program's share of the row),
-    on data far from 0; within twice torch's error against float64."""
+def test_layer_norm_of_few_long_rows_splits_its_var_mean(rows: int, cols: int, dtype: torch.dtype,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer norm over fewer rows than half the SMs: each row's var_mean split across programs
+    (Welford's partial results, combined in float64 by the launch that normalizes the program's share of
+    the row), on data far from 0; within twice torch's error against float64. (A machine of 16 SMs with
+    the interpreter's small tiles: the rows split as a handful do on an H200.)"""
+    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(16, 1024, 128)))
     x = (torch.randn(rows, cols, dtype=torch.float64) * 2 + 1e3).to(dtype)
     w, b = torch.randn(cols).to(dtype), torch.randn(cols).to(dtype)
     with FusionDefinition() as fd:
@@ -172,3 +177,39 @@ def test_layer_norm_of_few_long_rows_splits_its_var_mean(rows: int, cols: int, d
     assert (got.double() - ref).abs().max().item() <= 2 * torch_error + 1e-6
     params = _split_params(fd)
     assert params.shape == "split" and params.split >= 2, params
+
+
+def _layer_norm_fusion(cols: int) -> FusionDefinition:
+    x = torch.randn(2, cols)
+    with FusionDefinition() as fd:
+        tx = fd.from_pytorch(x)
+        var, mean = fd.ops.var_mean(tx, [1], correction=0, keepdim=True)
+        fd.add_output(fd.ops.mul(fd.ops.sub(tx, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5))))
+    return fd
+
+
+@pytest.mark.parametrize(("rows", "shape"), [(1, "split"), (33, "split"), (65, "split"), (66, "loop"), (128, "loop"),
+                                             (256, "loop")])
+def test_layer_norms_split_only_for_fewer_rows_than_half_the_sms(rows: int, shape: str) -> None:
+    """An H200 (132 SMs) splits a long row's var_mean across programs only for fewer rows than half its
+    SMs, as an online softmax: from 128 rows one program a row was faster (1.06x of Inductor against
+    0.83x split at 128 x 262144 bf16)."""
+    h200 = Machine(132, 16384, 2048)
+    params = inner_persistent.compute_heuristics(_layer_norm_fusion(262144).fusion, SizeHints(262144, rows, h200))
+    assert params.shape == shape, params
+    assert params.evict_last  # the row is read again by the normalizing pass: kept in L2 at any size
+
+
+def test_an_outer_var_mean_of_few_rows_takes_them_in_one_tile() -> None:
+    """A var_mean across few rows (a channels-last batch norm's 49 pixels, staged per image) reads all
+    of them in one tile (the two passes over registers), not in a loop of Welford updates."""
+    x = torch.randn(49, 4096)
+    with FusionDefinition() as fd:
+        var, mean = fd.ops.var_mean(fd.from_pytorch(x), [0], correction=0)
+        fd.add_output(var)
+        fd.add_output(mean)
+    params = reduction.compute_heuristics(fd.fusion, SizeHints(64, 262144, Machine(132, 16384, 2048)))
+    assert params.shape == "outer" and params.tile_reduced == 0 and params.split == 1, params
+    (got_var, got_mean) = execute_with_kernels(fd, [x])
+    torch.testing.assert_close(got_mean, x.mean(0))
+    torch.testing.assert_close(got_var, x.var(0, correction=0))
