@@ -8,6 +8,7 @@ from pyfuser.options import CompileOptions, DisableOption, DumpOption
 from pyfuser.preseg.allocation_order_inference import infer_allocation_order
 from pyfuser.preseg.decompose_resharding import decompose_resharding
 from pyfuser.preseg.forward_input_broadcasts import forward_input_broadcasts
+from pyfuser.preseg.identity_casts import drop_identity_casts
 from pyfuser.preseg.input_layouts import bind_input_layouts
 from pyfuser.preseg.loop_allocation_decoupling import decouple_loop_and_allocation
 from pyfuser.preseg.propagate_shardings import propagate_shardings
@@ -19,6 +20,7 @@ from pyfuser.preseg.view_friendly_layouts import permuted_layouts_for_reshapes
 #: In the order they run. Layout passes run after the sharding passes, and
 #: ``decouple_loop_and_allocation`` runs last: it freezes segment-boundary allocations.
 PRESEG_PASSES: list[Pass[Fusion]] = [
+    Pass("drop_identity_casts", drop_identity_casts),
     Pass("forward_input_broadcasts", forward_input_broadcasts),
     Pass("propagate_shardings", propagate_shardings),
     Pass("decompose_resharding", decompose_resharding),

@@ -53,7 +53,8 @@ def test_embedding_backward_is_one_scatter_kernel(run_kernels: RunKernels, dtype
     index[: tokens // 2] = index[0]  # many duplicates: additions into one row from many programs
     fd = _embedding_backward(grad, index, None)
     (out,) = run_kernels(fd, [grad, index, vocab])
-    assert kernel_schedulers(fd) == ["scatter", "pointwise"]
+    # the float32 accumulator is the float32 gradient itself; other dtypes cast it in a kernel of its own
+    assert kernel_schedulers(fd) == (["scatter"] if dtype is torch.float32 else ["scatter", "pointwise"])
     assert isinstance(kernel_segments(fd)[0], ScatterSequence)
     torch.testing.assert_close(out.cpu(), _reference(grad.cpu(), index.cpu(), vocab))
     assert "tl.atomic_add" in fd.last_kernel_code()
@@ -66,7 +67,7 @@ def test_scatter_reads_strided_values_and_int32_indices(run_kernels: RunKernels,
     index = torch.randint(0, 7, (19,), dtype=torch.int32, device=device)
     fd = _embedding_backward(grad, index, 7)
     (out,) = run_kernels(fd, [grad, index])
-    assert kernel_schedulers(fd) == ["scatter", "pointwise"]
+    assert kernel_schedulers(fd) == ["scatter"]  # float32: written by the scatter, no copy after it
     torch.testing.assert_close(out.cpu(), _reference(grad.cpu(), index.cpu(), 7))
 
 
