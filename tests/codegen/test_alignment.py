@@ -4,11 +4,18 @@ wrong class would index the wrong elements. Every class, on views whose strides 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from pyfuser import DataType, FusionDefinition
+from pyfuser import DataType, FusionDefinition, ParallelType
+from pyfuser.codegen.compiled_kernel import load_kernel
+from pyfuser.codegen.kernel_builder import KernelBuilder
 from pyfuser.codegen.kernel_source import ALIGNMENTS
+from pyfuser.codegen.launcher import launcher_source
+from pyfuser.ir.eval_context import EvalContext
+from pyfuser.schedule import parallelize_like, transform_like
 
 
 def test_alignment_classes() -> None:
@@ -34,3 +41,59 @@ def test_rows_of_every_alignment_normalize_and_sum(cols: int, pad: int, device: 
         fd.add_output(fd.ops.sum(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0]))
     (got,) = run_kernels(fd, [x])
     torch.testing.assert_close(got, x.float().sum(0))
+
+
+def _global_loads_on_an_h100(cols: int, force_alignment: int | None = None) -> set[str]:
+    """The PTX global loads of a bf16 kernel over rows of ``cols`` (a row per program along x, 1024
+    columns per program along y), compiled for sm_90 on this machine (no GPU needed) with the
+    specializations its launcher keys the variant on (Triton's: 16-byte aligned pointers, integers
+    equal to 1 or multiples of 16; pyfuser's: each integer's alignment class, or ``force_alignment``)."""
+    triton = pytest.importorskip("triton")
+    pytest.importorskip("triton.backends.nvidia")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+        fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.cast(x, DataType.Float), 2.0), DataType.BFloat16))
+    out = fd.fusion.outputs()[0]
+    out.split(1, 1024)
+    for axis, ptype in enumerate((ParallelType.grid_x, ParallelType.grid_y, ParallelType.block_x)):
+        out.axis(axis).parallelize(ptype)
+    transform_like(out)
+    parallelize_like(out)
+    source = KernelBuilder(fd.fusion, "rows_kernel", "cuda", {}, out).build()
+    code, namespace = launcher_source(source)
+    exec(compile(code, "<launcher>", "exec"), namespace)
+    _, _, params = namespace["prepare"](EvalContext(device=torch.device("cpu")), [torch.zeros(4, cols).bfloat16()],
+                                        None)
+    fn = load_kernel(source.name, source.source)
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
+    for k, (param, value) in enumerate(zip(fn.params, params, strict=True)):
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = force_alignment or value
+        elif isinstance(value, torch.Tensor):
+            signature[param.name], attrs[(k,)] = "*bf16", [["tt.divisibility", 16]]
+        elif value == 1:
+            signature[param.name], constexprs[param.name] = "constexpr", 1
+        else:
+            signature[param.name] = "i32"
+            if value % 16 == 0:
+                attrs[(k,)] = [["tt.divisibility", 16]]
+    compiled = triton.compile(ASTSource(fn, signature, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return {line.split()[1] for line in compiled.asm["ptx"].splitlines() if "ld.global" in line}
+
+
+def test_rows_of_a_multiple_of_8_load_16_bytes_at_a_time_on_a_gpu() -> None:
+    """bf16 rows of 1000 elements (a row stride and a bound that are multiples of 8, not of 16) load 16
+    bytes at a time as rows of 1008 do; compiled as if every integer were of alignment 1 (Triton's own
+    specialization alone), each load is an element wide, as rows of 1001 are."""
+    wide = _global_loads_on_an_h100(1000)
+    assert wide and all(".v4.b32" in load for load in wide), wide
+    assert _global_loads_on_an_h100(1008) == wide
+    for narrow in (_global_loads_on_an_h100(1000, force_alignment=1), _global_loads_on_an_h100(1001)):
+        assert narrow and all(load.endswith(".b16") and ".v" not in load for load in narrow), narrow
