@@ -849,7 +849,16 @@ class ValueLowering:
             if kind is ReductionOpType.mean:
                 counted = expr.count_ids or [i for i in out.get_logical_domain() if i.is_reduction]
                 count = " * ".join(int_expr(self.extent(i)) for i in counted)
-                result = code.assign("v", f"{value} / ({count})", cse=False)
+                if acc_dtype is DataType.Double and compute_dtype(out.dtype) is not DataType.Double:
+                    # A float64 sum rounded to float32: times the count's reciprocal, one float64 division
+                    # a program where a reduced tile's every thread divides each of its rows' sums (a
+                    # float64 division is a subroutine of dozens of instructions: 32 of them a thread in
+                    # a mean of 32 float32 rows of 127 a program, sm_90 PTX). The product is within 2**-52
+                    # of the quotient, so its float32 rounding is the quotient's.
+                    inverse = code.assign("v", f"tl.full([], 1.0, tl.float64) / ({count})", cse=False)
+                    result = code.assign("v", f"{value} * {inverse}", cse=False)
+                else:
+                    result = code.assign("v", f"{value} / ({count})", cse=False)
             results = [self.convert(result, acc_dtype, compute_dtype(out.dtype))]
         for tv, result in zip(expr.outputs, results, strict=True):
             assert isinstance(tv, TensorView)

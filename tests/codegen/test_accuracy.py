@@ -212,3 +212,20 @@ def test_sums_used_at_full_precision_keep_the_compensation(device: str, run_kern
         fd.add_output(fd.ops.cast(fd.ops.sub(fd.ops.mean(wide, [1]), 1e3), DataType.BFloat16))
     run_kernels(fd, [x])
     assert _kahan(fd.last_kernel_code())
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+def test_a_float32_mean_of_compensated_sums_is_the_rounded_quotient(offset: float, device: str, run_kernels) -> None:
+    """A float32 mean of rows read in a loop (a compensated float64 sum per row) multiplies by the
+    count's reciprocal, computed once in float64, where each thread holding a row's sum divided it:
+    within an ulp of float64's mean, as the quotient was."""
+    cols = 2 * Machine.of(torch.device(device)).max_persistent + 3
+    x = (torch.randn(5, cols, generator=torch.Generator().manual_seed(cols), dtype=torch.float64) + offset).float()
+    with FusionDefinition() as fd:
+        fd.add_output(fd.ops.mean(fd.from_pytorch(x.to(device)), [1]))
+    (got,) = run_kernels(fd, [x.to(device)])
+    code = fd.last_kernel_code()
+    assert _kahan(code) and code.count("tl.full([], 1.0, tl.float64) / (") == 1, code
+    exact = x.double().mean(1)
+    ulp = exact.float().abs() * 2.0 ** -23
+    assert ((got.cpu().double() - exact).abs() <= ulp.double()).all()
