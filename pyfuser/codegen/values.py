@@ -196,6 +196,12 @@ class Indices:
     valid: tuple[str, ...] = ()
 
 
+def _with_lost(total: str, lost: str) -> str:
+    """A float64 sum joined with what its adds lost, or the sum alone where it is not finite (an inf or
+    NaN value made the lost part NaN)."""
+    return f"tl.where({total} - {total} == 0, {total} + {lost}, {total})"
+
+
 @dataclass
 class _Accumulation:
     """One reduction being computed: its accumulators (one; a sum and its compensation; Welford's
@@ -822,7 +828,7 @@ class ValueLowering:
                 wide = DataType.Double
                 total, lost = (code.assign("v", self.convert(n, acc_dtype, wide), cse=False) for n in names)
                 self._sum_over_pair(total, lost, axes)
-                value = code.assign("v", f"tl.where({total} - {total} == 0, {total} + {lost}, {total})", cse=False)
+                value = code.assign("v", _with_lost(total, lost), cse=False)
                 acc_dtype = wide
             elif kind in (ReductionOpType.sum, ReductionOpType.mean) and acc_dtype is DataType.Float and \
                     self._sums_partials(expr):
@@ -895,8 +901,8 @@ class ValueLowering:
             code.emit(f"{name}, {lost} = tl.reduce(({name}, {lost}), {axis}, _two_sum{keep})")
         code.reduced(name, axes)
         code.reduced(lost, axes)
-        wide = code.assign("v", f"{name}.to(tl.float64)", cse=False)
-        return code.assign("v", f"tl.where({name} - {name} == 0, {wide} + {lost}.to(tl.float64), {wide})", cse=False)
+        wide, lost_wide = (code.assign("v", f"{n}.to(tl.float64)", cse=False) for n in (name, lost))
+        return code.assign("v", _with_lost(wide, lost_wide), cse=False)
 
     def _sums_partials(self, expr: Expr) -> bool:
         """Whether ``expr`` reduces programs' partial results (an input of this launch that an

@@ -377,6 +377,12 @@ def user_scheduled(tv: TensorView) -> bool:
     return any(i.parallel_type is not ParallelType.serial for i in loop)
 
 
+def as_defined(tv: TensorView) -> bool:
+    """Nothing set on ``tv`` since its definition: no schedule (``user_scheduled``), allocation domain
+    or inlining position. A pass may rewrite such a tensor freely."""
+    return not tv.has_allocation_domain() and tv.compute_at_pos == 0 and not user_scheduled(tv)
+
+
 def new_like(tv: TensorView, dtype: DataType | None = None) -> TensorView:
     """A fresh local tensor with ``tv``'s logical shape (reductions dropped), in ``tv``'s dtype or ``dtype``."""
     logical = [i.clone() for i in tv.get_logical_domain(no_reductions=True)]

@@ -44,7 +44,7 @@ from pyfuser.ir.ops import (
 )
 from pyfuser.ir.ops.attention import SdpaBwdOp, SdpaFwdOp
 from pyfuser.ir.ops.matmul import GroupedMmOp
-from pyfuser.ir.tensor_view import TensorView, new_like, user_scheduled
+from pyfuser.ir.tensor_view import TensorView, as_defined, new_like
 from pyfuser.options import CompileOptions
 
 #: exprs whose result costs nothing to recompute beside their tensor operand (or from no tensor at all)
@@ -58,8 +58,7 @@ _READ_FROM_MEMORY = (MatmulOp, LinearOp, GroupedMmOp, SdpaFwdOp, SdpaBwdOp)
 
 
 def _as_defined(tv: TensorView) -> bool:
-    return (not tv.is_fusion_output and not tv.has_allocation_domain() and tv.compute_at_pos == 0
-            and not user_scheduled(tv))
+    return not tv.is_fusion_output and as_defined(tv)
 
 
 def _input_free(expr: Expr, free: set[int], kernels: bool) -> bool:

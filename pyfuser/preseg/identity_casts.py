@@ -14,7 +14,7 @@ from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import BinaryOp, ReductionOp, TernaryOp, UnaryOp, UnaryOpType, VarMeanOp
 from pyfuser.ir.ops.indexing import IndexPutOp, ScatterOp
 from pyfuser.ir.ops.scan import ScanOp
-from pyfuser.ir.tensor_view import TensorView, user_scheduled
+from pyfuser.ir.tensor_view import TensorView, as_defined
 from pyfuser.options import CompileOptions
 
 #: exprs whose output is a tensor of its own on every path (a kernel's or an ATen call's result, never a
@@ -23,9 +23,8 @@ _FRESH = (ScatterOp, IndexPutOp, ReductionOp, VarMeanOp, ScanOp, UnaryOp, Binary
 
 
 def _plain(tv: TensorView) -> bool:
-    """As defined: no schedule, layout or mesh of its own."""
-    return not tv.has_allocation_domain() and tv.compute_at_pos == 0 and not user_scheduled(tv) \
-        and tv.device_mesh is None
+    """As defined, and on no mesh of its own."""
+    return as_defined(tv) and tv.device_mesh is None
 
 
 def drop_identity_casts(fusion: Fusion, options: CompileOptions) -> None:

@@ -76,11 +76,8 @@ def looped_row(machine: Machine, row_bytes: int, rows: int | None = None, result
 def row_bytes(fusion: FusionLike, analysis: ReductionAnalysis) -> int:
     """The widest element of the inputs and outputs that span the reduced axes (the rows a loop reads
     and writes; a cross-entropy's int64 targets, one per row, do not count)."""
-    exact = analysis.exact
     return max((v.dtype.torch_dtype.itemsize for v in (*fusion.inputs(), *fusion.outputs())
-                if isinstance(v, TensorView) and analysis.reduced <= {
-                    exact.class_of(i) for i in v.get_logical_domain() if not i.is_broadcast and not i.is_reduction}),
-               default=4)
+                if isinstance(v, TensorView) and analysis.reduced <= analysis.iterated(v)), default=4)
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:

@@ -57,10 +57,8 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     # x 7: 342 us for Inductor's 17; 35 in one tile). A segment that also writes outputs as large as its
     # input (the second part of a wide norm backward's split, ``dx`` beside the column sums) keeps the
     # loop: in one tile, layer-norm backward bf16 33 x 128256 fell from 1.72x to 1.11x.
-    exact = analysis.exact
-    whole_rows = not any(analysis.reduced & {exact.class_of(i) for i in out.get_logical_domain()
-                                             if not i.is_broadcast and not i.is_reduction}
-                         for out in fusion.outputs() if isinstance(out, TensorView))
+    whole_rows = not any(analysis.reduced & analysis.iterated(out) for out in fusion.outputs()
+                         if isinstance(out, TensorView))
     params = outer_params(SchedulerType.reduction, analysis.reference, hints, whole_rows, True,
                           streamed_bytes(fusion), welford)
     return replace(params, num_stages=pipeline_stages(fusion, analysis, params.tile * params.tile_reduced,

@@ -81,6 +81,13 @@ class ReductionAnalysis:
                 kept = kept * i.extent
         return reduced, kept
 
+    def iterated(self, tv: TensorView) -> frozenset[int]:
+        """The classes of the space ``tv`` iterates (its logical axes, broadcast and reduced ones aside):
+        ``reduced <=`` it for a tensor as large as the rows (one the loops stream), ``reduced &`` it
+        empty for a reduced result."""
+        return frozenset(self.exact.class_of(i) for i in tv.get_logical_domain()
+                         if not i.is_broadcast and not i.is_reduction)
+
 
 def _classes(exact: IdGraph, ids: list[IterDomain]) -> frozenset[int]:
     return frozenset(exact.class_of(i) for i in ids if not i.is_broadcast)

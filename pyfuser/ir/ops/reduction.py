@@ -72,8 +72,9 @@ class ReductionOp(Expr):
         #: a schedule's choice for a sum of ``exp(y - max(y))`` (``ir.analysis.online_softmax``): it
         #: accumulates in the pass of this max, each lane's sum relative to the lane's running max
         self.online_max: ReductionOp | None = None
-        #: a sum or mean accumulated in a loop adds with Kahan's compensation; a schedule turns it off
-        #: where the result is only ever rounded to 16 bits (``scheduler.tools.mark_rounded_sums``)
+        #: a sum or mean accumulated in a loop keeps what its adds lost (a compensated sum); a schedule
+        #: turns it off where the result is only ever rounded to 16 bits
+        #: (``scheduler.reduction_schedule.mark_rounded_sums``)
         self.compensated = True
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
