@@ -23,10 +23,11 @@ reads off a tensor, so a new size reuses the kernel.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pyfuser.codegen.code_writer import CodeWriter
-from pyfuser.codegen.kernel_source import KernelError, KernelSource, SizeSource, alignment_param
+from pyfuser.codegen.kernel_source import ALIGNMENTS, KernelError, KernelSource, SizeSource, alignment_param
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
 from pyfuser.codegen.values import Indices, ValueLowering
 from pyfuser.ir.analysis.id_graph import IdGraph
@@ -40,7 +41,7 @@ from pyfuser.ir.layout import Layout
 from pyfuser.ir.ops import CatOp, PadOp, ReductionOp, ReshapeOp, SliceOp, VarMeanOp
 from pyfuser.ir.ops.indexing import IndexedRead
 from pyfuser.ir.ops.shape import describe_axis
-from pyfuser.ir.symbolic import SymConst, SymExpr, SymVar, ceil_div, sym_min
+from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar, ceil_div, sym_min
 from pyfuser.ir.tensor_domain import transforms_between
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.utils import next_power_of_2
@@ -64,6 +65,23 @@ class Loop:
     tile_size: int = 0  # 0: sized at launch (``tile_param``)
     tile_param: str = ""
     tile_pos: int = 0
+
+
+def _product_key(e: SymExpr) -> str | None:
+    """``e``, a product of constants and size symbols, as the constant and the sorted symbols (None for
+    any other expression)."""
+    constant, symbols, stack = 1, [], [e]
+    while stack:
+        term = stack.pop()
+        if isinstance(term, SymConst):
+            constant *= int(term.val)
+        elif isinstance(term, SymVar):
+            symbols.append(term.name)
+        elif isinstance(term, SymBinary) and term.op == "*":
+            stack += [term.lhs, term.rhs]
+        else:
+            return None
+    return " * ".join([str(constant), *sorted(symbols)])
 
 
 @dataclass(frozen=True)
@@ -100,13 +118,6 @@ class _IndexForm:
         if terms == ["1"]:
             return None
         return terms[0] if len(terms) == 1 else f"({' * '.join(terms)})"
-
-    def text(self, extent: str) -> str:
-        divisor = self.divisor()
-        quotient = self.base if divisor is None else f"{self.base} // {divisor}"
-        if not self.wrapped:
-            return quotient
-        return f"{quotient} % {extent}" if divisor is None else f"({quotient}) % {extent}"
 
 
 class KernelBuilder(ValueLowering):
@@ -145,6 +156,10 @@ class KernelBuilder(ValueLowering):
         #: index name -> how it was taken from a flat index (``_IndexForm``): an axis taken from it is
         #: written from that flat index, in the text the loop nest gives the axis (``_axes_of``)
         self._index_forms: dict[str, _IndexForm] = {}
+        #: kernel texts of extents and what they are over the size symbols; divisors' multiplier arguments
+        self._extent_of_text: dict[str, SymExpr] = {}
+        self._multipliers: dict[str, str] = {}  # a divisor's product (``_product_key``) -> its argument
+        self._divisors: list[tuple[str, SymExpr]] = []
         self._class_symbol: dict[int, str] = {}
         self._sizes: list[SizeSource] = []
         self._size_arguments: dict[str, str] = {}
@@ -353,8 +368,8 @@ class KernelBuilder(ValueLowering):
                 out = known.get(id(t.out))
                 if out is None:
                     continue
-                inner_extent = int_expr(self.extent(t.inner))
-                outer_extent = int_expr(self.extent(t.outer))
+                inner_extent = self._extent_text(self.extent(t.inner))
+                outer_extent = self._extent_text(self.extent(t.outer))
                 if inner_extent == "1":
                     known[id(t.outer)], known[id(t.inner)] = out, "0"
                 elif outer_extent == "1":
@@ -394,8 +409,83 @@ class KernelBuilder(ValueLowering):
 
     def _assign_form(self, form: _IndexForm, extent: str) -> str:
         """The name of ``form``'s index of an axis of ``extent``, its form remembered."""
-        name = self.code.assign("ix", form.text(extent))
+        divisor = form.divisor()
+        text = form.base if divisor is None else self._quotient(form.base, divisor, form.factors)
+        if form.wrapped:
+            text = self._remainder(text, extent, form.factors)
+        name = self.code.assign("ix", text)
         self._index_forms.setdefault(name, form)
+        return name
+
+    def _extent_text(self, e: SymExpr) -> str:
+        """``e`` as kernel text (``int_expr``), remembered so that a division by it can be set up at
+        launch (``_multiplier``)."""
+        text = int_expr(e)
+        if e.value is None:
+            self._extent_of_text.setdefault(text, e)
+        return text
+
+    def _alignment_of(self, factors: tuple[str, ...]) -> str | None:
+        """The compile-time alignment of the product of ``factors`` (a constexpr expression over the
+        size arguments' alignment parameters), None where a factor is not a product of constants and
+        size arguments."""
+        terms: list[str] = []
+        for f in factors:
+            if f.isdigit():
+                terms.append(str(ALIGNMENTS[int(f) & 15]))
+            elif f in self._extent_of_text and (own := self._alignment_terms(self._extent_of_text[f])) is not None:
+                terms += own
+            else:
+                return None
+        return " * ".join(terms) or "1"
+
+    def _alignment_terms(self, e: SymExpr) -> list[str] | None:
+        """The alignments (constexpr texts) whose product is the compile-time alignment of ``e``, a product
+        of constants and size arguments (None for any other expression)."""
+        if isinstance(e, SymConst):
+            return [str(ALIGNMENTS[int(e.val) & 15])]
+        if isinstance(e, SymVar):
+            return [alignment_param(e.name)] if any(src.symbol == e.name for src in self._sizes) else None
+        if isinstance(e, SymBinary) and e.op == "*":
+            lhs, rhs = self._alignment_terms(e.lhs), self._alignment_terms(e.rhs)
+            return None if lhs is None or rhs is None else lhs + rhs
+        return None
+
+    def _quotient(self, index: str, divisor: str, factors: tuple[str, ...]) -> str:
+        """``index // divisor`` (the product of ``factors``). A tile of indices divided by an odd size
+        known at launch takes the launch's multiplier (``_fdiv``: a multiply-high and a shift, where an
+        integer division is a subroutine of about 20 instructions); by a size Triton knows a multiple
+        of 2 or more, the plain division, whose quotient Triton knows constant over runs (loads it
+        vectorizes) where it knows nothing of the multiply's; by a constant, the plain division, which
+        the compiler turns into a multiply."""
+        alignment = self._alignment_of(factors)
+        if all(f.isdigit() for f in factors) or alignment is None or not self.code.dims_in(index):
+            return f"{index} // {divisor}"
+        return f"_fdiv({index}, {self._multiplier(divisor, factors)}, {divisor}, {alignment})"
+
+    def _remainder(self, value: str, extent: str, factors: tuple[str, ...]) -> str:
+        """``value % extent``, where ``value`` is a flat index divided by the product of ``factors``: by the
+        launch's multiplier of an odd ``extent`` where the division left runs of one index (``_fmod``),
+        plainly otherwise (see ``_quotient``)."""
+        alignment = self._alignment_of((extent,))
+        divided = self._alignment_of(factors)
+        if extent.isdigit() or alignment is None or divided is None or not self.code.dims_in(value):
+            return f"{value} % {extent}" if value.isidentifier() else f"({value}) % {extent}"
+        return f"_fmod({value}, {self._multiplier(extent, (extent,))}, {extent}, {alignment}, {divided})"
+
+    def _multiplier(self, divisor: str, factors: tuple[str, ...]) -> str:
+        """The argument holding ``division_multiplier`` of ``divisor``, the product of ``factors``: one per
+        product, however its text nests (``(ks1 * ks2 * ks3)``, ``(ks1 * (ks2 * ks3))``)."""
+        constant = math.prod(int(f) for f in factors if f.isdigit())
+        extent: SymExpr = SymConst(constant)
+        for f in factors:
+            if not f.isdigit():
+                extent = extent * self._extent_of_text[f]
+        key = _product_key(extent) or divisor
+        name = self._multipliers.get(key)
+        if name is None:
+            name = self._multipliers[key] = f"dm{len(self._multipliers)}"
+            self._divisors.append((name, extent))
         return name
 
     def _leaf_extents(self, i: IterDomain) -> tuple[str, ...]:
@@ -404,7 +494,7 @@ class KernelBuilder(ValueLowering):
         definition = i.definition
         if isinstance(definition, Merge) and i is definition.out:
             return self._leaf_extents(definition.outer) + self._leaf_extents(definition.inner)
-        return (int_expr(self.extent(i)),)
+        return (self._extent_text(self.extent(i)),)
 
     def _divides(self, split: Split) -> bool:
         """Whether ``split`` divides the extent the kernel iterates, not the one the fusion states: in
@@ -538,7 +628,7 @@ class KernelBuilder(ValueLowering):
         with axes outside it, ``merge(merge(B, D), C)`` read through ``[C, B * D]``), the axes are taken
         from that wider index, as ``walk_back`` takes them (``i // 4``, not ``(i // 2) // 2``)."""
         form = self._form_of(flat)
-        sized = [(i, int_expr(self.size_symbol(i))) for i in axes]
+        sized = [(i, self._extent_text(self.size_symbol(i))) for i in axes]
         for i, extent in sized:
             if extent == "1":
                 result.of[id(i)] = "0"
@@ -953,7 +1043,8 @@ class KernelBuilder(ValueLowering):
         scalar_positions = tuple(all_inputs.index(self._scalars[sym][2]) for sym in scalar_symbols)
         tile_params = [f"{param}: tl.constexpr" for param, *_ in self._dynamic_tiles]
         integers = [*strides, *sizes]
-        params = ", ".join([*tensors, *integers, *(self._scalars[sym][0] for sym in scalar_symbols),
+        multipliers = [name for name, _ in self._divisors]
+        params = ", ".join([*tensors, *integers, *multipliers, *(self._scalars[sym][0] for sym in scalar_symbols),
                             *tile_params, *(f"{alignment_param(n)}: tl.constexpr" for n in integers)])
         aligned = [f"    {n} = _aligned({n}, {alignment_param(n)})" for n in integers]
         # A bool arrives as an int (``KernelSource.bool_scalars``): a comparison.
@@ -976,7 +1067,7 @@ class KernelBuilder(ValueLowering):
             stride_fallbacks=tuple((k, d, outer) for (k, d), outer in self._group_strides.items()),
             bool_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if self._scalars[sym][1] is DataType.Bool),
             cpu_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if isinstance(self._scalars[sym][2], TensorView)),
-            device_asserts=self.device_asserts)
+            device_asserts=self.device_asserts, divisors=tuple(self._divisors))
 
     def _full_tiles_apart(self, loops: list[Loop]) -> list[str]:
         """The body's lines; for a kernel over a flat index split into one tile per program (the

@@ -46,6 +46,22 @@ class SizeSource:
 ALIGNMENTS = (16, 1, 2, 1, 4, 1, 2, 1, 8, 1, 2, 1, 4, 1, 2, 1)
 
 
+def division_multiplier(divisor: int) -> int:
+    """What a kernel divides a non-negative int32 index by ``divisor`` with (the prelude's ``_fdiv``):
+    Granlund and Montgomery's round-up multiplier ``m`` and shift ``s`` (``n // d`` is ``(mulhi(n, m)
+    + n) >> s`` for ``0 <= n < 2**31``, as CUTLASS's ``FastDivmod``), packed as ``2**40 + m * 2**8
+    + s * 2 + 1``: odd and above 2**31, so Triton neither specializes it (on being 1 or a multiple of
+    16) nor changes its type from one divisor to the next. A size passed at launch cannot be divided
+    by as Inductor divides by the sizes it bakes in (a multiply by a constant); an integer division
+    is a subroutine of about 20 instructions per element, which made index arithmetic the bottleneck
+    of kernels over 3-D and 4-D tensors (a batch norm's rows of 7 x 7 pixels)."""
+    if divisor < 1:  # an empty axis: no index is divided (the launch has no program or no lane)
+        divisor = 1
+    shift = (divisor - 1).bit_length()
+    multiplier = ((1 << 32) * ((1 << shift) - divisor)) // divisor + 1
+    return (1 << 40) | (multiplier << 8) | (shift << 1) | 1
+
+
 def alignment_param(name: str) -> str:
     """The constexpr parameter that holds integer argument ``name``'s alignment (``ALIGNMENTS``).
 
@@ -60,9 +76,9 @@ def alignment_param(name: str) -> str:
 @dataclass(frozen=True)
 class KernelSource:
     """A generated kernel and everything its launcher needs. Arguments, in order: tensors (the
-    segment's tensor inputs, then its outputs), strides, sizes, scalars, the constexpr tile sizes
-    of axes whose extent is only known at launch (``dynamic_tiles``), then the constexpr alignment
-    of each stride and size (``alignment_param``)."""
+    segment's tensor inputs, then its outputs), strides, sizes, the divisors' multipliers
+    (``divisors``), scalars, the constexpr tile sizes of axes whose extent is only known at launch
+    (``dynamic_tiles``), then the constexpr alignment of each stride and size (``alignment_param``)."""
 
     name: str
     source: str
@@ -117,3 +133,6 @@ class KernelSource:
     #: alone keeps ``tl.device_assert``s, without its checks of every integer add for overflow
     #: (Inductor's options for its indirect loads)
     device_asserts: bool = False
+    #: (parameter, divisor over the size symbols): an index divided by a size known at launch takes
+    #: the divisor's multiplier (``division_multiplier``) as this argument
+    divisors: tuple[tuple[str, SymExpr], ...] = ()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 import operator
 import os
@@ -19,7 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyfuser.codegen.kernel_source import ALIGNMENTS, IndexOutOfRange, KernelLaunchError, KernelSource, alignment_param
+from pyfuser.codegen.kernel_source import (
+    ALIGNMENTS,
+    IndexOutOfRange,
+    KernelLaunchError,
+    KernelSource,
+    alignment_param,
+    division_multiplier,
+)
 from pyfuser.codegen.python_writer import PythonWriter
 from pyfuser.codegen.triton_support import host_int_expr
 from pyfuser.ir.eval_context import NoPrograms
@@ -353,6 +361,11 @@ def _dense_stride_exprs(shape: str, rank: int, perm: Sequence[int]) -> str:
     return "(" + ", ".join(strides) + ("," if rank == 1 else "") + ")"
 
 
+#: ``division_multiplier`` of the sizes launches divide by, kept (a lookup, where computing one is a few
+#: big-integer operations, on a launch's path)
+_division_multiplier = functools.lru_cache(maxsize=4096)(division_multiplier)
+
+
 def _specialization(names: list[str], kinds: list[str]) -> str:
     """The key expression of an argument list: alignment of tensors, 1 / 64-bit of integers (Triton's
     specializations), the value of constexprs (tile sizes, the integers' alignments, which include
@@ -382,7 +395,8 @@ def launcher_source(s: KernelSource, direct: bool = False) -> tuple[str, dict[st
     w = PythonWriter(f"launcher of {s.name}", {
         "torch": torch, "_size_error": _size_error, "_constant_error": _constant_error, "_unknown": _unknown_output_size,
         "names": s.tensor_names, "_dense": dense_strides, "_next_pow2": next_power_of_2, "_NoPrograms": NoPrograms,
-        "_raw_stream": raw_stream, "_ALIGNMENTS": ALIGNMENTS})
+        "_raw_stream": raw_stream, "_ALIGNMENTS": ALIGNMENTS,
+        "_multiplier": _division_multiplier})
     n_in, n_out = len(s.tensor_inputs), len(s.output_shapes)
     device = "t0.device" if n_in else "ctx.device"
     # On the current CUDA device, outputs come from torch's allocator without the dispatcher
@@ -425,9 +439,10 @@ def launcher_source(s: KernelSource, direct: bool = False) -> tuple[str, dict[st
     tile_params = [param for param, *_ in s.dynamic_tiles]
     integers = [*strides, *(src.symbol for src in s.sizes)]
     alignments = [alignment_param(n) for n in integers]
-    names = [*tensors, *integers, *scalars, *tile_params, *alignments]
+    multipliers = [name for name, _ in s.divisors]
+    names = [*tensors, *integers, *multipliers, *scalars, *tile_params, *alignments]
     params = ", ".join(names)
-    kinds = [*(["tensor"] * len(tensors)), *(["int"] * len(integers)), *(["scalar"] * len(scalars)),
+    kinds = [*(["tensor"] * len(tensors)), *(["int"] * (len(integers) + len(multipliers))), *(["scalar"] * len(scalars)),
              *(["constexpr"] * (len(tile_params) + len(alignments)))]
     grid = ", ".join(host_int_expr(e) for e in s.grid) + ("," if len(s.grid) == 1 else "")
     grid3 = ", ".join([*(host_int_expr(e) for e in s.grid), *(["1"] * (3 - len(s.grid)))])  # the runner's x, y, z
@@ -498,6 +513,8 @@ def launcher_source(s: KernelSource, direct: bool = False) -> tuple[str, dict[st
             w.line(f"sc{k} = int({value})" if k in s.bool_scalars else f"sc{k} = {value}")
         for integer, alignment in zip(integers, alignments, strict=True):
             w.line(f"{alignment} = _ALIGNMENTS[{integer} & 15]")
+        for name, divisor in s.divisors:
+            w.line(f"{name} = _multiplier({host_int_expr(divisor)})")
 
     def no_programs() -> None:
         """No output to write: nothing to launch. Outputs but no program to write them (a reduction of

@@ -104,6 +104,35 @@ def _aligned(x, alignment: tl.constexpr):
 
 
 @_jit
+def _fdiv(n, multiplier, divisor, alignment: tl.constexpr):
+    """``n // divisor`` for an int32 index ``0 <= n < 2**31``. Where ``divisor`` is odd in this
+    variant (``alignment``, its compile-time alignment, is 1), a multiply-high, an add and a shift by
+    the launch's ``division_multiplier(divisor)`` (``kernel_source.py``); else the division, whose
+    quotient Triton's analysis knows constant over runs of the alignment (it knows nothing of the
+    multiply's); a 64-bit index divides."""
+    if alignment == 1 and n.dtype == tl.int32:
+        packed = multiplier.to(tl.int64)
+        m = ((packed >> 8) & 0xFFFFFFFF).to(tl.uint32)
+        s = ((packed >> 1) & 127).to(tl.uint32)
+        u = n.to(tl.uint32, bitcast=True)
+        return ((tl.umulhi(u, m) + u) >> s).to(tl.int32, bitcast=True)
+    else:
+        return n // divisor
+
+
+@_jit
+def _fmod(n, multiplier, divisor, alignment: tl.constexpr, divided: tl.constexpr):
+    """``n % divisor`` for a non-negative index ``n``, itself a flat index divided by a size of
+    compile-time alignment ``divided`` (1: not divided): through ``_fdiv`` where both alignments are 1
+    (``n`` varies from one lane to the next, and ``divisor`` is odd); else the remainder, which keeps
+    what Triton knows of ``n``'s runs."""
+    if alignment == 1 and divided == 1:
+        return n - _fdiv(n, multiplier, divisor, 1) * divisor
+    else:
+        return n % divisor
+
+
+@_jit
 def _div(a, b):
     """nvFuser's div: true division for floating point, truncation (C semantics) for integers."""
     if a.dtype.is_floating():
@@ -246,6 +275,18 @@ def _two_sum(sum_a, lost_a, sum_b, lost_b):
     part = total - sum_a
     lost = (sum_a - (total - part)) + (sum_b - part)
     return total, (lost_a + lost_b) + lost
+
+
+@_jit
+def _sum_keeping_lost(total, lost, axis: tl.constexpr, plain: tl.constexpr, keep_dims: tl.constexpr):
+    """``total`` (float32) summed over ``axis`` beside what the adds lost (``_two_sum`` pairs), or, where
+    ``plain`` (a tile of few values a thread, decided when the variant compiles), the plain sum and
+    nothing lost (``* 0.0``: an inf's NaN stays out, the join takes a non-finite sum alone)."""
+    if plain:
+        total = tl.reduce(total, axis, _add, keep_dims=keep_dims)
+        return total, total * 0.0
+    else:
+        return tl.reduce((total, lost), axis, _two_sum, keep_dims=keep_dims)
 
 
 @_jit

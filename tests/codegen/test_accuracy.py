@@ -13,7 +13,7 @@ import torch
 
 from benchmarks.accuracy import OPS, floor, fusion, max_error
 from pyfuser import DataType, FusionDefinition
-from pyfuser.codegen.values import ValueLowering
+from pyfuser.codegen.values import PLAIN_SUM_ELEMENTS, ValueLowering
 from pyfuser.scheduler.registry import Machine
 from tests.codegen.conftest import execute_with_kernels, kernel_segments
 
@@ -115,6 +115,19 @@ def gpu_sums_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ValueLowering, "gpu_sums", property(lambda self: True))
 
 
+@pytest.mark.parametrize("cols", [100, 256, 257])
+def test_float32_sums_of_a_few_values_a_thread_are_plain(cols: int, gpu_sums_in_the_interpreter: None) -> None:
+    """A row tile sized at launch decides in the kernel, on its constexpr, between the plain sum (at most
+    ``PLAIN_SUM_ELEMENTS`` values: a GPU thread adds at most 8, as torch's do) and the ``_two_sum``
+    pairs; the interpreter runs the branch the tile takes, and both sum the rows."""
+    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(cols)) + 100.0
+    fd = fusion(OPS["sum"])
+    (got,) = execute_with_kernels(fd, [x])
+    torch.testing.assert_close(got, x.sum(1))
+    calls = [line for line in fd.last_kernel_code().splitlines() if "= _sum_keeping_lost(" in line]
+    assert calls and all(f"<= {PLAIN_SUM_ELEMENTS}" in line for line in calls), calls
+
+
 @pytest.mark.parametrize("offset", [1e2, 1e3, 1e4])
 @pytest.mark.parametrize(("op", "rows", "cols"), [("rmsnorm", 2, 1500), ("layernorm_sums", 2, 1500), ("sum", 3, 1531)])
 def test_float32_sums_on_chip_are_compensated_in_a_gpu_threads_order(op: str, rows: int, cols: int, offset: float,
@@ -128,7 +141,7 @@ def test_float32_sums_on_chip_are_compensated_in_a_gpu_threads_order(op: str, ro
     fd = fusion(OPS[op])
     got = execute_with_kernels(fd, [x])
     assert kernel_segments(fd)[0].scheduler_params.shape == "tile"
-    assert ", _two_sum)" in fd.last_kernel_code()
+    assert "= _sum_keeping_lost(" in fd.last_kernel_code()
     ours, torchs = max_error(got, ref), max_error(OPS[op].torch_fn(x), ref)
     assert ours <= max(torchs, floor(ref)), f"{op} {rows}x{cols} offset {offset:g}: pyfuser {ours:.3e}, " \
                                             f"torch {torchs:.3e}"
@@ -155,7 +168,7 @@ def test_half_precision_rows_keep_the_plain_sum(gpu_sums_in_the_interpreter: Non
         fd.add_output(fd.ops.cast(fd.ops.mul(wide, fd.ops.rsqrt(fd.ops.add(ms, 1e-5))), DataType.BFloat16))
     data = torch.randn(2, 1500).bfloat16()
     (got,) = execute_with_kernels(fd, [data])
-    assert ", _two_sum)" not in fd.last_kernel_code() and ", _add)" in fd.last_kernel_code()
+    assert "= _sum_keeping_lost(" not in fd.last_kernel_code() and ", _add)" in fd.last_kernel_code()
     wide = data.float()
     torch.testing.assert_close(got, (wide * torch.rsqrt(wide.square().mean(1, keepdim=True) + 1e-5)).bfloat16())
 
@@ -218,7 +231,9 @@ def test_sums_used_at_full_precision_keep_the_compensation(device: str, run_kern
 def test_a_float32_mean_of_compensated_sums_is_the_rounded_quotient(offset: float, device: str, run_kernels) -> None:
     """A float32 mean of rows read in a loop (a compensated float64 sum per row) multiplies by the
     count's reciprocal, computed once in float64, where each thread holding a row's sum divided it:
-    within an ulp of float64's mean, as the quotient was."""
+    within an ulp of float64's mean, as the quotient was, or, where the rows are split across programs
+    (few rows on a GPU: each program's float32 partial rounds, and a mean near 0 cancels them), within
+    twice torch's own error on the device."""
     cols = 2 * Machine.of(torch.device(device)).max_persistent + 3
     x = (torch.randn(5, cols, generator=torch.Generator().manual_seed(cols), dtype=torch.float64) + offset).float()
     with FusionDefinition() as fd:
@@ -227,5 +242,6 @@ def test_a_float32_mean_of_compensated_sums_is_the_rounded_quotient(offset: floa
     code = fd.last_kernel_code()
     assert _kahan(code) and code.count("tl.full([], 1.0, tl.float64) / (") == 1, code
     exact = x.double().mean(1)
-    ulp = exact.float().abs() * 2.0 ** -23
-    assert ((got.cpu().double() - exact).abs() <= ulp.double()).all()
+    ulp = exact.float().abs().double() * 2.0 ** -23
+    torchs = (x.to(device).mean(1).cpu().double() - exact).abs()
+    assert ((got.cpu().double() - exact).abs() <= torch.maximum(ulp, 2 * torchs)).all()

@@ -4,6 +4,7 @@ else runs the graph as compiled."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import warnings
 from typing import Any
@@ -330,16 +331,21 @@ def test_batch_norm_statistics_saved_for_the_backward_are_reinterpretations() ->
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
     reference = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
     reference.load_state_dict(model.state_dict())
+    exact = copy.deepcopy(reference).double()
     backend = PyfuserBackend(triton_interpreter=True)
     compiled = torch.compile(model, backend=backend)
     for _ in range(WARM_CALLS + 2):
         x = torch.randn(2, 3, 6, 6)
         compiled(x).square().sum().backward()
         reference(x).square().sum().backward()
+        exact(x.double()).square().sum().backward()
     for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
         torch.testing.assert_close(got, want, msg=name)
-    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad)
+    # The conv's bias gradient is 0 through a training batch norm: both float32 steps give rounding noise
+    # of a few 1e-6, so each gradient is held to its distance from the float64 step beside eager's.
+    for p, q, e in zip(model.parameters(), reference.parameters(), exact.parameters(), strict=True):
+        ours, eagers = (p.grad.double() - e.grad).abs().max(), (q.grad.double() - e.grad).abs().max()
+        assert ours <= 4 * eagers + 1e-6 * e.grad.abs().max(), (ours, eagers)
     forward = _bound_graphs(backend)[0].specialized
     assert forward is not None
     squeezes = [n for n in forward.graph.nodes if n.target in (torch.ops.aten.squeeze.dims, "squeeze")]
