@@ -178,4 +178,3 @@ def test_channels_last_statistics_staged_on_request(shape: tuple[int, ...], dtyp
         counts.append(_kernels(fd))
     several = sum(shape[d] > 1 for d in (0, 2, 3)) >= 2  # one reduced axis of size > 1: nothing to stage
     assert counts == ([1, 2] if several else [1, 1]), counts
-
