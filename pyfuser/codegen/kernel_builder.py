@@ -23,7 +23,6 @@ reads off a tensor, so a new size reuses the kernel.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from pyfuser.codegen.code_writer import CodeWriter
@@ -65,23 +64,6 @@ class Loop:
     tile_size: int = 0  # 0: sized at launch (``tile_param``)
     tile_param: str = ""
     tile_pos: int = 0
-
-
-def _product_key(e: SymExpr) -> str | None:
-    """``e``, a product of constants and size symbols, as the constant and the sorted symbols (None for
-    any other expression)."""
-    constant, symbols, stack = 1, [], [e]
-    while stack:
-        term = stack.pop()
-        if isinstance(term, SymConst):
-            constant *= int(term.val)
-        elif isinstance(term, SymVar):
-            symbols.append(term.name)
-        elif isinstance(term, SymBinary) and term.op == "*":
-            stack += [term.lhs, term.rhs]
-        else:
-            return None
-    return " * ".join([str(constant), *sorted(symbols)])
 
 
 @dataclass(frozen=True)
@@ -158,7 +140,7 @@ class KernelBuilder(ValueLowering):
         self._index_forms: dict[str, _IndexForm] = {}
         #: kernel texts of extents and what they are over the size symbols; divisors' multiplier arguments
         self._extent_of_text: dict[str, SymExpr] = {}
-        self._multipliers: dict[str, str] = {}  # a divisor's product (``_product_key``) -> its argument
+        self._multipliers: dict[tuple[int, tuple[str, ...]], str] = {}  # a ``_size_product`` -> its argument
         self._divisors: list[tuple[str, SymExpr]] = []
         self._class_symbol: dict[int, str] = {}
         self._sizes: list[SizeSource] = []
@@ -425,31 +407,38 @@ class KernelBuilder(ValueLowering):
             self._extent_of_text.setdefault(text, e)
         return text
 
-    def _alignment_of(self, factors: tuple[str, ...]) -> str | None:
-        """The compile-time alignment of the product of ``factors`` (a constexpr expression over the
-        size arguments' alignment parameters), None where a factor is not a product of constants and
-        size arguments."""
-        terms: list[str] = []
+    def _size_product(self, factors: tuple[str, ...]) -> tuple[int, tuple[str, ...]] | None:
+        """The product of ``factors`` (extent texts) as a constant and the size arguments it multiplies
+        (sorted, so a product is one however its text nests: ``(ks1 * ks2)``, ``(ks2 * ks1)``), None where a
+        factor is anything else (a sum, a tile sized at launch)."""
+        constant, symbols, terms = 1, [], []
         for f in factors:
             if f.isdigit():
-                terms.append(str(ALIGNMENTS[int(f) & 15]))
-            elif f in self._extent_of_text and (own := self._alignment_terms(self._extent_of_text[f])) is not None:
-                terms += own
+                constant *= int(f)
+            elif f in self._extent_of_text:
+                terms.append(self._extent_of_text[f])
             else:
                 return None
-        return " * ".join(terms) or "1"
+        sizes = {src.symbol for src in self._sizes}
+        while terms:
+            term = terms.pop()
+            if isinstance(term, SymConst):
+                constant *= int(term.val)
+            elif isinstance(term, SymVar) and term.name in sizes:
+                symbols.append(term.name)
+            elif isinstance(term, SymBinary) and term.op == "*":
+                terms += [term.lhs, term.rhs]
+            else:
+                return None
+        return constant, tuple(sorted(symbols))
 
-    def _alignment_terms(self, e: SymExpr) -> list[str] | None:
-        """The alignments (constexpr texts) whose product is the compile-time alignment of ``e``, a product
-        of constants and size arguments (None for any other expression)."""
-        if isinstance(e, SymConst):
-            return [str(ALIGNMENTS[int(e.val) & 15])]
-        if isinstance(e, SymVar):
-            return [alignment_param(e.name)] if any(src.symbol == e.name for src in self._sizes) else None
-        if isinstance(e, SymBinary) and e.op == "*":
-            lhs, rhs = self._alignment_terms(e.lhs), self._alignment_terms(e.rhs)
-            return None if lhs is None or rhs is None else lhs + rhs
-        return None
+    @staticmethod
+    def _alignment(product: tuple[int, tuple[str, ...]]) -> str:
+        """The compile-time alignment of a ``_size_product`` (a constexpr expression over the size
+        arguments' alignment parameters): 1 exactly where the product is odd."""
+        constant, symbols = product
+        terms = [str(ALIGNMENTS[constant & 15])] if ALIGNMENTS[constant & 15] != 1 else []
+        return " * ".join([*terms, *(alignment_param(s) for s in symbols)]) or "1"
 
     def _quotient(self, index: str, divisor: str, factors: tuple[str, ...]) -> str:
         """``index // divisor`` (the product of ``factors``). A tile of indices divided by an odd size
@@ -458,33 +447,30 @@ class KernelBuilder(ValueLowering):
         of 2 or more, the plain division, whose quotient Triton knows constant over runs (loads it
         vectorizes) where it knows nothing of the multiply's; by a constant, the plain division, which
         the compiler turns into a multiply."""
-        alignment = self._alignment_of(factors)
-        if all(f.isdigit() for f in factors) or alignment is None or not self.code.dims_in(index):
+        product = self._size_product(factors)
+        if product is None or not product[1] or not self.code.dims_in(index):
             return f"{index} // {divisor}"
-        return f"_fdiv({index}, {self._multiplier(divisor, factors)}, {divisor}, {alignment})"
+        return f"_fdiv({index}, {self._multiplier(product)}, {divisor}, {self._alignment(product)})"
 
     def _remainder(self, value: str, extent: str, factors: tuple[str, ...]) -> str:
         """``value % extent``, where ``value`` is a flat index divided by the product of ``factors``: by the
         launch's multiplier of an odd ``extent`` where the division left runs of one index (``_fmod``),
         plainly otherwise (see ``_quotient``)."""
-        alignment = self._alignment_of((extent,))
-        divided = self._alignment_of(factors)
-        if extent.isdigit() or alignment is None or divided is None or not self.code.dims_in(value):
+        product, divided = self._size_product((extent,)), self._size_product(factors)
+        if product is None or not product[1] or divided is None or not self.code.dims_in(value):
             return f"{value} % {extent}" if value.isidentifier() else f"({value}) % {extent}"
-        return f"_fmod({value}, {self._multiplier(extent, (extent,))}, {extent}, {alignment}, {divided})"
+        return (f"_fmod({value}, {self._multiplier(product)}, {extent}, {self._alignment(product)}, "
+                f"{self._alignment(divided)})")
 
-    def _multiplier(self, divisor: str, factors: tuple[str, ...]) -> str:
-        """The argument holding ``division_multiplier`` of ``divisor``, the product of ``factors``: one per
-        product, however its text nests (``(ks1 * ks2 * ks3)``, ``(ks1 * (ks2 * ks3))``)."""
-        constant = math.prod(int(f) for f in factors if f.isdigit())
-        extent: SymExpr = SymConst(constant)
-        for f in factors:
-            if not f.isdigit():
-                extent = extent * self._extent_of_text[f]
-        key = _product_key(extent) or divisor
-        name = self._multipliers.get(key)
+    def _multiplier(self, product: tuple[int, tuple[str, ...]]) -> str:
+        """The argument holding ``division_multiplier`` of a ``_size_product``, one per product."""
+        name = self._multipliers.get(product)
         if name is None:
-            name = self._multipliers[key] = f"dm{len(self._multipliers)}"
+            name = self._multipliers[product] = f"dm{len(self._multipliers)}"
+            constant, symbols = product
+            extent: SymExpr = SymConst(constant)
+            for symbol in symbols:
+                extent = extent * SymVar(symbol)
             self._divisors.append((name, extent))
         return name
 

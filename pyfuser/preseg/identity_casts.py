@@ -28,7 +28,7 @@ def _plain(tv: TensorView) -> bool:
 
 
 def drop_identity_casts(fusion: Fusion, options: CompileOptions) -> None:
-    aliased = {id(fusion.outputs()[k]) for k in range(len(fusion.outputs())) if fusion.output_alias(k) is not None}
+    aliased = {id(out) for k, out in enumerate(fusion.outputs()) if fusion.output_alias(k) is not None}
     for expr in fusion.exprs():
         if not (isinstance(expr, UnaryOp) and expr.kind is UnaryOpType.cast):
             continue
