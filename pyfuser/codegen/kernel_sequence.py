@@ -27,6 +27,7 @@ from pyfuser.codegen.launcher import (
     raw_stream,
 )
 from pyfuser.codegen.scatter import ScatterKernelBuilder, init_layouts, scatter_op, split_scatter
+from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import Layout, dense_strides
@@ -437,9 +438,9 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, refe
     for k, part in enumerate(parts):
         part_layouts = dict(layouts)
         for tv in (*part.fusion.inputs(), *part.fusion.outputs()):
-            if isinstance(tv, TensorView) and tv.name not in part_layouts:  # a partial: dense, row-major
+            if isinstance(tv, TensorView) and tv.name not in part_layouts:  # a partial: dense, in its allocation order
                 dims = tv.get_logical_domain(no_reductions=True)
-                part_layouts[tv.name] = Layout.dense(range(len(dims)), [i.is_broadcast for i in dims])
+                part_layouts[tv.name] = Layout.dense(allocation_perm(part.fusion, tv), [i.is_broadcast for i in dims])
         partials = frozenset(tv.name for tv in part.fusion.inputs() if isinstance(tv, TensorView)
                              and tv.name not in layouts)
         kind = "final" if k == len(parts) - 1 else f"partial{k}"

@@ -231,9 +231,10 @@ def test_sums_used_at_full_precision_keep_the_compensation(device: str, run_kern
 def test_a_float32_mean_of_compensated_sums_is_the_rounded_quotient(offset: float, device: str, run_kernels) -> None:
     """A float32 mean of rows read in a loop (a compensated float64 sum per row) multiplies by the
     count's reciprocal, computed once in float64, where each thread holding a row's sum divided it:
-    within an ulp of float64's mean, as the quotient was, or, where the rows are split across programs
-    (few rows on a GPU: each program's float32 partial rounds, and a mean near 0 cancels them), within
-    twice torch's own error on the device."""
+    within an ulp of float64's mean, as the quotient was, or twice torch's own error on the device. Where
+    the rows are split across programs (few rows on a GPU), each program's float32 partial sum rounds once
+    and a mean near 0 cancels them (an H200: 1.03 ulps of a mean of 0.002): there the bound is that of
+    sums rounded once each, 2**-24 of the sum of the row's magnitudes, over the count."""
     cols = 2 * Machine.of(torch.device(device)).max_persistent + 3
     x = (torch.randn(5, cols, generator=torch.Generator().manual_seed(cols), dtype=torch.float64) + offset).float()
     with FusionDefinition() as fd:
@@ -244,4 +245,7 @@ def test_a_float32_mean_of_compensated_sums_is_the_rounded_quotient(offset: floa
     exact = x.double().mean(1)
     ulp = exact.float().abs().double() * 2.0 ** -23
     torchs = (x.to(device).mean(1).cpu().double() - exact).abs()
-    assert ((got.cpu().double() - exact).abs() <= torch.maximum(ulp, 2 * torchs)).all()
+    bound = torch.maximum(ulp, 2 * torchs)
+    if "_partial0" in code:  # split across programs: float32 partial sums, each rounded once
+        bound = torch.maximum(bound, 2.0 ** -24 * x.double().abs().sum(1) / cols)
+    assert ((got.cpu().double() - exact).abs() <= bound).all()

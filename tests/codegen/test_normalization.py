@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition, schedule
+from pyfuser.codegen.kernel_sequence import build_sources
+from pyfuser.ir.layout import Layout
 from pyfuser.scheduler import inner_outer_persistent, inner_persistent, outer_persistent, reduction
 from pyfuser.scheduler.kernel_scheduling import KernelScheduling
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
@@ -475,6 +477,49 @@ def test_split_outer_normalization_against_torch(dtype: torch.dtype, device: str
     assert kernel_schedulers(fd) == ["outer_persistent"]
     if device == "cpu":
         assert kernel_segments(fd)[0].scheduler_params.split > 1
+
+
+def _softmax_of_rows_outermost(dtype: torch.dtype, log: bool) -> FusionDefinition:
+    """(Log-)softmax over the last axis of a ``[cols, rows]`` tensor given transposed (``rows`` outermost
+    in memory: the kernel benchmark's permuted softmax)."""
+    with FusionDefinition() as fd:
+        x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=DT[dtype], stride_order=[0, 1]), DataType.Float)
+        shifted = fd.ops.sub(x, fd.ops.max(x, [1], keepdim=True))
+        total = fd.ops.sum(fd.ops.exp(shifted), [1], keepdim=True)
+        out = fd.ops.sub(shifted, fd.ops.log(total)) if log else fd.ops.div(fd.ops.exp(shifted), total)
+        fd.add_output(fd.ops.cast(out, DT[dtype]))
+    return fd
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("split", [3, 40])
+def test_partials_of_a_split_normalization_are_laid_out_programs_outermost(dtype: torch.dtype, log: bool,
+                                                                          split: int, device: str) -> None:
+    """A softmax over rows outermost in memory, split across ``split`` programs per column block: its final
+    step keeps the split (each program reads its share of the rows again) and reads every partial max and
+    sum of its columns in a loop, a row of partials an iteration. The partials are laid out with the
+    programs' axis outermost (``[programs, columns]``, though their logical order is ``[columns,
+    programs]``), so each such row is contiguous; equal to torch, the rows a non-multiple of every block."""
+    torch.manual_seed(0)
+    x = (torch.randn(4001, 7, device=device, dtype=dtype) * 4).t()
+    fd = _softmax_of_rows_outermost(dtype, log)
+    with fd:
+        params = schedule.compute_heuristics(fd.fusion, SchedulerType.outer_persistent, [x])
+        params = dataclasses.replace(params, split=split, online=False)
+        schedule.schedule(fd.fusion, SchedulerType.outer_persistent, params)
+    fusion = fd.fusion
+    reference = next(t for t in fusion.tensors() if t.name == params.reference)
+    layouts = {t.name: Layout.dense([1, 0], [False, False]) for t in (*fusion.inputs(), *fusion.outputs())}
+    launches = build_sources(fusion, "k", "cpu", layouts, reference)
+    assert len(launches) == 3  # the partial maxima; the partial sums; the output
+    for part, source in launches[:2]:
+        (partial,) = part.outputs()
+        assert [i.extent.value for i in partial.get_logical_domain(no_reductions=True)][1] == split
+        assert source.output_perms == ((1, 0),), source.output_perms
+    (out,) = fd.manual_execute([x], params)
+    want = (torch.log_softmax if log else torch.softmax)(x.double(), 1)
+    _close(out, want.to(dtype), dtype)
 
 
 def test_nchw_batch_norm_backward_split_across_programs_against_float64(device: str, run_kernels,

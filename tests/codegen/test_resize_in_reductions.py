@@ -267,3 +267,56 @@ def test_a_pad_beside_sums_per_row_and_across_rows_is_another_kernels(device: st
     x = torch.randn(6, 10, device=device)
     (out,) = run_kernels(fd, [x])
     torch.testing.assert_close(out, x * x.sum(0, keepdim=True) + torch.nn.functional.pad(x.sum(1, keepdim=True), [0, 9]))
+
+
+@pytest.mark.parametrize(("shape", "stop"), [
+    ((2, 8, 3, 3), (2, 8, 1, 1)),  # one pixel of each image: the slice iterates N alone
+    ((3, 5, 4, 3), (3, 5, 4, 1)),  # a column of pixels: N and H, not W
+    ((2, 8, 3, 3), (1, 8, 3, 3)),  # the first image: H and W, not N
+])
+def test_nchw_statistics_read_back_at_one_pixel_are_one_kernel(device: str, run_kernels, shape: tuple[int, ...],
+                                                               stop: tuple[int, ...]) -> None:
+    """Batch-norm statistics of NCHW data in one stage (an unbiased var_mean: never staged) tile each
+    channel's N * H * W elements; the normalized values sliced along some of those axes are recomputed at
+    the slice's own positions. The broadcast statistics merged under the row tile's ``(N, (H, W))`` map to
+    that merge, not to N alone, so a slice iterating N (and not H, W) gets a loop of its own instead of
+    the tile's parallel type (which failed the code generator)."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(list(shape), contiguity=True)
+        var, mean = fd.ops.var_mean(x, [0, 2, 3], correction=1)
+        normed = fd.ops.mul(fd.ops.sub(x, fd.ops.broadcast(mean, [True, False, True, True])),
+                            fd.ops.rsqrt(fd.ops.add(fd.ops.broadcast(var, [True, False, True, True]), 1e-5)))
+        fd.add_output(normed)
+        fd.add_output(fd.ops.slice(normed, [0, 0, 0, 0], list(stop)))
+    x = torch.randn(shape, device=device)
+    normed, part = run_kernels(fd, [x])
+    var, mean = torch.var_mean(x, (0, 2, 3), keepdim=True, correction=1)
+    want = (x - mean) * torch.rsqrt(var + 1e-5)
+    torch.testing.assert_close(normed, want)
+    torch.testing.assert_close(part, want[tuple(slice(0, s) for s in stop)])
+    assert len(kernel_schedulers(fd)) == 1, kernel_schedulers(fd)
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 2, 2), (3, 6, 2, 3), (1, 4, 1, 2)], ids=str)
+def test_batch_norm_then_an_unrolled_squeeze_excite_mean(device: str, run_kernels, shape: tuple[int, ...]) -> None:
+    """EfficientNet's training step at its smallest feature maps: a batch norm (running statistics updated),
+    SiLU, then the squeeze-excite mean over H and W of at most ``UNROLL_LIMIT`` pixels, which preseg unrolls
+    into slices of one pixel each: generated kernels equal to torch."""
+    c = shape[1]
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(list(shape), contiguity=True)
+        running = fd.define_tensor([c], contiguity=True)
+        var, mean = fd.ops.var_mean(x, [0, 2, 3], correction=0)
+        fd.add_output(fd.ops.add(fd.ops.mul(mean, 0.9), fd.ops.mul(running, 0.1)))
+        normed = fd.ops.mul(fd.ops.sub(x, fd.ops.broadcast(mean, [True, False, True, True])),
+                            fd.ops.rsqrt(fd.ops.add(fd.ops.broadcast(var, [True, False, True, True]), 1e-3)))
+        act = fd.ops.silu(normed)
+        fd.add_output(act)
+        fd.add_output(fd.ops.broadcast(fd.ops.mean(act, [2, 3]), [False, False, True, True]))
+    x, running = torch.randn(shape, device=device), torch.randn(c, device=device)
+    new_running, act, squeezed = run_kernels(fd, [x, running])
+    var, mean = torch.var_mean(x, (0, 2, 3), keepdim=True, correction=0)
+    want = torch.nn.functional.silu((x - mean) * torch.rsqrt(var + 1e-3))
+    torch.testing.assert_close(new_running, mean.flatten() * 0.9 + running * 0.1)
+    torch.testing.assert_close(act, want)
+    torch.testing.assert_close(squeezed, want.mean((2, 3), keepdim=True))

@@ -178,3 +178,25 @@ def test_channels_last_statistics_staged_on_request(shape: tuple[int, ...], dtyp
         counts.append(_kernels(fd))
     several = sum(shape[d] > 1 for d in (0, 2, 3)) >= 2  # one reduced axis of size > 1: nothing to stage
     assert counts == ([1, 2] if several else [1, 1]), counts
+
+@pytest.mark.parametrize(("shape", "staged"), [
+    ((4, 6, 7, 7), False),  # 196 elements a channel: one tile, one stage
+    ((2, 3, 64, 64), False),  # 8192: the most one stage takes
+    ((3, 2, 65, 43), True),  # 8385: staged
+])
+def test_static_statistics_that_fit_a_tile_keep_one_stage(shape: tuple[int, ...], staged: bool) -> None:
+    """NCHW statistics declared with static sizes (as torch.compile's graphs give them): a channel's
+    elements up to ``ONE_STAGE_ELEMENTS`` are one var_mean in one kernel (a tile of every pixel of every
+    image), more are staged. The same fusion with symbolic sizes is staged at any size."""
+    x = torch.randn(*shape) * 3 + 100
+    for static in (True, False):
+        with FusionDefinition() as fd:
+            tx = fd.define_tensor(list(shape) if static else [-1] * 4, contiguity=[True] * 4, dtype=DataType.Float)
+            var, mean = fd.ops.var_mean(tx, [0, 2, 3], correction=0)
+            fd.add_output(mean)
+            fd.add_output(var)
+        mean_, var_ = execute_with_kernels(fd, [x])
+        ref_var, ref_mean = torch.var_mean(x.double(), (0, 2, 3), correction=0)
+        torch.testing.assert_close(mean_.double(), ref_mean, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(var_.double(), ref_var, rtol=1e-4, atol=1e-5)
+        assert _kernels(fd) == (2 if staged or not static else 1), fd.last_scheduled_fusion_ir()

@@ -97,6 +97,7 @@ class IdGraph:
         #: member: never resolved against an axis of another extent, so merging one changes no extent
         self._unresolved = {k for k, i in self._ids.items() if _size_one(i) and self._classes.find(k) not in concrete}
         self._transforms = list(transforms.values())
+        self._resolve_transform_outputs()
         self._through_transforms = through_transforms
         if through_transforms:
             self._forward(self._transforms)
@@ -165,6 +166,22 @@ class IdGraph:
         for other in outs[1:]:  # multi-output exprs (var_mean) iterate one space
             for a, b in zip(outs[0].get_logical_domain(), other.get_logical_domain(), strict=True):
                 self._classes.union(id(a), id(b))
+
+    def _resolve_transform_outputs(self) -> None:
+        """A size-1 output of a transform with a resolved input is resolved too: a merge of broadcasts
+        that map to H and W (a ``[1, C, 1, 1]`` tensor under an NCHW loop nest ``(N, (H, W))``) iterates
+        ``merge(H, W)`` once transforms propagate. Left unresolved, a merge of it with the broadcast
+        mapped to N would be forwarded to N, and N mapped to ``merge(N, merge(H, W))``: a tensor
+        iterating N alone (a slice to one pixel) would take the whole row tile's parallel type."""
+        changed = True
+        while changed:
+            changed = False
+            for t in self._transforms:
+                if any(id(i) not in self._unresolved for i in t.inputs):
+                    for o in t.outputs:
+                        if id(o) in self._unresolved:
+                            self._unresolved.discard(id(o))
+                            changed = True
 
     def _forward(self, transforms: list[IdTransform]) -> None:
         """A merge of an unresolved broadcast ID with another ID is that other ID (nvFuser's
