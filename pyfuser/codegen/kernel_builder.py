@@ -940,12 +940,14 @@ class KernelBuilder(ValueLowering):
         # A value that varies along tile axes the address does not (an output broadcast along them)
         # is stored from every lane of those axes to the one address: the pointer spans them too,
         # and the mask keeps lanes past the extent from writing, except the first lane of each, so
-        # the value is stored even when those axes are empty (a var_mean of no elements, NaN).
+        # the value is stored even when those axes are empty (a var_mean of no elements, NaN). The
+        # extent's conditions are those the value is computed under (the address has no index of
+        # those axes): a lane past it holds a masked load's zero.
         mask = code.mask(dims, uses=offset)
         extra = sorted(code.dims_of(value) - dims)
         if extra:
             offset += "".join(f" + 0 * {self._tile_index[a]}" for a in extra)
-            spanned = code.mask(dims | frozenset(extra), uses=offset)
+            spanned = code.mask(dims | frozenset(extra), uses=f"{offset} {value}")
             if spanned and spanned != mask:
                 first = " & ".join(f"({self._tile_index[a]} == 0)" for a in extra)
                 mask = code.assign("mask", f"{spanned} | ({mask + ' & ' if mask else ''}{first})", dims | frozenset(extra))

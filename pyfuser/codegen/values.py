@@ -776,8 +776,9 @@ class ValueLowering:
             deviation = code.assign("d", f"({values} - {first}) * {valid}", cse=False)
             square = code.assign("d", f"{deviation} * {deviation}", cse=False)
             self._sum_over_pair(deviation, square, axes)
-            # a row with an inf has a NaN mean, as torch's var_mean (Welford's) gives it
-            mean = code.assign("v", f"{first} + {deviation} / ({count})", cse=False)
+            # a row with an inf has a NaN mean, as torch's var_mean (Welford's) gives it, but for a row of
+            # one element: its mean is the element (Welford's first step), an inf too
+            mean = code.assign("v", f"tl.where(({count}) == 1, {first}, {first} + {deviation} / ({count}))", cse=False)
             m2 = code.assign("d", f"{square} - {deviation} * {deviation} / ({count})", cse=False)
             code.emit(f"{m2} = tl.where({m2} < 0, 0.0, {m2})")  # rounding below 0; NaN stays
             correction = expr.correction

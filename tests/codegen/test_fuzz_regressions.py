@@ -763,3 +763,38 @@ def test_a_full_reductions_result_compared_with_bfloat16_values_promotes_like_a_
     torch.testing.assert_close(ge, x.amin() >= x.bfloat16())
     torch.testing.assert_close(lt, x.bfloat16() < x.sum())
     assert ge.tolist() == [False, True, False, False]
+
+
+@pytest.mark.parametrize("index", [-3, 2, -1])
+def test_a_gathered_value_stored_to_one_element_from_a_wider_tile_is_the_valid_lanes(device: str, run_kernels,
+                                                                                     index: int) -> None:
+    """CPU fuzz seed 9950044: a gather of a ``[1, 1]`` index (a remainder of it) from ``[4, 3]``, the output
+    ``[1, 1]`` laid out by its stride order. Every lane of the 512-wide tile stored to the one element
+    (its address has no tile index), and the lanes past the extent held the masked load's zero: the
+    store's mask dropped the extent's condition, which the value is computed under, not the address."""
+    x = torch.randn(4, 3, device=device)
+    i = torch.tensor([[index]], device=device)
+    with FusionDefinition() as fd:
+        tx = fd.define_tensor([-1, -1], dtype=DataType.Float)
+        ti = fd.define_tensor([1, 1], contiguity=True, dtype=DataType.Int)
+        fd.add_output(fd.ops.gather(tx, fd.ops.remainder(ti, 3), 1), stride_order=[1, 0])
+    (out,) = run_kernels(fd, [x, i])
+    torch.testing.assert_close(out, torch.gather(x, 1, torch.remainder(i, 3)))
+
+
+def test_the_mean_of_one_infinite_element_is_that_element(device: str, run_kernels) -> None:
+    """CPU fuzz seed 9952375: a var_mean over an axis of one element whose value is -inf (a division by a
+    false comparison). The on-chip var_mean corrects its first mean by the deviations' sum, ``-inf - -inf``
+    = NaN for this row; torch's Welford gives the element (its first step), its variance NaN. Rows of more
+    elements with an inf keep a NaN mean, as torch's Welford gives it once a later element follows."""
+    x = torch.tensor([[-float("inf"), 2.0, 3.0], [1.0, float("inf"), 0.5]], device=device)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        one_var, one_mean = fd.ops.var_mean(fd.ops.slice(t, [0, 0], [1, 3]), [0], 0, keepdim=False)
+        fd.add_output(one_mean)
+        fd.add_output(one_var)
+    one_mean, one_var = run_kernels(fd, [x])
+    want_var, want_mean = torch.var_mean(x[:1], 0, correction=0)
+    torch.testing.assert_close(one_mean, want_mean)
+    torch.testing.assert_close(one_var, want_var, equal_nan=True)
+    assert torch.isnan(one_var[0]) and one_mean[0] == -float("inf")
