@@ -141,7 +141,6 @@ class KernelBuilder(ValueLowering):
         #: kernel texts of extents and what they are over the size symbols; divisors' multiplier arguments
         self._extent_of_text: dict[str, SymExpr] = {}
         self._multipliers: dict[tuple[int, tuple[str, ...]], str] = {}  # a ``_size_product`` -> its argument
-        self._divisors: list[tuple[str, SymExpr]] = []
         self._class_symbol: dict[int, str] = {}
         self._sizes: list[SizeSource] = []
         self._size_arguments: dict[str, str] = {}
@@ -464,15 +463,17 @@ class KernelBuilder(ValueLowering):
 
     def _multiplier(self, product: tuple[int, tuple[str, ...]]) -> str:
         """The argument holding ``division_multiplier`` of a ``_size_product``, one per product."""
-        name = self._multipliers.get(product)
-        if name is None:
-            name = self._multipliers[product] = f"dm{len(self._multipliers)}"
-            constant, symbols = product
+        return self._multipliers.setdefault(product, f"dm{len(self._multipliers)}")
+
+    def _divisors(self) -> tuple[tuple[str, SymExpr], ...]:
+        """(multiplier argument, the divisor over the size symbols) of each ``_size_product`` divided by."""
+        divisors = []
+        for (constant, symbols), name in self._multipliers.items():
             extent: SymExpr = SymConst(constant)
             for symbol in symbols:
                 extent = extent * SymVar(symbol)
-            self._divisors.append((name, extent))
-        return name
+            divisors.append((name, extent))
+        return tuple(divisors)
 
     def _leaf_extents(self, i: IterDomain) -> tuple[str, ...]:
         """The extents (texts) of the IDs a nest of merges combines into ``i`` (``i``'s own if no merge
@@ -1031,7 +1032,8 @@ class KernelBuilder(ValueLowering):
         scalar_positions = tuple(all_inputs.index(self._scalars[sym][2]) for sym in scalar_symbols)
         tile_params = [f"{param}: tl.constexpr" for param, *_ in self._dynamic_tiles]
         integers = [*strides, *sizes]
-        multipliers = [name for name, _ in self._divisors]
+        divisors = self._divisors()
+        multipliers = [name for name, _ in divisors]
         params = ", ".join([*tensors, *integers, *multipliers, *(self._scalars[sym][0] for sym in scalar_symbols),
                             *tile_params, *(f"{alignment_param(n)}: tl.constexpr" for n in integers)])
         aligned = [f"    {n} = _aligned({n}, {alignment_param(n)})" for n in integers]
@@ -1055,7 +1057,7 @@ class KernelBuilder(ValueLowering):
             stride_fallbacks=tuple((k, d, outer) for (k, d), outer in self._group_strides.items()),
             bool_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if self._scalars[sym][1] is DataType.Bool),
             cpu_scalars=tuple(k for k, sym in enumerate(scalar_symbols) if isinstance(self._scalars[sym][2], TensorView)),
-            device_asserts=self.device_asserts, divisors=tuple(self._divisors))
+            device_asserts=self.device_asserts, divisors=divisors)
 
     def _full_tiles_apart(self, loops: list[Loop]) -> list[str]:
         """The body's lines; for a kernel over a flat index split into one tile per program (the
