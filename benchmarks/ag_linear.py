@@ -17,7 +17,8 @@ shard); the output is ``[M, N]`` per rank. Measured with the same buffers, per s
   pipeline over the copy engines). ``pyfuser_best``: the fastest P2P variant. ``pyfuser_auto``: S = 1 with
   the sizes given, so the machine model (``comm/overlap_model.py``) picks the pipeline or all-gather then GEMM;
   ``pyfuser_auto_graph``: that program with ``cuda_graph`` (captured per signature, replayed: no host latency
-  before the first GPU operation; the weight a parameter, read in place).
+  before the first GPU operation; the weight a parameter, read in place), whose choice the model
+  makes without host time per node (``pyfuser_auto_graph`` names it).
 
 Rank 0 writes ``OUT/ag_linear_<kind>.json`` and ``.md`` (kind ``h200x2``: two H200s), over the previous
 run's. ``--profile DIR``: chrome traces of pyfuser's S = 1 and S = 2 programs at the first size on every
@@ -143,6 +144,8 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
     del got
     r["pyfuser_auto_graph_ms"] = timer(replay)
     r["pyfuser_auto"] = "P2P S=1" if "P2PCommunication" in auto.host_ir() else "all-gather then GEMM"
+    # replayed, the model counts no host time per node: it may choose otherwise (``overlap_model.decide``)
+    r["pyfuser_auto_graph"] = "P2P S=1" if "P2PCommunication" in graph.host_ir() else "all-gather then GEMM"
     p2p = {key: value for key, value in r.items() if key.startswith("pyfuser_p2p_S") and key.endswith("_ms")}
     if p2p:
         best = min(p2p, key=p2p.__getitem__)
@@ -198,7 +201,7 @@ COLUMNS = [("size", "M, K, N per rank"), ("gemm_ms", "GEMM"), ("allgather_ms", "
            ("pyfuser_nccl_S2_ms", "pyfuser NCCL S=2"), ("pyfuser_p2p_S1_ms", "pyfuser P2P S=1"),
            ("pyfuser_p2p_S2_ms", "pyfuser P2P S=2"), ("pyfuser_p2p_S4_ms", "pyfuser P2P S=4"),
            ("pyfuser_best_ms", "pyfuser best"), ("pyfuser_auto_ms", "pyfuser auto"), ("pyfuser_auto", "auto chose"),
-           ("pyfuser_auto_graph_ms", "pyfuser auto, CUDA graph"),
+           ("pyfuser_auto_graph_ms", "pyfuser auto, CUDA graph"), ("pyfuser_auto_graph", "graph chose"),
            ("ideal_ms", "ideal max(GEMM, AG)"), ("best_vs_ideal", "best / ideal")]
 
 

@@ -16,7 +16,8 @@ sums ``[M, N]`` and keeps its ``M / D`` rows of their sum. Measured with the sam
   mesh_x, axis 0 on stream) with NCCL collectives; ``pyfuser_p2p_S{S}``: with ``CommunicatorBackend.cuda``;
   ``pyfuser_auto``: S = 1 with the sizes given, so the machine model (``comm/overlap_model.py``) picks the
   pipeline or GEMM then reduce-scatter; ``pyfuser_auto_graph``: that program with ``cuda_graph`` (captured per
-  signature, replayed: no host latency before the first GPU operation; the weight a parameter, read in place).
+  signature, replayed: no host latency before the first GPU operation; the weight a parameter, read in place),
+  whose choice the model makes without host time per node (``pyfuser_auto_graph`` names it).
 
 Rank 0 writes ``OUT/linear_rs_<kind>.json`` and ``.md``, over the previous run's; ``--profile DIR`` as in ``ag_linear.py``.
 """
@@ -142,6 +143,8 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
     del got
     r["pyfuser_auto_graph_ms"] = timer(replay)
     r["pyfuser_auto"] = "P2P S=1" if "P2PCommunication" in auto.host_ir() else "GEMM then reduce-scatter"
+    # replayed, the model counts no host time per node: it may choose otherwise (``overlap_model.decide``)
+    r["pyfuser_auto_graph"] = "P2P S=1" if "P2PCommunication" in graph.host_ir() else "GEMM then reduce-scatter"
     p2p = {key: value for key, value in r.items() if key.startswith("pyfuser_p2p_S") and key.endswith("_ms")}
     if p2p:
         best = min(p2p, key=p2p.__getitem__)
@@ -196,7 +199,7 @@ COLUMNS = [("size", "M, K per rank, N"), ("gemm_ms", "GEMM"), ("reduce_scatter_m
            ("pyfuser_nccl_S2_ms", "pyfuser NCCL S=2"), ("pyfuser_p2p_S1_ms", "pyfuser P2P S=1"),
            ("pyfuser_p2p_S2_ms", "pyfuser P2P S=2"), ("pyfuser_p2p_S4_ms", "pyfuser P2P S=4"),
            ("pyfuser_best_ms", "pyfuser best"), ("pyfuser_auto_ms", "pyfuser auto"), ("pyfuser_auto", "auto chose"),
-           ("pyfuser_auto_graph_ms", "pyfuser auto, CUDA graph"),
+           ("pyfuser_auto_graph_ms", "pyfuser auto, CUDA graph"), ("pyfuser_auto_graph", "graph chose"),
            ("ideal_ms", "ideal max(GEMM, RS)"), ("best_vs_ideal", "best / ideal")]
 
 

@@ -153,8 +153,10 @@ def overlap(what: str, anchor: str, anchor_label: str) -> Callable[[Data], tuple
             graph = f" ({r[anchor_graph]:.3f} in a CUDA graph)" if anchor_graph in r else ""
             fused = f", {r['torch_fused_ms']:.3f} torch fused" if "torch_fused_ms" in r else ""
             ratios.append((ours / r["ideal_ms"], ours / r[anchor], size))
-            parts.append(f"{size}: {ours:.3f} ms ({r.get('pyfuser_auto', '')}, {label}; {r['pyfuser_auto_ms']:.3f} "
-                         f"without) vs {r[anchor]:.3f} {anchor_label}{graph}{fused}, {r['ideal_ms']:.3f} ideal "
+            chose = r.get("pyfuser_auto_graph", r.get("pyfuser_auto", "")) if graphed else r.get("pyfuser_auto", "")
+            plain = f"{r['pyfuser_auto_ms']:.3f} ({r.get('pyfuser_auto', '')}) without"
+            parts.append(f"{size}: {ours:.3f} ms ({chose}, {label}; {plain}) vs {r[anchor]:.3f} {anchor_label}{graph}"
+                         f"{fused}, {r['ideal_ms']:.3f} ideal "
                          f"({ours / r['ideal_ms']:.2f}x of ideal, {ours / r[anchor]:.2f}x of {anchor_label})")
         worst_ideal, worst_anchor = max(ratios), max(ratios, key=lambda t: t[1])
         result = ("pyfuser's own choice (`comm/overlap_model.py`: P2P pipeline over the copy engines or the "

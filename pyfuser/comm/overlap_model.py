@@ -5,7 +5,10 @@ A P2P pipeline (``comm/p2p_pipelines.py``) hides the transfers behind the GEMMs 
 ``ranks * chunks`` pieces, each issued by the host with its transfer, select and wait nodes. At large sizes
 the hidden communication wins; at small ones the host's issue time and the smaller, less efficient GEMMs
 cost more than the communication the pipeline hides (issue 32's table: 4096^3 on 4 H100s, 2x slower than
-the plain all-gather then GEMM). ``decide`` estimates both from a ``MachineModel`` and picks one.
+the plain all-gather then GEMM). ``decide`` estimates both from a ``MachineModel`` and picks one. A program
+replayed from a CUDA graph (``EnableOption.cuda_graph``) issues no node from the host, so only the device
+terms count: there the pipeline paid at 4096^3 on 2 and 4 H200s too (0.22 / 0.28 ms against 0.29 / 0.35 for
+the collective then GEMM, both replayed).
 
 The model is a set of constants per device kind (H100 and H200 over NVLink from issue 32's measurements,
 conservative ones for other GPUs and CPUs), overridable with ``PYFUSER_OVERLAP_MODEL``. It is not measured
@@ -95,9 +98,10 @@ def _gemm(model: MachineModel, m: float, k: int, n: int) -> float:
 
 
 def estimate_pipelined(pattern: Pattern, m: int, k: int, n: int, itemsize: int, ranks: int, chunks: int,
-                       model: MachineModel) -> float:
+                       model: MachineModel, replayed: bool = False) -> float:
     """Seconds of the P2P pipeline: per chunk, ``ranks`` GEMM pieces of ``m / (ranks * chunks)`` rows, each
-    peer's transfer one at a time per GPU; the host issues every node, the device runs behind it."""
+    peer's transfer one at a time per GPU; the host issues every node, the device runs behind it (``replayed``:
+    a CUDA graph's replay issues them, no host term)."""
     piece_rows = m / (ranks * chunks)
     piece = _gemm(model, piece_rows, k, n)
     # all-gather moves row blocks of x [m, k]; reduce-scatter moves partial sums of out [m, n]
@@ -119,17 +123,17 @@ def estimate_pipelined(pattern: Pattern, m: int, k: int, n: int, itemsize: int, 
             device += piece
             device = max(device, link) + (ranks - 1) * model.gemm_fixed_s  # the received sums added
     # per chunk and peer: select, transfer, wait, select, GEMM (and the send, release, accumulate)
-    host = chunks * ranks * 6 * model.host_node_s
+    host = 0.0 if replayed else chunks * ranks * 6 * model.host_node_s
     return max(device, host + piece)
 
 
 def estimate_plain(pattern: Pattern, m: int, k: int, n: int, itemsize: int, ranks: int, chunks: int,
-                   model: MachineModel) -> float:
+                   model: MachineModel, replayed: bool = False) -> float:
     """Seconds of the collective then the GEMM (per chunk when a stream loop runs them)."""
     rows = m / chunks
     moved = (ranks - 1) / ranks * rows * (k if pattern is Pattern.allgather_gemm else n) * itemsize
     per_chunk = model.collective_s + moved / model.link_bytes_s + _gemm(model, rows, k, n)
-    host = chunks * 3 * model.host_node_s
+    host = 0.0 if replayed else chunks * 3 * model.host_node_s
     return max(chunks * per_chunk, host + per_chunk)
 
 
@@ -155,8 +159,10 @@ def decide(pattern: Pattern, m: int, k: int, n: int, dtype: torch.dtype, ranks: 
         return chosen
     model = model if model is not None else machine_model(options.device)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    pipelined = estimate_pipelined(pattern, m, k, n, itemsize, ranks, chunks, model)
-    plain = estimate_plain(pattern, m, k, n, itemsize, ranks, chunks, model)
+    replayed = options.is_enabled(EnableOption.cuda_graph) and options.device.type == "cuda"
+    pipelined = estimate_pipelined(pattern, m, k, n, itemsize, ranks, chunks, model, replayed)
+    plain = estimate_plain(pattern, m, k, n, itemsize, ranks, chunks, model, replayed)
     return Decision(pipelined < plain, pipelined, plain,
-                    f"{model.name} model, M={m} K={k} N={n} over {ranks} ranks, S={chunks}: pipeline "
-                    f"{pipelined * 1e3:.3f} ms, plain {plain * 1e3:.3f} ms")
+                    f"{model.name} model, M={m} K={k} N={n} over {ranks} ranks, S={chunks}"
+                    f"{', replayed from a CUDA graph' if replayed else ''}: pipeline {pipelined * 1e3:.3f} ms, "
+                    f"plain {plain * 1e3:.3f} ms")
