@@ -422,6 +422,17 @@ class CudaGraphRunner:
                 return False
         return True
 
+    def replay_recent(self, args: Sequence[Any]) -> list[torch.Tensor] | None:
+        """The replay of a free graph of the last call's key when ``args`` fit it (most calls); else None,
+        and nothing ran: ``__call__`` keys, captures or runs without a graph."""
+        recent = self._recent
+        if recent is None or not self.fits(recent[0], args):
+            return None
+        for graph in recent[1]:
+            if graph.free():
+                return graph.replay(args)
+        return None
+
     def __call__(self, args: Sequence[Any]) -> list[torch.Tensor]:
         recent = self._recent
         replicas: list[CapturedGraph] | None
@@ -504,6 +515,15 @@ class GraphStep:
 
         streams.run(body)
         return [values[s] for s in self.writes]
+
+    def replay(self, args: Sequence[Any]) -> list[Any] | None:
+        """The outputs (``writes``' values) of a replay for the values ``args`` of ``reads``, when the last
+        call's graph fits and is free and no caller is capturing; else None, and nothing ran (the step
+        keys, captures or runs the body from a frame). A program that is this step alone runs it without
+        building a frame (``HostIrEvaluator``)."""
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        return self.runner.replay_recent(args)
 
     def __call__(self, frame: Frame) -> None:
         values = frame.values

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from pyfuser.codegen.python_writer import PythonWriter
+from pyfuser.host_ir.cuda_graph import GraphStep
 from pyfuser.host_ir.frame import NUMBER_OF_STREAMS_SLOT, CudaStreams, Frame, Step, StepBuilder
 from pyfuser.host_ir.nodes import (
     NUMBER_OF_STREAMS,
@@ -165,6 +166,7 @@ class HostIrEvaluator:
         self._conform: list[tuple[int, OutputLayout, bool]] = []
         #: outputs written into buffers allocated by this program: they own their memory
         self._fresh_output_slots: list[int] = []
+        self._fresh_output_positions: list[int] = []
         self._repeated_outputs: set[int] = set()
         seen: set[int] = set()
         own_memory = _outputs_with_own_memory(container)
@@ -176,6 +178,7 @@ class HostIrEvaluator:
                 self._conform.append((pos, layout, pos not in own_memory))  # (position, layout, may share memory)
             else:
                 self._fresh_output_slots.append(slot)
+                self._fresh_output_positions.append(pos)
             seen.add(slot)
         #: whether any conformed output may share memory with an input or another output (then each
         #: run collects the storages of the inputs and outputs)
@@ -187,6 +190,7 @@ class HostIrEvaluator:
         self._uses_streams = any(isinstance(n, GetCurrentStream | SetCurrentStream | Synchronize | SlotWait)
                                  for n in container.walk())
         self._direct = self._direct_launch(container)
+        self._graph = self._graph_replay()
         #: per binding, the program's run as one generated function (``straight_line.py``; None: the
         #: binding's run could not be written so); None for programs that keep their steps. A program of
         #: one launch has one too: a compiled graph writes its regions' straight-line bodies into its own
@@ -212,6 +216,19 @@ class HostIrEvaluator:
         if -1 in pick or -1 in results:
             return None
         return node.segment.run, pick, results, self.bound_launches(node)
+
+    def _graph_replay(self) -> tuple[GraphStep, list[int], list[int]] | None:
+        """(the step, input position of each value it reads, its result of each output) for a program that
+        is one ``CaptureGraph`` reading inputs only (``cuda_graph``): a call that replays the last call's
+        graph hands it the inputs without value slots, a frame or stream state (``GraphStep.replay``)."""
+        if len(self._steps) != 1 or not isinstance(step := self._steps[0], GraphStep):
+            return None
+        inputs = {slot: k for k, slot in reversed(list(enumerate(self._input_slots)))}
+        pick = [inputs.get(slot, -1) for slot in step.reads]
+        results = [step.writes.index(slot) if slot in step.writes else -1 for slot in self._output_slots]
+        if -1 in pick or -1 in results:
+            return None
+        return step, pick, results
 
     def on_device(self, device: torch.device) -> HostIrEvaluator:
         """The same program with its steps built for ``device`` (a rehearsal on meta tensors: every
@@ -261,6 +278,14 @@ class HostIrEvaluator:
 
     # --- execution -------------------------------------------------------------------------------
     def run(self, args: Sequence[Any], ctx: EvalContext) -> list[torch.Tensor]:
+        graph = self._graph
+        if graph is not None and (not self._on_cuda or _current_device() == self.device.index):
+            step, reads, writes = graph
+            replayed = step.replay([args[k] for k in reads])
+            if replayed is not None:
+                results = [replayed[k] for k in writes]
+                self._conform_outputs(args, results, ctx, None)
+                return results
         direct = self._direct
         # A binding's first run takes the steps, which record it for its straight-line function.
         first_bound = ctx.binding is not None and self._straight is not None and ctx.binding not in self._straight
@@ -307,7 +332,16 @@ class HostIrEvaluator:
         else:
             self._execute(Frame(values, ctx, None), recorded)
         outputs = [values[s] for s in self._output_slots]
-        #: what conforming did to each output it changed, for the binding's straight-line function
+        fixes = self._conform_outputs(args, outputs, ctx, recorded)
+        if recorded is not None:
+            self._write_straight_line(ctx, recorded, fixes)
+        return outputs
+
+    def _conform_outputs(self, args: Sequence[Any], outputs: list[Any], ctx: EvalContext,
+                         recorded: Recording | None) -> list[tuple[int, Callable[[torch.Tensor], torch.Tensor]]]:
+        """Give ``outputs`` (in place) their layouts, each owning memory no input or other output shares;
+        returns what conforming did to each output it changed (with ``recorded``: for the binding's
+        straight-line function)."""
         fixes: list[tuple[int, Callable[[torch.Tensor], torch.Tensor]]] = []
         if self._conform and ctx.binding not in self._conforming:
             # An output never shares memory with an input or with another output (``b`` and ``set(b)``
@@ -315,7 +349,7 @@ class HostIrEvaluator:
             taken: set[int] | None = None
             if self._check_sharing:
                 taken = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
-                taken.update(values[s].untyped_storage().data_ptr() for s in self._fresh_output_slots)
+                taken.update(outputs[p].untyped_storage().data_ptr() for p in self._fresh_output_positions)
             unchanged = taken is None and not self._repeated_outputs
             for pos, layout, shared in self._conform:
                 result = given = outputs[pos]
@@ -332,9 +366,7 @@ class HostIrEvaluator:
             if unchanged and ctx.binding is not None:
                 # A bound program's outputs have the layouts of its first run: these need nothing.
                 self._conforming.record(ctx.binding, True)
-        if recorded is not None:
-            self._write_straight_line(ctx, recorded, fixes)
-        return outputs
+        return fixes
 
     def _execute(self, frame: Frame, recorded: Recording | None = None) -> None:
         if recorded is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -10,6 +11,12 @@ from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import dense_strides
 from pyfuser.ir.tensor_view import TensorView
+
+
+@lru_cache(maxsize=4096)
+def _dense_strides(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[int, ...]:
+    """``dense_strides`` as a tuple, remembered: every call of a program conforms its outputs' shapes."""
+    return tuple(dense_strides(list(shape), list(perm)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +49,13 @@ class OutputLayout:
         nothing, are rewritten in a view rather than left as the producing op chose them.
         """
         shape = result.shape
-        want = dense_strides(shape, self.perm)
+        want = _dense_strides(shape, self.perm)
         strides = result.stride()
-        same = strides == tuple(want) or all(s == w or n <= 1 for s, w, n in zip(strides, want, shape, strict=True))
+        same = strides == want or all(s == w or n <= 1 for s, w, n in zip(strides, want, shape, strict=True))
         # Empty tensors may all report address 0: copying one costs nothing, returning an input does.
         aliases_input = input_storages is not None and result.untyped_storage().data_ptr() in input_storages
         if same and not aliases_input:
-            if self.required and list(strides) != want:
+            if self.required and strides != want:
                 return result.as_strided(result.shape, want, result.storage_offset())
             return result
         return self.copy(result)

@@ -387,6 +387,89 @@ def test_a_graph_step_reads_and_writes_its_slots_per_key(monkeypatch: pytest.Mon
     torch.testing.assert_close(frame.values[4], x + 1)
 
 
+def test_a_graph_step_replays_the_last_key_without_a_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GraphStep.replay`` (what a program of one ``CaptureGraph`` runs without value slots or a frame): the
+    last key's free graph replayed for values that fit it; None, with nothing run, before a capture, for another
+    size or scalar value, while the graph's results are held, and inside a caller's capture."""
+
+    class Replayed(_FakeCapture):
+        def __init__(self, run: cuda_graph.Run, args: list[object], *rest: object) -> None:
+            super().__init__(run, args)
+            run(list(args))  # the capture's run
+            self.held, self.replays = False, 0
+
+        def free(self) -> bool:
+            return not self.held
+
+        def replay(self, args: list[object]) -> list[torch.Tensor]:
+            self.replays += 1
+            x, scale = args
+            assert isinstance(x, torch.Tensor) and isinstance(scale, float)
+            return [x * scale + 1]
+
+    monkeypatch.setattr(cuda_graph, "CapturedGraph", Replayed)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+
+    def body(frame: Frame) -> None:
+        frame.values[4] = frame.values[1] * frame.values[2] + 1
+
+    step = GraphStep([body], reads=[1, 2], writes=[4], name="the program of 1 outputs")
+    x = torch.randn(3, 2)
+    assert step.replay([x, 2.0]) is None  # nothing captured: the step captures from a frame
+    step(Frame([None, x, 2.0, None, None], EvalContext(), None))
+    (graph,) = step.runner._graphs[step.runner.key([x, 2.0])]
+    assert graph.replays == 1  # a capture's call replays it
+    y = torch.randn(3, 2)
+    replayed = step.replay([y, 2.0])
+    assert replayed is not None and graph.replays == 2
+    torch.testing.assert_close(replayed[0], y * 2.0 + 1)
+    for other in ([torch.randn(5, 2), 2.0], [y, 0.5]):
+        assert step.replay(other) is None
+    graph.held = True  # the caller holds its last results: another replica is the step's to capture
+    assert step.replay([y, 2.0]) is None
+    graph.held, capturing[0] = False, True
+    assert step.replay([y, 2.0]) is None and graph.replays == 2
+
+
+@cuda
+def test_a_program_of_one_graph_replays_without_its_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``cuda_graph`` program is one ``CaptureGraph``: a call that replays the last call's graph goes from the
+    evaluator to the graph (no frame, no ``GraphStep.__call__``); the replica a held result needs and a new
+    size take the step, and every result is torch's (the held one too)."""
+    fd = define()
+    w = torch.randn(600, 8, device="cuda")  # results of 512 x 600 floats: the graph's buffers, handed out
+    fd.execute([torch.randn(512, 8, device="cuda"), w, 0.5], _enable_options=["cuda_graph"])
+    program = fd.fec.last_program
+    assert isinstance(program, HostIrEvaluator) and program._graph is not None
+    framed = [0]
+    call = GraphStep.__call__
+
+    def counted(self: GraphStep, frame: Frame) -> None:
+        framed[0] += 1
+        call(self, frame)
+
+    monkeypatch.setattr(GraphStep, "__call__", counted)
+    calls = []
+    for k in range(4):
+        x = torch.randn(512, 8, device="cuda")
+        got = fd.execute([x, w, 0.5], _enable_options=["cuda_graph"])
+        for g, want in zip(got, reference(x, w, 0.5), strict=True):
+            torch.testing.assert_close(g, want)
+        calls.append(framed[0])
+        if k == 1:
+            held, held_x = got, x  # the next call needs another replica: captured through the step
+        del got
+    assert calls == [0, 0, 1, 1] and graph_step(program).runner.graphs_captured == 2
+    for g, want in zip(held, reference(held_x, w, 0.5), strict=True):
+        torch.testing.assert_close(g, want)
+    x = torch.randn(20, 8, device="cuda")
+    for g, want in zip(fd.execute([x, w, 0.5], _enable_options=["cuda_graph"]), reference(x, w, 0.5), strict=True):
+        torch.testing.assert_close(g, want)
+    assert framed[0] == 2
+
+
 @cuda
 def test_stream_loop_over_an_empty_input_under_cuda_graphs() -> None:
     """Fuzz seed 3000044 (mode cuda_graph): an empty input split over streams failed its capture."""
