@@ -203,28 +203,53 @@ def test_sums_rounded_to_16_bits_add_plainly_within_torchs_error(rows: int, cols
 
 
 def test_sums_used_at_full_precision_keep_the_compensation(device: str, run_kernels) -> None:
-    """A float32 result, a bfloat16 one whose mean is subtracted from its row (its error then counts
-    against the spread, not the mean), or one less a constant (which may cancel it) keeps the
-    compensation in a loop."""
+    """A float32 sum of float32 data, a mean subtracted from its row (its error then counts against the
+    spread, not the mean), or one less a constant (which may cancel it) keeps the compensation in a loop."""
     cols = 2 * Machine.of(torch.device(device)).max_persistent + 1  # a row read in a loop on this device
-    x = (torch.randn(3, cols, dtype=torch.float64) + 1e3).bfloat16().to(device)
+    x = (torch.randn(3, cols, dtype=torch.float64) + 1e3).float().to(device)
     with FusionDefinition() as fd:
-        wide = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
-        fd.add_output(fd.ops.sum(wide, [1]))
+        fd.add_output(fd.ops.sum(fd.from_pytorch(x), [1]))
     run_kernels(fd, [x])
     assert _kahan(fd.last_kernel_code())
     with FusionDefinition() as fd:
-        wide = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
-        mean = fd.ops.mean(wide, [1], keepdim=True)
-        fd.add_output(fd.ops.cast(fd.ops.sub(wide, mean), DataType.BFloat16))
+        tx = fd.from_pytorch(x)
+        mean = fd.ops.mean(tx, [1], keepdim=True)
+        fd.add_output(fd.ops.cast(fd.ops.sub(tx, mean), DataType.BFloat16))
     (got,) = run_kernels(fd, [x])
     assert _kahan(fd.last_kernel_code())
     torch.testing.assert_close(got, (x.double() - x.double().mean(1, keepdim=True)).bfloat16(), rtol=2e-2, atol=2e-2)
     with FusionDefinition() as fd:
-        wide = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
-        fd.add_output(fd.ops.cast(fd.ops.sub(fd.ops.mean(wide, [1]), 1e3), DataType.BFloat16))
+        fd.add_output(fd.ops.cast(fd.ops.sub(fd.ops.mean(fd.from_pytorch(x), [1]), 1e3), DataType.BFloat16))
     run_kernels(fd, [x])
     assert _kahan(fd.last_kernel_code())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+@pytest.mark.parametrize(("rows", "cols", "axis"), [(3000, 40, 0), (5, 3001, 1), (20000, 3, 0)])
+def test_float32_sums_of_16_bit_values_add_plainly_within_torchs_error(rows: int, cols: int, axis: int, offset: float,
+                                                                       dtype: torch.dtype, device: str,
+                                                                       run_kernels) -> None:
+    """16-bit floats widened to float32 carry 8 or 11 significant bits: a float32 accumulator adds most of
+    them exactly, so their sums and means (columns, long rows, a split across programs), float32 results
+    included and a mean subtracted from its row, add each value once, within twice torch's error on the
+    device or a float32 ulp of the data's magnitude (``mark_rounded_sums``)."""
+    x = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows), dtype=torch.float64)
+         + offset).to(dtype).to(device)
+    with FusionDefinition() as fd:
+        wide = fd.ops.cast(fd.from_pytorch(x), DataType.Float)
+        fd.add_output(fd.ops.sum(wide, [axis]))
+        fd.add_output(fd.ops.sub(wide, fd.ops.mean(wide, [axis], keepdim=True)))
+    got = run_kernels(fd, [x])
+    assert not _kahan(fd.last_kernel_code())
+    wide64 = x.double()
+    refs = [wide64.sum(axis), wide64 - wide64.mean(axis, keepdim=True)]
+    wide32 = x.float()
+    torchs = [wide32.sum(axis), wide32 - wide32.mean(axis, keepdim=True)]
+    ulp = float(wide64.abs().sum(axis).max()) * 2.0 ** -24  # a float32 ulp of the largest magnitude summed
+    for g, r, t in zip(got, refs, torchs, strict=True):
+        assert g.dtype is torch.float32
+        assert max_error([g], [r]) <= max(2 * max_error([t], [r]), ulp)
 
 
 @pytest.mark.parametrize("offset", [0.0, 1e3])
