@@ -238,8 +238,10 @@ def persistent_tiles(data: Data) -> tuple[str, str]:
 def accuracy(data: Data) -> tuple[str, str]:
     worst: dict[str, Data] = {}
     for row in data["rows"]:
-        if row["op"] not in worst or row["ratio"] > worst[row["op"]]["ratio"]:
-            worst[row["op"]] = row
+        # float32 data unless the row names another (files written before ``--dtypes`` name none)
+        op = row["op"] if row.get("dtype", "float32") == "float32" else f"{row['op']} ({row['dtype']})"
+        if op not in worst or row["ratio"] > worst[op]["ratio"]:
+            worst[op] = row
     parts = [f"{op} {row['ratio']:.2f} ({row['rows']}x{row['cols']}, offset {row['offset']:g})" for op, row in worst.items()]
     overall = max(worst.values(), key=lambda row: row["ratio"])
     result = (f"worst max-abs error over torch's, per op: {', '.join(parts)}; worst {overall['ratio']:.2f} "
