@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 from pyfuser.ir.analysis.sharding import Sharding, sharding_of, tensor_dim
+from pyfuser.ir.analysis.stream_axes import stream_axis_of, walk_outer_splits
 from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import LoadStoreOp, ReductionOp
+from pyfuser.ir.symbolic import SymConst
 from pyfuser.ir.tensor_view import TensorView
 
 
@@ -124,7 +126,8 @@ def _same_mesh_plan(src: TensorView, dst: TensorView, mesh: DeviceMesh, rank: in
         return CommPlan(CommunicationType.Allreduce, team, reduce_op=op)
     if ptype in ins and ptype not in outs:
         axis = _logical_pos(src, dst, ins[ptype])
-        if src.get_logical_domain()[ins[ptype]].is_device_dim and dst.get_logical_domain()[axis].is_stream:
+        if (src.get_logical_domain()[ins[ptype]].is_device_dim and dst.get_logical_domain()[axis].is_stream) \
+                or _streams_the_shards(src, dst, ptype, ins[ptype], axis, len(team)):
             return CommPlan(CommunicationType.Broadcast, team, dim=tensor_dim(dst, axis), root_from_loop=True)
         return CommPlan(CommunicationType.Allgather, team, dim=tensor_dim(dst, axis))
     if ptype in outs and ptype not in ins:
@@ -162,6 +165,23 @@ def _cross_mesh_plan(src: TensorView, dst: TensorView, smesh: DeviceMesh, dmesh:
     raise _no_path(src, dst, f"between {smesh} and {dmesh} only replicated moves (Broadcast, SendRecv), "
                    f"Gather / Reduce onto one rank of the source mesh and Scatter from one rank of the "
                    f"destination mesh are supported (ranks involved: {list(union)})")
+
+
+def _streams_the_shards(src: TensorView, dst: TensorView, ptype: ParallelType, src_axis: int, dst_axis: int,
+                        parts: int) -> bool:
+    """Whether ``dst``'s stream loop iterates ``src``'s shards: ``src`` splits logical axis ``src_axis`` once
+    into ``parts`` shards along ``ptype`` and ``dst`` splits the same axis once into ``parts`` chunks on
+    stream, so iteration ``i`` gathers the shard of team position ``i`` (nvFuser's broadcast-based
+    all-gather of a stream loop; the "shard outermost" form has both as logical IDs)."""
+    stream = stream_axis_of(dst)
+    if stream is None or stream.logical is not dst.get_logical_domain()[dst_axis] or len(stream.splits) != 1:
+        return False
+    device = next((i for i in src.get_loop_domain() if i.parallel_type is ptype), None)
+    if device is None:
+        return False
+    reached, splits = walk_outer_splits(device, src.get_logical_domain())
+    return (reached is src.get_logical_domain()[src_axis] and len(splits) == 1
+            and device.extent == SymConst(parts) and stream.count == SymConst(parts))
 
 
 def _logical_pos(from_tv: TensorView, to_tv: TensorView, axis: int) -> int:

@@ -340,8 +340,8 @@ def seed_004_allgather_linear_pipeline() -> None:
 @case()
 def stream_loop_over_split_sharded_axis_errors() -> None:
     """A user's set that gathers x[M, K] (rows split over the mesh) inside a loop over row chunks of the
-    global M: a rank's shard is not those chunks, so this is an error at compile time (it used to feed the
-    all-gather slices of the local shard: a size mismatch, or wrong rows)."""
+    global M other than the shards (2 d chunks): a rank's shard is not those chunks, so this is an error at
+    compile time (it used to feed the all-gather slices of the local shard: a size mismatch, or wrong rows)."""
     d, _, mesh = world()
     with FusionDefinition() as fd:
         x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
@@ -351,10 +351,42 @@ def stream_loop_over_split_sharded_axis_errors() -> None:
         place(mesh, x, w, gathered, out)
         shard_axis(x, 0, d)
         for tv in (gathered, out):
-            tv.outer_split(0, 2)
+            tv.outer_split(0, 2 * d)
             tv.axis(0).parallelize(ParallelType.stream)
     expect_error(lambda: fd.execute([randn(4, 8), randn(5, 8)]), ValueError, "T0 axis 0", "sharded on deviceIdx.x",
                  "stream")
+
+
+@case()
+def stream_loop_broadcasts_the_shards_of_a_split_sharded_axis() -> None:
+    """nvFuser's broadcast-based all-gather in a stream loop: x's rows split over the mesh, the gathered
+    tensor's rows split as many ways on stream, so iteration i broadcasts rank i's shard (x read whole);
+    the linear of each chunk runs in the same iteration where its output is chunked the same way, after
+    the loop where it is not (only a fusion input's stream axis reaches unscheduled consumers)."""
+    d, _, mesh = world()
+    for out_on_stream in (True, False):
+        with FusionDefinition() as fd:
+            x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
+            gathered = fd.ops.set(x)
+            out = fd.ops.linear(gathered, w)
+            fd.add_output(out)
+            place(mesh, x, w, gathered, out)
+            shard_axis(x, 0, d)
+            for tv in (gathered, out) if out_on_stream else (gathered,):
+                tv.outer_split(0, d)
+                tv.axis(0).parallelize(ParallelType.stream)
+        xf, wf = randn(3 * d, 8), randn(5, 8)
+        (got,) = fd.execute([shard_tensor(xf, x), wf])
+        assert_close(got, F.linear(xf, wf), f"broadcast-based all-gather + linear, out on stream: {out_on_stream}")
+        text = host_ir(fd)
+        loop = [r"FOR StreamIdx", r"HirAliasSelect\( T2_",
+                r"Communication \d+ \(type=Broadcast, team=\(.*\), root=team\[StreamIdx\], input=T0_",
+                r"Wait Communication"]
+        after = [r"SetCurrentStream to Stream 0", r"= linear\("]
+        _check_structure(text, [*loop, r"= linear\(", r"SetCurrentStream to Stream 0"] if out_on_stream else
+                         [*loop, *after])
+        if "HirAliasSelect( T0_" in text:
+            raise AssertionError(f"the sharded input must be read whole, not chunked:\n{text}")
 
 
 @case()
