@@ -113,7 +113,21 @@ def post(plan: CommPlan, rank: int, group: Any, src: torch.Tensor | None, dst: t
         return _scatter(plan, rank, group, src, _need(dst, plan, "output"))
     if kind is CommunicationType.AllToAll:
         return _all_to_all(plan, group, _need(src, plan, "input"), _need(dst, plan, "output"))
+    if kind is CommunicationType.CollectivePermute:
+        return _collective_permute(plan, rank, _need(src, plan, "input"), _need(dst, plan, "output"))
     raise ValueError(f"{kind} is not a communication that torch.distributed runs")
+
+
+def _collective_permute(plan: CommPlan, rank: int, src: torch.Tensor, dst: torch.Tensor) -> Pending:
+    """This rank's shard to ``plan.peer`` and ``plan.root``'s into ``dst``, together (every rank sends and
+    receives once: no order to deadlock on); its own shard (``peer`` is this rank) is a local copy."""
+    if plan.peer == rank:
+        dst.copy_(src.reshape(dst.shape))
+        return Pending()
+    staging = _staging(dst)
+    ops = [dist.P2POp(dist.isend, src.contiguous(), plan.peer), dist.P2POp(dist.irecv, staging, plan.root)]
+    works = dist.batch_isend_irecv(ops)
+    return Pending(list(works), None if staging is dst else (lambda: dst.copy_(staging)))
 
 
 def _solo(src: torch.Tensor | None, dst: torch.Tensor | None) -> Pending:

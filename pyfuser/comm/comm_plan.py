@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from pyfuser.ir.analysis.sharding import Sharding, sharding_of, tensor_dim
-from pyfuser.ir.analysis.stream_axes import stream_axis_of, walk_outer_splits
+from pyfuser.ir.analysis.stream_axes import StreamAxis, stream_axis_of, walk_outer_splits
 from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import LoadStoreOp, ReductionOp
@@ -33,6 +33,9 @@ class CommunicationType(Enum):
     #: The sharding moves from one axis to another (expert parallelism's dispatch and combine): every
     #: rank sends each peer the slice of its shard that the peer holds afterwards.
     AllToAll = "AllToAll"
+    #: A swizzled stream loop over the shards (nvFuser's ring all-gather): iteration ``i`` on team position
+    #: ``p`` sends the rank's shard to position ``(p - i) % n`` and receives position ``(p + i) % n``'s.
+    CollectivePermute = "CollectivePermute"
     #: Not a collective: a replicated tensor becomes sharded on the same mesh; each rank keeps its slice.
     LocalSlice = "LocalSlice"
 
@@ -57,7 +60,8 @@ class CommPlan:
     reduce_op: str = "sum"
     peer: int | None = None  # SendRecv: the receiver
     #: Broadcast inside a stream loop over the sharded axis itself: iteration ``i`` broadcasts the shard
-    #: of ``team[i]`` (the broadcast-based pipeline of the "shard outermost" all-gather + GEMM).
+    #: of ``team[i]`` (the broadcast-based pipeline of the "shard outermost" all-gather + GEMM); a
+    #: CollectivePermute's peers follow the loop's index the same way.
     root_from_loop: bool = False
     concat_dim: int | None = None
 
@@ -126,9 +130,15 @@ def _same_mesh_plan(src: TensorView, dst: TensorView, mesh: DeviceMesh, rank: in
         return CommPlan(CommunicationType.Allreduce, team, reduce_op=op)
     if ptype in ins and ptype not in outs:
         axis = _logical_pos(src, dst, ins[ptype])
-        if (src.get_logical_domain()[ins[ptype]].is_device_dim and dst.get_logical_domain()[axis].is_stream) \
-                or _streams_the_shards(src, dst, ptype, ins[ptype], axis, len(team)):
+        if src.get_logical_domain()[ins[ptype]].is_device_dim and dst.get_logical_domain()[axis].is_stream:
             return CommPlan(CommunicationType.Broadcast, team, dim=tensor_dim(dst, axis), root_from_loop=True)
+        stream = _stream_over_the_shards(src, dst, ptype, ins[ptype], axis, len(team))
+        if stream is not None:
+            if stream.swizzle not in (None, ptype):
+                raise _no_path(src, dst, f"its stream loop is swizzled along {stream.swizzle}, but the shards it "
+                               f"gathers are along {ptype}")
+            kind = CommunicationType.Broadcast if stream.swizzle is None else CommunicationType.CollectivePermute
+            return CommPlan(kind, team, dim=tensor_dim(dst, axis), root_from_loop=True)
         return CommPlan(CommunicationType.Allgather, team, dim=tensor_dim(dst, axis))
     if ptype in outs and ptype not in ins:
         return CommPlan(CommunicationType.LocalSlice, team, dim=tensor_dim(src, _logical_pos(dst, src, outs[ptype])))
@@ -167,21 +177,24 @@ def _cross_mesh_plan(src: TensorView, dst: TensorView, smesh: DeviceMesh, dmesh:
                    f"destination mesh are supported (ranks involved: {list(union)})")
 
 
-def _streams_the_shards(src: TensorView, dst: TensorView, ptype: ParallelType, src_axis: int, dst_axis: int,
-                        parts: int) -> bool:
-    """Whether ``dst``'s stream loop iterates ``src``'s shards: ``src`` splits logical axis ``src_axis`` once
-    into ``parts`` shards along ``ptype`` and ``dst`` splits the same axis once into ``parts`` chunks on
+def _stream_over_the_shards(src: TensorView, dst: TensorView, ptype: ParallelType, src_axis: int, dst_axis: int,
+                            parts: int) -> StreamAxis | None:
+    """``dst``'s stream axis where its loop iterates ``src``'s shards: ``src`` splits logical axis ``src_axis``
+    once into ``parts`` shards along ``ptype`` and ``dst`` splits the same axis once into ``parts`` chunks on
     stream, so iteration ``i`` gathers the shard of team position ``i`` (nvFuser's broadcast-based
-    all-gather of a stream loop; the "shard outermost" form has both as logical IDs)."""
+    all-gather of a stream loop; the "shard outermost" form has both as logical IDs), or of position
+    ``(p + i) % parts`` on position ``p`` where the stream ID is swizzled (``swizzle1d``)."""
     stream = stream_axis_of(dst)
     if stream is None or stream.logical is not dst.get_logical_domain()[dst_axis] or len(stream.splits) != 1:
-        return False
+        return None
     device = next((i for i in src.get_loop_domain() if i.parallel_type is ptype), None)
     if device is None:
-        return False
+        return None
     reached, splits = walk_outer_splits(device, src.get_logical_domain())
-    return (reached is src.get_logical_domain()[src_axis] and len(splits) == 1
-            and device.extent == SymConst(parts) and stream.count == SymConst(parts))
+    if (reached is src.get_logical_domain()[src_axis] and len(splits) == 1 and device.extent == SymConst(parts)
+            and stream.count == SymConst(parts)):
+        return stream
+    return None
 
 
 def _logical_pos(from_tv: TensorView, to_tv: TensorView, axis: int) -> int:

@@ -63,7 +63,11 @@ class Communication(HostNode):
         team = " ".join(map(str, self.plan.team))
         root = f", root={self.plan.root}" if self.plan.type in _ROOTED else ""
         if self.plan.root_from_loop:
+            n = len(self.plan.team)
             root = f", root=team[{self.loop_index}]"
+            if self.plan.type is CommunicationType.CollectivePermute:
+                p = self.plan.team.index(self.rank)
+                root = f", send to team[({p} - {self.loop_index}) % {n}], receive from team[({p} + {self.loop_index}) % {n}]"
         reduce = f", op={self.plan.reduce_op}" if self.plan.type in (
             CommunicationType.Allreduce, CommunicationType.ReduceScatter, CommunicationType.Reduce) else ""
         return (f"{indent_str(indent)}Communication {self.handle.number} (type={self.plan.type}, team=({team}){root}"

@@ -34,9 +34,19 @@ def build_communication(node: Communication, cc: CompileContext) -> Step:
     index_slot = cc.slot(node.loop_index) if plan.root_from_loop else None
     team = plan.team
 
+    permute = plan.type is CommunicationType.CollectivePermute
+    position = team.index(rank) if rank in team else 0
+
+    def peers(i: int) -> Any:
+        """The plan of iteration ``i`` of the loop: the broadcast's root, or the permute's receive-from (root)
+        and send-to (peer) ranks."""
+        if permute:
+            return replace(plan, root=team[(position + i) % len(team)], peer=team[(position - i) % len(team)])
+        return replace(plan, root=team[i])
+
     def step(frame: Frame) -> None:
         values = frame.values
-        current = plan if index_slot is None else replace(plan, root=team[values[index_slot]])
+        current = plan if index_slot is None else peers(values[index_slot])
         src = values[src_slot] if src_slot is not None else None
         dst = None
         if dst_slot is not None:

@@ -54,10 +54,25 @@ class LoopIndex:
     axis: ``chunk`` is 1 for a stream-parallel logical ID and ``ceilDiv`` for an outer split.
     """
 
-    def __init__(self, extent: SymExpr, chunk: SymExpr, name: str = "StreamIdx") -> None:
+    def __init__(self, extent: SymExpr, chunk: SymExpr, name: str = "StreamIdx",
+                 rotation: tuple[int, int] | None = None) -> None:
         self.name = name
         self.extent = extent
         self.chunk = chunk
+        #: a swizzled loop (``IterDomain.swizzle``): (``p``, ``n``), iteration ``i`` covers chunk ``(i + p) % n``
+        #: (``p`` this rank's position in a team of ``n`` along the swizzle's parallel type)
+        self.rotation = rotation
+
+    def chunk_index(self, i: int) -> int:
+        """The chunk iteration ``i`` covers."""
+        if self.rotation is None:
+            return i
+        shift, count = self.rotation
+        return (i + shift) % count
+
+    def chunk_text(self) -> str:
+        """The chunk index as dumps print it."""
+        return self.name if self.rotation is None else f"( {self.name} + {self.rotation[0]} ) % {self.rotation[1]}"
 
     def __str__(self) -> str:
         return self.name
@@ -405,7 +420,7 @@ class HirAliasSelect(HostNode):
 
     def to_string(self, indent: int = 0) -> str:
         pad = indent_str(indent)
-        index = f"( {self.index} % {NUMBER_OF_STREAMS} )" if self.ring else str(self.index)
+        index = f"( {self.index} % {NUMBER_OF_STREAMS} )" if self.ring else self.index.chunk_text()
         return (f"{pad}{self.out}\n{pad}   = HirAliasSelect( {self.src}, axis = {self.axis}, "
                 f"index = {index} )\n")
 

@@ -276,7 +276,7 @@ def build_for_loop(node: ForLoop, cc: CompileContext) -> Step | None:
         first_i, stop_i = start.evaluate(env), stop.evaluate(env)
         steps = alone if stop_i - first_i == 1 else body
         for i in range(first_i, stop_i):
-            first = i * size
+            first = index.chunk_index(i) * size
             count = min(size, n - first)
             if count <= 0:
                 continue

@@ -73,7 +73,7 @@ class IterDomain:
     """
 
     __slots__ = ("fusion", "name", "extent", "iter_type", "parallel_type", "definition",
-                 "uses", "tensor", "expanded")
+                 "uses", "tensor", "expanded", "swizzle")
 
     def __init__(self, fusion: Fusion, extent: SymExpr | int, iter_type: IterType = IterType.Iteration,
                  parallel_type: ParallelType = ParallelType.serial) -> None:
@@ -89,6 +89,9 @@ class IterDomain:
         #: broadcast materialized with stride 0, as ``x.expand(...)`` gives. It iterates like any
         #: axis; its input must have stride 0 there.
         self.expanded = False
+        #: nvFuser's ``Swizzle1D`` of a stream ID (``TensorView.swizzle1d``): iteration ``i`` of its loop takes
+        #: chunk ``(i + p) % n`` on the rank at position ``p`` of the team along this device parallel type
+        self.swizzle: ParallelType | None = None
 
     # --- queries -------------------------------------------------------------------------
     @property
@@ -139,7 +142,8 @@ class IterDomain:
 
     # --- printing --------------------------------------------------------------------------
     def __str__(self) -> str:
-        return f"{self.iter_type.value}{self.parallel_type.value}{self.name}{{{self.extent}}}"
+        swizzle = f"(swizzle1d {self.swizzle.value})" if self.swizzle is not None else ""
+        return f"{self.iter_type.value}{self.parallel_type.value}{self.name}{{{self.extent}}}{swizzle}"
 
     __repr__ = __str__
 

@@ -191,6 +191,19 @@ class TensorView(Val):
     def outer_split(self, axis: int, factor: int | SymExpr | Any) -> TensorView:
         return self.split(axis, factor, inner_split=False)
 
+    def swizzle1d(self, axis: int, parallel_type: ParallelType) -> TensorView:
+        """nvFuser's cyclic shift of a loop ID by the rank's index along ``parallel_type``: once the ID is
+        parallelized on stream, iteration ``i`` of its loop takes chunk ``(i + p) % n`` on the rank at
+        position ``p`` of its team (``n`` ranks), so the ranks gather the shards of a stream loop in a ring
+        (a collective permute per iteration) instead of each from one root."""
+        if not isinstance(parallel_type, ParallelType) or not parallel_type.is_device:
+            raise ValueError(f"{self.short_name}.swizzle1d: the parallel type must be a device one (mesh_x, mesh_y, "
+                             f"mesh_z), got {parallel_type!r}")
+        loop_id = self._domain.loop[self._loop_index(axis)]
+        loop_id.swizzle = parallel_type
+        self.fusion.mark_changed()
+        return self
+
     def merge(self, axis: int, axis2: int | None = None) -> TensorView:
         outer_pos = self._loop_index(axis)
         inner_pos = outer_pos + 1 if axis2 is None else self._loop_index(axis2, "axis2")

@@ -358,13 +358,15 @@ def stream_loop_over_split_sharded_axis_errors() -> None:
 
 
 @case()
-def stream_loop_broadcasts_the_shards_of_a_split_sharded_axis() -> None:
-    """nvFuser's broadcast-based all-gather in a stream loop: x's rows split over the mesh, the gathered
-    tensor's rows split as many ways on stream, so iteration i broadcasts rank i's shard (x read whole);
-    the linear of each chunk runs in the same iteration where its output is chunked the same way, after
+def stream_loop_gathers_the_shards_of_a_split_sharded_axis() -> None:
+    """nvFuser's stream-loop all-gathers: x's rows split over the mesh, the gathered tensor's rows split as
+    many ways on stream, so iteration i broadcasts rank i's shard (x read whole), or, with the stream ID
+    swizzled along the mesh (``swizzle1d``), each rank sends its shard to position (p - i) % d and receives
+    position (p + i) % d's, its own first (a ring: d - 1 exchanges, no root). The linear of each chunk runs in
+    the same iteration where its output is chunked the same way (it follows a swizzled loop's order), after
     the loop where it is not (only a fusion input's stream axis reaches unscheduled consumers)."""
-    d, _, mesh = world()
-    for out_on_stream in (True, False):
+    d, rank, mesh = world()
+    for swizzled, out_on_stream in ((False, True), (False, False), (True, True), (True, False)):
         with FusionDefinition() as fd:
             x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
             gathered = fd.ops.set(x)
@@ -374,19 +376,33 @@ def stream_loop_broadcasts_the_shards_of_a_split_sharded_axis() -> None:
             shard_axis(x, 0, d)
             for tv in (gathered, out) if out_on_stream else (gathered,):
                 tv.outer_split(0, d)
+                if swizzled and tv is gathered:
+                    tv.swizzle1d(0, X)
                 tv.axis(0).parallelize(ParallelType.stream)
         xf, wf = randn(3 * d, 8), randn(5, 8)
+        what = f"stream-loop all-gather + linear, swizzled: {swizzled}, out on stream: {out_on_stream}"
         (got,) = fd.execute([shard_tensor(xf, x), wf])
-        assert_close(got, F.linear(xf, wf), f"broadcast-based all-gather + linear, out on stream: {out_on_stream}")
+        assert_close(got, F.linear(xf, wf), what)
         text = host_ir(fd)
-        loop = [r"FOR StreamIdx", r"HirAliasSelect\( T2_",
-                r"Communication \d+ \(type=Broadcast, team=\(.*\), root=team\[StreamIdx\], input=T0_",
-                r"Wait Communication"]
-        after = [r"SetCurrentStream to Stream 0", r"= linear\("]
-        _check_structure(text, [*loop, r"= linear\(", r"SetCurrentStream to Stream 0"] if out_on_stream else
-                         [*loop, *after])
+        moved = (rf"type=CollectivePermute, team=\(.*\), send to team\[\({rank} - StreamIdx\) % {d}\], receive from "
+                 rf"team\[\({rank} \+ StreamIdx\) % {d}\], input=T0_" if swizzled else
+                 r"type=Broadcast, team=\(.*\), root=team\[StreamIdx\], input=T0_")
+        # the chunk of the whole tensor an iteration writes (the gathered one, or the output, when the gathered
+        # chunks are a ring buffer's): rank p's iteration i takes chunk (i + p) % d of a swizzled loop
+        index = rf"\( StreamIdx \+ {rank} \) % {d}" if swizzled else "StreamIdx"
+        chunk = rf"HirAliasSelect\( T{3 if out_on_stream else 2}_.*index = {index} \)"
+        loop = [r"FOR StreamIdx", r"HirAliasSelect\( T2_", rf"Communication \d+ \({moved}", r"Wait Communication"]
+        _check_structure(text, [*loop, chunk, r"= linear\(", r"SetCurrentStream to Stream 0"] if out_on_stream else
+                         [r"FOR StreamIdx", chunk, *loop[2:], r"SetCurrentStream to Stream 0", r"= linear\("])
         if "HirAliasSelect( T0_" in text:
-            raise AssertionError(f"the sharded input must be read whole, not chunked:\n{text}")
+            raise AssertionError(f"{what}: the sharded input must be read whole, not chunked:\n{text}")
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1])
+        fd.add_output(fd.ops.neg(x))
+        place(mesh, x)
+        x.swizzle1d(0, X)
+    expect_error(lambda: fd.execute([randn(4, 8)]), ValueError, "T0 axis 0", "swizzle1d", "not parallelized on stream")
+    expect_error(lambda: x.swizzle1d(0, ParallelType.stream), ValueError, "swizzle1d", "device one")
 
 
 @case()

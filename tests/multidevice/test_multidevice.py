@@ -49,7 +49,7 @@ CASES_2 = [
     "row_parallel_linear_stream_pipelined", "sum_over_sharded_axis", "matmul_batch_and_contraction_sharding",
     "mesh_not_in_rank_order", "mesh_axis_of_size_one", "sequence_parallel_allgather_linear",
     "seed_004_allgather_linear_pipeline", "seed_004_shard_outermost", "stream_loop_over_split_sharded_axis_errors",
-    "stream_loop_broadcasts_the_shards_of_a_split_sharded_axis",
+    "stream_loop_gathers_the_shards_of_a_split_sharded_axis",
     "mlp_tensor_and_sequence_parallel", "pipeline_across_meshes", "gather_scatter_reduce_between_meshes",
     "dtensor_wrapper", "bad_inputs_raise_clear_errors", "matmul_output_sharded_on_its_reduction_and_an_output_axis",
 ]

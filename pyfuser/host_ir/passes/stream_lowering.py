@@ -16,6 +16,8 @@ other node closes the open loop. A loop is emitted as::
 
 from __future__ import annotations
 
+from typing import Any
+
 from pyfuser.host_ir.nodes import Allocate, AtenCall, ForLoop, HirAliasSelect, HostIrContainer, HostNode, LoopIndex
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, Synchronize
 from pyfuser.ir.analysis.allocation_order import allocation_perm
@@ -41,9 +43,9 @@ from pyfuser.options import CompileOptions
 class _OpenLoop:
     """A stream loop being built: its chunking and every tensor chunked in it so far."""
 
-    def __init__(self, axis: StreamAxis) -> None:
+    def __init__(self, axis: StreamAxis, rank: int) -> None:
         self.axis = axis
-        self.index = LoopIndex(axis.logical.extent, axis.chunk)
+        self.index = LoopIndex(axis.logical.extent, axis.chunk, **_rotation(axis, rank))
         self.preamble: list[HostNode] = []
         self.body: list[HostNode] = []
         #: full tensor -> (chunked logical ID, chunk tensor)
@@ -71,9 +73,10 @@ class _OpenLoop:
 
 
 class _StreamLowering:
-    def __init__(self, container: HostIrContainer, fusion: Fusion) -> None:
+    def __init__(self, container: HostIrContainer, fusion: Fusion, rank: int) -> None:
         self.container = container
         self.fusion = fusion
+        self.rank = rank
         self.allocated: set[Val] = {n.tv for n in container.nodes if isinstance(n, Allocate)}
         self.result: list[HostNode] = []
         self.loop: _OpenLoop | None = None
@@ -98,7 +101,7 @@ class _StreamLowering:
                 continue
             if self.loop is None or not self.loop.accepts(expr, axis):
                 self._close()
-                self.loop = _OpenLoop(axis)
+                self.loop = _OpenLoop(axis, self.rank)
             self._add(self.loop, node, expr, axis)
         self._close()
         self.container.nodes = self.result
@@ -226,4 +229,20 @@ def _chunk_tensor(tv: TensorView, logical: IterDomain, axis: StreamAxis) -> Tens
 
 
 def lower_stream_parallel(container: HostIrContainer, options: CompileOptions) -> None:
-    _StreamLowering(container, container.fusion).run()
+    _StreamLowering(container, container.fusion, options.rank).run()
+
+
+def _rotation(axis: StreamAxis, rank: int) -> dict[str, Any]:
+    """The ``LoopIndex`` rotation of a swizzled stream axis on ``rank``: its position in the team along the
+    swizzle's parallel type; the loop must take one chunk per member."""
+    if axis.swizzle is None:
+        return {}
+    mesh = axis.tv.device_mesh
+    if mesh is None or rank not in mesh:
+        raise ValueError(f"{axis.describe()} is swizzled along {axis.swizzle} (swizzle1d), but "
+                         f"{axis.tv.short_name} has no device mesh holding rank {rank}")
+    team = mesh.team(rank, axis.swizzle)
+    if not (isinstance(axis.count, SymConst) and axis.count.val == len(team)):
+        raise ValueError(f"{axis.describe()} is swizzled along {axis.swizzle} (swizzle1d): its loop must take one "
+                         f"chunk per rank of the team ({len(team)}), got {axis.count}")
+    return {"rotation": (team.index(rank), len(team))}

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pyfuser.ir.analysis.fused_exprs import FusedExprs
 from pyfuser.ir.analysis.sharding import is_resharding
 from pyfuser.ir.base import Expr
-from pyfuser.ir.iter_domain import IterDomain, Split
+from pyfuser.ir.iter_domain import IterDomain, ParallelType, Split
 from pyfuser.ir.symbolic import SymConst, SymExpr
 from pyfuser.ir.tensor_view import TensorView
 
@@ -37,6 +37,8 @@ class StreamAxis:
     chunk: SymExpr
     count: SymExpr
     splits: SplitChain
+    #: the stream ID's ``swizzle1d``: iteration ``i`` takes chunk ``(i + p) % count`` on team position ``p``
+    swizzle: ParallelType | None = None
 
     @property
     def dim(self) -> int:
@@ -44,11 +46,13 @@ class StreamAxis:
         return _dim_of(self.tv, self.logical)
 
     def maps_to(self, other: StreamAxis) -> bool:
-        return self.splits == other.splits
+        """Whether this chunking can join ``other``'s loop: the same splits, and no swizzle other than the
+        loop's (a chunking without one follows the loop's order, as nvFuser propagates a swizzle)."""
+        return self.splits == other.splits and self.swizzle in (None, other.swizzle)
 
     def on(self, tv: TensorView, logical: IterDomain) -> StreamAxis:
         """The same chunking applied to ``logical`` of another tensor."""
-        return StreamAxis(tv, logical, self.loop_id, self.chunk, self.count, self.splits)
+        return StreamAxis(tv, logical, self.loop_id, self.chunk, self.count, self.splits, self.swizzle)
 
     def describe(self) -> str:
         """The scheduled stream ID, named on the tensor the user parallelized."""
@@ -108,7 +112,7 @@ def stream_axis_of(tv: TensorView) -> StreamAxis | None:
     chunk: SymExpr = SymConst(1)
     for split in reversed(splits):
         chunk = split.inner.extent * chunk
-    return StreamAxis(tv, node, sid, chunk, sid.extent, tuple((s.factor, s.inner_split) for s in splits))
+    return StreamAxis(tv, node, sid, chunk, sid.extent, tuple((s.factor, s.inner_split) for s in splits), sid.swizzle)
 
 
 def producer_id(expr: Expr | FusedExprs, producer: TensorView, consumer_id: IterDomain) -> IterDomain | None:
@@ -232,5 +236,9 @@ def check_stream_schedules(fusion: Fusion) -> None:
     """Validate every stream schedule of the fusion as the user wrote it (before passes reorder
     loop domains), so errors name the axes the user parallelized."""
     for tv in fusion.tensors():
+        for i in tv.get_loop_domain():
+            if i.swizzle is not None and not i.is_stream:
+                raise ValueError(f"{tv.short_name} axis {tv.loop_position(i)} ({i}) is swizzled (swizzle1d) but not "
+                                 "parallelized on stream: the swizzle orders a stream loop's chunks by rank")
         stream_axis_of(tv)
     inherited_stream_axes(fusion.exprs())  # every expr's chunking, own or propagated
