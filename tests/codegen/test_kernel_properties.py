@@ -3,6 +3,7 @@ manual schedule, compute what the ATen evaluator (the oracle) computes."""
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -55,11 +56,13 @@ def programs(draw: st.DrawFn) -> Program:
 
 def _build(program: Program, merge: tuple[tuple[int, ...], int, int] | None = None,
            ) -> tuple[FusionDefinition, list[torch.Tensor], torch.Tensor]:
-    """The program's fusion, its inputs and torch's result; ``merge`` (a permutation and a range of
-    its axes) permutes the last value and reshapes it with those axes merged."""
+    """The program's fusion, its inputs (drawn from a generator seeded by the program: a failure
+    reproduces) and torch's result; ``merge`` (a permutation and a range of its axes) permutes the last
+    value and reshapes it with those axes merged."""
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((program, merge)).encode()))
     tensors = []
     for dims, order in program.inputs:
-        base = torch.randn([dims[d] for d in order])
+        base = torch.randn([dims[d] for d in order], generator=gen)
         tensors.append(base.permute([order.index(d) for d in range(len(dims))]))
     with FusionDefinition() as fd:
         vals = [fd.define_tensor([-1 if s != 1 else 1 for s in t.shape]) for t in tensors]
@@ -93,7 +96,39 @@ def test_automatic_schedules_match_the_oracle(program: Program) -> None:
     (got,) = fd.execute(inputs, _enable_options=["triton_interpreter"])
     (oracle,) = fd.execute(inputs, _disable_options=["kernel_codegen"])
     torch.testing.assert_close(oracle, expected)
-    torch.testing.assert_close(got, oracle, rtol=1e-5, atol=1e-5)
+    _assert_as_close_as_the_oracle(got, oracle, program)
+
+
+def _assert_as_close_as_the_oracle(got: torch.Tensor, oracle: torch.Tensor, program: Program,
+                                   merge: tuple[tuple[int, ...], int, int] | None = None) -> None:
+    """``got`` within 1e-5 of the oracle, or, element by element, no further from the program's float64
+    result than twice the oracle's own distance (plus the same 1e-5): a chain of exponentials magnifies
+    one float32 ulp of an inner value (each ``exp`` by its argument), so two correct float32 evaluations
+    may differ by more than 1e-5 there."""
+    if torch.allclose(got, oracle, rtol=1e-5, atol=1e-5, equal_nan=True):
+        return
+    exact = _in_float64(program, merge)
+    mine, theirs = (got.double() - exact).abs(), (oracle.double() - exact).abs()
+    bound = 2 * theirs + 1e-5 * exact.abs() + 1e-5
+    assert bool((mine <= bound).all()), (
+        f"generated kernel errs by {float(mine.max()):.3g} from float64, the oracle by {float(theirs.max()):.3g}")
+
+
+def _in_float64(program: Program, merge: tuple[tuple[int, ...], int, int] | None) -> torch.Tensor:
+    """``_build``'s result computed by torch in float64 from the same inputs."""
+    _, inputs, _ = _build(program, merge)
+    refs = [t.double() for t in inputs]
+    for op, args in program.steps:
+        if op == "permute":
+            refs.append(refs[args[0]].permute(list(args[1:])))
+        else:
+            refs.append(getattr(torch, op)(*(refs[a] for a in args)))
+    if merge is not None:
+        perm, start, stop = merge
+        permuted = refs[-1].permute(list(perm))
+        refs.append(permuted.reshape([*permuted.shape[:start], permuted.shape[start:stop].numel(),
+                                      *permuted.shape[stop:]]))
+    return refs[-1]
 
 
 @st.composite
@@ -116,7 +151,7 @@ def test_a_computed_value_permuted_and_merged_matches_the_oracle(
     (got,) = fd.execute(inputs, _enable_options=["triton_interpreter"])
     (oracle,) = fd.execute(inputs, _disable_options=["kernel_codegen"])
     torch.testing.assert_close(oracle, expected)
-    torch.testing.assert_close(got, oracle, rtol=1e-5, atol=1e-5)
+    _assert_as_close_as_the_oracle(got, oracle, program, merge)
 
 
 @st.composite
@@ -162,4 +197,4 @@ def test_random_manual_schedules_match_the_oracle(case: tuple[Program, list[tupl
         if ptype is not None:
             i.parallelize(ptype)
     (got,) = fd.manual_execute(inputs)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    _assert_as_close_as_the_oracle(got, expected, program)
