@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from pyfuser.comm.collectives import Pending, post
-from pyfuser.comm.comm_plan import CommunicationType
+from pyfuser.comm.comm_plan import CommPlan, CommunicationType
 from pyfuser.comm.communicator import Communicator
 from pyfuser.comm.nodes import Communication, LocalSlice, Wait
 from pyfuser.host_ir.frame import CompileContext, Frame, Step, StepBuilder
@@ -37,7 +37,7 @@ def build_communication(node: Communication, cc: CompileContext) -> Step:
     permute = plan.type is CommunicationType.CollectivePermute
     position = team.index(rank) if rank in team else 0
 
-    def peers(i: int) -> Any:
+    def peers(i: int) -> CommPlan:
         """The plan of iteration ``i`` of the loop: the broadcast's root, or the permute's receive-from (root)
         and send-to (peer) ranks."""
         if permute:

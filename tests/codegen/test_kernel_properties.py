@@ -59,32 +59,45 @@ def _build(program: Program, merge: tuple[tuple[int, ...], int, int] | None = No
     """The program's fusion, its inputs (drawn from a generator seeded by the program: a failure
     reproduces) and torch's result; ``merge`` (a permutation and a range of its axes) permutes the last
     value and reshapes it with those axes merged."""
+    tensors = _inputs(program, merge)
+    expected = _torch_result(program, merge, tensors)
+    with FusionDefinition() as fd:
+        vals = [fd.define_tensor([-1 if s != 1 else 1 for s in t.shape]) for t in tensors]
+        for op, args in program.steps:
+            if op == "permute":
+                vals.append(fd.ops.permute(vals[args[0]], list(args[1:])))
+            else:
+                vals.append(getattr(fd.ops, op)(*(vals[a] for a in args)))
+        if merge is not None:
+            vals.append(fd.ops.reshape(fd.ops.permute(vals[-1], list(merge[0])), list(expected.shape)))
+        fd.add_output(vals[-1])
+    return fd, tensors, expected
+
+
+def _inputs(program: Program, merge: tuple[tuple[int, ...], int, int] | None) -> list[torch.Tensor]:
+    """The program's inputs in their layouts, drawn from a generator seeded by the program and merge."""
     gen = torch.Generator().manual_seed(zlib.crc32(repr((program, merge)).encode()))
     tensors = []
     for dims, order in program.inputs:
         base = torch.randn([dims[d] for d in order], generator=gen)
         tensors.append(base.permute([order.index(d) for d in range(len(dims))]))
-    with FusionDefinition() as fd:
-        vals = [fd.define_tensor([-1 if s != 1 else 1 for s in t.shape]) for t in tensors]
-        refs = list(tensors)
-        for op, args in program.steps:
-            if op == "permute":
-                vals.append(fd.ops.permute(vals[args[0]], list(args[1:])))
-                refs.append(refs[args[0]].permute(list(args[1:])))
-            elif len(args) == 1:
-                vals.append(getattr(fd.ops, op)(vals[args[0]]))
-                refs.append(getattr(torch, op)(refs[args[0]]))
-            else:
-                vals.append(getattr(fd.ops, op)(vals[args[0]], vals[args[1]]))
-                refs.append(getattr(torch, op)(refs[args[0]], refs[args[1]]))
-        if merge is not None:
-            perm, start, stop = merge
-            permuted = refs[-1].permute(list(perm))
-            shape = [*permuted.shape[:start], permuted.shape[start:stop].numel(), *permuted.shape[stop:]]
-            vals.append(fd.ops.reshape(fd.ops.permute(vals[-1], list(perm)), shape))
-            refs.append(permuted.reshape(shape))
-        fd.add_output(vals[-1])
-    return fd, tensors, refs[-1]
+    return tensors
+
+
+def _torch_result(program: Program, merge: tuple[tuple[int, ...], int, int] | None,
+                  tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The program (and ``merge``) computed by torch from ``tensors``, in their dtype."""
+    refs = list(tensors)
+    for op, args in program.steps:
+        if op == "permute":
+            refs.append(refs[args[0]].permute(list(args[1:])))
+        else:
+            refs.append(getattr(torch, op)(*(refs[a] for a in args)))
+    if merge is None:
+        return refs[-1]
+    perm, start, stop = merge
+    permuted = refs[-1].permute(list(perm))
+    return permuted.reshape([*permuted.shape[:start], permuted.shape[start:stop].numel(), *permuted.shape[stop:]])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -116,19 +129,7 @@ def _assert_as_close_as_the_oracle(got: torch.Tensor, oracle: torch.Tensor, prog
 
 def _in_float64(program: Program, merge: tuple[tuple[int, ...], int, int] | None) -> torch.Tensor:
     """``_build``'s result computed by torch in float64 from the same inputs."""
-    _, inputs, _ = _build(program, merge)
-    refs = [t.double() for t in inputs]
-    for op, args in program.steps:
-        if op == "permute":
-            refs.append(refs[args[0]].permute(list(args[1:])))
-        else:
-            refs.append(getattr(torch, op)(*(refs[a] for a in args)))
-    if merge is not None:
-        perm, start, stop = merge
-        permuted = refs[-1].permute(list(perm))
-        refs.append(permuted.reshape([*permuted.shape[:start], permuted.shape[start:stop].numel(),
-                                      *permuted.shape[stop:]]))
-    return refs[-1]
+    return _torch_result(program, merge, [t.double() for t in _inputs(program, merge)])
 
 
 @st.composite

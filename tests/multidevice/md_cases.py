@@ -337,12 +337,11 @@ def seed_004_allgather_linear_pipeline() -> None:
                                        r"= linear\(", r"^  FOR WorkerIdx", r"Synchronize Stream \( WorkerIdx"])
 
 
-@case()
-def stream_loop_over_split_sharded_axis_errors() -> None:
-    """A user's set that gathers x[M, K] (rows split over the mesh) inside a loop over row chunks of the
-    global M other than the shards (2 d chunks): a rank's shard is not those chunks, so this is an error at
-    compile time (it used to feed the all-gather slices of the local shard: a size mismatch, or wrong rows)."""
-    d, _, mesh = world()
+def gathered_linear(mesh: DeviceMesh, d: int, chunks: int, out_on_stream: bool,
+                    swizzled: bool = False) -> tuple[FusionDefinition, TensorView]:
+    """``linear(set(x), w)`` with x's rows split over the mesh and the gathered rows split into ``chunks`` on
+    stream (swizzled along the mesh with ``swizzled``), the output's rows too with ``out_on_stream``; the
+    fusion and x."""
     with FusionDefinition() as fd:
         x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
         gathered = fd.ops.set(x)
@@ -350,9 +349,21 @@ def stream_loop_over_split_sharded_axis_errors() -> None:
         fd.add_output(out)
         place(mesh, x, w, gathered, out)
         shard_axis(x, 0, d)
-        for tv in (gathered, out):
-            tv.outer_split(0, 2 * d)
+        for tv in (gathered, out) if out_on_stream else (gathered,):
+            tv.outer_split(0, chunks)
+            if swizzled and tv is gathered:
+                tv.swizzle1d(0, X)
             tv.axis(0).parallelize(ParallelType.stream)
+    return fd, x
+
+
+@case()
+def stream_loop_over_split_sharded_axis_errors() -> None:
+    """A user's set that gathers x[M, K] (rows split over the mesh) inside a loop over row chunks of the
+    global M other than the shards (2 d chunks): a rank's shard is not those chunks, so this is an error at
+    compile time (it used to feed the all-gather slices of the local shard: a size mismatch, or wrong rows)."""
+    d, _, mesh = world()
+    fd, _ = gathered_linear(mesh, d, chunks=2 * d, out_on_stream=True)
     expect_error(lambda: fd.execute([randn(4, 8), randn(5, 8)]), ValueError, "T0 axis 0", "sharded on deviceIdx.x",
                  "stream")
 
@@ -367,18 +378,7 @@ def stream_loop_gathers_the_shards_of_a_split_sharded_axis() -> None:
     the loop where it is not (only a fusion input's stream axis reaches unscheduled consumers)."""
     d, rank, mesh = world()
     for swizzled, out_on_stream in ((False, True), (False, False), (True, True), (True, False)):
-        with FusionDefinition() as fd:
-            x, w = fd.define_tensor([-1, -1]), fd.define_tensor([-1, -1])
-            gathered = fd.ops.set(x)
-            out = fd.ops.linear(gathered, w)
-            fd.add_output(out)
-            place(mesh, x, w, gathered, out)
-            shard_axis(x, 0, d)
-            for tv in (gathered, out) if out_on_stream else (gathered,):
-                tv.outer_split(0, d)
-                if swizzled and tv is gathered:
-                    tv.swizzle1d(0, X)
-                tv.axis(0).parallelize(ParallelType.stream)
+        fd, x = gathered_linear(mesh, d, chunks=d, out_on_stream=out_on_stream, swizzled=swizzled)
         xf, wf = randn(3 * d, 8), randn(5, 8)
         what = f"stream-loop all-gather + linear, swizzled: {swizzled}, out on stream: {out_on_stream}"
         (got,) = fd.execute([shard_tensor(xf, x), wf])

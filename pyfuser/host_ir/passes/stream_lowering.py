@@ -16,8 +16,6 @@ other node closes the open loop. A loop is emitted as::
 
 from __future__ import annotations
 
-from typing import Any
-
 from pyfuser.host_ir.nodes import Allocate, AtenCall, ForLoop, HirAliasSelect, HostIrContainer, HostNode, LoopIndex
 from pyfuser.host_ir.stream_nodes import GetCurrentStream, SetCurrentStream, Synchronize
 from pyfuser.ir.analysis.allocation_order import allocation_perm
@@ -45,7 +43,7 @@ class _OpenLoop:
 
     def __init__(self, axis: StreamAxis, rank: int) -> None:
         self.axis = axis
-        self.index = LoopIndex(axis.logical.extent, axis.chunk, **_rotation(axis, rank))
+        self.index = LoopIndex(axis.logical.extent, axis.chunk, rotation=_rotation(axis, rank))
         self.preamble: list[HostNode] = []
         self.body: list[HostNode] = []
         #: full tensor -> (chunked logical ID, chunk tensor)
@@ -232,11 +230,11 @@ def lower_stream_parallel(container: HostIrContainer, options: CompileOptions) -
     _StreamLowering(container, container.fusion, options.rank).run()
 
 
-def _rotation(axis: StreamAxis, rank: int) -> dict[str, Any]:
+def _rotation(axis: StreamAxis, rank: int) -> tuple[int, int] | None:
     """The ``LoopIndex`` rotation of a swizzled stream axis on ``rank``: its position in the team along the
-    swizzle's parallel type; the loop must take one chunk per member."""
+    swizzle's parallel type, and the team's size; the loop must take one chunk per member."""
     if axis.swizzle is None:
-        return {}
+        return None
     mesh = axis.tv.device_mesh
     if mesh is None or rank not in mesh:
         raise ValueError(f"{axis.describe()} is swizzled along {axis.swizzle} (swizzle1d), but "
@@ -245,4 +243,4 @@ def _rotation(axis: StreamAxis, rank: int) -> dict[str, Any]:
     if not (isinstance(axis.count, SymConst) and axis.count.val == len(team)):
         raise ValueError(f"{axis.describe()} is swizzled along {axis.swizzle} (swizzle1d): its loop must take one "
                          f"chunk per rank of the team ({len(team)}), got {axis.count}")
-    return {"rotation": (team.index(rank), len(team))}
+    return team.index(rank), len(team)
