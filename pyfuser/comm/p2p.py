@@ -80,20 +80,40 @@ class P2PStep:
         self.label = label
 
 
+class P2PFork(HostNode):
+    """The point on the current stream after which the sources of the sends that name it (``sources``) are
+    ready: those sends' copies wait for the work issued before this node, not for what is issued between it
+    and them. A pipeline forks before this rank's GEMM and issues its sends after it, so the GEMM is submitted
+    first (in a CUDA graph of the program, the first work a replay launches) while the copies start at once."""
+
+    chunk_local = True
+
+    def __init__(self, label: str, sources: list[TensorView], backend: str) -> None:
+        self.label = label
+        self.backend = backend
+        self.inputs = list(sources)
+        self.outputs = []
+
+    def to_string(self, indent: int = 0) -> str:
+        sources = ", ".join(str(tv) for tv in self.inputs)
+        return f"{indent_str(indent)}Fork P2PCommunication {self.label} ready: {sources}\n"
+
+
 class P2PCommunication(HostNode):
     """One transfer of a P2P pipeline, between this rank and ``peer`` (a global rank).
 
     send: this rank's ``buffer`` goes into block ``remote`` (a view of the channel) of ``peer``'s copy of
-    the channel. recv: ``buffer`` (a block of this rank's channel) is being written by ``peer``; the
-    ``P2PWait`` after it waits until it has landed. ``loop_index``: the stream loop the transfer runs in
-    (its iteration is the transfer's signal slot), None at top level.
+    the channel, once the work before ``fork`` (if given; else before this node) is done. recv: ``buffer`` (a
+    block of this rank's channel) is being written by ``peer``; the ``P2PWait`` after it waits until it has
+    landed. ``loop_index``: the stream loop the transfer runs in (its iteration is the transfer's signal
+    slot), None at top level.
     """
 
     chunk_local = True
 
     def __init__(self, kind: P2PCommunicationType, buffer: TensorView, channel: TensorView, peer: int, backend: str,
                  step: P2PStep, label: str, *, remote: TensorView | None = None,
-                 loop_index: LoopIndex | None = None) -> None:
+                 loop_index: LoopIndex | None = None, fork: P2PFork | None = None) -> None:
         self.kind = kind
         self.buffer = buffer
         self.channel = channel
@@ -103,6 +123,9 @@ class P2PCommunication(HostNode):
         self.label = label
         self.remote = remote
         self.loop_index = loop_index
+        self.fork = fork
+        if fork is not None and kind is not P2PCommunicationType.SEND:
+            raise ValueError(f"P2PCommunication {label}: only a send waits for a fork")
         if kind is P2PCommunicationType.SEND:
             if remote is None:
                 raise ValueError(f"P2PCommunication {label}: a send needs the remote block it writes")
@@ -114,6 +137,7 @@ class P2PCommunication(HostNode):
 
     def to_string(self, indent: int = 0) -> str:
         remote = f", remote={self.remote}" if self.remote is not None else ""
+        remote += f", after=fork {self.fork.label}" if self.fork is not None else ""
         return (f"{indent_str(indent)}P2PCommunication {self.label} (type={self.kind}, buffer={self.buffer}{remote}, "
                 f"peer={self.peer}, backend={self.backend.upper()})\n")
 

@@ -4,9 +4,10 @@ peer's block as soon as that block has landed.
 
 All-gather + GEMM (docs/allgather_gemm.md; a loop body, or the top level when there is no stream loop)::
 
-    Communication (type=Allgather, input=X, output=G)          P2PCommunication (type=send, buffer=X, remote=G[me])
-    Wait                                                 ->       ... to each peer, in rotated order
-    O = linear(G, W)                                           O[me] = linear(X, W)            # starts at once
+    Communication (type=Allgather, input=X, output=G)          Fork (X is ready)
+    Wait                                                 ->    O[me] = linear(X, W)            # starts at once
+    O = linear(G, W)                                           P2PCommunication (type=send, buffer=X, remote=G[me],
+                                                                   after the fork) to each peer, in rotated order
                                                                P2PCommunication (type=recv, buffer=G[p]); Wait
                                                                O[p] = linear(G[p], W)          # as G[p] lands
 
@@ -44,6 +45,7 @@ from pyfuser.comm.p2p import (
     BlockUpdate,
     P2PCommunication,
     P2PCommunicationType,
+    P2PFork,
     P2PRelease,
     P2PStep,
     P2PWait,
@@ -283,15 +285,17 @@ class _P2PLowering:
         compute: list[HostNode] = []
         if not gemm.into:
             compute.append(Allocate(out, allocation_perm(self.fusion, out)))
-        # The sends first: a send's copy waits for the work issued before it on this stream (its source is
-        # ready then), so issued after this rank's GEMM it would wait for that GEMM and nothing would overlap
-        # (measured: the copy started when the GEMM ended). Then this rank's block, then each peer's.
+        # This rank's GEMM first, its sends after it but waiting only for the fork before it (a send's copy
+        # otherwise waits for everything issued before it on this stream, the GEMM included); then each
+        # peer's block as it lands.
         mine = self._block(body, gathered, g, parts, pos)
+        fork = P2PFork(label, [comm.input_tv], backend)
         sends = [P2PCommunication(_SEND, comm.input_tv, buffer, team[(pos - j) % parts], backend, steps[j - 1],
-                                  f"{label}.{2 * j - 1}", remote=mine.out, loop_index=index) for j in range(1, parts)]
-        compute += [mine, *sends]
+                                  f"{label}.{2 * j - 1}", remote=mine.out, loop_index=index, fork=fork)
+                 for j in range(1, parts)]
         own = self._block(body, out, g_out, parts, pos)
-        compute += [own, AtenCall(gemm.expr, [comm.input_tv, *gemm.inputs[1:]], [own.out], into=True)]
+        compute += [mine, fork, own, AtenCall(gemm.expr, [comm.input_tv, *gemm.inputs[1:]], [own.out], into=True),
+                    *sends]
         for j in range(1, parts):
             q = (pos + j) % parts
             block, rows = self._block(body, gathered, g, parts, q), self._block(body, out, g_out, parts, q)
@@ -356,12 +360,13 @@ class _P2PLowering:
             if not gemm.into:
                 compute.append(Allocate(out, allocation_perm(self.fusion, out)))
         mine = self._block(body, received, g, parts, pos)
+        fork = P2PFork(label, [comm.input_tv], backend)
         sends = [P2PCommunication(_SEND, comm.input_tv, received, team[(pos - j) % parts], backend, steps[j - 1],
-                                  f"{label}.{2 * j - 1}", remote=mine.out) for j in range(1, parts)]
-        compute += [mine, *sends]
+                                  f"{label}.{2 * j - 1}", remote=mine.out, fork=fork) for j in range(1, parts)]
         own = self._block(body, gathered, g, parts, pos)
-        compute += [own, BlockUpdate(own.out, comm.input_tv, "copy")]
+        compute += [mine, fork, own, BlockUpdate(own.out, comm.input_tv, "copy")]
         compute += self._gemm_blocks(body, gemms, dims, comm.input_tv, parts, pos)
+        compute += sends
         for j in range(1, parts):
             q = (pos + j) % parts
             block, kept = self._block(body, received, g, parts, q), self._block(body, gathered, g, parts, q)

@@ -13,6 +13,7 @@ from pyfuser.comm.p2p import (
     BlockUpdate,
     P2PCommunication,
     P2PCommunicationType,
+    P2PFork,
     P2PRelease,
     P2PWait,
     ShardSelect,
@@ -30,6 +31,13 @@ class _ChannelSlot:
     """Key of the value slot holding a channel's run-time object during an execution."""
 
     buffer: TensorView
+
+
+@dataclass(frozen=True)
+class _ForkSlot:
+    """Key of the value slot holding the event a fork recorded, until the sends that name it."""
+
+    fork: P2PFork
 
 
 @dataclass(frozen=True)
@@ -96,16 +104,35 @@ def build_p2p_communication(node: P2PCommunication, cc: CompileContext) -> Step:
         return recv
     assert node.remote is not None  # checked when the node is made
     remote = cc.slot(node.remote)
-    # The CUDA transport orders its copy stream with two events per send: the source is ready, the copy done.
-    events = (torch.cuda.Event(), torch.cuda.Event()) if node.backend == "cuda" else None
+    # The CUDA transport orders its copy stream with two events per send: the source is ready (recorded here,
+    # or by the fork the send names), the copy done.
+    cuda = node.backend == "cuda"
+    own_ready, done = (torch.cuda.Event(), torch.cuda.Event()) if cuda else (None, None)
+    forked = cc.slot(_ForkSlot(node.fork)) if node.fork is not None and cuda else None
 
     def send(frame: Frame) -> None:
         values = frame.values
         slot = values[index] if index is not None else 0
-        stream = _current_stream(frame)
-        values[pending] = values[channel].send(values[buffer], values[remote], peer, slot, step_key, events, stream)
+        ready = own_ready
+        if forked is not None:
+            ready = values[forked]
+        elif ready is not None:
+            ready.record(_current_stream(frame))
+        values[pending] = values[channel].send(values[buffer], values[remote], peer, slot, step_key, ready, done)
 
     return send
+
+
+def build_p2p_fork(node: P2PFork, cc: CompileContext) -> Step:
+    if node.backend != "cuda":  # the process group's transfers are posted in program order
+        return lambda frame: None
+    forked, event = cc.slot(_ForkSlot(node)), torch.cuda.Event()
+
+    def step(frame: Frame) -> None:
+        event.record(_current_stream(frame))
+        frame.values[forked] = event
+
+    return step
 
 
 def build_p2p_wait(node: P2PWait, cc: CompileContext) -> Step:
@@ -152,6 +179,7 @@ P2P_STEP_BUILDERS: dict[type, StepBuilder] = {
     SymmetricAllocate: build_symmetric_allocate,
     ShardSelect: build_shard_select,
     P2PCommunication: build_p2p_communication,
+    P2PFork: build_p2p_fork,
     P2PWait: build_p2p_wait,
     P2PRelease: build_p2p_release,
 }

@@ -39,10 +39,11 @@ class Channel(ABC):
         """An execution starts using the channel."""
 
     @abstractmethod
-    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable, events: Any,
-             stream: Any) -> PendingTransfer:
-        """Start writing ``src`` (ready on ``stream``, the current one) into ``peer``'s copy of ``block`` (a view of
-        ``local``) as transfer ``slot``."""
+    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable, ready: Any,
+             done: Any) -> PendingTransfer:
+        """Start writing ``src`` into ``peer``'s copy of ``block`` (a view of ``local``) as transfer ``slot``, once
+        ``ready`` (an event recorded where ``src`` is ready; None on CPUs) completes; ``done``: the event the
+        transport may record when the copy is done."""
 
     @abstractmethod
     def recv(self, block: torch.Tensor, peer: int, slot: int, step: Hashable) -> PendingTransfer:
@@ -116,8 +117,8 @@ class ProcessGroupChannel(Channel):
         self._unposted.clear()
         self._posted.clear()
 
-    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable, events: Any,
-             stream: Any) -> PendingTransfer:
+    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable, ready: Any,
+             done: Any) -> PendingTransfer:
         key = (step, slot)
         self._unposted[key] = (src.contiguous(), peer)
 

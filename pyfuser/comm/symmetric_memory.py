@@ -233,13 +233,10 @@ class CudaChannel(Channel):
     def begin(self) -> None:
         self.epoch += 1
 
-    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable, events: Any,
-             stream: Any) -> PendingTransfer:
-        source_ready, done = events
-        current: torch.cuda.Stream = stream
+    def send(self, src: torch.Tensor, block: torch.Tensor, peer: int, slot: int, step: Hashable, ready: Any,
+             done: Any) -> PendingTransfer:
         copy = self._shared.copy_stream
-        source_ready.record(current)
-        copy.wait_event(source_ready)
+        copy.wait_event(ready)
         if self._free_waited.get(peer) != self.epoch:
             wait_and_reset(copy, self._free(self.rank, peer))
             self._free_waited[peer] = self.epoch

@@ -157,11 +157,17 @@ def _warm_up(run: Run, inputs: list[Any], name: str) -> None:
         torch.cuda.set_sync_debug_mode(previous)
 
 
-def _end_generator_capture(device: torch.device) -> None:
+def _end_failed_capture(device: torch.device, pool: Any) -> None:
     """After a failed capture: a capture that torch cannot end (an invalidated stream capture) never
-    runs its generators' capture epilogue, leaving ``device``'s default generator marked as capturing,
-    so every later random op of the process raises. An empty capture begins and ends that state once
-    more."""
+    runs its epilogue. The caching allocator still counts it as allocating into ``pool`` (the process
+    then aborts at exit, when the pool is destroyed: "captures_underway.empty()"), and ``device``'s
+    default generator stays marked as capturing, so every later random op of the process raises. The
+    pool's capture is ended here (a RuntimeError: torch had ended it), and an empty capture begins and
+    ends the generator's state once more."""
+    try:
+        torch._C._cuda_endAllocateToPool(device.index, pool)
+    except RuntimeError:
+        pass
     try:
         with torch.cuda.device(device):
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
@@ -200,10 +206,10 @@ class CapturedGraph:
                 self.outputs: list[torch.Tensor | None] = list(run(list(inputs)))
                 self._sort_outputs(inputs, in_place, name, hands_out)
         except CaptureError:
-            _end_generator_capture(device)
+            _end_failed_capture(device, pool)
             raise
         except RuntimeError as e:
-            _end_generator_capture(device)
+            _end_failed_capture(device, pool)
             raise CaptureError(f"{name}: the program cannot be captured into a CUDA graph: {e}") from e
         # Inputs refreshed by one batched copy per dtype (torch's fast path takes one dtype at a time).
         groups: dict[torch.dtype, list[tuple[int, _StaticInput]]] = {}

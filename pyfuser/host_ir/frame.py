@@ -81,7 +81,7 @@ NUMBER_OF_STREAMS_SLOT = RuntimeSlot("numberOfStreams")
 class CudaStreams:
     """Current stream tracking and ring-buffer slot events for one execution."""
 
-    __slots__ = ("current", "pool", "slot_events", "slot_streams")
+    __slots__ = ("current", "pool", "slot_events", "slot_streams", "switched_to")
 
     def __init__(self, pool: list[torch.cuda.Stream], current: torch.cuda.Stream,
                  slot_events: dict[tuple[int, int], torch.cuda.Event]) -> None:
@@ -89,11 +89,23 @@ class CudaStreams:
         self.current = current
         self.slot_events = slot_events
         self.slot_streams: dict[tuple[int, int], torch.cuda.Stream] = {}
+        #: the streams this execution issued work on besides the one it started on
+        self.switched_to: set[torch.cuda.Stream] = set()
 
     def set(self, stream: torch.cuda.Stream) -> None:
         if stream != self.current:
             torch.cuda.set_stream(stream)
             self.current = stream
+            self.switched_to.add(stream)
+
+    def wait_for(self, other: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+        """The current stream waits for the work issued on ``other`` (through ``event``). A worker this
+        execution never switched to (a stream loop of one iteration runs on the current stream) holds none
+        of its work: no wait, which inside a CUDA graph capture would be a dependency on uncaptured work."""
+        if other == self.current or (other not in self.switched_to and any(other == w for w in self.pool)):
+            return
+        event.record(other)
+        self.current.wait_event(event)
 
     def worker(self, index: int) -> torch.cuda.Stream:
         return self.pool[index % len(self.pool)]

@@ -367,11 +367,7 @@ def build_synchronize(node: Synchronize, cc: CompileContext) -> Step | None:
     event = torch.cuda.Event()  # one per node: a wait is enqueued before the next record
 
     def step(frame: Frame) -> None:
-        other = resolve(frame)
-        current = frame.cuda_streams.current
-        if other != current:
-            event.record(other)
-            current.wait_event(event)
+        frame.cuda_streams.wait_for(resolve(frame), event)
 
     return step
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pyfuser import FusionDefinition
+from pyfuser.host_ir.frame import CudaStreams
 from pyfuser.host_ir.nodes import AtenCall
 from pyfuser.ir.base import Expr
 from pyfuser.ir.eval_context import EvalContext
@@ -161,3 +162,40 @@ def test_cuda_overlap_runs_iterations_concurrently(monkeypatch):
     torch.testing.assert_close(fd.execute([x])[0], x, rtol=0, atol=0)
     assert serial > 3.5 * one, (serial, one)
     assert overlapped < 2.0 * one, (overlapped, one)
+
+
+class _FakeStream:
+    """A stream as ``CudaStreams`` compares them (by identity here), logging what is issued on it."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def wait_event(self, event: Any) -> None:
+        self.log.append(f"{self.name} waits")
+
+
+class _FakeEvent:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def record(self, stream: _FakeStream) -> None:
+        self.log.append(f"record on {stream.name}")
+
+
+def test_the_join_of_a_worker_the_execution_never_used_issues_nothing():
+    """A stream loop of one iteration runs on the caller's stream; the join loop after it must not record on
+    the idle workers (inside a CUDA graph capture that is a dependency on uncaptured work), but still
+    joins a worker it used and any stream that is no worker."""
+    log: list[str] = []
+    user, other = _FakeStream("user", log), _FakeStream("other", log)
+    workers = [_FakeStream(f"w{i}", log) for i in range(3)]
+    streams = CudaStreams(list(workers), user, {})  # type: ignore[arg-type]
+    event = _FakeEvent(log)
+    for worker in workers:
+        streams.wait_for(worker, event)
+    assert log == []
+    streams.switched_to.add(workers[1])  # what ``set`` records when an iteration switches to it
+    for worker in workers:
+        streams.wait_for(worker, event)
+    streams.wait_for(other, event)
+    assert log == ["record on w1", "user waits", "record on other", "user waits"]

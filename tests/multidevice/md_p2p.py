@@ -113,6 +113,13 @@ def check_pipeline(text: str, rank: int, d: int, kind: str) -> None:
         problems.append(f"backend={transport()} on every transfer")
     if re.search(r"type=(Allgather|ReduceScatter)", text):
         problems.append("no collective left")
+    if kind == "all-gather" and sends:
+        # This rank's GEMM is issued before the sends, which wait only for the fork before it.
+        first_gemm = re.search(r"= (linear|matmul)\(", text)
+        gemm = first_gemm.start() if first_gemm else -1
+        fork, send = text.find("Fork P2PCommunication"), text.find("type=send")
+        if not 0 <= fork < gemm < send or text.count("after=fork") != text.count("type=send"):
+            problems.append("a fork, then this rank's GEMM, then sends that wait for the fork")
     if problems:
         raise AssertionError(f"P2P {kind} program lacks {'; '.join(problems)}:\n{text}")
 

@@ -123,7 +123,7 @@ def _execute(channels: list[sm.CudaChannel], epoch: int) -> None:
         for rank, c in enumerate(channels):
             peer = 1 - rank
             mine = _blocks(c, chunk)[rank]
-            pending.append(c.send(shards[rank] + chunk, mine, peer, chunk, None, (_Event(), _Event()), _Stream()))
+            pending.append(c.send(shards[rank] + chunk, mine, peer, chunk, None, _Event(), _Event()))
         for rank, c in enumerate(channels):
             peer = 1 - rank
             c.recv(_blocks(c, chunk)[peer], peer, chunk, None)(_Stream())  # the signal must be there
@@ -166,7 +166,7 @@ def test_a_strided_source_is_copied_through_the_peers_mapping(ranks) -> None:
     for c in channels:
         c.begin()
     source = torch.arange(6.0).reshape(3, 2).t()  # [2, 3], not contiguous
-    channels[0].send(source, _blocks(channels[0], 1)[0], 1, 1, None, (_Event(), _Event()), _Stream())(_Stream())
+    channels[0].send(source, _blocks(channels[0], 1)[0], 1, 1, None, _Event(), _Event())(_Stream())
     channels[1].recv(_blocks(channels[1], 1)[0], 0, 1, None)(_Stream())
     torch.testing.assert_close(_blocks(channels[1], 1)[0], source)
     assert [entry[2] for entry in driver.log if entry[0] == "copy"] == [4]  # only the signal: the data took torch's copy

@@ -108,8 +108,9 @@ def test_graph_key_reads_static_addresses_and_scalar_values() -> None:
 
 
 @cuda
-@pytest.mark.parametrize("stream_chunks", [0, 3], ids=["plain", "stream_loop"])
+@pytest.mark.parametrize("stream_chunks", [0, 3, 1], ids=["plain", "stream_loop", "stream_loop_of_one_chunk"])
 def test_replay_matches_plain_execution(stream_chunks: int) -> None:
+    """(A loop of one chunk runs on the caller's stream: the joins of its workers are not captured.)"""
     fd = define(stream_chunks)
     w = torch.randn(16, 8, device="cuda")
     first_x = torch.randn(12, 8, device="cuda")
@@ -487,7 +488,7 @@ def test_stream_loop_over_an_empty_input_under_cuda_graphs() -> None:
 
 
 @cuda
-def test_a_capture_that_fails_midway_leaves_random_numbers_working() -> None:
+def test_a_capture_that_fails_midway_leaves_random_numbers_and_the_allocator_working() -> None:
     """A program that synchronizes inside the capture (past the warm-up's check) invalidates it: the
     capture is refused, and torch's CUDA generator is not left capturing (every later random op of
     the process raised "Offset increment outside graph capture")."""
@@ -503,6 +504,10 @@ def test_a_capture_that_fails_midway_leaves_random_numbers_working() -> None:
         return [y]
 
     x = torch.randn(8, device="cuda")
+    pool = torch.cuda.graph_pool_handle()
     with pytest.raises(CaptureError, match="cannot be captured"):
-        CapturedGraph(syncs_when_captured, [x], frozenset(), torch.cuda.graph_pool_handle(), "the program")
+        CapturedGraph(syncs_when_captured, [x], frozenset(), pool, "the program")
     assert torch.randn(4, device="cuda").shape == (4,)
+    # nor is the allocator left allocating into the graph's pool (the process aborted at exit)
+    with pytest.raises(RuntimeError, match="not currently recording"):
+        torch._C._cuda_endAllocateToPool(x.device.index, pool)
