@@ -306,9 +306,13 @@ def collectives_not_fed_by_a_matmul_run_as_they_are() -> None:
     if patterns:
         raise AssertionError(f"nothing here is a pipeline pattern, got {patterns}")
     reasons = " | ".join(kept(backend, "inference", "reduce_scatter_tensor") + kept(backend, "inference", "all_"))
-    for needle in ("its input is not a matmul's output but mul", "it reduces with 'avg'",
-                   "_c10d_functional.all_reduce.default is a collective, run by torch between regions",
-                   "it gathers along the last dim"):
+    needles = ["its input is not a matmul's output but mul", "it reduces with 'avg'",
+               "_c10d_functional.all_reduce.default is a collective, run by torch between regions"]
+    # On CUDA dynamo breaks the graph at the all-gather along dim 1 (torch waits for its result in Python
+    # before the cat) and runs it between the graphs: no graph holds it. Where a graph does, it says why.
+    if device().type == "cpu" or kept(backend, "inference", "all_gather"):
+        needles.append("it gathers along the last dim")
+    for needle in needles:
         if needle not in reasons:
             raise AssertionError(f"expected {needle!r} among the reasons: {reasons}")
     if not any(graph.regions for graph in compiled):
