@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyfuser import FusionDefinition, ParallelType
+from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.codegen import kernel_sequence
 from pyfuser.codegen.kernel_source import KernelError
+
+_DTYPES = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
 
 
 def _sum(rank: int = 2, dims: tuple[int, ...] = (1,)) -> tuple[FusionDefinition, object]:
@@ -113,6 +115,42 @@ def test_rfactor_of_merged_non_divisible_axes_and_its_aten_evaluation(device: st
         fd.manual_validate([x], [ref(x)])
 
 
+@pytest.mark.parametrize("op", ["matmul", "linear"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_rfactor_of_a_contraction_writes_its_partial_sums_and_sets_them(op: str, dtype: torch.dtype) -> None:
+    """nvFuser's manual row-parallel matmul on one device: K split 3 ways (K = 14: not divisible), rfactored
+    over its inner part; the contraction writes the partial, ``out = set(partial)``; the result is the
+    contraction's whatever the operands' layouts (a permuted, a broadcast operand)."""
+    with FusionDefinition() as fd:
+        a = fd.define_tensor([-1, -1, 14], dtype=_DTYPES[dtype])
+        b = fd.define_tensor([14, 5] if op == "matmul" else [5, 14], dtype=_DTYPES[dtype])
+        out = getattr(fd.ops, op)(a, b)
+        fd.add_output(out)
+        out.outer_split(-1, 3)  # [i, i, i, r{3}, r{ceil(14 / 3)}]
+        partial = out.rfactor([-1])
+    assert out.definition is not None and type(out.definition).__name__ == "LoadStoreOp"
+    assert out.definition.inputs[0] is partial
+    assert type(partial.definition).__name__ == {"matmul": "MatmulOp", "linear": "LinearOp"}[op]
+    assert len(partial.get_loop_domain()) == len(out.get_loop_domain()) == 5
+    assert partial.axis(-2).is_reduction and str(partial.axis(-2).extent) == "3"
+    x = torch.randn(4, 14, 2, dtype=dtype).permute(0, 2, 1)  # [4, 2, 14], permuted
+    w = torch.randn(14, 5 if op == "matmul" else 1, dtype=dtype).expand(14, 5)
+    if op == "linear":
+        w = w.t()
+    (got,) = fd.execute([x, w])
+    torch.testing.assert_close(got, getattr(torch.nn.functional, op)(x, w) if op == "linear" else x @ w)
+
+
+def test_rfactor_of_a_linear_with_a_bias_is_refused() -> None:
+    with FusionDefinition() as fd:
+        x, w, b = fd.define_tensor([-1, 8]), fd.define_tensor([4, 8]), fd.define_tensor([4])
+        out = fd.ops.linear(x, w, b)
+        fd.add_output(out)
+        out.outer_split(-1, 2)
+        with pytest.raises(ValueError, match="T3 cannot be rfactored: it is a linear with a bias"):
+            out.rfactor([-1])
+
+
 def test_rfactor_errors() -> None:
     _, t1 = _sum()
     with pytest.raises(ValueError, match=r"T1: rfactor axis 0 \(iS2\{i0\}\) is not a reduction axis"):
@@ -127,7 +165,7 @@ def test_rfactor_errors() -> None:
         fd.add_output(var)
         fd.add_output(mean)
         var.split(1, 4)
-        with pytest.raises(ValueError, match="T1 cannot be rfactored: only a sum / prod / max / min / mean"):
+        with pytest.raises(ValueError, match="T1 cannot be rfactored: only a sum / prod / max / min / mean reduction, a matmul"):
             var.rfactor([1])
         with pytest.raises(ValueError, match=r"T0 cannot be rfactored.*a fusion input"):
             t0.rfactor([0])

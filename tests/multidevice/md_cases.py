@@ -159,6 +159,32 @@ def row_parallel_linear_reduce_scatter() -> None:
 
 
 @case()
+def row_parallel_matmul_rfactored_by_hand() -> None:
+    """nvFuser's manual row-parallel matmul: K sharded on both operands, the output's K split d ways and
+    rfactored, the partial's block axis on mesh_x: each rank's GEMM of its shards, then an Allreduce;
+    half precision, a K block of 5 per rank (odd), rows not a multiple of d."""
+    d, _, mesh = world()
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, 5 * d], contiguity=True, dtype=DataType.Half)
+        w = fd.define_tensor([5 * d, 3], contiguity=True, dtype=DataType.Half)
+        out = fd.ops.matmul(x, w)
+        fd.add_output(out)
+        place(mesh, x, w, out)
+        shard_axis(x, 1, d)
+        shard_axis(w, 0, d)
+        out.outer_split(-1, d)  # [i{M}, i{N}, r{d}, r{5}]
+        partial = out.rfactor([-1])
+        partial.set_device_mesh(mesh)
+        partial.axis(-2).parallelize(X)
+    xf, wf = randn(7, 5 * d).half(), randn(5 * d, 3).half()
+    (got,) = fd.execute([shard_tensor(xf, x), shard_tensor(wf, w)])
+    assert_close(got.float(), xf.float() @ wf.float(), "row-parallel matmul, rfactored by hand", atol=1e-2, rtol=1e-3)
+    text = host_ir(fd)
+    if "type=Allreduce" not in text:
+        raise AssertionError(f"expected an Allreduce of the partial sums:\n{text}")
+
+
+@case()
 def row_parallel_linear_stream_pipelined() -> None:
     d, _, mesh = world()
     with FusionDefinition() as fd:

@@ -46,7 +46,8 @@ def _backend_env(nproc: int) -> dict[str, str]:
 CASES_2 = [
     "pointwise_sharded_input", "extent_reading_ops_on_sharded_tensors", "column_parallel_linear", "column_parallel_grouped_mm",
     "column_parallel_linear_stream_pipelined", "row_parallel_linear_allreduce", "row_parallel_linear_reduce_scatter",
-    "row_parallel_linear_stream_pipelined", "sum_over_sharded_axis", "matmul_batch_and_contraction_sharding",
+    "row_parallel_linear_stream_pipelined", "row_parallel_matmul_rfactored_by_hand", "sum_over_sharded_axis",
+    "matmul_batch_and_contraction_sharding",
     "mesh_not_in_rank_order", "mesh_axis_of_size_one", "sequence_parallel_allgather_linear",
     "seed_004_allgather_linear_pipeline", "seed_004_shard_outermost", "stream_loop_over_split_sharded_axis_errors",
     "stream_loop_gathers_the_shards_of_a_split_sharded_axis",

@@ -27,7 +27,9 @@ from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.iter_domain import IdTransform, IterDomain, IterType, Merge, Split
 from pyfuser.ir.ops.common import header, int_list
+from pyfuser.ir.ops.matmul import LinearOp, MatmulOp
 from pyfuser.ir.ops.reduction import ReductionOp, ReductionOpType, VarMeanOp
+from pyfuser.ir.ops.shape import LoadStoreOp
 from pyfuser.ir.tensor_domain import TensorDomain, transforms_between
 
 if TYPE_CHECKING:
@@ -191,10 +193,12 @@ def rfactor(tv: TensorView, axes: Sequence[int]) -> TensorView:
     which ``tv`` then reduces over its remaining reduction axes. Returns the partial tensor."""
     expr = tv.definition
     name = tv.short_name
+    if isinstance(expr, (MatmulOp, LinearOp)):
+        return _rfactor_contraction(tv, expr, _checked_positions(tv, axes))
     if not isinstance(expr, ReductionOp) or isinstance(expr, RFactorOp):
         what = type(expr).__name__ if expr is not None else "no definition (a fusion input)"
-        raise ValueError(f"{name} cannot be rfactored: only a sum / prod / max / min / mean reduction can, and "
-                         f"{name} is produced by {what}")
+        raise ValueError(f"{name} cannot be rfactored: only a sum / prod / max / min / mean reduction, a matmul or "
+                         f"a linear can, and {name} is produced by {what}")
     positions = _checked_positions(tv, axes)
     fusion = tv.fusion
     split = _Factored(tv, positions)
@@ -210,6 +214,40 @@ def rfactor(tv: TensorView, axes: Sequence[int]) -> TensorView:
     final.name = expr.name
     partial_op.compensated = final.compensated = expr.compensated  # a schedule's choice, kept by both steps
     fusion.mark_changed()
+    return partial
+
+
+def _rfactor_contraction(tv: TensorView, expr: MatmulOp | LinearOp, positions: list[int]) -> TensorView:
+    """The rfactor of a matmul or linear (an ATen contraction over one reduction ID, ``K``) as pyfuser
+    represents partial sums: the contraction writes a copy of ``tv`` (``partial``, the same logical domain
+    and loop transforms), which ``tv = set(partial)`` combines. The loop axes left to ``tv``'s reduction
+    (not in ``positions``) are the ones whose blocks' sums ``partial`` keeps apart: parallelized on a device
+    dim (nvFuser's row-parallel matmul: ``K`` split ``d`` ways, the outer part on ``mesh_x``), each rank's
+    contraction of its shards gives its block's sums, and the set is their all-reduce. Elsewhere ``partial``
+    already holds the sum over every block (one GEMM computes all of them), and the set copies it.
+    Deliberate difference (``docs/multidevice.md``): nvFuser's partial has those axes as iteration IDs;
+    here they stay reduction IDs of the same loop positions, so ``axis(k)`` names the same axis."""
+    name = tv.short_name
+    if isinstance(expr, LinearOp) and expr.has_bias:
+        raise ValueError(f"{name} cannot be rfactored: it is a linear with a bias, which every block's partial sum "
+                         f"would add once; rfactor linear(x, w) and add the bias to its result")
+    logical, loop = tv.get_logical_domain(), tv.get_loop_domain()
+    copy: dict[int, IterDomain] = {id(i): i.clone() for i in logical}
+    for t in transforms_between(logical, loop):
+        _replay(t, copy)
+    domain = TensorDomain([copy[id(i)] for i in logical],
+                          contiguity=[None if i.is_broadcast else True for i in logical if not i.is_reduction])
+    domain.loop = [copy[id(i)] for i in loop]
+    for i in loop:
+        copy[id(i)].parallel_type = i.parallel_type
+    partial = type(tv)(tv.fusion, domain, tv.dtype)
+    for i in _all_ids(domain):
+        i.tensor = partial
+    partial.set_device_mesh(tv.device_mesh)
+    del positions  # every split piece of K adds into the same sum: which pieces the partial reduces is a schedule
+    expr.replace_output(tv, partial)
+    LoadStoreOp(tv.fusion, tv, partial)
+    tv.fusion.mark_changed()
     return partial
 
 
