@@ -164,10 +164,11 @@ def _end_failed_capture(device: torch.device, pool: Any) -> None:
     default generator stays marked as capturing, so every later random op of the process raises. The
     pool's capture is ended here (a RuntimeError: torch had ended it), and an empty capture begins and
     ends the generator's state once more."""
-    try:
-        torch._C._cuda_endAllocateToPool(device.index, pool)
-    except RuntimeError:
-        pass
+    if pool is not None:
+        try:
+            torch._C._cuda_endAllocateToPool(device.index, pool)
+        except RuntimeError:
+            pass
     try:
         with torch.cuda.device(device):
             with torch.cuda.graph(torch.cuda.CUDAGraph()):

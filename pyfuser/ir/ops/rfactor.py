@@ -194,7 +194,8 @@ def rfactor(tv: TensorView, axes: Sequence[int]) -> TensorView:
     expr = tv.definition
     name = tv.short_name
     if isinstance(expr, (MatmulOp, LinearOp)):
-        return _rfactor_contraction(tv, expr, _checked_positions(tv, axes))
+        _checked_positions(tv, axes)  # every split piece of K adds into one sum: which ones is a schedule
+        return _rfactor_contraction(tv, expr)
     if not isinstance(expr, ReductionOp) or isinstance(expr, RFactorOp):
         what = type(expr).__name__ if expr is not None else "no definition (a fusion input)"
         raise ValueError(f"{name} cannot be rfactored: only a sum / prod / max / min / mean reduction, a matmul or "
@@ -217,7 +218,7 @@ def rfactor(tv: TensorView, axes: Sequence[int]) -> TensorView:
     return partial
 
 
-def _rfactor_contraction(tv: TensorView, expr: MatmulOp | LinearOp, positions: list[int]) -> TensorView:
+def _rfactor_contraction(tv: TensorView, expr: MatmulOp | LinearOp) -> TensorView:
     """The rfactor of a matmul or linear (an ATen contraction over one reduction ID, ``K``) as pyfuser
     represents partial sums: the contraction writes a copy of ``tv`` (``partial``, the same logical domain
     and loop transforms), which ``tv = set(partial)`` combines. The loop axes left to ``tv``'s reduction
@@ -244,7 +245,6 @@ def _rfactor_contraction(tv: TensorView, expr: MatmulOp | LinearOp, positions: l
     for i in _all_ids(domain):
         i.tensor = partial
     partial.set_device_mesh(tv.device_mesh)
-    del positions  # every split piece of K adds into the same sum: which pieces the partial reduces is a schedule
     expr.replace_output(tv, partial)
     LoadStoreOp(tv.fusion, tv, partial)
     tv.fusion.mark_changed()
