@@ -222,7 +222,7 @@ def _rfactor_contraction(tv: TensorView, expr: MatmulOp | LinearOp) -> TensorVie
     """The rfactor of a matmul or linear (an ATen contraction over one reduction ID, ``K``) as pyfuser
     represents partial sums: the contraction writes a copy of ``tv`` (``partial``, the same logical domain
     and loop transforms), which ``tv = set(partial)`` combines. The loop axes left to ``tv``'s reduction
-    (not in ``positions``) are the ones whose blocks' sums ``partial`` keeps apart: parallelized on a device
+    (those not rfactored) are the ones whose blocks' sums ``partial`` keeps apart: parallelized on a device
     dim (nvFuser's row-parallel matmul: ``K`` split ``d`` ways, the outer part on ``mesh_x``), each rank's
     contraction of its shards gives its block's sums, and the set is their all-reduce. Elsewhere ``partial``
     already holds the sum over every block (one GEMM computes all of them), and the set copies it.
