@@ -50,6 +50,8 @@ TILE_TYPES = frozenset({ParallelType.block_x, ParallelType.block_y, ParallelType
                         ParallelType.vectorize, ParallelType.unroll})
 #: Largest tile a runtime extent may ask for (a persistent row of 32768 elements)
 MAX_DYNAMIC_TILE = 1 << 15
+#: What a pipelined loop's ``num_stages`` reads until the kernel's strides are known (``_pipeline_stages``)
+_STAGES = "_pipeline_stages_"
 
 #: per tensor name
 Layouts = dict[int, Layout]
@@ -769,9 +771,38 @@ class KernelBuilder(ValueLowering):
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
 
     def _loop(self, extent: str) -> str:
-        if self.loop_stages > 1:
-            return f"tl.range({extent}, num_stages={self.loop_stages})"
+        if self.loop_stages > 1:  # the stage count is written once the kernel's strides are known
+            return f"tl.range({extent}, num_stages={_STAGES})"
         return f"{self.range}({extent})"
+
+    def _pipeline_stages(self) -> str:
+        """The stage count of the kernel's software-pipelined loops: ``loop_stages``, but 1 (not pipelined)
+        in the variant for tensor inputs whose rows load in 4-byte pieces (a row stride whose alignment,
+        the launch-time constexpr ``*_align``, times the element size is 4 bytes: float32 rows of odd
+        length, bf16 rows of 2 mod 4). Triton pipelines such a load as one 4-byte ``cp.async`` per element:
+        layer-norm backward of float32 131072 x 127 took 422 us pipelined, 173 not (H200; aligned rows
+        gain from the pipeline; 2-byte pieces are not copied asynchronously at all). A constexpr
+        expression of the alignments: one compiled variant per alignment class, as for the loads."""
+        pieces = []
+        for position, dim in self._strides:
+            if position >= len(self.inputs):
+                continue
+            tv = self.inputs[position]
+            dims = tv.get_logical_domain(no_reductions=True)
+            layout = self.layouts.get(tv.name) or Layout.strided(len(dims))
+            live = [d for d in layout.perm if not dims[d].is_broadcast]
+            if not live or dim == live[-1]:
+                continue  # the innermost stride: contiguous elements (1 at launch), not a row
+            align = alignment_param(self._stride_names[(position, dim)])
+            size = tv.dtype.torch_dtype.itemsize
+            if size < 4:  # 1 when the row stride is 4 / size elements aligned
+                pieces.append(f"({align} // {4 // size}) * ({4 // size} // {align})")
+            elif size == 4:
+                pieces.append(f"(1 // {align})")
+        if not pieces:
+            return str(self.loop_stages)
+        any_four = "(1 - " + " * ".join(f"(1 - {p})" for p in dict.fromkeys(pieces)) + ")"
+        return f"({self.loop_stages} - {self.loop_stages - 1} * {any_four})"
 
     def _indexed_here(self, tv: TensorView) -> bool:
         """Whether every iterating loop ID of ``tv`` has a loop index in the current scope."""
@@ -1041,6 +1072,8 @@ class KernelBuilder(ValueLowering):
         typed = [f"    s_{sym} = {arg} != 0" if dtype is DataType.Bool else
                  f"    s_{sym} = tl.full([], {arg}, {triton_dtype(dtype)})" for sym, (arg, dtype, _) in self._scalars.items()]
         body = "\n".join([*aligned, *typed, *self._full_tiles_apart(loops)]) or "    pass"
+        if self.loop_stages > 1:
+            body = body.replace(f"num_stages={_STAGES}", f"num_stages={self._pipeline_stages()}")
         source = f"{prelude(self.target)}\n\n@_jit\ndef {self.name}({params}):\n{body}\n"
         grid = tuple(next((loop.extent for loop in loops if loop.kind == "grid" and loop.index == f"pid{a}"),
                           SymConst(1)) for a in range(3))

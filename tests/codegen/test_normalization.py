@@ -379,7 +379,7 @@ def test_pipelined_inner_outer_kernel_masks_rows_past_the_end(rows_per_step: int
     _close(dw, (dy * x).sum(0))
     if device == "cuda":  # Triton's interpreter neither pipelines nor takes a scalar & block mask
         partial = _kernel_body(fd.last_kernel_code(), "_partial0")
-        assert "num_stages=3" in partial and "if " not in partial, partial
+        assert re.search(r"num_stages=\(?3\b", partial) and "if " not in partial, partial  # 3 but for 4-byte rows
 
 
 @pytest.mark.parametrize("rows", [30, 700])

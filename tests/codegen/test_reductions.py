@@ -212,4 +212,5 @@ def test_pipelined_reduction_loops(shape: tuple[int, int], params: dict[str, obj
     torch.testing.assert_close(squares, (x * x).sum(dim), rtol=1e-4, atol=1e-4)
     if device == "cuda":
         code = fd.last_kernel_code()
-        assert "num_stages=3" in code and not re.search(r"\n {8,}if ", code), code  # none in a kernel body
+        # 3 stages (but for rows loaded 4 bytes at a time), and no branch in a kernel body
+        assert re.search(r"num_stages=\(?3\b", code) and not re.search(r"\n {8,}if ", code), code
