@@ -189,7 +189,7 @@ def test_the_join_of_a_worker_the_execution_never_used_issues_nothing():
     log: list[str] = []
     user, other = _FakeStream("user", log), _FakeStream("other", log)
     workers = [_FakeStream(f"w{i}", log) for i in range(3)]
-    streams = CudaStreams(list(workers), user, {})  # type: ignore[arg-type]
+    streams = CudaStreams(list(workers), user, {})
     event = _FakeEvent(log)
     for worker in workers:
         streams.wait_for(worker, event)
