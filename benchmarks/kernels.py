@@ -305,7 +305,8 @@ def _outer_variants_of_heuristic() -> list[OuterHeuristic]:
         "min_steps": (1, 2),
         "min_columns": (64,), "narrow_bytes": (0, 64, 256), "welford_column_bytes": (64, 256, 512),
         "welford_step_bytes": (4096, 16384), "welford_waves": (2, 4, 8),
-        "welford_elements": (4, 16, 32), "final_waves": (2, 4), "final_min_columns": (1, 16, 32), "stages": (2, 4),
+        "welford_elements": (4, 16, 32), "narrow_elements": (0, 16), "narrowed_step_bytes": (0, 32768),
+        "final_waves": (2, 4), "final_min_columns": (1, 16, 32), "stages": (2, 4),
         "evict_last": (False,)}
     variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
     # split-first column blocks and the first var_mean split (fewer, fuller programs; wide final columns)

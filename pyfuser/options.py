@@ -126,6 +126,11 @@ class CompileOptions:
     #: Per input: whether it fills its memory densely in that order (``ir.layout.is_dense``), also
     #: part of the layout key: a dense input's contiguity is known, so kernels index it linearly.
     input_dense: tuple[bool, ...] = ()
+    #: The var_means (by their variance output's number) whose reduced elements per result, at the sizes
+    #: this program is compiled for, fit one program's tile (``preseg/staged_var_mean.py``): a size class
+    #: of the program key, so sizes on either side of it get programs of their own, and no other size
+    #: recompiles.
+    one_stage_var_means: frozenset[int] = frozenset()
     #: This process' rank: each rank lowers a multi-device fusion to its own program.
     rank: int = 0
     #: The transport asked for (``MultiDeviceExecutorParams.backend_type``, ``PYFUSER_COMM_BACKEND``);

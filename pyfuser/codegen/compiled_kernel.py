@@ -84,16 +84,17 @@ class CompiledKernel:
     #: ``launches``
     run: Callable[..., list[torch.Tensor]]
 
-    def __init__(self, source: KernelSource, num_warps: int = 4) -> None:
+    def __init__(self, source: KernelSource, num_warps: int = 4, narrow_warps: int = 0) -> None:
         self.source = source
         self.name = source.name
         self.num_warps = num_warps
+        self.narrow_warps = narrow_warps
         self.output_perms = source.output_perms
         fn = load_kernel(source.name, source.source)
         interpreted = "InterpretedFunction" in source.source
         #: the one path from the kernel's parameters to its launch
         self.launches = DirectLaunches(fn, num_warps, source.name, source.source, interpreted=interpreted,
-                                       device_asserts=source.device_asserts)
+                                       device_asserts=source.device_asserts, narrow_warps=narrow_warps)
         host, namespace = launcher_source(source, direct=not interpreted)
         namespace["launches"], namespace["variants"] = self.launches, self.launches.variants
         compile_source(host, f"launcher of {source.name}", namespace)

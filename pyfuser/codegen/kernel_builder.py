@@ -26,7 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyfuser.codegen.code_writer import CodeWriter
-from pyfuser.codegen.kernel_source import ALIGNMENTS, KernelError, KernelSource, SizeSource, alignment_param
+from pyfuser.codegen.kernel_source import (
+    ALIGNMENTS,
+    KernelError,
+    KernelSource,
+    SizeSource,
+    alignment_param,
+    stride_param,
+    tensor_param,
+)
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
 from pyfuser.codegen.values import Indices, ValueLowering
 from pyfuser.ir.analysis.id_graph import IdGraph
@@ -685,7 +693,7 @@ class KernelBuilder(ValueLowering):
         key = (position, dim)
         name = self._stride_names.get(key)
         if name is None:
-            name = self._stride_names[key] = f"st{position}_{dim}"
+            name = self._stride_names[key] = stride_param(position, dim)
             self._strides.append(key)
         return f"({index}) * {name}"
 
@@ -1055,7 +1063,7 @@ class KernelBuilder(ValueLowering):
         nonnegative = self._pad_checks() + self._gather_checks()
         output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.extent(i)
                                     for i in tv.get_logical_domain(no_reductions=True)) for tv in self.outputs)
-        tensors = [f"T{k}" for k in range(len(self.inputs) + len(self.outputs))]
+        tensors = [tensor_param(k) for k in range(len(self.inputs) + len(self.outputs))]
         strides = [self._stride_names[key] for key in self._strides]
         sizes = [s.symbol for s in self._sizes]
         all_inputs = self.fusion.inputs()

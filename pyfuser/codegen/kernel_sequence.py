@@ -180,7 +180,8 @@ class CooperativeSequence(KernelSequence):
         self.cooperative_code = cooperative_source(name, [k.source for k in kernels], target, barriers)
         self._launches = DirectLaunches(load_kernel(name, self.cooperative_code), kernels[0].num_warps, name,
                                         self.cooperative_code, cooperative=True, interpreted=target != "cuda",
-                                        device_asserts=any(k.source.device_asserts for k in kernels))
+                                        device_asserts=any(k.source.device_asserts for k in kernels),
+                                        narrow_warps=kernels[0].narrow_warps)
 
     @property
     def code(self) -> str:
@@ -454,23 +455,24 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, refe
 def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
                    num_warps: int = 4, finish: FinishStep | None = None, loop_stages: int = 0,
                    chunked: bool = False, cooperative: bool = True, evict_last: bool = True,
-                   ) -> CompiledKernel | KernelSequence:
+                   narrow_warps: int = 0) -> CompiledKernel | KernelSequence:
     """Build and compile the kernel(s) of scheduled ``fusion`` (``chunked``: it runs in a stream loop;
     ``cooperative``: a grid reduction's launches become one where its programs fit on the device;
-    ``evict_last``: loads ask L2 to keep their lines)."""
+    ``evict_last``: loads ask L2 to keep their lines; ``narrow_warps``: the warps of variants whose rows
+    load narrower than 16 bytes, ``DirectLaunches.warps_of``)."""
     op = scatter_op(fusion.exprs())
     if op is not None and op.inputs[2] is reference:  # the scatter scheduler's: the added rows' loop nest
         return compile_scatter(fusion, name, target, layouts, reference, num_warps)
     built = build_sources(fusion, name, target, layouts, reference, finish, loop_stages, chunked, evict_last)
     if len(built) == 1:
-        return CompiledKernel(built[0][1], num_warps)
+        return CompiledKernel(built[0][1], num_warps, narrow_warps)
     slot_of = {_key(v): k for k, v in enumerate(fusion.inputs())}
     kernels, reads = [], []
     perm_of: dict[int, tuple[int, ...]] = {}
     next_slot = len(fusion.inputs())
     for part, source in built:
         reads.append([slot_of[_key(v)] for v in part.inputs()])
-        kernels.append(CompiledKernel(source, num_warps))
+        kernels.append(CompiledKernel(source, num_warps, narrow_warps))
         for v, perm in zip(part.outputs(), source.output_perms, strict=True):
             slot_of[_key(v)] = next_slot
             perm_of[next_slot] = tuple(perm)

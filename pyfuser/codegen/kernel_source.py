@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pyfuser.ir.dtypes import DataType
@@ -60,6 +61,21 @@ def division_multiplier(divisor: int) -> int:
     shift = (divisor - 1).bit_length()
     multiplier = ((1 << 32) * ((1 << shift) - divisor)) // divisor + 1
     return (1 << 40) | (multiplier << 8) | (shift << 1) | 1
+
+
+def tensor_param(position: int) -> str:
+    """The kernel parameter of tensor ``position`` (the segment's inputs, then its outputs)."""
+    return f"T{position}"
+
+
+def stride_param(position: int, dim: int) -> str:
+    """The kernel parameter of tensor ``position``'s stride along ``dim``."""
+    return f"st{position}_{dim}"
+
+
+#: A stride parameter's name in a kernel, or in one step of a cooperative launch (``s{k}_`` before it):
+#: groups (that prefix, the tensor's position).
+STRIDE_PARAM = re.compile(r"(s\d+_)?st(\d+)_\d+")
 
 
 def alignment_param(name: str) -> str:

@@ -24,8 +24,10 @@ from pyfuser.ir.base import FusionRuleError
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import is_dense, memory_order
+from pyfuser.ir.ops import VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.options import CommunicatorBackend, CompileOptions, DisableOption, EnableOption, check_options, comm_backend
+from pyfuser.preseg.staged_var_mean import one_stage_var_means
 from pyfuser.runtime import profiling
 from pyfuser.runtime.compile import compile_fusion
 from pyfuser.runtime.inputs import InputBinder, check_devices, signature
@@ -104,6 +106,7 @@ class FusionExecutorCache:
         self._signature_cache_size = signature_cache_size
         #: exact input signature -> (program, the device it runs on, positions of 0-dim CPU tensors moved
         #: there)
+        self._var_means = False
         self._by_signature: OrderedDict[tuple[Any, ...], tuple[Program, torch.device, tuple[int, ...]]] = OrderedDict()
         self._by_layout: dict[tuple[Any, ...], HostIrEvaluator] = {}
         #: (output position, input position) of outputs written in place into an input
@@ -134,6 +137,8 @@ class FusionExecutorCache:
         self._version = self.fusion.version
         self._binder = InputBinder(self.fusion.inputs())
         self._has_scalars = self._binder.has_scalars
+        #: whether the program key has a size class (``one_stage_var_means``)
+        self._var_means = any(isinstance(e, VarMeanOp) for e in self.fusion.exprs())
         self._by_signature.clear()
         self._by_layout.clear()
         inputs = self.fusion.inputs()
@@ -333,7 +338,11 @@ class FusionExecutorCache:
                  enabled: frozenset[EnableOption], disabled: frozenset[DisableOption],
                  backend: CommunicatorBackend | None) -> HostIrEvaluator:
         """The program for ``args``' layout, compiled on its first call."""
-        layout = (_layout_key(args, target), target, enabled, disabled, backend)
+        one_stage = frozenset[int]()
+        if self._var_means:
+            one_stage = one_stage_var_means(self.fusion, binder.bind(binder.coerce(list(args)) if self._has_scalars
+                                                                    else args))
+        layout = (_layout_key(args, target), target, enabled, disabled, backend, one_stage)
         program = self._by_layout.get(layout)
         if program is None:
             _check_no_cpu_scalar_outputs(self.fusion)
@@ -341,7 +350,7 @@ class FusionExecutorCache:
                            for a in args)
             dense = tuple(isinstance(a, torch.Tensor) and is_dense(a.shape, a.stride()) for a in args)
             options = CompileOptions(enabled, disabled, target, input_orders=orders, input_dense=dense,
-                                     rank=self._rank(), backend=backend)
+                                     one_stage_var_means=one_stage, rank=self._rank(), backend=backend)
             program = compile_fusion(self.fusion, options)
             self.compile_count += 1
             self._by_layout[layout] = program

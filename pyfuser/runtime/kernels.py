@@ -85,7 +85,7 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         scheduling.schedule(copy, params)
         reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
         kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
-                                finish=scheduling.finish(bucket),
+                                finish=scheduling.finish(bucket), narrow_warps=params.narrow_warps,
                                 loop_stages=params.num_stages, chunked=chunked,
                                 cooperative=DisableOption.cooperative_launch not in options.disabled,
                                 evict_last=params.evict_last)

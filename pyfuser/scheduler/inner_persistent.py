@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
@@ -49,28 +48,50 @@ LOOP_BYTES_PER_THREAD = 32
 LOOP_BYTES_PER_THREAD_NARROW = 16
 #: Running results a row's pass may carry for the wide step (a var_mean counts four: Welford's).
 LOOP_WIDE_MAX_RESULTS = 2
+#: Elements each thread takes per step where the pass carries a var_mean (Welford's four running values
+#: and a division an element) over rows enough for every SM, on ``LOOP_WARPS``: H200 sweep of layer norms
+#: (steps 1024-8192 x 4, 8, 16 warps), steps of 2048 best or within 1 % at bf16 1024 x 32000 (93.5 us
+#: against 109.1 at the 4096 of ``LOOP_BYTES_PER_THREAD_NARROW``; Inductor 67.8), 512 x 65536 (100.8 /
+#: 105.6), 256 x 128256 (98.1 / 105.9) and float32 1024 x 32000 (127.8 / 129.0); on fewer rows than SMs (one
+#: program an SM at most) the wider step keeps more loads in flight: bf16 128 x 262144 145.7 us at 2048
+#: against 103.1 at 4096, 127 x 32000 20.7 against 16.1.
+LOOP_WELFORD_ELEMENTS = 4
+#: Elements each thread takes per step, on ``LOOP_SINGLE_WARPS``, where the pass carries one running sum (an
+#: RMS norm's): H200, float32 1024 x 32000 92.3 us against 104.4 at 32 bytes a thread on 16 warps (Inductor
+#: 75.4), bf16 256 x 128256 56.5 (one program a row; Inductor 58.4).
+LOOP_SINGLE_ELEMENTS = 32
+LOOP_SINGLE_WARPS = 8
 
 
-#: A normalization whose sums of ``exp(y - max(y))`` join their max's pass (an online softmax) splits
-#: its rows across programs only for fewer rows than half the SMs. Split, the row is read three times
-#: (the shares' maxima, their sums, the output: three launches); one program per row reads it twice but
-#: leaves SMs idle. One H100, ratio to the best of eager and Inductor, split / one program per row:
-#: softmax bf16 8 x 262144 0.90 / 0.28, log-softmax f32 63 x 262144 0.88 / 0.67, bf16 130 x 131072
-#: 0.60 / 0.77 (``benchmarks/results/kernels_notes.md``).
+#: A normalization splits its rows across programs only for fewer rows than half the SMs. Split, an
+#: online softmax's row is read three times (the shares' maxima, their sums, the output: three launches)
+#: and any other's twice with a launch more; one program per row reads it twice but leaves SMs idle. One
+#: H100, ratio to the best of eager and Inductor, split / one program per row: softmax bf16 8 x 262144
+#: 0.90 / 0.28, log-softmax f32 63 x 262144 0.88 / 0.67, bf16 130 x 131072 0.60 / 0.77; H200, RMS norm
+#: bf16 256 x 128256 73.3 us split in two against 56.5-61.8 one program a row
+#: (``benchmarks/results/kernels_notes.md``).
 ONLINE_SPLIT_SMS_PER_ROW = 2
 
 
-def looped_row(machine: Machine, row_bytes: int, rows: int | None = None, results: int = 1) -> tuple[int, int]:
+def looped_row(machine: Machine, row_bytes: int, rows: int | None = None, results: int = 1,
+               welford: bool = False) -> tuple[int, int]:
     """(loop step, num_warps) of a normalization that loops over its ``rows`` (None: unknown), its pass
-    carrying ``results`` running reductions: ``LOOP_BYTES_PER_THREAD`` a thread per step on
-    ``LOOP_WARPS`` warps where two programs fit each SM and the pass carries few results, else
-    ``LOOP_BYTES_PER_THREAD_NARROW`` (on the interpreter's machine, steps as many times smaller as its
-    loop tile: small tests still take several steps)."""
-    warps = LOOP_WARPS if machine.loop_tile >= 2048 else 4
-    wide = rows is not None and rows >= 2 * machine.sm_count and results <= LOOP_WIDE_MAX_RESULTS
-    per_thread = LOOP_BYTES_PER_THREAD if wide else LOOP_BYTES_PER_THREAD_NARROW
-    step = 32 * LOOP_WARPS * per_thread // max(row_bytes, 1) * machine.loop_tile // 2048
-    return step, warps
+    carrying ``results`` running reductions: ``LOOP_WELFORD_ELEMENTS`` a thread on ``LOOP_WARPS`` warps
+    where it carries a var_mean (``welford``) over a row for every SM, ``LOOP_SINGLE_ELEMENTS`` on ``LOOP_SINGLE_WARPS`` where it
+    carries one sum, else ``LOOP_BYTES_PER_THREAD`` a thread per step on ``LOOP_WARPS`` warps where two
+    programs fit each SM and the pass carries few results, else ``LOOP_BYTES_PER_THREAD_NARROW`` (on the
+    interpreter's machine, steps as many times smaller as its loop tile, on 4 warps: small tests still
+    take several steps)."""
+    gpu = machine.loop_tile >= 2048
+    if welford and rows is not None and rows >= machine.sm_count:
+        step, warps = 32 * LOOP_WARPS * LOOP_WELFORD_ELEMENTS, LOOP_WARPS
+    elif results == 1:
+        step, warps = 32 * LOOP_SINGLE_WARPS * LOOP_SINGLE_ELEMENTS, LOOP_SINGLE_WARPS
+    else:
+        wide = rows is not None and rows >= 2 * machine.sm_count and results <= LOOP_WIDE_MAX_RESULTS
+        per_thread = LOOP_BYTES_PER_THREAD if wide else LOOP_BYTES_PER_THREAD_NARROW
+        step, warps = 32 * LOOP_WARPS * per_thread // max(row_bytes, 1), LOOP_WARPS
+    return step * machine.loop_tile // 2048, warps if gpu else 4
 
 
 def row_bytes(fusion: FusionLike, analysis: ReductionAnalysis) -> int:
@@ -95,21 +116,19 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     # Few long rows are split across programs (a row's share each), as reductions are: each reduction a
     # grid reduction whose final step reads the share again (softmax: the shares' maxima, then their
     # sums of exponentials, then the output: three launches, the row read three times where one
-    # program per row reads it twice, on enough programs to fill the machine): an online softmax only
-    # for fewer rows than half the SMs (``ONLINE_SPLIT_SMS_PER_ROW``). So does a layer norm's var_mean:
+    # program per row reads it twice, on enough programs to fill the machine): only for fewer rows than
+    # half the SMs (``ONLINE_SPLIT_SMS_PER_ROW``). So does a layer norm's var_mean:
     # Welford's partial results per program, combined by the launch that normalizes its share (the row
     # is read twice either way). H200, bf16 layer norm against Inductor, one program a row / split: 33 x
     # 128256 0.40x / 0.73x, 63 x 65536 0.65x / 0.73x, 1 x 262144 0.13x / 0.47x; but 128 x 262144
     # 1.06x / 0.83x and 256 x 128256 0.72x / 0.55x.
-    online = any(isinstance(e, ReductionOp) and softmax_shift(e) is not None for e in fusion.exprs())
     welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
-    splittable = not ((online or welford) and hints.kept is not None
-                      and hints.kept * ONLINE_SPLIT_SMS_PER_ROW >= hints.machine.sm_count)
+    splittable = not (hints.kept is not None and hints.kept * ONLINE_SPLIT_SMS_PER_ROW >= hints.machine.sm_count)
     params = inner_params(SchedulerType.inner_persistent, analysis.reference, hints, splittable)
     if params.shape == "loop":
         # running values per element: Welford's shift, mean, m2 and count for a var_mean
         results = sum(4 if isinstance(e, VarMeanOp) else 1 for e in fusion.exprs() if isinstance(e, ReductionOp | VarMeanOp))
-        step, warps = looped_row(hints.machine, row_bytes(fusion, analysis), hints.kept, results)
+        step, warps = looped_row(hints.machine, row_bytes(fusion, analysis), hints.kept, results, welford)
         params = replace(params, tile=step, num_warps=warps)
     if params.shape in ("loop", "split"):
         # The row is read again by the pass that writes the outputs: its lines should still be in L2

@@ -77,6 +77,9 @@ class ReductionParams:
     tile_reduced: int = 0
     split: int = 1
     num_warps: int = 4
+    #: warps of the compiled variants whose rows load narrower than 16 bytes (0: ``num_warps``;
+    #: ``launcher.DirectLaunches.warps_of``)
+    narrow_warps: int = 0
     #: software pipelining of the serial loops (Triton's ``num_stages``; 0: none)
     num_stages: int = 0
     #: loads ask L2 to keep their lines (``eviction_policy='evict_last'``)
@@ -341,6 +344,15 @@ class OuterHeuristic:
       (64 bf16 channels, 32 float32) with 8 KiB steps (64 rows) on one program an SM were within 0.87x
       of each shape's best (geomean 0.98x), against 0.66x (0.76x) for 512-byte blocks of 4 KiB steps
       on two programs an SM: 69.9 -> 49.6 us at 32 x 256 x 56 x 56 (Inductor 42.9);
+    * a plain reduction's loop step gives each lane ``warps_for``'s 32 elements, 16-byte loads of them;
+      the variants whose rows load in narrower pieces (a row of 127 bf16 elements) launch on as many
+      warps as give each lane ``narrow_elements`` (``ReductionParams.narrow_warps``); where narrowing
+      alone gave the SMs their programs but fewer than ``STEP_IN_ACCUMULATORS_WAVES`` an SM, each step
+      reads ``narrowed_step_bytes`` on 8 warps (more loads in flight per program). H200, bf16: column
+      sums and maxima of 131072 x 127 53.9 -> 26.0 and 40.2 -> 25.6 us, 1023 x 127 12.4 -> 9.5 (Inductor
+      20.5, 22.1, 7.6); maxima of 2048 x 11008 and sums of 4097 x 11008 (172 programs of 64 columns)
+      28.1 -> 23.4 and 43.9 -> 37.1 (Inductor 21.3, 42.7); aligned rows keep 2 warps (8 warps there:
+      up to 1.3x slower);
     * a normalization splits the same way, its final launch reading each program's share of the rows
       again; one with a var_mean cannot split and narrows its block down to ``min_columns`` elements.
 
@@ -363,6 +375,8 @@ class OuterHeuristic:
     welford_step_bytes: int = 8192
     welford_waves: int = 1
     welford_elements: int = 8
+    narrow_elements: int = 8
+    narrowed_step_bytes: int = 16384
     final_waves: int = 1
     final_min_columns: int = 4
     evict_last: bool = True
@@ -391,6 +405,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     # normalization's, whose final launch reads each program's share of the rows again.
     plain = scheduler_type is SchedulerType.reduction and not welford
     split_target = h.split_waves * m.sm_count if plain else target
+    narrowed_few = False  # narrowed to give every SM a program, fewer than two an SM
     if kept is not None and not splittable:
         # Without a split (a var_mean normalization, a grid reduction's final step), programs come from the
         # kept axis only: narrower column blocks (down to a warp's width, whole 32-byte sectors of
@@ -405,6 +420,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
             narrowed //= 2
         if -(-kept // narrowed) >= m.sm_count:  # a program for every SM without a second launch
             inner, splittable = narrowed, False
+            narrowed_few = -(-kept // inner) < STEP_IN_ACCUMULATORS_WAVES * m.sm_count
     # A normalization must hold its columns whole; a reduction asking for it (a var_mean of few rows) takes
     # it only where the column blocks alone give every SM a program, else it splits its rows.
     whole = persistent and reduced is not None and next_power_of_2(reduced) * inner <= m.max_persistent
@@ -439,9 +455,18 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
         narrow_rows, narrow_split = steps_of(4)
         if kept is not None and -(-kept // inner) * narrow_split >= STEP_IN_ACCUMULATORS_WAVES * m.sm_count:
             rows, split = narrow_rows, narrow_split
-    warps = max(1, min(8, rows * inner // (32 * h.welford_elements))) if welford else warps_for(rows * inner)
+    if welford:
+        return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
+                               num_warps=max(1, min(8, rows * inner // (32 * h.welford_elements))),
+                               num_stages=h.stages, evict_last=h.evict_last)
+    warps = warps_for(rows * inner)
+    if plain and narrowed_few and h.narrowed_step_bytes:
+        cap = next_power_of_2(reduced) if reduced is not None else rows
+        rows, warps = max(rows, min(h.narrowed_step_bytes // element // inner, cap)), 8
+    narrow = max(1, min(8, rows * inner // (32 * h.narrow_elements))) if plain and h.narrow_elements else 0
     return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
-                           num_warps=warps, num_stages=h.stages, evict_last=h.evict_last)
+                           num_warps=warps, narrow_warps=max(narrow, warps) if narrow else 0,
+                           num_stages=h.stages, evict_last=h.evict_last)
 
 
 def final_params(ref: TensorView, reduced: int | None, kept: int | None, machine: Machine,

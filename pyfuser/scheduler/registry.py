@@ -159,7 +159,8 @@ class SchedulerParams(Protocol):
 @runtime_checkable
 class KernelParams(SchedulerParams, Protocol):
     """What the code generator reads of a kernel scheduler's params: the tensor whose loop nest the
-    kernel runs, warps per program, software-pipelining stages of its serial loops (0: none) and
+    kernel runs, warps per program (and in the variants whose rows load narrower than 16 bytes, 0: the
+    same), software-pipelining stages of its serial loops (0: none) and
     whether loads ask L2 to keep their lines."""
 
     @property
@@ -167,6 +168,9 @@ class KernelParams(SchedulerParams, Protocol):
 
     @property
     def num_warps(self) -> int: ...
+
+    @property
+    def narrow_warps(self) -> int: ...
 
     @property
     def num_stages(self) -> int: ...

@@ -57,6 +57,7 @@ class ScatterParams:
     num_warps: int = 4
     scheduler_type: SchedulerType = SchedulerType.scatter
     #: no serial loops; each value is read once and the output's lines are written by atomics
+    narrow_warps = 0
     num_stages = 0
     evict_last = False
 

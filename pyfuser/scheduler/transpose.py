@@ -38,6 +38,7 @@ class TransposeParams:
     num_warps: int = 4
     scheduler_type: SchedulerType = SchedulerType.transpose
     #: no serial loops to pipeline; loads keep their lines in L2 (not fields: no schedule changes them)
+    narrow_warps = 0
     num_stages = 0
     evict_last = True
 

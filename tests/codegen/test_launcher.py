@@ -260,3 +260,39 @@ def test_the_compile_threads_setting_is_checked_and_zero_turns_compiling_ahead_o
     assert runs["0"].stdout.strip() == "False" and runs["2"].stdout.strip() == "True"
     assert runs["many"].returncode != 0
     assert "PYFUSER_COMPILE_THREADS must be a number of threads" in runs["many"].stderr.splitlines()[-1]
+
+
+class _Param:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _NamedWarmupJitFunction(_JitFunction):
+    """A ``triton.jit`` function with named parameters whose ``warmup`` logs the warps it compiles for."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__()
+        self.params = [_Param(n) for n in names]
+
+    def warmup(self, *params: Any, grid: tuple[int, ...], num_warps: int) -> _Compiled:
+        self.log.append(f"compile on {num_warps} warps")
+        return _Compiled(self.log)
+
+
+@pytest.mark.parametrize(("prefix", "dtype", "row_stride", "warps"), [
+    ("", torch.bfloat16, 127, 8), ("", torch.bfloat16, 4096, 2), ("", torch.bfloat16, 1004, 8),
+    ("", torch.float32, 1004, 2), ("", torch.float32, 127, 8), ("", torch.bfloat16, 0, 2),
+    ("s0_", torch.bfloat16, 127, 8), ("s0_", torch.bfloat16, 1000, 2)])
+def test_a_variant_whose_rows_load_narrower_than_16_bytes_compiles_on_its_narrow_warps(
+        prefix: str, dtype: torch.dtype, row_stride: int, warps: int) -> None:
+    """A row stride (not 0 or 1) times the element size not a multiple of 16 bytes: the variant compiles on
+    ``narrow_warps``, the others on ``num_warps``; strides are read by name, in a cooperative launch's steps
+    too (``s{k}_`` before them). Sizes (``ks0``) do not count: only a row's start decides its loads' width."""
+    names = [f"{prefix}T0", f"{prefix}T1", f"{prefix}st0_0", f"{prefix}st0_1", f"{prefix}st1_0", f"{prefix}ks0"]
+    fn = _NamedWarmupJitFunction(names)
+    launches = DirectLaunches(fn, 2, "k", "def k(...): ...", narrow_warps=8)
+    params = [torch.zeros(4, 4, dtype=dtype), torch.zeros(4, dtype=torch.float32), row_stride, 1, 1, 127]
+    assert launches.warps_of(params) == warps
+    launches.launch(("v",), (1, 1, 1), params, 0)
+    assert fn.log[0] == f"compile on {warps} warps"
+    assert DirectLaunches(fn, 2, "k", "def k(...): ...").warps_of(params) == 2  # no narrow warps asked

@@ -291,6 +291,37 @@ def test_a_looped_row_loads_vectors_per_thread_per_step(define: Define, dtype: t
     assert f"loop step: {step}, online softmax: True" in str(params)
 
 
+def _layer_norm(fd: FusionDefinition, dtype: torch.dtype) -> None:
+    x = _input(fd, dtype)
+    var, mean = fd.ops.var_mean(x, [1], correction=0, keepdim=True)
+    _out(fd, fd.ops.mul(fd.ops.sub(x, mean), fd.ops.rsqrt(fd.ops.add(var, 1e-5))), dtype)
+
+
+def _rms_norm(fd: FusionDefinition, dtype: torch.dtype) -> None:
+    x = _input(fd, dtype)
+    _out(fd, fd.ops.mul(x, fd.ops.rsqrt(fd.ops.add(fd.ops.mean(fd.ops.mul(x, x), [1], keepdim=True), 1e-6))), dtype)
+
+
+@pytest.mark.parametrize(("define", "dtype", "rows", "shape", "step", "warps"), [
+    (_layer_norm, torch.bfloat16, 1024, "loop", 2048, 16), (_layer_norm, torch.float32, 1024, "loop", 2048, 16),
+    (_layer_norm, torch.bfloat16, 128, "loop", 4096, 16),
+    (_rms_norm, torch.bfloat16, 1024, "loop", 8192, 8), (_rms_norm, torch.float32, 256, "loop", 8192, 8),
+    (_rms_norm, torch.bfloat16, 66, "loop", 8192, 8), (_rms_norm, torch.bfloat16, 65, "split", None, None)])
+def test_a_looped_norm_steps_by_what_its_pass_carries(define: Define, dtype: torch.dtype, rows: int, shape: str,
+                                                      step: int | None, warps: int | None) -> None:
+    """On a GPU (132 SMs), a pass carrying a var_mean (Welford's four running values and a division an
+    element) over a row for every SM steps 4 elements a lane on 16 warps (fewer rows: 16 bytes); one
+    carrying a single sum (an RMS norm's) 32 elements a
+    lane on 8 warps, whatever the element size; any normalization splits its rows across programs only
+    for fewer rows than half the SMs (66 rows: one program a row)."""
+    with FusionDefinition() as fd:
+        define(fd, dtype)
+    params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(131072, rows, Machine(132, 16384, 2048)))
+    assert params.shape == shape, params
+    if step is not None:
+        assert (params.tile, params.num_warps) == (step, warps), params
+
+
 def test_the_shift_is_recognized_in_the_ir() -> None:
     """The sum of ``exp(y - max(y))`` over the max's axes is found from the IR, whichever ops make ``y``."""
     with FusionDefinition() as fd:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition
+from pyfuser.preseg import staged_var_mean
 from pyfuser.preseg.staged_var_mean import stage_outer_var_means
 from pyfuser.scheduler import reduction
 from pyfuser.scheduler.reduction_schedule import OuterHeuristic
@@ -19,6 +20,12 @@ from tests.codegen.conftest import execute_with_kernels
 from tests.codegen.test_var_mean_split import _var_mean
 
 H200 = Machine(132, 16384, 2048)
+
+
+@pytest.fixture
+def staged_at_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage var_means of any size (no channel fits ``ONE_STAGE_ELEMENTS``): the stages on small tensors."""
+    monkeypatch.setattr(staged_var_mean, "ONE_STAGE_ELEMENTS", 0)
 
 
 def _batchnorm_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> FusionDefinition:
@@ -43,6 +50,7 @@ def _kernels(fd: FusionDefinition) -> int:
     return sum(line == "Inputs:" for line in fd.last_scheduled_fusion_ir().splitlines())
 
 
+@pytest.mark.usefixtures("staged_at_any_size")
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9), (1, 4, 3, 5), (4, 1, 2, 3), (2, 3, 1, 1), (5, 2, 11, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -67,6 +75,7 @@ def test_batchnorm_statistics_run_in_two_stages(layout: str, shape: tuple[int, .
     assert _kernels(fd) == (2 if staged else 1), fd.last_scheduled_fusion_ir()
 
 
+@pytest.mark.usefixtures("staged_at_any_size")
 def test_batchnorm_forward_through_the_stages_matches_torch() -> None:
     """The statistics read back over N, H, W (keepdim, a normalization after them), on a permuted view."""
     x = torch.randn(3, 13, 6, 4, 5).permute(0, 1, 4, 2, 3)[:, :, 1]  # [3, 13, 6, 4], not contiguous
@@ -76,6 +85,7 @@ def test_batchnorm_forward_through_the_stages_matches_torch() -> None:
     torch.testing.assert_close(out, F.batch_norm(x, None, None, w, b, training=True, eps=1e-5), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("staged_at_any_size")
 @pytest.mark.parametrize(("shape", "dims", "correction", "cast", "staged"), [
     ((4, 6, 8), [0, 1], 0, True, False),  # [B, T, D] over B and T: an outer reduction, split instead
     ((4, 6, 8), [0, 2], 0, True, True),  # T between the reduced axes in memory
@@ -187,7 +197,7 @@ def test_channels_last_statistics_staged_on_request(shape: tuple[int, ...], dtyp
 def test_static_statistics_that_fit_a_tile_keep_one_stage(shape: tuple[int, ...], staged: bool) -> None:
     """NCHW statistics declared with static sizes (as torch.compile's graphs give them): a channel's
     elements up to ``ONE_STAGE_ELEMENTS`` are one var_mean in one kernel (a tile of every pixel of every
-    image), more are staged. The same fusion with symbolic sizes is staged at any size."""
+    image), more are staged. The same fusion with symbolic sizes decides the same for each call's sizes."""
     x = torch.randn(*shape) * 3 + 100
     for static in (True, False):
         with FusionDefinition() as fd:
@@ -199,4 +209,24 @@ def test_static_statistics_that_fit_a_tile_keep_one_stage(shape: tuple[int, ...]
         ref_var, ref_mean = torch.var_mean(x.double(), (0, 2, 3), correction=0)
         torch.testing.assert_close(mean_.double(), ref_mean, rtol=1e-6, atol=1e-5)
         torch.testing.assert_close(var_.double(), ref_var, rtol=1e-4, atol=1e-5)
-        assert _kernels(fd) == (2 if staged or not static else 1), fd.last_scheduled_fusion_ir()
+        assert _kernels(fd) == (2 if staged else 1), fd.last_scheduled_fusion_ir()
+
+
+def test_symbolic_statistics_take_one_stage_for_the_calls_whose_channels_fit_a_tile() -> None:
+    """One definition of symbolic sizes: a call whose channels fit one tile runs one kernel, one past it
+    two (staged); the program is keyed on that size class only, so another size of the same class reuses
+    its program and a new class compiles once."""
+    with FusionDefinition() as fd:
+        tx = fd.define_tensor([-1] * 4, contiguity=[True] * 4, dtype=DataType.Float)
+        var, mean = fd.ops.var_mean(tx, [0, 2, 3], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    runs = [((4, 6, 7, 7), 1, 1), ((3, 2, 65, 43), 2, 2), ((2, 5, 9, 9), 1, 2), ((2, 2, 80, 80), 2, 2)]
+    for shape, kernels, compiled in runs:
+        x = torch.randn(*shape) * 3 + 100
+        mean_, var_ = execute_with_kernels(fd, [x])
+        ref_var, ref_mean = torch.var_mean(x.double(), (0, 2, 3), correction=0)
+        torch.testing.assert_close(mean_.double(), ref_mean, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(var_.double(), ref_var, rtol=1e-4, atol=1e-5)
+        assert _kernels(fd) == kernels, (shape, fd.last_scheduled_fusion_ir())
+        assert fd.fec.compile_count == compiled, shape

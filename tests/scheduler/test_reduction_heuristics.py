@@ -198,3 +198,31 @@ def test_split_var_mean_final_step_loops_over_many_partials(dtype: torch.dtype) 
     assert segment.scheduler_params.split > 64
     final = segment.code[re.search(r"def reduction_\w*kernel_final\(", segment.code).start():]
     assert "for i" in final, final  # a loop over steps of partial rows
+
+
+@pytest.mark.parametrize(("reduced", "kept", "warps", "narrow"), [(131072, 128, 2, 8), (1024, 128, 4, 8),
+                                                                  (8192, 4096, 2, 8)])
+def test_a_looped_column_sum_asks_more_warps_where_its_rows_load_narrow(reduced: int, kept: int, warps: int,
+                                                                        narrow: int) -> None:
+    """The loop step gives each lane 32 elements, four 16-byte loads of bf16; the variants whose rows load
+    in narrower pieces (rows of 127) launch on warps of 8 elements a lane (``narrow_elements``; 8 warps at
+    most)."""
+    params = reduction.compute_heuristics(_outer("sum", DataType.BFloat16).fusion, SizeHints(reduced, kept, H100))
+    assert (params.shape, params.num_warps, params.narrow_warps) == ("outer", warps, narrow), params
+    assert params.narrow_warps == min(8, params.tile * params.tile_reduced // (32 * 8))
+    with outer_heuristic(OuterHeuristic(narrow_elements=0)):
+        params = reduction.compute_heuristics(_outer("sum", DataType.BFloat16).fusion, SizeHints(reduced, kept, H100))
+    assert params.narrow_warps == 0
+
+
+def test_columns_narrowed_to_under_two_programs_an_sm_step_further_on_more_warps() -> None:
+    """A column max of 2048 x 11008 bf16: 172 programs of 64 columns, no split; each step reads 16 KiB on
+    8 warps (``narrowed_step_bytes``), not 8 KiB on 4. A var_mean keeps its own steps."""
+    params = reduction.compute_heuristics(_outer("max", DataType.BFloat16).fusion, SizeHints(2048, 32768, H100))
+    # 512 programs, about four an SM: the usual step (counted in float32 accumulators, 8 KiB of them)
+    assert (params.tile, params.split, params.tile_reduced, params.num_warps) == (64, 1, 32, 2), params
+    params = reduction.compute_heuristics(_outer("max", DataType.BFloat16).fusion, SizeHints(2048, 11008, H100))
+    assert (params.tile, params.tile_reduced, params.split, params.num_warps) == (64, 128, 1, 8), params
+    with outer_heuristic(OuterHeuristic(narrowed_step_bytes=0)):
+        params = reduction.compute_heuristics(_outer("max", DataType.BFloat16).fusion, SizeHints(2048, 11008, H100))
+    assert (params.tile_reduced, params.num_warps) == (64, 4), params
