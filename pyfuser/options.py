@@ -63,6 +63,10 @@ class DisableOption(StrEnum):
     #: ``CommunicatorBackend.cuda``: never pipeline; the plain collective then GEMM runs
     p2p_pipelines = "p2p_pipelines"
     compile_ahead = "compile_ahead"
+    #: nvFuser's: its resize scheduler off, so segments with slice / pad / cat go to its other schedulers.
+    #: pyfuser has no resize scheduler: those ops are always scheduled by the pointwise and normalization
+    #: schedulers, what nvFuser does with this option; accepted, and it changes nothing
+    resize_scheduler = "resize_scheduler"
 
 
 class CommunicatorBackend(StrEnum):
@@ -109,6 +113,9 @@ DESCRIPTIONS: dict[StrEnum, str] = {
                                  "PYFUSER_COMPILE_THREADS sets the threads, 0 none)",
     DisableOption.cooperative_launch: "a grid reduction's steps in one cooperative launch with a grid synchronization "
                                       "(each step a launch of its own instead)",
+    DisableOption.resize_scheduler: "nvFuser's resize scheduler (pyfuser has none: slice, pad and cat are always scheduled "
+                                    "by the pointwise and normalization schedulers, as nvFuser's are with it off; "
+                                    "accepted for nvFuser code, changes nothing)",
 }
 
 

@@ -441,3 +441,21 @@ def test_repro_scripts_speak_the_name_pyfuser_was_imported_by(monkeypatch: pytes
     exec(script, namespace)
     rebuilt = namespace["fd"]
     assert isinstance(rebuilt, FusionDefinition) and repr(rebuilt) == repr(fd)
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+def test_disabling_the_resize_scheduler_is_accepted_and_changes_nothing(kernels: bool) -> None:
+    """nvFuser's ``_disable_options=["resize_scheduler"]`` (its transformer backward test): pyfuser has no
+    resize scheduler, its slices, pads and concatenations run in the schedulers they always do."""
+    x = torch.randn(5, 12)
+    with FusionDefinition() as fd:
+        t = fd.from_pytorch(x)
+        a = fd.ops.slice(t, [0, 0], [5, 6])
+        b = fd.ops.pad(fd.ops.slice(t, [0, 7], [5, 12]), [0, 1])
+        fd.add_output(fd.ops.exp(fd.ops.cat([a, b], 1)))
+    enabled = ["triton_interpreter"] if kernels else []
+    (got,) = fd.execute([x], _enable_options=enabled, _disable_options=["resize_scheduler"])
+    (plain,) = fd.execute([x], _enable_options=enabled)
+    want = torch.exp(torch.cat([x[:, :6], torch.nn.functional.pad(x[:, 7:], [0, 1])], 1))
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(plain, want)

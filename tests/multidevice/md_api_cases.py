@@ -149,5 +149,43 @@ def sdpa_training_head_parallel_runs_on_the_shards() -> None:
         raise AssertionError(f"head-parallel attention should move nothing between ranks:\n{program}")
 
 
+
+@case()
+def fused_qkv_heads_sharded_through_a_reshape() -> None:
+    """nvFuser's transformer forward: a column-parallel fused QKV projection ``[b, s, 3e]`` reshaped to
+    ``[b, s, h, 3e / h]``, sliced into q, k, v, attended and projected back by a row-parallel linear. The
+    sharding of ``3e`` moves to the heads (the outermost axis of the reshape's group, a multiple of the
+    ranks): the attention's output is this rank's heads, the projection the full result. Heads that are not
+    a multiple of the ranks stay replicated (the same values)."""
+    d, rank, mesh = world()
+    for heads in (2 * d, 2 * d + 1):
+        b, s, e = 2, 8, 4 * heads
+        x, w, bias, w1 = randn(b, s, e), randn(3 * e, e) * 0.25, randn(3 * e), randn(e, e) * 0.25
+        with FusionDefinition() as fd:
+            tx, tw, tb, tw1 = (fd.define_tensor(list(t.shape)) for t in (x, w, bias, w1))
+            qkv = fd.ops.reshape(fd.ops.linear(tx, tw, tb), [b, s, heads, 12])
+            q, k, v = (fd.ops.permute(fd.ops.slice(qkv, [0, 0, 0, 4 * i], [b, s, heads, 4 * i + 4]), [0, 2, 1, 3])
+                       for i in range(3))
+            out = fd.ops.sdpfa_fwd(q, k, v, is_causal=True)[0]
+            y = fd.ops.linear(fd.ops.reshape(fd.ops.permute(out, [0, 2, 1, 3]), [b, s, e]), tw1)
+            fd.add_output(out)
+            fd.add_output(y)
+            for t in (tx, tw, tb, tw1):
+                t.set_device_mesh(mesh)
+            for t in (tw, tb):
+                t.outer_split(0, d)
+                t.axis(0).parallelize(X)
+            if heads % d == 0:  # the row-parallel projection's weight: sharded on its input features
+                tw1.outer_split(1, d)
+                tw1.axis(1).parallelize(X)
+        ref = F.linear(x, w, bias).view(b, s, heads, 12)
+        want = F.scaled_dot_product_attention(*(ref[..., 4 * i:4 * i + 4].transpose(1, 2) for i in range(3)),
+                                              is_causal=True)
+        got_out, got_y = fd.execute([x, shard_tensor(w, tw), shard_tensor(bias, tb), shard_tensor(w1, tw1)])
+        sharded = heads % d == 0
+        assert_close(got_out, want.chunk(d, 1)[rank] if sharded else want, f"attention of {heads} heads")
+        assert_close(got_y, F.linear(want.transpose(1, 2).reshape(b, s, e), w1), f"projection of {heads} heads",
+                     atol=1e-4)
+
 if __name__ == "__main__":
     main()
