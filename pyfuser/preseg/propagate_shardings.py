@@ -2,11 +2,13 @@
 
 Meshes flow forward from producers to consumers, then backward to unplaced inputs. Shardings flow
 forward through each expr's logical ID map: an output axis is sharded on ``P`` when the input axis that
-maps to it is (a reshape maps the outermost axis of each group it regroups: ``_reshaped_map``). For linear and matmul the weight (``b``) goes first, as nvFuser does, so a column-parallel
-weight decides the output's sharding and the activation is gathered to match; other operands then fill
-the device parallel types still unused (data parallelism over a batch axis, say). A reduced axis does not
-propagate: the result of reducing a sharded axis is replicated, and ``decompose_resharding`` inserts the
-communication that makes it so.
+maps to it is (a reshape maps the outermost axis of each group it regroups: ``_reshaped_map``). For
+linear and matmul the weight (``b``) goes first, as nvFuser does, so a column-parallel weight decides the
+output's sharding and the activation is gathered to match; other operands then fill the device parallel
+types still unused (data parallelism over a batch axis, say). A reduced axis does not propagate: the
+result of reducing a sharded axis is replicated, and ``decompose_resharding`` inserts the communication
+that makes it so. Then shardings flow backward, as nvFuser's pass does, from each expr's most sharded
+output to its intermediate inputs, on the device types they do not use yet (``_back_propagated_axes``).
 
 User annotations win: a tensor the user placed on a mesh (``set_device_mesh``; no device-parallel ID
 then means replicated) or whose loop domain the user transformed or parallelized keeps its sharding.
@@ -41,6 +43,10 @@ def propagate_shardings(fusion: Fusion, options: CompileOptions | None = None) -
         for out in expr.tensor_outputs:
             if out not in annotated:
                 shard(out, _propagated_axes(expr, out))
+    for expr in reversed(exprs):
+        for inp in _distinct(expr.tensor_inputs):
+            if inp not in annotated and not inp.is_fusion_input:
+                shard(inp, _back_propagated_axes(expr, inp))
 
 
 def _propagate_meshes(exprs: list[Expr]) -> None:
@@ -86,6 +92,38 @@ def _propagated_axes(expr: Expr, out: TensorView) -> dict[int, ParallelType]:
                     continue  # the shards would not be whole blocks of the output axis: replicated
             axes[pos] = ptype
     return axes
+
+
+def _back_propagated_axes(expr: Expr, inp: TensorView) -> dict[int, ParallelType]:
+    """Axes of ``inp`` (an intermediate nothing annotated) to shard like the output of ``expr`` with the
+    most sharded axes maps them, on device types ``inp`` does not use on an iteration axis yet (nvFuser's
+    back-propagation: a residual add's sequence sharding reaches the row-parallel linear before it, whose
+    partial sums then reduce-scatter instead of all-reduce). Reduced output axes map to nothing."""
+    outputs = sorted(expr.tensor_outputs, key=lambda o: -len(sharding_of(o).axes))
+    if not outputs or outputs[0].device_mesh != inp.device_mesh:
+        return {}
+    out = outputs[0]
+    in_ids = inp.get_logical_domain()
+    in_pos = {id(i): p for p, i in enumerate(in_ids)}
+    used = {p for a, p in sharding_of(inp).axes.items() if not in_ids[a].is_reduction}
+    taken = set(sharding_of(inp).axes)
+    inverse = {id(c): p for p, c in expr.output_map(inp, out).items()}
+    out_ids = out.get_logical_domain()
+    axes: dict[int, ParallelType] = {}
+    for axis, ptype in sharding_of(out).axes.items():
+        source = inverse.get(id(out_ids[axis]))
+        if source is None or ptype in used or out_ids[axis].is_reduction:
+            continue
+        pos = in_pos[id(source)]
+        if pos in taken or pos in axes or in_ids[pos].is_reduction or in_ids[pos].is_broadcast:
+            continue
+        axes[pos] = ptype
+        used.add(ptype)
+    return axes
+
+
+def _distinct(tvs: list[TensorView]) -> list[TensorView]:
+    return list({id(t): t for t in tvs}.values())
 
 
 def _reshaped_map(expr: ReshapeOp, out: TensorView) -> dict[IterDomain, IterDomain]:

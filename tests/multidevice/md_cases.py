@@ -159,6 +159,34 @@ def row_parallel_linear_reduce_scatter() -> None:
 
 
 @case()
+def residual_sequence_sharding_reaches_the_row_parallel_linear() -> None:
+    """A row-parallel linear (its activation and weight sharded on the contracted features) whose output a
+    residual add with a sequence-sharded input reads, nothing else annotated (nvFuser's transformer with
+    sequence parallelism): the sequence sharding flows back from the add to the linear's output, so the
+    partial sums reduce-scatter along the sequence (nvFuser's back-propagation) and the linear's output
+    is this rank's rows, not an all-reduce of every row sliced after."""
+    d, rank, mesh = world()
+    s, k, e = 2 * d, 4 * d, 6
+    af, wf, rf = randn(s, k), randn(e, k), randn(s, e)
+    with FusionDefinition() as fd:
+        a, w, res = fd.define_tensor([s, k]), fd.define_tensor([e, k]), fd.define_tensor([s, e])
+        y = fd.ops.linear(a, w)
+        fd.add_output(y)
+        fd.add_output(fd.ops.add(y, res))
+        place(mesh, a, w, res)
+        shard_axis(a, 1, d)
+        shard_axis(w, 1, d)
+        shard_axis(res, 0, d)
+    got_y, got_z = fd.execute([shard_tensor(af, a), shard_tensor(wf, w), shard_tensor(rf, res)])
+    ref = F.linear(af, wf)
+    assert_close(got_y, ref.chunk(d, 0)[rank], "the linear's rows")
+    assert_close(got_z, (ref + rf).chunk(d, 0)[rank], "the residual sum's rows")
+    text = host_ir(fd)
+    if "type=ReduceScatter" not in text or "type=Allreduce" in text:
+        raise AssertionError(f"expected a ReduceScatter and no Allreduce:\n{text}")
+
+
+@case()
 def row_parallel_matmul_rfactored_by_hand() -> None:
     """nvFuser's manual row-parallel matmul: K sharded on both operands, the output's K split d ways and
     rfactored, the partial's block axis on mesh_x: each rank's GEMM of its shards, then an Allreduce;

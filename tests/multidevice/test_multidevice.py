@@ -53,6 +53,7 @@ CASES_2 = [
     "stream_loop_gathers_the_shards_of_a_split_sharded_axis",
     "mlp_tensor_and_sequence_parallel", "pipeline_across_meshes", "gather_scatter_reduce_between_meshes",
     "dtensor_wrapper", "bad_inputs_raise_clear_errors", "matmul_output_sharded_on_its_reduction_and_an_output_axis",
+    "residual_sequence_sharding_reaches_the_row_parallel_linear",
 ]
 CASES_4 = [*CASES_2, "mesh_2d_data_and_tensor_parallel", "mesh_on_a_subset_of_ranks",
            "resharding_along_two_mesh_axes_at_once"]
