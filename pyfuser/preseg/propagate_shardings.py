@@ -44,7 +44,7 @@ def propagate_shardings(fusion: Fusion, options: CompileOptions | None = None) -
             if out not in annotated:
                 shard(out, _propagated_axes(expr, out))
     for expr in reversed(exprs):
-        for inp in _distinct(expr.tensor_inputs):
+        for inp in dict.fromkeys(expr.tensor_inputs):  # tensors hash by identity
             if inp not in annotated and not inp.is_fusion_input:
                 shard(inp, _back_propagated_axes(expr, inp))
 
@@ -120,10 +120,6 @@ def _back_propagated_axes(expr: Expr, inp: TensorView) -> dict[int, ParallelType
         axes[pos] = ptype
         used.add(ptype)
     return axes
-
-
-def _distinct(tvs: list[TensorView]) -> list[TensorView]:
-    return list({id(t): t for t in tvs}.values())
 
 
 def _reshaped_map(expr: ReshapeOp, out: TensorView) -> dict[IterDomain, IterDomain]:

@@ -114,20 +114,17 @@ def staged_axes(expr: VarMeanOp, order: list[IterDomain], one_stage: frozenset[i
     return first, [a for a in expr.axes if a != first]
 
 
-def _fits_one_tile(reduced: list[IterDomain]) -> bool:
-    """Whether the reduced elements of each result, known at compile time, are at most
-    ``ONE_STAGE_ELEMENTS``: one program then takes them all at once (a persistent tile), which no
+def _fits_one_tile(reduced: list[IterDomain], sizes: Mapping[str, int] | None = None) -> bool:
+    """Whether the reduced elements of each result, known at compile time (or at ``sizes``, a call's bound
+    size symbols), are at most ``ONE_STAGE_ELEMENTS``: one program then takes them all at once (a persistent tile), which no
     stage of contiguous rows beats when the rows are short. H200, batch-norm statistics and forward of
     NCHW activations whose every channel fits a tile (128 x 2048 x 7 x 7: 6272 elements, 3 x 127 x 33 x
     33: 3267; bf16 and float32): 0.33-0.74x of Inductor staged (the first stage's rows of 49 or 1089
     pixels), 0.54-0.93x in one stage; past a tile (64 x 512 x 28 x 28 and larger) staging won, 0.78-1.30x
     against 0.26-0.86x."""
-    count = 1
-    for i in reduced:
-        if i.extent.value is None:
-            return False
-        count *= i.extent.value
-    return count <= ONE_STAGE_ELEMENTS
+    if sizes is None and any(i.extent.value is None for i in reduced):
+        return False
+    return math.prod(i.extent.evaluate(sizes or {}) for i in reduced) <= ONE_STAGE_ELEMENTS
 
 
 def one_stage_var_means(fusion: Fusion, sizes: Mapping[str, int]) -> frozenset[int]:
@@ -145,7 +142,7 @@ def one_stage_var_means(fusion: Fusion, sizes: Mapping[str, int]) -> frozenset[i
         reduced = [logical[a] for a in expr.axes if not logical[a].is_broadcast]
         if len(reduced) < 2 or all(i.extent.value is not None for i in reduced):
             continue  # one axis: never staged; static extents: decided at compile time
-        if math.prod(i.extent.evaluate(sizes) for i in reduced) <= ONE_STAGE_ELEMENTS:
+        if _fits_one_tile(reduced, sizes):
             found.add(expr.tensor_outputs[0].name)
     return frozenset(found)
 
