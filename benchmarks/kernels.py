@@ -304,13 +304,14 @@ def _outer_variants_of_heuristic() -> list[OuterHeuristic]:
         "waves": (1, 4), "split_waves": (2, 8),
         "min_steps": (1, 2),
         "min_columns": (64,), "narrow_bytes": (0, 64, 256), "welford_column_bytes": (64, 256, 512),
-        "welford_step_bytes": (4096, 16384), "welford_waves": (2, 4, 8),
+        "welford_step_elements": (2048, 8192), "small_welford_elements": (0, 1 << 23),
+        "small_welford_step_elements": (1024, 4096), "welford_waves": (2, 4, 8),
         "welford_elements": (4, 16, 32), "narrow_elements": (0, 16), "narrowed_step_bytes": (0, 32768),
         "final_waves": (2, 4), "final_min_columns": (1, 16, 32), "stages": (2, 4),
         "evict_last": (False,)}
     variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
     # split-first column blocks and the first var_mean split (fewer, fuller programs; wide final columns)
-    variants.append(OuterHeuristic(narrow_bytes=0, welford_step_bytes=16384, welford_waves=2, welford_elements=32,
+    variants.append(OuterHeuristic(narrow_bytes=0, welford_step_elements=8192, welford_waves=2, welford_elements=32,
                                    final_waves=0, final_min_columns=32))
     return variants
 

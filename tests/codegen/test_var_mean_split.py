@@ -46,7 +46,7 @@ def _split_params(fd: FusionDefinition) -> Any:
 
 #: Loop steps of 256 bytes: the interpreter combines a step's lanes one pair at a time (Python calls), so
 #: the automatic schedules run on small steps (many of them, and splits of every program count).
-SMALL_STEPS = OuterHeuristic(step_bytes=256, welford_step_bytes=256)
+SMALL_STEPS = OuterHeuristic(step_bytes=256, welford_step_elements=64, small_welford_step_elements=64)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

@@ -122,12 +122,14 @@ def test_outer_var_mean_splits_across_programs(rows: int, kept: int) -> None:
     """An outer var_mean (channels-last batch-norm statistics: N*H*W rows of C channels on an H200) keeps
     column blocks of ``welford_column_bytes`` and splits its rows across programs where the channels give
     too few programs (Welford's partial results, combined by a second launch), into ``welford_waves``
-    programs per SM of ``welford_elements`` per thread."""
+    programs per SM of ``welford_elements`` per thread; fewer elements than ``small_welford_elements`` in
+    shorter steps, one a program allowed."""
     h = OuterHeuristic()
     params = reduction.compute_heuristics(_outer_var_mean().fusion, SizeHints(rows, kept, H200))
     widest = h.welford_column_bytes // 2  # bfloat16 elements
     assert params.shape == "outer" and params.tile == min(widest, 1 << (kept - 1).bit_length()), params
-    assert params.tile * params.tile_reduced * 2 <= h.welford_step_bytes, params
+    small = rows * kept < h.small_welford_elements  # shorter steps, one a program allowed
+    assert params.tile * params.tile_reduced <= (h.small_welford_step_elements if small else h.welford_step_elements)
     assert params.num_warps * 32 * h.welford_elements in (params.tile * params.tile_reduced, 256 * h.welford_elements)
     programs = -(-kept // params.tile)
     target = h.welford_waves * H200.sm_count
@@ -136,7 +138,7 @@ def test_outer_var_mean_splits_across_programs(rows: int, kept: int) -> None:
     else:
         # at most ``target`` programs in all, the loop steps divided evenly (none left without steps)
         steps = -(-rows // params.tile_reduced)
-        most = max(1, min(target // programs, rows // (4 * params.tile_reduced)))
+        most = max(1, min(target // programs, rows // ((1 if small else h.min_steps) * params.tile_reduced)))
         assert params.split == -(-steps // -(-steps // most)), params
         assert programs * params.split <= target, params
         # a split wherever two programs a column block fit the target and the rows have steps for them

@@ -98,7 +98,7 @@ def test_split_var_mean_final_step_runs_on_every_program(shape: tuple[int, ...],
         var, mean = fd.ops.var_mean(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0, 2, 3], correction=0)
         fd.add_output(mean)
         fd.add_output(var)
-    with outer_heuristic(OuterHeuristic(step_bytes=256, welford_step_bytes=256)):
+    with outer_heuristic(OuterHeuristic(step_bytes=256, welford_step_elements=64, small_welford_step_elements=64)):
         mean, var = execute_with_kernels(fd, [x])
     ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
     torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-4)
@@ -189,7 +189,8 @@ def test_split_var_mean_final_step_loops_over_many_partials(dtype: torch.dtype) 
         var, mean = fd.ops.var_mean(fd.ops.cast(fd.from_pytorch(x), DataType.Float), [0, 2, 3], correction=0)
         fd.add_output(mean)
         fd.add_output(var)
-    with outer_heuristic(OuterHeuristic(step_bytes=256, welford_step_bytes=256, welford_waves=64)):
+    with outer_heuristic(OuterHeuristic(step_bytes=256, welford_step_elements=64, small_welford_step_elements=64,
+                                        welford_waves=64)):
         mean, var = execute_with_kernels(fd, [x])
     ref_var, ref_mean = torch.var_mean(x.double(), [0, 2, 3], correction=0)
     torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-6, atol=1e-4)
