@@ -19,6 +19,8 @@ shard); the output is ``[M, N]`` per rank. Measured with the same buffers, per s
   ``pyfuser_auto_graph``: that program with ``cuda_graph`` (captured per signature, replayed: no host latency
   before the first GPU operation; the weight a parameter, read in place), whose choice the model
   makes without host time per node (``pyfuser_auto_graph`` names it).
+* ``pyfuser_plain_graph`` / ``pyfuser_pipeline_graph``: the same replayed program with the model's choice
+  forced each way (``FORCED_GRAPHS``): what the choice costs or saves at each size.
 
 Rank 0 writes ``OUT/ag_linear_<kind>.json`` and ``.md`` (kind ``h200x2``: two H200s), over the previous
 run's. ``--profile DIR``: chrome traces of pyfuser's S = 1 and S = 2 programs at the first size on every
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from overlap_common import (
+    FORCED_GRAPHS,
     Timer,
     captured,
     main,
@@ -143,6 +146,13 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
     r["pyfuser_auto_graph_error"] = relative_error(got, reference.view(d, rows, n))
     del got
     r["pyfuser_auto_graph_ms"] = timer(replay)
+    for forced, params in FORCED_GRAPHS.items():  # the model's two choices, each forced
+        program = MultiDeviceExecutor(seed_004_fusion(d, dtype, ([d, rows, k], [n, k])).fusion, params)
+        replay = pyfuser_graph_run(program, [local, w], weight=1)
+        (got,) = replay()
+        r[f"pyfuser_{forced}_error"] = relative_error(got, reference.view(d, rows, n))
+        del got
+        r[f"pyfuser_{forced}_ms"] = timer(replay)
     r["pyfuser_auto"] = "P2P S=1" if "P2PCommunication" in auto.host_ir() else "all-gather then GEMM"
     # replayed, the model counts no host time per node: it may choose otherwise (``overlap_model.decide``)
     r["pyfuser_auto_graph"] = "P2P S=1" if "P2PCommunication" in graph.host_ir() else "all-gather then GEMM"
@@ -202,6 +212,7 @@ COLUMNS = [("size", "M, K, N per rank"), ("gemm_ms", "GEMM"), ("allgather_ms", "
            ("pyfuser_p2p_S2_ms", "pyfuser P2P S=2"), ("pyfuser_p2p_S4_ms", "pyfuser P2P S=4"),
            ("pyfuser_best_ms", "pyfuser best"), ("pyfuser_auto_ms", "pyfuser auto"), ("pyfuser_auto", "auto chose"),
            ("pyfuser_auto_graph_ms", "pyfuser auto, CUDA graph"), ("pyfuser_auto_graph", "graph chose"),
+           ("pyfuser_plain_graph_ms", "pyfuser plain, CUDA graph"), ("pyfuser_pipeline_graph_ms", "pyfuser pipeline, CUDA graph"),
            ("ideal_ms", "ideal max(GEMM, AG)"), ("best_vs_ideal", "best / ideal")]
 
 

@@ -18,6 +18,8 @@ sums ``[M, N]`` and keeps its ``M / D`` rows of their sum. Measured with the sam
   pipeline or GEMM then reduce-scatter; ``pyfuser_auto_graph``: that program with ``cuda_graph`` (captured per
   signature, replayed: no host latency before the first GPU operation; the weight a parameter, read in place),
   whose choice the model makes without host time per node (``pyfuser_auto_graph`` names it).
+* ``pyfuser_plain_graph`` / ``pyfuser_pipeline_graph``: the same replayed program with the model's choice
+  forced each way (``FORCED_GRAPHS``): what the choice costs or saves at each size.
 
 Rank 0 writes ``OUT/linear_rs_<kind>.json`` and ``.md``, over the previous run's; ``--profile DIR`` as in ``ag_linear.py``.
 """
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from overlap_common import (
+    FORCED_GRAPHS,
     Timer,
     captured,
     main,
@@ -142,6 +145,13 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
     r["pyfuser_auto_graph_error"] = relative_error(got, total.view(d, m // d, n)[rank:rank + 1])
     del got
     r["pyfuser_auto_graph_ms"] = timer(replay)
+    for forced, params in FORCED_GRAPHS.items():  # the model's two choices, each forced
+        program = MultiDeviceExecutor(row_parallel_fusion(d, dtype, ([d, m // d, k * d], [n, k * d])).fusion, params)
+        replay = pyfuser_graph_run(program, [local, w], weight=1)
+        (got,) = replay()
+        r[f"pyfuser_{forced}_error"] = relative_error(got, total.view(d, m // d, n)[rank:rank + 1])
+        del got
+        r[f"pyfuser_{forced}_ms"] = timer(replay)
     r["pyfuser_auto"] = "P2P S=1" if "P2PCommunication" in auto.host_ir() else "GEMM then reduce-scatter"
     # replayed, the model counts no host time per node: it may choose otherwise (``overlap_model.decide``)
     r["pyfuser_auto_graph"] = "P2P S=1" if "P2PCommunication" in graph.host_ir() else "GEMM then reduce-scatter"
@@ -200,6 +210,7 @@ COLUMNS = [("size", "M, K per rank, N"), ("gemm_ms", "GEMM"), ("reduce_scatter_m
            ("pyfuser_p2p_S2_ms", "pyfuser P2P S=2"), ("pyfuser_p2p_S4_ms", "pyfuser P2P S=4"),
            ("pyfuser_best_ms", "pyfuser best"), ("pyfuser_auto_ms", "pyfuser auto"), ("pyfuser_auto", "auto chose"),
            ("pyfuser_auto_graph_ms", "pyfuser auto, CUDA graph"), ("pyfuser_auto_graph", "graph chose"),
+           ("pyfuser_plain_graph_ms", "pyfuser plain, CUDA graph"), ("pyfuser_pipeline_graph_ms", "pyfuser pipeline, CUDA graph"),
            ("ideal_ms", "ideal max(GEMM, RS)"), ("best_vs_ideal", "best / ideal")]
 
 

@@ -27,7 +27,7 @@ from results_files import machine_kind, now_stamp, write_results
 from torch.distributed._symmetric_memory import enable_symm_mem_for_group, is_symm_mem_enabled_for_group
 from torch.profiler import ProfilerActivity, profile
 
-from pyfuser.multidevice import Communicator
+from pyfuser.multidevice import Communicator, CommunicatorBackend, MultiDeviceExecutorParams
 
 # NVLink multicast stays off on shared machines (read when the process group and symmetric memory start).
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -109,6 +109,25 @@ def pyfuser_graph_run(executor: Any, inputs: list[torch.Tensor], weight: int) ->
     args[weight] = torch.nn.Parameter(args[weight], requires_grad=False)
     executor.run(args)
     return lambda: executor.run(args)
+
+
+#: pyfuser's two programs with the overlap model's choice forced, replayed from CUDA graphs: what the choice
+#: costs or saves at each size (the not-overlapped anchor within pyfuser's own host path).
+FORCED_GRAPHS = {
+    "plain_graph": MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda, cuda_graph=True,
+                                             disable_options=("p2p_pipelines",)),
+    "pipeline_graph": MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda, cuda_graph=True,
+                                                enable_options=("p2p_pipelines_always",)),
+}
+
+
+def parse_size(text: str) -> tuple[int, int, int]:
+    """``M,K,N`` for ``--sizes``."""
+    try:
+        m, k, n = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a size is M,K,N (three integers), got {text!r}") from None
+    return m, k, n
 
 
 def symm_mem_group() -> str | None:
@@ -321,8 +340,10 @@ def main(name: str, doc: str | None, title: str, columns: list[tuple[str, str]],
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--profile", type=Path, help="directory for traces, their summary and the timeline PNG")
+    parser.add_argument("--sizes", type=parse_size, nargs="+", default=SIZES, metavar="M,K,N",
+                        help="sizes to measure (default: the issue's three)")
     args = parser.parse_args()
-    sizes, dtype = SIZES, torch.bfloat16
+    sizes, dtype = args.sizes, torch.bfloat16
     if args.smoke:
         sizes, dtype, args.warmup, args.iters = [(64, 32, 16), (32, 16, 8)], torch.float32, 1, 3
     comm = Communicator.instance()

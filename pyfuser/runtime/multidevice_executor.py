@@ -11,7 +11,7 @@ import torch
 from pyfuser.comm.communicator import Communicator
 from pyfuser.ir.analysis.sharding import check_meshes_fit
 from pyfuser.ir.fusion import Fusion
-from pyfuser.options import CommunicatorBackend, comm_backend
+from pyfuser.options import CommunicatorBackend, check_options, comm_backend
 from pyfuser.runtime.executor import FusionExecutorCache
 from pyfuser.runtime.inputs import input_list
 
@@ -31,6 +31,11 @@ class MultiDeviceExecutorParams:
     the same signatures, as for any collective; a signature's first call runs without a graph. Inputs that
     are not parameters are copied into the graph's buffers before each replay (``host_ir/cuda_graph.py``).
 
+    ``enable_options`` / ``disable_options`` (pyfuser's): the names ``fd.execute`` takes as ``_enable_options``
+    / ``_disable_options``, for every run of this executor; ``disable_options=["p2p_pipelines"]`` forces the
+    plain collective then GEMM, ``enable_options=["p2p_pipelines_always"]`` the pipeline
+    (``comm/overlap_model.py`` decides otherwise).
+
     ``use_allocation_cache``, ``number_of_streams``, ``offset_stream_indexing_by_rank`` and
     ``inter_stream_synchronization`` tune nvFuser's own Host IR executor. They are accepted so its
     scripts run unchanged; pyfuser's programs do not read them (results do not depend on them).
@@ -39,6 +44,8 @@ class MultiDeviceExecutorParams:
     device: torch.device | str | None = None
     backend_type: CommunicatorBackend | None = None
     cuda_graph: bool = False
+    enable_options: Sequence[str] = ()
+    disable_options: Sequence[str] = ()
     use_allocation_cache: bool = False
     number_of_streams: int = 3
     offset_stream_indexing_by_rank: bool = False
@@ -59,6 +66,7 @@ class MultiDeviceExecutor:
         self.fusion = fusion
         self.params = params or MultiDeviceExecutorParams()
         self._backend = comm_backend(self.params.backend_type)  # checked here: a bad name fails before any run
+        check_options(self.params.enable_options, self.params.disable_options)
         self.communicator = Communicator.instance()
         check_meshes_fit(fusion, self.communicator.size())
         self._cache = FusionExecutorCache(fusion)
@@ -70,8 +78,9 @@ class MultiDeviceExecutor:
         return self.communicator.device()
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        options = ("cuda_graph",) if self.params.cuda_graph else ()
-        return self._cache.run(input_list(inputs), device=self.device, backend=self._backend, enable_options=options)
+        enabled = (*self.params.enable_options, *(("cuda_graph",) if self.params.cuda_graph else ()))
+        return self._cache.run(input_list(inputs), device=self.device, backend=self._backend, enable_options=enabled,
+                               disable_options=self.params.disable_options)
 
     def host_ir(self) -> str:
         """This rank's Host IR of the latest run (as ``PYFUSER_DUMP=host_ir`` prints it)."""

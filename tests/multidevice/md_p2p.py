@@ -289,7 +289,8 @@ def static_pattern(kind: str, streams: int | None, shape: list[int], n: int) -> 
 def p2p_chosen_by_size() -> None:
     """With every size known, ``comm/overlap_model.py`` picks the pipeline or the plain collective then GEMM:
     at these small sizes the CPU model says the collective; a model with a slow link says the pipeline; the
-    options force either. Every choice gives torch's result, with P2P transfers or one collective."""
+    options force either (from the environment or the executor's params). Every choice gives torch's
+    result, with P2P transfers or one collective."""
     d, rank, _ = world()
     model = os.environ.pop("PYFUSER_OVERLAP_MODEL", None)
     slow_link = "0.000001,0.001,0,0,0"  # 1 MFLOP/s, 1 MB/s, no latencies: GEMMs as long as transfers, hidden
@@ -303,13 +304,18 @@ def p2p_chosen_by_size() -> None:
                 expected = F.linear(xf, wf)
                 if kind == "reduce_scatter":
                     expected = expected[:, rank:rank + 1] if streams else expected[rank:rank + 1]
-                for env, pipelined in ((None, False), ({"PYFUSER_OVERLAP_MODEL": slow_link}, True),
-                                       ({"PYFUSER_ENABLE": "p2p_pipelines_always"}, True),
-                                       ({"PYFUSER_OVERLAP_MODEL": slow_link, "PYFUSER_DISABLE": "p2p_pipelines"},
-                                        False)):
+                forced_on = MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda,
+                                                      enable_options=("p2p_pipelines_always",))
+                forced_off = MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda,
+                                                       disable_options=("p2p_pipelines",))
+                for env, params, pipelined in (
+                        (None, P2P, False), ({"PYFUSER_OVERLAP_MODEL": slow_link}, P2P, True),
+                        ({"PYFUSER_ENABLE": "p2p_pipelines_always"}, P2P, True),
+                        ({"PYFUSER_OVERLAP_MODEL": slow_link, "PYFUSER_DISABLE": "p2p_pipelines"}, P2P, False),
+                        (None, forced_on, True), ({"PYFUSER_OVERLAP_MODEL": slow_link}, forced_off, False)):
                     os.environ.update(env or {})
                     try:
-                        executor = MultiDeviceExecutor(fd.fusion, P2P)  # options and model are read per compile
+                        executor = MultiDeviceExecutor(fd.fusion, params)  # options and model are read per compile
                         inputs = [xf[:, rank:rank + 1] if streams else xf[rank:rank + 1], wf]
                         if kind == "reduce_scatter":
                             inputs = [xf.chunk(d, -1)[rank], wf.chunk(d, -1)[rank]]
@@ -317,13 +323,16 @@ def p2p_chosen_by_size() -> None:
                     finally:
                         for name in env or {}:
                             del os.environ[name]
-                    what = f"{kind}, S={streams}, {env or 'CPU model'}"
+                    what = f"{kind}, S={streams}, {env or 'CPU model'}, {params.enable_options or params.disable_options}"
                     assert_close(got, expected, what, atol=1e-4)
                     text = executor.host_ir()
                     if pipelined:
                         check_pipeline(text, rank, d, kind)
                     elif f"type={collective}" not in text or "P2PCommunication" in text:
                         raise AssertionError(f"{what}: expected the {collective} collective and no P2P transfer:\n{text}")
+        misspelt = MultiDeviceExecutorParams(enable_options=("p2p_pipeline_always",))
+        expect_error(lambda: MultiDeviceExecutor(fd.fusion, misspelt), ValueError, "unknown option",
+                     "p2p_pipeline_always", "p2p_pipelines_always")
     finally:
         if model is not None:
             os.environ["PYFUSER_OVERLAP_MODEL"] = model
