@@ -238,7 +238,8 @@ class Expr(ABC):
     def shardable_axes(self) -> set[int]:
         """Positions of the (first) output this op can compute a shard of from its operands' shards of
         the axes ``logical_map`` relates to them (a device-sharded axis): every one for an op that runs
-        on chunks (``chunkable``), none otherwise, unless the op says which (grouped_mm's ungrouped axes)."""
+        on chunks (``chunkable``), none otherwise, unless the op says which (grouped_mm's ungrouped axes, the
+        axes a slice keeps whole). A reshape's depend on the mesh size: ``analysis.sharding.shard_map``."""
         return set(range(len(self.tensor_outputs[0].get_logical_domain()))) if self.chunkable else set()
 
     def logical_map(self, producer: TensorView) -> dict[IterDomain, IterDomain]:

@@ -12,9 +12,10 @@ differ in mesh or sharding. The plan for one expr ``out = op(ins)``:
 2. Every input whose mesh or sharding differs from what the op needs to run locally gets a resharding
    ``set`` in front (Allgather for sequence parallelism, a local slice when only the consumer is sharded,
    Broadcast / SendRecv / Scatter between meshes).
-3. Ops that read an axis' global extent (full, iota, expand of a broadcast axis, and ops that are not
-   chunkable: reshape, slice, cat, pad) cannot produce a shard of that axis: they compute it whole and a
-   local slice follows.
+3. Ops that read an axis' global extent (full, iota, expand of a broadcast axis, the axes a slice, pad or
+   cat resizes, a reshape's axes other than the ones ``shard_map`` pairs, other ops that are not chunkable)
+   cannot produce a shard of that axis: they compute it whole and a local slice follows. A reshape that
+   runs on shards is told its output's shard factors, so it reshapes to the local sizes.
 
 When a consumer loops over a stream-parallel ID, the inserted ``set`` is stream-parallelized on the mapped
 axis too, so stream lowering puts the communication of chunk ``i`` in the same host loop as the compute
@@ -25,7 +26,9 @@ are chunked like the stream-parallel output they reduce into (GEMM + Allreduce p
 
 from __future__ import annotations
 
-from pyfuser.ir.analysis.sharding import is_multidevice, sharding_of
+from collections.abc import Mapping
+
+from pyfuser.ir.analysis.sharding import is_multidevice, shard_factors, shard_map, sharding_of
 from pyfuser.ir.analysis.stream_axes import walk_outer_splits
 from pyfuser.ir.base import Expr
 from pyfuser.ir.device_mesh import DeviceMesh
@@ -42,6 +45,7 @@ from pyfuser.ir.ops import (
     LoadStoreOp,
     MatmulOp,
     ReductionOp,
+    ReshapeOp,
 )
 from pyfuser.ir.tensor_domain import TensorDomain
 from pyfuser.ir.tensor_view import TensorView, new_like
@@ -68,7 +72,7 @@ def _decompose(expr: Expr) -> None:
         _decompose(bias_add)
         return
     if mesh == out.device_mesh:
-        global_axes = _global_extent_axes(expr)
+        global_axes = _global_extent_axes(expr, out_axes)
         compute_axes = {a: p for a, p in out_axes.items() if p not in partial.values() and a not in global_axes}
         compute_axes |= partial
     else:  # partial results stay on the operands' mesh; the communication moves them to out's
@@ -85,6 +89,8 @@ def _decompose(expr: Expr) -> None:
                 _copy_stream_schedule(old, new)  # chunk i's partial sums are reduced while chunk i+1 computes
             expr.replace_output(old, new)
             LoadStoreOp(expr.fusion, old, new)
+    if isinstance(expr, ReshapeOp):
+        expr.run_on_shards(shard_factors(expr.output))
 
 
 def _complete_axes(tv: TensorView) -> dict[int, ParallelType]:
@@ -121,9 +127,10 @@ def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
     return bare, BinaryOp(fusion, BinaryOpType.add, out, broadcast_bias, reduced)
 
 
-def _global_extent_axes(expr: Expr) -> set[int]:
+def _global_extent_axes(expr: Expr, out_axes: Mapping[int, ParallelType]) -> set[int]:
     """Output axes whose extent the op reads from the bound (global) sizes: it cannot produce a shard of
-    them, so it runs replicated there and a local slice follows."""
+    them, so it runs replicated there and a local slice follows. ``out_axes``: the output's sharding (a
+    reshape computes a shard of an axis only where ``shard_map`` pairs it for that axis's mesh size)."""
     out = expr.tensor_outputs[0]
     every = set(range(len(out.get_logical_domain())))
     if isinstance(expr, (FullOp, IotaOp)):
@@ -132,6 +139,10 @@ def _global_extent_axes(expr: Expr) -> set[int]:
         inp = expr.tensor_input(0).get_logical_domain(no_reductions=True)
         return {d for d, (i, o) in enumerate(zip(inp, out.get_logical_domain(), strict=False))
                 if i.is_broadcast and not o.is_broadcast}
+    if isinstance(expr, ReshapeOp):
+        ids = out.get_logical_domain()
+        paired = {a for a, p in out_axes.items() if ids[a] in shard_map(expr, expr.tensor_input(0), p).values()}
+        return every - paired
     return every - expr.shardable_axes()
 
 
@@ -175,16 +186,14 @@ def _required_input_axes(expr: Expr, inp: TensorView, out: TensorView,
     its gradient); outputs of one expr share their leading axes, so its position there counts."""
     out_pos = {id(i): p for o in reversed(expr.tensor_outputs) for p, i in enumerate(o.get_logical_domain())}
     out_pos |= {id(i): p for p, i in enumerate(out.get_logical_domain())}
-    mapping = expr.logical_map(inp)
     required: dict[int, ParallelType] = {}
-    for axis, pid in enumerate(inp.get_logical_domain()):
-        target = mapping.get(pid)
-        if target is None or pid.is_broadcast:
-            continue
-        ptype = compute_axes.get(out_pos[id(target)])
-        if ptype is not None:
-            required[axis] = ptype
-    return required
+    for ptype in dict.fromkeys(compute_axes.values()):
+        mapping = shard_map(expr, inp, ptype)
+        for axis, pid in enumerate(inp.get_logical_domain()):
+            target = mapping.get(pid)
+            if target is not None and not pid.is_broadcast and compute_axes.get(out_pos[id(target)]) is ptype:
+                required[axis] = ptype
+    return dict(sorted(required.items()))
 
 
 def _resharded_copy(expr: Expr, inp: TensorView, out: TensorView, mesh: DeviceMesh | None,

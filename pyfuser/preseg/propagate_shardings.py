@@ -1,8 +1,9 @@
 """Pre-segmentation pass: give every tensor of a multi-device fusion a mesh and a sharding.
 
 Meshes flow forward from producers to consumers, then backward to unplaced inputs. Shardings flow
-forward through each expr's logical ID map: an output axis is sharded on ``P`` when the input axis that
-maps to it is (a reshape maps the outermost axis of each group it regroups: ``_reshaped_map``). For
+forward through each expr's ``shard_map``: an output axis is sharded on ``P`` when the input axis that
+maps to it is (a reshape maps the outermost axis of each group it regroups where both extents are multiples
+of the ranks: the reshape of a shard is the shard of the reshape, and it runs on the shards). For
 linear and matmul the weight (``b``) goes first, as nvFuser does, so a column-parallel weight decides the
 output's sharding and the activation is gathered to match; other operands then fill the device parallel
 types still unused (data parallelism over a batch axis, say). A reduced axis does not propagate: the
@@ -18,12 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pyfuser.ir.analysis.reshape import reshape_groups
-from pyfuser.ir.analysis.sharding import is_multidevice, sharding_of
+from pyfuser.ir.analysis.sharding import is_multidevice, shard_map, sharding_of
 from pyfuser.ir.base import Expr
 from pyfuser.ir.fusion import Fusion
-from pyfuser.ir.iter_domain import IterDomain, ParallelType
-from pyfuser.ir.ops import LinearOp, MatmulOp, ReshapeOp
+from pyfuser.ir.iter_domain import ParallelType
+from pyfuser.ir.ops import LinearOp, MatmulOp
 from pyfuser.ir.tensor_view import TensorView, user_scheduled
 from pyfuser.options import CompileOptions
 
@@ -77,19 +77,14 @@ def _propagated_axes(expr: Expr, out: TensorView) -> dict[int, ParallelType]:
     for inp in _reference_order(expr):
         if inp.device_mesh != out.device_mesh:
             continue
-        mapping = _reshaped_map(expr, out) if isinstance(expr, ReshapeOp) else expr.output_map(inp, out)
         in_ids = inp.get_logical_domain()
         for axis, ptype in sharding_of(inp).axes.items():
-            target = mapping.get(in_ids[axis])
+            target = shard_map(expr, inp, ptype, out).get(in_ids[axis])
             if target is None or ptype in axes.values():
                 continue
             pos = out_pos[id(target)]
             if pos in axes or out_ids[pos].is_reduction or out_ids[pos].is_broadcast:
                 continue
-            if isinstance(expr, ReshapeOp):
-                extent, mesh = out_ids[pos].extent.value, out.device_mesh
-                if extent is None or mesh is None or extent % mesh.size_of(ptype):
-                    continue  # the shards would not be whole blocks of the output axis: replicated
             axes[pos] = ptype
     return axes
 
@@ -107,10 +102,10 @@ def _back_propagated_axes(expr: Expr, inp: TensorView) -> dict[int, ParallelType
     in_pos = {id(i): p for p, i in enumerate(in_ids)}
     used = {p for a, p in sharding_of(inp).axes.items() if not in_ids[a].is_reduction}
     taken = set(sharding_of(inp).axes)
-    inverse = {id(c): p for p, c in expr.output_map(inp, out).items()}
     out_ids = out.get_logical_domain()
     axes: dict[int, ParallelType] = {}
     for axis, ptype in sharding_of(out).axes.items():
+        inverse = {id(c): p for p, c in shard_map(expr, inp, ptype, out).items()}
         source = inverse.get(id(out_ids[axis]))
         if source is None or ptype in used or out_ids[axis].is_reduction:
             continue
@@ -120,21 +115,6 @@ def _back_propagated_axes(expr: Expr, inp: TensorView) -> dict[int, ParallelType
         axes[pos] = ptype
         used.add(ptype)
     return axes
-
-
-def _reshaped_map(expr: ReshapeOp, out: TensorView) -> dict[IterDomain, IterDomain]:
-    """Input logical ID -> output logical ID of a reshape: the outermost input axis of each group of axes
-    the reshape regroups -> that group's outermost output axis. A shard of the input axis (an outer split:
-    contiguous blocks of the group's elements) is the same elements as a shard of the output axis where
-    that axis's extent is a multiple of the ranks (``_propagated_axes`` checks it): nvFuser's propagation
-    through a split or merge of a device-parallel ID (the heads of a fused QKV projection reshaped to
-    ``[b, s, h, 3 * e / h]``)."""
-    groups = reshape_groups(expr)
-    if groups is None:
-        return {}
-    in_ids = expr.tensor_inputs[0].get_logical_domain(no_reductions=True)
-    out_ids = out.get_logical_domain(no_reductions=True)
-    return {in_ids[g.inputs[0]]: out_ids[g.outputs[0]] for g in groups if g.inputs and g.outputs}
 
 
 def shard(tv: TensorView, axes: Mapping[int, ParallelType]) -> None:

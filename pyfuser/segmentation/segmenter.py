@@ -13,7 +13,7 @@ communication produces; tensors inside a kernel segment stay local.
 from __future__ import annotations
 
 from pyfuser.ir.analysis.reshape import is_view_of
-from pyfuser.ir.analysis.sharding import is_resharding
+from pyfuser.ir.analysis.sharding import is_resharding, regroups_a_shard
 from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, inherited_stream_axes, producer_id
 from pyfuser.ir.base import Expr
 from pyfuser.ir.domain_replay import logical_order
@@ -145,7 +145,7 @@ class _Segmenter:
         """A kernel segment of ``exprs`` if a kernel scheduler accepts them."""
         if not self.kernels or not self._one_mesh(exprs):
             return None
-        if self._selects_an_axis(exprs):
+        if self._selects_an_axis(exprs) or any(map(regroups_a_shard, exprs)):
             return None
         key = tuple(map(id, exprs))
         if key not in self.verdicts:
@@ -165,6 +165,8 @@ class _Segmenter:
         if self._selects_an_axis(exprs):
             return ("in a stream loop over single indices of an unsplit axis (chunks drop the axis); split the "
                     "axis (outer_split) for kernels in the loop")
+        if any(map(regroups_a_shard, exprs)):
+            return "a reshape of shards that splits or merges a sharded axis (its shard sizes are the op's, not a tensor's)"
         view = self._view(exprs)
         reasons = [f"{s.type.name}: {s.can_schedule(view)[1]}" for s in KERNEL_SCHEDULERS]
         return "; ".join(reasons)

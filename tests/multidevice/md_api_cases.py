@@ -4,6 +4,8 @@ head- and context-parallel SDPA."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from harness import assert_close, case, comm, device, expect_error, main, randn
@@ -156,7 +158,7 @@ def fused_qkv_heads_sharded_through_a_reshape() -> None:
     ``[b, s, h, 3e / h]``, sliced into q, k, v, attended and projected back by a row-parallel linear. The
     sharding of ``3e`` moves to the heads (the outermost axis of the reshape's group, a multiple of the
     ranks): the attention's output is this rank's heads, the projection the full result. Heads that are not
-    a multiple of the ranks stay replicated (the same values)."""
+    a multiple of the ranks stay replicated (the same values), gathered before the reshape."""
     d, rank, mesh = world()
     for heads in (2 * d, 2 * d + 1):
         b, s, e = 2, 8, 4 * heads
@@ -186,6 +188,13 @@ def fused_qkv_heads_sharded_through_a_reshape() -> None:
         assert_close(got_out, want.chunk(d, 1)[rank] if sharded else want, f"attention of {heads} heads")
         assert_close(got_y, F.linear(want.transpose(1, 2).reshape(b, s, e), w1), f"projection of {heads} heads",
                      atol=1e-4)
+        # Sharded heads: the reshape, the slices into q, k, v and the attention run on the shards, and the
+        # row-parallel projection's partial sums are the only thing that moves. Otherwise the projection is
+        # gathered before the reshape.
+        program = str(fd.fec.last_program)
+        communications = re.findall(r"type=(\w+)", program)
+        if communications != (["Allreduce"] if sharded else ["Allgather"]):
+            raise AssertionError(f"{heads} heads: unexpected communications {communications}:\n{program}")
 
 if __name__ == "__main__":
     main()

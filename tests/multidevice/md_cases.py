@@ -7,6 +7,7 @@ outputs with single-process torch on the full tensors.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +72,113 @@ def extent_reading_ops_on_sharded_tensors() -> None:
     got_flat, got_sum = fd.execute([shard_tensor(full, x)])
     assert_close(got_flat, full.reshape(-1), "reshape of a sharded tensor")
     assert_close(got_sum, (full + 1).chunk(d, 0)[rank], "full on a sharded output")
+
+
+def no_communication(fd: FusionDefinition, what: str) -> None:
+    if "Communication" in host_ir(fd):
+        raise AssertionError(f"{what} should move nothing between ranks:\n{host_ir(fd)}")
+
+
+def gathers(fd: FusionDefinition, what: str) -> None:
+    if "type=Allgather" not in host_ir(fd):
+        raise AssertionError(f"{what} should gather its operand:\n{host_ir(fd)}")
+
+
+@case()
+def fused_qkv_reshape_runs_on_the_shards() -> None:
+    """A column-parallel fused QKV projection ``[b, s, 3e]`` reshaped to ``[b, s, h, 3e / h]``: the heads are
+    the outermost axis of the regrouped ``3e``, so each rank's columns are whole heads and the reshape runs
+    on the shard (no all-gather before it), in fp32 and bf16, with odd sequence and head sizes."""
+    d, rank, mesh = world()
+    heads, head_dim, b, s = 2 * d, 5, 2, 3
+    e = heads * head_dim
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        xf, wf, bf = randn(b, s, e, dtype=dtype), randn(3 * e, e, dtype=dtype), randn(3 * e, dtype=dtype)
+        with FusionDefinition() as fd:
+            x, w, bias = (fd.define_tensor(list(t.shape), dtype=DataType.from_torch(dtype)) for t in (xf, wf, bf))
+            qkv = fd.ops.reshape(fd.ops.linear(x, w, bias), [b, s, heads, 3 * head_dim])
+            fd.add_output(fd.ops.mul(fd.ops.sigmoid(qkv), 2.0))
+            place(mesh, x, w, bias)
+            shard_axis(w, 0, d)
+            shard_axis(bias, 0, d)
+        (got,) = fd.execute([xf, shard_tensor(wf, w), shard_tensor(bf, bias)])
+        full = torch.sigmoid(F.linear(xf.float(), wf.float(), bf.float()).view(b, s, heads, 3 * head_dim)) * 2
+        assert_close(got, full.chunk(d, 2)[rank], f"{dtype} QKV heads of a column-parallel linear", atol=tol, rtol=tol)
+        no_communication(fd, "a reshape of column-parallel QKV to its heads")
+
+
+@case()
+def reshapes_that_carry_a_shard() -> None:
+    """A split whose outer axis is a multiple of the ranks, a merge of a sharded outer axis, and a batch
+    axis the reshape leaves alone (symbolic extent) all reshape the shard: no communication."""
+    d, rank, mesh = world()
+    a, m, bt = randn(3, 12 * d), randn(2 * d, 3, 5), randn(2 * d, 12)
+    with FusionDefinition() as fd:
+        x, y, z = fd.define_tensor([3, 12 * d]), fd.define_tensor([2 * d, 3, 5]), fd.define_tensor([-1, 12])
+        split = fd.ops.reshape(fd.ops.exp(x), [3, 2 * d, 6])
+        merged = fd.ops.reshape(fd.ops.neg(y), [6 * d, 5])
+        batch = fd.ops.reshape(fd.ops.abs(z), [-1, 3, 4])
+        for out in (fd.ops.mul(split, 2.0), merged, fd.ops.add(batch, 1.0)):
+            fd.add_output(out)
+        place(mesh, x, y, z)
+        shard_axis(x, 1, d)
+        shard_axis(y, 0, d)
+        shard_axis(z, 0, d)
+    got_split, got_merged, got_batch = fd.execute([shard_tensor(a, x), shard_tensor(m, y), shard_tensor(bt, z)])
+    assert_close(got_split, (a.exp().view(3, 2 * d, 6) * 2).chunk(d, 1)[rank], "split of a sharded axis")
+    assert_close(got_merged, (-m).reshape(6 * d, 5).chunk(d, 0)[rank], "merge of a sharded outer axis")
+    assert_close(got_batch, (bt.abs().view(2 * d, 3, 4) + 1).chunk(d, 0)[rank], "reshape beside a sharded batch")
+    no_communication(fd, "reshapes whose sharded axes are outermost in their groups")
+
+
+@case()
+def resizes_along_unsharded_axes_run_on_the_shards() -> None:
+    """A slice (with a step), a pad and a cat along an axis that is not sharded take each rank's rows as
+    they are: no communication."""
+    d, rank, mesh = world()
+    full = randn(3 * d, 11, 2)
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([3 * d, 11, 2])
+        sliced = fd.ops.slice(x, [0, 1, 0], [3 * d, 10, 2], [1, 2, 1])
+        padded = fd.ops.pad(fd.ops.exp(sliced), [0, 0, 2, 1], 0.5)
+        fd.add_output(fd.ops.cat([padded, fd.ops.neg(sliced)], 1))
+        place(mesh, x)
+        shard_axis(x, 0, d)
+    (got,) = fd.execute([shard_tensor(full, x)])
+    part = full[:, 1:10:2]
+    want = torch.cat([F.pad(part.exp(), [0, 0, 2, 1], value=0.5), -part], 1)
+    assert_close(got, want.chunk(d, 0)[rank], "slice, pad and cat of row shards")
+    no_communication(fd, "a slice, pad and cat along an unsharded axis")
+
+
+@case()
+def reshapes_and_slices_that_need_the_whole_axis() -> None:
+    """Where a shard is not a block of the result, the operand is gathered, the op runs whole and its result
+    is sliced where the output is sharded: a merge of a sharded inner axis, a split whose outer axis is not a
+    multiple of the ranks (the output asking for its inner axis sharded), a slice along the sharded axis."""
+    d, rank, mesh = world()
+    inner, odd, rows = randn(5, 2 * d), randn(3, 6 * d), randn(4 * d, 3)
+    cases: list[tuple[str, torch.Tensor, int, Callable[[FusionDefinition, TensorView], TensorView], int | None,
+                      torch.Tensor]] = [
+        ("merge of a sharded inner axis", inner, 1, lambda fd, x: fd.ops.reshape(x, [10 * d]), None, inner.reshape(-1)),
+        ("split into an outer axis of 3", odd, 1, lambda fd, x: fd.ops.reshape(x, [3, 3, 2 * d]), 2,
+         odd.view(3, 3, 2 * d).chunk(d, 2)[rank]),
+        ("slice along the sharded axis", rows, 0, lambda fd, x: fd.ops.slice(x, [1, 0], [4 * d - 1, 3]), None,
+         rows[1:-1]),
+    ]
+    for name, value, axis, build, out_axis, want in cases:
+        with FusionDefinition() as fd:
+            x = fd.define_tensor(list(value.shape))
+            out = fd.ops.mul(build(fd, x), 3.0)
+            fd.add_output(out)
+            place(mesh, x)
+            shard_axis(x, axis, d)
+            if out_axis is not None:  # the output asks for an axis no shard of x carries to
+                place(mesh, out)
+                shard_axis(out, out_axis, d)
+        (got,) = fd.execute([shard_tensor(value, x)])
+        assert_close(got, want * 3, name)
+        gathers(fd, name)
 
 
 @case()
@@ -534,6 +642,25 @@ def mesh_2d_data_and_tensor_parallel() -> None:
     team = f"team=({rank - rank % 2} {rank - rank % 2 + 1})"
     if "type=Allreduce" not in text or team not in text or "type=Allgather" in text:
         raise AssertionError(f"expected one Allreduce over the tensor-parallel {team}, no Allgather:\n{text}")
+
+
+@case(min_world=4)
+def reshape_on_a_2d_mesh() -> None:
+    """Batch on mesh_y, a column-parallel projection's heads on mesh_x: a reshape that leaves the batch alone
+    and splits the columns into heads carries both shards (each mesh axis's size decides its own)."""
+    _, rank, _ = world()
+    mesh = DeviceMesh([[0, 1], [2, 3]])
+    xf, wf = randn(4, 3, 6), randn(12, 6)
+    with FusionDefinition() as fd:
+        x, w = fd.define_tensor([4, 3, 6]), fd.define_tensor([12, 6])
+        fd.add_output(fd.ops.tanh(fd.ops.reshape(fd.ops.linear(x, w), [4, 3, 2, 6])))
+        place(mesh, x, w)
+        shard_axis(x, 0, 2, ParallelType.mesh_y)
+        shard_axis(w, 0, 2)
+    (got,) = fd.execute([shard_tensor(xf, x), shard_tensor(wf, w)])
+    want = torch.tanh(F.linear(xf, wf).view(4, 3, 2, 6))
+    assert_close(got, want.chunk(2, 0)[rank // 2].chunk(2, 2)[rank % 2], "reshape on a 2-D mesh")
+    no_communication(fd, "a reshape carrying both shards")
 
 
 @case(min_world=4)

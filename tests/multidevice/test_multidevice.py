@@ -44,7 +44,9 @@ def _backend_env(nproc: int) -> dict[str, str]:
 
 
 CASES_2 = [
-    "pointwise_sharded_input", "extent_reading_ops_on_sharded_tensors", "column_parallel_linear", "column_parallel_grouped_mm",
+    "pointwise_sharded_input", "extent_reading_ops_on_sharded_tensors", "fused_qkv_reshape_runs_on_the_shards",
+    "reshapes_that_carry_a_shard", "resizes_along_unsharded_axes_run_on_the_shards",
+    "reshapes_and_slices_that_need_the_whole_axis", "column_parallel_linear", "column_parallel_grouped_mm",
     "column_parallel_linear_stream_pipelined", "row_parallel_linear_allreduce", "row_parallel_linear_reduce_scatter",
     "row_parallel_linear_stream_pipelined", "row_parallel_matmul_rfactored_by_hand", "sum_over_sharded_axis",
     "matmul_batch_and_contraction_sharding",
@@ -56,7 +58,7 @@ CASES_2 = [
     "residual_sequence_sharding_reaches_the_row_parallel_linear",
 ]
 CASES_4 = [*CASES_2, "mesh_2d_data_and_tensor_parallel", "mesh_on_a_subset_of_ranks",
-           "resharding_along_two_mesh_axes_at_once"]
+           "resharding_along_two_mesh_axes_at_once", "reshape_on_a_2d_mesh"]
 P2P_CASES = [
     "p2p_transport_falls_back_with_one_warning", "p2p_allgather_linear_pipeline", "p2p_linear_reduce_scatter_pipeline",
     "p2p_allgather_several_gemms_and_gathered_output",

@@ -11,7 +11,8 @@ import pytest
 
 from pyfuser import DataType, FusionDefinition, ParallelType
 from pyfuser.comm.comm_plan import plan_communication
-from pyfuser.ir.ops import BinaryOp, BinaryOpType, LinearOp, LoadStoreOp
+from pyfuser.ir.analysis.sharding import regroups_a_shard
+from pyfuser.ir.ops import BinaryOp, BinaryOpType, LinearOp, LoadStoreOp, ReshapeOp
 from pyfuser.ir.ops.attention import SdpaBwdOp, SdpaFwdOp
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.multidevice import CommunicationType, Communicator, DeviceMesh, sharding_of
@@ -315,3 +316,92 @@ def test_grouped_mm_follows_the_ungrouped_axes(form: str) -> None:
         shard(a, a.ndim - 2)
         propagate_shardings(fd.fusion)
         assert axes(out) == {out.ndim - 2: X}
+
+
+@pytest.mark.parametrize("shape, new_shape, axis, carried, regrouped", [
+    ([2, 48], [2, 4, 12], 1, 1, True),      # split: the outer axis (heads) takes the shard
+    ([8, 3, 5], [24, 5], 0, 0, True),       # merge of a sharded outer axis
+    ([4, 6, 10], [4, 60], 0, 0, False),     # an axis the reshape leaves alone
+    ([4, 6, 10], [4, 60], 1, None, False),  # the inner axis of a merge: strided shards
+    ([3, 24], [3, 6, 4], 1, None, False),   # split into an outer axis of 6: not a multiple of the 4 ranks
+    ([12, 6], [6, 12], 0, None, False),     # a group of two on each side, outer extents 12 and 6
+    ([8, 6], [4, 12], 0, 0, True),          # a group of two on each side, both outer extents multiples of 4
+])
+def test_reshape_carries_a_shard_of_a_groups_outermost_axis(shape: list[int], new_shape: list[int], axis: int,
+                                                              carried: int | None, regrouped: bool) -> None:
+    """The output axis a reshape turns an input axis's shard into (the reshape then runs on the shards; a
+    generated kernel does not take it where it regroups the shard), or none: the operand is gathered, the
+    reshape runs whole and its result is sliced."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor(shape)
+        y = fd.ops.reshape(x, new_shape)
+        fd.add_output(y)
+    x.set_device_mesh(MESH)
+    shard(x, axis)
+    propagate_shardings(fd.fusion)
+    decompose_resharding(fd.fusion)
+    reshape = next(e for e in fd.fusion.exprs() if isinstance(e, ReshapeOp))
+    if carried is None:
+        assert axes(y) == {} and axes(reshape.tensor_input(0)) == {}
+        (gather,) = sets(fd)
+        assert gather.inputs[0] is x and reshape.shard_factors == ()
+        return
+    assert axes(y) == {carried: X} and not sets(fd)
+    assert reshape.shard_factors == tuple(4 if d == carried else 1 for d in range(len(new_shape)))
+    assert regroups_a_shard(reshape) is regrouped
+
+
+def test_reshape_output_sharded_on_an_inner_axis_is_computed_whole_and_sliced() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([2, 48])
+        y = fd.ops.reshape(x, [2, 4, 12])
+        fd.add_output(y)
+    for tv in (x, y):
+        tv.set_device_mesh(MESH)
+    shard(x, 1)
+    shard(y, 2)  # 12 columns of each head: no block of x's 48 columns
+    propagate_shardings(fd.fusion)
+    decompose_resharding(fd.fusion)
+    gather, local_slice = sets(fd)
+    reshape = gather.output.uses[0]
+    assert isinstance(reshape, ReshapeOp) and axes(reshape.output) == {} and reshape.shard_factors == ()
+    assert local_slice.inputs[0] is reshape.output and local_slice.output is y and axes(y) == {2: X}
+
+
+def test_sharded_reshape_evaluates_to_local_sizes() -> None:
+    """A reshape that runs on shards reshapes to its output's global sizes divided by the shard factors, on
+    its static path and on its symbolic one (a batch extent bound at execution)."""
+    import torch
+
+    from pyfuser.ir.eval_context import EvalContext
+
+    with FusionDefinition() as fd:
+        x, z = fd.define_tensor([2, 48]), fd.define_tensor([-1, 12])
+        fd.add_output(fd.ops.reshape(x, [2, 4, 12]))
+        fd.add_output(fd.ops.reshape(z, [-1, 3, 4]))
+    static, symbolic = (e for e in fd.fusion.exprs() if isinstance(e, ReshapeOp))
+    static.run_on_shards([1, 4, 1])
+    symbolic.run_on_shards([4, 1, 1])
+    (name,) = {i.extent.name for i in z.get_logical_domain()[:1]}
+    ctx = EvalContext(env={name: 8})
+    assert static.evaluate(ctx, torch.zeros(2, 12))[0].shape == (2, 1, 12)
+    assert symbolic.evaluate(ctx, torch.zeros(2, 12))[0].shape == (2, 3, 4)
+    with pytest.raises(ValueError, match="not divisible by the 4 ranks"):
+        symbolic.evaluate(EvalContext(env={name: 6}), torch.zeros(2, 12))
+
+
+def test_slice_and_pad_run_on_shards_of_axes_they_keep_whole() -> None:
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([8, 10])
+        sliced = fd.ops.slice(x, [0, 2], [8, 9])
+        padded = fd.ops.pad(sliced, [1, 1])
+        across = fd.ops.slice(x, [1, 0], [7, 10])
+        fd.add_output(padded)
+        fd.add_output(across)
+    x.set_device_mesh(MESH)
+    shard(x, 0)
+    propagate_shardings(fd.fusion)
+    decompose_resharding(fd.fusion)
+    assert axes(sliced) == axes(padded) == {0: X} and axes(across) == {}
+    (gather,) = sets(fd)  # only the slice along the sharded rows reads them all
+    assert gather.inputs[0] is x and gather.output.uses[0] is across.definition

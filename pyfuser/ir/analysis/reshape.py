@@ -15,6 +15,9 @@ merged row-major iterate what its consumer axes merged row-major iterate (``[B *
 is ``merge(B, S)``). The ID graph maps them so (``id_graph.py``), so a reduction kernel iterates tensors on
 both sides of a reshape in one loop nest: a scheduler merges a group's axes where a tensor has them apart,
 and the code generator divides and wraps the merged index back into the axes, as it reads an operand.
+
+The groups also say which shards a reshape carries (``shard_pairs``): a contiguous block of a group's
+outermost axis is a contiguous block of the group's elements, on either side.
 """
 
 from __future__ import annotations
@@ -92,6 +95,36 @@ def _groups(src: Sequence[SymExpr], dst: Sequence[SymExpr]) -> list[ReshapeGroup
                 t += 1
         groups.append(ReshapeGroup(tuple(ins), tuple(outs)))
     return groups
+
+
+def shard_pairs(expr: ReshapeOp, ranks: int) -> dict[IterDomain, IterDomain]:
+    """Producer logical ID -> consumer logical ID of ``expr`` whose shards over ``ranks`` ranks (outer splits:
+    rank ``r`` holds the ``r``-th contiguous block) are the same elements, so that the reshape of a shard is
+    the shard of the reshape: an axis the reshape leaves as it is, and the outermost axis of each group it
+    regroups where that axis and the group's outermost consumer axis both have extents that are multiples of
+    ``ranks`` (block ``r`` of the group's row-major elements on both sides). A split ``[A] -> [A1, A2]`` of a
+    sharded ``A`` shards ``A1`` (the heads of a fused QKV projection); a merge ``[A1, A2] -> [A]`` of a
+    sharded ``A1`` shards ``A``. An inner axis of a group pairs with nothing: its shard is strided."""
+    groups = reshape_groups(expr)
+    if groups is None:
+        return {}
+    producer = expr.inputs[0]
+    assert isinstance(producer, TensorView)
+    p_ids = producer.get_logical_domain(no_reductions=True)
+    c_ids = expr.output.get_logical_domain(no_reductions=True)
+    pairs: dict[IterDomain, IterDomain] = {}
+    for g in groups:
+        if not g.inputs or not g.outputs:
+            continue
+        p, c = p_ids[g.inputs[0]], c_ids[g.outputs[0]]
+        if (len(g.inputs) == len(g.outputs) == 1) or (_multiple(p.extent, ranks) and _multiple(c.extent, ranks)):
+            pairs[p] = c
+    return pairs
+
+
+def _multiple(extent: SymExpr, ranks: int) -> bool:
+    value = _const(extent)
+    return value is not None and value % ranks == 0
 
 
 #: A group's axes as iteration classes, outer first, size-1 axes left out (they add nothing to a flat index).

@@ -21,11 +21,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pyfuser.ir.analysis.reshape import reshape_groups, shard_pairs
 from pyfuser.ir.base import Expr
 from pyfuser.ir.device_mesh import DeviceMesh
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import IterDomain, ParallelType, Split
-from pyfuser.ir.ops import LoadStoreOp
+from pyfuser.ir.ops import LoadStoreOp, ReshapeOp
 from pyfuser.ir.symbolic import SymExpr
 from pyfuser.ir.tensor_view import TensorView
 
@@ -115,6 +116,33 @@ def shard_size(tv: TensorView, axis: int) -> int | None:
         if isinstance(split, Split) and split.inner_split and split.in_id is tv.get_logical_domain()[axis]:
             return split.factor.value
     return None
+
+
+def shard_map(expr: Expr, producer: TensorView, ptype: ParallelType,
+              output: TensorView | None = None) -> dict[IterDomain, IterDomain]:
+    """Producer logical ID -> ``output`` logical ID (None: ``logical_map``'s) such that ``expr`` computes that
+    output axis's shard along ``ptype`` from the producer axis's shard: the IDs the op preserves, and through
+    a reshape the pairs of ``shard_pairs`` for the mesh size along ``ptype``. Both sharding passes read it, so
+    a sharding propagates exactly where the op then runs on the shards."""
+    if isinstance(expr, ReshapeOp):
+        mesh = expr.output.device_mesh
+        return {} if mesh is None else shard_pairs(expr, mesh.size_of(ptype))
+    return expr.logical_map(producer) if output is None else expr.output_map(producer, output)
+
+
+def regroups_a_shard(expr: Expr) -> bool:
+    """Whether ``expr`` is a reshape that runs on shards of an axis it splits or merges. Its shard sizes there
+    come from the output's shard factors (``ReshapeOp.run_on_shards``); a generated kernel on shards reads
+    sizes from the tensors it gets and takes any other extent as global (a split's outer axis, which no
+    operand holds), so such a reshape runs as an ATen call."""
+    if not isinstance(expr, ReshapeOp) or expr.output.device_mesh is None:
+        return False
+    factors = shard_factors(expr.output)
+    groups = reshape_groups(expr)
+    if groups is None:
+        return any(f > 1 for f in factors)
+    regrouped = {d for g in groups if not len(g.inputs) == len(g.outputs) == 1 for d in g.outputs}
+    return any(f > 1 and d in regrouped for d, f in enumerate(factors))
 
 
 # --- local shapes ------------------------------------------------------------------------------------

@@ -209,7 +209,8 @@ class PermuteOp(Expr):
 
 
 class ReshapeOp(Expr):
-    """Reshape to the output's logical extents (evaluated from bound sizes)."""
+    """Reshape to the output's logical extents (evaluated from bound sizes), each divided by the output
+    axis's shard factor when the op runs on one rank's shard (``run_on_shards``)."""
 
     chunkable = False
 
@@ -219,10 +220,31 @@ class ReshapeOp(Expr):
         self._extents = [i.extent for i in out.get_logical_domain()]
         #: the shape as given (None: the -1 entry), printed by the Python definition
         self.new_shape = list(new_shape) if new_shape is not None else list(self._extents)
-        #: the output sizes when all are constant (shapes torch.compile marks static), and their product
+        #: per output axis, how many ranks split it; empty: the op reshapes whole tensors
+        self.shard_factors: tuple[int, ...] = ()
+        self._set_static()
+
+    def _set_static(self) -> None:
+        """The output sizes when all are constant (shapes torch.compile marks static), and their product."""
         known = [e.value for e in self._extents if e.value is not None]
+        if self.shard_factors and len(known) == len(self._extents):
+            known = self._local(known)
         self._static = tuple(known) if len(known) == len(self._extents) else None
-        self._static_numel = math.prod(known) if self._static is not None else -1
+        self._static_numel = math.prod(self._static) if self._static is not None else -1
+
+    def run_on_shards(self, factors: Sequence[int]) -> None:
+        """Reshape one rank's shard: output axis ``d`` is split over ``factors[d]`` ranks (``decompose_resharding``
+        lets a reshape run on shards only where a shard of its operand is exactly a shard of its result)."""
+        self.shard_factors = tuple(factors) if any(f > 1 for f in factors) else ()
+        self._set_static()
+
+    def _local(self, sizes: Sequence[int]) -> list[int]:
+        """The output's global ``sizes`` divided by the shard factors: what one rank's shard holds."""
+        for d, (n, f) in enumerate(zip(sizes, self.shard_factors, strict=True)):
+            if n % f:
+                raise ValueError(f"reshape: {self.output.short_name} axis {d} has extent {n}, which is not divisible "
+                                 f"by the {f} ranks it is sharded over")
+        return [n // f for n, f in zip(sizes, self.shard_factors, strict=True)]
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
         if self._static is not None and (ctx.binding is not None or x.numel() == self._static_numel):
@@ -237,6 +259,8 @@ class ReshapeOp(Expr):
         if negative is not None:  # a size computed from scalars: only known now
             raise ValueError(f"reshape: {self.tensor_input(0, as_defined=True).short_name} cannot be reshaped to {sizes}: "
                              f"new_shape[{negative}] is negative")
+        if self.shard_factors:
+            sizes = self._local(sizes)
         if math.prod(sizes) != x.numel():  # symbolic sizes: only known now
             raise ValueError(f"reshape: {self.tensor_input(0, as_defined=True).short_name} has {x.numel()} elements "
                              f"(shape {list(x.shape)}) and cannot be reshaped to {sizes}")
@@ -274,6 +298,10 @@ class SliceOp(Expr):
         p_ids = producer.get_logical_domain(no_reductions=True)
         c_ids = self.output.get_logical_domain()
         return {p_ids[d]: c_ids[d] for d in self._untouched}
+
+    def shardable_axes(self) -> set[int]:
+        """The axes it takes whole: a shard of them is sliced like the whole tensor."""
+        return set(self._untouched)
 
     def python_call(self) -> PythonCall:
         """nvFuser prints the normalized bounds with ``manual_normalization=True``; a bound whose
@@ -317,6 +345,10 @@ class CatOp(Expr):
         mapping = positional_map(producer, self.output)
         return {p: c for d, (p, c) in enumerate(mapping.items()) if d != self.dim}
 
+    def shardable_axes(self) -> set[int]:
+        """All but the axis it concatenates along: shards of the operands there concatenate to a shard."""
+        return set(range(self.output.ndim)) - {self.dim}
+
     def python_call(self) -> PythonCall:
         return PythonCall("cat", (list(self.inputs),), {"dim": self.dim})
 
@@ -358,6 +390,11 @@ class PadOp(Expr):
         padded = {rank - 1 - k // 2 for k, w in enumerate(self.widths) if w.value != 0}
         mapping = positional_map(producer, self.output)
         return {p: c for d, (p, c) in enumerate(mapping.items()) if d not in padded}
+
+    def shardable_axes(self) -> set[int]:
+        """The axes it does not pad: a shard of them is padded like the whole tensor."""
+        mapped = set(self.logical_map(self.tensor_input(0)).values())
+        return {d for d, i in enumerate(self.output.get_logical_domain()) if i in mapped}
 
     def python_call(self) -> PythonCall:
         return PythonCall("pad", (self.inputs[0],), {"pad_widths": list(self.widths), "value": self.inputs[1]})
