@@ -483,7 +483,9 @@ def markdown(result: dict[str, Any]) -> str:
              "Copy bandwidth (1 GiB, read + "
              f"write): {result['copy_GBps']:.0f} GB/s. Ratios: pyfuser's speed over the faster of eager and "
              "Inductor (>1: pyfuser faster) and over a device copy of the point's own bytes; GB/s by the bytes "
-             "the fusion must move; GPU time of one call, L2 flushed.", "",
+             "the fusion must move; GPU time of one call, L2 flushed."
+             + (f" Merged from: {'; '.join(result['merged_from'])} (a point in several parts: the later part's row)."
+                if result.get("merged_from") else ""), "",
              "| family | points ok | geomean vs best anchor | worst | worst point | points < 0.95 | geomean vs copy "
              "| worst vs copy | failed / skipped |",
              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
@@ -553,15 +555,21 @@ def _load_result(path: Path) -> dict[str, Any]:
 
 def merge(paths: Sequence[str]) -> dict[str, Any]:
     """Shards' results (``--shard``; results files or ``--progress`` files) as one result: their points,
-    summarized again."""
+    summarized again. A point in several files keeps the later file's row (a full sweep, then a re-run of
+    the families a change touched); the result is dated by its latest part, and ``merged_from`` names each
+    part's selection and date."""
     parts = [_load_result(Path(p)) for p in paths]
     devices = {p["device"] for p in parts}
     if len(devices) != 1:
         raise SystemExit(f"--merge: the shards ran on different devices {sorted(devices)}")
-    points = [r for p in parts for r in p["points"]]
+    by_name = {r["point"]: r for p in parts for r in p["points"]}
+    points = list(by_name.values())
     host = next((p["host"] for p in parts if "host" in p), None)
-    return {**parts[0], **({"host": host} if host else {}), "selection": "full", "points": points, "summary": summarize(points),
-            "merged_from": [p["selection"] for p in parts]}
+    latest = max(parts, key=lambda p: str(p.get("date", "")))
+    first = {k: v for k, v in parts[0].items() if k != "run"}  # the merge's own run line (write_results)
+    return {**first, **({"host": host} if host else {}), "date": latest.get("date", parts[0].get("date")),
+            "selection": "full", "points": points, "summary": summarize(points),
+            "merged_from": [f"{p['selection']} ({p.get('date', '?')})" for p in parts]}
 
 
 def main() -> None:

@@ -122,12 +122,16 @@ def test_a_sweep_on_the_cpu_makes_its_results_and_readme_row(monkeypatch: pytest
     assert "- rotary_bf16_2x3x4x8_permuted: inductor: RuntimeError: inductor broke" in text
     results_files.write_results("kernels", "h100", json.loads(json.dumps(result)), text, tmp_path,
                                 "2026-01-01 00:00 UTC", variant="quick")
-    progress = tmp_path / "progress.jsonl"  # a shard that died after its first point (``--progress``)
-    header = {k: v for k, v in result.items() if k not in ("points", "summary", "host")}
-    progress.write_text("\n".join(json.dumps(line) for line in (header, rows[0])) + "\n")
+    progress = tmp_path / "progress.jsonl"  # a shard that died after two points (``--progress``): a new point,
+    header = {k: v for k, v in result.items() if k not in ("points", "summary", "host")}  # and one measured again
+    again = {**rows[0], "pyfuser_ms": rows[0]["pyfuser_ms"] * 2}
+    other = {**rows[0], "point": "rmsnorm_bf16_7x33"}
+    progress.write_text("\n".join(json.dumps(line) for line in (header, other, again)) + "\n")
     merged = kernels.merge([str(tmp_path / "kernels_quick_h100.json"), str(progress)])
     assert merged["summary"]["overall"]["points"] == 5 and merged["selection"] == "full"
     assert merged["summary"]["families"]["rmsnorm"]["ok"] == 2 and merged["host"] == result["host"]
+    assert [r["pyfuser_ms"] for r in merged["points"] if r["point"] == rows[0]["point"]] == [again["pyfuser_ms"]]
+    assert "run" not in merged and merged["merged_from"] == ["quick (2026-01-01)", "quick (2026-01-01)"]
     rows_md = readme_tables.table(tmp_path)
     assert len(rows_md) == 3 and "`kernels.py` `quick` cases (nvidia-h100, 2026-01-01 00:00 UTC): 4 points" in rows_md[2]
     assert "rmsnorm 1.00x (worst 1.00x), rotary 1.00x (worst 1.00x), seed003: none ran" in rows_md[2]
