@@ -17,8 +17,8 @@ Floating reductions are as accurate as torch's, also on data far from 0 (rows of
   deviations from it and of their squares, which correct the mean and give the spread exactly;
 * ``var_mean`` of a row read in a loop is Welford's update per lane on the lane's values less its
   first value (a shift), so the running mean is a small number that rounds little, then Welford's
-  combine of the shifted means across lanes (the shifts apart, in the accumulators' precision); the
-  shift is added back once at the end;
+  combine across lanes: the shifted means in the accumulators' precision, the sums of squared
+  deviations in float64; the shift is added back once at the end;
 * the programs' partial sums of a reduction across programs add up in float64 in the last launch;
 * a sum or mean of float32 data on chip, on a GPU, adds pairs of a sum and what its rounding lost
   (``_two_sum``, Knuth's exact sum): a GPU thread adds its share of the tile (32 values of a row of
@@ -804,11 +804,13 @@ class ValueLowering:
                 results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                            self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         elif isinstance(expr, VarMeanOp):
-            # The lanes' shifted partial results combine in the accumulators' precision: their means are
-            # small numbers near each lane's shift, so float32 combines round little. (Widening four
-            # accumulators a lane to float64 before the tree took 177 registers where 99 do: one program
-            # of 8 warps an SM, channels-last batch-norm statistics at 0.67x of Inductor against 0.80x.)
+            # The lanes' shifted partial results combine with the sums of squared deviations in float64
+            # (added up over the tree in float32, their roundings reached 9x torch's error on rows of 20000
+            # centred values) and the shifts, means and counts in the accumulators' precision (small
+            # numbers near each lane's shift): all four widened took 177 registers where this takes 128,
+            # and channels-last batch-norm statistics ran at 0.67x of Inductor against 0.80x with none.
             shift, mean, m2, count = (code.assign("v", n, cse=False) for n in names)
+            code.emit(f"{m2} = {self.convert(m2, acc_dtype, DataType.Double)}")
             names = [shift, mean, m2, count]
             state = f"{shift}, {mean}, {m2}, {count}"
             for axis in axes:
@@ -816,6 +818,7 @@ class ValueLowering:
                 code.emit(f"{state} = tl.reduce(({state}), {axis}, _welford_combine{keep})")
             for name in names:
                 code.reduced(name, axes)
+            code.emit(f"{m2} = {self.convert(m2, DataType.Double, acc_dtype)}")
             correction = expr.correction
             if isinstance(expr, WelfordPartialOp):  # a program's share, maybe empty: mean 0, count 0
                 mean = code.assign("v", f"tl.where({count} > 0, {shift} + {mean}, 0.0)", cse=False)
