@@ -342,7 +342,8 @@ class OuterHeuristic:
       minimum of steps per program (more, shorter programs: its time is latency). Steps count elements,
       not bytes: Welford's update per element, not the loads, bounds the step. H200 sweep of 24 channels-
       last batch-norm statistics (14 shapes from 8 x 48 x 17 x 17 to 32 x 64 x 112 x 112, bf16 and
-      float32) and 14 forwards beside Inductor, with the lanes' combine in float32: steps of 4096
+      float32) and 14 forwards beside Inductor, the lanes' Welford results all combined in float32 (the
+      sums of squares are float64 in the tree since, for accuracy; not re-measured): steps of 4096
       elements (8 KiB of bf16, 16 KiB of float32) and 2048 a step with one step a program allowed below
       2M elements: geomean 0.80 -> 0.87x of Inductor (statistics), 0.82 -> 0.83x (forwards), worst
       0.47 -> 0.58x; 8 KiB steps for float32 too: 0.80x, 16 KiB for bf16 too: up to 0.5x slower on small
