@@ -12,6 +12,7 @@ Per family and overall: the worst ratio beside the geomean, against the faster a
     python benchmarks/kernels.py --quick                  # a few points per family (one GPU call)
     python benchmarks/kernels.py [--shard 1/4]            # the full sweep (or a quarter of it)
     python benchmarks/kernels.py --merge A.json B.json    # the shards' results as the full sweep's file
+    python benchmarks/kernels.py --merge full.json rerun.jsonl   # a re-run's points replace the full sweep's
     python benchmarks/kernels.py --families softmax,rotary --match 128256 [--sweep]
     python benchmarks/kernels.py --dry-run                # CPU: every family at a tiny size, correctness only
 
