@@ -34,9 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from overlap_common import (
-    FORCED_GRAPHS,
     Timer,
     captured,
+    forced_graph_columns,
     main,
     profile_variants,
     pyfuser_graph_run,
@@ -145,13 +145,9 @@ def measure(m: int, k: int, n: int, streams: list[int], dtype: torch.dtype, time
     r["pyfuser_auto_graph_error"] = relative_error(got, total.view(d, m // d, n)[rank:rank + 1])
     del got
     r["pyfuser_auto_graph_ms"] = timer(replay)
-    for forced, params in FORCED_GRAPHS.items():  # the model's two choices, each forced
-        program = MultiDeviceExecutor(row_parallel_fusion(d, dtype, ([d, m // d, k * d], [n, k * d])).fusion, params)
-        replay = pyfuser_graph_run(program, [local, w], weight=1)
-        (got,) = replay()
-        r[f"pyfuser_{forced}_error"] = relative_error(got, total.view(d, m // d, n)[rank:rank + 1])
-        del got
-        r[f"pyfuser_{forced}_ms"] = timer(replay)
+    # the model's two choices, each forced
+    r |= forced_graph_columns(lambda: row_parallel_fusion(d, dtype, ([d, m // d, k * d], [n, k * d])).fusion,
+                              [local, w], total.view(d, m // d, n)[rank:rank + 1], timer)
     r["pyfuser_auto"] = "P2P S=1" if "P2PCommunication" in auto.host_ir() else "GEMM then reduce-scatter"
     # replayed, the model counts no host time per node: it may choose otherwise (``overlap_model.decide``)
     r["pyfuser_auto_graph"] = "P2P S=1" if "P2PCommunication" in graph.host_ir() else "GEMM then reduce-scatter"

@@ -27,7 +27,13 @@ from results_files import machine_kind, now_stamp, write_results
 from torch.distributed._symmetric_memory import enable_symm_mem_for_group, is_symm_mem_enabled_for_group
 from torch.profiler import ProfilerActivity, profile
 
-from pyfuser.multidevice import Communicator, CommunicatorBackend, MultiDeviceExecutorParams
+from pyfuser.ir.fusion import Fusion
+from pyfuser.multidevice import (
+    Communicator,
+    CommunicatorBackend,
+    MultiDeviceExecutor,
+    MultiDeviceExecutorParams,
+)
 
 # NVLink multicast stays off on shared machines (read when the process group and symmetric memory start).
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -119,6 +125,20 @@ FORCED_GRAPHS = {
     "pipeline_graph": MultiDeviceExecutorParams(backend_type=CommunicatorBackend.cuda, cuda_graph=True,
                                                 enable_options=("p2p_pipelines_always",)),
 }
+
+
+def forced_graph_columns(fusion_of: Callable[[], Fusion], inputs: list[torch.Tensor], expected: torch.Tensor,
+                         timer: Timer) -> dict[str, float]:
+    """``pyfuser_<choice>_ms`` and ``_error`` of each ``FORCED_GRAPHS`` program of a fresh ``fusion_of()``, replayed
+    with input 1 (the weight) a parameter."""
+    row: dict[str, float] = {}
+    for forced, params in FORCED_GRAPHS.items():
+        replay = pyfuser_graph_run(MultiDeviceExecutor(fusion_of(), params), inputs, weight=1)
+        (got,) = replay()
+        row[f"pyfuser_{forced}_error"] = relative_error(got, expected)
+        del got
+        row[f"pyfuser_{forced}_ms"] = timer(replay)
+    return row
 
 
 def parse_size(text: str) -> tuple[int, int, int]:

@@ -147,6 +147,7 @@ class DirectLaunches:
         self.num_warps = num_warps
         #: warps of the variants whose rows load narrower than 16 bytes (``warps_of``; 0: ``num_warps``)
         self.narrow_warps = narrow_warps
+        self._param_names: list[str] | None = None  # the kernel's parameter names (``warps_of``)
         self.interpreted = interpreted
         #: Triton's launch options: all programs resident at once (a kernel with grid synchronizations);
         #: device asserts compiled in, integer adds not checked for overflow (``KernelSource.device_asserts``)
@@ -227,7 +228,9 @@ class DirectLaunches:
         compiled once: the stride's alignment class is part of its key."""
         if not self.narrow_warps or self.narrow_warps == self.num_warps:
             return self.num_warps
-        names = [p.name for p in self.fn.params]
+        if self._param_names is None:
+            self._param_names = [p.name for p in self.fn.params]
+        names = self._param_names
         tensors = {n: p for n, p in zip(names, params, strict=True) if isinstance(p, torch.Tensor)}
         for name, value in zip(names, params, strict=True):
             match = STRIDE_PARAM.fullmatch(name)

@@ -104,9 +104,10 @@ class FusionExecutorCache:
         #: ``device`` arguments already resolved (those naming one device for good)
         self._devices: dict[torch.device | str | int, torch.device] = {}
         self._signature_cache_size = signature_cache_size
+        #: whether the program key has a size class (``one_stage_var_means``; set by ``_reset``)
+        self._var_means = False
         #: exact input signature -> (program, the device it runs on, positions of 0-dim CPU tensors moved
         #: there)
-        self._var_means = False
         self._by_signature: OrderedDict[tuple[Any, ...], tuple[Program, torch.device, tuple[int, ...]]] = OrderedDict()
         self._by_layout: dict[tuple[Any, ...], HostIrEvaluator] = {}
         #: (output position, input position) of outputs written in place into an input
@@ -137,7 +138,6 @@ class FusionExecutorCache:
         self._version = self.fusion.version
         self._binder = InputBinder(self.fusion.inputs())
         self._has_scalars = self._binder.has_scalars
-        #: whether the program key has a size class (``one_stage_var_means``)
         self._var_means = any(isinstance(e, VarMeanOp) for e in self.fusion.exprs())
         self._by_signature.clear()
         self._by_layout.clear()
