@@ -18,7 +18,7 @@ count: ``rfactor_var_mean``), which the final launch combines (Chan's combine, i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyfuser.codegen.kernel_source import KernelError
 from pyfuser.ir.base import Val
@@ -33,10 +33,22 @@ GRID_TYPES = frozenset({ParallelType.grid_x, ParallelType.grid_y, ParallelType.g
 
 @dataclass
 class KernelPart:
-    """One launch of a split kernel: its fusion and the tensor whose loop nest it runs."""
+    """One launch of a split kernel: its fusion, the tensor whose loop nest it runs and its warps per
+    program (0: the segment's, which its first launch was scheduled for)."""
 
     fusion: Fusion
     reference: TensorView
+    num_warps: int = 0
+
+
+@dataclass(frozen=True)
+class FinalSchedule:
+    """How a scheduler scheduled a grid reduction's final step: the tensor whose loop nest it runs and
+    the warps its tile was sized for (a final step reads partial results in tiles of its own, not the
+    first launch's: run on the first launch's 2 warps, a [64, 128] tile of partials took 254 registers)."""
+
+    reference: TensorView
+    num_warps: int
 
 
 def _grid_reductions(fusion: Fusion) -> list[TensorView]:
@@ -54,11 +66,11 @@ def _grid_reductions(fusion: Fusion) -> list[TensorView]:
     return found
 
 
-#: Schedules a grid reduction's second launch afresh and returns its reference (automatic schedules;
+#: Schedules a grid reduction's second launch afresh and returns its schedule (automatic schedules;
 #: a manual schedule keeps the user's, with the grid axes of the reduction turned into loops), or
 #: returns None, leaving it untouched, where the launch keeps the schedule it has (a split
 #: normalization: its final step reads the row again, split across programs as the first one).
-FinishStep = Callable[[Fusion], TensorView | None]
+FinishStep = Callable[[Fusion], FinalSchedule | None]
 
 
 def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: FinishStep | None = None,
@@ -107,18 +119,18 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
             mine = [o for o, owner in zip(rest, owners, strict=True) if owner[0] is tv]
             parts.extend(_final_step(fusion, mine, partials, _fresh_schedule(finish, tv, reference)))
         return parts
-    return [*parts, *_final_step(fusion, rest, originals,
-                                 lambda f, m: _keep_schedule(f, m, [tv for tv, _ in split], reference))]
+    return [*parts, *_final_step(fusion, rest, originals, lambda f, m: FinalSchedule(
+        _keep_schedule(f, m, [tv for tv, _ in split], reference), 0))]
 
 
-#: Schedules a final step's fusion (given the copy's memo of the original graph) and returns its reference.
-ScheduleStep = Callable[[Fusion, dict[int, object]], TensorView]
+#: Schedules a final step's fusion (given the copy's memo of the original graph) and returns its schedule.
+ScheduleStep = Callable[[Fusion, dict[int, object]], FinalSchedule]
 
 
 def _fresh_schedule(finish: FinishStep, reduction: TensorView, reference: TensorView) -> ScheduleStep:
     """``finish``'s schedule of a final step, or the user's where ``finish`` keeps it."""
-    def schedule(fusion: Fusion, memo: dict[int, object]) -> TensorView:
-        return finish(fusion) or _keep_schedule(fusion, memo, [reduction], reference)
+    def schedule(fusion: Fusion, memo: dict[int, object]) -> FinalSchedule:
+        return finish(fusion) or FinalSchedule(_keep_schedule(fusion, memo, [reduction], reference), 0)
     return schedule
 
 
@@ -163,8 +175,9 @@ def _final_step(fusion: Fusion, outputs: list[Val], partials: list[TensorView],
     second = fusion.clone_segment(fusion.inputs_read_by(outputs, partials), outputs, memo)
     for p in partials:
         _copy_of(memo, p).memory_type = MemoryType.Global
-    reference = schedule(second, memo)
-    return split_at_grid_reductions(second, reference, None)
+    final = schedule(second, memo)
+    return [replace(part, num_warps=final.num_warps)
+            for part in split_at_grid_reductions(second, final.reference, None)]
 
 
 def _keep_schedule(fusion: Fusion, memo: dict[int, object], reductions: list[TensorView],

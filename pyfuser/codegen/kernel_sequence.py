@@ -13,7 +13,7 @@ import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel, load_kernel
 from pyfuser.codegen.cooperative import cooperative_source
-from pyfuser.codegen.grid_reduction import FinishStep, split_at_grid_reductions
+from pyfuser.codegen.grid_reduction import FinishStep, KernelPart, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.codegen.launcher import (
@@ -429,12 +429,13 @@ def compile_scatter(fusion: Fusion, name: str, target: str, layouts: Layouts, re
 
 def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
                   finish: FinishStep | None = None, loop_stages: int = 0, chunked: bool = False,
-                  evict_last: bool = True) -> list[tuple[Fusion, KernelSource]]:
-    """The kernels of scheduled ``fusion``, in launch order, with the fusion each one computes."""
+                  evict_last: bool = True) -> list[tuple[KernelPart, KernelSource]]:
+    """The kernels of scheduled ``fusion``, in launch order, with the part (fusion, reference, warps)
+    each one computes."""
     parts = split_at_grid_reductions(fusion, reference, finish)
     if len(parts) == 1:
-        return [(fusion, KernelBuilder(fusion, name, target, layouts, reference, loop_stages, chunked,
-                                       evict_last).build())]
+        return [(KernelPart(fusion, reference), KernelBuilder(fusion, name, target, layouts, reference, loop_stages,
+                                                              chunked, evict_last).build())]
     result = []
     for k, part in enumerate(parts):
         part_layouts = dict(layouts)
@@ -446,7 +447,7 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, refe
                              and tv.name not in layouts)
         kind = "final" if k == len(parts) - 1 else f"partial{k}"
         stages = loop_stages if k == 0 else 0  # the final step is small
-        result.append((part.fusion, KernelBuilder(part.fusion, f"{name}_{kind}", target, part_layouts,
+        result.append((part, KernelBuilder(part.fusion, f"{name}_{kind}", target, part_layouts,
                                                   part.reference, stages, chunked, evict_last,
                                                   partials).build()))
     return result
@@ -471,9 +472,12 @@ def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, ref
     perm_of: dict[int, tuple[int, ...]] = {}
     next_slot = len(fusion.inputs())
     for part, source in built:
-        reads.append([slot_of[_key(v)] for v in part.inputs()])
-        kernels.append(CompiledKernel(source, num_warps, narrow_warps))
-        for v, perm in zip(part.outputs(), source.output_perms, strict=True):
+        reads.append([slot_of[_key(v)] for v in part.fusion.inputs()])
+        # a final step launched on its own runs on its tile's warps (joined into one cooperative launch, every
+        # step runs on the first's)
+        kernels.append(CompiledKernel(source, part.num_warps, 0) if part.num_warps else
+                       CompiledKernel(source, num_warps, narrow_warps))
+        for v, perm in zip(part.fusion.outputs(), source.output_perms, strict=True):
             slot_of[_key(v)] = next_slot
             perm_of[next_slot] = tuple(perm)
             next_slot += 1

@@ -804,21 +804,40 @@ class ValueLowering:
                 results = [self.convert(var, acc_dtype, compute_dtype(expr.outputs[0].dtype)),
                            self.convert(mean, acc_dtype, compute_dtype(expr.outputs[1].dtype))]
         elif isinstance(expr, VarMeanOp):
-            # The lanes' shifted partial results combine with the sums of squared deviations in float64
-            # (added up over the tree in float32, their roundings reached 9x torch's error on rows of 20000
-            # centred values) and the shifts, means and counts in the accumulators' precision (small
-            # numbers near each lane's shift): all four widened took 177 registers where this takes 128,
-            # and channels-last batch-norm statistics ran at 0.67x of Inductor against 0.80x with none.
-            shift, mean, m2, count = (code.assign("v", n, cse=False) for n in names)
-            code.emit(f"{m2} = {self.convert(m2, acc_dtype, DataType.Double)}")
-            names = [shift, mean, m2, count]
-            state = f"{shift}, {mean}, {m2}, {count}"
-            for axis in axes:
-                keep = ", keep_dims=True" if axis is not None else ""
-                code.emit(f"{state} = tl.reduce(({state}), {axis}, _welford_combine{keep})")
-            for name in names:
-                code.reduced(name, axes)
-            code.emit(f"{m2} = {self.convert(m2, DataType.Double, acc_dtype)}")
+            # The lanes' partial results (counts, means held as a shift plus a small mean, sums of squared
+            # deviations) combine by sums: a centre ``c`` near the mean (the counts and count-weighted shifts
+            # summed in the accumulators' precision), then each lane's count times its deviation from ``c``
+            # and its squared deviations summed in float64, Chan's parallel formula for all lanes at once.
+            # Sums are what GPU reductions are made for; a tree of Welford's combine (a tuple reduction with
+            # selects) returned means 1e-4 off on an H200 for rows of 20000 read in a loop, though every
+            # lane's state was right and the same tree on those states, loaded from memory, was not
+            # (``kernels_notes.md``).
+            shift, mean, m2, count = names
+            lanes64 = [self.convert(n, acc_dtype, DataType.Double) for n in names]
+            # the centre, any value near the mean (the deviations from it are summed exactly enough in
+            # float64): the lanes' shifts weighted by their counts, in the accumulators' precision
+            lane_counts = code.assign("d", count, cse=False)
+            weighted = code.assign("d", f"tl.where({count} > 0, {count} * {shift}, 0.0)", cse=False)
+            self._sum_over_pair(lane_counts, weighted, axes)
+            n64 = code.assign("d", self.convert(lane_counts, acc_dtype, DataType.Double), cse=False)
+            centre = code.assign("d", self.convert(f"{weighted} / {lane_counts}", acc_dtype, DataType.Double), cse=False)
+            off = code.assign("d", f"tl.where({lanes64[3]} > 0, ({lanes64[0]} - {centre}) + {lanes64[1]}, 0.0)",
+                              cse=False)
+            moved = code.assign("d", f"{lanes64[3]} * {off}", cse=False)
+            squares = code.assign("d", f"{lanes64[2]} + {moved} * {off}", cse=False)
+            self._sum_over_pair(moved, squares, axes)
+            # an infinite centre is the mean (a column of one -inf: torch's Welford gives the element)
+            mean64 = code.assign("d", f"tl.where({centre} - {centre} == 0, {centre} + {moved} / {n64}, {centre})",
+                                 cse=False)
+            deviations = code.assign("d", f"{squares} - {moved} * {moved} / {n64}", cse=False)
+            code.emit(f"{deviations} = tl.where({deviations} < 0, 0.0, {deviations})")  # rounding below 0; NaN stays
+            shift = code.assign("v", self.convert(mean64, DataType.Double, acc_dtype), cse=False)
+            # what the mean's rounding lost, kept beside it (a program's partial mean combined later)
+            residual = f"{mean64} - {self.convert(shift, acc_dtype, DataType.Double)}"
+            mean = code.assign("v", self.convert(f"tl.where({mean64} - {mean64} == 0, {residual}, 0.0)",
+                                                 DataType.Double, acc_dtype), cse=False)
+            m2 = code.assign("v", self.convert(deviations, DataType.Double, acc_dtype), cse=False)
+            count = code.assign("v", self.convert(n64, DataType.Double, acc_dtype), cse=False)
             correction = expr.correction
             if isinstance(expr, WelfordPartialOp):  # a program's share, maybe empty: mean 0, count 0
                 mean = code.assign("v", f"tl.where({count} > 0, {shift} + {mean}, 0.0)", cse=False)

@@ -21,6 +21,7 @@ row's outputs). Each element is read twice, as Inductor's two kernels read it, n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyfuser.ir.fusion import Fusion
@@ -57,8 +58,39 @@ KINDS = (NormalizationKind.inner_outer_persistent,)
 #: 0.94x of each shape's best (rms-norm 96 and layer-norm 512 at 0.94x; four of eight the best); 4
 #: rows a step, as wide rows take, lost 2.8-14x on rows up to 256 (100352 x 96: 890 against 53 us).
 #: Rows of 1024 add up each step's rows (38.6 against 50-54 us kept). One program an SM beat two to
-#: eight when kept.
+#: eight when kept (measured while a grid reduction's final steps ran one program each: ``ManyRows``
+#: takes many rows of more than 64 elements since).
 NARROW_ROW = 512
+
+
+@dataclass(frozen=True)
+class ManyRows:
+    """Narrow rows of more than 64 elements, many of them: blocks of ``block_rows`` rows, one a program (as
+    Inductor's mix-order reduction takes them), each stepping through its block ``step_elements`` elements at
+    a time (``step_elements_wide`` for rows over 128), ``elements_per_lane`` of them a thread
+    (``narrow_elements_per_lane`` where rows load narrower than 16 bytes: more warps, as
+    ``ReductionParams.narrow_warps``), where that gives at least ``waves`` programs an SM; each step's rows
+    kept as partials (``keep_step_rows``) from rows of ``keep_from_width``. Small programs, many resident at
+    once, hide the latency of loads the loop cannot pipeline; one 8-warp program an SM waited on them.
+
+    H200 A/B over 20 layer-norm and rms-norm backwards (bf16 and float32, rows of 96-512, odd and even, 16383
+    to 131072 of them; ``kernels_notes.md``): geomean 0.68 -> 0.96x of Inductor (131072 x 127 bf16: 0.25 ->
+    0.66x; 65536 x 512: 0.65 -> 1.21x); blocks of 128 rows 0.80x, steps of 1024 for rows of 128 0.90x, 4
+    elements a thread on aligned rows 0.61x but on rows of odd length 0.70-1.06x against 0.62-0.75x. One block an
+    SM (the A/B had two): an earlier A/B's 16384 x 512 and 16384 x 256 ran 64-row blocks at 1.23x against 1.05x and
+    0.97x for one program an SM."""
+
+    block_rows: int = 64
+    waves: int = 1
+    step_elements: int = 512
+    step_elements_wide: int = 1024
+    elements_per_lane: int = 16
+    narrow_elements_per_lane: int = 4
+    keep_from_width: int = 256
+
+
+#: The rule in force (an A/B assigns variants of it).
+MANY_ROWS = ManyRows()
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
@@ -91,6 +123,21 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     row = hints.reduced
     if row is not None and next_power_of_2(row) <= m.max_persistent:
         width = next_power_of_2(max(row, 1))
+        many = MANY_ROWS
+        if rows is not None and _many_rows(hints):
+            step = many.step_elements if width <= 128 else many.step_elements_wide
+            rows_per_step = max(1, step // width)
+            elements = rows_per_step * width
+
+            def warps_giving(per_lane: int) -> int:
+                return max(1, min(8, elements // (32 * per_lane)))
+
+            return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "tile",
+                                   rows=rows_per_step, split=-(-rows // many.block_rows),
+                                   num_warps=warps_giving(many.elements_per_lane),
+                                   narrow_warps=warps_giving(many.narrow_elements_per_lane),
+                                   num_stages=pipeline_stages(fusion, analysis, rows_per_step * width, m),
+                                   keep_step_rows=rows_per_step > 1 and width >= many.keep_from_width)
         if width <= NARROW_ROW:  # 16 elements a thread, partials kept per row of the step (NARROW_ROW)
             step, warps = (4096, 8) if width <= 128 else (2048, 4)
             rows_per_step = max(1, step // width)
@@ -112,6 +159,14 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     step = m.loop_tile * max(1, 4 // element_bytes(fusion))
     return ReductionParams(SchedulerType.inner_outer_persistent, analysis.outer_reference.name, "loop",
                            tile=step, split=programs, num_warps=warps_for(step))
+
+
+def _many_rows(hints: SizeHints) -> bool:
+    """Whether rows of ``hints``' sizes take ``MANY_ROWS``'s programs of a block of rows each."""
+    many, row, rows = MANY_ROWS, hints.reduced, hints.kept
+    if row is None or rows is None:
+        return False
+    return 64 < next_power_of_2(max(row, 1)) <= NARROW_ROW and rows >= many.block_rows * many.waves * hints.machine.sm_count
 
 
 def on_chip_row(machine: Machine) -> int:
@@ -173,5 +228,13 @@ def _add_up_each_step(fusion: Fusion) -> None:
     inline_most(fusion=fusion)
 
 
+def partial_columns(hints: SizeHints) -> int | None:
+    """The columns of the partial results the final steps split into blocks: a row's, where many programs
+    (``ManyRows``) write them. One program an SM runs its final steps in the same cooperative launch,
+    one program of the whole row each (on an H200 narrower blocks there made layer-norm backward of
+    131072 x 127 1.6x slower, 1023 x 1000 1.2x)."""
+    return hints.reduced if _many_rows(hints) else None
+
+
 INNER_OUTER_PERSISTENT = Scheduler(SchedulerType.inner_outer_persistent, can_schedule, compute_heuristics, schedule,
-                                   size_dependent=True, split_at=row_statistics)
+                                   size_dependent=True, split_at=row_statistics, partial_columns=partial_columns)

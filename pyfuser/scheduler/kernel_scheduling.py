@@ -86,11 +86,10 @@ class KernelScheduling:
         self.scheduler.schedule(fusion, params)
 
     def finish(self, bucket: Bucket | None) -> FinishStep:
-        """The schedule of a grid reduction's final step for a bucket's sizes: a plain reduction split
-        across programs keeps its kept axes there, sized by the bucket's kept extent (a normalization's
-        final step reduces across its rows instead: its kept extent is not the first launch's)."""
-        kept = bucket[1] if bucket is not None and self.scheduler.type is SchedulerType.reduction else None
-        return final_step(self.machine, kept)
+        """The schedule of a grid reduction's final step for a bucket's sizes, its column blocks sized by
+        the partial results' columns (``Scheduler.partial_columns``)."""
+        columns = None if bucket is None else self.scheduler.partial_columns(SizeHints(*bucket, self.machine))
+        return final_step(self.machine, columns)
 
 
 def _symbols(e: SymExpr) -> set[str]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from pyfuser.codegen.grid_reduction import FinalSchedule
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
@@ -69,12 +70,12 @@ def schedule(fusion: Fusion, params: ReductionParams) -> None:
     schedule_segment(fusion, params, KINDS)
 
 
-def schedule_final_step(fusion: Fusion, machine: Machine, kept: int | None = None) -> TensorView | None:
+def schedule_final_step(fusion: Fusion, machine: Machine, kept: int | None = None) -> FinalSchedule | None:
     """Schedule the second launch of a grid reduction afresh: it reduces the programs' partial
-    results (and computes what follows), never split again; ``kept``: the first launch's kept extent
-    (its size bucket), which the final step's columns are sized by. Returns the kernel's reference;
-    None (the fusion untouched) where the launch is no plain reduction: a split normalization's next
-    launch, which keeps its split schedule (reading its share of the row again)."""
+    results (and computes what follows), never split again; ``kept``: the extent of the partials'
+    columns (a size bucket's), which the final step's column blocks are sized by. Returns the kernel's
+    reference and warps; None (the fusion untouched) where the launch is no plain reduction: a split
+    normalization's next launch, which keeps its split schedule (reading its share of the row again)."""
     analysis, _ = analyze(fusion)
     if analysis is None or analysis.kind not in KINDS:
         return None
@@ -89,7 +90,9 @@ def schedule_final_step(fusion: Fusion, machine: Machine, kept: int | None = Non
         params = final_params(analysis.reference, reduced.value, kept, machine, element_bytes(fusion), FINAL_TILE,
                               welford)
     schedule_segment(fusion, params, KINDS)
-    return analysis.reference
+    return FinalSchedule(analysis.reference, params.num_warps)
 
 
-REDUCTION = Scheduler(SchedulerType.reduction, can_schedule, compute_heuristics, schedule, size_dependent=True)
+#: a reduction split across programs keeps its kept axes in its partial results
+REDUCTION = Scheduler(SchedulerType.reduction, can_schedule, compute_heuristics, schedule, size_dependent=True,
+                      partial_columns=lambda hints: hints.kept)

@@ -186,7 +186,9 @@ class Scheduler:
     size bucket at launch; ``is_kernel``: its segments run as one generated kernel (False: as ATen
     calls); ``split_at``: for a size-dependent scheduler, the tensors a segment is split at for sizes
     its kernel does not serve (the runtime launches the parts one after another, each scheduled by a
-    scheduler that takes it; none: one kernel serves every size)."""
+    scheduler that takes it; none: one kernel serves every size); ``partial_columns``: for a scheduler
+    whose kernels reduce across programs, the extent of the partial results' columns for a size bucket
+    (what a grid reduction's final step splits into column blocks; None: unknown)."""
 
     type: SchedulerType
     can_schedule: Callable[[FusionLike], tuple[bool, str]]
@@ -195,6 +197,7 @@ class Scheduler:
     size_dependent: bool = field(kw_only=True)
     is_kernel: bool = field(default=True, kw_only=True)
     split_at: Callable[[FusionLike, SizeHints], list[TensorView]] | None = field(default=None, kw_only=True)
+    partial_columns: Callable[[SizeHints], int | None] = field(default=lambda hints: None, kw_only=True)
 
     def kernel_heuristics(self, fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> KernelParams:
         """``compute_heuristics`` of a kernel scheduler: the params the code generator reads."""

@@ -18,6 +18,7 @@ from pyfuser.ir.layout import Layout
 from pyfuser.scheduler import inner_outer_persistent, inner_persistent, outer_persistent, reduction
 from pyfuser.scheduler.kernel_scheduling import KernelScheduling
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
+from pyfuser.utils import next_power_of_2
 from tests.codegen.conftest import define_rmsnorm_backward, kernel_schedulers, kernel_segments
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
@@ -515,7 +516,7 @@ def test_partials_of_a_split_normalization_are_laid_out_programs_outermost(dtype
     launches = build_sources(fusion, "k", "cpu", layouts, reference)
     assert len(launches) == 3  # the partial maxima; the partial sums; the output
     for part, source in launches[:2]:
-        (partial,) = part.outputs()
+        (partial,) = part.fusion.outputs()
         assert [i.extent.value for i in partial.get_logical_domain(no_reductions=True)][1] == split
         assert source.output_perms == ((1, 0),), source.output_perms
     (out,) = fd.manual_execute([x], params)
@@ -616,20 +617,78 @@ def test_inner_outer_programs_all_have_rows(sm_count: int) -> None:
 
 
 def test_narrow_rows_step_many_rows_and_keep_a_partial_per_row_of_the_step() -> None:
-    """Rows up to 512 wide (a channels-last layer norm's channels): 16 elements a thread, many rows a
-    step, and each reduction across rows keeps a partial per row of the step over the loop (no
-    reduction across warps each step), never more rows a step than a program's block has; wider rows
-    add up each step's rows."""
+    """Rows up to 512 wide (a channels-last layer norm's channels), fewer than a block of 64 an SM: one
+    program an SM, 16 elements a thread, many rows a step, and each reduction across rows keeps a partial
+    per row of the step over the loop (no reduction across warps each step), never more rows a step than a
+    program's block has; wider rows add up each step's rows."""
     fd = _seed003()
     h100 = Machine(132, 16384, 2048)
     for width, rows_per_step, warps in [(64, 64, 8), (96, 32, 8), (128, 32, 8), (192, 8, 4), (384, 4, 4), (512, 4, 4)]:
-        params = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(width, 100352, h100))
+        params = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(width, 8192, h100))
         assert (params.rows, params.num_warps, params.keep_step_rows) == (rows_per_step, warps, True), width
+        assert params.split == 131, width  # blocks of 63 rows, one an SM (the last SM without one)
+    # rows of 64 keep that rule with many rows too
+    params = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(64, 100352, h100))
+    assert (params.rows, params.num_warps, params.split) == (64, 8, 132)
     for rows, rows_per_step in [(1000, 8), (132, 1), (300, 4)]:  # blocks of 8, 1 and 3 rows
         params = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(96, rows, h100))
         assert (params.rows, params.keep_step_rows) == (rows_per_step, rows_per_step > 1), rows
     wide = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(1024, 8192, h100))
     assert not wide.keep_step_rows and wide.rows == 4
+
+
+def test_many_narrow_rows_take_small_programs_of_64_rows() -> None:
+    """Many rows of 65-512 elements (``inner_outer_persistent.ManyRows``): a program a block of 64 rows,
+    steps of 512 elements (1024 for rows over 128) on as many warps as give each lane 16 of them, or 4
+    where rows load narrower than 16 bytes (``narrow_warps``: rows of odd length); each step's rows kept as
+    partials from rows of 256 (the runtime sizes by buckets of at most 65536 rows: blocks of 128 past them)."""
+    fd = _seed003()
+    h100 = Machine(132, 16384, 2048)
+    for width, rows_per_step, warps, narrow, keep in [(96, 4, 1, 4, False), (128, 4, 1, 4, False),
+                                                      (192, 4, 2, 8, True), (384, 2, 2, 8, True),
+                                                      (512, 2, 2, 8, True)]:
+        for rows in (8448, 16384, 131072):
+            params = inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(width, rows, h100))
+            assert (params.rows, params.num_warps, params.narrow_warps, params.keep_step_rows) == \
+                (rows_per_step, warps, narrow, keep), (width, rows)
+            assert params.split == -(-rows // 64), (width, rows)
+    # fewer rows than a block of 64 an SM: one program an SM
+    assert inner_outer_persistent.compute_heuristics(fd.fusion, SizeHints(128, 8192, h100)).split == 131
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("cols", [127, 200, 512])
+def test_many_narrow_rows_in_blocks_of_64_against_torch(cols: int, dtype: torch.dtype, device: str, run_kernels,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layer-norm backward over many narrow rows on a machine of 4 SMs (1000 rows: blocks of 64, the last
+    one short), rows of odd length loading narrower than 16 bytes: dx, dw and db against torch's."""
+    monkeypatch.setattr(Machine, "of", staticmethod(lambda _device: Machine(4, 16384, 2048)))
+    n = 1000
+    x, w, b = (torch.randn(*shape, device=device, dtype=dtype) for shape in ((n, cols), (cols,), (cols,)))
+    dy = torch.randn(n, cols, device=device, dtype=dtype)
+    xf, wf, bf = (t.float().requires_grad_() for t in (x, w, b))  # the reference in float32 from the same values
+    F.layer_norm(xf, (cols,), wf, bf, 1e-5).backward(dy.float())
+    mean = xf.detach().mean(1, keepdim=True)
+    rstd = torch.rsqrt(xf.detach().var(1, keepdim=True, unbiased=False) + 1e-5)
+    with FusionDefinition() as fd:
+        tdy, tx, tmean, trstd, tw = (fd.from_pytorch(t) for t in (dy, x, mean, rstd, w))
+        tdy, tx, tw = (fd.ops.cast(t, DataType.Float) for t in (tdy, tx, tw))
+        xhat = fd.ops.mul(fd.ops.sub(tx, tmean), trstd)
+        g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
+        a = fd.ops.sum(g, [1], keepdim=True)
+        c = fd.ops.sum(fd.ops.mul(g, xhat), [1], keepdim=True)
+        dx = fd.ops.mul(trstd, fd.ops.sub(fd.ops.sub(g, fd.ops.div(a, float(cols))),
+                                          fd.ops.mul(xhat, fd.ops.div(c, float(cols)))))
+        fd.add_output(fd.ops.cast(dx, DataType.Float))
+        fd.add_output(fd.ops.sum(fd.ops.mul(tdy, xhat), [0]))
+        fd.add_output(fd.ops.sum(tdy, [0]))
+    dx, dw, db = run_kernels(fd, [dy, x, mean, rstd, w])
+    params = schedule.compute_heuristics(fd.fusion, SchedulerType.inner_outer_persistent, [dy, x, mean, rstd, w])
+    assert (params.split, params.rows) == (16, max(1, (512 if cols <= 128 else 1024) // next_power_of_2(cols)))
+    torch.testing.assert_close(dx, xf.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dw, wf.grad, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(db, bf.grad, rtol=1e-4, atol=1e-3)
+    assert kernel_schedulers(fd) == ["inner_outer_persistent"]
 
 
 def test_rows_share_smaller_programs_in_normalizations_than_in_reductions() -> None:
