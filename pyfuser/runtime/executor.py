@@ -170,10 +170,13 @@ class FusionExecutorCache:
         sig, target, key = self._key(args, binder, device, enable_options, disable_options, backend)
         by_signature = self._by_signature
         entry = by_signature.get(key)
+        compile_ms = 0.0
         if entry is None:
+            begun = time.perf_counter()
             resolved = target if target is not None else _resolve_device(None, args, binder)
             program, moved = self._compile_for(args, binder, resolved, enable_options, disable_options,
                                                comm_backend(backend))
+            compile_ms = (time.perf_counter() - begun) * 1e3
             entry = (program, resolved, moved)
             by_signature[key] = entry
             if len(by_signature) > self._signature_cache_size:
@@ -204,7 +207,7 @@ class FusionExecutorCache:
             if grad:
                 torch._C._set_grad_enabled(True)
         if profiling.active():
-            profiling.record(self.fusion, self.segments(), resolved, started, given, outputs)
+            profiling.record(self.fusion, self.segments(), resolved, started, given, outputs, compile_ms)
         return outputs
 
     def is_compiled(self, args: Sequence[Any]) -> bool:

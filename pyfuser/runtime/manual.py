@@ -55,6 +55,8 @@ class ManualKernels:
         self._kernels: dict[tuple[Any, ...], CompiledKernel | KernelSequence] = {}
         self._binder: InputBinder | None = None
         self.last: CompiledKernel | KernelSequence | None = None
+        #: milliseconds the latest ``compile`` spent compiling (0 when its kernel was cached), for the profiler
+        self.last_compile_ms = 0.0
 
     def compile(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4,
                 loop_stages: int = 0, evict_last: bool = True) -> CompiledKernel | KernelSequence:
@@ -73,8 +75,11 @@ class ManualKernels:
                      if isinstance(a, torch.Tensor) else type(a) for a in args), device.type, reference, num_warps, loop_stages,
                evict_last)
         kernel = self._kernels.get(key)
+        self.last_compile_ms = 0.0
         if kernel is None:
+            begun = time.perf_counter()
             kernel = self._kernels[key] = self._compile(args, device, reference, num_warps, loop_stages, evict_last)
+            self.last_compile_ms = (time.perf_counter() - begun) * 1e3
         return kernel
 
     def is_compiled(self) -> bool:
@@ -96,7 +101,7 @@ class ManualKernels:
             outputs = kernel.run(EvalContext(binder.bind(args), device), *args)
             if started:  # one kernel, scheduled by the user (nvFuser's scheduler name "user")
                 profiling.record(self.fusion, [profiling.SegmentInfo(kernel.name, "user")], device, started, args,
-                                 outputs)
+                                 outputs, self.last_compile_ms)
             return outputs
         except NoPrograms:
             names = ", ".join(o.short_name for o in self.fusion.outputs() if isinstance(o, TensorView))
