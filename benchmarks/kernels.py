@@ -20,7 +20,8 @@ Per family and overall: the worst ratio beside the geomean, against the faster a
 ``fd.manual_execute``) to tune the defaults, and where the point runs an outer reduction, the whole fusion under
 variants of ``OuterHeuristic`` (every segment follows it: ``OUTER_HEURISTICS``; a var_mean also with outer
 var_means staged), where it runs a plain reduction of rows, under variants of ``InnerHeuristic``
-(``INNER_HEURISTICS``); ``--sweep-heuristics`` times only the heuristic variants (one GPU call for the
+(``INNER_HEURISTICS``), where it runs an inner-outer kernel, under variants of ``ManyRows``
+(``MANY_ROWS_HEURISTICS``); ``--sweep-heuristics`` times only the heuristic variants (one GPU call for the
 reduction families). Writes ``kernels_<kind>.json``
 and ``.md`` into ``--out``; a partial selection (``--quick``, ``--families``, ``--match``, ``--shard``, ``--sweep``)
 writes ``kernels_<selection>_<kind>``.
@@ -53,6 +54,7 @@ from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops import VarMeanOp
 from pyfuser.preseg.staged_var_mean import stage_outer_var_means
 from pyfuser.schedule import SchedulerType
+from pyfuser.scheduler.inner_outer_persistent import ManyRows, many_rows
 from pyfuser.scheduler.reduction_schedule import InnerHeuristic, OuterHeuristic, inner_heuristic, outer_heuristic
 from pyfuser.utils import next_power_of_2
 
@@ -182,8 +184,9 @@ def run_point(point: Point, dev: str, copy: CopyBandwidth, timer: Timer, max_aut
     if sweep:
         outer = sweep_outer(point, inputs, nbytes, timer, enable_options) if runs_outer(fd) else []
         inner = sweep_inner(point, inputs, nbytes, timer, enable_options) if runs_inner(fd) else []
+        both = sweep_inner_outer(point, inputs, nbytes, timer, enable_options) if runs_inner_outer(fd) else []
         edited = sweep_point(point, inputs, nbytes, timer) if hand_edited else []
-        row["sweep"] = sorted(edited + outer + inner, key=lambda r: r["ms"])
+        row["sweep"] = sorted(edited + outer + inner + both, key=lambda r: r["ms"])
     return row
 
 
@@ -345,6 +348,26 @@ def _inner_variants_of_heuristic() -> list[InnerHeuristic]:
 INNER_HEURISTICS = _inner_variants_of_heuristic()
 
 
+def _many_rows_variants() -> list[ManyRows]:
+    """``ManyRows``' variants ``--sweep`` times an inner-outer fusion under: off (one program an SM), then each
+    knob moved alone from its default (rows a block, blocks an SM, step elements, elements a lane on aligned
+    and on narrow rows, the width from which a step's rows are kept)."""
+    base = ManyRows()
+    knobs: dict[str, tuple[Any, ...]] = {
+        "block_rows": (32, 128), "waves": (2, 10 ** 9), "step_elements": (256, 1024), "step_elements_wide": (512, 2048),
+        "elements_per_lane": (8,), "narrow_elements_per_lane": (8, 16), "keep_from_width": (0, 1024)}
+    return [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
+
+
+#: The many-rows rules ``--sweep`` times (``_many_rows_variants``).
+MANY_ROWS_HEURISTICS = _many_rows_variants()
+
+
+def runs_inner_outer(fd: FusionDefinition) -> bool:
+    """Whether the latest program of ``fd`` launches an inner-outer persistent kernel."""
+    return any(getattr(p, "scheduler_type", None) is SchedulerType.inner_outer_persistent for p in launched_params(fd))
+
+
 def runs_inner(fd: FusionDefinition) -> bool:
     """Whether the latest program of ``fd`` launches a plain reduction kernel of rows (tile, loop or split)."""
     return any(getattr(p, "scheduler_type", None) is SchedulerType.reduction and p.shape in ("tile", "loop", "split")
@@ -357,9 +380,9 @@ def sweep_outer(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enab
     heuristic: also fusions of several segments (batch-norm statistics' two stages), which ``sweep_point``
     cannot schedule as one. A fusion with a var_mean is also timed with outer var_means staged (H, W first)
     under the first few heuristics (``stage_outer_var_means``)."""
-    variants = [(h, InnerHeuristic(), False) for h in heuristics]
+    variants = [(h, InnerHeuristic(), False, ManyRows()) for h in heuristics]
     if _has_var_mean(_define(point, inputs)):
-        variants += [(h, InnerHeuristic(), True) for h in heuristics[:4]]
+        variants += [(h, InnerHeuristic(), True, ManyRows()) for h in heuristics[:4]]
     return _sweep_heuristics(point, inputs, nbytes, timer, enable_options, variants)
 
 
@@ -367,18 +390,26 @@ def sweep_inner(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enab
                 heuristics: Sequence[InnerHeuristic] = tuple(INNER_HEURISTICS)) -> list[dict[str, Any]]:
     """The whole fusion compiled and timed under each inner heuristic (plain reductions of rows)."""
     return _sweep_heuristics(point, inputs, nbytes, timer, enable_options,
-                             [(OuterHeuristic(), h, False) for h in heuristics])
+                             [(OuterHeuristic(), h, False, ManyRows()) for h in heuristics])
+
+
+def sweep_inner_outer(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str] = (),
+                      heuristics: Sequence[ManyRows] = tuple(MANY_ROWS_HEURISTICS)) -> list[dict[str, Any]]:
+    """The whole fusion compiled and timed under each many-rows rule (inner-outer kernels: norm backwards)."""
+    return _sweep_heuristics(point, inputs, nbytes, timer, enable_options,
+                             [(OuterHeuristic(), InnerHeuristic(), False, h) for h in heuristics])
 
 
 def _sweep_heuristics(point: Point, inputs: list[Any], nbytes: int, timer: Timer, enable_options: Sequence[str],
-                      variants: Sequence[tuple[OuterHeuristic, InnerHeuristic, bool]]) -> list[dict[str, Any]]:
+                      variants: Sequence[tuple[OuterHeuristic, InnerHeuristic, bool, ManyRows]]) -> list[dict[str, Any]]:
     """``point``'s fusion defined, checked against torch and timed under each (outer heuristic, inner
-    heuristic, outer var_means staged), fastest first; a variant that fails is recorded, the sweep goes on."""
+    heuristic, outer var_means staged, many-rows rule), fastest first; a variant that fails is recorded, the
+    sweep goes on."""
     results = []
-    for outer, inner, staged in variants:
-        names = [heuristic_name(h) for h in (outer, inner) if h != type(h)()]
+    for outer, inner, staged, many in variants:
+        names = [heuristic_name(h) for h in (outer, inner, many) if h != type(h)()]
         name = " ".join(names or ["default"]) + (" staged" if staged else "")
-        with outer_heuristic(outer), inner_heuristic(inner), stage_outer_var_means(staged):
+        with outer_heuristic(outer), inner_heuristic(inner), stage_outer_var_means(staged), many_rows(many):
             fd = _define(point, inputs)
 
             def run(fd: FusionDefinition = fd) -> Any:

@@ -212,6 +212,25 @@ def test_the_inner_heuristic_sweep_runs_each_variant() -> None:
     assert len(kernels.OUTER_HEURISTICS) == len({kernels.heuristic_name(h) for h in kernels.OUTER_HEURISTICS})
 
 
+def test_the_many_rows_sweep_runs_each_variant_of_an_inner_outer_fusion() -> None:
+    """``--sweep`` of a norm backward: the whole fusion under each ``ManyRows`` rule given (the default and off),
+    checked against torch (Triton's interpreter), the inner-outer kernel's programs in each row's description."""
+    point = kernel_cases.Point("layernorm_bwd", (300, 127), torch.bfloat16)
+    inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
+    fd = kernels._define(point, inputs)
+    fd.execute(inputs, _enable_options=["triton_interpreter"])
+    assert kernels.runs_inner_outer(fd)
+    off = kernels.ManyRows(waves=10 ** 9)
+    rows = kernels.sweep_inner_outer(point, inputs, 100, lambda fn: (fn(), 1.0)[1], ["triton_interpreter"],
+                                     [kernels.ManyRows(), off])
+    assert [r.get("error") for r in rows] == [None, None]
+    described = {r["params"].split(" (")[0]: r["params"] for r in rows}
+    assert set(described) == {"default", "ManyRows(waves=1000000000)"}, described
+    assert all("inner_outer_persistent: tile" in d for d in described.values()), described
+    assert described["default"] != described["ManyRows(waves=1000000000)"]  # blocks of rows against one program an SM
+    assert len(kernels.MANY_ROWS_HEURISTICS) == len({kernels.heuristic_name(h) for h in kernels.MANY_ROWS_HEURISTICS})
+
+
 def test_a_point_as_close_to_float64_as_torch_passes_where_torch_itself_errs() -> None:
     """A reference that errs (ATen's bf16 batch-norm backward on large channels) does not fail pyfuser's exact
     output; an output that errs by more than twice torch's own error does."""

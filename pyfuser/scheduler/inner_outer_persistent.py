@@ -21,6 +21,7 @@ row's outputs). Each element is read twice, as Inductor's two kernels read it, n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from pyfuser.scheduler.reduction_schedule import (
     checked_analysis,
     element_bytes,
     flatten,
+    in_force,
     mark_rounded_sums,
     pipeline_stages,
     propagate,
@@ -89,8 +91,13 @@ class ManyRows:
     keep_from_width: int = 256
 
 
-#: The rule in force (an A/B assigns variants of it).
-MANY_ROWS = ManyRows()
+_MANY_ROWS = [ManyRows()]
+
+
+def many_rows(heuristic: ManyRows) -> AbstractContextManager[ManyRows]:
+    """Size many narrow rows by ``heuristic`` inside the block (kernels compiled there keep it;
+    ``benchmarks/kernels.py --sweep`` times its variants)."""
+    return in_force(_MANY_ROWS, heuristic)
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
@@ -123,7 +130,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     row = hints.reduced
     if row is not None and next_power_of_2(row) <= m.max_persistent:
         width = next_power_of_2(max(row, 1))
-        many = MANY_ROWS
+        many = _MANY_ROWS[-1]
         if rows is not None and _many_rows(hints):
             step = many.step_elements if width <= 128 else many.step_elements_wide
             rows_per_step = max(1, step // width)
@@ -162,8 +169,8 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
 
 
 def _many_rows(hints: SizeHints) -> bool:
-    """Whether rows of ``hints``' sizes take ``MANY_ROWS``'s programs of a block of rows each."""
-    many, row, rows = MANY_ROWS, hints.reduced, hints.kept
+    """Whether rows of ``hints``' sizes take ``ManyRows``' programs of a block of rows each."""
+    many, row, rows = _MANY_ROWS[-1], hints.reduced, hints.kept
     if row is None or rows is None:
         return False
     return 64 < next_power_of_2(max(row, 1)) <= NARROW_ROW and rows >= many.block_rows * many.waves * hints.machine.sm_count

@@ -253,7 +253,7 @@ _INNER = [InnerHeuristic()]
 
 
 @contextmanager
-def _in_force(stack: list[_Heuristic], heuristic: _Heuristic) -> Iterator[_Heuristic]:
+def in_force(stack: list[_Heuristic], heuristic: _Heuristic) -> Iterator[_Heuristic]:
     """``heuristic`` on top of ``stack`` (the one read) inside the block."""
     stack.append(heuristic)
     try:
@@ -264,7 +264,7 @@ def _in_force(stack: list[_Heuristic], heuristic: _Heuristic) -> Iterator[_Heuri
 
 def inner_heuristic(heuristic: InnerHeuristic) -> AbstractContextManager[InnerHeuristic]:
     """Size plain inner reductions by ``heuristic`` inside the block (kernels compiled there keep it)."""
-    return _in_force(_INNER, heuristic)
+    return in_force(_INNER, heuristic)
 
 
 def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, welford: bool = False,
@@ -400,7 +400,7 @@ _OUTER = [OuterHeuristic()]
 
 def outer_heuristic(heuristic: OuterHeuristic) -> AbstractContextManager[OuterHeuristic]:
     """Size outer reductions by ``heuristic`` inside the block (kernels compiled there keep it)."""
-    return _in_force(_OUTER, heuristic)
+    return in_force(_OUTER, heuristic)
 
 
 def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHints, persistent: bool,
