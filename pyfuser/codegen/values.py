@@ -16,9 +16,9 @@ Floating reductions are as accurate as torch's, also on data far from 0 (rows of
 * ``var_mean`` of a row on chip takes the corrected two-pass: a first mean, then the sums of the
   deviations from it and of their squares, which correct the mean and give the spread exactly;
 * ``var_mean`` of a row read in a loop is Welford's update per lane on the lane's values less its
-  first value (a shift), so the running mean is a small number that rounds little, then Welford's
-  combine across lanes: the shifted means in the accumulators' precision, the sums of squared
-  deviations in float64; the shift is added back once at the end;
+  first value (a shift), so the running mean is a small number that rounds little, then the lanes
+  combine by sums (Chan's formula at once): a centre near the mean, then the lanes' deviations from
+  it and their squared deviations summed in float64;
 * the programs' partial sums of a reduction across programs add up in float64 in the last launch;
 * a sum or mean of float32 data on chip, on a GPU, adds pairs of a sum and what its rounding lost
   (``_two_sum``, Knuth's exact sum): a GPU thread adds its share of the tile (32 values of a row of
@@ -813,7 +813,7 @@ class ValueLowering:
             # lane's state was right and the same tree on those states, loaded from memory, was not
             # (``kernels_notes.md``).
             shift, mean, m2, count = names
-            lanes64 = [self.convert(n, acc_dtype, DataType.Double) for n in names]
+            lane_shift, lane_mean, lane_m2, lane_count = (self.convert(n, acc_dtype, DataType.Double) for n in names)
             # the centre, any value near the mean (the deviations from it are summed exactly enough in
             # float64): the lanes' shifts weighted by their counts, in the accumulators' precision
             lane_counts = code.assign("d", count, cse=False)
@@ -821,10 +821,10 @@ class ValueLowering:
             self._sum_over_pair(lane_counts, weighted, axes)
             n64 = code.assign("d", self.convert(lane_counts, acc_dtype, DataType.Double), cse=False)
             centre = code.assign("d", self.convert(f"{weighted} / {lane_counts}", acc_dtype, DataType.Double), cse=False)
-            off = code.assign("d", f"tl.where({lanes64[3]} > 0, ({lanes64[0]} - {centre}) + {lanes64[1]}, 0.0)",
+            off = code.assign("d", f"tl.where({lane_count} > 0, ({lane_shift} - {centre}) + {lane_mean}, 0.0)",
                               cse=False)
-            moved = code.assign("d", f"{lanes64[3]} * {off}", cse=False)
-            squares = code.assign("d", f"{lanes64[2]} + {moved} * {off}", cse=False)
+            moved = code.assign("d", f"{lane_count} * {off}", cse=False)
+            squares = code.assign("d", f"{lane_m2} + {moved} * {off}", cse=False)
             self._sum_over_pair(moved, squares, axes)
             # an infinite centre is the mean (a column of one -inf: torch's Welford gives the element)
             mean64 = code.assign("d", f"tl.where({centre} - {centre} == 0, {centre} + {moved} / {n64}, {centre})",

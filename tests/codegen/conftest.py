@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from pyfuser import FusionDefinition
+from pyfuser import DataType, FusionDefinition
 from pyfuser.scheduler.registry import Machine, SchedulerType
 
 RunKernels = Callable[..., list[torch.Tensor]]
@@ -76,6 +76,22 @@ def masked_path(code: str) -> str:
     """A kernel's source as its programs without a full tile run it (the whole source for one body)."""
     branches = tile_branches(code)
     return code if branches is None else branches[1]
+
+
+def define_layernorm_backward(fd: FusionDefinition, dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor,
+                              rstd: torch.Tensor, w: torch.Tensor) -> tuple[Any, Any, Any]:
+    """LayerNorm's backward over the last axis of 2-D ``x`` in ``fd`` (``mean``, ``rstd``: the rows' statistics,
+    kept as ``[rows, 1]``; 16-bit ``dy``, ``x`` and ``w`` computed in float32): dx, dw and db."""
+    tdy, tx, tmean, trstd, tw = (fd.from_pytorch(t) for t in (dy, x, mean, rstd, w))
+    if x.dtype is not torch.float32:
+        tdy, tx, tw = (fd.ops.cast(t, DataType.Float) for t in (tdy, tx, tw))
+    xhat = fd.ops.mul(fd.ops.sub(tx, tmean), trstd)
+    g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
+    a = fd.ops.sum(g, [1], keepdim=True)
+    c = fd.ops.sum(fd.ops.mul(g, xhat), [1], keepdim=True)
+    cols = float(x.shape[-1])
+    dx = fd.ops.mul(trstd, fd.ops.sub(fd.ops.sub(g, fd.ops.div(a, cols)), fd.ops.mul(xhat, fd.ops.div(c, cols))))
+    return dx, fd.ops.sum(fd.ops.mul(tdy, xhat), [0]), fd.ops.sum(tdy, [0])
 
 
 def define_rmsnorm_backward(fd: FusionDefinition, dy: torch.Tensor, x: torch.Tensor, rms: torch.Tensor,

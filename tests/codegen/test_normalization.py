@@ -19,7 +19,7 @@ from pyfuser.scheduler import inner_outer_persistent, inner_persistent, outer_pe
 from pyfuser.scheduler.kernel_scheduling import KernelScheduling
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from pyfuser.utils import next_power_of_2
-from tests.codegen.conftest import define_rmsnorm_backward, kernel_schedulers, kernel_segments
+from tests.codegen.conftest import define_layernorm_backward, define_rmsnorm_backward, kernel_schedulers, kernel_segments
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 DT = {torch.float32: DataType.Float, torch.bfloat16: DataType.BFloat16}
@@ -251,16 +251,8 @@ def test_layernorm_and_rmsnorm_backward(cols: int, device: str, run_kernels, mon
     mean = x.detach().mean(1, keepdim=True)
     rstd = torch.rsqrt(x.detach().var(1, keepdim=True, unbiased=False) + 1e-5)
     with FusionDefinition() as fd:
-        tdy, tx, tmean, trstd, tw = (fd.from_pytorch(t) for t in (dy, x.detach(), mean, rstd, w.detach()))
-        xhat = fd.ops.mul(fd.ops.sub(tx, tmean), trstd)
-        g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
-        a = fd.ops.sum(g, [1], keepdim=True)
-        c = fd.ops.sum(fd.ops.mul(g, xhat), [1], keepdim=True)
-        dx = fd.ops.mul(trstd, fd.ops.sub(fd.ops.sub(g, fd.ops.div(a, float(cols))),
-                                          fd.ops.mul(xhat, fd.ops.div(c, float(cols)))))
-        fd.add_output(dx)
-        fd.add_output(fd.ops.sum(fd.ops.mul(tdy, xhat), [0]))
-        fd.add_output(fd.ops.sum(tdy, [0]))
+        for out in define_layernorm_backward(fd, dy, x.detach(), mean, rstd, w.detach()):
+            fd.add_output(out)
     dx, dw, db = run_kernels(fd, [dy, x.detach(), mean, rstd, w.detach()])
     _close(dx, x.grad)
     _close(dw, w.grad)
@@ -671,17 +663,8 @@ def test_many_narrow_rows_in_blocks_of_64_against_torch(cols: int, dtype: torch.
     mean = xf.detach().mean(1, keepdim=True)
     rstd = torch.rsqrt(xf.detach().var(1, keepdim=True, unbiased=False) + 1e-5)
     with FusionDefinition() as fd:
-        tdy, tx, tmean, trstd, tw = (fd.from_pytorch(t) for t in (dy, x, mean, rstd, w))
-        tdy, tx, tw = (fd.ops.cast(t, DataType.Float) for t in (tdy, tx, tw))
-        xhat = fd.ops.mul(fd.ops.sub(tx, tmean), trstd)
-        g = fd.ops.mul(tdy, fd.ops.broadcast(tw, [True, False]))
-        a = fd.ops.sum(g, [1], keepdim=True)
-        c = fd.ops.sum(fd.ops.mul(g, xhat), [1], keepdim=True)
-        dx = fd.ops.mul(trstd, fd.ops.sub(fd.ops.sub(g, fd.ops.div(a, float(cols))),
-                                          fd.ops.mul(xhat, fd.ops.div(c, float(cols)))))
-        fd.add_output(fd.ops.cast(dx, DataType.Float))
-        fd.add_output(fd.ops.sum(fd.ops.mul(tdy, xhat), [0]))
-        fd.add_output(fd.ops.sum(tdy, [0]))
+        for out in define_layernorm_backward(fd, dy, x, mean, rstd, w):
+            fd.add_output(out)
     dx, dw, db = run_kernels(fd, [dy, x, mean, rstd, w])
     params = schedule.compute_heuristics(fd.fusion, SchedulerType.inner_outer_persistent, [dy, x, mean, rstd, w])
     assert (params.split, params.rows) == (16, max(1, (512 if cols <= 128 else 1024) // next_power_of_2(cols)))
