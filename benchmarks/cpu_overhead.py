@@ -16,8 +16,10 @@ import io
 import json
 import os
 import pstats
+import site
 import statistics
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -143,7 +145,17 @@ def profile_cached(size: int, repeats: int) -> str:
     profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
-    return text.getvalue()
+    return _relative_paths(text.getvalue())
+
+
+def _relative_paths(text: str) -> str:
+    """``text`` with file names relative to the repository, site-packages or the standard library: the
+    results file names modules (``pyfuser/...``, ``torch/...``), not this machine's directories."""
+    roots = {str(Path(__file__).resolve().parent.parent), *site.getsitepackages(),
+             *(sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib"))}
+    for root in sorted(roots, key=len, reverse=True):  # site-packages inside the repository's .venv first
+        text = text.replace(root.rstrip(os.sep) + os.sep, "")
+    return text
 
 
 def write(result: dict[str, Any], machine: str, profile: str | None) -> Path:

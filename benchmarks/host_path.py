@@ -149,15 +149,17 @@ def _git(*args: str) -> str:
 
 
 def measure_revision(rev: str, repeats: int) -> dict[str, float]:
-    """``measure`` run on revision ``rev``'s pyfuser (a temporary worktree), this script's code."""
+    """``measure`` run on revision ``rev``'s pyfuser (a temporary worktree): with this script's code, or
+    with the revision's own where it has one (its stubs of the Triton call follow its launcher's names)."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         _git("worktree", "add", "--detach", str(tree), rev)
         try:
             env = {**os.environ, "PYTHONPATH": str(tree)}
+            script = tree / "benchmarks" if (tree / "benchmarks" / "host_path.py").exists() else ROOT / "benchmarks"
             # pyfuser is imported from the worktree before anything of this tree can put its own first
             code = (f"import sys, json; sys.path.insert(0, {str(tree)!r}); import pyfuser; "
-                    f"sys.path.insert(1, {str(ROOT / 'benchmarks')!r}); "
+                    f"sys.path.insert(1, {str(script)!r}); "
                     f"assert pyfuser.__file__.startswith({str(tree)!r}), pyfuser.__file__; "
                     f"import host_path; print(json.dumps(host_path.measure({repeats})))")
             out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True,

@@ -49,6 +49,7 @@ from timing import synchronize, time_ms_flushed, timing_lock
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from pyfuser import FusionDefinition, schedule
+from pyfuser.codegen.values import L2Hint
 from pyfuser.host_ir.nodes import LaunchKernel
 from pyfuser.ir.eval_context import EvalContext
 from pyfuser.ir.ops import VarMeanOp
@@ -226,7 +227,8 @@ def _variants(scheduler: SchedulerType, params: Any, shape: Sequence[int]) -> li
         # at the default step and warps: the L2 hint flipped (``inner_persistent.EVICT_LAST_MIN_BYTES``),
         # and the loops software-pipelined (more loads in flight per program)
         loops += [dataclasses.replace(loops[0], tile=params.tile, num_warps=params.num_warps, online=online,
-                                      evict_last=not params.evict_last) for online in (True, False)]
+                                      l2=L2Hint.none if params.l2 is L2Hint.keep else L2Hint.keep)
+                   for online in (True, False)]
         loops += [dataclasses.replace(loops[0], tile=params.tile, num_warps=params.num_warps, online=True,
                                       num_stages=stages) for stages in (2, 3)]
         splits = [dataclasses.replace(params, shape="split", tile=t, split=g, num_warps=w)
@@ -312,7 +314,7 @@ def _outer_variants_of_heuristic() -> list[OuterHeuristic]:
         "small_welford_step_elements": (1024, 4096), "welford_waves": (2, 4, 8),
         "welford_elements": (4, 16, 32), "narrow_elements": (0, 16), "narrowed_step_bytes": (0, 32768),
         "final_waves": (2, 4), "final_min_columns": (1, 16, 32), "stages": (2, 4),
-        "evict_last": (False,)}
+        "l2": (L2Hint.none,), "reduction_l2": (L2Hint.keep, L2Hint.none)}
     variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
     # split-first column blocks and the first var_mean split (fewer, fuller programs; wide final columns)
     variants.append(OuterHeuristic(narrow_bytes=0, welford_step_elements=8192, welford_waves=2, welford_elements=32,
@@ -338,7 +340,8 @@ def _inner_variants_of_heuristic() -> list[InnerHeuristic]:
     base = InnerHeuristic()
     knobs: dict[str, tuple[Any, ...]] = {
         "max_tile": (1024, 2048, 4096, 8192), "rows_tile": (2048, 8192, 16384), "max_rows": (16, 128),
-        "waves": (1, 4), "loop_step": (2048, 4096, 16384), "max_waste": (0.125, 0.5, 1.0), "loop_warps": (4, 8, 16)}
+        "waves": (1, 4), "loop_step": (2048, 4096, 16384), "max_waste": (0.125, 0.5, 1.0), "loop_warps": (4, 8, 16),
+        "l2": (L2Hint.keep, L2Hint.none)}
     variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
     variants.append(InnerHeuristic(max_tile=4096, max_waste=1.0))
     return variants

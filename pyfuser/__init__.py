@@ -1,7 +1,7 @@
 """pyfuser: a fusion compiler and multi-GPU runtime for PyTorch.
 
 ``import pyfuser as nvfuser_direct`` gives the names of nvFuser's Python API that pyfuser
-implements (``tests/test_nvfuser_direct_api.py`` lists them); after ``import pyfuser.nvfuser_direct_alias``
+implements (``tests/frontend/test_nvfuser_direct_api.py`` lists them); after ``import pyfuser.nvfuser_direct_alias``
 nvFuser code imports ``nvfuser_direct`` unchanged (unless a real nvFuser is installed).
 """
 

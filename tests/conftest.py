@@ -20,11 +20,19 @@ if os.environ.get("CI"):
 @pytest.fixture(autouse=True)
 def _seed() -> Iterator[None]:
     torch.manual_seed(0)
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    stream = torch.cuda.current_stream() if cuda else None
     yield
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         # A test that leaves torch's CUDA generator capturing (a capture that failed midway) fails
         # itself here, not whichever test of the worker draws random numbers next.
         torch.randn(1, device="cuda")
+        # So does a test after which another stream is current (a stream switch not undone on an
+        # error path): the next test of the worker would issue its work there.
+        current = torch.cuda.current_stream()
+        if stream is not None and current != stream:
+            torch.cuda.set_stream(stream)
+            pytest.fail(f"the test left {current} current (it started on {stream})")
 
 
 def devices() -> list[str]:

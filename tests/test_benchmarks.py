@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition, schedule
+from pyfuser.codegen.values import L2Hint
 from pyfuser.schedule import SchedulerType
 from pyfuser.scheduler.reduction_schedule import ReductionParams
 
@@ -143,13 +144,13 @@ def test_the_sweep_of_looped_rows_varies_step_warps_and_the_online_pass(shape: s
     """``--sweep`` of a normalization over looped rows: loop steps x warps x the online softmax on and off
     (one GPU call compares them), the L2 hint flipped and the loops pipelined at the default step, and for
     few wide rows (split) programs per row too."""
-    base = ReductionParams(SchedulerType.inner_persistent, 0, shape, tile=4096, num_warps=16, evict_last=False,
+    base = ReductionParams(SchedulerType.inner_persistent, 0, shape, tile=4096, num_warps=16, l2=L2Hint.none,
                            split=3 if shape == "split" else 1)
     variants = kernels._variants(SchedulerType.inner_persistent, base, (1024, 65536))
     loops = {(v.tile, v.num_warps, v.online) for v in variants if v.shape == "loop"}
     assert {(t, w, o) for t in (1024, 2048, 4096, 8192) for w in (8, 16) for o in (True, False)} <= loops
     assert any(v.shape == "split" for v in variants) == (shape == "split")
-    assert {(v.tile, v.num_warps, v.online) for v in variants if v.evict_last} == {(4096, 16, True), (4096, 16, False)}
+    assert {(v.tile, v.num_warps, v.online) for v in variants if v.l2 is L2Hint.keep} == {(4096, 16, True), (4096, 16, False)}
     assert {(v.tile, v.num_warps, v.num_stages) for v in variants if v.num_stages} == {(4096, 16, 2), (4096, 16, 3)}
     assert all(v.shape in ("loop", "split") for v in variants)
 

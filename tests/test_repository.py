@@ -99,6 +99,20 @@ def _tracked(*patterns: str) -> list[Path]:
     return [ROOT / name for name in out.stdout.split()]
 
 
+def test_tests_are_laid_out_like_the_package() -> None:
+    """``tests/<area>/`` tests ``pyfuser/<area>/`` (``tests/fuzz``: the differential fuzzer); the top level holds
+    the checks of the repository itself. Test files have no ``__init__.py``, so pytest imports each by its
+    file name: one name per file across the folders."""
+    tests = ROOT / "tests"
+    assert sorted(p.name for p in tests.glob("*.py")) == [
+        "conftest.py", "test_benchmark_shards.py", "test_benchmarks.py", "test_repository.py", "test_structure.py"]
+    areas = {p.name for p in (ROOT / "pyfuser").iterdir() if (p / "__init__.py").exists()}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert folders - areas == {"fuzz"}
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
 def test_nothing_points_outside_the_repository() -> None:
     """Design references are the docs/ pages, which cite nvFuser's public issues: no path to a machine's
     directories or to design documents kept elsewhere."""

@@ -1,7 +1,7 @@
 """A grid reduction's launches as one kernel, its steps separated by grid synchronizations
 (nvFuser's grid sync; Inductor's cooperative reductions do the same).
 
-``split_at_grid_reductions`` cuts a fusion into kernels where one step reads what every program of
+``scheduler/grid_reduction.py`` cuts a fusion into kernels where one step reads what every program of
 the step before wrote. On a GPU the cut costs a dependent launch, and the host the launch's time.
 Here the steps become device functions of one kernel: every program runs the first step on its own
 program ids, waits at a barrier until all programs have written their partial results, then takes

@@ -36,7 +36,7 @@ from pyfuser.codegen.kernel_source import (
     tensor_param,
 )
 from pyfuser.codegen.triton_support import MAX_TILE_NUMEL, int_expr, loop_range, prelude, triton_dtype
-from pyfuser.codegen.values import Indices, ValueLowering
+from pyfuser.codegen.values import Indices, L2Hint, ValueLowering
 from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.analysis.reshape import reshape_groups
 from pyfuser.ir.analysis.resize import RESIZE_OPS, resized_axes
@@ -115,11 +115,11 @@ class _IndexForm:
 class KernelBuilder(ValueLowering):
     def __init__(self, fusion: Fusion, name: str, target: str, layouts: Layouts,
                  reference: TensorView | None = None, loop_stages: int = 0, chunked: bool = False,
-                 evict_last: bool = True, partials: frozenset[int] = frozenset()) -> None:
+                 l2: L2Hint = L2Hint.keep, partials: frozenset[int] = frozenset()) -> None:
         """``chunked``: the kernel runs in a stream loop on chunks of its tensors, so an extent the
         fusion knows statically (an ``expand`` target) is not the extent of what it gets: extents
         come from the tensors, and static ones are checked against the whole tensors' sizes.
-        ``evict_last``: loads ask L2 to keep their lines (``eviction_policy='evict_last'``).
+        ``l2``: what the loads ask of L2 (``L2Hint``).
         ``partials``: names of inputs that hold an earlier launch's partial results per program."""
         """``layouts``: per tensor name, the layout that holds for every tensor the kernel will be
         given (default: ``Layout.strided``)."""
@@ -130,7 +130,7 @@ class KernelBuilder(ValueLowering):
         # Serial loops software-pipelined by Triton (loads of the next steps issued early) when > 1.
         self.range = loop_range(target)
         self.loop_stages = loop_stages if target == "cuda" else 0
-        self.evict_last = evict_last
+        self.l2 = l2
         self.device_asserts = False
         self.partials = partials
         self.layouts = layouts
@@ -140,6 +140,8 @@ class KernelBuilder(ValueLowering):
         #: the launch reads on the host and passes by value, as torch treats it beside CUDA tensors
         self.inputs = [v for v in fusion.inputs() if isinstance(v, TensorView) and not v.is_cpu]
         self.outputs = [v for v in fusion.outputs() if isinstance(v, TensorView)]
+        iterated = [sum(not i.is_broadcast for i in tv.get_logical_domain(no_reductions=True)) for tv in self.inputs]
+        self.streamed = frozenset(k for k, n in enumerate(iterated) if n == max(iterated))
         self.loop_graph = IdGraph(self.tensors, self.exprs, map_broadcast=True)
         self.exact = IdGraph(self.tensors, self.exprs, map_broadcast=False)
         self.reference = reference or self.outputs[0]

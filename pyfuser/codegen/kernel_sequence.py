@@ -13,7 +13,6 @@ import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel, load_kernel
 from pyfuser.codegen.cooperative import cooperative_source
-from pyfuser.codegen.grid_reduction import FinishStep, KernelPart, split_at_grid_reductions
 from pyfuser.codegen.kernel_builder import KernelBuilder, Layouts
 from pyfuser.codegen.kernel_source import KernelSource
 from pyfuser.codegen.launcher import (
@@ -27,6 +26,7 @@ from pyfuser.codegen.launcher import (
     raw_stream,
 )
 from pyfuser.codegen.scatter import ScatterKernelBuilder, init_layouts, scatter_op, split_scatter
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.fusion import Fusion
@@ -408,7 +408,7 @@ def compile_scatter(fusion: Fusion, name: str, target: str, layouts: Layouts, re
         if part is None or ref is None:
             return None
         return CompiledKernel(KernelBuilder(part, f"{name}_{kind}", target, part_layouts, ref,
-                                            evict_last=False).build(), num_warps)
+                                            l2=L2Hint.none).build(), num_warps)
 
     def reads(part: Fusion | None) -> list[int]:
         return [] if part is None else [slot_of[_key(v)] for v in part.inputs()]
@@ -416,7 +416,7 @@ def compile_scatter(fusion: Fusion, name: str, target: str, layouts: Layouts, re
     # Each value is read once: nothing to keep in L2 (the rows of the index are, by every element).
     launch = f"{name}_{'add' if op.accumulate else 'store'}"
     scatter = CompiledKernel(ScatterKernelBuilder(parts.scatter, launch, target, layouts, parts.scatter_reference,
-                                                  evict_last=False).build(), num_warps)
+                                                  l2=L2Hint.none).build(), num_warps)
     acc, index, value = op.inputs
     kernels = ScatterKernels(
         compiled(parts.init, parts.init_reference, "init", init_layouts(layouts, parts, out.name)), reads(parts.init),
@@ -427,15 +427,24 @@ def compile_scatter(fusion: Fusion, name: str, target: str, layouts: Layouts, re
     return ScatterSequence(name, kernels, tuple(perm), target)
 
 
-def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
-                  finish: FinishStep | None = None, loop_stages: int = 0, chunked: bool = False,
-                  evict_last: bool = True) -> list[tuple[KernelPart, KernelSource]]:
-    """The kernels of scheduled ``fusion``, in launch order, with the part (fusion, reference, warps)
-    each one computes."""
-    parts = split_at_grid_reductions(fusion, reference, finish)
+@dataclass
+class KernelPart:
+    """One launch of a scheduled segment: its fusion, the tensor whose loop nest it runs and its warps per
+    program (0: the segment's, which its first launch was scheduled for). A segment with grid reductions
+    is several (``scheduler/grid_reduction.py`` decides them); any other, one."""
+
+    fusion: Fusion
+    reference: TensorView
+    num_warps: int = 0
+
+
+def build_sources(parts: Sequence[KernelPart], name: str, target: str, layouts: Layouts, loop_stages: int = 0,
+                  chunked: bool = False, l2: L2Hint = L2Hint.keep) -> list[tuple[KernelPart, KernelSource]]:
+    """The kernels of a scheduled segment's launches (``parts``, in launch order), each with its part."""
     if len(parts) == 1:
-        return [(KernelPart(fusion, reference), KernelBuilder(fusion, name, target, layouts, reference, loop_stages,
-                                                              chunked, evict_last).build())]
+        part = parts[0]
+        return [(part, KernelBuilder(part.fusion, name, target, layouts, part.reference, loop_stages,
+                                     chunked, l2).build())]
     result = []
     for k, part in enumerate(parts):
         part_layouts = dict(layouts)
@@ -448,23 +457,23 @@ def build_sources(fusion: Fusion, name: str, target: str, layouts: Layouts, refe
         kind = "final" if k == len(parts) - 1 else f"partial{k}"
         stages = loop_stages if k == 0 else 0  # the final step is small
         result.append((part, KernelBuilder(part.fusion, f"{name}_{kind}", target, part_layouts,
-                                                  part.reference, stages, chunked, evict_last,
+                                                  part.reference, stages, chunked, l2,
                                                   partials).build()))
     return result
 
 
-def compile_fusion(fusion: Fusion, name: str, target: str, layouts: Layouts, reference: TensorView,
-                   num_warps: int = 4, finish: FinishStep | None = None, loop_stages: int = 0,
-                   chunked: bool = False, cooperative: bool = True, evict_last: bool = True,
-                   narrow_warps: int = 0) -> CompiledKernel | KernelSequence:
-    """Build and compile the kernel(s) of scheduled ``fusion`` (``chunked``: it runs in a stream loop;
-    ``cooperative``: a grid reduction's launches become one where its programs fit on the device;
-    ``evict_last``: loads ask L2 to keep their lines; ``narrow_warps``: the warps of variants whose rows
-    load narrower than 16 bytes, ``DirectLaunches.warps_of``)."""
+def compile_fusion(fusion: Fusion, parts: Sequence[KernelPart], name: str, target: str, layouts: Layouts,
+                   num_warps: int = 4, loop_stages: int = 0, chunked: bool = False, cooperative: bool = True,
+                   l2: L2Hint = L2Hint.keep, narrow_warps: int = 0) -> CompiledKernel | KernelSequence:
+    """Build and compile the kernel(s) of scheduled ``fusion``, launched as ``parts`` (``chunked``: it runs in
+    a stream loop; ``cooperative``: a grid reduction's launches become one where its programs fit on the
+    device; ``l2``: what the loads ask of L2; ``narrow_warps``: the warps of variants whose
+    rows load narrower than 16 bytes, ``DirectLaunches.warps_of``)."""
     op = scatter_op(fusion.exprs())
-    if op is not None and op.inputs[2] is reference:  # the scatter scheduler's: the added rows' loop nest
-        return compile_scatter(fusion, name, target, layouts, reference, num_warps)
-    built = build_sources(fusion, name, target, layouts, reference, finish, loop_stages, chunked, evict_last)
+    if op is not None and len(parts) == 1 and op.inputs[2] is parts[0].reference:
+        # the scatter scheduler's: the added rows' loop nest
+        return compile_scatter(fusion, name, target, layouts, parts[0].reference, num_warps)
+    built = build_sources(parts, name, target, layouts, loop_stages, chunked, l2)
     if len(built) == 1:
         return CompiledKernel(built[0][1], num_warps, narrow_warps)
     slot_of = {_key(v): k for k, v in enumerate(fusion.inputs())}

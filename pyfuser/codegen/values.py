@@ -34,18 +34,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING
 
 import torch
 
-from pyfuser.codegen.grid_reduction import GRID_TYPES
 from pyfuser.codegen.kernel_source import KernelError
 from pyfuser.codegen.triton_ops import TRITON_POINTWISE
 from pyfuser.codegen.triton_support import NAN, compute_dtype, int_expr, literal, triton_dtype
 from pyfuser.ir.analysis.value_range import integer_bounds
 from pyfuser.ir.base import Expr, Scalar, Val
 from pyfuser.ir.dtypes import DataType
-from pyfuser.ir.iter_domain import IterDomain, ParallelType
+from pyfuser.ir.iter_domain import GRID_PARALLEL_TYPES, IterDomain, ParallelType
 from pyfuser.ir.ops import (
     BinaryOp,
     BinaryOpType,
@@ -104,6 +104,18 @@ def _domain_ids(tv: TensorView) -> list[IterDomain]:
 
 
 _EVICT_LAST = ", eviction_policy='evict_last'"
+_EVICT_FIRST = ", eviction_policy='evict_first'"
+
+
+class L2Hint(Enum):
+    """What a kernel's loads ask of L2 (Triton's ``eviction_policy``). ``keep``: every load's lines stay
+    (``evict_last``: read again soon, a normalization's row between its passes); ``stream``: the lines of
+    the inputs the kernel streams through once, its widest, go first (``evict_first``: a plain reduction's
+    input; narrower inputs, broadcast and read by many programs, take no hint); ``none``: no hint."""
+
+    keep = "keep"
+    stream = "stream"
+    none = "none"
 
 
 def _identity(kind: ReductionOpType, dtype: DataType) -> object:
@@ -268,7 +280,9 @@ class ValueLowering:
     if TYPE_CHECKING:  # the kernel's state and loop nest, which ``KernelBuilder`` holds and builds
         code: CodeWriter
         target: str
-        evict_last: bool
+        l2: L2Hint
+        #: positions (in ``inputs``) of the widest inputs: what ``L2Hint.stream`` hints
+        streamed: frozenset[int]
         #: whether the kernel asserts on the device (an index's range): compiled in Triton's debug mode
         device_asserts: bool
         #: names of the inputs that hold an earlier launch's partial results per program
@@ -364,12 +378,15 @@ class ValueLowering:
             mask = self.code.assign("mask", f"({mask} & {inside}) != 0" if mask else f"{inside} != 0")
             if self.code.dims_of(inside) - dims:  # the address varies along fewer tile axes: widen it
                 offset = f"{offset} + {inside}.to(tl.int32) * 0"
-        # ``evict_last``: an H200 run of every kernels.py case with and without it on every load:
+        # ``L2Hint.keep``: an H200 run of every kernels.py case with and without it on every load:
         # rmsnorm 3966 -> 4126 GB/s, softmax 4011 -> 4158, transpose + add and the cast chain +1%,
         # the others within run-to-run noise (a hand-written rmsnorm kernel: 4005 -> 4142,
-        # ``evict_first`` 3828); those cases move 256 MiB and more. ``KernelBuilder.evict_last``:
-        # the inner persistent scheduler drops it below 256 MiB, where it cost 2-12 %.
-        hint = _EVICT_LAST if self.evict_last else ""
+        # ``evict_first`` 3828); those cases move 256 MiB and more. The inner persistent scheduler
+        # drops it below 256 MiB, where it cost 2-12 %. ``L2Hint.stream`` (plain reductions): an H200
+        # row sum written by hand in Inductor's shape, bf16 1024 x 32000, 21.9 us with ``evict_first``,
+        # 23.8-25.0 without a hint, 25.6-27.2 with ``evict_last``; float32 512 x 65536 38.4 / 41.6 / -.
+        hint = _EVICT_LAST if self.l2 is L2Hint.keep else \
+            _EVICT_FIRST if self.l2 is L2Hint.stream and position in self.streamed else ""
         load = f"tl.load(T{position} + {offset}, mask={mask}, other=0{hint})" if mask else \
             f"tl.load(T{position} + {offset}{hint})"
         return self.code.assign("v", _widened(load, tv.dtype), cse=False)
@@ -685,7 +702,7 @@ class ValueLowering:
         axes: set[int] = set()
         taken: dict[int, int] = {}
         for i in out.get_loop_domain():
-            if i.parallel_type is ParallelType.serial or i.parallel_type in GRID_TYPES:  # a loop or the program id
+            if i.parallel_type is ParallelType.serial or i.parallel_type in GRID_PARALLEL_TYPES:  # a loop or the program id
                 continue
             index = self.index_of_loop_id(i, taken)
             dims = self.code.dims.get(index) if index is not None else None

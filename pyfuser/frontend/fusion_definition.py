@@ -321,7 +321,7 @@ class FusionDefinition:
         if heuristic_params is None:
             return self._manual.run(_flatten(inputs))
         return self._manual.run(_flatten(inputs), heuristic_params.reference, heuristic_params.num_warps,
-                                heuristic_params.num_stages, heuristic_params.evict_last)
+                                heuristic_params.num_stages, heuristic_params.l2)
 
     def manual_validate(self, inputs: Sequence[Any], reference_outputs: Sequence[torch.Tensor] | None = None,
                         ) -> list[torch.Tensor]:

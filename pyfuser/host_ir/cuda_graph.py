@@ -157,13 +157,17 @@ def _warm_up(run: Run, inputs: list[Any], name: str) -> None:
         torch.cuda.set_sync_debug_mode(previous)
 
 
-def _end_failed_capture(device: torch.device, pool: Any) -> None:
+def _end_failed_capture(device: torch.device, pool: Any, stream: torch.cuda.Stream) -> None:
     """After a failed capture: a capture that torch cannot end (an invalidated stream capture) never
     runs its epilogue. The caching allocator still counts it as allocating into ``pool`` (the process
-    then aborts at exit, when the pool is destroyed: "captures_underway.empty()"), and ``device``'s
-    default generator stays marked as capturing, so every later random op of the process raises. The
-    pool's capture is ended here (a RuntimeError: torch had ended it), and an empty capture begins and
-    ends the generator's state once more."""
+    then aborts at exit, when the pool is destroyed: "captures_underway.empty()"), ``device``'s
+    default generator stays marked as capturing, so every later random op of the process raises, and
+    the capture's stream stays current (``torch.cuda.graph`` leaves it when ending the capture raises),
+    so the caller's later work would go there. The pool's capture is ended here (a RuntimeError: torch
+    had ended it), an empty capture begins and ends the generator's state once more, and ``stream``,
+    current before the capture, is current again."""
+    if torch.cuda.current_stream(device) != stream:
+        torch.cuda.set_stream(stream)
     if pool is not None:
         try:
             torch._C._cuda_endAllocateToPool(device.index, pool)
@@ -201,16 +205,17 @@ class CapturedGraph:
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm up: lazy initialization, kernel compilation, workspaces
             _warm_up(run, inputs, name)
-        torch.cuda.current_stream(device).wait_stream(side)
+        user = torch.cuda.current_stream(device)
+        user.wait_stream(side)
         try:
             with torch.cuda.graph(self.graph, pool=pool, capture_error_mode=capture_error_mode):
                 self.outputs: list[torch.Tensor | None] = list(run(list(inputs)))
                 self._sort_outputs(inputs, in_place, name, hands_out)
         except CaptureError:
-            _end_failed_capture(device, pool)
+            _end_failed_capture(device, pool, user)
             raise
         except RuntimeError as e:
-            _end_failed_capture(device, pool)
+            _end_failed_capture(device, pool, user)
             raise CaptureError(f"{name}: the program cannot be captured into a CUDA graph: {e}") from e
         # Inputs refreshed by one batched copy per dtype (torch's fast path takes one dtype at a time).
         groups: dict[torch.dtype, list[tuple[int, _StaticInput]]] = {}

@@ -417,6 +417,12 @@ class HostIrEvaluator:
         raise ValueError(f"no step was built for {node.to_string().strip().splitlines()[0]} among the program's "
                          "top-level nodes (a node of a block, or one that does nothing on this device)")
 
+    @property
+    def writes_straight_line(self) -> bool:
+        """Whether a binding's runs after its first are one generated function (a program of launches,
+        ATen calls and allocations on the caller's stream)."""
+        return self._straight is not None
+
     def straight_line(self, binding: object) -> StraightLineFunction | None:
         """The function runs under ``binding`` take after the first (None: they take the steps)."""
         straight = self._straight

@@ -63,6 +63,8 @@ class ParallelType(Enum):
 
 
 DEVICE_PARALLEL_TYPES = frozenset({ParallelType.mesh_x, ParallelType.mesh_y, ParallelType.mesh_z})
+#: The parallel types of a kernel's grid: one program per index (a loop across programs).
+GRID_PARALLEL_TYPES = frozenset({ParallelType.grid_x, ParallelType.grid_y, ParallelType.grid_z})
 
 
 class IterDomain:

@@ -10,7 +10,7 @@ pixels) is slow. Where the extents are symbolic, the executor decides it for the
 (``one_stage_var_means``) and keys its programs on the answer (``CompileOptions.one_stage_var_means``).
 Reduced axes that are together in memory need no stages: innermost, whole rows; outermost (channels-last
 statistics: N*H*W rows of C contiguous channels), an outer reduction split across programs (Welford's
-partial results per program, combined by a second launch: ``codegen/grid_reduction.py``), unless a
+partial results per program, combined by a second launch: ``scheduler/grid_reduction.py``), unless a
 normalization reads the results back (batch-norm's forward), which is not split: then H, W first gives
 the first stage N*C columns.
 

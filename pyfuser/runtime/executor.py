@@ -18,6 +18,7 @@ from pyfuser.codegen.launcher import compiling_ahead
 from pyfuser.comm.communicator import Communicator
 from pyfuser.host_ir.evaluator import HostIrEvaluator
 from pyfuser.host_ir.nodes import HostIrContainer, KernelSegment, LaunchKernel, PlainSegment
+from pyfuser.host_ir.specialization import SPECIALIZATION_LIMIT
 from pyfuser.host_ir.straight_line import StraightLineFunction
 from pyfuser.ir.analysis.sharding import Sharding, check_meshes_fit, is_multidevice, sharding_of
 from pyfuser.ir.base import FusionRuleError
@@ -58,6 +59,12 @@ class Program(Protocol):
         (None: runs under the binding take the program's steps)."""
         ...
 
+    @property
+    def writes_straight_line(self) -> bool:
+        """Whether a binding's runs become one generated function (no loops, streams, communications
+        or CUDA graphs: those keep the evaluator's steps)."""
+        ...
+
 
 @dataclass(slots=True)
 class BoundProgram:
@@ -95,6 +102,18 @@ class BoundProgram:
 SIGNATURE_CACHE_SIZE = 256
 
 
+@dataclass(slots=True)
+class _Compiled:
+    """What an input signature runs: its program, the device, the positions of 0-dim CPU tensors moved
+    there, and from its second call the program bound to the signature (``BoundProgram``: after one
+    recorded run, one generated function), or False where the signature's calls cannot bind."""
+
+    program: Program
+    device: torch.device
+    moved: tuple[int, ...]
+    bound: BoundProgram | Literal[False] | None = None
+
+
 class FusionExecutorCache:
     def __init__(self, fusion: Fusion, signature_cache_size: int = SIGNATURE_CACHE_SIZE) -> None:
         self.fusion = fusion
@@ -106,9 +125,11 @@ class FusionExecutorCache:
         self._signature_cache_size = signature_cache_size
         #: whether the program key has a size class (``one_stage_var_means``; set by ``_reset``)
         self._var_means = False
-        #: exact input signature -> (program, the device it runs on, positions of 0-dim CPU tensors moved
-        #: there)
-        self._by_signature: OrderedDict[tuple[Any, ...], tuple[Program, torch.device, tuple[int, ...]]] = OrderedDict()
+        #: exact input signature -> what it runs (``_Compiled``)
+        self._by_signature: OrderedDict[tuple[Any, ...], _Compiled] = OrderedDict()
+        #: signatures bound to each program (at most ``SPECIALIZATION_LIMIT``: more would make the program
+        #: forget its recordings, and calls cycling through many sizes would record on every call)
+        self._bindings: dict[int, int] = {}
         self._by_layout: dict[tuple[Any, ...], HostIrEvaluator] = {}
         #: (output position, input position) of outputs written in place into an input
         self._aliases: list[tuple[int, int]] = []
@@ -141,6 +162,7 @@ class FusionExecutorCache:
         self._var_means = any(isinstance(e, VarMeanOp) for e in self.fusion.exprs())
         self._by_signature.clear()
         self._by_layout.clear()
+        self._bindings.clear()
         inputs = self.fusion.inputs()
         self._aliases = []
         outputs = self.fusion.outputs()
@@ -177,13 +199,18 @@ class FusionExecutorCache:
             program, moved = self._compile_for(args, binder, resolved, enable_options, disable_options,
                                                comm_backend(backend))
             compile_ms = (time.perf_counter() - begun) * 1e3
-            entry = (program, resolved, moved)
+            entry = _Compiled(program, resolved, moved)
             by_signature[key] = entry
             if len(by_signature) > self._signature_cache_size:
                 by_signature.popitem(last=False)
         else:
             by_signature.move_to_end(key)
-        program, resolved, moved = entry
+            bound = entry.bound
+            if bound is None:
+                bound = self._bind(entry, sig, args)
+            if bound:
+                return self._run_bound(bound, entry.program, args, started)
+        program, resolved, moved = entry.program, entry.device, entry.moved
         given = args
         if moved:  # 0-dim CPU tensors beside tensors of another device: scalars, as torch reads them
             args = list(args)
@@ -208,6 +235,39 @@ class FusionExecutorCache:
                 torch._C._set_grad_enabled(True)
         if profiling.active():
             profiling.record(self.fusion, self.segments(), resolved, started, given, outputs, compile_ms)
+        return outputs
+
+    def _bind(self, entry: _Compiled, sig: tuple[Any, ...], args: Sequence[Any]) -> BoundProgram | Literal[False]:
+        """The signature's bound program, on its second call (the first may be its only one): for a
+        program whose bound runs become one generated function, called without input scalars (whose
+        values the signature does not hold), outputs written into inputs or CPU scalars moved; else
+        False, and the signature's calls keep the program's run."""
+        program = entry.program
+        bindings = self._bindings.get(id(program), 0)
+        if (self._has_scalars or self._aliases or entry.moved or not program.writes_straight_line
+                or bindings >= SPECIALIZATION_LIMIT):
+            entry.bound = False
+            return False
+        binder = self._binder
+        assert binder is not None  # set by _reset
+        self._bindings[id(program)] = bindings + 1
+        entry.bound = BoundProgram(program, binder.bind_signature(sig, args), entry.device)
+        return entry.bound
+
+    def _run_bound(self, bound: BoundProgram, program: Program, args: Sequence[Any], started: float) -> list[torch.Tensor]:
+        """``run`` of a bound signature: its generated function (or, on the binding's first run and on
+        another current device, the program's run under the binding), without autograd recording."""
+        self.last_program = program
+        grad = torch.is_grad_enabled()
+        if grad:
+            torch._C._set_grad_enabled(False)
+        try:
+            outputs = bound.run(args)
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
+        if started:
+            profiling.record(self.fusion, self.segments(), bound.device, started, args, outputs, 0.0)
         return outputs
 
     def is_compiled(self, args: Sequence[Any]) -> bool:
@@ -254,14 +314,17 @@ class FusionExecutorCache:
         entry = self._by_signature.get(key)
         if entry is None:
             return None
-        program, resolved, moved = entry
-        if moved:  # each call moves its CPU scalars: no binding
+        program, resolved = entry.program, entry.device
+        if entry.moved:  # each call moves its CPU scalars: no binding
             return None
         if self._has_scalars:
             if not binder.scalars_are_numbers(args):
                 return None
             return BoundProgram(program, binder.bind(binder.coerce(list(args))), resolved, coerce=binder.coerce)
-        return BoundProgram(program, binder.bind_signature(sig, args), resolved)
+        if not entry.bound:  # one binding per signature: the caller's calls and ``run``'s share it
+            self._bindings[id(program)] = self._bindings.get(id(program), 0) + 1
+            entry.bound = BoundProgram(program, binder.bind_signature(sig, args), resolved)
+        return entry.bound
 
     def _target(self, device: torch.device | str | int, args: Sequence[Any], binder: InputBinder) -> torch.device:
         """``device`` resolved; remembered when it names one device for good (an index, or the CPU):

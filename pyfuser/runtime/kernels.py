@@ -14,7 +14,7 @@ import torch
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence, compile_fusion
 from pyfuser.ir.analysis.allocation_order import allocation_perm
-from pyfuser.ir.analysis.stream_axes import expr_stream_axis, inherited_stream_axes
+from pyfuser.ir.analysis.stream_axes import expr_stream_axis, fusion_stream_axes
 from pyfuser.ir.domain_replay import is_permutation_of_logical, logical_order
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.layout import Layout
@@ -40,7 +40,7 @@ def compile_kernels(segmented: SegmentedFusion, options: CompileOptions,
     fusion = segmented.fusion
     written_by_kernel = {id(t) for g in segmented.groups if is_kernel(g.scheduler) for t in g.outputs}
     kernels: dict[int, CompiledKernel | KernelSequence | SizeDispatchedKernel] = {}
-    inherited = inherited_stream_axes(fusion.exprs())  # chunking propagated from stream-parallel inputs
+    inherited = fusion_stream_axes(fusion)  # chunking propagated from stream-parallel inputs
     for k, group in enumerate(segmented.groups):
         if is_kernel(group.scheduler):
             chunked = any(expr_stream_axis(e, inherited) is not None for e in group.exprs)
@@ -83,12 +83,11 @@ def compile_group(fusion: Fusion, group: SegmentedGroup, index: int, written_by_
         params = scheduling.heuristics(copy, bucket)
         dump(DumpOption.scheduler_params, lambda: f"Segment g{index} ({group.scheduler.name}):\n{params}")
         scheduling.schedule(copy, params)
-        reference = next(tv for tv in copy.tensors() if tv.name == params.reference)
-        kernel = compile_fusion(copy, name, target, layouts, reference, params.num_warps,
-                                finish=scheduling.finish(bucket), narrow_warps=params.narrow_warps,
+        kernel = compile_fusion(copy, scheduling.launches(copy, params, bucket), name, target, layouts,
+                                params.num_warps, narrow_warps=params.narrow_warps,
                                 loop_stages=params.num_stages, chunked=chunked,
                                 cooperative=DisableOption.cooperative_launch not in options.disabled,
-                                evict_last=params.evict_last)
+                                l2=params.l2)
         kernel.scheduled_ir = scheduled_ir(copy)  # after rfactor: the partial results are in it
         kernel.scheduler_params = params
         dump(DumpOption.scheduled_fusion, lambda: f"Scheduled segment g{index} ({group.scheduler.name}):\n"

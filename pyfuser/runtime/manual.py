@@ -17,6 +17,7 @@ import torch
 
 from pyfuser.codegen.compiled_kernel import CompiledKernel
 from pyfuser.codegen.kernel_sequence import KernelSequence, build_sources, compile_fusion
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.analysis.allocation_order import allocation_perm
 from pyfuser.ir.eval_context import EvalContext, NoPrograms
 from pyfuser.ir.fusion import Fusion
@@ -26,7 +27,7 @@ from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime import profiling
 from pyfuser.runtime.inputs import InputBinder
 from pyfuser.runtime.kernels import kernel_target
-from pyfuser.scheduler.kernel_scheduling import final_step
+from pyfuser.scheduler.kernel_scheduling import manual_launches
 from pyfuser.scheduler.registry import Machine
 from pyfuser.scheduler.tools import parallelize_like, transform_like
 
@@ -59,7 +60,7 @@ class ManualKernels:
         self.last_compile_ms = 0.0
 
     def compile(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4,
-                loop_stages: int = 0, evict_last: bool = True) -> CompiledKernel | KernelSequence:
+                loop_stages: int = 0, l2: L2Hint = L2Hint.keep) -> CompiledKernel | KernelSequence:
         """The kernel for ``args``' layout (compiled now unless it already is), without running it."""
         if self._version != self.fusion.version:
             self._kernels.clear()
@@ -73,12 +74,12 @@ class ManualKernels:
                       tuple(contiguity_of_strides(a.shape, a.stride(), memory_order(a.shape, a.stride()),
                                                   [s == 1 for s in a.shape])))
                      if isinstance(a, torch.Tensor) else type(a) for a in args), device.type, reference, num_warps, loop_stages,
-               evict_last)
+               l2)
         kernel = self._kernels.get(key)
         self.last_compile_ms = 0.0
         if kernel is None:
             begun = time.perf_counter()
-            kernel = self._kernels[key] = self._compile(args, device, reference, num_warps, loop_stages, evict_last)
+            kernel = self._kernels[key] = self._compile(args, device, reference, num_warps, loop_stages, l2)
             self.last_compile_ms = (time.perf_counter() - begun) * 1e3
         return kernel
 
@@ -87,10 +88,10 @@ class ManualKernels:
         return self._version == self.fusion.version and bool(self._kernels)
 
     def run(self, args: Sequence[Any], reference: int | None = None, num_warps: int = 4,
-            loop_stages: int = 0, evict_last: bool = True) -> list[torch.Tensor]:
+            loop_stages: int = 0, l2: L2Hint = L2Hint.keep) -> list[torch.Tensor]:
         started = time.perf_counter() if profiling.active() else 0.0
         args = list(args)
-        kernel = self.compile(args, reference, num_warps, loop_stages, evict_last)
+        kernel = self.compile(args, reference, num_warps, loop_stages, l2)
         binder = self._binder
         assert binder is not None
         device = _device_of(args)
@@ -110,7 +111,7 @@ class ManualKernels:
                              "fd.execute computes them for such sizes") from None
 
     def _compile(self, args: Sequence[Any], device: torch.device, reference: int | None,
-                 num_warps: int, loop_stages: int, evict_last: bool) -> CompiledKernel | KernelSequence:
+                 num_warps: int, loop_stages: int, l2: L2Hint) -> CompiledKernel | KernelSequence:
         layouts: dict[int, Layout] = {}
         for tv, a in zip(self.fusion.inputs(), args, strict=True):
             if isinstance(tv, TensorView):
@@ -121,10 +122,9 @@ class ManualKernels:
         copy, ref, layouts = _prepared(self.fusion, reference, layouts)
         # A schedule from a scheduler (its params name the reference) gets the scheduler's final step
         # for a grid reduction; a hand-written one keeps its own.
-        machine = Machine.of(device)
-        finish = final_step(machine) if reference is not None else None
-        return compile_fusion(copy, "manual_kernel", target, layouts, ref, num_warps, finish, loop_stages,
-                              evict_last=evict_last)
+        parts = manual_launches(copy, ref, Machine.of(device) if reference is not None else None)
+        return compile_fusion(copy, parts, "manual_kernel", target, layouts, num_warps, loop_stages,
+                              l2=l2)
 
 
 def _device_of(args: Sequence[Any]) -> torch.device:
@@ -158,4 +158,5 @@ def kernel_source(fusion: Fusion, target: str = "cuda", reference: int | None = 
     ``input_layouts``: what is known of the inputs' layouts (default: their declared allocation
     and contiguity)."""
     copy, ref, layouts = _prepared(fusion, reference, input_layouts)
-    return "\n".join(source.source for _, source in build_sources(copy, "manual_kernel", target, layouts, ref))
+    parts = manual_launches(copy, ref, None)
+    return "\n".join(source.source for _, source in build_sources(parts, "manual_kernel", target, layouts))

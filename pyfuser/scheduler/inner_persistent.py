@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
@@ -134,9 +135,10 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
         # The row is read again by the pass that writes the outputs: its lines should still be in L2
         # then, whatever the size (Inductor hints its looped normalizations' first reads so). On the
         # H200 no swept point moved by the hint alone (bf16 layer norm 1024 x 32000: 0.47x either way).
-        params = replace(params, evict_last=True)
+        params = replace(params, l2=L2Hint.keep)
     elif hints.kept is not None and hints.reduced is not None:
-        params = replace(params, evict_last=2 * hints.kept * hints.reduced * element_bytes(fusion) >= EVICT_LAST_MIN_BYTES)
+        kept = 2 * hints.kept * hints.reduced * element_bytes(fusion) >= EVICT_LAST_MIN_BYTES
+        params = replace(params, l2=L2Hint.keep if kept else L2Hint.none)
     return params
 
 

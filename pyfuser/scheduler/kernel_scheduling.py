@@ -1,8 +1,9 @@
 """What the runtime asks of the schedulers to compile a kernel segment, in one place: the params and
-schedule for the sizes it is compiled for, the final step of a grid reduction, and for a
-size-dependent scheduler the size bucket a launch's sizes fall in. Every one of these is a
-scheduling decision: the runtime applies them (it keeps a kernel per bucket and picks it at launch)
-and decides none.
+schedule for the sizes it is compiled for, the launches the scheduled segment runs (a grid reduction's
+partial and final steps, the final step scheduled here), and for a size-dependent scheduler the size
+bucket a launch's sizes fall in. Every one of these is a scheduling decision: the runtime applies them
+(it keeps a kernel per bucket and picks it at launch) and the code generator compiles the launches it
+is given; neither decides any.
 
 The bucket is the next power of two of the reduced extent and of the kept extent (the kept one
 capped: past it no heuristic changes), so a schedule is made for a bucket's sizes once and serves
@@ -16,12 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from pyfuser.codegen.grid_reduction import FinishStep
+from pyfuser.codegen.kernel_sequence import KernelPart
 from pyfuser.codegen.python_writer import define_function
 from pyfuser.codegen.triton_support import host_int_expr
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.symbolic import SymBinary, SymConst, SymExpr, SymVar
 from pyfuser.ir.tensor_view import TensorView
+from pyfuser.scheduler.grid_reduction import FinishStep, split_at_grid_reductions
 from pyfuser.scheduler.reduction import schedule_final_step
 from pyfuser.scheduler.reduction_analysis import analyze
 from pyfuser.scheduler.registry import FusionLike, KernelParams, Machine, Scheduler, SchedulerType, SizeHints
@@ -43,11 +45,18 @@ def size_bucket(reduced: int, kept: int) -> Bucket:
     return next_power_of_2(max(1, reduced)), min(next_power_of_2(max(1, kept)), KEPT_CAP)
 
 
-def final_step(machine: Machine, kept: int | None = None) -> FinishStep:
-    """How the code generator schedules a grid reduction's final step on ``machine``: the reduction
-    scheduler's rule, for a scheduler's schedule (``fd.execute``'s, and ``manual_execute`` given one);
-    ``kept``: the first launch's kept extent, which the final step's columns are sized by."""
+def _final_step(machine: Machine, kept: int | None = None) -> FinishStep:
+    """How a grid reduction's final step is scheduled on ``machine``: the reduction scheduler's rule, for a
+    scheduler's schedule (``fd.execute``'s, and ``manual_execute`` given one); ``kept``: the first launch's
+    kept extent, which the final step's columns are sized by."""
     return lambda fusion: schedule_final_step(fusion, machine, kept)
+
+
+def manual_launches(fusion: Fusion, reference: TensorView, machine: Machine | None) -> list[KernelPart]:
+    """The launches of a schedule applied by hand (``manual_execute``): a grid reduction's final step
+    scheduled by the reduction scheduler's rule on ``machine`` where a scheduler's params made the
+    schedule, else (None) the user's own, its reductions' grid axes turned into loops."""
+    return split_at_grid_reductions(fusion, reference, None if machine is None else _final_step(machine))
 
 
 @dataclass(frozen=True)
@@ -85,11 +94,13 @@ class KernelScheduling:
     def schedule(self, fusion: Fusion, params: KernelParams) -> None:
         self.scheduler.schedule(fusion, params)
 
-    def finish(self, bucket: Bucket | None) -> FinishStep:
-        """The schedule of a grid reduction's final step for a bucket's sizes, its column blocks sized by
-        the partial results' columns (``Scheduler.partial_columns``)."""
+    def launches(self, fusion: Fusion, params: KernelParams, bucket: Bucket | None) -> list[KernelPart]:
+        """The launches of ``fusion`` scheduled by ``params`` for a bucket's sizes: one, or a grid reduction's
+        partial and final steps, each final step scheduled for the partials' columns
+        (``Scheduler.partial_columns``)."""
+        reference = next(tv for tv in fusion.tensors() if tv.name == params.reference)
         columns = None if bucket is None else self.scheduler.partial_columns(SizeHints(*bucket, self.machine))
-        return final_step(self.machine, columns)
+        return split_at_grid_reductions(fusion, reference, _final_step(self.machine, columns))
 
 
 def _symbols(e: SymExpr) -> set[str]:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.analysis.id_graph import IdGraph
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
@@ -47,7 +48,7 @@ class PointwiseParams:
     #: no serial loops to pipeline; loads keep their lines in L2 (not fields: no schedule changes them)
     narrow_warps = 0
     num_stages = 0
-    evict_last = True
+    l2 = L2Hint.keep
 
     def __str__(self) -> str:
         shape = " x ".join(map(str, self.block))

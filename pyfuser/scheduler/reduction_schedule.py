@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.analysis.online_softmax import softmax_shift
 from pyfuser.ir.domain_replay import logical_ancestors
 from pyfuser.ir.dtypes import DataType
@@ -82,8 +83,8 @@ class ReductionParams:
     narrow_warps: int = 0
     #: software pipelining of the serial loops (Triton's ``num_stages``; 0: none)
     num_stages: int = 0
-    #: loads ask L2 to keep their lines (``eviction_policy='evict_last'``)
-    evict_last: bool = True
+    #: what the loads ask of L2 (``L2Hint``)
+    l2: L2Hint = L2Hint.keep
     #: a looped normalization's sums of ``exp(y - max(y))`` accumulate in their max's pass (an online
     #: softmax, ``mark_online_sums``): the row is read once for both
     online: bool = True
@@ -109,7 +110,7 @@ class ReductionParams:
             fields["outer"] += f", programs per column block: {self.split} (grid reduction)"
         return (f"===== Reduction Parameters ========\nscheduler: {self.scheduler_type.name}\nreference: "
                 f"T{self.reference}\nshape: {self.shape}\n{fields[self.shape]}\nnum_warps: {self.num_warps}\n"
-                f"num_stages: {self.num_stages}\nevict_last: {self.evict_last}\n"
+                f"num_stages: {self.num_stages}\nl2: {self.l2.value}\n"
                 "====================================\n")
 
 
@@ -234,7 +235,9 @@ class InnerHeuristic:
     ``min_steps`` steps) where the rows give fewer than ``waves`` programs per SM. ``loop_warps``: the
     loop's warps (0: about 32 elements per thread). ``max_tile`` 16384: the best of a sweep on one H100,
     amax bf16 4097 x 11008 one tile 2115 GB/s against 1854 looped in steps of 2048 (``max_tile`` 4096)
-    and 2061 in steps of 8192 (``benchmarks/results/kernels_notes.md``)."""
+    and 2061 in steps of 8192 (``benchmarks/results/kernels_notes.md``). ``l2``: the loads of the rows,
+    read once, go first from L2 (``L2Hint.stream``, Inductor's ``evict_first`` in its looped reductions;
+    what the knobs of steps and warps were not: ``codegen/values.py`` ``load``)."""
 
     max_tile: int = 16384
     rows_tile: int = ROWS_TILE
@@ -244,6 +247,7 @@ class InnerHeuristic:
     max_waste: float = 0.25
     min_steps: int = 4
     loop_warps: int = 0
+    l2: L2Hint = L2Hint.stream
 
 
 _Heuristic = TypeVar("_Heuristic")
@@ -282,7 +286,8 @@ def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, 
         if kept is not None:
             while rows > 1 and -(-kept // rows) < h.waves * m.sm_count:
                 rows //= 2
-        return ReductionParams(kind, ref.name, "tile", rows=rows, num_warps=warps_for(rows * width))
+        return ReductionParams(kind, ref.name, "tile", rows=rows, num_warps=warps_for(rows * width),
+                               l2=h.l2)
     longest = step = h.loop_step or m.loop_tile * LOOP_STEP_TILES
     if reduced is not None:
         # a row of the bucket (next_power_of_2(reduced) / 2, next_power_of_2(reduced)] wastes less than
@@ -294,8 +299,9 @@ def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, 
         # do not make rows split sooner)
         split = min(-(-h.waves * m.sm_count // max(kept, 1)), max(1, reduced // (h.min_steps * longest)))
         if split >= 2:
-            return ReductionParams(kind, ref.name, "split", tile=step, split=split, num_warps=warps)
-    return ReductionParams(kind, ref.name, "loop", tile=step, num_warps=warps)
+            return ReductionParams(kind, ref.name, "split", tile=step, split=split, num_warps=warps,
+                                   l2=h.l2)
+    return ReductionParams(kind, ref.name, "loop", tile=step, num_warps=warps, l2=h.l2)
 
 
 #: The narrowest column block of an outer reduction (elements of the kept axis per program).
@@ -369,8 +375,9 @@ class OuterHeuristic:
     The final step of a split reads the programs' partial results (few rows, all in one tile where
     they fit) in column blocks narrowed down to ``final_min_columns`` until there are ``final_waves``
     programs per SM: its data is small and mostly in L2, and a var_mean's combine (float64) is
-    latency-bound, so programs matter more than whole lines there. ``evict_last``: the loads of the
-    split's first step ask L2 to keep their lines."""
+    latency-bound, so programs matter more than whole lines there. ``l2``: what a normalization's loads
+    ask of L2 (kept: its rows are read again); ``reduction_l2``: a plain reduction's (its input streamed
+    through once: ``L2Hint.stream``, as ``InnerHeuristic.l2``)."""
 
     column_bytes: int = 512
     step_bytes: int = ROWS_TILE * 4
@@ -391,7 +398,8 @@ class OuterHeuristic:
     narrowed_step_bytes: int = 16384
     final_waves: int = 1
     final_min_columns: int = 4
-    evict_last: bool = True
+    l2: L2Hint = L2Hint.keep
+    reduction_l2: L2Hint = L2Hint.stream
 
 
 #: The heuristic ``outer_params`` reads (replaced only by ``outer_heuristic``).
@@ -416,6 +424,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     # A plain reduction's split (its partial results combined once) takes more programs than a
     # normalization's, whose final launch reads each program's share of the rows again.
     plain = scheduler_type is SchedulerType.reduction and not welford
+    l2 = h.reduction_l2 if scheduler_type is SchedulerType.reduction else h.l2
     split_target = h.split_waves * m.sm_count if plain else target
     narrowed_few = False  # narrowed to give every SM a program, fewer than two an SM
     if kept is not None and not splittable:
@@ -440,7 +449,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
         whole = kept is not None and -(-kept // inner) >= m.sm_count
     if whole and reduced is not None:
         tile = next_power_of_2(max(reduced, 1)) * inner
-        return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile))
+        return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile), l2=l2)
     step = h.reduction_step_bytes if plain else h.step_bytes
     min_steps = h.min_steps
     if welford:
@@ -475,7 +484,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     if welford:
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
                                num_warps=max(1, min(8, rows * inner // (32 * h.welford_elements))),
-                               num_stages=h.stages, evict_last=h.evict_last)
+                               num_stages=h.stages, l2=l2)
     warps = warps_for(rows * inner)
     if plain and narrowed_few and h.narrowed_step_bytes:
         cap = next_power_of_2(reduced) if reduced is not None else rows
@@ -483,7 +492,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     narrow = max(1, min(8, rows * inner // (32 * h.narrow_elements))) if plain and h.narrow_elements else 0
     return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
                            num_warps=warps, narrow_warps=max(narrow, warps) if narrow else 0,
-                           num_stages=h.stages, evict_last=h.evict_last)
+                           num_stages=h.stages, l2=l2)
 
 
 def final_params(ref: TensorView, reduced: int | None, kept: int | None, machine: Machine,

@@ -22,6 +22,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.base import Expr, Val
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.tensor_view import TensorView
@@ -160,8 +161,7 @@ class SchedulerParams(Protocol):
 class KernelParams(SchedulerParams, Protocol):
     """What the code generator reads of a kernel scheduler's params: the tensor whose loop nest the
     kernel runs, warps per program (and in the variants whose rows load narrower than 16 bytes, 0: the
-    same), software-pipelining stages of its serial loops (0: none) and
-    whether loads ask L2 to keep their lines."""
+    same), software-pipelining stages of its serial loops (0: none) and what its loads ask of L2."""
 
     @property
     def reference(self) -> int: ...
@@ -176,7 +176,7 @@ class KernelParams(SchedulerParams, Protocol):
     def num_stages(self) -> int: ...
 
     @property
-    def evict_last(self) -> bool: ...
+    def l2(self) -> L2Hint: ...
 
 
 @dataclass(frozen=True)
@@ -204,5 +204,5 @@ class Scheduler:
         params = self.compute_heuristics(fusion, inputs)
         if not self.is_kernel or not isinstance(params, KernelParams):
             raise TypeError(f"the {self.type.name} scheduler makes no kernel: its {type(params).__name__} lacks "
-                            "a kernel's reference, num_warps, num_stages and evict_last")
+                            "a kernel's reference, num_warps, num_stages and l2")
         return params

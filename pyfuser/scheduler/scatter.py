@@ -30,6 +30,7 @@ import torch
 
 from pyfuser.codegen.scatter import scatter_op
 from pyfuser.codegen.support import unsupported_in_pointwise_kernel
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.dtypes import DataType
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
@@ -59,7 +60,7 @@ class ScatterParams:
     #: no serial loops; each value is read once and the output's lines are written by atomics
     narrow_warps = 0
     num_stages = 0
-    evict_last = False
+    l2 = L2Hint.none
 
     def __str__(self) -> str:
         init = f"T{self.init_reference}" if self.init_reference >= 0 else "copied from the segment input"

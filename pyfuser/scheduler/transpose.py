@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.analysis.resize import RESIZE_OPS
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.iter_domain import ParallelType
@@ -40,7 +41,7 @@ class TransposeParams:
     #: no serial loops to pipeline; loads keep their lines in L2 (not fields: no schedule changes them)
     narrow_warps = 0
     num_stages = 0
-    evict_last = True
+    l2 = L2Hint.keep
 
     def __str__(self) -> str:
         return (f"===== Transpose Parameters ========\nreference: T{self.reference}\n"

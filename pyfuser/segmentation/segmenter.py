@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pyfuser.ir.analysis.reshape import is_view_of
 from pyfuser.ir.analysis.sharding import is_resharding, regroups_a_shard
-from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, inherited_stream_axes, producer_id
+from pyfuser.ir.analysis.stream_axes import StreamAxis, expr_stream_axis, fusion_stream_axes, producer_id
 from pyfuser.ir.base import Expr
 from pyfuser.ir.domain_replay import logical_order
 from pyfuser.ir.fusion import Fusion
@@ -53,7 +53,7 @@ class _Segmenter:
         self.group_of: dict[int, SegmentedGroup] = {}
         # Each expr's chunking as stream lowering will see it: its own, or propagated from a stream-
         # parallel input through consumers without a schedule of their own.
-        inherited = inherited_stream_axes(self.exprs)
+        inherited = fusion_stream_axes(fusion)
         self.stream: dict[int, StreamAxis | None] = {id(e): expr_stream_axis(e, inherited) for e in self.exprs}
         self.fixed: set[int] = set()  # groups that never merge (communications, segment_set)
         #: The kernel scheduler that takes each set of exprs tried (None: none does), by the exprs' ids

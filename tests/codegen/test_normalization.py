@@ -14,8 +14,10 @@ import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition, schedule
 from pyfuser.codegen.kernel_sequence import build_sources
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.layout import Layout
 from pyfuser.scheduler import inner_outer_persistent, inner_persistent, outer_persistent, reduction
+from pyfuser.scheduler.grid_reduction import split_at_grid_reductions
 from pyfuser.scheduler.kernel_scheduling import KernelScheduling
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from pyfuser.utils import next_power_of_2
@@ -505,7 +507,7 @@ def test_partials_of_a_split_normalization_are_laid_out_programs_outermost(dtype
     fusion = fd.fusion.clone()  # the launches are cut from a copy: manual_execute compiles the definition's
     reference = next(t for t in fusion.tensors() if t.name == params.reference)
     layouts = {t.name: Layout.dense([1, 0], [False, False]) for t in (*fusion.inputs(), *fusion.outputs())}
-    launches = build_sources(fusion, "k", "cpu", layouts, reference)
+    launches = build_sources(split_at_grid_reductions(fusion, reference), "k", "cpu", layouts)
     assert len(launches) == 3  # the partial maxima; the partial sums; the output
     for part, source in launches[:2]:
         (partial,) = part.fusion.outputs()
@@ -696,7 +698,7 @@ def _centered_rows(fd: FusionDefinition, x: Any) -> None:
 
 
 def test_loads_carry_the_l2_hint_only_when_the_rows_outgrow_it(device: str) -> None:
-    """``evict_last`` on loads costs short tensors (their rows and results fit in L2) and pays on
+    """``L2Hint.keep`` (``evict_last``) on loads costs short tensors (their rows and results fit in L2) and pays on
     long ones: the inner persistent scheduler sets it from the bytes a read and a write of the rows
     move; the kernel's loads follow the parameter, and the results do not depend on it."""
     with FusionDefinition() as fd:
@@ -704,12 +706,12 @@ def test_loads_carry_the_l2_hint_only_when_the_rows_outgrow_it(device: str) -> N
     machine = Machine(132, 16384, 2048)
     for rows, hinted in ((8192, False), (65536, True), (131072, True)):  # 32, 256 and 512 MiB moved
         hints = SizeHints(reduced=1024, kept=rows, machine=machine)
-        assert inner_persistent.compute_heuristics(fd.fusion, hints).evict_last is hinted, rows
+        assert (inner_persistent.compute_heuristics(fd.fusion, hints).l2 is L2Hint.keep) is hinted, rows
     data = torch.randn(6, 40, device=device, dtype=torch.bfloat16)
     ref = (data.float() - data.float().sum(1, keepdim=True)).bfloat16()
     for hinted in (False, True):
         params = dataclasses.replace(schedule.compute_heuristics(fd.fusion, SchedulerType.inner_persistent, [data]),
-                                     evict_last=hinted)
+                                     l2=L2Hint.keep if hinted else L2Hint.none)
         with FusionDefinition() as run:
             _centered_rows(run, run.from_pytorch(data))
             schedule.schedule(run.fusion, SchedulerType.inner_persistent, params)

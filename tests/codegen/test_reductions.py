@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition, schedule
+from pyfuser.codegen.values import L2Hint
 from pyfuser.scheduler import reduction
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from tests.codegen.conftest import kernel_schedulers, kernel_segments
@@ -215,3 +216,53 @@ def test_pipelined_reduction_loops(shape: tuple[int, int], params: dict[str, obj
         code = fd.last_kernel_code()
         # 3 stages (but for rows loaded 4 bytes at a time), and no branch in a kernel body
         assert re.search(r"num_stages=\(?3\b", code) and not re.search(r"\n {8,}if ", code), code
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+def test_a_plain_reductions_streamed_input_leaves_l2_first(axis: int, device: str, run_kernels,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain reduction of a large input reads it once: its loads ask L2 to evict those lines first
+    (``L2Hint.stream``, ``evict_first``), for rows innermost and outermost in memory, in one tile and in a
+    loop; a narrower input broadcast into the rows (read by many programs) takes no hint; a normalization's
+    reads (its rows read again) keep their lines. The values are torch's either way. (The threshold is
+    lowered to these tensors' sizes: the rule by size is the next test's.)"""
+    monkeypatch.setattr(reduction, "STREAM_MIN_BYTES", 0)
+    for rows, columns in ((33, 40), (5, 3000)):
+        x = torch.randn(rows, columns, device=device)
+        w = torch.randn(columns if axis == 1 else rows, device=device)
+        with FusionDefinition() as fd:
+            tx, tw = fd.from_pytorch(x), fd.from_pytorch(w)
+            scale = fd.ops.broadcast(tw, [True, False] if axis == 1 else [False, True])
+            fd.add_output(fd.ops.sum(fd.ops.mul(tx, scale), [axis]))
+        (out,) = run_kernels(fd, [x, w])
+        want = (x * (w[None, :] if axis == 1 else w[:, None])).sum(axis)
+        torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+        code = fd.last_kernel_code()
+        # per load: the loop-nest indices its offset reads (x: two, w: one) and whether it is hinted
+        hinted = sorted((len(set(re.findall(r"\b(?:ix|r|pid)\d+\b", m.group(1)))), "'evict_first'" in m.group(0))
+                        for m in re.finditer(r"tl\.load\(T\d \+ ([^,]*),[^\n]*", code))
+        assert hinted == [(1, False), (2, True)], (rows, columns, code)
+        assert "evict_last" not in code
+    with FusionDefinition() as norm:
+        t = norm.from_pytorch(x)
+        norm.add_output(norm.ops.sub(t, norm.ops.broadcast(norm.ops.sum(t, [1]), [False, True])))
+    (centered,) = run_kernels(norm, [x])
+    torch.testing.assert_close(centered, x - x.sum(1, keepdim=True), atol=1e-4, rtol=1e-4)
+    assert "evict_first" not in norm.last_kernel_code()
+
+
+@pytest.mark.parametrize("inner", [True, False])
+def test_plain_reductions_stream_from_32_mib(inner: bool) -> None:
+    """The size rule of the L2 hint (``reduction.STREAM_MIN_BYTES``): a size bucket of 32 MiB and more
+    streams, a smaller one keeps its lines (bf16 and float32: bytes, not elements)."""
+    h200 = Machine(132, 16384, 2048)
+    for dtype, rows, columns, stream in ((DataType.BFloat16, 1024, 32000, True), (DataType.BFloat16, 127, 32000, False),
+                                         (DataType.Float, 4096, 2048, True), (DataType.Float, 2048, 2048, False)):
+        with FusionDefinition() as fd:
+            x = fd.define_tensor([-1, -1], dtype=dtype)
+            fd.add_output(fd.ops.sum(fd.ops.cast(x, DataType.Float), [1 if inner else 0]))
+        reduced, kept = (columns, rows) if inner else (rows, columns)
+        hints = SizeHints(reduced=1 << (reduced - 1).bit_length(), kept=1 << (kept - 1).bit_length(), machine=h200)
+        params = reduction.compute_heuristics(fd.fusion, hints)
+        assert (params.l2 is L2Hint.stream) is stream, (dtype, rows, columns, params)
+        assert params.l2 in (L2Hint.stream, L2Hint.keep)

@@ -14,6 +14,7 @@ import torch
 
 from pyfuser import DataType, FusionDefinition, ParallelType, schedule
 from pyfuser.codegen.kernel_source import KernelError
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.ops.rfactor import WelfordCombineOp, WelfordPartialOp, rfactor_var_mean
 from pyfuser.schedule import SchedulerType
 from pyfuser.scheduler import inner_persistent, reduction
@@ -197,7 +198,7 @@ def test_layer_norms_split_only_for_fewer_rows_than_half_the_sms(rows: int, shap
     h200 = Machine(132, 16384, 2048)
     params = inner_persistent.compute_heuristics(_layer_norm_fusion(262144).fusion, SizeHints(262144, rows, h200))
     assert params.shape == shape, params
-    assert params.evict_last  # the row is read again by the normalizing pass: kept in L2 at any size
+    assert params.l2 is L2Hint.keep  # the row is read again by the normalizing pass: kept in L2 at any size
 
 
 def test_an_outer_var_mean_of_few_rows_takes_them_in_one_tile() -> None:

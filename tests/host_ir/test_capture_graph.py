@@ -2,7 +2,7 @@
 program's nodes in one block that prints around them, what the block reads and hands on, the pass
 leaving a CPU program as it is (with a warning) and marking a multi-device one's block collective, and the evaluator
 reading the outputs' memory through the block. Capture and replay themselves need a GPU
-(``tests/runtime/test_cuda_graph.py``)."""
+(``tests/host_ir/test_cuda_graph.py``)."""
 
 from __future__ import annotations
 

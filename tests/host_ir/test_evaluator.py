@@ -139,6 +139,7 @@ def test_cuda_iterations_run_on_worker_streams(tmp_path):
 def test_cuda_stream_pool_reused_and_user_stream_restored():
     fd = _stream_matmul(3)
     a, b = torch.randn(9, 4, device="cuda"), torch.randn(4, 5, device="cuda")
+    user = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         (out,) = fd.execute([a, b])
@@ -149,7 +150,7 @@ def test_cuda_stream_pool_reused_and_user_stream_restored():
     bad = torch.randn(9, 7, device="cuda")
     with pytest.raises((ValueError, RuntimeError)):
         fd.execute([a, bad])
-    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    assert torch.cuda.current_stream() == user
 
 
 class _DoubleOp(DoublingOp):

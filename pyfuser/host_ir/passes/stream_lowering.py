@@ -24,7 +24,7 @@ from pyfuser.ir.analysis.sharding import sharding_of
 from pyfuser.ir.analysis.stream_axes import (
     StreamAxis,
     expr_stream_axis,
-    inherited_stream_axes,
+    fusion_stream_axes,
     operand_id,
     stream_axis_of,
     tensor_operands,
@@ -79,7 +79,7 @@ class _StreamLowering:
         self.result: list[HostNode] = []
         self.loop: _OpenLoop | None = None
         #: chunkings propagated from stream-parallel inputs through consumers without a schedule
-        self.inherited = inherited_stream_axes(fusion.exprs())
+        self.inherited = fusion_stream_axes(fusion)
 
     def run(self) -> None:
         joined_last = False

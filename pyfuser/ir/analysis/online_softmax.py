@@ -34,9 +34,10 @@ _SAME_VALUE_OPS = (UnaryOp, BinaryOp, TernaryOp, BroadcastOp, ExpandOp, LoadStor
 _EXACT = (DataType.Float, DataType.Double)
 
 
-def _defined_by(val: Val, kind: type, op: object) -> bool:
+def _defined_by(val: Val, op: UnaryOpType | BinaryOpType) -> bool:
+    """Whether ``val`` is a tensor computed by the unary or binary op ``op``."""
     d = val.definition
-    return isinstance(val, TensorView) and isinstance(d, kind) and getattr(d, "kind", None) is op
+    return isinstance(val, TensorView) and isinstance(d, UnaryOp | BinaryOp) and d.kind is op
 
 
 def same_value(a: Val, b: Val) -> bool:
@@ -49,7 +50,8 @@ def same_value(a: Val, b: Val) -> bool:
     if (not isinstance(a, TensorView) or not isinstance(b, TensorView) or da is None or db is None
             or type(da) is not type(db) or not isinstance(da, _SAME_VALUE_OPS) or a.dtype is not b.dtype
             or len(a.get_logical_domain()) != len(b.get_logical_domain())
-            or getattr(da, "number_like", None) != getattr(db, "number_like", None)):
+            or (isinstance(da, BinaryOp | TernaryOp) and isinstance(db, BinaryOp | TernaryOp)
+                and da.number_like != db.number_like)):
         return False
     ca, cb = da.python_call(), db.python_call()
     if ca.op != cb.op or ca.kwargs != cb.kwargs or len(ca.args) != len(cb.args) or len(da.inputs) != len(db.inputs):
@@ -66,11 +68,11 @@ def softmax_shift(expr: ReductionOp) -> ReductionOp | None:
     if expr.kind not in (ReductionOpType.sum, ReductionOpType.mean):
         return None
     e = expr.inputs[0]
-    if not _defined_by(e, UnaryOp, UnaryOpType.exp):
+    if not _defined_by(e, UnaryOpType.exp):
         return None
     assert isinstance(e, TensorView) and e.definition is not None
     d = e.definition.inputs[0]
-    if not _defined_by(d, BinaryOp, BinaryOpType.sub):
+    if not _defined_by(d, BinaryOpType.sub):
         return None
     assert isinstance(d, TensorView) and d.definition is not None
     sub = d.definition

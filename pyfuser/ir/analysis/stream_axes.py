@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 from pyfuser.ir.analysis.fused_exprs import FusedExprs
 from pyfuser.ir.analysis.sharding import is_resharding
@@ -219,6 +220,20 @@ def inherited_stream_axes(exprs: Sequence[Expr]) -> dict[int, StreamAxis]:
         if axis is not None and stream_axis_of(outputs[0]) is None:
             inherited[id(outputs[0])] = axis
     return inherited
+
+
+#: each fusion's ``inherited_stream_axes``, with the fusion's version it was computed at
+_BY_FUSION: WeakKeyDictionary[Fusion, tuple[int, dict[int, StreamAxis]]] = WeakKeyDictionary()
+
+
+def fusion_stream_axes(fusion: Fusion) -> Mapping[int, StreamAxis]:
+    """``inherited_stream_axes`` of ``fusion``'s exprs, computed once per version of the fusion: the
+    segmenter (which exprs a segment may join), the kernel stage (which kernels run on chunks) and
+    stream lowering (which nodes a loop takes) read the same propagation."""
+    cached = _BY_FUSION.get(fusion)
+    if cached is None or cached[0] != fusion.version:
+        cached = _BY_FUSION[fusion] = (fusion.version, inherited_stream_axes(fusion.exprs()))
+    return cached[1]
 
 
 def _on_first_output(expr: Expr | FusedExprs, axis: StreamAxis) -> StreamAxis:

@@ -134,9 +134,8 @@ class WelfordCombineOp(VarMeanOp):
         self.axes = tuple(sorted(axes))
         self.correction = correction
 
-    def evaluate(self, ctx: EvalContext, avg: torch.Tensor, m2: torch.Tensor,  # type: ignore[override]
-                 n: torch.Tensor) -> list[Any]:
-        avg, m2, n = avg.double(), m2.double(), n.double()
+    def evaluate(self, ctx: EvalContext, *partials: torch.Tensor) -> list[Any]:
+        avg, m2, n = (p.double() for p in partials)  # three inputs where a var_mean has one
         total = n.sum(self.axes, keepdim=True)
         mean = (avg * n).sum(self.axes, keepdim=True) / total
         deviations = (m2 + n * (avg - torch.where(total > 0, mean, 0.0)).square()).sum(self.axes)

@@ -1,15 +1,18 @@
-"""Grid reductions: a reduction whose reduction axis is parallelized across programs.
+"""Grid reductions: a reduction whose reduction axis is parallelized across programs, split into the
+launches that compute it. Which launches a scheduled segment runs is a scheduling decision, made here
+before the code generator sees the segment: it compiles the parts it is handed, in launch order.
 
 A grid reduction is two kernels: the first computes each program's partial result into a global
 buffer, the second finishes the reduction over the programs' partials, in program order
 (deterministic), together with everything downstream of it. They run as two launches, or, where the
 device holds every program of the first at once, as one cooperative launch with a grid
-synchronization between them (``cooperative.py``; nvFuser's grid sync).
+synchronization between them (``codegen/cooperative.py``; nvFuser's grid sync).
 
 The partial is the reduction's producer: when the reduction also reduces axes that are not on the
 grid, those are factored out first (``rfactor``), so each program reduces them itself. In the
-finishing launch the grid axes of the reduction are loops. Both launches are ordinary kernels of
-the code generator; ``split_at_grid_reductions`` returns their fusions in launch order.
+finishing launch the grid axes of the reduction are loops, scheduled afresh by the reduction
+scheduler's rule (``FinishStep``) or, for a schedule written by hand, the user's.
+``split_at_grid_reductions`` returns the launches' fusions in launch order.
 
 A var_mean splits into Welford's partial results (each program's mean, sum of squared deviations and
 count: ``rfactor_var_mean``), which the final launch combines (Chan's combine, in float64).
@@ -20,25 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from pyfuser.codegen.kernel_sequence import KernelPart
 from pyfuser.codegen.kernel_source import KernelError
 from pyfuser.ir.base import Val
 from pyfuser.ir.fusion import Fusion
+from pyfuser.ir.iter_domain import GRID_PARALLEL_TYPES as GRID_TYPES
 from pyfuser.ir.iter_domain import ParallelType
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
 from pyfuser.ir.ops.rfactor import WelfordCombineOp, rfactor_var_mean
 from pyfuser.ir.tensor_view import MemoryType, TensorView
-
-GRID_TYPES = frozenset({ParallelType.grid_x, ParallelType.grid_y, ParallelType.grid_z})
-
-
-@dataclass
-class KernelPart:
-    """One launch of a split kernel: its fusion, the tensor whose loop nest it runs and its warps per
-    program (0: the segment's, which its first launch was scheduled for)."""
-
-    fusion: Fusion
-    reference: TensorView
-    num_warps: int = 0
 
 
 @dataclass(frozen=True)

@@ -490,8 +490,8 @@ def test_stream_loop_over_an_empty_input_under_cuda_graphs() -> None:
 @cuda
 def test_a_capture_that_fails_midway_leaves_random_numbers_and_the_allocator_working() -> None:
     """A program that synchronizes inside the capture (past the warm-up's check) invalidates it: the
-    capture is refused, and torch's CUDA generator is not left capturing (every later random op of
-    the process raised "Offset increment outside graph capture")."""
+    capture is refused, torch's CUDA generator is not left capturing (every later random op of the
+    process raised "Offset increment outside graph capture"), and the caller's stream is current again."""
     calls: list[int] = []
 
     def syncs_when_captured(args: list[object]) -> list[object]:
@@ -505,9 +505,12 @@ def test_a_capture_that_fails_midway_leaves_random_numbers_and_the_allocator_wor
 
     x = torch.randn(8, device="cuda")
     pool = torch.cuda.graph_pool_handle()
+    user = torch.cuda.current_stream()
     with pytest.raises(CaptureError, match="cannot be captured"):
         CapturedGraph(syncs_when_captured, [x], frozenset(), pool, "the program")
     assert torch.randn(4, device="cuda").shape == (4,)
+    # nor is the capture's stream left current (torch's graph context skips restoring it when ending fails)
+    assert torch.cuda.current_stream() == user
     # nor is the allocator left allocating into the graph's pool (the process aborted at exit)
     with pytest.raises(RuntimeError, match="not currently recording"):
         torch._C._cuda_endAllocateToPool(x.device.index, pool)
