@@ -224,7 +224,7 @@ def _variants(scheduler: SchedulerType, params: Any, shape: Sequence[int]) -> li
         loops = [dataclasses.replace(params, shape="loop", tile=t, num_warps=w, online=online, num_stages=0)
                  for t in (1024, 2048, 4096, 8192) for w in (4, 8, 16) for online in (True, False)
                  if w != 4 or (online and t in (2048, 4096))]
-        # at the default step and warps: the L2 hint flipped (``inner_persistent.EVICT_LAST_MIN_BYTES``),
+        # at the default step and warps: the L2 hint flipped (``L2Hint``),
         # and the loops software-pipelined (more loads in flight per program)
         loops += [dataclasses.replace(loops[0], tile=params.tile, num_warps=params.num_warps, online=online,
                                       l2=L2Hint.none if params.l2 is L2Hint.keep else L2Hint.keep)

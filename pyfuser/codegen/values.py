@@ -381,8 +381,8 @@ class ValueLowering:
         # ``L2Hint.keep``: an H200 run of every kernels.py case with and without it on every load:
         # rmsnorm 3966 -> 4126 GB/s, softmax 4011 -> 4158, transpose + add and the cast chain +1%,
         # the others within run-to-run noise (a hand-written rmsnorm kernel: 4005 -> 4142,
-        # ``evict_first`` 3828); those cases move 256 MiB and more. The inner persistent scheduler
-        # drops it below 256 MiB, where it cost 2-12 %. ``L2Hint.stream`` (plain reductions): an H200
+        # ``evict_first`` 3828); those cases move 256 MiB and more; smaller rows on chip gain too
+        # (``inner_persistent.compute_heuristics``). ``L2Hint.stream`` (plain reductions): an H200
         # row sum written by hand in Inductor's shape, bf16 1024 x 32000, 21.9 us with ``evict_first``,
         # 23.8-25.0 without a hint, 25.6-27.2 with ``evict_last``; float32 512 x 65536 38.4 / 41.6 / -.
         hint = _EVICT_LAST if self.l2 is L2Hint.keep else \

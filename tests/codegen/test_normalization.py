@@ -697,16 +697,16 @@ def _centered_rows(fd: FusionDefinition, x: Any) -> None:
     fd.add_output(fd.ops.cast(fd.ops.sub(xf, fd.ops.sum(xf, [1], keepdim=True)), DataType.BFloat16))
 
 
-def test_loads_carry_the_l2_hint_only_when_the_rows_outgrow_it(device: str) -> None:
-    """``L2Hint.keep`` (``evict_last``) on loads costs short tensors (their rows and results fit in L2) and pays on
-    long ones: the inner persistent scheduler sets it from the bytes a read and a write of the rows
-    move; the kernel's loads follow the parameter, and the results do not depend on it."""
+def test_normalizations_keep_their_rows_in_l2_and_the_kernel_follows_the_hint(device: str) -> None:
+    """The inner persistent scheduler keeps its rows' lines in L2 (``L2Hint.keep``, ``evict_last``) at
+    every size, rows on chip (2 to 512 MiB moved) and looped; the kernel's loads follow the parameter,
+    and the results do not depend on it."""
     with FusionDefinition() as fd:
         _centered_rows(fd, fd.define_tensor([-1, -1], dtype=DataType.BFloat16))
     machine = Machine(132, 16384, 2048)
-    for rows, hinted in ((8192, False), (65536, True), (131072, True)):  # 32, 256 and 512 MiB moved
-        hints = SizeHints(reduced=1024, kept=rows, machine=machine)
-        assert (inner_persistent.compute_heuristics(fd.fusion, hints).l2 is L2Hint.keep) is hinted, rows
+    for rows, reduced in ((1024, 1024), (8192, 1024), (131072, 1024), (64, 262144)):
+        hints = SizeHints(reduced=reduced, kept=rows, machine=machine)
+        assert inner_persistent.compute_heuristics(fd.fusion, hints).l2 is L2Hint.keep, (rows, reduced)
     data = torch.randn(6, 40, device=device, dtype=torch.bfloat16)
     ref = (data.float() - data.float().sum(1, keepdim=True)).bfloat16()
     for hinted in (False, True):
