@@ -140,7 +140,7 @@ class KernelBuilder(ValueLowering):
         #: the launch reads on the host and passes by value, as torch treats it beside CUDA tensors
         self.inputs = [v for v in fusion.inputs() if isinstance(v, TensorView) and not v.is_cpu]
         self.outputs = [v for v in fusion.outputs() if isinstance(v, TensorView)]
-        iterated = [sum(not i.is_broadcast for i in tv.get_logical_domain(no_reductions=True)) for tv in self.inputs]
+        iterated = [sum(not i.is_broadcast() for i in tv.get_logical_domain(no_reductions=True)) for tv in self.inputs]
         self.streamed = frozenset(k for k, n in enumerate(iterated) if n == max(iterated))
         self.loop_graph = IdGraph(self.tensors, self.exprs, map_broadcast=True)
         self.exact = IdGraph(self.tensors, self.exprs, map_broadcast=False)
@@ -177,7 +177,7 @@ class KernelBuilder(ValueLowering):
         """The runtime extent of a non-broadcast logical ID: a constant (of any member of its class:
         the launch checks the others), or its class's size argument."""
         constant = logical.extent if logical.extent.value is not None else \
-            next((m.extent for m in self.exact.members(logical) if not m.is_broadcast and m.extent.value is not None),
+            next((m.extent for m in self.exact.members(logical) if not m.is_broadcast() and m.extent.value is not None),
                  None)
         if constant is not None and not (self.chunked and self._held_by_a_tensor(logical)):
             return constant
@@ -191,14 +191,14 @@ class KernelBuilder(ValueLowering):
     def _held_by_a_tensor(self, logical: IterDomain) -> bool:
         members = {id(m) for m in self.exact.members(logical)}
         return any(id(i) in members for tv in (*self.inputs, *self.outputs)
-                   for i in tv.get_logical_domain(no_reductions=True) if not i.is_broadcast)
+                   for i in tv.get_logical_domain(no_reductions=True) if not i.is_broadcast())
 
     def _size_source(self, logical: IterDomain, symbol: str) -> SizeSource:
         members = {id(m) for m in self.exact.members(logical)}
         for output, tvs in ((False, self.inputs), (True, self.outputs)):
             for k, tv in enumerate(tvs):
                 for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
-                    if id(i) in members and not i.is_broadcast:
+                    if id(i) in members and not i.is_broadcast():
                         return SizeSource(symbol, k, d, output, logical.extent if output else None)
         return SizeSource(symbol, extent=logical.extent)
 
@@ -215,7 +215,7 @@ class KernelBuilder(ValueLowering):
             return self.extent(definition.outer) * self.extent(definition.inner)
         # A broadcast axis of an output is one element wide; a producer's broadcast axis is never
         # looped over (it reads index 0), so its extent never enters the index math.
-        return SymConst(1) if i.is_broadcast else self.size_symbol(i)
+        return SymConst(1) if i.is_broadcast() else self.size_symbol(i)
 
     # --- the loop nest ------------------------------------------------------------------------------
     def _loop_nest(self) -> list[Loop]:
@@ -234,14 +234,14 @@ class KernelBuilder(ValueLowering):
             seen_types[ptype] = i
             extent = self.extent(i)
             if ptype in GRID_AXES:
-                if i.is_reduction:
+                if i.is_reduction():
                     raise KernelError(f"{where} is a reduction ID parallelized on {ptype.name}: a reduction across "
                                       "programs needs a final step; rfactor it (tv.rfactor) and reduce the partial "
                                       "results on a tile axis or in a loop")
                 loops.append(Loop(i, "grid", extent, f"pid{GRID_AXES[ptype]}"))
             elif ptype in TILE_TYPES:
                 loops.append(self._tile(i, extent, where))
-            elif not i.is_broadcast:  # a serial broadcast iterates once and indexes nothing: no loop
+            elif not i.is_broadcast():  # a serial broadcast iterates once and indexes nothing: no loop
                 loops.append(Loop(i, "serial", extent))
         tiles = [loop for loop in loops if loop.kind == "tile"]
         for k, loop in enumerate(tiles):
@@ -291,12 +291,12 @@ class KernelBuilder(ValueLowering):
                                   "innermost axis can be vectorized")
         for tv in (*self.inputs, *self.outputs):
             dims = tv.get_logical_domain(no_reductions=True)
-            mapped = [d for d, j in enumerate(dims) if not j.is_broadcast and self.exact.mapped(j, node)]
+            mapped = [d for d, j in enumerate(dims) if not j.is_broadcast() and self.exact.mapped(j, node)]
             if not mapped:
                 continue
             layout = self.layouts.get(tv.name) or Layout.strided(len(dims))
             order, contiguity = layout.perm, list(layout.contiguity)
-            live = [(d, c) for d, c in zip(order, contiguity, strict=False) if not dims[d].is_broadcast]
+            live = [(d, c) for d, c in zip(order, contiguity, strict=False) if not dims[d].is_broadcast()]
             if not live or live[-1][0] != mapped[0] or not live[-1][1]:
                 raise KernelError(f"{where} is vectorized along {node}, but {tv.short_name} axis {mapped[0]} is not "
                                   f"innermost and contiguous in memory (allocation order {list(order)}, contiguity "
@@ -331,7 +331,7 @@ class KernelBuilder(ValueLowering):
         for pos, i in enumerate(tv.get_loop_domain()):
             index = self.index_of_loop_id(i, taken)
             if index is None:
-                if i.is_broadcast or (i.is_reduction and kept_reduction):
+                if i.is_broadcast() or (i.is_reduction() and kept_reduction):
                     known[id(i)], bounded[id(i)] = "0", True
                     continue
                 if partial:
@@ -379,7 +379,7 @@ class KernelBuilder(ValueLowering):
                 result.groups.append(((id(t.out),), out))
         for pos, i in enumerate(start):
             if id(i) not in known:
-                if i.is_broadcast or (i.is_reduction and kept_reduction):
+                if i.is_broadcast() or (i.is_reduction() and kept_reduction):
                     known[id(i)] = "0"
                 elif not partial:
                     raise KernelError(f"{tv.short_name} logical axis {pos} ({i}) is not reached from its loop domain "
@@ -589,13 +589,13 @@ class KernelBuilder(ValueLowering):
         for group_ids, index in sorted(consumer.groups, key=lambda g: -len(g[0])):
             if any(k not in position for k in group_ids):
                 continue
-            dims = [position[k] for k in group_ids if not c_ids[position[k]].is_broadcast]
+            dims = [position[k] for k in group_ids if not c_ids[position[k]].is_broadcast()]
             chosen = [k for k, g in enumerate(groups) if set(dims) & set(g.outputs)]
-            between = [d for d in range(min(dims, default=0), max(dims, default=-1) + 1) if not c_ids[d].is_broadcast]
+            between = [d for d in range(min(dims, default=0), max(dims, default=-1) + 1) if not c_ids[d].is_broadcast()]
             if dims != between or dims != sorted(d for k in chosen for d in groups[k].outputs
-                                                 if not c_ids[d].is_broadcast):
+                                                 if not c_ids[d].is_broadcast()):
                 continue
-            ins = [p_ids[d] for k in chosen for d in groups[k].inputs if not p_ids[d].is_broadcast]
+            ins = [p_ids[d] for k in chosen for d in groups[k].inputs if not p_ids[d].is_broadcast()]
             if len(ins) > 1:
                 result.groups.append((tuple(id(i) for i in ins), index))
             if not done & set(chosen):
@@ -603,10 +603,10 @@ class KernelBuilder(ValueLowering):
                 done.update(chosen)
         merged = {tuple(group): index for group, index in consumer.groups}
         for k, group in enumerate(groups):
-            live_in = [p_ids[d] for d in group.inputs if not p_ids[d].is_broadcast]
+            live_in = [p_ids[d] for d in group.inputs if not p_ids[d].is_broadcast()]
             if not live_in or k in done:
                 continue
-            outs = [c_ids[d] for d in group.outputs if not c_ids[d].is_broadcast]
+            outs = [c_ids[d] for d in group.outputs if not c_ids[d].is_broadcast()]
             flat = merged.get(tuple(id(i) for i in outs)) if len(outs) > 1 else None
             if flat is None:
                 flat = "0"
@@ -643,7 +643,7 @@ class KernelBuilder(ValueLowering):
         inverse: dict[int, int] = {}
         for p in producer.get_logical_domain():
             c = mapping.get(p)
-            if p.is_broadcast or c is None or id(c) not in consumer.of:
+            if p.is_broadcast() or c is None or id(c) not in consumer.of:
                 result.of[id(p)] = "0"
             else:
                 result.of[id(p)] = consumer.of[id(c)]
@@ -665,7 +665,7 @@ class KernelBuilder(ValueLowering):
         # of it is laid out densely.
         expanded = {d for d, c in zip(order, contiguity, strict=False) if c is None} | \
             {d for d, i in enumerate(dims) if i.expanded}
-        live = [d for d, i in enumerate(dims) if not i.is_broadcast]
+        live = [d for d, i in enumerate(dims) if not i.is_broadcast()]
         alloc = [d for d in order if d in live]
         contig = {d: bool(c) for d, c in zip(order, contiguity, strict=False)}
         covered: set[int] = set()
@@ -706,7 +706,7 @@ class KernelBuilder(ValueLowering):
         ref_loop = self.reference.get_loop_domain()
         for tv in self.tensors:
             for pos, i in enumerate(tv.get_loop_domain()):
-                if i.is_reduction and i.parallel_type in GRID_AXES and tv not in self.inputs:
+                if i.is_reduction() and i.parallel_type in GRID_AXES and tv not in self.inputs:
                     raise KernelError(f"{tv.short_name} axis {pos} ({i}) is a reduction across programs "
                                       f"({i.parallel_type.name}) inside one launch; a grid reduction needs a final "
                                       "step after every program finished (rfactor it, or let the code generator "
@@ -773,9 +773,9 @@ class KernelBuilder(ValueLowering):
         # reduction (it would reduce one chunk of the row): consumers open it after the reduction
         # (a multi-pass kernel), in ``_store``.
         reduced = {self.exact.class_of(i) for e in self.exprs if isinstance(e, ReductionOp | VarMeanOp)
-                   for tv in e.tensor_outputs for i in tv.get_loop_domain() if i.is_reduction}
+                   for tv in e.tensor_outputs for i in tv.get_loop_domain() if i.is_reduction()}
         for loop in loops:
-            if loop.kind == "serial" and not loop.id.is_reduction and self.exact.class_of(loop.id) not in reduced:
+            if loop.kind == "serial" and not loop.id.is_reduction() and self.exact.class_of(loop.id) not in reduced:
                 loop.index = code.fresh("i")
                 code.open(f"for {loop.index} in {self._loop(int_expr(loop.extent))}:")
                 code.bind_loop(id(loop.id), self.exact.class_of(loop.id), loop.index)
@@ -800,7 +800,7 @@ class KernelBuilder(ValueLowering):
             tv = self.inputs[position]
             dims = tv.get_logical_domain(no_reductions=True)
             layout = self.layouts.get(tv.name) or Layout.strided(len(dims))
-            live = [d for d in layout.perm if not dims[d].is_broadcast]
+            live = [d for d in layout.perm if not dims[d].is_broadcast()]
             if not live or dim == live[-1]:
                 continue  # the innermost stride: contiguous elements (1 at launch), not a row
             align = alignment_param(self._stride_names[(position, dim)])
@@ -817,7 +817,7 @@ class KernelBuilder(ValueLowering):
     def _indexed_here(self, tv: TensorView) -> bool:
         """Whether every iterating loop ID of ``tv`` has a loop index in the current scope."""
         taken: dict[int, int] = {}
-        return all(i.is_reduction or i.is_broadcast or self.index_of_loop_id(i, taken) is not None
+        return all(i.is_reduction() or i.is_broadcast() or self.index_of_loop_id(i, taken) is not None
                    for i in tv.get_loop_domain())
 
     def store_computed_outputs(self) -> None:
@@ -827,11 +827,11 @@ class KernelBuilder(ValueLowering):
             if id(tv) in self._stored or isinstance(tv.definition, ReductionOp | VarMeanOp) or tv in self.inputs:
                 continue
             taken: dict[int, int] = {}
-            if not all(i.is_broadcast or self.index_of_loop_id(i, taken) is not None for i in tv.get_loop_domain()):
+            if not all(i.is_broadcast() or self.index_of_loop_id(i, taken) is not None for i in tv.get_loop_domain()):
                 continue
             indices = self.walk_back(tv)
             key = (tv.name, *(indices.of.get(id(i), "0") for i in tv.get_logical_domain()
-                              if not i.is_broadcast and not i.is_reduction))
+                              if not i.is_broadcast() and not i.is_reduction()))
             value = self.code.recall(key)
             if value is not None:
                 self._emit_store(tv, position, indices, value)
@@ -848,9 +848,9 @@ class KernelBuilder(ValueLowering):
         taken: dict[int, int] = {}
         reduces = isinstance(tv.definition, ReductionOp | VarMeanOp)
         for pos, i in enumerate(tv.get_loop_domain()):
-            if i.is_broadcast or (reduction is not None and i.is_reduction != reduction):
+            if i.is_broadcast() or (reduction is not None and i.is_reduction() != reduction):
                 continue
-            if i.is_reduction and not reduces:  # a reduction ID kept by a copy: nothing to iterate
+            if i.is_reduction() and not reduces:  # a reduction ID kept by a copy: nothing to iterate
                 continue
             own_loop = reduction and i.parallel_type is ParallelType.serial
             if not own_loop and self.index_of_loop_id(i, taken) is not None:
@@ -867,7 +867,7 @@ class KernelBuilder(ValueLowering):
     # --- one pass over a reduction's loops for everything that can share it ---------------------------
     def _serial_reduction_classes(self, tv: TensorView) -> list[int]:
         return [self.exact.class_of(i) for i in tv.get_loop_domain()
-                if i.is_reduction and i.parallel_type is ParallelType.serial]
+                if i.is_reduction() and i.parallel_type is ParallelType.serial]
 
     def _reductions_feeding(self, val: Val) -> list[ReductionOp | VarMeanOp]:
         """The kernel's reductions whose results ``val`` is computed from (its own definition too)."""
@@ -937,14 +937,14 @@ class KernelBuilder(ValueLowering):
         """Bind the serial reduction loop IDs of ``others`` to the loops just opened for ``leader``'s."""
         opened: dict[int, list[str]] = {}
         for i in leader.get_loop_domain():
-            if i.is_reduction and i.parallel_type is ParallelType.serial:
+            if i.is_reduction() and i.parallel_type is ParallelType.serial:
                 index = self.code.loop_index(id(i))
                 assert index is not None  # opened by open_loops_for
                 opened.setdefault(self.exact.class_of(i), []).append(index)
         for tv in others:
             taken: dict[int, int] = {}
             for i in tv.get_loop_domain():
-                if i.is_reduction and i.parallel_type is ParallelType.serial:
+                if i.is_reduction() and i.parallel_type is ParallelType.serial:
                     root = self.exact.class_of(i)
                     k = taken[root] = taken.get(root, -1) + 1
                     self.code.alias_loop(id(i), opened[root][k])
@@ -958,7 +958,7 @@ class KernelBuilder(ValueLowering):
         for position, tv in enumerate(self.outputs, start=len(self.inputs)):
             if id(tv) in self._stored or tv in self.inputs or isinstance(tv.definition, ReductionOp | VarMeanOp):
                 continue
-            iterated = {self.exact.class_of(i) for i in tv.get_loop_domain() if not i.is_reduction and not i.is_broadcast}
+            iterated = {self.exact.class_of(i) for i in tv.get_loop_domain() if not i.is_reduction() and not i.is_broadcast()}
             if iterated & classes and self._indexed_here(tv) and self._outside_the_pass(tv, group, classes):
                 found.append((position, tv))
         return found
@@ -1010,7 +1010,7 @@ class KernelBuilder(ValueLowering):
             assert isinstance(out, TensorView) and isinstance(producer, TensorView)
             dims = producer.get_logical_domain(no_reductions=True)
             for k, i in enumerate(out.domain().root or out.get_logical_domain()):
-                if i.is_reduction and k < len(dims) and not dims[k].is_broadcast:
+                if i.is_reduction() and k < len(dims) and not dims[k].is_broadcast():
                     name = expr.kind.name
                     checks.append((self.extent(dims[k]), f"{name}: {describe_axis(producer, k)} has size 0; the "
                                                          f"{name} of an empty axis is undefined"))
@@ -1052,7 +1052,7 @@ class KernelBuilder(ValueLowering):
             lookup_ids = expr.lookup.get_logical_domain(no_reductions=True)
             out_ids = expr.output.get_logical_domain(no_reductions=True)
             for a, o in expr.lookup_axes():
-                have = SymConst(1) if lookup_ids[a].is_broadcast else self.size_symbol(lookup_ids[a])
+                have = SymConst(1) if lookup_ids[a].is_broadcast() else self.size_symbol(lookup_ids[a])
                 checks.append((have - self.extent(out_ids[o]),
                                f"{expr.op_name}: index {expr.lookup_index.short_name} axis {o} is longer than "
                                f"{expr.lookup.short_name} axis {a} (its size less the index's is {{}}); off dim "
@@ -1063,7 +1063,7 @@ class KernelBuilder(ValueLowering):
         nonempty = self._nonempty_checks()  # first: they may add size arguments
         mapped = () if self.chunked else self._mapped_extent_checks()
         nonnegative = self._pad_checks() + self._gather_checks()
-        output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast else self.extent(i)
+        output_shapes = tuple(tuple(SymConst(1) if i.is_broadcast() else self.extent(i)
                                     for i in tv.get_logical_domain(no_reductions=True)) for tv in self.outputs)
         tensors = [tensor_param(k) for k in range(len(self.inputs) + len(self.outputs))]
         strides = [self._stride_names[key] for key in self._strides]
@@ -1139,10 +1139,10 @@ class KernelBuilder(ValueLowering):
         checks = []
         for k, tv in enumerate(self.inputs):
             for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
-                if i.is_broadcast or i.extent.value is not None:
+                if i.is_broadcast() or i.extent.value is not None:
                     continue
                 constant = next((m.extent.value for m in self.exact.members(i)
-                                 if not m.is_broadcast and m.extent.value is not None), None)
+                                 if not m.is_broadcast() and m.extent.value is not None), None)
                 if constant is not None:
                     checks.append((k, d, constant))
         return tuple(checks)
@@ -1152,10 +1152,10 @@ class KernelBuilder(ValueLowering):
         checks = []
         for tv in self.inputs:
             for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
-                if i.is_broadcast or i.extent.value is not None:
+                if i.is_broadcast() or i.extent.value is not None:
                     continue
                 constant = next((m.extent.value for m in self.exact.members(i)
-                                 if not m.is_broadcast and m.extent.value is not None), None)
+                                 if not m.is_broadcast() and m.extent.value is not None), None)
                 if constant is not None:
                     checks.append((i.extent, constant, f"{tv.short_name} axis {d} has size {{}}, but the fusion takes "
                                                        f"it as {constant} (an expand or an operand of static size "
@@ -1175,7 +1175,7 @@ class KernelBuilder(ValueLowering):
                        if isinstance(i.extent, SymVar)}
         for tv in self.tensors:
             for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
-                if i.is_broadcast or i.extent.value is not None or str(i.extent) in input_sizes:
+                if i.is_broadcast() or i.extent.value is not None or str(i.extent) in input_sizes:
                     continue
                 key = (self.exact.class_of(i), str(i.extent))
                 if key in seen:
@@ -1196,7 +1196,7 @@ class KernelBuilder(ValueLowering):
         checks = []
         for k, tv in enumerate(self.inputs):
             for d, i in enumerate(tv.get_logical_domain(no_reductions=True)):
-                if i.is_broadcast or i.extent.value is not None:
+                if i.is_broadcast() or i.extent.value is not None:
                     continue
                 root = self.exact.class_of(i)
                 if root in first:

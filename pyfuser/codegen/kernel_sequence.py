@@ -451,7 +451,7 @@ def build_sources(parts: Sequence[KernelPart], name: str, target: str, layouts: 
         for tv in (*part.fusion.inputs(), *part.fusion.outputs()):
             if isinstance(tv, TensorView) and tv.name not in part_layouts:  # a partial: dense, in its allocation order
                 dims = tv.get_logical_domain(no_reductions=True)
-                part_layouts[tv.name] = Layout.dense(allocation_perm(part.fusion, tv), [i.is_broadcast for i in dims])
+                part_layouts[tv.name] = Layout.dense(allocation_perm(part.fusion, tv), [i.is_broadcast() for i in dims])
         partials = frozenset(tv.name for tv in part.fusion.inputs() if isinstance(tv, TensorView)
                              and tv.name not in layouts)
         kind = "final" if k == len(parts) - 1 else f"partial{k}"

@@ -93,7 +93,7 @@ def init_layouts(layouts: Layouts, parts: ScatterParts, out_name: int) -> Layout
     if parts.init_reference is not None:
         dims = parts.init_reference.get_logical_domain(no_reductions=True)
         perm = layouts[out_name].perm if out_name in layouts else tuple(range(len(dims)))
-        result[parts.init_reference.name] = Layout.dense(perm, [i.is_broadcast for i in dims])
+        result[parts.init_reference.name] = Layout.dense(perm, [i.is_broadcast() for i in dims])
     return result
 
 

@@ -191,7 +191,7 @@ def promoted_dtype(expr: UnaryOp | BinaryOp | TernaryOp) -> DataType:
 def _in_range(index: TensorView, axis: IterDomain) -> bool:
     """Whether every value of ``index`` is a position of the constant-extent ``axis``."""
     bounds = integer_bounds(index)
-    extent = 1 if axis.is_broadcast else axis.extent.value if axis.extent.is_const else None
+    extent = 1 if axis.is_broadcast() else axis.extent.value if axis.extent.is_const else None
     return bounds is not None and isinstance(extent, int) and 0 <= bounds[0] and bounds[1] < extent
 
 
@@ -334,7 +334,7 @@ class ValueLowering:
             return self.scalar(val)
         assert isinstance(val, TensorView) and indices is not None
         key = (val.name, *(indices.of.get(id(i), "0") for i in val.get_logical_domain()
-                           if not i.is_broadcast and not i.is_reduction), *indices.valid)
+                           if not i.is_broadcast() and not i.is_reduction()), *indices.valid)
         cached = self.code.recall(key)
         if cached is not None:
             return cached
@@ -417,7 +417,7 @@ class ValueLowering:
             at = self.value(index, self.producer_indices(expr, index, indices))
             if index.dtype is not DataType.Int:
                 at = code.assign("ix", f"({at}).to(tl.int64)")
-            extent = "1" if lookup_ids[dim].is_broadcast else int_expr(self.size_symbol(lookup_ids[dim]))
+            extent = "1" if lookup_ids[dim].is_broadcast() else int_expr(self.size_symbol(lookup_ids[dim]))
             if _in_range(index, lookup_ids[dim]):  # (clamped to the axis: no check, no wrap)
                 read.of[id(lookup_ids[dim])] = at
                 continue
@@ -653,7 +653,7 @@ class ValueLowering:
         assert isinstance(y, TensorView)
         indices = self.walk_back(out)
         value = self.convert(self.value(y, self.producer_indices(expr, y, indices)), y.dtype, m.dtype)
-        own = " ".join(indices.of[id(i)] for i in _domain_ids(out) if i.is_reduction and id(i) in indices.of)
+        own = " ".join(indices.of[id(i)] for i in _domain_ids(out) if i.is_reduction() and id(i) in indices.of)
         mask = code.mask(m.axes, uses=f"{value} {own}")
         # a masked lane's placeholder value is -inf: its max does not rise, its term is 0
         kept = code.assign("y", f"tl.where({mask}, {value}, -_INF)", cse=False) if mask else value
@@ -672,7 +672,7 @@ class ValueLowering:
         assert isinstance(out, TensorView)
         outer = self.walk_back(out, partial=True)  # iteration indices, assigned in this scope
         key = (out.name, *(outer.of.get(id(i), "0") for i in out.get_logical_domain()
-                           if not i.is_broadcast and not i.is_reduction))
+                           if not i.is_broadcast() and not i.is_reduction()))
         if self.code.recall(key) is not None:
             return None
         # var_mean accumulates in float32, or float64 for double data (the output's precision); the
@@ -680,7 +680,7 @@ class ValueLowering:
         acc_dtype = (DataType.Double if out.dtype is DataType.Double or isinstance(expr, WelfordCombineOp)
                      else DataType.Float) if isinstance(expr, VarMeanOp) else accumulator_dtype(out.dtype)
         welford = isinstance(expr, VarMeanOp)
-        looped = any(i.is_reduction and i.parallel_type is ParallelType.serial for i in out.get_loop_domain())
+        looped = any(i.is_reduction() and i.parallel_type is ParallelType.serial for i in out.get_loop_domain())
         # var_mean over tile axes only (the row on chip): passes over registers; Welford's update is
         # for rows read in a loop, and combines partial results (counted) wherever they are read.
         on_chip = welford and not looped and not isinstance(expr, WelfordCombineOp)
@@ -726,7 +726,7 @@ class ValueLowering:
         # the value does not vary along the axis: a sum over an expanded axis); a bound of an
         # enclosing pass over a chunk of the same axis is not this reduction's (it iterates the
         # axis itself).
-        own = " ".join(indices.of[id(i)] for i in _domain_ids(out) if i.is_reduction and id(i) in indices.of)
+        own = " ".join(indices.of[id(i)] for i in _domain_ids(out) if i.is_reduction() and id(i) in indices.of)
         mask = code.mask(acc.axes, uses=f"{value} {own}")
         if on_chip:
             values, valid = names
@@ -785,7 +785,7 @@ class ValueLowering:
         expr, out, names, acc_dtype, on_chip, key = acc.expr, acc.out, acc.names, acc.dtype, acc.on_chip, acc.key
         compensated = acc.compensated
         shape = acc.shape(self)
-        positions = sorted({p for i in out.get_loop_domain() if i.is_reduction
+        positions = sorted({p for i in out.get_loop_domain() if i.is_reduction()
                             for p in [self._tile_pos_of(i)] if p is not None})
         # every tile axis reduced: one reduction to a scalar (stores take scalars)
         axes: list[int | None] = [None] if positions and len(positions) == len(self.tile_shape) else [*positions]
@@ -793,7 +793,7 @@ class ValueLowering:
             values, valid = names
             total = code.assign("s", values, cse=False)
             self._sum_over(total, axes)
-            count = " * ".join(int_expr(self.extent(i)) for i in out.get_logical_domain() if i.is_reduction) or "1"
+            count = " * ".join(int_expr(self.extent(i)) for i in out.get_logical_domain() if i.is_reduction()) or "1"
             if isinstance(expr, WelfordPartialOp):  # a program's share: its elements counted, not the extents
                 count = code.assign("s", valid, cse=False)
                 self._sum_over(count, axes)
@@ -915,7 +915,7 @@ class ValueLowering:
                 code.reduced(value, axes)
             result = value
             if kind is ReductionOpType.mean:
-                counted = expr.count_ids or [i for i in out.get_logical_domain() if i.is_reduction]
+                counted = expr.count_ids or [i for i in out.get_logical_domain() if i.is_reduction()]
                 count = " * ".join(int_expr(self.extent(i)) for i in counted)
                 if acc_dtype is DataType.Double and compute_dtype(out.dtype) is not DataType.Double:
                     # A float64 sum rounded to float32: times the count's reciprocal, one float64 division

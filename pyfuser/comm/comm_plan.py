@@ -94,9 +94,9 @@ def _plan(src: TensorView, dst: TensorView, rank: int) -> CommPlan | None:
     if s.mesh is None or d.mesh is None:
         return None
     ins, outs = _by_ptype(src, s), _by_ptype(dst, d)
-    partial = {p: a for p, a in ins.items() if src.get_logical_domain()[a].is_reduction}
+    partial = {p: a for p, a in ins.items() if src.get_logical_domain()[a].is_reduction()}
     ins = {p: a for p, a in ins.items() if p not in partial}
-    outs = {p: a for p, a in outs.items() if not dst.get_logical_domain()[a].is_reduction}
+    outs = {p: a for p, a in outs.items() if not dst.get_logical_domain()[a].is_reduction()}
     moved = {p for p in set(ins) | set(outs) if ins.get(p) != outs.get(p)} | set(partial)
     if s.mesh == d.mesh:
         return _same_mesh_plan(src, dst, s.mesh, rank, ins, outs, partial, moved)
@@ -108,7 +108,7 @@ def _by_ptype(tv: TensorView, sharding: Sharding) -> dict[ParallelType, int]:
     a type (the output of a reduce-scatter, nvFuser's form of it), the iteration axis: the reduction
     there is complete."""
     logical = tv.get_logical_domain()
-    ordered = sorted(sharding.axes.items(), key=lambda item: not logical[item[0]].is_reduction)
+    ordered = sorted(sharding.axes.items(), key=lambda item: not logical[item[0]].is_reduction())
     return {p: a for a, p in ordered}
 
 
@@ -199,8 +199,8 @@ def _stream_over_the_shards(src: TensorView, dst: TensorView, ptype: ParallelTyp
 
 def _logical_pos(from_tv: TensorView, to_tv: TensorView, axis: int) -> int:
     """Position in ``to_tv`` of ``from_tv``'s logical ``axis``: a set keeps the axis order, reductions aside."""
-    from_dim = sum(1 for i in from_tv.get_logical_domain()[:axis] if not i.is_reduction)
-    kept = [p for p, i in enumerate(to_tv.get_logical_domain()) if not i.is_reduction]
+    from_dim = sum(1 for i in from_tv.get_logical_domain()[:axis] if not i.is_reduction())
+    kept = [p for p, i in enumerate(to_tv.get_logical_domain()) if not i.is_reduction()]
     return kept[from_dim]
 
 

@@ -483,7 +483,7 @@ def _output_dim(gemm: AtenCall, operand: int, dim: int) -> int | None:
     source = expr.inputs[operand]
     assert isinstance(source, TensorView)
     target = expr.logical_map(source).get(source.get_logical_domain(no_reductions=True)[dim])
-    if target is None or target.is_reduction:
+    if target is None or target.is_reduction():
         return None
     return expr.output.get_logical_domain(no_reductions=True).index(target)
 
@@ -497,7 +497,7 @@ def _operand_dims(gemm: AtenCall, out_dim: int) -> dict[int, int]:
         assert isinstance(source, TensorView)
         mapping = expr.logical_map(source)
         for dim, i in enumerate(source.get_logical_domain(no_reductions=True)):
-            if mapping.get(i) is target and not i.is_broadcast:
+            if mapping.get(i) is target and not i.is_broadcast():
                 found[position] = dim
     return found
 

@@ -199,7 +199,7 @@ class FusionDefinition:
                 ids.append(IterDomain(self._fusion, size))
             ids[-1].expanded = d in expanded
         tv = TensorView(self._fusion, TensorDomain(ids), dtype, MemoryType.Global)
-        alloc_contiguity = [None if ids[d].is_broadcast else (False if d in expanded else bool(in_alloc_order[place]))
+        alloc_contiguity = [None if ids[d].is_broadcast() else (False if d in expanded else bool(in_alloc_order[place]))
                             for place, d in enumerate(perm)]
         if stride_order is not None and perm != list(range(rank)):
             tv.set_allocation_domain([ids[d] for d in perm], alloc_contiguity)

@@ -37,7 +37,7 @@ def _check_rank(op: str, tv: TensorView, rank: int, what: str) -> None:
 
 
 def _static_extent(i: IterDomain) -> int | None:
-    return None if i.is_broadcast else i.extent.value
+    return None if i.is_broadcast() else i.extent.value
 
 
 class IndexingOps(OpsBase):

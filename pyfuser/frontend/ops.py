@@ -109,8 +109,8 @@ class Ops(IndexingOps, ScanOps, RandomOps, AttentionOps, ReductionOps):
         #: non-broadcast axes given a size not provably their extent: compared at execution, as torch does
         size_checks: list[tuple[int, SymExpr]] = []
         for d, (i, target) in enumerate(zip(in_ids, targets, strict=True)):
-            if target is None or (i.is_broadcast and target.value == 1) or not i.is_broadcast:
-                if target is not None and not i.is_broadcast and target != i.extent:
+            if target is None or (i.is_broadcast() and target.value == 1) or not i.is_broadcast():
+                if target is not None and not i.is_broadcast() and target != i.extent:
                     if target.is_const and i.extent.is_const:
                         raise ValueError(f"expand: {tv.short_name} axis {d} has extent {i.extent} and is not a "
                                          f"broadcast axis; cannot expand it to {target}")
@@ -329,7 +329,7 @@ def _resized_ids(ops: OpsBase, in_ids: Sequence[IterDomain], resized: dict[int, 
     iterate (a result of one element, which a kernel iterating nothing wrote wrong where the sliced
     axes came from a reshape: fuzz seed 5500)."""
     ones = {d for d, extent in resized.items() if extent.value == 1}
-    if ones and all(d in ones or i.is_broadcast for d, i in enumerate(in_ids)):
+    if ones and all(d in ones or i.is_broadcast() for d, i in enumerate(in_ids)):
         ones = set()
     return [ops._id(1, IterType.Broadcast) if d in ones else ops._id(resized[d]) if d in resized
             else clone_id(ops, i) for d, i in enumerate(in_ids)]

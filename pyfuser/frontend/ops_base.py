@@ -191,11 +191,11 @@ class OpsBase:
             chosen: IterDomain | None = None
             owner = ""
             concrete = {id(tv) for tv, ids in zip(tensors, domains, strict=True)
-                        if d - (rank - len(ids)) >= 0 and not ids[d - (rank - len(ids))].is_broadcast
+                        if d - (rank - len(ids)) >= 0 and not ids[d - (rank - len(ids))].is_broadcast()
                         and d not in expanded.get(id(tv), ())}
             for tv, ids in zip(tensors, domains, strict=True):
                 pos = d - (rank - len(ids))
-                if pos < 0 or ids[pos].is_broadcast or (concrete and id(tv) not in concrete):
+                if pos < 0 or ids[pos].is_broadcast() or (concrete and id(tv) not in concrete):
                     continue
                 i = ids[pos]
                 where = f"{tv.short_name} axis {pos}" + (f" (output axis {d})" if pos != d else "")
@@ -211,7 +211,7 @@ class OpsBase:
 
 
 def clone_id(ops: OpsBase, i: IterDomain) -> IterDomain:
-    return ops._id(i.extent, IterType.Broadcast if i.is_broadcast else IterType.Iteration)
+    return ops._id(i.extent, IterType.Broadcast if i.is_broadcast() else IterType.Iteration)
 
 
 def normalize_axis(axis: int, rank: int, tv: TensorView, what: str) -> int:

@@ -31,7 +31,7 @@ class ReductionOps(PointwiseOps):
         tv = self._tv(x, op)
         axes = _reduction_axes(tv, dims, op)
         in_ids = tv.get_logical_domain(no_reductions=True)
-        trivial = [d for d in axes if in_ids[d].is_broadcast and in_ids[d].extent.value == 1]
+        trivial = [d for d in axes if in_ids[d].is_broadcast() and in_ids[d].extent.value == 1]
         if trivial and len(trivial) < len(axes):
             # Reducing a size-1 broadcast axis is squeezing it (nvFuser's trivial reductions): the
             # reduction then iterates real axes only, as another reduction of the same tensor does
@@ -144,7 +144,7 @@ class ReductionOps(PointwiseOps):
         padded_b: list[IterDomain | None] = [*([None] * (rank - len(ib))), *ib]
         ids = []
         for x, y in zip(padded_a, padded_b, strict=True):
-            live = [i for i in (x, y) if i is not None and not i.is_broadcast]
+            live = [i for i in (x, y) if i is not None and not i.is_broadcast()]
             if len(live) == 2 and live[0].extent.is_const and live[1].extent.is_const and live[0].extent != live[1].extent:
                 raise ValueError(f"matmul: batch axes of {ta.short_name} and {tb.short_name} have incompatible extents "
                                  f"{live[0].extent} and {live[1].extent}")

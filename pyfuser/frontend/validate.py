@@ -75,7 +75,7 @@ def reduction_sizes(fusion: Fusion, env: dict[str, int]) -> dict[int, int]:
         for out in expr.tensor_outputs:
             own = 1
             for i in out.get_logical_domain():
-                if i.is_reduction:
+                if i.is_reduction():
                     own *= i.extent.evaluate(env)
             sizes[out.name] = own * expr.accumulated_size(env) * inherited
     return sizes

@@ -123,7 +123,7 @@ class DTensorFusion:
 def _axes_of(tv: TensorView, placements: tuple[Placement, ...], mesh: DeviceMesh) -> dict[int, Any]:
     ptypes = mesh.parallel_types()  # outermost mesh axis first
     axes: dict[int, Any] = {}
-    logical = [p for p, i in enumerate(tv.get_logical_domain()) if not i.is_reduction]
+    logical = [p for p, i in enumerate(tv.get_logical_domain()) if not i.is_reduction()]
     for mesh_axis, placement in enumerate(placements):
         if isinstance(placement, Shard):
             axis = logical[placement.dim % tv.ndim]
@@ -143,7 +143,7 @@ def _wrap(local: torch.Tensor, tv: TensorView, torch_mesh: Any) -> DTensor:
     shape = list(local.shape)
     if mesh is not None:
         for axis, ptype in sharding.axes.items():
-            if tv.get_logical_domain()[axis].is_reduction:
+            if tv.get_logical_domain()[axis].is_reduction():
                 continue
             dim = tensor_dim(tv, axis)
             placements[mesh.axis_of(ptype)] = Shard(dim)

@@ -63,7 +63,7 @@ def strided_layout_violation(tv: TensorView) -> tuple[IterDomain, IterDomain] | 
     place = {id(i): k for k, i in enumerate(logical_order(tv))}
     keyed: list[tuple[tuple[int, tuple[int, ...]], IterDomain]] = []
     for alloc_id in tv.get_allocation_domain():
-        if alloc_id.is_device_dim or alloc_id.is_reduction or alloc_id.is_broadcast:
+        if alloc_id.is_device_dim or alloc_id.is_reduction() or alloc_id.is_broadcast():
             continue
         path: list[int] = []
         cur = alloc_id
@@ -88,7 +88,7 @@ def is_permutation_of_logical(tv: TensorView, ids: Iterable[IterDomain]) -> bool
 
 def non_trivial(ids: Iterable[IterDomain]) -> list[IterDomain]:
     """IDs that occupy memory: neither reductions nor broadcasts."""
-    return [i for i in no_reductions(ids) if not i.is_broadcast]
+    return [i for i in no_reductions(ids) if not i.is_broadcast()]
 
 
 def same_memory_order(a: Sequence[IterDomain], b: Sequence[IterDomain]) -> bool:

@@ -96,11 +96,9 @@ class IterDomain:
         self.swizzle: ParallelType | None = None
 
     # --- queries -------------------------------------------------------------------------
-    @property
     def is_reduction(self) -> bool:
         return self.iter_type is IterType.Reduction
 
-    @property
     def is_broadcast(self) -> bool:
         return self.iter_type is IterType.Broadcast
 
@@ -125,14 +123,14 @@ class IterDomain:
             raise TypeError(f"parallelize expects a ParallelType, got {type(parallel_type).__name__}")
         owner = self.tensor
         where = f"{owner.short_name} axis {owner.loop_position(self)}" if owner is not None else str(self)
-        if parallel_type is ParallelType.stream and self.is_reduction:
+        if parallel_type is ParallelType.stream and self.is_reduction():
             raise ValueError(f"{where} ({self}) is a reduction ID and cannot be parallelized on stream: "
                              "a host loop cannot split a reduction")
         if parallel_type is not ParallelType.serial and owner is not None:
             for other in owner.get_loop_domain():
                 # A reduction ID and an iteration ID on one device type: partial sums reduce-scattered
                 # along the iteration ID (nvFuser's reduce-scatter pattern).
-                reduce_scatter = parallel_type.is_device and other.is_reduction != self.is_reduction
+                reduce_scatter = parallel_type.is_device and other.is_reduction() != self.is_reduction()
                 if other is not self and other.parallel_type is parallel_type and not reduce_scatter:
                     raise ValueError(
                         f"{owner.short_name} axis {owner.loop_position(self)} cannot be parallelized on "
@@ -204,14 +202,14 @@ class Merge(IdTransform):
     """``(outer, inner) -> out`` with extent ``outer * inner``."""
 
     def __init__(self, outer: IterDomain, inner: IterDomain) -> None:
-        if outer.is_reduction != inner.is_reduction and not (outer.is_broadcast or inner.is_broadcast):
-            red, it = (outer, inner) if outer.is_reduction else (inner, outer)
+        if outer.is_reduction() != inner.is_reduction() and not (outer.is_broadcast() or inner.is_broadcast()):
+            red, it = (outer, inner) if outer.is_reduction() else (inner, outer)
             owner = outer.tensor.short_name if outer.tensor is not None else "tensor"
             raise ValueError(f"{owner}: cannot merge reduction ID {red} with iteration ID {it}; "
                              "merge IDs of the same iter type")
-        if outer.is_broadcast and inner.is_broadcast:
+        if outer.is_broadcast() and inner.is_broadcast():
             iter_type = IterType.Broadcast
-        elif outer.is_reduction or inner.is_reduction:
+        elif outer.is_reduction() or inner.is_reduction():
             iter_type = IterType.Reduction
         else:
             iter_type = IterType.Iteration

@@ -104,7 +104,7 @@ class _Printer:
     def _define_tensor(self, tv: TensorView) -> None:
         logical = tv.get_logical_domain(no_reductions=True)
         shape = [i.extent.value if i.extent.is_const else -1 for i in logical]
-        alloc = [i for i in tv.get_allocation_domain() if not i.is_reduction]
+        alloc = [i for i in tv.get_allocation_domain() if not i.is_reduction()]
         contiguity = [None if i.expanded else c for i, c in zip(alloc, tv.contiguity, strict=True)]
         position = {id(i): d for d, i in enumerate(logical)}
         kwargs: dict[str, Any] = {"shape": shape, "contiguity": contiguity, "dtype": tv.dtype, "is_cpu": tv.is_cpu}

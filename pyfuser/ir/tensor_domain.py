@@ -112,11 +112,11 @@ class TensorDomain:
 
 
 def no_reductions(ids: Iterable[IterDomain]) -> list[IterDomain]:
-    return [i for i in ids if not i.is_reduction]
+    return [i for i in ids if not i.is_reduction()]
 
 
 def default_contiguity(ids: Sequence[IterDomain], value: bool = True) -> Contiguity:
-    return [None if i.is_broadcast else value for i in no_reductions(ids)]
+    return [None if i.is_broadcast() else value for i in no_reductions(ids)]
 
 
 def format_contiguity(contiguity: Contiguity) -> str:

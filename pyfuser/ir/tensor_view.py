@@ -102,7 +102,7 @@ class TensorView(Val):
 
     def get_logical_domain(self, no_reductions: bool = False) -> list[IterDomain]:
         ids = self._domain.logical
-        return [i for i in ids if not i.is_reduction] if no_reductions else list(ids)
+        return [i for i in ids if not i.is_reduction()] if no_reductions else list(ids)
 
     def get_loop_domain(self) -> list[IterDomain]:
         return list(self._domain.loop)
@@ -343,7 +343,7 @@ class TensorView(Val):
         if definition is None:
             raise ValueError(f"{self.short_name} has no definition (it is a fusion input); use cache_after")
         d = self._domain
-        reduces = any(i.is_reduction for i in d.logical)
+        reduces = any(i.is_reduction() for i in d.logical)
         if reduces and d.allocation is not None and any(i.definition is not None for i in d.allocation):
             raise ValueError(f"{self.short_name}: cache_before cannot move a reduction out of a tensor whose "
                              f"allocation domain ({_ids(d.allocation)}) is transformed; call cache_before first")
@@ -358,7 +358,7 @@ class TensorView(Val):
             self._adopt(d.logical)
             d.loop = list(d.logical)
             if d.allocation is not None:
-                d.allocation = [renewed[id(i)] for i in d.allocation if not i.is_reduction]
+                d.allocation = [renewed[id(i)] for i in d.allocation if not i.is_reduction()]
         LoadStoreOp(self.fusion, self, cache)
         return cache
 
@@ -438,7 +438,7 @@ def _normalize_contiguity(name: str, ids: Sequence[IterDomain], contiguity: bool
                          f"{len(kept)} non-reduction IDs ({_ids(kept)})")
     result: Contiguity = []
     for i, c in zip(kept, values, strict=True):
-        if i.is_broadcast:
+        if i.is_broadcast():
             result.append(None)
         elif c is None:
             raise ValueError(f"{name}: contiguity of non-broadcast ID {i} must be True or False, got None")

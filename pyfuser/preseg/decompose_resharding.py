@@ -98,8 +98,8 @@ def _complete_axes(tv: TensorView) -> dict[int, ParallelType]:
     the output of a reduce-scatter, whose sums are complete."""
     logical = tv.get_logical_domain()
     axes = dict(sharding_of(tv).axes)
-    iteration_types = {p for a, p in axes.items() if not logical[a].is_reduction}
-    return {a: p for a, p in axes.items() if not (logical[a].is_reduction and p in iteration_types)}
+    iteration_types = {p for a, p in axes.items() if not logical[a].is_reduction()}
+    return {a: p for a, p in axes.items() if not (logical[a].is_reduction() and p in iteration_types)}
 
 
 def _detach_bias(linear: LinearOp) -> tuple[LinearOp, BinaryOp]:
@@ -138,7 +138,7 @@ def _global_extent_axes(expr: Expr, out_axes: Mapping[int, ParallelType]) -> set
     if isinstance(expr, ExpandOp):
         inp = expr.tensor_input(0).get_logical_domain(no_reductions=True)
         return {d for d, (i, o) in enumerate(zip(inp, out.get_logical_domain(), strict=False))
-                if i.is_broadcast and not o.is_broadcast}
+                if i.is_broadcast() and not o.is_broadcast()}
     if isinstance(expr, ReshapeOp):
         ids = out.get_logical_domain()
         paired = {a for a, p in out_axes.items() if ids[a] in shard_map(expr, expr.tensor_input(0), p).values()}
@@ -161,7 +161,7 @@ def _partial_axes(expr: Expr, out: TensorView) -> tuple[dict[int, ParallelType],
     partial: dict[int, ParallelType] = {}
     meshes: set[DeviceMesh | None] = set()
     for pos, rid in enumerate(out.get_logical_domain()):
-        if not rid.is_reduction:
+        if not rid.is_reduction():
             continue
         sources = [(inp, sharding_of(inp).axes.get(axis)) for inp in expr.tensor_inputs
                    for axis, pid in enumerate(inp.get_logical_domain()) if expr.logical_map(inp).get(pid) is rid]
@@ -191,7 +191,7 @@ def _required_input_axes(expr: Expr, inp: TensorView, out: TensorView,
         mapping = shard_map(expr, inp, ptype)
         for axis, pid in enumerate(inp.get_logical_domain()):
             target = mapping.get(pid)
-            if target is not None and not pid.is_broadcast and compute_axes.get(out_pos[id(target)]) is ptype:
+            if target is not None and not pid.is_broadcast() and compute_axes.get(out_pos[id(target)]) is ptype:
                 required[axis] = ptype
     return dict(sorted(required.items()))
 
@@ -218,7 +218,7 @@ def _one_type_at_a_time(inp: TensorView, mesh: DeviceMesh | None,
     """The shardings between ``inp``'s and ``axes`` (the last excluded), each differing from the one
     before along one device parallel type; none when at most one type changes or the mesh does."""
     current = _complete_axes(inp)
-    if inp.device_mesh != mesh or any(inp.get_logical_domain()[a].is_reduction for a in current):
+    if inp.device_mesh != mesh or any(inp.get_logical_domain()[a].is_reduction() for a in current):
         return []
     have = {p: a for a, p in current.items()}
     want = {p: a for a, p in axes.items()}
@@ -254,7 +254,7 @@ def _mapped_stream_axis(expr: Expr, inp: TensorView, out: TensorView) -> int | N
         return None
     mapping = expr.logical_map(inp)
     return next((axis for axis, pid in enumerate(inp.get_logical_domain())
-                 if not pid.is_reduction and mapping.get(pid) is stream), None)
+                 if not pid.is_reduction() and mapping.get(pid) is stream), None)
 
 
 def _partial_copy(tv: TensorView, mesh: DeviceMesh | None, axes: dict[int, ParallelType]) -> TensorView:

@@ -80,7 +80,7 @@ def _finalize_allocation(tv: TensorView, boundary: bool) -> None:
     ids, contiguity = _add_device_splits(tv, ids, contiguity)
     changed = [id(i) for i in ids] != [id(i) for i in before]
     if changed or (boundary and not had_allocation):
-        kept = [c for i, c in zip(ids, contiguity, strict=True) if not i.is_reduction]
+        kept = [c for i, c in zip(ids, contiguity, strict=True) if not i.is_reduction()]
         tv.set_allocation_domain(ids, kept, hint=hint)
     if boundary:
         tv.freeze_allocation()
@@ -89,7 +89,7 @@ def _finalize_allocation(tv: TensorView, boundary: bool) -> None:
 def _full_contiguity(ids: list[IterDomain], contiguity: Contiguity) -> list[bool | None]:
     """Contiguity with one entry per ID, reductions included (None), to edit alongside ``ids``."""
     values = iter(contiguity)
-    return [None if i.is_reduction else next(values) for i in ids]
+    return [None if i.is_reduction() else next(values) for i in ids]
 
 
 def _fold_stream_splits(tv: TensorView, ids: list[IterDomain],

@@ -83,7 +83,7 @@ def _propagated_axes(expr: Expr, out: TensorView) -> dict[int, ParallelType]:
             if target is None or ptype in axes.values():
                 continue
             pos = out_pos[id(target)]
-            if pos in axes or out_ids[pos].is_reduction or out_ids[pos].is_broadcast:
+            if pos in axes or out_ids[pos].is_reduction() or out_ids[pos].is_broadcast():
                 continue
             axes[pos] = ptype
     return axes
@@ -100,17 +100,17 @@ def _back_propagated_axes(expr: Expr, inp: TensorView) -> dict[int, ParallelType
     out = outputs[0]
     in_ids = inp.get_logical_domain()
     in_pos = {id(i): p for p, i in enumerate(in_ids)}
-    used = {p for a, p in sharding_of(inp).axes.items() if not in_ids[a].is_reduction}
+    used = {p for a, p in sharding_of(inp).axes.items() if not in_ids[a].is_reduction()}
     taken = set(sharding_of(inp).axes)
     out_ids = out.get_logical_domain()
     axes: dict[int, ParallelType] = {}
     for axis, ptype in sharding_of(out).axes.items():
         inverse = {id(c): p for p, c in shard_map(expr, inp, ptype, out).items()}
         source = inverse.get(id(out_ids[axis]))
-        if source is None or ptype in used or out_ids[axis].is_reduction:
+        if source is None or ptype in used or out_ids[axis].is_reduction():
             continue
         pos = in_pos[id(source)]
-        if pos in taken or pos in axes or in_ids[pos].is_reduction or in_ids[pos].is_broadcast:
+        if pos in taken or pos in axes or in_ids[pos].is_reduction() or in_ids[pos].is_broadcast():
             continue
         axes[pos] = ptype
         used.add(ptype)
@@ -132,7 +132,7 @@ def shard(tv: TensorView, axes: Mapping[int, ParallelType]) -> None:
         if pos < 0:
             raise ValueError(f"{tv.short_name} axis {axis} ({target}) is not in the loop domain; cannot shard it")
         size = mesh.size_of(ptype)
-        if target.extent.value == size and not target.is_reduction:
+        if target.extent.value == size and not target.is_reduction():
             target.parallelize(ptype)
         else:
             tv.outer_split(pos, size)

@@ -24,7 +24,7 @@ def apply_required_output_layouts(fusion: Fusion, options: CompileOptions) -> No
             continue  # an input's domain describes the input; the copy to the output reads the map
         kept = out.get_logical_domain(no_reductions=True)
         ids = [kept[d] for d in allocation_permutation(stride_order)]
-        ids += [i for i in out.get_logical_domain() if i.is_reduction]
+        ids += [i for i in out.get_logical_domain() if i.is_reduction()]
         if out.allocation_is_required:
             if not same_memory_order(logical_order(out), ids):
                 names = ", ".join(map(str, out.get_allocation_domain()))

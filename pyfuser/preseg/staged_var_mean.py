@@ -93,15 +93,15 @@ def staged_axes(expr: VarMeanOp, order: list[IterDomain], one_stage: frozenset[i
     x = expr.tensor_inputs[0]
     fusion = x.fusion
     logical = x.get_logical_domain(no_reductions=True)
-    reduced = [a for a in expr.axes if not logical[a].is_broadcast]  # size-1 axes cost nothing
+    reduced = [a for a in expr.axes if not logical[a].is_broadcast()]  # size-1 axes cost nothing
     if (expr.correction != 0 or x.dtype not in _DTYPES or len(reduced) < 2
-            or all(logical[k].is_broadcast for k in range(len(logical)) if k not in expr.axes)
+            or all(logical[k].is_broadcast() for k in range(len(logical)) if k not in expr.axes)
             or any(fusion.get_output_stride_order(o) is not None
                    for o in expr.tensor_outputs if o.is_fusion_output)):
         return None
     position = {id(i): k for k, i in enumerate(logical)}
-    memory = [position[id(i)] for i in order if id(i) in position and not i.is_broadcast]
-    if len(memory) != sum(not i.is_broadcast for i in logical):
+    memory = [position[id(i)] for i in order if id(i) in position and not i.is_broadcast()]
+    if len(memory) != sum(not i.is_broadcast() for i in logical):
         return None
     places = [k for k, a in enumerate(memory) if a in reduced]
     gap = places[-1] - places[0] + 1 != len(places)  # a kept axis lies between reduced ones
@@ -139,7 +139,7 @@ def one_stage_var_means(fusion: Fusion, sizes: Mapping[str, int]) -> frozenset[i
         if not isinstance(expr, VarMeanOp):
             continue
         logical = expr.tensor_inputs[0].get_logical_domain(no_reductions=True)
-        reduced = [logical[a] for a in expr.axes if not logical[a].is_broadcast]
+        reduced = [logical[a] for a in expr.axes if not logical[a].is_broadcast()]
         if len(reduced) < 2 or all(i.extent.value is not None for i in reduced):
             continue  # one axis: never staged; static extents: decided at compile time
         if _fits_one_tile(reduced, sizes):
@@ -160,7 +160,7 @@ def _tensor(fusion: Fusion, source: TensorView, reduced: list[int], dtype: DataT
     ``broadcast`` size-1 broadcast axes."""
     ids = [IterDomain(fusion, 1, IterType.Broadcast) if k in broadcast else
            IterDomain(fusion, i.extent, IterType.Reduction if k in reduced else
-                      IterType.Broadcast if i.is_broadcast else IterType.Iteration)
+                      IterType.Broadcast if i.is_broadcast() else IterType.Iteration)
            for k, i in enumerate(source.get_logical_domain(no_reductions=True))]
     return TensorView(fusion, TensorDomain(ids), dtype)
 

@@ -65,7 +65,7 @@ def unrolled_extents(expr: ReductionOp) -> list[int] | None:
     extents: list[int] = []
     for a in expr.axes:
         value = logical[a].extent.value
-        if logical[a].is_broadcast or value is None:
+        if logical[a].is_broadcast() or value is None:
             return None
         extents.append(int(value))
     return extents if 1 <= math.prod(extents) <= UNROLL_LIMIT else None

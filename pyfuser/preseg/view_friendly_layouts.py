@@ -36,7 +36,7 @@ def permuted_layouts_for_reshapes(fusion: Fusion, options: CompileOptions) -> No
         if len(tv.uses) != 1 or not permuted.uses or not all(isinstance(u, ReshapeOp) for u in permuted.uses):
             continue
         logical = tv.get_logical_domain()
-        if any(i.is_reduction for i in logical) or list(expr.dims) == list(range(len(logical))):
+        if any(i.is_reduction() for i in logical) or list(expr.dims) == list(range(len(logical))):
             continue
         tv.set_allocation_domain([logical[d] for d in expr.dims], True, hint=True)
 

@@ -35,19 +35,19 @@ class TensorSpec:
     @staticmethod
     def of(tv: TensorView) -> TensorSpec:
         logical = tv.get_logical_domain(no_reductions=True)
-        alloc = [i for i in tv.get_allocation_domain() if not i.is_reduction]
+        alloc = [i for i in tv.get_allocation_domain() if not i.is_reduction()]
         position = {id(i): d for d, i in enumerate(logical)}
         if all(id(i) in position for i in alloc):
             perm = tuple(position[id(i)] for i in alloc)
             contiguity = tuple(tv.contiguity)
         else:  # split allocation (device sharding) is checked per shard by the multidevice layer
             perm = tuple(range(len(logical)))
-            contiguity = tuple(False if not i.is_broadcast else None for i in logical)
+            contiguity = tuple(False if not i.is_broadcast() else None for i in logical)
         factors = shard_factors(tv)
         return TensorSpec(
             name=tv.short_name, dtype=tv.dtype,
             static_sizes=tuple(local_static_size(tv, d) for d in range(len(logical))),
-            broadcast=tuple(i.is_broadcast for i in logical),
+            broadcast=tuple(i.is_broadcast() for i in logical),
             perm=perm, contiguity=contiguity,
             has_stride_order=tv.has_allocation_domain() and perm != tuple(range(len(logical))),
             is_cpu=tv.is_cpu,

@@ -174,7 +174,7 @@ def _layout(fusion: Fusion, tv: TensorView, dense: bool, chunked: bool) -> Layou
     # as a fusion output is the layout of the copy the executor returns, not of the input.
     perm = _given_perm(tv) if tv.is_fusion_input else allocation_perm(fusion, tv)
     if dense:
-        return Layout.dense(perm, [i.is_broadcast for i in tv.get_logical_domain(no_reductions=True)])
+        return Layout.dense(perm, [i.is_broadcast() for i in tv.get_logical_domain(no_reductions=True)])
     if chunked or not tv.is_fusion_input or not is_permutation_of_logical(tv, tv.get_allocation_domain()):
         return Layout(perm, (False,) * len(perm))
     return Layout.of(perm, tv.contiguity)
@@ -186,4 +186,4 @@ def _given_perm(tv: TensorView) -> tuple[int, ...]:
     if not tv.has_allocation_domain():
         return tuple(range(len(logical)))
     position = {id(i): d for d, i in enumerate(logical)}
-    return tuple(position[id(i)] for i in logical_order(tv) if not i.is_reduction)
+    return tuple(position[id(i)] for i in logical_order(tv) if not i.is_reduction())

@@ -147,7 +147,7 @@ def _prepared(fusion: Fusion, reference: int | None, input_layouts: dict[int, La
             layouts[tv.name] = Layout.of(allocation_perm(copy, tv), tv.contiguity)
     for out in copy.outputs():
         if isinstance(out, TensorView):
-            broadcast = [i.is_broadcast for i in out.get_logical_domain(no_reductions=True)]
+            broadcast = [i.is_broadcast() for i in out.get_logical_domain(no_reductions=True)]
             layouts[out.name] = Layout.dense(allocation_perm(copy, out), broadcast)
     return copy, ref, layouts
 

@@ -50,7 +50,7 @@ def _grid_reductions(fusion: Fusion) -> list[TensorView]:
         if not isinstance(expr, ReductionOp | VarMeanOp):
             continue
         out = expr.output
-        grid = [i for i in out.get_loop_domain() if i.is_reduction and i.parallel_type in GRID_PARALLEL_TYPES]
+        grid = [i for i in out.get_loop_domain() if i.is_reduction() and i.parallel_type in GRID_PARALLEL_TYPES]
         if not grid:
             continue
         if not any(_depends_on(e_input, other) for other in found for e_input in expr.inputs):
@@ -73,10 +73,10 @@ def split_at_grid_reductions(fusion: Fusion, reference: TensorView, finish: Fini
         return [KernelPart(fusion, reference)]
     split: list[tuple[TensorView, list[TensorView]]] = []  # (reduction, its partial results)
     for tv in reductions:
-        local = [k for k, i in enumerate(tv.get_loop_domain()) if i.is_reduction and i.parallel_type not in GRID_PARALLEL_TYPES]
+        local = [k for k, i in enumerate(tv.get_loop_domain()) if i.is_reduction() and i.parallel_type not in GRID_PARALLEL_TYPES]
         if isinstance(tv.definition, VarMeanOp) and not isinstance(tv.definition, WelfordCombineOp):
             if not local:
-                grid = next(i for i in tv.get_loop_domain() if i.is_reduction and i.parallel_type in GRID_PARALLEL_TYPES)
+                grid = next(i for i in tv.get_loop_domain() if i.is_reduction() and i.parallel_type in GRID_PARALLEL_TYPES)
                 raise KernelError(f"{tv.short_name} axis {tv.loop_position(grid)} ({grid}) reduces var_mean across "
                                   f"programs ({grid.parallel_type.name}) with no axis reduced within a program: "
                                   "Welford's partial results come from a program's own share (a loop or a tile axis)")
@@ -157,7 +157,7 @@ def _widest(fusion: Fusion, partial: TensorView) -> TensorView:
 
 
 def _iterated(tv: TensorView) -> int:
-    return sum(not i.is_broadcast for i in tv.get_loop_domain())
+    return sum(not i.is_broadcast() for i in tv.get_loop_domain())
 
 
 def _final_step(fusion: Fusion, outputs: list[Val], partials: list[TensorView],
@@ -193,7 +193,7 @@ def _keep_schedule(fusion: Fusion, memo: dict[int, object], reductions: list[Ten
     nest = {i.parallel_type for i in chosen.get_loop_domain()}
     for tv in fusion.tensors():
         for i in tv.get_loop_domain():
-            if i.is_broadcast and i.parallel_type not in nest:
+            if i.is_broadcast() and i.parallel_type not in nest:
                 i.parallel_type = ParallelType.serial
     fusion.mark_changed()
     return chosen
@@ -203,12 +203,12 @@ def _grid_types(tv: TensorView) -> set[ParallelType]:
     """The grid axes ``tv`` iterates (a broadcast axis scheduled like the row it is read back into, a
     per-row result's, iterates none)."""
     return {i.parallel_type for i in tv.get_loop_domain()
-            if not i.is_reduction and not i.is_broadcast and i.parallel_type in GRID_PARALLEL_TYPES}
+            if not i.is_reduction() and not i.is_broadcast() and i.parallel_type in GRID_PARALLEL_TYPES}
 
 
 def _grid_to_loops(tv: TensorView) -> None:
     for i in tv.get_loop_domain():
-        if i.is_reduction and i.parallel_type in GRID_PARALLEL_TYPES:
+        if i.is_reduction() and i.parallel_type in GRID_PARALLEL_TYPES:
             i.parallel_type = ParallelType.serial
     tv.fusion.mark_changed()
 
@@ -222,7 +222,7 @@ def _check_partial_is_per_program(tv: TensorView, partial: TensorView) -> None:
     inverse = {id(c): p for p, c in mapping.items()}
     partial_loop = partial.get_loop_domain()
     for i in tv.get_loop_domain():
-        if not (i.is_reduction and i.parallel_type in GRID_PARALLEL_TYPES):
+        if not (i.is_reduction() and i.parallel_type in GRID_PARALLEL_TYPES):
             continue
         p = inverse.get(id(i))
         if p is None or not any(p is j for j in partial_loop) or p.parallel_type is not i.parallel_type:
@@ -242,11 +242,11 @@ def _grid_axes_outermost(tv: TensorView, partial: TensorView) -> None:
     kept."""
     if partial.has_allocation_domain() or tv.definition is None:
         return
-    reduced = {id(p) for p, c in tv.definition.logical_map(partial).items() if c.is_reduction}
+    reduced = {id(p) for p, c in tv.definition.logical_map(partial).items() if c.is_reduction()}
     logical = partial.get_logical_domain()
-    grid = [i for i in logical if id(i) in reduced and not i.is_reduction]
+    grid = [i for i in logical if id(i) in reduced and not i.is_reduction()]
     if grid:
-        partial.set_allocation_domain([*grid, *(i for i in logical if id(i) not in reduced or i.is_reduction)],
+        partial.set_allocation_domain([*grid, *(i for i in logical if id(i) not in reduced or i.is_reduction())],
                                       hint=True)
 
 

@@ -194,7 +194,7 @@ def row_statistics(fusion: FusionLike, hints: SizeHints) -> list[TensorView]:
     analysis = checked_analysis(fusion, KINDS)
     return [t for e in fusion.exprs() if isinstance(e, ReductionOp | VarMeanOp)
             and frozenset(analysis.exact.class_of(i) for i in e.output.get_logical_domain()
-                          if i.is_reduction and not i.is_broadcast) == analysis.reduced
+                          if i.is_reduction() and not i.is_broadcast()) == analysis.reduced
             for t in e.tensor_outputs]
 
 
@@ -229,8 +229,8 @@ def _add_up_each_step(fusion: Fusion) -> None:
         if not isinstance(expr, ReductionOp):
             continue
         loop = expr.output.get_loop_domain()
-        rows = [k for k, i in enumerate(loop) if i.is_reduction and i.parallel_type is ParallelType.block_y]
-        if rows and any(i.is_reduction and i.parallel_type is ParallelType.serial for i in loop):
+        rows = [k for k, i in enumerate(loop) if i.is_reduction() and i.parallel_type is ParallelType.block_y]
+        if rows and any(i.is_reduction() and i.parallel_type is ParallelType.serial for i in loop):
             expr.output.rfactor(rows)
     inline_most(fusion=fusion)
 

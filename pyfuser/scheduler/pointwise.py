@@ -114,7 +114,7 @@ def broadcasts_of_their_own(ref: TensorView) -> bool:
     fusion = ref.fusion
     graph = IdGraph(fusion.tensors(), fusion.exprs(), map_broadcast=True, through_transforms=False)
     ours = ref.get_logical_domain()
-    return any(i.is_broadcast and not any(graph.mapped(i, r) for r in ours)
+    return any(i.is_broadcast() and not any(graph.mapped(i, r) for r in ours)
                for out in fusion.outputs() if isinstance(out, TensorView) and out is not ref
                for i in out.get_logical_domain())
 
@@ -125,13 +125,13 @@ def flatten_in_memory_order(ref: TensorView) -> int:
     a pointwise kernel copies may keep the reduction IDs of the reduction it comes from, e.g. partial
     sums before an allreduce), and its broadcast IDs where other outputs have broadcasts of their own
     (``broadcasts_of_their_own``; unless it has only broadcasts)."""
-    order = [i for i in logical_order(ref) if not i.is_reduction]
-    if any(not i.is_broadcast for i in order) and broadcasts_of_their_own(ref):
-        order = [i for i in order if not i.is_broadcast] + [i for i in order if i.is_broadcast]
-        iterating = sum(not i.is_broadcast for i in order)
+    order = [i for i in logical_order(ref) if not i.is_reduction()]
+    if any(not i.is_broadcast() for i in order) and broadcasts_of_their_own(ref):
+        order = [i for i in order if not i.is_broadcast()] + [i for i in order if i.is_broadcast()]
+        iterating = sum(not i.is_broadcast() for i in order)
     else:
         iterating = len(order)
-    order += [i for i in ref.get_loop_domain() if i.is_reduction]
+    order += [i for i in ref.get_loop_domain() if i.is_reduction()]
     loop = ref.get_loop_domain()
     ref.reorder({loop.index(i): k for k, i in enumerate(order) if i in loop})
     return iterating

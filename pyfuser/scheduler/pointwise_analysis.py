@@ -19,12 +19,12 @@ from pyfuser.scheduler.registry import FusionLike, once_per_view
 def reference_output(fusion: FusionLike) -> TensorView:
     """The output with the most iterating (non-broadcast) axes; ties: the first."""
     outputs = [o for o in fusion.outputs() if isinstance(o, TensorView)]
-    return max(outputs, key=lambda o: sum(not i.is_broadcast for i in o.get_logical_domain()))
+    return max(outputs, key=lambda o: sum(not i.is_broadcast() for i in o.get_logical_domain()))
 
 
 def innermost(tv: TensorView) -> IterDomain | None:
     """``tv``'s innermost logical axis in memory that is not a broadcast (None: no such axis)."""
-    order = [i for i in logical_order(tv) if not i.is_broadcast and not i.is_reduction]
+    order = [i for i in logical_order(tv) if not i.is_broadcast() and not i.is_reduction()]
     return order[-1] if order else None
 
 
@@ -57,7 +57,7 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
         if read_by_index_only(tv, exprs):  # addressed at indexed positions, not iterated
             continue
         for pos, i in enumerate(tv.get_logical_domain()):
-            if not i.is_broadcast and not i.is_reduction and exact.class_of(i) not in readable:
+            if not i.is_broadcast() and not i.is_reduction() and exact.class_of(i) not in readable:
                 return False, (f"{tv.short_name} axis {pos} ({i}) is not an axis of {ref.short_name}, the reference "
                                "output: one pointwise kernel iterates over one output's axes"), None
     for out in outputs:
@@ -71,7 +71,7 @@ def check_pointwise(fusion: FusionLike) -> tuple[bool, str, IdGraph | None]:
 
 def _iterating_classes(tv: TensorView, exact: IdGraph) -> Counter[int]:
     """Exact classes of ``tv``'s iterating logical axes, each as often as ``tv`` has an axis of it."""
-    return Counter(exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast and not i.is_reduction)
+    return Counter(exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast() and not i.is_reduction())
 
 
 def innermost_classes(fusion: FusionLike, exact: IdGraph) -> dict[int, TensorView]:
@@ -83,13 +83,13 @@ def innermost_classes(fusion: FusionLike, exact: IdGraph) -> dict[int, TensorVie
     stored transposed) read across its rows by a 1-D schedule over the scores' memory order touches a
     line per element (H200, bf16 4 x 8192 x 1000: 225 us against Inductor's tiled 52)."""
     ref = reference_output(fusion)
-    ref_order = [exact.class_of(i) for i in logical_order(ref) if not i.is_broadcast and not i.is_reduction]
+    ref_order = [exact.class_of(i) for i in logical_order(ref) if not i.is_broadcast() and not i.is_reduction()]
     ref_classes = set(ref_order)
     classes: dict[int, TensorView] = {}
     for tv in (*fusion.inputs(), *fusion.outputs()):
         if not isinstance(tv, TensorView):
             continue
-        own = {exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast and not i.is_reduction}
+        own = {exact.class_of(i) for i in tv.get_logical_domain() if not i.is_broadcast() and not i.is_reduction()}
         inner = innermost(tv)
         if inner is None or len(own) < 2 or not own <= ref_classes:
             continue
@@ -115,7 +115,7 @@ def transposed_axes(fusion: FusionLike, exact: IdGraph) -> tuple[IterDomain, Ite
     assert out_axis is not None
     out_class = exact.class_of(out_axis)
     in_class = next(c for c in innermost_classes(fusion, exact) if c != out_class)
-    in_axis = next(i for i in ref.get_logical_domain() if not i.is_broadcast and exact.class_of(i) == in_class)
+    in_axis = next(i for i in ref.get_logical_domain() if not i.is_broadcast() and exact.class_of(i) == in_class)
     return in_axis, out_axis
 
 

@@ -73,9 +73,9 @@ class ReductionAnalysis:
         reduced: SymExpr = SymConst(1)
         kept: SymExpr = SymConst(1)
         for i in self.reference.get_logical_domain():
-            if i.is_broadcast:
+            if i.is_broadcast():
                 continue
-            if i.is_reduction:
+            if i.is_reduction():
                 reduced = reduced * i.extent
             else:
                 kept = kept * i.extent
@@ -86,11 +86,11 @@ class ReductionAnalysis:
         ``reduced <=`` it for a tensor as large as the rows (one the loops stream), ``reduced &`` it
         empty for a reduced result."""
         return frozenset(self.exact.class_of(i) for i in tv.get_logical_domain()
-                         if not i.is_broadcast and not i.is_reduction)
+                         if not i.is_broadcast() and not i.is_reduction())
 
 
 def _classes(exact: IdGraph, ids: list[IterDomain]) -> frozenset[int]:
-    return frozenset(exact.class_of(i) for i in ids if not i.is_broadcast)
+    return frozenset(exact.class_of(i) for i in ids if not i.is_broadcast())
 
 
 @once_per_view
@@ -121,7 +121,7 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
         elif space != full:
             return None, (f"{reductions[0].output.short_name} and {out.short_name} reduce tensors of different axes; "
                           "one reduction kernel iterates one space")
-        groups.setdefault(_classes(exact, [i for i in out.get_logical_domain() if i.is_reduction]), []).append(e)
+        groups.setdefault(_classes(exact, [i for i in out.get_logical_domain() if i.is_reduction()]), []).append(e)
     assert full is not None
     regrouped = reshape_regroupings(exprs, exact.class_of, exact.forwards)
     reduced_classes = frozenset().union(*groups)
@@ -140,13 +140,13 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
     # the axes of a reshape's operand read at indices computed from its result's
     reachable = readable_classes(exprs, exact.class_of, regrouped_classes(full, regrouped))
     for tv in fusion.tensors():
-        own = _classes(exact, [i for i in tv.get_logical_domain() if not i.is_reduction])
+        own = _classes(exact, [i for i in tv.get_logical_domain() if not i.is_reduction()])
         if not own <= reachable and not read_by_index_only(tv, exprs):  # (a lookup tensor is not iterated)
             return None, (f"{tv.short_name} iterates axes outside the reductions' space; one reduction kernel "
                           "iterates one space")
     computed = _computed_from(reductions, exprs)
     for tv in computed:
-        kept_ids = [i for i in tv.get_logical_domain() if not i.is_reduction and not i.is_broadcast]
+        kept_ids = [i for i in tv.get_logical_domain() if not i.is_reduction() and not i.is_broadcast()]
         if len(_classes(exact, kept_ids)) < len(kept_ids):
             # (``x + x.t()`` of a reduced value): the programs tile each axis of the space once, so a
             # reduced value read along the other axis is one they did not compute
@@ -172,7 +172,7 @@ def analyze(fusion: FusionLike) -> tuple[ReductionAnalysis | None, str]:
     orders = infer_allocation_orders(fusion)
     kinds = {id(e): _kind(e, orders[id(e.tensor_inputs[0])]) for e in reductions}
     first = reductions[0]
-    order = [exact.class_of(i) for i in orders[id(first.tensor_inputs[0])] if not i.is_broadcast]
+    order = [exact.class_of(i) for i in orders[id(first.tensor_inputs[0])] if not i.is_broadcast()]
     if len(groups) == 1:
         reduced = next(iter(groups))
         inner = kinds[id(first)] is ReductionKind.inner
@@ -221,7 +221,7 @@ def _shifts_of_reduced_values(exprs: list[Expr], exact: IdGraph, computed: list[
                         "which no reduction of the segment computes; one reduction kernel computes slices, pads "
                         "and cats of its reduced values only")
             p_ids = producer.get_logical_domain(no_reductions=True)
-            if any(not i.is_broadcast and exact.class_of(i) not in space | reduced for i in p_ids):
+            if any(not i.is_broadcast() and exact.class_of(i) not in space | reduced for i in p_ids):
                 # (Swin's pad of a normalized ``[B, H * W, C]`` viewed as ``[B, H, W, C]``): the reduced value is
                 # found again at the loop nest's own indices only
                 return (f"{expr.op_description} producing {expr.outputs[0].short_name} reads {producer.short_name}, "
@@ -229,7 +229,7 @@ def _shifts_of_reduced_values(exprs: list[Expr], exact: IdGraph, computed: list[
                         "pads and cats of reduced values over the reductions' own axes")
             for axis in resized_axes(expr, k):
                 i = p_ids[axis.dim]
-                if not i.is_broadcast and exact.class_of(i) not in reduced:
+                if not i.is_broadcast() and exact.class_of(i) not in reduced:
                     return (f"{expr.op_description} producing {expr.outputs[0].short_name} reads "
                             f"{producer.short_name}, computed from a reduction, shifted along its axis {axis.dim}, "
                             "which the reductions keep; one reduction kernel reads a reduced value where it "
@@ -261,8 +261,8 @@ def _computed_from(reductions: Sequence[Expr], exprs: list[Expr]) -> list[Tensor
 def _persistent(fusion: FusionLike, exact: IdGraph, reductions: Sequence[Expr]) -> bool:
     """Whether a value computed from a reduction is read back over the axes it reduced."""
     for e in reductions:
-        reduced = _classes(exact, [i for i in e.output.get_logical_domain() if i.is_reduction])
-        if any(_classes(exact, [i for i in out.get_logical_domain() if not i.is_reduction]) & reduced
+        reduced = _classes(exact, [i for i in e.output.get_logical_domain() if i.is_reduction()])
+        if any(_classes(exact, [i for i in out.get_logical_domain() if not i.is_reduction()]) & reduced
                for use in downstream_exprs(e) for out in use.tensor_outputs):
             return True
     return False

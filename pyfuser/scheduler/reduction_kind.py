@@ -33,13 +33,13 @@ def reduction_kind(expr: Expr, input_order: Sequence[IterDomain] | None = None) 
     order = list(input_order) if input_order is not None else logical_order(producer)
     mapping = expr.logical_map(producer)
     for p in reversed(order):
-        if p.is_broadcast or p.is_reduction:
+        if p.is_broadcast() or p.is_reduction():
             continue
         c = mapping.get(p)
         if c is None:
             raise ValueError(f"{expr.output.short_name}: input ID {p} of {producer.short_name} has no counterpart in "
                              "the reduction's output")
-        return ReductionKind.inner if c.is_reduction else ReductionKind.outer
+        return ReductionKind.inner if c.is_reduction() else ReductionKind.outer
     raise ValueError(f"{expr.output.short_name}: {producer.short_name} has no axis that occupies memory; "
                      "a reduction of broadcasts is neither inner nor outer")
 

@@ -157,7 +157,7 @@ def streamed_bytes(fusion: FusionLike) -> int:
     input's size, not its reduced results (a float32 column max of bfloat16 data reads 2-byte
     elements: a column block of 32 x 16 bytes is 256 of them, not the 128 its float32 result has)."""
     full = [v for v in fusion.outputs() if isinstance(v, TensorView)
-            and not any(i.is_reduction or i.is_broadcast for i in v.get_logical_domain())]
+            and not any(i.is_reduction() or i.is_broadcast() for i in v.get_logical_domain())]
     return max((v.dtype.torch_dtype.itemsize for v in (*fusion.inputs(), *full) if isinstance(v, TensorView)),
                default=4)
 
@@ -537,12 +537,12 @@ def flatten(ref: TensorView, analysis: ReductionAnalysis, reduced_first: bool) -
     logical = ref.get_logical_domain()
 
     def key(i: IterDomain) -> int:
-        if i.is_broadcast:
+        if i.is_broadcast():
             return -1
         return min(rank.get(exact.class_of(a), len(rank)) for a in logical_ancestors(i, logical))
 
-    kept = sorted((i for i in loop if not i.is_reduction), key=key)
-    reduced = sorted((i for i in loop if i.is_reduction), key=key)
+    kept = sorted((i for i in loop if not i.is_reduction()), key=key)
+    reduced = sorted((i for i in loop if i.is_reduction()), key=key)
     order = [*reduced, *kept] if reduced_first else [*kept, *reduced]
     ref.reorder({loop.index(i): k for k, i in enumerate(order)})
     first, second = (reduced, kept) if reduced_first else (kept, reduced)
@@ -567,7 +567,7 @@ def merge_regrouped(ref: TensorView, analysis: ReductionAnalysis) -> None:
     for key in regrouped.keys():
         if len(key) < 2:
             continue
-        loop = [i for i in ref.get_loop_domain() if i.definition is None and not i.is_reduction and not i.is_broadcast]
+        loop = [i for i in ref.get_loop_domain() if i.definition is None and not i.is_reduction() and not i.is_broadcast()]
         chosen = one_per_class(loop, key, exact.class_of)
         if chosen is not None:
             merged = chosen[0]
@@ -583,7 +583,7 @@ def _position(tv: TensorView, i: IterDomain) -> int:
 
 def schedule_reference(ref: TensorView, analysis: ReductionAnalysis, params: ReductionParams) -> None:
     """Transform the reference's loop domain into the params' shape and parallelize it."""
-    full = all(i.is_reduction or i.is_broadcast for i in ref.get_logical_domain())
+    full = all(i.is_reduction() or i.is_broadcast() for i in ref.get_logical_domain())
     if params.shape == "outer":
         if full:
             _schedule_outer_full(ref, params)

@@ -108,7 +108,7 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
     # one element, where value's and acc's agree.
     rows = zip(acc.get_logical_domain(no_reductions=True)[1:], value.get_logical_domain(no_reductions=True)[1:],
                strict=True)
-    if any(a.is_broadcast != v.is_broadcast for a, v in rows):
+    if any(a.is_broadcast() != v.is_broadcast() for a, v in rows):
         return False, f"{value.short_name}'s rows and {acc.short_name}'s differ in which axes have size 1"
     exprs = fusion.exprs()
     if any(isinstance(i, TensorView) and i.definition is not None and i.definition in exprs for i in (index,)):
@@ -135,7 +135,7 @@ def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
         return False, "acc and value are computed from a common tensor of the segment: two launches would compute it"
     for tv, role in ((acc, "acc"), (value, "value")):
         for t in _producers(tv, fusion):  # (a segment input is read as it lies, whatever computed it)
-            if id(t) not in inputs and any(i.is_reduction for i in t.get_logical_domain()):
+            if id(t) not in inputs and any(i.is_reduction() for i in t.get_logical_domain()):
                 return False, f"{t.short_name} (computing {role}) has reduction axes"
     return True, ""
 

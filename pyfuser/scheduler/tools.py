@@ -98,7 +98,7 @@ def _regrouped(tv: TensorView, key: Key, regrouped: Regroupings, graph: IdGraph,
     ``tv``'s logical IDs of an equivalent group merged outer first (the merges made here); ``taken``
     (IDs already matched) grows by the IDs used."""
     options = sorted((k for k in regrouped.keys() if regrouped.same(key, k)), key=len)
-    free = [i for i in tv.get_logical_domain() if id(i) not in taken and not i.is_reduction]
+    free = [i for i in tv.get_logical_domain() if id(i) not in taken and not i.is_reduction()]
     for option in options:
         chosen = one_per_class(free, option, graph.class_of)
         if chosen is not None:

@@ -132,7 +132,7 @@ def test_rfactor_of_a_contraction_writes_its_partial_sums_and_sets_them(op: str,
     assert out.definition.inputs[0] is partial
     assert type(partial.definition).__name__ == {"matmul": "MatmulOp", "linear": "LinearOp"}[op]
     assert len(partial.get_loop_domain()) == len(out.get_loop_domain()) == 5
-    assert partial.axis(-2).is_reduction and str(partial.axis(-2).extent) == "3"
+    assert partial.axis(-2).is_reduction() and str(partial.axis(-2).extent) == "3"
     x = torch.randn(4, 14, 2, dtype=dtype).permute(0, 2, 1)  # [4, 2, 14], permuted
     w = torch.randn(14, 5 if op == "matmul" else 1, dtype=dtype).expand(14, 5)
     if op == "linear":

@@ -112,7 +112,7 @@ def test_rows_on_chip_are_not_split() -> None:
         fd.add_output(fd.ops.sum(fd.ops.mul(dy, x), [0]))
     assert inner_outer_persistent.row_statistics(fd.fusion, SizeHints(8192, 4096, h200)) == []
     split = inner_outer_persistent.row_statistics(fd.fusion, SizeHints(16384, 4096, h200))
-    assert len(split) == 1 and split[0].get_logical_domain()[1].is_reduction
+    assert len(split) == 1 and split[0].get_logical_domain()[1].is_reduction()
 
 
 @pytest.mark.parametrize(("dtype", "stages"), [(DataType.Float, 0), (DataType.BFloat16, 3)])

@@ -275,7 +275,7 @@ def test_merge_of_broadcast_with_reduction_is_allowed() -> None:
         t1 = fd.ops.sum(t0, [2])
         fd.add_output(t1)
     t1.merge(1)  # broadcast (b) with reduction (r): a reduction ID
-    assert t1.axis(1).is_reduction
+    assert t1.axis(1).is_reduction()
     x = torch.randn(3, 1, 4)
     torch.testing.assert_close(fd.execute([x])[0], x.sum(2))
 

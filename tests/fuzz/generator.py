@@ -85,7 +85,7 @@ class _Generator(OpFamilies):
 
     def bcast(self, name: str) -> list[bool]:
         tv = self.fd_ns[name]
-        return [i.is_broadcast for i in tv.get_logical_domain(no_reductions=True)]
+        return [i.is_broadcast() for i in tv.get_logical_domain(no_reductions=True)]
 
     def pick(self, pred: Callable[[str], bool] = lambda n: True) -> str | None:
         """A tensor value, recent ones more likely."""

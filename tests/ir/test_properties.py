@@ -47,7 +47,7 @@ def apply(tv: TensorView, schedule: list[Step]) -> None:
         elif step.kind == "merge" and n > 1:
             axis = min(axis, n - 2)
             outer, inner = loop[axis], loop[axis + 1]
-            mixed = outer.is_reduction != inner.is_reduction and not (outer.is_broadcast or inner.is_broadcast)
+            mixed = outer.is_reduction() != inner.is_reduction() and not (outer.is_broadcast() or inner.is_broadcast())
             try:
                 tv.merge(axis)
             except ValueError as e:

@@ -154,8 +154,8 @@ def test_cache_before_moves_the_definition() -> None:
     cache = t1.cache_before()
     assert cache.definition is not None and cache.definition.inputs == [t0]
     assert t1.definition.inputs == [cache]
-    assert cache.axis(1).is_reduction, "the reduction happens in the cache"
-    assert not any(i.is_reduction for i in t1.get_logical_domain()), "the output only copies"
+    assert cache.axis(1).is_reduction(), "the reduction happens in the cache"
+    assert not any(i.is_reduction() for i in t1.get_logical_domain()), "the output only copies"
     cache.split(1, 3)
     x = torch.randn(4, 7)
     torch.testing.assert_close(fd.execute([x])[0], x.sum(1))

@@ -28,7 +28,7 @@ def preseg(fusion: Fusion, **options: object) -> Fusion:
 def out_dims_order(tv: TensorView) -> list[int]:
     """Logical positions (reductions dropped) of ``tv``'s allocation domain, outermost first."""
     kept = tv.get_logical_domain(no_reductions=True)
-    return [next(k for k, j in enumerate(kept) if j is i) for i in tv.get_allocation_domain() if not i.is_reduction]
+    return [next(k for k, j in enumerate(kept) if j is i) for i in tv.get_allocation_domain() if not i.is_reduction()]
 
 
 def cl_input(fd: FusionDefinition) -> TensorView:

@@ -83,7 +83,7 @@ def test_required_output_stride_order_is_written_into_the_allocation_domain() ->
     out = after.outputs()[0]
     assert out.allocation_is_required
     kept = out.get_logical_domain(no_reductions=True)
-    assert [i for i in out.get_allocation_domain() if not i.is_reduction] == [kept[1], kept[0]]
+    assert [i for i in out.get_allocation_domain() if not i.is_reduction()] == [kept[1], kept[0]]
     assert fd.fusion.outputs()[0].has_allocation_domain() is False, "the user's definition is untouched"
     (res,) = fd.execute([torch.randn(3, 4, 5)])
     assert res.stride() == (1, 3)

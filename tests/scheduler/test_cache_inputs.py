@@ -193,7 +193,7 @@ def test_cache_before_keeps_the_output_layout() -> None:
     t1.set_allocation_domain([c, r, a])
     cache = t1.cache_before()
     assert cache.memory_type is MemoryType.Local and not cache.has_allocation_domain()
-    assert any(i.is_reduction for i in cache.get_logical_domain())
+    assert any(i.is_reduction() for i in cache.get_logical_domain())
     new_a, new_c = t1.get_logical_domain()
     assert t1.get_allocation_domain() == [new_c, new_a] and t1.allocation_is_required
     x = torch.randn(3, 4, 5)

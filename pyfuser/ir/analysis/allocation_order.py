@@ -71,7 +71,7 @@ def layout_map(expr: Expr, producer: TensorView) -> dict[IterDomain, IterDomain]
     A broadcast producer ID has no place in memory (torch: stride 0), so it has no say in where
     the ID it maps to goes.
     """
-    mapping = {p: c for p, c in expr.logical_map(producer).items() if not p.is_broadcast}
+    mapping = {p: c for p, c in expr.logical_map(producer).items() if not p.is_broadcast()}
     ids = producer.get_logical_domain(no_reductions=True)
     if isinstance(expr, MatmulOp):
         fixed = ids[-2:]  # M / K of a, K / N of b: the GEMM decides their order
@@ -129,4 +129,4 @@ def allocation_perm(fusion: Fusion, tv: TensorView) -> tuple[int, ...]:
     if not tv.has_allocation_domain():
         return tuple(range(len(logical)))
     position = {id(i): d for d, i in enumerate(logical)}
-    return tuple(position[id(i)] for i in logical_order(tv) if not i.is_reduction)
+    return tuple(position[id(i)] for i in logical_order(tv) if not i.is_reduction())

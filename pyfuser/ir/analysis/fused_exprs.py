@@ -59,7 +59,7 @@ class FusedExprs:
             return k
 
         def follow(a: IterDomain, b: IterDomain) -> None:
-            if not (a.is_broadcast or b.is_broadcast):  # exact: a broadcast maps to any extent
+            if not (a.is_broadcast() or b.is_broadcast()):  # exact: a broadcast maps to any extent
                 parent[root(id(a))] = root(id(b))
             if id(a) in origins:
                 found = origins.setdefault(id(b), [])
@@ -113,7 +113,7 @@ class FusedExprs:
         by_class = {root(id(c)): c for c in reversed(self.output.get_logical_domain())}
         for p in producer.get_logical_domain():
             c = by_class.get(root(id(p)))
-            if p not in result and c is not None and not p.is_broadcast and c not in result.values():
+            if p not in result and c is not None and not p.is_broadcast() and c not in result.values():
                 result[p] = c
         return result
 
@@ -125,6 +125,6 @@ def _reaching(origins: dict[int, list[IterDomain]], root: Callable[[int], int], 
         if root(k) != axis:
             continue
         for i in ids:
-            if not i.is_broadcast and all(i is not j for j in found):
+            if not i.is_broadcast() and all(i is not j for j in found):
                 found.append(i)
     return found

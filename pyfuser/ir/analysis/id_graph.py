@@ -61,7 +61,7 @@ def _transform_key(t: IdTransform, classes: _UnionFind) -> tuple[object, ...]:
 
 def _size_one(i: IterDomain) -> bool:
     """A broadcast, or an ID of extent 1 (a reduction of a broadcast): merging it changes no extent."""
-    return i.is_broadcast or (isinstance(i.extent, SymConst) and i.extent.val == 1)
+    return i.is_broadcast() or (isinstance(i.extent, SymConst) and i.extent.val == 1)
 
 
 class IdGraph:
@@ -150,7 +150,7 @@ class IdGraph:
         axes: dict[int, set[int]] = {}
         for k, i in self._ids.items():
             root = self._classes.find(k)
-            if (root == ra or root == rb) and i.tensor is not None and not i.is_broadcast:
+            if (root == ra or root == rb) and i.tensor is not None and not i.is_broadcast():
                 logical = {id(j) for j in i.tensor.get_logical_domain()}
                 if k in logical:
                     axes.setdefault(id(i.tensor), set()).add(root)
@@ -161,7 +161,7 @@ class IdGraph:
         for producer in expr.tensor_inputs:
             for p, c in expr.logical_map(producer).items():
                 # A reduction of a broadcast axis also covers its single position: exactly mapped.
-                if self.map_broadcast or p.is_broadcast == c.is_broadcast or (p.is_broadcast and c.is_reduction):
+                if self.map_broadcast or p.is_broadcast() == c.is_broadcast() or (p.is_broadcast() and c.is_reduction()):
                     self._classes.union(id(p), id(c))
         for other in outs[1:]:  # multi-output exprs (var_mean) iterate one space
             for a, b in zip(outs[0].get_logical_domain(), other.get_logical_domain(), strict=True):
@@ -246,6 +246,6 @@ class IdGraph:
 
     def concrete(self, i: IterDomain) -> IterDomain:
         """A member of ``i``'s class that is not a broadcast (``i`` itself when it is none)."""
-        if not i.is_broadcast:
+        if not i.is_broadcast():
             return i
-        return next((j for j in self.members(i) if not j.is_broadcast), i)
+        return next((j for j in self.members(i) if not j.is_broadcast()), i)

@@ -113,9 +113,9 @@ def softmax_shift(expr: ReductionOp) -> ReductionOp | None:
         d_id = y_to_d.get(x_to_y[x_id])
         e_id = d_to_e.get(d_id) if d_id is not None else None
         out_id = e_to_out.get(e_id) if e_id is not None else None
-        if out_id is None or out_id.is_reduction is not m_id.is_reduction:
+        if out_id is None or out_id.is_reduction() is not m_id.is_reduction():
             return None
         b_id = to_b.get(m_id)
-        if not m_id.is_reduction and (b_id is None or b_to_d.get(b_id) is not d_id):
+        if not m_id.is_reduction() and (b_id is None or b_to_d.get(b_id) is not d_id):
             return None
     return m

@@ -222,7 +222,7 @@ def reshaped_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int
         if not isinstance(expr, ReshapeOp):
             continue
         out_ids = expr.output.get_logical_domain(no_reductions=True)
-        if all(i.is_broadcast or class_of(i) in grown for i in out_ids):
+        if all(i.is_broadcast() or class_of(i) in grown for i in out_ids):
             producer = expr.inputs[0]
             assert isinstance(producer, TensorView)
             grown.update(class_of(i) for i in producer.get_logical_domain(no_reductions=True))
@@ -239,7 +239,7 @@ def is_view_of(expr: ReshapeOp, order: Sequence[IterDomain]) -> bool:
     producer = expr.inputs[0]
     assert isinstance(producer, TensorView)
     ids = producer.get_logical_domain(no_reductions=True)
-    memory = [i for i in order if i.extent.value != 1 and not i.is_reduction]
+    memory = [i for i in order if i.extent.value != 1 and not i.is_reduction()]
     for group in groups:
         merged = [ids[d] for d in group.inputs if ids[d].extent.value != 1]
         if len(merged) < 2:

@@ -65,7 +65,7 @@ def resized_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int]
         for k, v in enumerate(expr.tensor_inputs):
             p_ids = v.get_logical_domain(no_reductions=True)
             for axis in resized_axes(expr, k):
-                if (to_broadcasts and out_ids[axis.dim].is_broadcast) or class_of(out_ids[axis.dim]) in grown:
+                if (to_broadcasts and out_ids[axis.dim].is_broadcast()) or class_of(out_ids[axis.dim]) in grown:
                     grown.add(class_of(p_ids[axis.dim]))
     return grown
 

@@ -162,7 +162,7 @@ def local_sizes(tv: TensorView, env: Mapping[str, int]) -> list[int]:
     sharding = sharding_of(tv)
     sizes = []
     for axis, i in enumerate(tv.get_logical_domain()):
-        if i.is_reduction:
+        if i.is_reduction():
             continue
         extent = i.extent.evaluate(env)
         ptype = sharding.axes.get(axis)
@@ -175,7 +175,7 @@ def non_reduction_dims(tv: TensorView) -> dict[int, int | None]:
     result: dict[int, int | None] = {}
     dim = 0
     for pos, i in enumerate(tv.get_logical_domain()):
-        if i.is_reduction:
+        if i.is_reduction():
             result[pos] = None
         else:
             result[pos] = dim
@@ -198,7 +198,7 @@ def shard_factors(tv: TensorView) -> list[int]:
     sharding = sharding_of(tv)
     factors = []
     for axis, i in enumerate(tv.get_logical_domain()):
-        if not i.is_reduction:
+        if not i.is_reduction():
             ptype = sharding.axes.get(axis)
             factors.append(tv.device_mesh.size_of(ptype) if ptype is not None else 1)
     return factors

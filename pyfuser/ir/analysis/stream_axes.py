@@ -99,10 +99,10 @@ def stream_axis_of(tv: TensorView) -> StreamAxis | None:
                          "produced by one stream loop, so at most one loop ID may be parallelized on stream")
     sid = streams[0]
     where = f"{tv.short_name} axis {tv.loop_position(sid)} ({sid})"
-    if sid.is_reduction:
+    if sid.is_reduction():
         raise ValueError(f"{where} is a reduction ID parallelized on stream; a host loop cannot split a "
                          "reduction: parallelize an iteration axis instead")
-    if sid.is_broadcast:  # one element: the loop would run once, on the whole tensor (nvFuser's S = 1)
+    if sid.is_broadcast():  # one element: the loop would run once, on the whole tensor (nvFuser's S = 1)
         return None
     logical = tv.get_logical_domain()
     node, splits = walk_outer_splits(sid, logical)
@@ -119,7 +119,7 @@ def stream_axis_of(tv: TensorView) -> StreamAxis | None:
 def producer_id(expr: Expr | FusedExprs, producer: TensorView, consumer_id: IterDomain) -> IterDomain | None:
     """The non-broadcast logical ID of ``producer`` that ``expr`` maps to ``consumer_id``, if any."""
     for p, c in expr.logical_map(producer).items():
-        if c is consumer_id and not p.is_broadcast and not p.is_reduction:
+        if c is consumer_id and not p.is_broadcast() and not p.is_reduction():
             return p
     return None
 
@@ -129,7 +129,7 @@ def operand_id(expr: Expr | FusedExprs, position: int, consumer_id: IterDomain) 
     ``consumer_id``, if any. By position, not by tensor: ``matmul(x, x)`` chunked by rows reads
     the first ``x`` by rows and the second whole."""
     for p, c in expr.operand_map(position).items():
-        if c is consumer_id and not p.is_broadcast and not p.is_reduction:
+        if c is consumer_id and not p.is_broadcast() and not p.is_reduction():
             return p
     return None
 
@@ -164,7 +164,7 @@ def expr_stream_axis(expr: Expr | FusedExprs, inherited: Mapping[int, StreamAxis
         # A tensor read at several positions (``matmul(x, x)``) is chunked where the consumer keeps
         # the axis and read whole where it contracts it.
         targets = [expr.operand_map(k).get(axis.logical) for k, v in tensor_operands(expr) if v is p]
-        kept = [t for t in targets if t is not None and not t.is_reduction]
+        kept = [t for t in targets if t is not None and not t.is_reduction()]
         if not kept:
             target = targets[0]
             what = f"the reduction ID {target}" if target is not None else "no axis"
@@ -200,7 +200,7 @@ def _inherited(expr: Expr | FusedExprs, out: TensorView, inherited: Mapping[int,
         if axis is None:
             continue
         target = expr.logical_map(p).get(axis.logical)
-        if target is None or target.is_reduction:
+        if target is None or target.is_reduction():
             return None
         candidate = axis.on(out, target)
         if taken is not None and (candidate.logical is not taken.logical or not candidate.maps_to(taken)):

@@ -349,7 +349,7 @@ def broadcast_checks(a: Val, b: Val) -> list[int]:
     da = ta.get_logical_domain(no_reductions=True)
     db = tb.get_logical_domain(no_reductions=True)
     return [d for d, (x, y) in enumerate(zip(da, db, strict=True))
-            if not x.is_broadcast and not y.is_broadcast and x.extent != y.extent]
+            if not x.is_broadcast() and not y.is_broadcast() and x.extent != y.extent]
 
 
 def size_checks(operands: Sequence[Val], ka: int, kb: int) -> list[SizeCheck]:

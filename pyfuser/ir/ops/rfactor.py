@@ -236,7 +236,7 @@ def _rfactor_contraction(tv: TensorView, expr: MatmulOp | LinearOp) -> TensorVie
     for t in transforms_between(logical, loop):
         _replay(t, copy)
     domain = TensorDomain([copy[id(i)] for i in logical],
-                          contiguity=[None if i.is_broadcast else True for i in logical if not i.is_reduction])
+                          contiguity=[None if i.is_broadcast() else True for i in logical if not i.is_reduction()])
     domain.loop = [copy[id(i)] for i in loop]
     for i in loop:
         copy[id(i)].parallel_type = i.parallel_type
@@ -286,11 +286,11 @@ def _checked_positions(tv: TensorView, axes: Sequence[int]) -> list[int]:
         pos = axis + len(loop) if axis < 0 else axis
         if not 0 <= pos < len(loop):
             raise ValueError(f"{name}: rfactor axis {axis} is out of range for its {len(loop)} loop axes")
-        if not loop[pos].is_reduction:
+        if not loop[pos].is_reduction():
             raise ValueError(f"{name}: rfactor axis {pos} ({loop[pos]}) is not a reduction axis; rfactor only "
                              "splits reduction axes")
         positions.append(pos)
-    reduction_axes = [k for k, i in enumerate(loop) if i.is_reduction]
+    reduction_axes = [k for k, i in enumerate(loop) if i.is_reduction()]
     if not positions:
         raise ValueError(f"{name}: rfactor needs at least one reduction axis to factor out")
     if set(positions) == set(reduction_axes):
@@ -312,31 +312,31 @@ class _Factored:
         fusion = tv.fusion
         domain = tv.domain()
         logical = domain.logical
-        reduced_roots = [i for i in logical if i.is_reduction]
-        reduction_transforms = transforms_between(reduced_roots, [i for i in loop if i.is_reduction])
+        reduced_roots = [i for i in logical if i.is_reduction()]
+        reduction_transforms = transforms_between(reduced_roots, [i for i in loop if i.is_reduction()])
         copy: dict[int, IterDomain] = {id(i): i.clone() for i in logical}
         for t in reduction_transforms:
             _replay(t, copy)
         for i in loop:
-            if i.is_reduction:
+            if i.is_reduction():
                 mine = copy[id(i)]
                 mine.iter_type = IterType.Reduction if id(i) in factored else IterType.Iteration
                 mine.parallel_type = i.parallel_type
         partial_logical: list[IterDomain] = []
-        loop_reductions = [i for i in loop if i.is_reduction]
+        loop_reductions = [i for i in loop if i.is_reduction()]
         for root in logical:
-            if not root.is_reduction:
+            if not root.is_reduction():
                 partial_logical.append(copy[id(root)])
                 continue
             for i in loop_reductions:
                 if root in _logical_sources(i, reduced_roots) and copy[id(i)] not in partial_logical:
                     partial_logical.append(copy[id(i)])
         self.partial_domain = TensorDomain(partial_logical, root=[copy[id(i)] for i in logical],
-                                           contiguity=[None if i.is_broadcast else True for i in partial_logical
-                                                       if not i.is_reduction])
+                                           contiguity=[None if i.is_broadcast() else True for i in partial_logical
+                                                       if not i.is_reduction()])
         # The partial's loop: tv's iteration transforms replayed onto its iteration IDs, same order.
-        iteration_transforms = transforms_between([i for i in logical if not i.is_reduction],
-                                                  [i for i in loop if not i.is_reduction])
+        iteration_transforms = transforms_between([i for i in logical if not i.is_reduction()],
+                                                  [i for i in loop if not i.is_reduction()])
         for t in iteration_transforms:
             _replay(t, copy)
         self.partial_domain.loop = [copy[id(i)] for i in loop]
@@ -345,17 +345,17 @@ class _Factored:
         self.reduced_copies = tuple(copy[id(i)] for i in reduced_roots)
         # tv: its iteration IDs stay; each reduction axis left becomes a fresh reduction ID.
         fresh = {id(i): IterDomain(fusion, i.extent, IterType.Reduction, i.parallel_type)
-                 for i in loop if i.is_reduction and id(i) not in factored}
+                 for i in loop if i.is_reduction() and id(i) not in factored}
         by_partial = {id(copy[k]): v for k, v in fresh.items()}
         new_logical = [by_partial[id(i)] if id(i) in by_partial else next(j for j in logical if copy[id(j)] is i)
-                       for i in partial_logical if not i.is_reduction]
+                       for i in partial_logical if not i.is_reduction()]
         self.new_domain = TensorDomain(new_logical, contiguity=list(domain.contiguity))
         self.new_domain.loop = [fresh.get(id(i), i) for i in loop if id(i) not in factored]
         if domain.allocation is not None:
-            self.new_domain.allocation = [i for i in domain.allocation if not i.is_reduction] + list(fresh.values())
+            self.new_domain.allocation = [i for i in domain.allocation if not i.is_reduction()] + list(fresh.values())
             self.new_domain.allocation_is_hint = domain.allocation_is_hint
-        self.partial_axes = [k for k, i in enumerate(partial_logical) if i.is_reduction]
-        self.final_axes = [k for k, i in enumerate(new_logical) if i.is_reduction]
+        self.partial_axes = [k for k, i in enumerate(partial_logical) if i.is_reduction()]
+        self.final_axes = [k for k, i in enumerate(new_logical) if i.is_reduction()]
 
     def partial(self, dtype: DataType) -> TensorView:
         partial = type(self.tv)(self.tv.fusion, self.partial_domain, dtype)

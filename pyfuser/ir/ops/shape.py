@@ -104,7 +104,7 @@ class SqueezeOp(Expr):
         in_ids = inp.get_logical_domain(no_reductions=True)
         #: Expanded broadcast axes (stride 0, any size): squeezed by keeping their first slice.
         self.expanded = [d for d in self.dims if in_ids[d].expanded]
-        self.runtime_checked = [d for d in self.dims if not in_ids[d].is_broadcast and in_ids[d].extent.value != 1
+        self.runtime_checked = [d for d in self.dims if not in_ids[d].is_broadcast() and in_ids[d].extent.value != 1
                                 and d not in self.expanded]
 
     def evaluate(self, ctx: EvalContext, x: torch.Tensor) -> list[Any]:
@@ -141,7 +141,7 @@ class ExpandOp(Expr):
         in_ids = inp.get_logical_domain(no_reductions=True)
         out_ids = out.get_logical_domain()
         self._expanded = [(d, o.extent) for d, (i, o) in enumerate(zip(in_ids, out_ids, strict=True))
-                          if i.is_broadcast and not (o.is_broadcast and o.extent.value == 1)]
+                          if i.is_broadcast() and not (o.is_broadcast() and o.extent.value == 1)]
         #: (axis, size) of non-broadcast axes the user gave a size whose equality with the axis's
         #: extent is only known at execution
         self.size_checks = list(size_checks)
@@ -425,7 +425,7 @@ def unproven_equal(operands: Sequence[Any], ka: int, da: int, kb: int, db: int) 
     equal at definition (so the sizes are compared at execution)."""
     ia = operands[ka].get_logical_domain(no_reductions=True)[da]
     ib = operands[kb].get_logical_domain(no_reductions=True)[db]
-    if ia.is_broadcast or ib.is_broadcast or ia.extent == ib.extent:
+    if ia.is_broadcast() or ib.is_broadcast() or ia.extent == ib.extent:
         return []
     return [(ka, da, kb, db)]
 

@@ -55,7 +55,7 @@ def test_reduction_over_broadcast_axes(op: str, dims: list[int], keepdim: bool, 
         fd.add_output(getattr(fd.ops, op)(t, dims, keepdim=keepdim))
     reductions = [e for e in fd.fusion.exprs() if type(e).__name__ == "ReductionOp"]
     assert len(reductions) == 1
-    reduced = [i for i in reductions[0].outputs[0].get_logical_domain() if i.is_reduction]
+    reduced = [i for i in reductions[0].outputs[0].get_logical_domain() if i.is_reduction()]
     assert len(reduced) == len([d for d in dims if d != 0])
     (out,) = fd.execute([x], _enable_options=kernel_options)
     assert_close(out, torch_reduce(op, x, dims, keepdim, None))
