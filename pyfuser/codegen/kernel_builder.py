@@ -140,8 +140,10 @@ class KernelBuilder(ValueLowering):
         #: the launch reads on the host and passes by value, as torch treats it beside CUDA tensors
         self.inputs = [v for v in fusion.inputs() if isinstance(v, TensorView) and not v.is_cpu]
         self.outputs = [v for v in fusion.outputs() if isinstance(v, TensorView)]
+        #: the widest inputs (most axes that are not broadcasts), which ``L2Hint.stream`` hints: read once
         iterated = [sum(not i.is_broadcast() for i in tv.get_logical_domain(no_reductions=True)) for tv in self.inputs]
-        self.streamed = frozenset(k for k, n in enumerate(iterated) if n == max(iterated))
+        widest = max(iterated, default=0)
+        self.streamed = frozenset(k for k, n in enumerate(iterated) if n == widest)
         self.loop_graph = IdGraph(self.tensors, self.exprs, map_broadcast=True)
         self.exact = IdGraph(self.tensors, self.exprs, map_broadcast=False)
         self.reference = reference or self.outputs[0]
