@@ -239,19 +239,23 @@ class FusionExecutorCache:
 
     def _bind(self, entry: _Compiled, sig: tuple[Any, ...], args: Sequence[Any]) -> BoundProgram | Literal[False]:
         """The signature's bound program, on its second call (the first may be its only one): for a
-        program whose bound runs become one generated function, called without input scalars (whose
-        values the signature does not hold), outputs written into inputs or CPU scalars moved; else
-        False, and the signature's calls keep the program's run."""
+        program whose bound runs become one generated function, called without integer scalars (whose
+        values may size tensors: the signature does not hold them) or scalars given as tensors, outputs
+        written into inputs or CPU scalars moved; else False, and the signature's calls keep the
+        program's run. Floating-point and boolean scalars are the function's arguments, converted to
+        their declared types on each call; a launch reading one runs its generated launcher (a bound
+        launch replays recorded parameters, so a scalar's is not recorded)."""
         program = entry.program
-        bindings = self._bindings.get(id(program), 0)
-        if (self._has_scalars or self._aliases or entry.moved or not program.writes_straight_line
-                or bindings >= SPECIALIZATION_LIMIT):
-            entry.bound = False
-            return False
         binder = self._binder
         assert binder is not None  # set by _reset
+        bindings = self._bindings.get(id(program), 0)
+        if (self._aliases or entry.moved or not program.writes_straight_line or bindings >= SPECIALIZATION_LIMIT
+                or (self._has_scalars and (binder.binds_scalars or not binder.scalars_are_numbers(args)))):
+            entry.bound = False
+            return False
         self._bindings[id(program)] = bindings + 1
-        entry.bound = BoundProgram(program, binder.bind_signature(sig, args), entry.device)
+        coerce = binder.coerce if self._has_scalars else None
+        entry.bound = BoundProgram(program, binder.bind_signature(sig, args), entry.device, coerce=coerce)
         return entry.bound
 
     def _run_bound(self, bound: BoundProgram, program: Program, args: Sequence[Any], started: float) -> list[torch.Tensor]:

@@ -189,6 +189,12 @@ class InputBinder:
     def has_scalars(self) -> bool:
         return bool(self._scalar_types)
 
+    @property
+    def binds_scalars(self) -> bool:
+        """Whether a call's scalar values enter its bound sizes (integer scalars: any may size a tensor),
+        so a call's sizes are not its signature's alone."""
+        return bool(self._scalar_symbols)
+
     def scalars_are_numbers(self, args: Sequence[Any]) -> bool:
         """Whether every input scalar is passed as a Python number (not a tensor, whose value a caller
         keying its calls by sizes and strides would not see)."""

@@ -2,9 +2,9 @@
 the program to it (``BoundProgram``), whose first run is recorded and written as a straight-line function
 that later calls of the signature run, the signature being the one guard. Results equal the program's
 steps on new data (other storage offsets and alignments, permuted and expanded inputs, one tensor passed
-twice, bf16); calls with input scalars, outputs written into inputs, and programs with stream loops keep
-the evaluator's steps; calls cycling through more sizes than a program keeps bindings for stay correct
-without re-recording on every call."""
+twice, bf16, new values of floating-point scalars); calls with integer scalars, outputs written into
+inputs, and programs with stream loops keep the evaluator's steps; calls cycling through more sizes than
+a program keeps bindings for stay correct without re-recording on every call."""
 
 from __future__ import annotations
 
@@ -105,15 +105,37 @@ def test_outputs_never_share_memory_with_inputs_on_bound_calls(device: str, kern
     assert len(_bound_functions(fd.fec)) == 1
 
 
-def test_calls_with_scalars_or_in_place_outputs_keep_the_steps(device: str, kernel_options: list[str]) -> None:
-    with FusionDefinition() as scaled:
-        x = scaled.define_tensor([-1], contiguity=[True])
-        alpha = scaled.define_scalar(dtype=DataType.Float)
-        scaled.add_output(scaled.ops.mul(x, alpha))
+def test_float_scalars_are_the_functions_arguments(device: str, kernel_options: list[str]) -> None:
+    """A floating-point input scalar's value is no part of the signature: the bound function takes it as
+    an argument on every call (converted to its declared type: an int given for a Double computes as a
+    float), into the kernel that reads it and into an ATen call; new values give new results."""
+    with FusionDefinition() as fd:
+        x = fd.define_tensor([-1, -1], contiguity=[True, True])
+        alpha = fd.define_scalar(dtype=DataType.Double)
+        scaled = fd.ops.mul(x, alpha)
+        fd.add_output(scaled)
+        fd.add_output(fd.ops.sum(fd.ops.add(scaled, alpha), [1]))
+    t = torch.randn(5, 7, device=device)
+    for value in (1.0, 2.0, -3.0, 0.5, 2.0, -1.25):
+        out, total = fd.execute([t, value], _enable_options=kernel_options)
+        torch.testing.assert_close(out, t * value)
+        torch.testing.assert_close(total, (t * value + value).sum(1), atol=1e-5, rtol=1e-5)
+    assert len(_bound_functions(fd.fec)) == 1 and _bound_functions(fd.fec)[0] is not None
+    out, _ = fd.execute([t, 3], _enable_options=kernel_options)  # an int: another signature, the same values
+    torch.testing.assert_close(out, t * 3.0)
+
+
+def test_calls_with_integer_scalars_or_in_place_outputs_keep_the_steps(device: str, kernel_options: list[str]) -> None:
+    """An integer scalar may size a tensor (its value is bound with the sizes), and an output written
+    into an input is work of every call: their signatures keep the program's run."""
+    with FusionDefinition() as sized:
+        x = sized.define_tensor([-1], contiguity=[True])
+        n = sized.define_scalar(dtype=DataType.Int)
+        sized.add_output(sized.ops.add(x, sized.ops.full([n], 1.0, dtype=DataType.Float)))
     t = torch.randn(7, device=device)
-    for alpha_value in (1.0, 2.0, -3.0, 0.5):
-        torch.testing.assert_close(scaled.execute([t, alpha_value], _enable_options=kernel_options)[0], t * alpha_value)
-    assert [entry.bound for entry in scaled.fec._by_signature.values()] == [False]
+    for _ in range(3):
+        torch.testing.assert_close(sized.execute([t, 7], _enable_options=kernel_options)[0], t + 1)
+    assert [entry.bound for entry in sized.fec._by_signature.values()] == [False]
 
     with FusionDefinition() as in_place:
         x = in_place.define_tensor([-1], contiguity=[True])
