@@ -155,14 +155,20 @@ def test_the_sweep_of_looped_rows_varies_step_warps_and_the_online_pass(shape: s
     assert all(v.shape in ("loop", "split") for v in variants)
 
 
+def _executed(point: Any) -> tuple[list[Any], Any]:
+    """``point``'s inputs (on the CPU) and its fusion, executed once through Triton's interpreter."""
+    inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
+    fd = kernels._define(point, inputs)
+    fd.execute(inputs, _enable_options=["triton_interpreter"])
+    return inputs, fd
+
+
 def test_the_outer_heuristic_sweep_times_every_segment_under_each_variant() -> None:
     """``--sweep`` of a fusion with outer segments (channels-last batch-norm forward: an outer var_mean over
     H, W, then a normalization of its partials over N, then the pointwise normalization) compiles the whole
     fusion under each outer heuristic: both outer segments follow it, each variant checked against torch."""
     point = kernel_cases.Point("batchnorm_fwd", (3, 5, 4, 3), torch.bfloat16, "channels_last")
-    inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
-    fd = kernels._define(point, inputs)
-    fd.execute(inputs, _enable_options=["triton_interpreter"])
+    inputs, fd = _executed(point)
     assert kernels.runs_outer(fd)
     narrow, wide = (kernels.OuterHeuristic(column_bytes=b, welford_column_bytes=b, min_columns=m)
                     for b, m in ((16, 8), (512, 16)))
@@ -199,9 +205,7 @@ def test_the_inner_heuristic_sweep_runs_each_variant() -> None:
     """``--sweep-heuristics`` of a plain row reduction: the whole fusion under each inner heuristic given,
     checked against torch (Triton's interpreter), the kernel's shape in each row's description."""
     point = kernel_cases.Point("amax_inner", (5, 2000), torch.bfloat16)
-    inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
-    fd = kernels._define(point, inputs)
-    fd.execute(inputs, _enable_options=["triton_interpreter"])
+    inputs, fd = _executed(point)
     assert kernels.runs_inner(fd) and not kernels.runs_outer(fd)
     variants = [kernels.InnerHeuristic(), kernels.InnerHeuristic(max_waste=1.0, loop_step=1024)]
     rows = kernels.sweep_inner(point, inputs, 100, lambda fn: (fn(), 1.0)[1], ["triton_interpreter"], variants)
@@ -217,9 +221,7 @@ def test_the_many_rows_sweep_runs_each_variant_of_an_inner_outer_fusion() -> Non
     """``--sweep`` of a norm backward: the whole fusion under each ``ManyRows`` rule given (the default and off),
     checked against torch (Triton's interpreter), the inner-outer kernel's programs in each row's description."""
     point = kernel_cases.Point("layernorm_bwd", (300, 127), torch.bfloat16)
-    inputs = kernel_cases.FAMILIES[point.family].make(point, "cpu")
-    fd = kernels._define(point, inputs)
-    fd.execute(inputs, _enable_options=["triton_interpreter"])
+    inputs, fd = _executed(point)
     assert kernels.runs_inner_outer(fd)
     off = kernels.ManyRows(waves=10 ** 9)
     rows = kernels.sweep_inner_outer(point, inputs, 100, lambda fn: (fn(), 1.0)[1], ["triton_interpreter"],

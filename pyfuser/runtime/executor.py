@@ -205,21 +205,20 @@ class FusionExecutorCache:
                 by_signature.popitem(last=False)
         else:
             by_signature.move_to_end(key)
-            bound = entry.bound
-            if bound is None:
-                bound = self._bind(entry, sig, args)
-            if bound:
-                return self._run_bound(bound, entry.program, args, started)
-        program, resolved, moved = entry.program, entry.device, entry.moved
-        given = args
-        if moved:  # 0-dim CPU tensors beside tensors of another device: scalars, as torch reads them
-            args = list(args)
-            for pos in moved:
-                args[pos] = args[pos].to(resolved)
+            if entry.bound is None:
+                self._bind(entry, sig, args)
+        program, resolved, moved, bound = entry.program, entry.device, entry.moved, entry.bound
         self.last_program = program
-        if self._has_scalars:
-            args = binder.coerce(list(args))
-        env = binder.bind(args) if self._has_scalars else binder.bind_signature(sig, args)
+        given = args
+        env: dict[str, int] = {}
+        if not bound:
+            if moved:  # 0-dim CPU tensors beside tensors of another device: scalars, as torch reads them
+                args = list(args)
+                for pos in moved:
+                    args[pos] = args[pos].to(resolved)
+            if self._has_scalars:
+                args = binder.coerce(list(args))
+            env = binder.bind(args) if self._has_scalars else binder.bind_signature(sig, args)
         # Execution is not recorded by autograd, whichever path computes an output (a generated
         # kernel's output has no history, an ATen op's or a view's would): outputs never require
         # grad, as torch's outputs under no_grad, and in-place outputs may be written into leaves.
@@ -228,8 +227,11 @@ class FusionExecutorCache:
         if grad:
             torch._C._set_grad_enabled(False)
         try:
-            outputs = program.run(args, EvalContext(env, resolved))
-            outputs = self._write_aliases(given, outputs) if self._aliases else outputs
+            if bound:  # the signature's generated function (its binding's first run: the program's steps)
+                outputs = bound.run(args)
+            else:
+                outputs = program.run(args, EvalContext(env, resolved))
+                outputs = self._write_aliases(given, outputs) if self._aliases else outputs
         finally:
             if grad:
                 torch._C._set_grad_enabled(True)
@@ -257,22 +259,6 @@ class FusionExecutorCache:
         coerce = binder.coerce if self._has_scalars else None
         entry.bound = BoundProgram(program, binder.bind_signature(sig, args), entry.device, coerce=coerce)
         return entry.bound
-
-    def _run_bound(self, bound: BoundProgram, program: Program, args: Sequence[Any], started: float) -> list[torch.Tensor]:
-        """``run`` of a bound signature: its generated function (or, on the binding's first run and on
-        another current device, the program's run under the binding), without autograd recording."""
-        self.last_program = program
-        grad = torch.is_grad_enabled()
-        if grad:
-            torch._C._set_grad_enabled(False)
-        try:
-            outputs = bound.run(args)
-        finally:
-            if grad:
-                torch._C._set_grad_enabled(True)
-        if started:
-            profiling.record(self.fusion, self.segments(), bound.device, started, args, outputs, 0.0)
-        return outputs
 
     def is_compiled(self, args: Sequence[Any]) -> bool:
         """Whether a program for ``args``' layout is compiled, so ``run(args)`` would compile nothing
