@@ -131,6 +131,10 @@ class KernelBuilder(ValueLowering):
         self.range = loop_range(target)
         self.loop_stages = loop_stages if target == "cuda" else 0
         self.l2 = l2
+        #: reductions being accumulated now (nested ones count twice) and whether the loads being emitted
+        #: are in the pass that writes the kernel's last output (``L2Hint.keep_until_last``)
+        self.accumulating = 0
+        self.last_pass = False
         self.device_asserts = False
         self.partials = partials
         self.layouts = layouts
@@ -737,9 +741,16 @@ class KernelBuilder(ValueLowering):
         self._reduce_indexed()
         self._open_serial(loops)
         self._reduce_indexed()
-        for position, tv in enumerate(self.outputs, start=len(self.inputs)):
+        pending = [(position, tv) for position, tv in enumerate(self.outputs, start=len(self.inputs))
+                   if id(tv) not in self._stored]
+        # the last pass over the rows: the last output computed elementwise (a reduction's result reads none)
+        last = max((k for k, (_, tv) in enumerate(pending) if not isinstance(tv.definition, ReductionOp | VarMeanOp)),
+                   default=None)
+        for k, (position, tv) in enumerate(pending):
             if id(tv) not in self._stored:
+                self.last_pass = k == last
                 self._store(tv, position)
+        self.last_pass = False
         return self._source(loops)
 
     def _reduce_indexed(self) -> None:

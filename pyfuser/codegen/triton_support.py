@@ -330,6 +330,13 @@ def _to_bf16(x):
 @_jit
 def _from_bf16(x):
     return x.to(tl.float32)
+
+
+@_jit
+def _approx_div(a, b):
+    """float32 ``a / b`` within 2 ulp for ``|b|`` in [2^-126, 2^126] (``div.approx``: a reciprocal and a
+    multiply, without ``div.full``'s range fix-ups): a division by a count."""
+    return libdevice.fast_dividef(a, b)
 ''' + _PRELUDE_COMMON
 
 _PRELUDE_INTERPRETER = '''import numpy as _np
@@ -389,6 +396,12 @@ def _to_bf16(x):
 @_jit
 def _from_bf16(x):
     return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@_jit
+def _approx_div(a, b):
+    # the interpreter's division (the GPU's ``div.approx`` differs from it by 2 ulp at most)
+    return a / b
 
 
 @_jit

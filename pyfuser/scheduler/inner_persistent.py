@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import ReductionOp, VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
@@ -18,6 +19,7 @@ from pyfuser.scheduler.reduction_schedule import (
     ReductionParams,
     checked_analysis,
     inner_params,
+    l2_by_size,
     schedule_segment,
     size_hints,
 )
@@ -122,13 +124,17 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
         results = sum(4 if isinstance(e, VarMeanOp) else 1 for e in fusion.exprs() if isinstance(e, ReductionOp | VarMeanOp))
         step, warps = looped_row(hints.machine, row_bytes(fusion, analysis), hints.kept, results, welford)
         params = replace(params, tile=step, num_warps=warps)
-    # Loads keep their lines in L2 at every size (the params' default, ``L2Hint.keep``): a looped row is
-    # read again by the pass that writes the outputs (Inductor hints its looped normalizations' first reads
-    # so). Rows on chip too: H200 A/B of the sweep's twelve norm, softmax and loss families (395 points),
-    # each point's kernels forced to one hint in one process: the 82 points whose rows on chip took no hint
-    # (then the rule below 256 MiB moved) ran 1.054x faster kept (1.06-1.15x at 16 MiB and less, 0.99-1.02x
-    # at 32-128 MiB; 11 points slower, by 3 % at most); streaming them past L2 (``evict_first``) 0.93x.
-    return params
+    # Loads keep their lines in L2 (``L2Hint.keep``): a looped row is read again by the pass that writes the
+    # outputs (Inductor hints its looped normalizations' first reads so). Rows on chip too: H200 A/B of the
+    # sweep's twelve norm, softmax and loss families (395 points), each point's kernels forced to one hint
+    # in one process: the 82 points whose rows on chip took no hint (then the rule below 256 MiB moved) ran
+    # 1.054x faster kept (1.06-1.15x at 16 MiB and less, 0.99-1.02x at 32-128 MiB; 11 points slower, by 3 %
+    # at most); streaming them past L2 (``evict_first``) 0.93x. From ``STREAM_MIN_BYTES`` on, the last
+    # pass over a looped row lets its lines go first (``L2Hint.keep_until_last``, as Inductor's second
+    # loop does): H200 A/B of the looped norms, softmaxes and losses (217 points, each in one process with
+    # and without), 1.019x on the 132 of 32 MiB and more (softmax bf16 130 x 131072 1.18x, log-softmax
+    # float32 1024 x 32000 1.09x; worst 0.96x), 1.00x on those below.
+    return l2_by_size(replace(params, l2=L2Hint.keep_until_last), hints, fusion)
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:

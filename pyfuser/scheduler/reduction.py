@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pyfuser.codegen.values import L2Hint
 from pyfuser.ir.fusion import Fusion
 from pyfuser.ir.ops import VarMeanOp
 from pyfuser.ir.tensor_view import TensorView
@@ -19,6 +18,7 @@ from pyfuser.scheduler.reduction_schedule import (
     element_bytes,
     final_params,
     inner_params,
+    l2_by_size,
     outer_params,
     pipeline_stages,
     reduction_inner_params,
@@ -32,14 +32,6 @@ from pyfuser.scheduler.tools import reset_schedule
 KINDS = (NormalizationKind.reduction,)
 #: Elements a program of a grid reduction's final step reads at once.
 FINAL_TILE = 8192
-#: Bytes a size bucket's input takes from which a plain reduction streams it past L2 (``L2Hint.stream``: its
-#: loads ask L2 to evict their lines first, as Inductor's looped reductions do); smaller inputs keep them
-#: (``L2Hint.keep``). H200 A/B of the sweep's six plain-reduction families (sum, mean and amax of rows inner
-#: and outer in memory, bf16 and float32, 240 points, L2 flushed before each call): streamed, tensors of
-#: 32 MiB and more ran up to 1.27x faster (bf16 row maxima 1024 x 32000: 32.2 -> 25.5 us), those of 8 MiB and
-#: less up to 0.66x slower (bf16 row sums 127 x 32000: 9.6 -> 14.4 us); with the bucket's bytes (the next
-#: power of two of each extent) at this threshold, 1.025x geomean over keeping, worst 0.95x.
-STREAM_MIN_BYTES = 32 << 20
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
@@ -57,7 +49,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     # A var_mean splits too: Welford's partial results per program, combined by the second launch.
     welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     if analysis.inner:
-        return _l2_by_size(reduction_inner_params(analysis.reference, hints, True, welford), hints, fusion)
+        return l2_by_size(reduction_inner_params(analysis.reference, hints, True, welford), hints, fusion)
     # Few rows (up to a persistent tile's worth of the column block) are taken in one tile where the
     # column blocks give every SM a program and every output is reduced: no loop, and a sum added up
     # over registers without a loop's compensation. H200, bf16 column sums of 33 to 255 rows 0.68-0.80x
@@ -71,17 +63,9 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
                          if isinstance(out, TensorView))
     params = outer_params(SchedulerType.reduction, analysis.reference, hints, whole_rows, True,
                           streamed_bytes(fusion), welford)
-    return replace(_l2_by_size(params, hints, fusion),
+    return replace(l2_by_size(params, hints, fusion),
                    num_stages=pipeline_stages(fusion, analysis, params.tile * params.tile_reduced, hints.machine,
                                               params.num_stages))
-
-
-def _l2_by_size(params: ReductionParams, hints: SizeHints, fusion: FusionLike) -> ReductionParams:
-    """``params`` streaming their input past L2 only from ``STREAM_MIN_BYTES`` on (else keeping its lines)."""
-    if params.l2 is not L2Hint.stream:
-        return params
-    size = None if hints.kept is None or hints.reduced is None else hints.kept * hints.reduced * element_bytes(fusion)
-    return params if size is not None and size >= STREAM_MIN_BYTES else replace(params, l2=L2Hint.keep)
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:

@@ -698,15 +698,17 @@ def _centered_rows(fd: FusionDefinition, x: Any) -> None:
 
 
 def test_normalizations_keep_their_rows_in_l2_and_the_kernel_follows_the_hint(device: str) -> None:
-    """The inner persistent scheduler keeps its rows' lines in L2 (``L2Hint.keep``, ``evict_last``) at
-    every size, rows on chip (2 to 512 MiB moved) and looped; the kernel's loads follow the parameter,
-    and the results do not depend on it."""
+    """The inner persistent scheduler keeps its rows' lines in L2 (``L2Hint.keep``, ``evict_last``), rows on
+    chip and looped, below 32 MiB, and from there too but for the last pass over a looped row
+    (``L2Hint.keep_until_last``); the kernel's loads follow the parameter, and the results do not depend on
+    it."""
     with FusionDefinition() as fd:
         _centered_rows(fd, fd.define_tensor([-1, -1], dtype=DataType.BFloat16))
     machine = Machine(132, 16384, 2048)
-    for rows, reduced in ((1024, 1024), (8192, 1024), (131072, 1024), (64, 262144)):
+    for rows, reduced, hint in ((1024, 1024, L2Hint.keep), (8192, 1024, L2Hint.keep),
+                                (131072, 1024, L2Hint.keep_until_last), (64, 262144, L2Hint.keep_until_last)):
         hints = SizeHints(reduced=reduced, kept=rows, machine=machine)
-        assert inner_persistent.compute_heuristics(fd.fusion, hints).l2 is L2Hint.keep, (rows, reduced)
+        assert inner_persistent.compute_heuristics(fd.fusion, hints).l2 is hint, (rows, reduced)
     data = torch.randn(6, 40, device=device, dtype=torch.bfloat16)
     ref = (data.float() - data.float().sum(1, keepdim=True)).bfloat16()
     for hinted in (False, True):

@@ -12,7 +12,7 @@ import torch
 
 from pyfuser import DataType, FusionDefinition, schedule
 from pyfuser.codegen.values import L2Hint
-from pyfuser.scheduler import reduction
+from pyfuser.scheduler import inner_persistent, reduction, reduction_schedule
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from tests.codegen.conftest import kernel_schedulers, kernel_segments
 
@@ -224,9 +224,9 @@ def test_a_plain_reductions_streamed_input_leaves_l2_first(axis: int, device: st
     """A plain reduction of a large input reads it once: its loads ask L2 to evict those lines first
     (``L2Hint.stream``, ``evict_first``), for rows innermost and outermost in memory, in one tile and in a
     loop; a narrower input broadcast into the rows (read by many programs) takes no hint; a normalization's
-    reads (its rows read again) keep their lines. The values are torch's either way. (The threshold is
+    first reads (its rows read again) keep their lines. The values are torch's either way. (The threshold is
     lowered to these tensors' sizes: the rule by size is the next test's.)"""
-    monkeypatch.setattr(reduction, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(reduction_schedule, "STREAM_MIN_BYTES", 0)
     for rows, columns in ((33, 40), (5, 3000)):
         x = torch.randn(rows, columns, device=device)
         w = torch.randn(columns if axis == 1 else rows, device=device)
@@ -248,12 +248,13 @@ def test_a_plain_reductions_streamed_input_leaves_l2_first(axis: int, device: st
         norm.add_output(norm.ops.sub(t, norm.ops.broadcast(norm.ops.sum(t, [1]), [False, True])))
     (centered,) = run_kernels(norm, [x])
     torch.testing.assert_close(centered, x - x.sum(1, keepdim=True), atol=1e-4, rtol=1e-4)
-    assert "evict_first" not in norm.last_kernel_code()
+    # the normalization's first pass keeps its rows' lines: its last pass reads them again
+    assert _x_load_hints(norm.last_kernel_code())[0] == "evict_last", norm.last_kernel_code()
 
 
 @pytest.mark.parametrize("inner", [True, False])
 def test_plain_reductions_stream_from_32_mib(inner: bool) -> None:
-    """The size rule of the L2 hint (``reduction.STREAM_MIN_BYTES``): a size bucket of 32 MiB and more
+    """The size rule of the L2 hint (``reduction_schedule.STREAM_MIN_BYTES``): a size bucket of 32 MiB and more
     streams, a smaller one keeps its lines (bf16 and float32: bytes, not elements)."""
     h200 = Machine(132, 16384, 2048)
     for dtype, rows, columns, stream in ((DataType.BFloat16, 1024, 32000, True), (DataType.BFloat16, 127, 32000, False),
@@ -266,3 +267,69 @@ def test_plain_reductions_stream_from_32_mib(inner: bool) -> None:
         params = reduction.compute_heuristics(fd.fusion, hints)
         assert (params.l2 is L2Hint.stream) is stream, (dtype, rows, columns, params)
         assert params.l2 in (L2Hint.stream, L2Hint.keep)
+
+
+def _x_load_hints(code: str) -> list[str]:
+    """The eviction policy of each load of input ``T0`` in the order of the kernel's text."""
+    return [m.group(1) for m in re.finditer(r"tl\.load\(T0 \+[^\n]*eviction_policy='(\w+)'", code)]
+
+
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_a_looped_normalizations_last_pass_lets_its_rows_go_first(outputs: int, device: str, run_kernels,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A normalization whose rows are read in a loop reads them again in the pass that writes its output:
+    from ``STREAM_MIN_BYTES`` on (lowered here to these tensors' sizes) the reads of the first passes keep
+    their lines (``evict_last``), the pass writing the last elementwise output lets them go first
+    (``evict_first``), an earlier output's pass keeps them (the last one reads them again), and the
+    weights, read by every row, keep theirs (``L2Hint.keep_until_last``). Below the threshold every read
+    keeps. Values are torch's either way."""
+    x = torch.randn(6, 20000, device=device, dtype=torch.bfloat16)
+    w = torch.randn(20000, device=device, dtype=torch.bfloat16)
+
+    def define() -> FusionDefinition:
+        with FusionDefinition() as fd:
+            tx, tw = fd.from_pytorch(x), fd.from_pytorch(w)
+            xf = fd.ops.cast(tx, DataType.Float)
+            var, mean = fd.ops.var_mean(xf, [1], correction=0)
+            centred = fd.ops.sub(xf, fd.ops.broadcast(mean, [False, True]))
+            scale = fd.ops.rsqrt(fd.ops.add(fd.ops.broadcast(var, [False, True]), fd.define_scalar(1e-5)))
+            fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.mul(centred, scale), fd.ops.broadcast(tw, [True, False])),
+                                      DataType.BFloat16))
+            if outputs == 2:
+                fd.add_output(fd.ops.cast(centred, DataType.BFloat16))
+        return fd
+
+    ref = torch.nn.functional.layer_norm(x.float(), [20000], eps=1e-5) * w.float()
+    for lowered in (True, False):
+        if lowered:
+            monkeypatch.setattr(reduction_schedule, "STREAM_MIN_BYTES", 0)
+        else:
+            monkeypatch.undo()
+        fd = define()
+        got = run_kernels(fd, [x, w])
+        torch.testing.assert_close(got[0].float(), ref, atol=4e-2, rtol=2e-2)
+        if outputs == 2:
+            torch.testing.assert_close(got[1].float(), x.float() - x.float().mean(1, keepdim=True), atol=2e-2, rtol=1e-2)
+        code = fd.last_kernel_code()
+        hints = _x_load_hints(code)
+        assert len(hints) == 1 + outputs, code  # the var_mean's pass, then one pass per output
+        assert hints == ["evict_last"] * outputs + (["evict_first"] if lowered else ["evict_last"]), code
+        assert re.search(r"tl\.load\(T1 \+[^\n]*'evict_last'", code), code  # the weights keep their lines
+
+
+def test_looped_normalizations_last_pass_streams_from_32_mib() -> None:
+    """The size rule of ``L2Hint.keep_until_last`` (``reduction_schedule.STREAM_MIN_BYTES``, as plain
+    reductions'): a looped layer norm of bf16 1024 x 32000 (a bucket of 64 MiB) lets its last pass's rows
+    go first, one of 127 x 32000 keeps them; a row on chip keeps them too at any size."""
+    h200 = Machine(132, 16384, 2048)
+    for rows, columns, hint in ((1024, 32000, L2Hint.keep_until_last), (127, 32000, L2Hint.keep),
+                                (8192, 4096, L2Hint.keep_until_last)):
+        with FusionDefinition() as fd:
+            x = fd.define_tensor([-1, -1], dtype=DataType.BFloat16)
+            xf = fd.ops.cast(x, DataType.Float)
+            var, mean = fd.ops.var_mean(xf, [1], correction=0)
+            fd.add_output(fd.ops.cast(fd.ops.mul(fd.ops.sub(xf, fd.ops.broadcast(mean, [False, True])),
+                                                 fd.ops.broadcast(fd.ops.rsqrt(var), [False, True])), DataType.BFloat16))
+        hints = SizeHints(reduced=1 << (columns - 1).bit_length(), kept=1 << (rows - 1).bit_length(), machine=h200)
+        params = inner_persistent.compute_heuristics(fd.fusion, hints)
+        assert params.l2 is hint, (rows, columns, params)
