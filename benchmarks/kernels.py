@@ -306,9 +306,9 @@ def _outer_variants_of_heuristic() -> list[OuterHeuristic]:
     and the small Welford steps."""
     base = OuterHeuristic()
     knobs: dict[str, tuple[Any, ...]] = {
-        "column_bytes": (256, 1024), "step_bytes": (8192, 32768), "reduction_step_bytes": (4096, 16384),
-        "waves": (1, 4), "split_waves": (2, 8),
-        "min_steps": (1, 2),
+        "column_bytes": (256, 1024), "reduction_columns": (64, 256), "step_bytes": (8192, 32768),
+        "reduction_step_bytes": (4096, 16384), "waves": (1, 4), "split_waves": (2, 8),
+        "min_steps": (1, 2), "reduction_min_steps": (1, 4), "streamed_16bit_stages": (3, 5),
         "min_columns": (64,), "narrow_bytes": (0, 64, 256), "welford_column_bytes": (64, 256, 512),
         "welford_step_elements": (2048, 8192), "small_welford_elements": (0, 1 << 23),
         "small_welford_step_elements": (1024, 4096), "welford_waves": (2, 4, 8),
@@ -339,9 +339,9 @@ def _inner_variants_of_heuristic() -> list[InnerHeuristic]:
     waste past their end."""
     base = InnerHeuristic()
     knobs: dict[str, tuple[Any, ...]] = {
-        "max_tile": (1024, 2048, 4096, 8192), "rows_tile": (2048, 8192, 16384), "max_rows": (16, 128),
+        "max_tile": (1024, 2048, 4096, 8192), "rows_tile": (1024, 4096, 8192), "max_rows": (16, 128),
         "waves": (1, 4), "loop_step": (2048, 4096, 16384), "max_waste": (0.125, 0.5, 1.0), "loop_warps": (4, 8, 16),
-        "l2": (L2Hint.keep, L2Hint.none)}
+        "min_steps": (2, 8), "short_step_warps": (4, 8), "l2": (L2Hint.keep, L2Hint.none)}
     variants = [base] + [dataclasses.replace(base, **{k: v}) for k, values in knobs.items() for v in values]
     variants.append(InnerHeuristic(max_tile=4096, max_waste=1.0))
     return variants

@@ -19,6 +19,7 @@ from pyfuser.scheduler.reduction_schedule import (
     final_params,
     inner_params,
     l2_by_size,
+    loop_stages,
     outer_params,
     pipeline_stages,
     reduction_inner_params,
@@ -63,9 +64,9 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
                          if isinstance(out, TensorView))
     params = outer_params(SchedulerType.reduction, analysis.reference, hints, whole_rows, True,
                           streamed_bytes(fusion), welford)
-    return replace(l2_by_size(params, hints, fusion),
-                   num_stages=pipeline_stages(fusion, analysis, params.tile * params.tile_reduced, hints.machine,
-                                              params.num_stages))
+    params = l2_by_size(params, hints, fusion)
+    return replace(params, num_stages=pipeline_stages(fusion, analysis, params.tile * params.tile_reduced, hints.machine,
+                                                      loop_stages(params, streamed_bytes(fusion))))
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:

@@ -51,6 +51,8 @@ from pyfuser.utils import next_power_of_2
 
 #: Elements of a tile a program holds at once when several rows share it (registers per thread).
 ROWS_TILE = 4096
+#: The same for a plain reduction of rows (``InnerHeuristic.rows_tile``): half as many rows a program.
+PLAIN_ROWS_TILE = 2048
 #: Elements of a persistent tile of whole rows: rows shorter than this share a program. Small
 #: programs (2 warps) let an SM overlap many rows' loads with others' reductions. H200 sweep,
 #: layernorm / softmax bf16, GB/s against tiles of 4096 (4 warps): rows of 256 2456 / 2570 vs 2231 /
@@ -172,6 +174,14 @@ def l2_by_size(params: ReductionParams, hints: SizeHints, fusion: FusionLike) ->
     return params if size is not None and size >= STREAM_MIN_BYTES else replace(params, l2=L2Hint.keep)
 
 
+def loop_stages(params: ReductionParams, bytes_per_element: int) -> int:
+    """The pipeline depth a plain outer reduction's loop asks for once its L2 hint is decided
+    (``l2_by_size``): ``OuterHeuristic.streamed_16bit_stages`` where it streams data of at most 2 bytes an
+    element, else its params'."""
+    streams = params.l2 is L2Hint.stream and bytes_per_element <= 2 and params.num_stages
+    return _OUTER[-1].streamed_16bit_stages if streams else params.num_stages
+
+
 def streamed_bytes(fusion: FusionLike) -> int:
     """The widest element of the tensors a reduction streams: its inputs and its outputs of the
     input's size, not its reduced results (a float32 column max of bfloat16 data reads 2-byte
@@ -257,16 +267,27 @@ class InnerHeuristic:
     amax bf16 4097 x 11008 one tile 2115 GB/s against 1854 looped in steps of 2048 (``max_tile`` 4096)
     and 2061 in steps of 8192 (``benchmarks/results/kernels_notes.md``). ``l2``: the loads of the rows,
     read once, go first from L2 (``L2Hint.stream``, Inductor's ``evict_first`` in its looped reductions;
-    what the knobs of steps and warps were not: ``codegen/values.py`` ``load``)."""
+    what the knobs of steps and warps were not: ``codegen/values.py`` ``load``).
+
+    Swept since with the hint in force (H200, the 240 points of the six plain-reduction families, each
+    knob alone, every variant in one process beside the defaults of then; a var_mean keeps ``ROWS_TILE``
+    and ``warps_for``, not swept so): ``rows_tile`` 4096 -> 2048
+    (``PLAIN_ROWS_TILE``: half the rows a program, on half the warps) 1.06x on the 33 streamed row tiles
+    (bf16 sums of 131072 x 127 1.41x, float32 of 65536 x 512 1.21x), 0.98-1.01x on the kept ones; loops of
+    steps of at most ``short_step`` elements (rows of 16385 to 32768) on ``short_step_warps`` (8 elements a
+    lane, where ``warps_for`` gave 32 on 4 warps) 1.35-1.71x on bf16 127 x 32000 (127 programs of 4 warps
+    left the SMs idle), 1.01-1.10x on the others; steps of 8192 on 16 warps 0.90-1.07x (kept at 8)."""
 
     max_tile: int = 16384
-    rows_tile: int = ROWS_TILE
+    rows_tile: int = PLAIN_ROWS_TILE
     max_rows: int = 64
     waves: int = WAVES
     loop_step: int = 0
     max_waste: float = 0.25
     min_steps: int = 4
     loop_warps: int = 0
+    short_step: int = 4096
+    short_step_warps: int = 16
     l2: L2Hint = L2Hint.stream
 
 
@@ -302,7 +323,7 @@ def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, 
     max_tile = m.max_persistent if welford else min(h.max_tile, m.max_persistent)
     if reduced is not None and next_power_of_2(reduced) <= max_tile:
         width = next_power_of_2(max(reduced, 1))
-        rows = max(1, min(h.rows_tile // width, h.max_rows))
+        rows = max(1, min((ROWS_TILE if welford else h.rows_tile) // width, h.max_rows))
         if kept is not None:
             while rows > 1 and -(-kept // rows) < h.waves * m.sm_count:
                 rows //= 2
@@ -313,7 +334,7 @@ def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, 
         # a row of the bucket (next_power_of_2(reduced) / 2, next_power_of_2(reduced)] wastes less than
         # 2 * step / bucket of its reads past its end
         step = min(step, max(256, next_power_of_2(int(next_power_of_2(reduced) * h.max_waste / 2) or 1)))
-    warps = h.loop_warps or warps_for(step)
+    warps = h.loop_warps or (h.short_step_warps if step <= h.short_step and not welford else warps_for(step))
     if splittable and reduced is not None and kept is not None and kept < h.waves * m.sm_count:
         # programs of at least ``min_steps`` of the longest steps each (shorter steps, for less waste,
         # do not make rows split sooner)
@@ -397,16 +418,29 @@ class OuterHeuristic:
     programs per SM: its data is small and mostly in L2, and a var_mean's combine (float64) is
     latency-bound, so programs matter more than whole lines there. ``l2``: what a normalization's loads
     ask of L2 (kept: its rows are read again); ``reduction_l2``: a plain reduction's (its input streamed
-    through once: ``L2Hint.stream``, as ``InnerHeuristic.l2``)."""
+    through once: ``L2Hint.stream``, as ``InnerHeuristic.l2``).
+
+    A plain reduction (no var_mean) reads blocks of ``reduction_columns`` elements, whatever their width
+    (``column_bytes`` is a normalization's), splits into programs of at least ``reduction_min_steps`` steps,
+    and pipelines a loop that streams 16-bit data (``L2Hint.stream``) ``streamed_16bit_stages`` deep (its
+    steps, counted in float32 accumulators, carry half a float32 step's bytes). H200, the 240 points of the
+    six plain-reduction families with the hint in force, each knob alone against the rules before: blocks of
+    128 bf16 columns (256 before) 1.03-1.10x on all 33 bf16 points it changed (worst 1.007x; float32's 64
+    columns 0.96-1.16x: kept at 128); 2 steps a program (4 before) 1.03-1.18x on the 9 small splits it
+    changed (bf16 column sums of 1023 x 1000 1.09x); 4 stages (3) 1.05-1.09x on the 51 streamed bf16
+    points (worst 0.98x; float32 0.97-1.03x, kept 16-bit 0.93-1.14x: 3 stay there)."""
 
     column_bytes: int = 512
+    reduction_columns: int = 128
     step_bytes: int = ROWS_TILE * 4
     reduction_step_bytes: int = OUTER_REDUCTION_STEP_BYTES
     waves: int = WAVES
     split_waves: int = OUTER_SPLIT_WAVES
     min_steps: int = 4
+    reduction_min_steps: int = 2
     min_columns: int = MIN_OUTER_TILE
     stages: int = LOOP_STAGES
+    streamed_16bit_stages: int = 4
     narrow_bytes: int = 128
     welford_column_bytes: int = 128
     welford_step_elements: int = 4096
@@ -438,12 +472,13 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
     reduced, kept = hints.reduced, hints.kept
     # Whole 16-byte vectors per lane: 32 lanes of them by default.
     element = max(bytes_per_element, 1)
-    widest = next_power_of_2(max(1, (h.welford_column_bytes if welford else h.column_bytes) // element))
-    inner = min(widest, next_power_of_2(kept)) if kept is not None else widest
-    target = (h.welford_waves if welford else h.waves) * m.sm_count
     # A plain reduction's split (its partial results combined once) takes more programs than a
     # normalization's, whose final launch reads each program's share of the rows again.
     plain = scheduler_type is SchedulerType.reduction and not welford
+    widest = next_power_of_2(max(1, h.reduction_columns if plain else
+                                 (h.welford_column_bytes if welford else h.column_bytes) // element))
+    inner = min(widest, next_power_of_2(kept)) if kept is not None else widest
+    target = (h.welford_waves if welford else h.waves) * m.sm_count
     l2 = h.reduction_l2 if scheduler_type is SchedulerType.reduction else h.l2
     split_target = h.split_waves * m.sm_count if plain else target
     narrowed_few = False  # narrowed to give every SM a program, fewer than two an SM
@@ -471,7 +506,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
         tile = next_power_of_2(max(reduced, 1)) * inner
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, num_warps=warps_for(tile), l2=l2)
     step = h.reduction_step_bytes if plain else h.step_bytes
-    min_steps = h.min_steps
+    min_steps = h.reduction_min_steps if plain else h.min_steps
     if welford:
         small = reduced is not None and kept is not None and reduced * kept < h.small_welford_elements
         step = (h.small_welford_step_elements if small else h.welford_step_elements) * element

@@ -19,6 +19,7 @@ from pyfuser.ir.layout import Layout
 from pyfuser.scheduler import inner_outer_persistent, inner_persistent, outer_persistent, reduction
 from pyfuser.scheduler.grid_reduction import split_at_grid_reductions
 from pyfuser.scheduler.kernel_scheduling import KernelScheduling
+from pyfuser.scheduler.reduction_schedule import PLAIN_ROWS_TILE
 from pyfuser.scheduler.registry import Machine, SchedulerType, SizeHints
 from pyfuser.utils import next_power_of_2
 from tests.codegen.conftest import define_layernorm_backward, define_rmsnorm_backward, kernel_schedulers, kernel_segments
@@ -678,7 +679,7 @@ def test_many_narrow_rows_in_blocks_of_64_against_torch(cols: int, dtype: torch.
 
 def test_rows_share_smaller_programs_in_normalizations_than_in_reductions() -> None:
     """Rows shorter than a persistent tile share a program: 1024 elements on 2 warps for a
-    normalization (its loads overlap other programs' reductions), 4096 for a plain reduction."""
+    normalization (its loads overlap other programs' reductions), 2048 for a plain reduction."""
     with FusionDefinition() as fd:
         x = fd.define_tensor([-1, -1])
         fd.add_output(fd.ops.sub(x, fd.ops.sum(x, [1], keepdim=True)))
@@ -688,7 +689,7 @@ def test_rows_share_smaller_programs_in_normalizations_than_in_reductions() -> N
         hints = SizeHints(reduced=width, kept=1 << 20, machine=Machine(132, 16384, 2048))
         norm = inner_persistent.compute_heuristics(fd.fusion, hints)
         assert (norm.rows * width, norm.num_warps) == (max(width, 1024), max(2, width // 1024)), width
-        assert reduction.compute_heuristics(plain.fusion, hints).rows * width == max(width, 4096), width
+        assert reduction.compute_heuristics(plain.fusion, hints).rows * width == max(width, PLAIN_ROWS_TILE), width
 
 
 def _centered_rows(fd: FusionDefinition, x: Any) -> None:

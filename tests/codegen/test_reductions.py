@@ -92,7 +92,7 @@ def test_long_rows_loop_and_few_rows_split(device: str, run_kernels) -> None:
     """The interpreter's machine model holds rows of up to 1024 elements in one tile: 3000 loops;
     two such rows keep too few programs busy and are split across programs (two launches)."""
     cases = {((40, 3000), 1): ("loop", 1), ((2, 10000), 1): ("split", 4), ((10000, 2), 1): ("tile", 1),
-             ((3, 9000), 1): ("split", 2), ((10000, 2), 0): ("outer", 4), ((40, 3000), 0): ("outer", 1)}
+             ((3, 9000), 1): ("split", 2), ((10000, 2), 0): ("outer", 8), ((40, 3000), 0): ("outer", 1)}
     for (shape, dim), (kind, split) in cases.items():
         x = torch.randn(shape, device=device)
         fd, _ = _reduce("sum", shape, [dim], False, torch.float32, device, run_kernels, x=x)
@@ -107,13 +107,13 @@ def test_long_rows_loop_and_few_rows_split(device: str, run_kernels) -> None:
 
 
 def test_column_blocks_of_16_bit_data_step_by_their_float32_accumulators_on_enough_programs() -> None:
-    """A column reduction's block is 16 bytes a thread wide; its loop step holds 2048 float32
-    accumulators where the launch has two programs an SM or more (bfloat16 columns in blocks of 256, 8
-    rows a step; 128 and 16 for float32 data), else 8 KiB of the data it reads (fewer programs keep more
-    loads in flight each), and 16 KiB where narrowing the blocks gave fewer than two programs an SM
-    (bfloat16 64-column blocks of 2048 x 16384, 256 programs: 128 rows a step)."""
+    """A column reduction's block is 128 columns of any width; its loop step holds 2048 float32
+    accumulators where the launch has two programs an SM or more (16 rows a step, bfloat16 or float32
+    data), else 8 KiB of the data it reads (fewer programs keep more loads in flight each), and 16 KiB
+    where narrowing the blocks gave fewer than two programs an SM (bfloat16 64-column blocks of 2048 x
+    16384, 256 programs: 128 rows a step)."""
     h200 = Machine(132, 16384, 2048)
-    cases = {(DataType.BFloat16, 65536, 1000): (256, 8), (DataType.Float, 65536, 1000): (128, 16),
+    cases = {(DataType.BFloat16, 65536, 1000): (128, 16), (DataType.Float, 65536, 1000): (128, 16),
              (DataType.BFloat16, 2048, 16384): (64, 128)}
     for (dtype, rows, columns), (tile, step) in cases.items():
         with FusionDefinition() as fd:
