@@ -57,6 +57,17 @@ LOOP_SINGLE_ELEMENTS = 32
 LOOP_SINGLE_WARPS = 8
 
 
+#: Rows per SM below which a looped row's step widens: a single sum's pass on ``LOOP_WARPS`` (32 elements a
+#: thread), any other's ``LOOP_BYTES_PER_THREAD`` a thread whatever it carries. H200 sweep of the looped
+#: norms, softmaxes and losses with Welford's approximate division and the last pass's L2 hint in force
+#: (each knob alone, in one process beside the rules before): on 66-256 rows two vectors a thread 1.05-1.44x
+#: (softmax bf16 130 x 131072 1.32x, cross-entropy forward float32 128 x 262144 1.41x, layer norm float32 128
+#: x 262144 1.29x) but for cross-entropy's forward of bf16 logits (three running results: 0.80-1.03x), RMS
+#: norms on 16 warps 1.04-1.23x; on 512 rows and more both lost (cross-entropy forward bf16 512 x 65536 0.70x,
+#: RMS norm bf16 1024 x 32000 0.81x): they keep the rules above there.
+FEW_ROWS_PER_SM = 2
+
+
 #: A normalization splits its rows across programs only for fewer rows than half the SMs. Split, an
 #: online softmax's row is read three times (the shares' maxima, their sums, the output: three launches)
 #: and any other's twice with a launch more; one program per row reads it twice but leaves SMs idle. One
@@ -71,18 +82,24 @@ def looped_row(machine: Machine, row_bytes: int, rows: int | None = None, result
                welford: bool = False) -> tuple[int, int]:
     """(loop step, num_warps) of a normalization that loops over its ``rows`` (None: unknown), its pass
     carrying ``results`` running reductions: ``LOOP_WELFORD_ELEMENTS`` a thread on ``LOOP_WARPS`` warps
-    where it carries a var_mean (``welford``) over a row for every SM, ``LOOP_SINGLE_ELEMENTS`` on ``LOOP_SINGLE_WARPS`` where it
-    carries one sum, else ``LOOP_BYTES_PER_THREAD`` a thread per step on ``LOOP_WARPS`` warps where two
-    programs fit each SM and the pass carries few results, else ``LOOP_BYTES_PER_THREAD_NARROW`` (on the
-    interpreter's machine, steps as many times smaller as its loop tile, on 4 warps: small tests still
-    take several steps)."""
+    where it carries a var_mean (``welford``) over a row for every SM, ``LOOP_SINGLE_ELEMENTS`` on
+    ``LOOP_SINGLE_WARPS`` where it carries one sum (on ``LOOP_WARPS`` for fewer rows than
+    ``FEW_ROWS_PER_SM`` an SM), else ``LOOP_BYTES_PER_THREAD`` a thread per step on ``LOOP_WARPS`` warps
+    where the pass carries few results or the rows are that few, else ``LOOP_BYTES_PER_THREAD_NARROW``
+    (on the interpreter's machine, steps as many times smaller as its loop tile, on 4 warps: small tests
+    still take several steps)."""
     gpu = machine.loop_tile >= 2048
+    # Fewer rows than two programs an SM: each program keeps more loads in flight (``FEW_ROWS_PER_SM``).
+    few = rows is not None and rows < FEW_ROWS_PER_SM * machine.sm_count
     if welford and rows is not None and rows >= machine.sm_count:
         step, warps = 32 * LOOP_WARPS * LOOP_WELFORD_ELEMENTS, LOOP_WARPS
     elif results == 1:
-        step, warps = 32 * LOOP_SINGLE_WARPS * LOOP_SINGLE_ELEMENTS, LOOP_SINGLE_WARPS
+        warps = LOOP_WARPS if few else LOOP_SINGLE_WARPS
+        step = 32 * warps * LOOP_SINGLE_ELEMENTS
     else:
-        wide = rows is not None and rows >= 2 * machine.sm_count and results <= LOOP_WIDE_MAX_RESULTS
+        # more than two plain running results over 16-bit rows (cross-entropy's forward of bf16 logits) keep
+        # one vector a thread on few rows too: two gave 0.80-1.03x there
+        wide = rows is not None and (results <= LOOP_WIDE_MAX_RESULTS or (few and (welford or row_bytes >= 4)))
         per_thread = LOOP_BYTES_PER_THREAD if wide else LOOP_BYTES_PER_THREAD_NARROW
         step, warps = 32 * LOOP_WARPS * per_thread // max(row_bytes, 1), LOOP_WARPS
     return step * machine.loop_tile // 2048, warps if gpu else 4

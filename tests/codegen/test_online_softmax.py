@@ -276,19 +276,33 @@ def _row_losses(fd: FusionDefinition, dtype: torch.dtype) -> None:
     fd.add_output(fd.ops.sub(lse, fd.ops.sum(fd.ops.where(hot, x, 0.0), [1], keepdim=True)))
 
 
-@pytest.mark.parametrize(("define", "dtype", "rows", "step"), [
-    (_softmax, torch.bfloat16, 512, 8192), (_softmax, torch.float32, 512, 4096), (_softmax, torch.bfloat16, 200, 4096),
-    (_row_losses, torch.bfloat16, 512, 4096)])
-def test_a_looped_row_loads_vectors_per_thread_per_step(define: Define, dtype: torch.dtype, rows: int, step: int) -> None:
+@pytest.mark.parametrize(("define", "dtype", "rows", "step", "warps"), [
+    (_softmax, torch.bfloat16, 512, 8192, 16), (_softmax, torch.float32, 512, 4096, 16),
+    (_softmax, torch.bfloat16, 200, 8192, 16), (_row_losses, torch.bfloat16, 512, 4096, 16),
+    (_row_losses, torch.bfloat16, 128, 4096, 16), (_row_losses, torch.float32, 128, 4096, 16),
+    (_row_losses, torch.float32, 512, 2048, 16)])
+def test_a_looped_row_loads_vectors_per_thread_per_step(define: Define, dtype: torch.dtype, rows: int, step: int,
+                                                        warps: int) -> None:
     """On a GPU (132 SMs), rows wider than a tile loop on 16 warps in steps of two 16-byte loads per thread
-    where two programs fit each SM and the pass carries at most two running results (softmax's max and
-    sum), else one (200 rows; cross-entropy's max, sum and picked logit), by the row's element size (a
-    cross-entropy's int64 targets, one per row, do not count)."""
+    where the pass carries at most two running results (softmax's max and sum, over 200 or 512 rows), or
+    more over float32 rows fewer than two programs an SM (a cross-entropy of 128 rows), else one
+    (cross-entropy's max, sum and picked logit over 512 rows, or over 128 rows of bf16), by the row's
+    element size (a cross-entropy's int64 targets, one per row, do not count)."""
     with FusionDefinition() as fd:
         define(fd, dtype)
     params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(131072, rows, Machine(132, 16384, 2048)))
-    assert (params.shape, params.tile, params.num_warps, params.online) == ("loop", step, 16, True)
+    assert (params.shape, params.tile, params.num_warps, params.online) == ("loop", step, warps, True)
     assert f"loop step: {step}, online softmax: True" in str(params)
+
+
+@pytest.mark.parametrize(("rows", "step", "warps"), [(1024, 8192, 8), (264, 8192, 8), (263, 16384, 16), (128, 16384, 16)])
+def test_a_looped_single_sum_widens_its_step_for_few_rows(rows: int, step: int, warps: int) -> None:
+    """An RMS norm's looped pass (one running sum) takes 32 elements a thread on 8 warps, on 16 for fewer
+    rows than two programs an SM (more loads in flight per program where programs are few)."""
+    with FusionDefinition() as fd:
+        _rms_norm(fd, torch.bfloat16)
+    params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(131072, rows, Machine(132, 16384, 2048)))
+    assert (params.shape, params.tile, params.num_warps) == ("loop", step, warps), params
 
 
 def _layer_norm(fd: FusionDefinition, dtype: torch.dtype) -> None:
@@ -304,16 +318,16 @@ def _rms_norm(fd: FusionDefinition, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize(("define", "dtype", "rows", "shape", "step", "warps"), [
     (_layer_norm, torch.bfloat16, 1024, "loop", 2048, 16), (_layer_norm, torch.float32, 1024, "loop", 2048, 16),
-    (_layer_norm, torch.bfloat16, 128, "loop", 4096, 16),
-    (_rms_norm, torch.bfloat16, 1024, "loop", 8192, 8), (_rms_norm, torch.float32, 256, "loop", 8192, 8),
-    (_rms_norm, torch.bfloat16, 66, "loop", 8192, 8), (_rms_norm, torch.bfloat16, 65, "split", None, None)])
+    (_layer_norm, torch.bfloat16, 128, "loop", 8192, 16),
+    (_rms_norm, torch.bfloat16, 1024, "loop", 8192, 8), (_rms_norm, torch.float32, 256, "loop", 16384, 16),
+    (_rms_norm, torch.bfloat16, 66, "loop", 16384, 16), (_rms_norm, torch.bfloat16, 65, "split", None, None)])
 def test_a_looped_norm_steps_by_what_its_pass_carries(define: Define, dtype: torch.dtype, rows: int, shape: str,
                                                       step: int | None, warps: int | None) -> None:
     """On a GPU (132 SMs), a pass carrying a var_mean (Welford's four running values and a division an
-    element) over a row for every SM steps 4 elements a lane on 16 warps (fewer rows: 16 bytes); one
-    carrying a single sum (an RMS norm's) 32 elements a
-    lane on 8 warps, whatever the element size; any normalization splits its rows across programs only
-    for fewer rows than half the SMs (66 rows: one program a row)."""
+    element) over a row for every SM steps 4 elements a lane on 16 warps (fewer rows: two 16-byte loads a
+    lane); one carrying a single sum (an RMS norm's) 32 elements a lane on 8 warps, whatever the element
+    size, on 16 for fewer rows than two programs an SM; any normalization splits its rows across programs
+    only for fewer rows than half the SMs (66 rows: one program a row)."""
     with FusionDefinition() as fd:
         define(fd, dtype)
     params = inner_persistent.compute_heuristics(fd.fusion, SizeHints(131072, rows, Machine(132, 16384, 2048)))
