@@ -227,3 +227,44 @@ def test_columns_narrowed_to_under_two_programs_an_sm_step_further_on_more_warps
     with outer_heuristic(OuterHeuristic(narrowed_step_bytes=0)):
         params = reduction.compute_heuristics(_outer("max", DataType.BFloat16).fusion, SizeHints(2048, 11008, H100))
     assert (params.tile_reduced, params.num_warps) == (64, 4), params
+
+
+def _bucket(rows: int, columns: int, inner: bool) -> SizeHints:
+    """An H100-sized machine's size hints for ``rows x columns`` reduced along the columns (``inner``) or rows."""
+    reduced, kept = (columns, rows) if inner else (rows, columns)
+    return SizeHints(reduced=1 << (reduced - 1).bit_length(), kept=1 << (kept - 1).bit_length(), machine=H100)
+
+
+@pytest.mark.parametrize(("dtype", "rows", "columns", "stages"), [
+    (DataType.BFloat16, 32768, 1000, 4), (DataType.Float, 16384, 1000, 3), (DataType.BFloat16, 1023, 1000, 3)])
+def test_outer_loops_streaming_16_bit_data_pipeline_four_deep(dtype: DataType, rows: int, columns: int,
+                                                              stages: int) -> None:
+    """A plain column reduction streaming 16-bit data past L2 (32 MiB and more) pipelines its loop 4 deep
+    (``OuterHeuristic.streamed_16bit_stages``: its steps, counted in float32 accumulators, carry half a float32
+    step's bytes); float32 data of the same bytes and 16-bit data kept in L2 3 deep."""
+    params = reduction.compute_heuristics(_outer("sum", dtype).fusion, _bucket(rows, columns, inner=False))
+    assert params.shape == "outer" and params.tile_reduced > 0 and params.num_stages == stages, params
+    with outer_heuristic(OuterHeuristic(streamed_16bit_stages=3)):
+        assert reduction.compute_heuristics(_outer("sum", dtype).fusion, _bucket(rows, columns, False)).num_stages == 3
+
+
+@pytest.mark.parametrize("dtype", [DataType.BFloat16, DataType.Float])
+def test_plain_column_blocks_are_128_columns_and_splits_take_two_steps(dtype: DataType) -> None:
+    """A plain column reduction reads blocks of ``reduction_columns`` (128) elements whatever their width, and
+    splits its rows into programs of at least ``reduction_min_steps`` (2) loop steps: more programs than
+    4 steps a program gave (a column sum of 1023 x 1000)."""
+    hints = _bucket(1023, 1000, inner=False)
+    params = reduction.compute_heuristics(_outer("sum", dtype).fusion, hints)
+    assert params.tile == 128 and params.split >= 2, params
+    assert hints.reduced is not None and -(-hints.reduced // (params.split * params.tile_reduced)) >= 2, params
+    with outer_heuristic(OuterHeuristic(reduction_min_steps=4)):
+        fewer = reduction.compute_heuristics(_outer("sum", dtype).fusion, hints)
+    assert fewer.split < params.split, (fewer, params)
+
+
+@pytest.mark.parametrize(("columns", "step", "warps"), [(32000, 4096, 16), (65536, 8192, 8)])
+def test_short_loop_steps_of_row_reductions_run_on_16_warps(columns: int, step: int, warps: int) -> None:
+    """A plain row reduction looping in steps of at most ``InnerHeuristic.short_step`` (4096) elements runs
+    on 16 warps, 8 elements a lane (``warps_for`` gave 4 warps of 32); longer steps keep ``warps_for``'s."""
+    params = reduction.compute_heuristics(_inner("sum", DataType.BFloat16).fusion, _bucket(1024, columns, inner=True))
+    assert (params.shape, params.tile, params.num_warps) == ("loop", step, warps), params
