@@ -747,7 +747,7 @@ class KernelBuilder(ValueLowering):
         last = max((k for k, (_, tv) in enumerate(pending) if not isinstance(tv.definition, ReductionOp | VarMeanOp)),
                    default=None)
         for k, (position, tv) in enumerate(pending):
-            if id(tv) not in self._stored:
+            if id(tv) not in self._stored:  # (an earlier pass's reduction may have stored it with its own pass)
                 self.last_pass = k == last
                 self._store(tv, position)
         self.last_pass = False

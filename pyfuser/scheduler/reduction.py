@@ -62,11 +62,11 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     # loop: in one tile, layer-norm backward bf16 33 x 128256 fell from 1.72x to 1.11x.
     whole_rows = not any(analysis.reduced & analysis.iterated(out) for out in fusion.outputs()
                          if isinstance(out, TensorView))
-    params = outer_params(SchedulerType.reduction, analysis.reference, hints, whole_rows, True,
-                          streamed_bytes(fusion), welford)
-    params = l2_by_size(params, hints, fusion)
+    element = streamed_bytes(fusion)
+    params = l2_by_size(outer_params(SchedulerType.reduction, analysis.reference, hints, whole_rows, True, element,
+                                     welford), hints, fusion)
     return replace(params, num_stages=pipeline_stages(fusion, analysis, params.tile * params.tile_reduced, hints.machine,
-                                                      loop_stages(params, streamed_bytes(fusion))))
+                                                      loop_stages(params, element)))
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:

@@ -166,8 +166,8 @@ STREAM_MIN_BYTES = 32 << 20
 
 
 def l2_by_size(params: ReductionParams, hints: SizeHints, fusion: FusionLike) -> ReductionParams:
-    """``params`` keeping their input's lines (``L2Hint.keep``) where it takes less than ``STREAM_MIN_BYTES``
-    (or its size is unknown), where they would let them go first (``stream``, ``keep_until_last``)."""
+    """``params`` whose hint lets lines go first (``stream``, ``keep_until_last``) turned to ``L2Hint.keep``
+    where the input takes less than ``STREAM_MIN_BYTES`` or its size is unknown; other params as given."""
     if params.l2 not in (L2Hint.stream, L2Hint.keep_until_last):
         return params
     size = None if hints.kept is None or hints.reduced is None else hints.kept * hints.reduced * element_bytes(fusion)
