@@ -78,6 +78,15 @@ FEW_ROWS_PER_SM = 2
 ONLINE_SPLIT_SMS_PER_ROW = 2
 
 
+#: Warps of a program that loops over its share of a row split across programs (few long rows): a looped
+#: row's ``LOOP_WARPS`` (``warps_for`` gave its steps of 8192 elements 8). H200 A/B of the norm, softmax, loss
+#: and batch-norm families' points with fewer rows than half the SMs (each point's arms in one process): the
+#: 47 it changes 1.126x (1.02-1.32x on 45: cross-entropy forward float32 63 x 262144 1.32x, softmax float32 17
+#: x 128256 1.26x; log-softmax bf16 32 x 262144 0.99x; batch-norm backward float32 256 x 64 x 32 x 32, NCHW
+#: rows of 262144 in runs of 1024, 0.77x).
+SPLIT_WARPS = 16
+
+
 def looped_row(machine: Machine, row_bytes: int, rows: int | None = None, results: int = 1,
                welford: bool = False) -> tuple[int, int]:
     """(loop step, num_warps) of a normalization that loops over its ``rows`` (None: unknown), its pass
@@ -136,6 +145,8 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     splittable = not (hints.kept is not None and hints.kept * ONLINE_SPLIT_SMS_PER_ROW >= hints.machine.sm_count)
     params = inner_params(SchedulerType.inner_persistent, analysis.reference, hints, splittable)
+    if params.shape == "split":
+        params = replace(params, num_warps=SPLIT_WARPS)
     if params.shape == "loop":
         # running values per element: Welford's shift, mean, m2 and count for a var_mean
         results = sum(4 if isinstance(e, VarMeanOp) else 1 for e in fusion.exprs() if isinstance(e, ReductionOp | VarMeanOp))

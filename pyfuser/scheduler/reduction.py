@@ -50,7 +50,8 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     # A var_mean splits too: Welford's partial results per program, combined by the second launch.
     welford = any(isinstance(e, VarMeanOp) for e in fusion.exprs())
     if analysis.inner:
-        return l2_by_size(reduction_inner_params(analysis.reference, hints, True, welford), hints, fusion)
+        return l2_by_size(reduction_inner_params(analysis.reference, hints, True, welford, streamed_bytes(fusion)),
+                          hints, fusion)
     # Few rows (up to a persistent tile's worth of the column block) are taken in one tile where the
     # column blocks give every SM a program and every output is reduced: no loop, and a sum added up
     # over registers without a loop's compensation. H200, bf16 column sums of 33 to 255 rows 0.68-0.80x
@@ -66,7 +67,7 @@ def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = (
     params = l2_by_size(outer_params(SchedulerType.reduction, analysis.reference, hints, whole_rows, True, element,
                                      welford), hints, fusion)
     return replace(params, num_stages=pipeline_stages(fusion, analysis, params.tile * params.tile_reduced, hints.machine,
-                                                      loop_stages(params, element)))
+                                                      loop_stages(params, element, welford)))
 
 
 def schedule(fusion: Fusion, params: ReductionParams) -> None:

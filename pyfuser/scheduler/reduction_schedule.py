@@ -174,12 +174,16 @@ def l2_by_size(params: ReductionParams, hints: SizeHints, fusion: FusionLike) ->
     return params if size is not None and size >= STREAM_MIN_BYTES else replace(params, l2=L2Hint.keep)
 
 
-def loop_stages(params: ReductionParams, bytes_per_element: int) -> int:
+def loop_stages(params: ReductionParams, bytes_per_element: int, welford: bool = False) -> int:
     """The pipeline depth a plain outer reduction's loop asks for once its L2 hint is decided
     (``l2_by_size``): ``OuterHeuristic.streamed_16bit_stages`` where it streams data of at most 2 bytes an
-    element, else its params'."""
-    streams = params.l2 is L2Hint.stream and bytes_per_element <= 2 and params.num_stages
-    return _OUTER[-1].streamed_16bit_stages if streams else params.num_stages
+    element, ``streamed_welford_stages`` where it streams a var_mean's data of any width, else its params'."""
+    h = _OUTER[-1]
+    if params.l2 is not L2Hint.stream or not params.num_stages:
+        return params.num_stages
+    if bytes_per_element <= 2:
+        return h.streamed_16bit_stages
+    return h.streamed_welford_stages if welford else params.num_stages
 
 
 def streamed_bytes(fusion: FusionLike) -> int:
@@ -276,7 +280,15 @@ class InnerHeuristic:
     (bf16 sums of 131072 x 127 1.41x, float32 of 65536 x 512 1.21x), 0.98-1.01x on the kept ones; loops of
     steps of at most ``short_step`` elements (rows of 16385 to 32768) on ``short_step_warps`` (8 elements a
     lane, where ``warps_for`` gave 32 on 4 warps) 1.35-1.71x on bf16 127 x 32000 (127 programs of 4 warps
-    left the SMs idle), 1.01-1.10x on the others; steps of 8192 on 16 warps 0.90-1.07x (kept at 8)."""
+    left the SMs idle), 1.01-1.10x on the others; steps of 8192 on 16 warps 0.90-1.07x (kept at 8).
+
+    A var_mean's float32 row of ``WIDE_WELFORD_TILE`` elements or more on chip (two passes over registers)
+    takes ``welford_tile_elements`` a thread (``warps_for``: 32), on at most ``MAX_TILE_WARPS``: H200 A/B of
+    the batch-norm families' NCHW statistics and forwards (each point's arms in one process), 1.00-1.14x on
+    the six float32 points it changes (statistics of 128 x 2048 x 7 x 7 1.14x: 6272-element rows gathered in
+    runs of 49, whose per-element addresses filled 122 registers a thread at 8 warps); on bf16 rows it lost
+    where the rows are long contiguous runs (32 x 64 x 112 x 112 0.86x, 32 x 256 x 56 x 56 0.92x) and won on
+    gathered ones (7 x 7 1.21x, 33 x 33 1.07x): bf16 rows keep ``warps_for``."""
 
     max_tile: int = 16384
     rows_tile: int = PLAIN_ROWS_TILE
@@ -288,8 +300,14 @@ class InnerHeuristic:
     loop_warps: int = 0
     short_step: int = 4096
     short_step_warps: int = 16
+    welford_tile_elements: int = 16
     l2: L2Hint = L2Hint.stream
 
+
+#: A var_mean's float32 row of at least this many elements on chip takes ``InnerHeuristic.welford_tile_elements``
+#: a thread, on at most ``MAX_TILE_WARPS``.
+WIDE_WELFORD_TILE = 4096
+MAX_TILE_WARPS = 16
 
 _Heuristic = TypeVar("_Heuristic")
 
@@ -313,7 +331,7 @@ def inner_heuristic(heuristic: InnerHeuristic) -> AbstractContextManager[InnerHe
 
 
 def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, welford: bool = False,
-                           ) -> ReductionParams:
+                           bytes_per_element: int = 4) -> ReductionParams:
     """A plain reduction of rows (``InnerHeuristic``): whole rows as one tile, a loop, or a split loop. A
     var_mean's rows are one tile up to the machine's persistent size: on chip, two passes over registers
     (no division per element, as Welford's update in a loop has)."""
@@ -327,8 +345,10 @@ def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, 
         if kept is not None:
             while rows > 1 and -(-kept // rows) < h.waves * m.sm_count:
                 rows //= 2
-        return ReductionParams(kind, ref.name, "tile", rows=rows, num_warps=warps_for(rows * width),
-                               l2=h.l2)
+        warps = warps_for(rows * width)
+        if welford and width >= WIDE_WELFORD_TILE and bytes_per_element >= 4 and h.welford_tile_elements:
+            warps = min(MAX_TILE_WARPS, width // (32 * h.welford_tile_elements))
+        return ReductionParams(kind, ref.name, "tile", rows=rows, num_warps=warps, l2=h.l2)
     longest = step = h.loop_step or m.loop_tile * LOOP_STEP_TILES
     if reduced is not None:
         # a row of the bucket (next_power_of_2(reduced) / 2, next_power_of_2(reduced)] wastes less than
@@ -400,7 +420,10 @@ class OuterHeuristic:
       bytes x steps of 4-16 KiB x 1-4 programs an SM x 8 or 16 elements a thread): blocks of 128 bytes
       (64 bf16 channels, 32 float32) with 8 KiB steps (64 rows) on one program an SM were within 0.87x
       of each shape's best (geomean 0.98x), against 0.66x (0.76x) for 512-byte blocks of 4 KiB steps
-      on two programs an SM: 69.9 -> 49.6 us at 32 x 256 x 56 x 56 (Inductor 42.9);
+      on two programs an SM: 69.9 -> 49.6 us at 32 x 256 x 56 x 56 (Inductor 42.9). Swept again with the
+      approximate division (22 channels-last points, each in one process): Inductor's shape (8 programs an
+      SM of 8 x 64 steps, 2 elements a thread) 0.77x, 4 an SM of 1024-element steps 0.85x, 16 warps a step
+      (``welford_max_warps``, 4 elements a thread) 0.955x: the rule stands;
     * a plain reduction's loop step gives each lane ``warps_for``'s 32 elements, 16-byte loads of them;
       the variants whose rows load in narrower pieces (a row of 127 bf16 elements) launch on as many
       warps as give each lane ``narrow_elements`` (``ReductionParams.narrow_warps``); where narrowing
@@ -428,7 +451,10 @@ class OuterHeuristic:
     128 bf16 columns (256 before) 1.03-1.10x on all 33 bf16 points it changed (worst 1.007x; float32's 64
     columns 0.96-1.16x: kept at 128); 2 steps a program (4 before) 1.03-1.18x on the 9 small splits it
     changed (bf16 column sums of 1023 x 1000 1.09x); 4 stages (3) 1.05-1.09x on the 51 streamed bf16
-    points (worst 0.98x; float32 0.97-1.03x, kept 16-bit 0.93-1.14x: 3 stay there)."""
+    points (worst 0.98x; float32 0.97-1.03x, kept 16-bit 0.93-1.14x: 3 stay there). A var_mean's streamed loop
+    takes ``streamed_welford_stages`` whatever its width (Welford's update per element leaves more time between a
+    step's loads): H200 A/B, the nine float32 channels-last batch-norm statistics and forwards it changes,
+    1.00-1.12x (geomean 1.07x; the bf16 ones already stream at ``streamed_16bit_stages``)."""
 
     column_bytes: int = 512
     reduction_columns: int = 128
@@ -441,6 +467,7 @@ class OuterHeuristic:
     min_columns: int = MIN_OUTER_TILE
     stages: int = LOOP_STAGES
     streamed_16bit_stages: int = 4
+    streamed_welford_stages: int = 4
     narrow_bytes: int = 128
     welford_column_bytes: int = 128
     welford_step_elements: int = 4096
@@ -448,6 +475,7 @@ class OuterHeuristic:
     small_welford_step_elements: int = 2048
     welford_waves: int = 1
     welford_elements: int = 8
+    welford_max_warps: int = 8
     narrow_elements: int = 8
     narrowed_step_bytes: int = 16384
     final_waves: int = 1
@@ -538,7 +566,7 @@ def outer_params(scheduler_type: SchedulerType, ref: TensorView, hints: SizeHint
             rows, split = narrow_rows, narrow_split
     if welford:
         return ReductionParams(scheduler_type, ref.name, "outer", tile=inner, tile_reduced=rows, split=split,
-                               num_warps=max(1, min(8, rows * inner // (32 * h.welford_elements))),
+                               num_warps=max(1, min(h.welford_max_warps, rows * inner // (32 * h.welford_elements))),
                                num_stages=h.stages, l2=l2)
     warps = warps_for(rows * inner)
     if plain and narrowed_few and h.narrowed_step_bytes:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from pyfuser import DataType, FusionDefinition
-from pyfuser.scheduler import reduction
+from pyfuser.scheduler import inner_persistent, reduction
 from pyfuser.scheduler.reduction_schedule import (
     InnerHeuristic,
     OuterHeuristic,
@@ -268,3 +268,51 @@ def test_short_loop_steps_of_row_reductions_run_on_16_warps(columns: int, step: 
     on 16 warps, 8 elements a lane (``warps_for`` gave 4 warps of 32); longer steps keep ``warps_for``'s."""
     params = reduction.compute_heuristics(_inner("sum", DataType.BFloat16).fusion, _bucket(1024, columns, inner=True))
     assert (params.shape, params.tile, params.num_warps) == ("loop", step, warps), params
+
+
+def _var_mean(dtype: DataType, axis: int) -> FusionDefinition:
+    with FusionDefinition() as fd:
+        x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=dtype), DataType.Float)
+        var, mean = fd.ops.var_mean(x, [axis], correction=0)
+        fd.add_output(mean)
+        fd.add_output(var)
+    return fd
+
+
+@pytest.mark.parametrize(("dtype", "stages"), [(DataType.Float, 4), (DataType.BFloat16, 4)])
+def test_streamed_var_mean_loops_pipeline_four_deep_whatever_their_width(dtype: DataType, stages: int) -> None:
+    """A var_mean over columns streaming past L2 (channels-last batch-norm statistics) pipelines its loop
+    ``streamed_welford_stages`` (4) deep for float32 as for 16-bit data; moved back, float32 keeps 3."""
+    hints = _bucket(401408, 64, inner=False)
+    params = reduction.compute_heuristics(_var_mean(dtype, 0).fusion, hints)
+    assert params.shape == "outer" and params.num_stages == stages, params
+    with outer_heuristic(OuterHeuristic(streamed_welford_stages=3)):
+        moved = reduction.compute_heuristics(_var_mean(dtype, 0).fusion, hints)
+    assert moved.num_stages == (3 if dtype is DataType.Float else 4), moved
+
+
+@pytest.mark.parametrize(("dtype", "width", "warps"), [(DataType.Float, 8192, 16), (DataType.Float, 16384, 16),
+                                                       (DataType.Float, 4096, 8), (DataType.BFloat16, 8192, 8),
+                                                       (DataType.Float, 2048, 4)])
+def test_wide_float32_var_mean_rows_on_chip_take_16_elements_a_thread(dtype: DataType, width: int, warps: int) -> None:
+    """A var_mean's float32 row of 4096 elements or more on chip runs 16 elements a thread (up to 16 warps),
+    not ``warps_for``'s 32; bf16 rows and shorter rows keep ``warps_for``; the knob at 0 moves it back."""
+    hints = SizeHints(width, 2048, H100)
+    params = reduction.compute_heuristics(_var_mean(dtype, 1).fusion, hints)
+    assert (params.shape, params.num_warps) == ("tile", warps), params
+    with inner_heuristic(InnerHeuristic(welford_tile_elements=0)):
+        moved = reduction.compute_heuristics(_var_mean(dtype, 1).fusion, hints)
+    assert moved.num_warps == max(2, min(8, params.rows * width // 1024)), moved
+
+
+@pytest.mark.parametrize("rows", [1, 8, 63])
+def test_rows_split_across_programs_loop_on_16_warps(rows: int) -> None:
+    """A softmax of fewer rows than half the SMs splits each row across programs; each program loops over its
+    share on ``SPLIT_WARPS`` (16), as a looped row does, where ``warps_for`` gave its steps of 8192 8."""
+    with FusionDefinition() as fd:
+        x = fd.ops.cast(fd.define_tensor([-1, -1], dtype=DataType.BFloat16), DataType.Float)
+        shifted = fd.ops.exp(fd.ops.sub(x, fd.ops.broadcast_in_dim(fd.ops.max(x, [1]), x.shape(), [0])))
+        fd.add_output(fd.ops.div(shifted, fd.ops.broadcast_in_dim(fd.ops.sum(shifted, [1]), x.shape(), [0])))
+    params = inner_persistent.compute_heuristics(fd.fusion, _bucket(rows, 262144, inner=True))
+    assert (params.shape, params.num_warps) == ("split", inner_persistent.SPLIT_WARPS), params
+    assert inner_persistent.SPLIT_WARPS == 16
