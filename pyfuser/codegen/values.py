@@ -33,6 +33,7 @@ Floating reductions are as accurate as torch's, also on data far from 0 (rows of
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -42,6 +43,7 @@ import torch
 from pyfuser.codegen.kernel_source import KernelError
 from pyfuser.codegen.triton_ops import TRITON_POINTWISE
 from pyfuser.codegen.triton_support import NAN, compute_dtype, int_expr, literal, triton_dtype
+from pyfuser.ir.analysis.resize import branched_parts, costly_part
 from pyfuser.ir.analysis.value_range import integer_bounds
 from pyfuser.ir.base import Expr, Scalar, Val
 from pyfuser.ir.dtypes import DataType
@@ -475,14 +477,44 @@ class ValueLowering:
             part = parts[k]
             assert isinstance(part, TensorView)
             inner = self.resize_indices(expr, k, indices)
-            read = self.convert(self.value(part, inner), part.dtype, dtype)
             inside = " & ".join(inner.valid[len(indices.valid):])
+            if inside and self.tile_shape and not self.code.masked_uniform and branched_parts(expr) and costly_part(expr, k):
+                def read_part(p: TensorView = part, i: Indices = inner) -> str:
+                    return self.convert(self.value(p, i), p.dtype, dtype)
+
+                value = self.part_where_inside(inside, read_part, value, dtype)
+                continue
+            read = self.convert(self.value(part, inner), part.dtype, dtype)
             # The last operand of a cat needs no condition (the others' parts are decided before it),
             # nor does the operand of a pad of zero widths.
             value = read if value is None or not inside else self.code.assign(
                 "v", f"tl.where({inside}, {read}, {value})")
         assert value is not None
         return value
+
+    def part_where_inside(self, inside: str, compute: Callable[[], str], otherwise: str | None,
+                          dtype: DataType) -> str:
+        """``tl.where(inside, compute(), otherwise)`` for a costly part of a pad or cat (``costly_part``),
+        its code under an ``if`` that some lane of the tile is ``inside``: a tile wholly in another part
+        (the pointwise scheduler aligns tiles with a costly cat's parts) skips it. The result starts as
+        ``otherwise`` (0 for a cat's first-computed part) broadcast to the tile axes the part varies along,
+        so both paths give Triton one type."""
+        code = self.code
+        start, indent = len(code.lines), code.indent
+        code.open("if _pending_:")
+        read = compute()
+        dims = code.dims_in(read) | code.dims_in(inside) | (code.dims_in(otherwise) if otherwise else frozenset())
+        result = code.fresh("v")
+        code.emit(f"{result} = tl.where({inside}, {read}, {result})")
+        code.close()
+        shape = ", ".join(self.tile_shape[d] if d in dims else "1" for d in range(len(self.tile_shape)))
+        init = (f"tl.broadcast_to({otherwise}, [{shape}])" if otherwise is not None else
+                f"tl.full([{shape}], {literal(0, dtype)}, {triton_dtype(dtype)})")
+        some = f"tl.reduce(tl.where({inside}, 1, 0), None, _add) > 0" if code.dims_in(inside) else inside
+        pad = "    " * indent
+        code.lines[start:start + 1] = [f"{pad}{result} = {init}", f"{pad}if {some}:"]
+        code.dims[result] = dims
+        return result
 
     def scalar(self, val: Scalar) -> str:
         if val.is_const:

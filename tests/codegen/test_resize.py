@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pyfuser import DataType, FusionDefinition
-from tests.codegen.conftest import execute_with_aten, kernel_schedulers
+from tests.codegen.conftest import execute_with_aten, kernel_schedulers, kernel_segments
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -284,3 +284,59 @@ def test_a_resize_of_a_reshape_reads_the_operand_at_its_own_extent(resize: str, 
             "slice": lambda: merged[..., :4]}[resize]() * 3.0
     torch.testing.assert_close(got, want)
     assert kernel_schedulers(fd) == ["pointwise"]
+
+
+def _fused_qkv_rotary_backward(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, angles: torch.Tensor,
+                               ) -> FusionDefinition:
+    """The gradient of a fused q / k / v projection's output through rotary embeddings, as AOTAutograd traces
+    it (slice_backward: each head group's gradient padded to the projection's width, added): ``dq`` / ``dk``
+    ``[T, H * D]`` and ``dv`` ``[T, KV * D]`` (tokens by columns), cosines and sines computed from ``angles``
+    ``[T, D / 2]`` (the rotary embedding's recomputed forward), repeated along the columns."""
+    width = dq.shape[1] + dk.shape[1] + dv.shape[1]
+    with FusionDefinition() as fd:
+        tq, tk, tv = (fd.define_tensor(list(t.shape), contiguity=[True, True], dtype=DataType.BFloat16)
+                      for t in (dq, dk, dv))
+        ang = fd.define_tensor(list(angles.shape), contiguity=[True, True])
+        tokens, half = angles.shape
+        # angles repeated to each part's columns: [T, D/2] -> [T, cols / D, 2, D/2] -> [T, cols]
+        def rope_backward(g: object, columns: int) -> object:
+            a = fd.ops.broadcast_in_dim(ang, [tokens, columns // (2 * half), 2, half], [0, 3])
+            a = fd.ops.reshape(a, [tokens, columns])
+            gf = fd.ops.cast(g, DataType.Float)
+            return fd.ops.add(fd.ops.mul(gf, fd.ops.cos(a)), fd.ops.mul(gf, fd.ops.sin(a)))
+
+        q = rope_backward(tq, dq.shape[1])
+        k = rope_backward(tk, dk.shape[1])
+        v = fd.ops.cast(tv, DataType.Float)
+        padded_q = fd.ops.pad(q, [0, width - dq.shape[1]])
+        padded_k = fd.ops.pad(k, [dq.shape[1], dv.shape[1]])
+        padded_v = fd.ops.pad(v, [dq.shape[1] + dk.shape[1], 0])
+        fd.add_output(fd.ops.cast(fd.ops.add(fd.ops.add(padded_q, padded_k), padded_v), DataType.BFloat16))
+    return fd
+
+
+@pytest.mark.parametrize(("columns", "tile"), [((512, 256, 256), 256), ((1024, 256, 256), 256), ((96, 32, 32), None)])
+def test_costly_parts_run_under_branches_on_aligned_tiles(device: str, run_kernels, columns: tuple[int, ...],
+                                                          tile: int | None) -> None:
+    """Each part of the fused gradient computes cosines and sines; where every part spans 256 columns or more
+    the pointwise tile divides the parts' bounds (one part a tile) and each costly part is computed under a
+    branch on its tile having a lane in it; finer parts keep the usual tile and no branch. Against torch."""
+    tokens, half = 3, 16
+    dq, dk, dv = (torch.randn(tokens, c, device=device).to(torch.bfloat16) for c in columns)
+    angles = torch.randn(tokens, half, device=device) * 40
+    fd = _fused_qkv_rotary_backward(dq, dk, dv, angles)
+    (out,) = run_kernels(fd, [dq, dk, dv, angles])
+    a = {c: angles.repeat(1, c // half) for c in columns}
+
+    def rope(g: torch.Tensor) -> torch.Tensor:
+        return g.float() * a[g.shape[1]].cos() + g.float() * a[g.shape[1]].sin()
+
+    want = torch.cat([rope(dq), rope(dk), dv.float()], 1).to(torch.bfloat16)
+    torch.testing.assert_close(out, want, rtol=1e-2, atol=1e-2)
+    (segment,) = kernel_segments(fd)
+    branches = segment.code.count("tl.reduce(tl.where(")
+    if tile is None:
+        assert branches == 0 and segment.scheduler_params.block != (256,), segment.scheduler_params
+    else:
+        assert segment.scheduler_params.block == (tile,), segment.scheduler_params
+        assert branches == 2, segment.code  # the q and k parts; v has nothing costly

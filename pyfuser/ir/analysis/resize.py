@@ -9,13 +9,14 @@ scheduler uses them to count the producer axes a resize reads into its reference
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pyfuser.ir.analysis.reshape import reshaped_classes
 from pyfuser.ir.base import Expr
 from pyfuser.ir.iter_domain import IterDomain
-from pyfuser.ir.ops import CatOp, PadOp, SliceOp
+from pyfuser.ir.ops import BinaryOp, BinaryOpType, CatOp, PadOp, SliceOp, UnaryOp, UnaryOpType
 from pyfuser.ir.symbolic import SymConst, SymExpr
 from pyfuser.ir.tensor_view import TensorView
 
@@ -80,3 +81,69 @@ def readable_classes(exprs: Sequence[Expr], class_of: Callable[[IterDomain], int
         if grown == readable:
             return readable
         readable = grown
+
+
+#: Pointwise kinds whose libdevice routines take tens of instructions an element (a range reduction, a
+#: polynomial), against one or two for arithmetic: what makes computing a cat's part for lanes outside it
+#: cost more than a branch.
+TRANSCENDENTAL = frozenset({
+    UnaryOpType.exp, UnaryOpType.log, UnaryOpType.sin, UnaryOpType.cos, UnaryOpType.tanh, UnaryOpType.sigmoid,
+    UnaryOpType.silu, UnaryOpType.gelu, UnaryOpType.gelu_tanh, UnaryOpType.erf, UnaryOpType.acos,
+    UnaryOpType.acosh, UnaryOpType.asin, UnaryOpType.asinh, UnaryOpType.atan, UnaryOpType.atanh, UnaryOpType.cosh,
+    UnaryOpType.sinh, UnaryOpType.tan, UnaryOpType.exp2, UnaryOpType.expm1, UnaryOpType.log2, UnaryOpType.log10,
+    UnaryOpType.log1p, UnaryOpType.lgamma, UnaryOpType.erfc, UnaryOpType.erfinv, UnaryOpType.erfcinv})
+
+
+def costly_part(expr: PadOp | CatOp, operand: int) -> bool:
+    """Whether the ``operand``-th input of a pad or cat is computed (inside its fusion) with a transcendental
+    op (``TRANSCENDENTAL``, ``pow``): a kernel computing it only where some lane of its tile is inside that
+    part saves the op on every other lane (rotary embeddings' backward into a fused q / k / v projection: each
+    part's cosines and sines)."""
+    stack = [expr.inputs[operand]]
+    seen: set[int] = set()
+    while stack:
+        val = stack.pop()
+        if id(val) in seen or val.definition is None:
+            continue
+        seen.add(id(val))
+        definition = val.definition
+        if isinstance(definition, UnaryOp) and definition.kind in TRANSCENDENTAL:
+            return True
+        if isinstance(definition, BinaryOp) and definition.kind is BinaryOpType.pow:
+            return True
+        stack.extend(definition.inputs)
+    return False
+
+
+def resized_part_starts(expr: PadOp | CatOp) -> dict[int, list[int | None]]:
+    """Per output axis a pad or cat resizes: where its parts begin and end along it (a cat's operands' offsets
+    and its extent; a pad's left width, the operand's end and the extent), None where not static."""
+    out = expr.output.get_logical_domain(no_reductions=True)
+    starts: dict[int, list[int | None]] = {}
+    for k in range(len(expr.tensor_inputs)):
+        for axis in resized_axes(expr, k):
+            operand = expr.tensor_inputs[k].get_logical_domain(no_reductions=True)[axis.dim]
+            begin = (SymConst(0) - axis.offset).value
+            end = begin + operand.extent.value if begin is not None and operand.extent.value is not None else None
+            starts.setdefault(axis.dim, []).extend([begin, end, out[axis.dim].extent.value])
+    return starts
+
+
+#: The shortest part (along its resized axis) of a pad or cat whose costly parts a kernel branches on
+#: (``branched_parts``): finer parts (a rotary embedding's halves of a head) share every tile.
+MIN_BRANCHED_PART = 256
+
+
+def branched_parts(expr: PadOp | CatOp) -> bool:
+    """Whether a kernel computes ``expr``'s costly parts (``costly_part``) each under a branch on its tile
+    having a lane inside it: it has one, and its parts along every resized axis are static and at least
+    ``MIN_BRANCHED_PART`` elements long."""
+    if not any(costly_part(expr, k) for k in range(len(expr.tensor_inputs))):
+        return False
+    for starts in resized_part_starts(expr).values():
+        if any(s is None for s in starts):
+            return False
+        bounds = sorted({s for s in starts if s is not None})
+        if any(b - a < MIN_BRANCHED_PART for a, b in itertools.pairwise(bounds)):
+            return False
+    return True
