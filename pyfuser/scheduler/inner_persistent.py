@@ -83,7 +83,8 @@ ONLINE_SPLIT_SMS_PER_ROW = 2
 #: and batch-norm families' points with fewer rows than half the SMs (each point's arms in one process): the
 #: 47 it changes 1.126x (1.02-1.32x on 45: cross-entropy forward float32 63 x 262144 1.32x, softmax float32 17
 #: x 128256 1.26x; log-softmax bf16 32 x 262144 0.99x; batch-norm backward float32 256 x 64 x 32 x 32, NCHW
-#: rows of 262144 in runs of 1024, 0.77x).
+#: rows of 262144 in runs of 1024, 0.77x: its first launch, two float32 inputs and two compensated sums, hits 16
+#: warps' cap of 128 registers a thread and spills 16 bytes, where 8 warps held it in 254).
 SPLIT_WARPS = 16
 
 
