@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from pyfuser import DataType, FusionDefinition
-from tests.codegen.conftest import execute_with_aten, kernel_schedulers, kernel_segments
+from tests.codegen.conftest import execute_with_aten, execute_with_kernels, kernel_schedulers, kernel_segments
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -340,3 +342,36 @@ def test_costly_parts_run_under_branches_on_aligned_tiles(device: str, run_kerne
     else:
         assert segment.scheduler_params.block == (tile,), segment.scheduler_params
         assert branches == 2, segment.code  # the q and k parts; v has nothing costly
+
+
+_COSTLY = {"sin": ("sin", torch.sin), "exp": ("exp", torch.exp), "tanh": ("tanh", torch.tanh), "none": (None, None)}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(widths=st.lists(st.sampled_from([128, 256, 384, 512, 768]), min_size=2, max_size=4),
+       ops=st.lists(st.sampled_from(sorted(_COSTLY)), min_size=4, max_size=4), rows=st.integers(1, 3),
+       bf16=st.booleans(), pad=st.booleans())
+@example(widths=[512, 256, 768], ops=["sin", "none", "exp", "none"], rows=2, bf16=True, pad=True)  # branched, aligned
+@example(widths=[384, 256], ops=["tanh", "exp", "none", "none"], rows=3, bf16=False, pad=False)  # branched, not aligned
+def test_cats_and_pads_of_costly_parts_against_aten(widths: list[int], ops: list[str], rows: int, bf16: bool,
+                                                    pad: bool) -> None:
+    """Cats of parts computed with or without transcendental ops (branched where every part is 256+ long and
+    costly, on tiles aligned with them or not), and a pad of a costly part, against the ATen evaluator:
+    static shapes, bf16 or float32 inputs."""
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    xs = [torch.randn(rows, w).to(dtype) for w in widths]
+    with FusionDefinition() as fd:
+        parts = []
+        for x, op in zip(xs, ops, strict=False):
+            t = fd.ops.cast(fd.define_tensor(list(x.shape), contiguity=[True, True],
+                                             dtype=DataType.BFloat16 if bf16 else DataType.Float), DataType.Float)
+            name = _COSTLY[op][0]
+            parts.append(getattr(fd.ops, name)(t) if name else t)
+        out = fd.ops.cat(parts, 1)
+        if pad:
+            out = fd.ops.pad(out, [256, 512])
+        fd.add_output(fd.ops.mul(out, 0.5))
+    (got,) = execute_with_kernels(fd, xs)
+    assert kernel_schedulers(fd) == ["pointwise"]
+    (want,) = execute_with_aten(fd, xs)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
