@@ -43,7 +43,7 @@ import torch
 from pyfuser.codegen.kernel_source import KernelError
 from pyfuser.codegen.triton_ops import TRITON_POINTWISE
 from pyfuser.codegen.triton_support import NAN, compute_dtype, int_expr, literal, triton_dtype
-from pyfuser.ir.analysis.resize import branched_parts, costly_part
+from pyfuser.ir.analysis.resize import branched_parts
 from pyfuser.ir.analysis.value_range import integer_bounds
 from pyfuser.ir.base import Expr, Scalar, Val
 from pyfuser.ir.dtypes import DataType
@@ -473,12 +473,13 @@ class ValueLowering:
         else:
             value = None
             parts = list(expr.inputs)
+        branched = branched_parts(expr) if self.tile_shape and not self.code.masked_uniform else frozenset()
         for k in reversed(range(len(parts))):
             part = parts[k]
             assert isinstance(part, TensorView)
             inner = self.resize_indices(expr, k, indices)
             inside = " & ".join(inner.valid[len(indices.valid):])
-            if inside and self.tile_shape and not self.code.masked_uniform and branched_parts(expr) and costly_part(expr, k):
+            if inside and k in branched:
                 def read_part(p: TensorView = part, i: Indices = inner) -> str:
                     return self.convert(self.value(p, i), p.dtype, dtype)
 
@@ -494,7 +495,7 @@ class ValueLowering:
 
     def part_where_inside(self, inside: str, compute: Callable[[], str], otherwise: str | None,
                           dtype: DataType) -> str:
-        """``tl.where(inside, compute(), otherwise)`` for a costly part of a pad or cat (``costly_part``),
+        """``tl.where(inside, compute(), otherwise)`` for a costly part of a pad or cat (``branched_parts``),
         its code under an ``if`` that some lane of the tile is ``inside``: a tile wholly in another part
         (the pointwise scheduler aligns tiles with a costly cat's parts) skips it. The result starts as
         ``otherwise`` (0 for a cat's first-computed part) broadcast to the tile axes the part varies along,

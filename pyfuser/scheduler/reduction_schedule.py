@@ -174,7 +174,7 @@ def l2_by_size(params: ReductionParams, hints: SizeHints, fusion: FusionLike) ->
     return params if size is not None and size >= STREAM_MIN_BYTES else replace(params, l2=L2Hint.keep)
 
 
-def loop_stages(params: ReductionParams, bytes_per_element: int, welford: bool = False) -> int:
+def loop_stages(params: ReductionParams, bytes_per_element: int, welford: bool) -> int:
     """The pipeline depth a plain outer reduction's loop asks for once its L2 hint is decided
     (``l2_by_size``): ``OuterHeuristic.streamed_16bit_stages`` where it streams data of at most 2 bytes an
     element, ``streamed_welford_stages`` where it streams a var_mean's data of any width, else its params'."""
@@ -330,8 +330,8 @@ def inner_heuristic(heuristic: InnerHeuristic) -> AbstractContextManager[InnerHe
     return in_force(_INNER, heuristic)
 
 
-def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, welford: bool = False,
-                           bytes_per_element: int = 4) -> ReductionParams:
+def reduction_inner_params(ref: TensorView, hints: SizeHints, splittable: bool, welford: bool,
+                           bytes_per_element: int) -> ReductionParams:
     """A plain reduction of rows (``InnerHeuristic``): whole rows as one tile, a loop, or a split loop. A
     var_mean's rows are one tile up to the machine's persistent size: on chip, two passes over registers
     (no division per element, as Welford's update in a loop has)."""

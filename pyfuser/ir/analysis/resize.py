@@ -134,16 +134,17 @@ def resized_part_starts(expr: PadOp | CatOp) -> dict[int, list[int | None]]:
 MIN_BRANCHED_PART = 256
 
 
-def branched_parts(expr: PadOp | CatOp) -> bool:
-    """Whether a kernel computes ``expr``'s costly parts (``costly_part``) each under a branch on its tile
-    having a lane inside it: it has one, and its parts along every resized axis are static and at least
-    ``MIN_BRANCHED_PART`` elements long."""
-    if not any(costly_part(expr, k) for k in range(len(expr.tensor_inputs))):
-        return False
+def branched_parts(expr: PadOp | CatOp) -> frozenset[int]:
+    """The operands of ``expr`` a kernel computes each under a branch on its tile having a lane inside their
+    part: its costly ones (``costly_part``), where its parts along every resized axis are static and at least
+    ``MIN_BRANCHED_PART`` elements long (else none)."""
+    costly = frozenset(k for k in range(len(expr.tensor_inputs)) if costly_part(expr, k))
+    if not costly:
+        return costly
     for starts in resized_part_starts(expr).values():
         if any(s is None for s in starts):
-            return False
+            return frozenset()
         bounds = sorted({s for s in starts if s is not None})
         if any(b - a < MIN_BRANCHED_PART for a, b in itertools.pairwise(bounds)):
-            return False
-    return True
+            return frozenset()
+    return costly
