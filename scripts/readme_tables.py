@@ -303,7 +303,7 @@ def model_breadth(data: Data) -> tuple[str, str]:
                 "its kernels (regions as ATen calls), float32 inference through generated kernels against eager, and a float32 "
                 "training step through generated kernels against the float64 step beside eager float32")
         return what, f"{ok} of {len(cases)} cases pass; failed not by pyfuser (also with aot_eager): {theirs}"
-    timed = [c for c in cases if "vs_inductor" in c]
+    timed = [c for c in cases if "vs_inductor" in c and "error" not in c]
     worst = min(timed, key=lambda c: c["vs_inductor"])
     faster_first = sum(c["first_s"]["pyfuser"] <= c["first_s"]["inductor"] for c in timed)
     what = "`transformers` architectures outside the zoo at realistic sizes, bf16, eager / Inductor / pyfuser"
@@ -311,6 +311,9 @@ def model_breadth(data: Data) -> tuple[str, str]:
               f"(worst {worst['vs_inductor']:.2f}x, {worst['model']} {worst['mode']}), vs eager "
               f"{geomean(c['vs_eager'] for c in timed):.2f}x; first call faster than Inductor's in {faster_first} of "
               f"{len(timed)}; failed: {len(cases) - len(timed)}")
+    for mode in sorted({c["mode"] for c in timed}):
+        ratios = [c["vs_inductor"] for c in timed if c["mode"] == mode]
+        result += f"; {mode} {geomean(ratios):.2f}x (worst {min(ratios):.2f}x, {len(ratios)} cases)"
     return what, result
 
 

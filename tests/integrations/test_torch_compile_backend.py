@@ -733,6 +733,40 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)  # promises x's dtype: the kernel returns int64
 
 
+@torch.library.custom_op("pyfuser_test::double_column_major", mutates_args=())
+def _double_column_major(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).t().contiguous().t()
+
+
+@_double_column_major.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)  # promises row-major
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_eager_result_of_other_strides_than_traced_is_restrided(dtype: torch.dtype) -> None:
+    """An op left in eager whose kernel lays its result out otherwise than its fake implementation
+    promised (torch's convolution of a one-channel input: traced channels-last, computed contiguous):
+    the region reading it, built for the traced strides, gets a copy in them on every call, also once
+    the graph is specialized; its outputs are eager's."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.ops.pyfuser_test.double_column_major(x) * 3 + x
+        return y, torch.softmax(y.float(), dim=-1)
+
+    backend = PyfuserBackend()
+    compiled = torch.compile(fn, backend=backend)
+    for _ in range(WARM_CALLS + 2):
+        x = torch.randn(6, 37, dtype=dtype)
+        got = compiled(x)
+        want = fn(x)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+    (graph,) = backend.graphs
+    (region,) = graph.regions
+    assert region.converted_inputs == ["double_column_major: strides (1, 6) -> (37, 1)"]
+    assert graph.bound is not None and graph.bound.specialized is not None, graph.bound.declined
+
+
 def test_an_eager_result_of_another_dtype_than_traced_is_converted_to_it() -> None:
     """An op left in eager whose kernel returns another floating-point dtype than its fake
     implementation promised: the region reading it converts the value to the traced dtype (the graph

@@ -46,6 +46,7 @@ from pyfuser.integrations.torch_compile.attention_masks import fold_constant_att
 from pyfuser.integrations.torch_compile.bound_graph import BoundGraph
 from pyfuser.integrations.torch_compile.collective_matmul import CollectiveMatmul, lower_collective_matmuls
 from pyfuser.integrations.torch_compile.constant_folding import fold_scalar_constants
+from pyfuser.integrations.torch_compile.constructor_device import move_constructors_to_device
 from pyfuser.integrations.torch_compile.conv_layout import relayout_activations, split_convolution_biases
 from pyfuser.integrations.torch_compile.decompositions import decomposition_table
 from pyfuser.integrations.torch_compile.dump import format_plan
@@ -151,6 +152,7 @@ class PyfuserBackend:
                                       example_inputs, training=kind != "inference")
         split_convolution_biases(gm)
         fold_scalar_constants(gm)
+        move_constructors_to_device(gm)
         drop_transpose_pairs(gm, outputs=kind == "backward")  # first: a region reads the untransposed tensor
         drop_detaches(gm, outputs=kind == "backward")
         pipelines = lower_collective_matmuls(gm, f"pyfuser_{kind}{sum(g.kind == kind for g in self.graphs)}")

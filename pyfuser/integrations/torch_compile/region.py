@@ -11,6 +11,7 @@ mentions (``T3``), the FX node it came from.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from pyfuser.host_ir.specialization import Seen, Specializations
 from pyfuser.host_ir.straight_line import InlinedBody, InlineWriter
 from pyfuser.integrations.torch_compile.support import op_name
 from pyfuser.integrations.torch_compile.translator import TranslatedRegion
+from pyfuser.ir.layout import is_dense
 from pyfuser.ir.tensor_view import TensorView
 from pyfuser.runtime.executor import BoundProgram
 
@@ -39,16 +41,46 @@ def _traced_dtype(node: Node) -> torch.dtype | None:
     return value.dtype if isinstance(value, torch.Tensor) else None
 
 
+@dataclass(frozen=True)
+class InputConversion:
+    """A fusion input an op left in eager computes otherwise than its fake (meta) function traced it,
+    converted on every call to what the region was built for: ``dtype``, and where ``strides`` is not
+    None, those strides (a copy). torch's meta functions and kernels disagree at times: a convolution
+    of a one-channel input (Audio Spectrogram Transformer: ``unsqueeze(1).transpose(2, 3)``) is traced
+    channels-last and computed contiguous."""
+
+    position: int
+    dtype: torch.dtype
+    strides: tuple[int, ...] | None = None
+
+    def __call__(self, value: torch.Tensor) -> torch.Tensor:
+        if self.strides is None:
+            return value.to(self.dtype)
+        converted = torch.empty_strided(value.shape, self.strides, dtype=self.dtype, device=value.device)
+        return converted.copy_(value)
+
+
 def _converting(function: Callable[[list[Any]], Any],
-                casts: Sequence[tuple[int, torch.dtype]]) -> Callable[[list[Any]], Any]:
-    """``function`` called with the inputs at the positions of ``casts`` converted to their dtypes."""
+                conversions: Sequence[InputConversion]) -> Callable[[list[Any]], Any]:
+    """``function`` called with the inputs ``conversions`` name converted."""
     def run(inputs: list[Any]) -> Any:
         inputs = list(inputs)
-        for j, dtype in casts:
-            inputs[j] = inputs[j].to(dtype)
+        for conversion in conversions:
+            inputs[conversion.position] = conversion(inputs[conversion.position])
         return function(inputs)
 
     return run
+
+
+def _other_strides(value: torch.Tensor, traced: torch.Tensor) -> bool:
+    """Whether ``value`` is laid out otherwise than ``traced`` (a dense tensor of static sizes and
+    strides the fusion declared by its contiguity and stride order), axes of one element aside."""
+    if not static_tensor(traced) or tuple(value.shape) != tuple(traced.shape):
+        return False
+    sizes, strides = [int(s) for s in traced.shape], [int(s) for s in traced.stride()]
+    if not is_dense(sizes, strides):
+        return False  # (declared as a view: any strides fit)
+    return any(n != 1 and a != b for n, a, b in zip(sizes, value.stride(), strides, strict=True))
 
 
 def static_tensor(value: Any) -> bool:
@@ -93,7 +125,7 @@ class RegionFunction:
     positions: list[int]
     slots: list[int]
     _inline: InlineWriter
-    _casts: Sequence[tuple[int, torch.dtype]]
+    _conversions: Sequence[InputConversion]
 
     def inline(self, writer: PythonWriter, fusion_inputs: Sequence[str], prefix: str,
                fixed: Sequence[bool]) -> InlinedBody | None:
@@ -101,8 +133,9 @@ class RegionFunction:
         takes them; ``fixed``: those whose memory the caller obtains itself, aligned alike on every call);
         the body's outputs are the fusion's, in its order."""
         given, fixed = list(fusion_inputs), list(fixed)
-        for j, dtype in self._casts:  # (a conversion is a new tensor)
-            given[j], fixed[j] = f"{given[j]}.to({writer.constant(dtype, '_dtype')})", True
+        for conversion in self._conversions:  # (a conversion is a new tensor)
+            j = conversion.position
+            given[j], fixed[j] = f"{writer.constant(conversion, '_convert')}({given[j]})", True
         return self._inline(writer, given, prefix, fixed)
 
 
@@ -137,8 +170,8 @@ class FusionRegion:
         self._static = [j for j, k in enumerate(self._positions) if translated.inputs[k] in static_inputs]
         #: per fusion input: the FX node it comes from and the dtype it was traced with (None: not a tensor)
         self._traced = [(translated.inputs[k], _traced_dtype(translated.inputs[k])) for k in self._positions]
-        #: fusion inputs converted to their traced dtype on every call (decided on the first call)
-        self._casts: tuple[tuple[int, torch.dtype], ...] | None = None
+        #: fusion inputs converted to their traced dtype and layout on every call (decided on the first call)
+        self._conversions_made: tuple[InputConversion, ...] | None = None
         #: what those conversions are: ``"getitem_3: torch.bfloat16 -> torch.float32"``
         self.converted_inputs: list[str] = []
         #: every fusion input a tensor of static sizes and strides (a graph without dynamic shapes):
@@ -207,33 +240,41 @@ class FusionRegion:
         rest), else ``dynamic_signature``."""
         return tuple([t.stride() for t in inputs]) if self._static_shapes else tuple(dynamic_signature(inputs))
 
-    def _dtype_casts(self, inputs: Sequence[Any]) -> tuple[tuple[int, torch.dtype], ...]:
-        """The fusion inputs whose value has another dtype than the graph was traced with, each with the
-        traced dtype. An op left in eager can compute another dtype than its fake (meta) implementation
-        promised: ``_native_batch_norm_legit_functional``'s decomposition, which fake tensors run, gives
-        float32 running statistics for bfloat16 ones, while the CPU kernel keeps bfloat16. The region was
-        built for the traced dtypes, and the graph after it expects what they compute, so a floating-point
-        value is converted to its traced dtype (a bfloat16 value widened to float32 is the same number);
-        another mismatch (an integer for a float) is an error naming the FX node."""
-        casts: list[tuple[int, torch.dtype]] = []
-        for j, ((node, traced), value) in enumerate(zip(self._traced, inputs, strict=True)):
-            if traced is None or not isinstance(value, torch.Tensor) or value.dtype == traced:
+    def _conversions(self, inputs: Sequence[Any]) -> tuple[InputConversion, ...]:
+        """The fusion inputs whose value has another dtype or layout than the graph was traced with, each
+        to be converted to the traced one (``InputConversion``). The region was built for the traced
+        dtypes and layouts, and the graph after it expects what they compute: a floating-point value is
+        converted to its traced dtype (a bfloat16 value widened to float32 is the same number:
+        ``_native_batch_norm_legit_functional``'s decomposition, which fake tensors run, gives float32
+        running statistics for bfloat16 ones, while the CPU kernel keeps bfloat16), a dense value of
+        other strides copied to the traced ones; another dtype mismatch (an integer for a float) is an
+        error naming the FX node."""
+        conversions: list[InputConversion] = []
+        for j, ((node, dtype), value) in enumerate(zip(self._traced, inputs, strict=True)):
+            traced = node.meta.get("val")
+            if dtype is None or not isinstance(value, torch.Tensor) or not isinstance(traced, torch.Tensor):
                 continue
-            if not (value.is_floating_point() and traced.is_floating_point) or j in self._static:
-                raise TypeError(f"pyfuser region {self.name}: its input {node.name} was traced as {traced}, but "
+            if value.dtype != dtype and (not (value.is_floating_point() and dtype.is_floating_point)
+                                         or j in self._static):
+                raise TypeError(f"pyfuser region {self.name}: its input {node.name} was traced as {dtype}, but "
                                 f"the value computed for it is {value.dtype} (its op's meta function and its kernel "
                                 "disagree)")
-            casts.append((j, traced))
-            self.converted_inputs.append(f"{node.name}: {value.dtype} -> {traced}")
-        return tuple(casts)
+            restride = j not in self._static and _other_strides(value, traced)
+            if value.dtype == dtype and not restride:
+                continue
+            conversions.append(InputConversion(j, dtype, tuple(int(s) for s in traced.stride()) if restride else None))
+            change = [f"{value.dtype} -> {dtype}"] if value.dtype != dtype else []
+            change += [f"strides {tuple(value.stride())} -> {tuple(traced.stride())}"] if restride else []
+            self.converted_inputs.append(f"{node.name}: {', '.join(change)}")
+        return tuple(conversions)
 
     def __call__(self, *args: Any) -> list[torch.Tensor]:
         inputs = [args[k] for k in self._positions]
-        casts = self._casts
-        if casts is None:
-            casts = self._casts = self._dtype_casts(inputs)
-        for j, dtype in casts:
-            inputs[j] = inputs[j].to(dtype)
+        conversions = self._conversions_made
+        if conversions is None:
+            conversions = self._conversions_made = self._conversions(inputs)
+        for conversion in conversions:
+            inputs[conversion.position] = conversion(inputs[conversion.position])
         try:
             if self._graphs is not None:
                 outputs = self._replay(inputs)
@@ -250,6 +291,10 @@ class FusionRegion:
         has no such function (that signature not bound yet, a program that keeps its steps, CUDA graphs
         of its own)."""
         given = [arguments[k] for k in self._positions]
+        for conversion in self._conversions_made or ():  # (bound to the strides the conversion makes)
+            seen = given[conversion.position]
+            if conversion.strides is not None and isinstance(seen, Seen):
+                given[conversion.position] = dataclasses.replace(seen, strides=conversion.strides)
         if self._static_shapes:
             key: tuple[Any, ...] | None = tuple([a.strides if isinstance(a, Seen) else None for a in given])
         else:
@@ -259,10 +304,10 @@ class FusionRegion:
         if not written or self._graphs is not None:
             return None
         function: Callable[..., Any] = written.run
-        casts = self._casts or ()
-        if casts:  # the inputs the region converts to their traced dtype (``_dtype_casts``)
-            function = _converting(function, casts)
-        return RegionFunction(function, list(self._positions), list(self._slots), written.inline, casts)
+        conversions = self._conversions_made or ()
+        if conversions:  # the inputs the region converts to their traced dtype and layout (``_conversions``)
+            function = _converting(function, conversions)
+        return RegionFunction(function, list(self._positions), list(self._slots), written.inline, conversions)
 
     def _without_kernels(self, inputs: list[Any], error: Exception) -> list[torch.Tensor]:
         """After a failure with generated kernels, the same fusion with every op an ATen call: if that
