@@ -224,6 +224,14 @@ def _check_cat(node: Node) -> str | None:
     return None
 
 
+def _stack(ctx: LoweringContext, tensors: Any, dim: int = 0) -> Any:
+    """``torch.stack``: a cat of the operands, each with the new axis inserted (GPT-J's rotary
+    ``stack((-x2, x1), -1).flatten(-2)``: one kernel interleaving the halves)."""
+    axis = _normalize(dim, ctx.meta.dim())
+    pieces = [_unsqueeze(ctx, t, axis) for t in tensors]
+    return ctx.ops.cat(pieces, axis) if len(pieces) > 1 else ctx.ops.set(pieces[0])
+
+
 def _roll(ctx: LoweringContext, x: Any, shifts: Sequence[int], dims: Sequence[int] = ()) -> Any:
     """``torch.roll`` along given axes: per axis, its last ``shift`` elements, then the others -- a ``cat``
     of two slices, which the kernel computing the result reads through (Inductor indexes a roll inside its
@@ -345,6 +353,64 @@ def _check_select_backward(node: Node) -> str | None:
     return None
 
 
+def _scattered_bounds(node: Node, axis_arg: int, start: Any, end: Any) -> tuple[int, int, int]:
+    """``(axis, lo, hi)``: the range a slice or select scatter writes, its bounds clamped as torch does."""
+    shape = meta_of(node.args[0]).shape
+    axis = _normalize(arg(node, axis_arg, "dim", 0), len(shape))
+    lo, hi = slice(start, end).indices(int(shape[axis]))[:2]
+    return axis, lo, max(lo, hi)
+
+
+def _write_range(ctx: LoweringContext, base: Any, part: Any, axis: int, lo: int, hi: int) -> Any:
+    """``base`` with ``[lo, hi)`` along ``axis`` replaced by ``part``: a cat of the base's slice before, the part
+    and the base's slice after (each kernel computing the result reads through it, as through a roll)."""
+    extent = int(meta_of(ctx.node.args[0]).shape[axis])
+    pieces = []
+    for a, b in ((0, lo), (hi, extent)):
+        starts, ends, steps = _full_ranges(ctx, base)
+        starts[axis], ends[axis] = a, b
+        pieces.append(ctx.ops.slice(base, starts, ends, steps) if b > a else None)
+    kept = [p for p in (pieces[0], part, pieces[1]) if p is not None]
+    return ctx.ops.cat(kept, axis) if len(kept) > 1 else ctx.ops.set(kept[0])
+
+
+def _slice_scatter(ctx: LoweringContext, base: Any, src: Any, dim: int = 0, start: Any = None, end: Any = None,
+                   step: int = 1) -> Any:
+    """``base`` with ``src`` written into ``base[..., start:end]`` (a functionalized slice assignment:
+    Funnel's relative shift, a cache update)."""
+    axis, lo, hi = _scattered_bounds(ctx.node, 2, start, end)
+    return _write_range(ctx, base, src, axis, lo, hi)
+
+
+def _check_slice_scatter(node: Node) -> str | None:
+    shape = meta_of(node.args[0]).shape
+    dim, start, end, step = (arg(node, k, n, d) for k, n, d in ((2, "dim", 0), (3, "start", None), (4, "end", None),
+                                                                (5, "step", 1)))
+    if step != 1:
+        return f"slice_scatter with step {step!r}"
+    if not isinstance(shape[_normalize(dim, len(shape))], int) or not all(
+            v is None or isinstance(v, int) for v in (start, end)):
+        return "slice_scatter of a symbolic size or bound"
+    return None
+
+
+def _select_scatter(ctx: LoweringContext, base: Any, src: Any, dim: int, index: int) -> Any:
+    """``base`` with ``src`` written into ``base.select(dim, index)``."""
+    shape = meta_of(ctx.node.args[0]).shape
+    axis = _normalize(dim, len(shape))
+    at = index % int(shape[axis])
+    return _write_range(ctx, base, _unsqueeze(ctx, src, axis), axis, at, at + 1)
+
+
+def _check_select_scatter(node: Node) -> str | None:
+    shape = meta_of(node.args[0]).shape
+    dim, index = arg(node, 2, "dim"), arg(node, 3, "index")
+    if not isinstance(shape[_normalize(dim, len(shape))], int) or not isinstance(index, int):
+        return "select_scatter of a symbolic size or index"
+    return None
+
+
+VIEW = OpClass.view
 VIEW = OpClass.view
 
 SHAPE_LOWERINGS: dict[Any, Lowering] = {
@@ -368,8 +434,11 @@ SHAPE_LOWERINGS: dict[Any, Lowering] = {
     aten.split_with_sizes.default: Lowering(_split_with_sizes, VIEW, check=_check_static_pieces),
     aten.unbind.int: Lowering(_unbind, VIEW, check=_check_unbind),
     aten.cat.default: Lowering(_cat, check=_check_cat),
+    aten.stack.default: Lowering(_stack),
     aten.roll.default: Lowering(_roll, OpClass.copy, check=_check_roll),
     aten.constant_pad_nd.default: Lowering(_pad),
     aten.slice_backward.default: Lowering(_slice_backward, check=_check_slice_backward),
     aten.select_backward.default: Lowering(_select_backward, check=_check_select_backward),
+    aten.slice_scatter.default: Lowering(_slice_scatter, check=_check_slice_scatter),
+    aten.select_scatter.default: Lowering(_select_scatter, check=_check_select_scatter),
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.fx import Node
@@ -59,6 +59,120 @@ def _check_to_copy(node: Node) -> str | None:
                                                 torch.channels_last, torch.channels_last_3d):
         return f"_to_copy to memory_format {node.kwargs['memory_format']}"
     return None
+
+
+def _copy(ctx: LoweringContext, dst: Any, src: Any, non_blocking: bool = False) -> Any:
+    """The functional ``copy(dst, src)`` (what AOTAutograd makes of ``dst.copy_(src)`` and of a slice
+    assignment ``x[..., a:b] = y``): ``src`` broadcast to ``dst``'s shape in ``dst``'s dtype; ``dst``'s values
+    are not read."""
+    shape = [int(s) if isinstance(s, int) else ctx.ops.size(dst, d) for d, s in enumerate(ctx.meta.shape)]
+    new = len(shape) - src.ndim
+    if new > 0:
+        src = ctx.ops.broadcast(src, [True] * new + [False] * src.ndim)
+    value = ctx.ops.expand(src, shape)
+    return value if value.dtype.torch_dtype == ctx.meta.dtype else ctx.ops.cast(value, ctx.meta.dtype)
+
+
+def _check_copy(node: Node) -> str | None:
+    dst, src = meta_of(node.args[0]), meta_of(node.args[1])
+    if not isinstance(src, torch.Tensor):
+        return "copy of a number"
+    if src.device != dst.device:
+        return f"copy from {src.device} to {dst.device}"
+    return None
+
+
+def _triangle(lower: bool) -> Any:
+    """``tril`` / ``triu``: the elements on the kept side of diagonal ``diagonal`` of the last two axes, the
+    others zero (Falcon's causal mask)."""
+    def build(ctx: LoweringContext, x: Any, diagonal: int = 0) -> Any:
+        rows, cols = (ctx.ops.size(x, x.ndim - k) for k in (2, 1))
+        row = ctx.ops.broadcast(ctx.ops.iota(rows), [False, True])
+        col = ctx.ops.broadcast(ctx.ops.iota(cols), [True, False])
+        offset = ctx.ops.sub(col, row)
+        keep = ctx.tensor(ctx.ops.le(offset, diagonal) if lower else ctx.ops.ge(offset, diagonal))
+        if x.ndim > 2:
+            keep = ctx.ops.broadcast(keep, [True] * (x.ndim - 2) + [False, False])
+        return ctx.ops.where(keep, x, ctx.ops.full([], 0, ctx.meta.dtype))
+    return build
+
+
+def _check_triangle(node: Node) -> str | None:
+    return None if isinstance(arg(node, 1, "diagonal", 0), int) else "tril / triu of a symbolic diagonal"
+
+
+def _fill_tensor(ctx: LoweringContext, x: Any, value: Any) -> Any:
+    """``fill(x, value)``: ``x``'s shape, every element the 0-dim ``value`` in ``x``'s dtype."""
+    filled = ctx.ops.expand(ctx.ops.broadcast(value, [True] * x.ndim), ctx.ops.shape(x))
+    return filled if filled.dtype.torch_dtype == ctx.meta.dtype else ctx.ops.cast(filled, ctx.meta.dtype)
+
+
+def _check_fill_tensor(node: Node) -> str | None:
+    value, x = meta_of(node.args[1]), meta_of(node.args[0])
+    if not isinstance(value, torch.Tensor) or value.dim() != 0 or value.device != x.device:
+        return "fill with a value that is not a 0-dim tensor of the same device"
+    return None
+
+
+class _Windows(NamedTuple):
+    sizes: list[int]
+    kernel: list[int]
+    windows: list[int]
+
+
+def _pool_windows(input_node: Any, kernel_size: Any, stride: Any) -> _Windows | str:
+    """The sizes of an average pool of ``input_node`` whose windows tile it (stride = kernel, every spatial
+    extent a multiple of the kernel): ``(sizes, kernel, windows)`` over the last two axes, else why it is
+    not one."""
+    shape = meta_of(input_node).shape
+    kernel = [int(k) for k in ([kernel_size] * 2 if isinstance(kernel_size, int) else kernel_size)]
+    steps = kernel if not stride else [int(s) for s in ([stride] * 2 if isinstance(stride, int) else stride)]
+    kernel, steps = kernel * (2 // len(kernel)), steps * (2 // len(steps))
+    if not all(isinstance(s, int) for s in shape):
+        return "avg_pool2d of symbolic sizes"
+    spatial = [int(s) for s in shape[-2:]]
+    if steps != kernel or any(e % k for e, k in zip(spatial, kernel, strict=True)):
+        return "avg_pool2d of overlapping or ragged windows"
+    return _Windows([int(s) for s in shape], kernel, [e // k for e, k in zip(spatial, kernel, strict=True)])
+
+
+def _tiled(input_node: Any, kernel_size: Any, stride: Any) -> _Windows:
+    """``_pool_windows`` of a pool its check accepted."""
+    windows = _pool_windows(input_node, kernel_size, stride)
+    if isinstance(windows, str):
+        raise ValueError(windows)
+    return windows
+
+
+def _check_pool(node: Node, first: int) -> str | None:
+    """Refusals of an average pool (``first``: the position of its kernel size, 1 forward, 2 backward)."""
+    kernel_size, stride, padding = (arg(node, first + k, n, d) for k, n, d in ((0, "kernel_size", None),
+                                                                               (1, "stride", []), (2, "padding", 0)))
+    if any(int(p) for p in ([padding] if isinstance(padding, int) else padding)):
+        return "avg_pool2d with padding"
+    if arg(node, first + 5, "divisor_override", None) is not None:
+        return "avg_pool2d with a divisor override"
+    why = _pool_windows(node.args[first - 1], kernel_size, stride)
+    return why if isinstance(why, str) else None
+
+
+def _avg_pool2d(ctx: LoweringContext, x: Any, kernel_size: Any, stride: Any = (), *args: Any, **kwargs: Any) -> Any:
+    """An average pool of windows that tile the input (Funnel's sequence pooling, a global pool): the
+    spatial axes split into (windows, kernel) and the kernel axes averaged."""
+    sizes, kernel, windows = _tiled(ctx.node.args[0], kernel_size, stride)
+    split = ctx.ops.reshape(x, [*sizes[:-2], windows[0], kernel[0], windows[1], kernel[1]])
+    rank = len(sizes) + 2
+    return ctx.ops.div(ctx.ops.sum(split, [rank - 3, rank - 1]), kernel[0] * kernel[1])
+
+
+def _avg_pool2d_backward(ctx: LoweringContext, grad: Any, x: Any, kernel_size: Any, stride: Any = (), *args: Any,
+                         **kwargs: Any) -> Any:
+    """Each window's gradient spread evenly over the window."""
+    sizes, kernel, windows = _tiled(ctx.node.args[1], kernel_size, stride)
+    lead = sizes[:-2]
+    spread = ctx.ops.broadcast(grad, [False] * len(lead) + [False, True, False, True])
+    spread = ctx.ops.expand(spread, [*lead, windows[0], kernel[0], windows[1], kernel[1]])
+    return ctx.ops.reshape(ctx.tensor(ctx.ops.div(spread, kernel[0] * kernel[1])), sizes)
 
 
 # --- creation ----------------------------------------------------------------------------------------
@@ -233,6 +347,17 @@ def _bmm(ctx: LoweringContext, a: Any, b: Any) -> Any:
     return ctx.ops.matmul(a, b)
 
 
+def _baddbmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    """``beta * bias + alpha * (a @ b)`` (attention with an additive bias: BLOOM's ALiBi, torch's
+    ``multi_head_attention_forward`` with a float mask): the batched GEMM, then the bias added by the
+    kernel that reads the scores. With ``beta`` 0 the bias is not read (torch: its NaNs do not spread)."""
+    product = ctx.ops.matmul(a, b)
+    scaled = product if alpha == 1 else ctx.ops.mul(product, alpha)
+    if beta == 0:
+        return ctx.ops.set(ctx.tensor(scaled))
+    return ctx.tensor(ctx.ops.add(bias if beta == 1 else ctx.ops.mul(bias, beta), scaled))
+
+
 def _addmm(ctx: LoweringContext, bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     weight = _transposed_matrix(ctx, ctx.node.args[2])
     rows = _flattened_rows(ctx, ctx.node.args[1])
@@ -345,10 +470,15 @@ ATEN = OpClass.aten
 
 TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten._to_copy.default: Lowering(_to_copy, check=_check_to_copy),
+    aten.copy.default: Lowering(_copy, check=_check_copy),
     aten.full.default: Lowering(_full, check=_factory_check),
     aten.zeros.default: Lowering(_constant(0), check=_factory_check),
     aten.ones.default: Lowering(_constant(1), check=_factory_check),
     aten.zeros_like.default: Lowering(_constant_like(0), check=_factory_check),
+    # (uninitialized memory: nothing reads it before writing, so zeros serve)
+    aten.empty_like.default: Lowering(_constant_like(0), check=_factory_check),
+    aten.new_empty.default: Lowering(_new_constant(0), check=_factory_check),
+    aten.new_empty_strided.default: Lowering(_new_constant(0), check=_factory_check),
     aten.ones_like.default: Lowering(_constant_like(1), check=_factory_check),
     aten.full_like.default: Lowering(_constant_like(None), check=_factory_check),
     aten.new_zeros.default: Lowering(_new_constant(0), check=_factory_check),
@@ -381,12 +511,20 @@ TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten.cumsum.default: Lowering(_cumsum),
     aten.mm.default: Lowering(_mm, ATEN),
     aten.bmm.default: Lowering(_bmm, ATEN),
+    aten.baddbmm.default: Lowering(_baddbmm, ATEN),
     aten.addmm.default: Lowering(_addmm, ATEN),
     aten.embedding.default: Lowering(_embedding),
     aten.index_select.default: Lowering(_index_select),
     aten.gather.default: Lowering(_gather),
     aten.index.Tensor: Lowering(_index, check=_check_index),
+    aten._unsafe_index.Tensor: Lowering(_index, check=_check_index),
     aten.index_put.default: Lowering(_index_put, check=_check_index_put),
+    aten._unsafe_index_put.default: Lowering(_index_put, check=_check_index_put),
+    aten.tril.default: Lowering(_triangle(lower=True), check=_check_triangle),
+    aten.triu.default: Lowering(_triangle(lower=False), check=_check_triangle),
+    aten.fill.Tensor: Lowering(_fill_tensor, check=_check_fill_tensor),
+    aten.avg_pool2d.default: Lowering(_avg_pool2d, check=lambda node: _check_pool(node, 1)),
+    aten.avg_pool2d_backward.default: Lowering(_avg_pool2d_backward, check=lambda node: _check_pool(node, 2)),
     aten.scatter.src: Lowering(_scatter),
     aten.scatter.value: Lowering(_scatter),
     aten.embedding_dense_backward.default: Lowering(_embedding_dense_backward, check=_check_embedding_dense_backward),
