@@ -23,16 +23,27 @@ def timing_lock(path: str | None, shared: bool = False) -> Iterator[None]:
     """Hold ``path``'s ``flock`` (nothing without a path): exclusive for timed steps, shared
     (``shared=True``) for a benchmark process's other work, its compilation and first calls above all.
     Processes sharing a machine then compile in parallel with each other but never beside a timed step,
-    whose host time another process's compile threads would otherwise take."""
+    whose host time another process's compile threads would otherwise take.
+
+    Timed steps go first: a process asking for the exclusive lock first takes ``path.gate``, which every
+    shared holder passes through before taking its share, so no new share starts while it waits. Without
+    it a timed step waits for a moment when none of the other processes is compiling, which with four
+    compiling processes a GPU can take minutes (a suspect in the model breadth run's 12 cases in 420 s on
+    eight processes). A holder must not ask for the lock again inside its section."""
     if not path:
         yield
         return
-    with open(path, "a") as handle:
+    with open(path + ".gate", "a") as gate, open(path, "a") as handle:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        if shared:
+            fcntl.flock(gate, fcntl.LOCK_UN)
         fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+            if not shared:
+                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 def time_ms(step: Callable[[], Any], device: str, warmup: int, iters: int) -> float:

@@ -51,11 +51,12 @@ def test_shared_sections_overlap_each_other_but_never_a_timed_one(tmp_path: Path
     lock, spans = str(tmp_path / "gpu.lock"), []
     both_compiling = threading.Barrier(2, timeout=10)  # fails if the shared sections cannot overlap
 
-    def compile_(shared_rounds: int) -> None:
+    def compile_(shared_rounds: int, meet: bool) -> None:
         for _ in range(shared_rounds):
             with timing.timing_lock(lock, shared=True):
                 start = time.perf_counter()
-                both_compiling.wait()
+                if meet:
+                    both_compiling.wait()
                 time.sleep(0.01)
                 spans.append(("shared", start, time.perf_counter()))
 
@@ -66,15 +67,54 @@ def test_shared_sections_overlap_each_other_but_never_a_timed_one(tmp_path: Path
                 time.sleep(0.01)
                 spans.append(("exclusive", start, time.perf_counter()))
 
-    threads = [threading.Thread(target=compile_, args=(3,)) for _ in range(2)] + [threading.Thread(target=time_)]
+    overlapping = [threading.Thread(target=compile_, args=(3, True)) for _ in range(2)]
+    for t in overlapping:
+        t.start()
+    for t in overlapping:
+        t.join()
+    threads = [threading.Thread(target=compile_, args=(3, False)) for _ in range(2)] + [threading.Thread(target=time_)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(spans) == 9
+    assert len(spans) == 15
     for kind, start, end in spans:
         if kind == "exclusive":
             assert all(e <= start or end <= s for k, s, e in spans if (k, s, e) != (kind, start, end)), spans
+
+
+def test_a_waiting_timed_section_goes_before_later_shared_ones(tmp_path: Path) -> None:
+    """While a shared holder works, a timing holder asks for the lock, then another process asks for a
+    share: the timed section runs as soon as the first share ends, before the later share starts (shared
+    holders coming one after another would otherwise hold the timed step off)."""
+    lock, order = str(tmp_path / "gpu.lock"), []
+    first_holds, timer_waits = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with timing.timing_lock(lock, shared=True):
+            first_holds.set()
+            timer_waits.wait(10)
+            time.sleep(0.05)  # (the timer is blocked on the lock by now)
+            order.append("first share")
+
+    def timer() -> None:
+        first_holds.wait(10)
+        timer_waits.set()
+        with timing.timing_lock(lock):
+            order.append("timed")
+
+    def later() -> None:
+        timer_waits.wait(10)
+        time.sleep(0.02)  # (asks after the timer did)
+        with timing.timing_lock(lock, shared=True):
+            order.append("later share")
+
+    threads = [threading.Thread(target=f) for f in (first, timer, later)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert order == ["first share", "timed", "later share"]
 
 
 def _case(model: str, mode: str, variant: str, ms: float) -> dict[str, object]:
