@@ -9,6 +9,8 @@ Two modes:
   through generated kernels against the float64 step beside eager float32's distance from it (a backward's
   kernels are where schedules meet the most shapes); a ``KernelFallbackWarning`` fails the case. A case that
   fails the same way with ``backend="aot_eager"`` is not pyfuser's (dynamo or the config) and says so.
+  ``--realistic`` adds each architecture's timed config (batch 2 of its inputs, float32, regions as ATen calls)
+  in inference and training: translation, partitioning and layouts at the sizes users run.
 * timing (a GPU, realistic sizes, bf16): eager, Inductor and pyfuser in one process, timed interleaved
   (``timing.time_ms_interleaved``), ms per step and the ratios, first calls' seconds.
 
@@ -351,20 +353,45 @@ def check_case(name: str, mode: str, backend: Any) -> None:
         torch.testing.assert_close(a, b, **tolerance, msg=lambda m, k=k: f"output {k}: {m}")
 
 
-def run_check(name: str) -> list[dict[str, Any]]:
+#: ``--check --realistic``: the timed configs (batch 2 of the timed inputs), float32, regions as ATen calls, each
+#: output no further from eager's than this share of its scale: translation, partitioning and layouts at the sizes
+#: users run (a meta function and a kernel that disagree on strides there and not at tiny sizes: AST's convolution)
+REALISTIC_MODES = {"realistic_inference": False, "realistic_training": True}
+REALISTIC_TOLERANCE = 1e-3
+
+
+def check_realistic(name: str, mode: str, backend: Any) -> None:
+    """Raises where the compiled step at the realistic config differs from eager's (or fails)."""
+    training = REALISTIC_MODES[mode]
+    built = build(name, True, torch.float32, "cpu")
+    built.inputs = {k: v[:2] for k, v in built.inputs.items()}
+    built.labels = built.labels[:2] if built.labels is not None else None
+    built.model.train(training)
+    want = step(built.model, built, training, checked=False)
+    torch._dynamo.reset()
+    compiled = torch.compile(built.model, backend=PyfuserBackend() if backend == "pyfuser" else backend)
+    got = step(compiled, built, training, checked=False)
+    for k, (a, b) in enumerate(zip(got, want, strict=True)):
+        scale = max(b.abs().max().item(), 1e-30)
+        if (a - b).abs().max().item() > REALISTIC_TOLERANCE * scale:
+            raise AssertionError(f"output {k}: {(a - b).abs().max().item() / scale:.1e} of its scale off eager's")
+
+
+def run_check(name: str, realistic: bool = False) -> list[dict[str, Any]]:
     records = []
-    for mode in CHECK_MODES:
+    for mode in [*CHECK_MODES, *(REALISTIC_MODES if realistic else ())]:
         start = time.perf_counter()
         record: dict[str, Any] = {"model": name, "mode": mode}
+        check = check_realistic if mode in REALISTIC_MODES else check_case
         try:
-            check_case(name, mode, "pyfuser")
+            check(name, mode, "pyfuser")
             record["result"] = "ok"
         except Exception as e:
             record["result"] = "fail"
             record["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             record["trace"] = traceback.format_exc(limit=-8)
             try:
-                check_case(name, mode, "aot_eager")
+                check(name, mode, "aot_eager")
             except Exception as other:
                 record["result"] = "not pyfuser's"
                 record["aot_eager"] = f"{type(other).__name__}: {str(other).splitlines()[0][:200] if str(other) else ''}"
@@ -429,14 +456,19 @@ def markdown_check(records: list[dict[str, Any]]) -> str:
              "failing the case; `training_kernels`: a float32 training step through generated kernels, each output "
              f"and gradient no further from the float64 step than {FLOAT32_FACTOR:g}x eager float32's distance "
              f"(+ {FLOAT32_FLOOR:g} of its scale; against eager float32 where float64 has no kernels), a kernel "
-             "fallback failing the case.", "", "| model | training | inference_kernels | training_kernels |",
-             "| --- | --- | --- | --- |"]
+             "fallback failing the case."]
+    modes = [m for m in [*CHECK_MODES, *REALISTIC_MODES] if any(r["mode"] == m for r in records)]
+    if any(m in REALISTIC_MODES for m in modes):
+        lines += ["", "`realistic_inference`, `realistic_training`: the timed configs (batch 2 of the timed inputs), "
+                  f"float32, regions as ATen calls, each output within {REALISTIC_TOLERANCE:g} of its scale of eager's."]
+    lines += ["", f"| model | {' | '.join(modes)} |", f"| --- | {' | '.join('---' for _ in modes)} |"]
+    columns = set(modes)
     by_model: dict[str, dict[str, dict[str, Any]]] = {}
     for r in records:
         by_model.setdefault(r["model"], {})[r["mode"]] = r
     for model, modes in by_model.items():
         cells = [modes[m]["result"] + (f" ({modes[m].get('error', '')})" if modes[m]["result"] != "ok" else "")
-                 for m in CHECK_MODES if m in modes]
+                 if m in modes else "-" for m in [*CHECK_MODES, *REALISTIC_MODES] if m in columns]
         lines.append(f"| {model} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
@@ -478,6 +510,8 @@ def markdown_timing(records: list[dict[str, Any]], kind: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="CPU correctness of every architecture (or --models)")
+    parser.add_argument("--realistic", action="store_true",
+                        help="--check: also each architecture's timed config (batch 2), regions as ATen calls")
     parser.add_argument("--models", help="comma-separated architectures (default: all)")
     parser.add_argument("--cases", help="timing: model:mode,... (mode inference or training)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process of --check: one model, JSON on stdout
@@ -491,7 +525,7 @@ def main() -> int:
     args = parser.parse_args()
     torch._inductor.config.fx_graph_cache = False
     if args.one:
-        print("RECORDS " + json.dumps(run_check(args.one)))
+        print("RECORDS " + json.dumps(run_check(args.one, args.realistic)))
         return 0
     if args.combine:
         runs = [json.loads(path.read_text()) for path in args.combine]
@@ -503,18 +537,19 @@ def main() -> int:
         return 0
     names = args.models.split(",") if args.models else list(ARCHS)
     if args.check:
+        modes = [*CHECK_MODES, *(REALISTIC_MODES if args.realistic else ())]
         records: list[dict[str, Any]] = []
         for name in names:
             try:
-                done = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True,
-                                      timeout=args.timeout)
+                done = subprocess.run([sys.executable, __file__, "--one", name, *(["--realistic"] if args.realistic else [])],
+                                      capture_output=True, text=True, timeout=args.timeout)
                 lines = [line for line in done.stdout.splitlines() if line.startswith("RECORDS ")]
                 why = f"crashed: {done.stderr[-300:]}"
                 got = json.loads(lines[-1].removeprefix("RECORDS ")) if lines else \
-                    [{"model": name, "mode": m, "result": "fail", "error": why} for m in CHECK_MODES]
+                    [{"model": name, "mode": m, "result": "fail", "error": why} for m in modes]
             except subprocess.TimeoutExpired:
                 why = f"timed out ({args.timeout} s)"
-                got = [{"model": name, "mode": m, "result": "fail", "error": why} for m in CHECK_MODES]
+                got = [{"model": name, "mode": m, "result": "fail", "error": why} for m in modes]
             for r in got:
                 print(f"{r['model']} {r['mode']}: {r['result']} {r.get('error', '')}", flush=True)
             records += got
