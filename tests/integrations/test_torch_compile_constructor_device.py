@@ -79,6 +79,21 @@ def test_what_the_cpu_still_reads_stays_there(case: str) -> None:
     assert on_cpu(gm) == before
 
 
+def test_a_cpu_scalar_read_by_the_table_moves_with_it() -> None:
+    """A 0-dim CPU tensor among the table's operands (a model's ``torch.tensor(c)``) does not hold it on the
+    CPU: ATen and the kernels read it as a scalar on any device."""
+    x = torch.empty(7, 5, device="meta")
+
+    def fn(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        table = (torch.arange(5)[None, :] - torch.arange(7)[:, None]) * c
+        return x + table.to(x.device)
+
+    gm = trace(fn, x, torch.tensor(2.5))
+    moved = move_constructors_to_device(gm)
+    assert moved and on_cpu(gm) == []
+    assert gm(x, torch.tensor(2.5)).device.type == "meta"
+
+
 def test_graphs_of_one_device_are_left_alone() -> None:
     gm = trace(lambda x: x + buckets(7, 5, x.device), torch.randn(7, 5))
     assert target_device(gm) is None and move_constructors_to_device(gm) == []
