@@ -61,13 +61,19 @@ class PointwiseParams:
 
 
 def can_schedule(fusion: FusionLike) -> tuple[bool, str]:
+    reason, _ = _schedulable(fusion)
+    return not reason, reason
+
+
+def _schedulable(fusion: FusionLike) -> tuple[str, IdGraph | None]:
+    """Why the pointwise scheduler cannot take ``fusion`` ("" where it can), and the segment's exact ID
+    graph where it can."""
     ok, reason, exact = check_pointwise(fusion)
-    if not ok:
-        return False, reason
-    assert exact is not None
+    if not ok or exact is None:
+        return reason, None
     if len(innermost_classes(fusion, exact)) > 1 and short_transposed_axis(fusion, exact) is None:
-        return False, "inputs and outputs disagree on the innermost axis in memory: the transpose scheduler tiles it"
-    return True, ""
+        return "inputs and outputs disagree on the innermost axis in memory: the transpose scheduler tiles it", None
+    return "", exact
 
 
 def element_bytes(fusion: FusionLike) -> int:
@@ -76,13 +82,11 @@ def element_bytes(fusion: FusionLike) -> int:
 
 
 def compute_heuristics(fusion: FusionLike, inputs: Sequence[Any] | SizeHints = ()) -> PointwiseParams:
-    ok, reason = can_schedule(fusion)
-    if not ok:
+    reason, exact = _schedulable(fusion)
+    if exact is None:
         raise ValueError(f"the pointwise scheduler cannot schedule this fusion: {reason}")
     ref = reference_output(fusion)
     vec = max(1, 16 // element_bytes(fusion))
-    _, _, exact = check_pointwise(fusion)
-    assert exact is not None
     block = 256 * vec
     aligned = costly_parts_period(fusion, ref, exact)
     if aligned is not None:
