@@ -75,9 +75,9 @@ def move_constructors_to_device(gm: GraphModule) -> list[Node]:
     device = target_device(gm)
     if device is None:
         return []
-    factories = [n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+    factories = {n for n in gm.graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
                  and _is_tensor_constructor(n.target) and n.kwargs.get("device") == torch.device("cpu")
-                 and _movable_op(n)]
+                 and _movable_op(n)}
     if not factories:
         return []
     candidates: set[Node] = set()

@@ -36,11 +36,6 @@ from pyfuser.runtime.executor import BoundProgram
 _TENSOR_NAME = re.compile(r"\bT\d+\b")
 
 
-def _traced_dtype(node: Node) -> torch.dtype | None:
-    value = node.meta.get("val")
-    return value.dtype if isinstance(value, torch.Tensor) else None
-
-
 @dataclass(frozen=True)
 class InputConversion:
     """A fusion input an op left in eager computes otherwise than its fake (meta) function traced it,
@@ -168,8 +163,8 @@ class FusionRegion:
         self._disable = tuple(disable_options)
         self._graphs: CudaGraphRunner | None = None
         self._static = [j for j, k in enumerate(self._positions) if translated.inputs[k] in static_inputs]
-        #: per fusion input: the FX node it comes from and the dtype it was traced with (None: not a tensor)
-        self._traced = [(translated.inputs[k], _traced_dtype(translated.inputs[k])) for k in self._positions]
+        #: per fusion input: the FX node it comes from (its ``meta['val']``: the value it was traced with)
+        self._traced = [translated.inputs[k] for k in self._positions]
         #: fusion inputs converted to their traced dtype and layout on every call (decided on the first call)
         self._conversions_made: tuple[InputConversion, ...] | None = None
         #: what those conversions are: ``"getitem_3: torch.bfloat16 -> torch.float32"``
@@ -202,7 +197,7 @@ class FusionRegion:
         if not self._static_shapes:
             return
         args = []
-        for node, _ in self._traced:
+        for node in self._traced:
             value = node.meta.get("val")
             if not isinstance(value, torch.Tensor):
                 return
@@ -250,10 +245,11 @@ class FusionRegion:
         other strides copied to the traced ones; another dtype mismatch (an integer for a float) is an
         error naming the FX node."""
         conversions: list[InputConversion] = []
-        for j, ((node, dtype), value) in enumerate(zip(self._traced, inputs, strict=True)):
+        for j, (node, value) in enumerate(zip(self._traced, inputs, strict=True)):
             traced = node.meta.get("val")
-            if dtype is None or not isinstance(value, torch.Tensor) or not isinstance(traced, torch.Tensor):
+            if not isinstance(value, torch.Tensor) or not isinstance(traced, torch.Tensor):
                 continue
+            dtype = traced.dtype
             if value.dtype != dtype and (not (value.is_floating_point() and dtype.is_floating_point)
                                          or j in self._static):
                 raise TypeError(f"pyfuser region {self.name}: its input {node.name} was traced as {dtype}, but "

@@ -106,6 +106,39 @@ def _expand(ctx: LoweringContext, x: Any, size: Any, implicit: bool = False) -> 
     return ctx.ops.expand(x, sizes)
 
 
+def _copy(ctx: LoweringContext, dst: Any, src: Any, non_blocking: bool = False) -> Any:
+    """The functional ``copy(dst, src)`` (what AOTAutograd makes of ``dst.copy_(src)`` and of a slice
+    assignment ``x[..., a:b] = y``): ``src`` expanded to ``dst``'s shape in ``dst``'s dtype; ``dst``'s values
+    are not read."""
+    return _in_dtype(ctx, _expand(ctx, src, ctx.ops.shape(dst)))
+
+
+def _check_copy(node: Node) -> str | None:
+    dst, src = meta_of(node.args[0]), meta_of(node.args[1])
+    if not isinstance(src, torch.Tensor):
+        return "copy of a number"
+    if src.device != dst.device:
+        return f"copy from {src.device} to {dst.device}"
+    return None
+
+
+def _fill_tensor(ctx: LoweringContext, x: Any, value: Any) -> Any:
+    """``fill(x, value)``: ``x``'s shape, every element the 0-dim ``value`` in ``x``'s dtype."""
+    return _in_dtype(ctx, _expand(ctx, value, ctx.ops.shape(x)))
+
+
+def _check_fill_tensor(node: Node) -> str | None:
+    value, x = meta_of(node.args[1]), meta_of(node.args[0])
+    if not isinstance(value, torch.Tensor) or value.dim() != 0 or value.device != x.device:
+        return "fill with a value that is not a 0-dim tensor of the same device"
+    return None
+
+
+def _in_dtype(ctx: LoweringContext, value: Any) -> Any:
+    """``value`` in the node's traced dtype."""
+    return value if value.dtype.torch_dtype == ctx.meta.dtype else ctx.ops.cast(value, ctx.meta.dtype)
+
+
 def _repeat(ctx: LoweringContext, x: Any, repeats: Any) -> Any:
     """``x.repeat(repeats)``: new leading axes broadcast, a new axis broadcast before each repeated one,
     both expanded to their count, then a reshape merging each count with the axis it repeats (the copy
@@ -182,6 +215,13 @@ def _full_ranges(ctx: LoweringContext, x: Any) -> tuple[list[Any], list[Any], li
     return [0] * rank, [ctx.ops.size(x, d) for d in range(rank)], [1] * rank
 
 
+def _along(ctx: LoweringContext, x: Any, axis: int, start: Any, end: Any) -> Any:
+    """``x``'s elements ``[start, end)`` along ``axis``, all of the other axes."""
+    starts, ends, steps = _full_ranges(ctx, x)
+    starts[axis], ends[axis] = start, end
+    return ctx.ops.slice(x, starts, ends, steps)
+
+
 def _slice(ctx: LoweringContext, x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
     starts, ends, steps = _full_ranges(ctx, x)
     axis = _normalize(dim, x.ndim)
@@ -243,12 +283,7 @@ def _roll(ctx: LoweringContext, x: Any, shifts: Sequence[int], dims: Sequence[in
         cut = extent - shift % extent
         if cut == extent:
             continue
-        starts, ends, steps = _full_ranges(ctx, x)
-        starts[axis], ends[axis] = cut, extent
-        last = ctx.ops.slice(x, starts, ends, steps)
-        starts, ends, steps = _full_ranges(ctx, x)
-        starts[axis], ends[axis] = 0, cut
-        x = ctx.ops.cat([last, ctx.ops.slice(x, starts, ends, steps)], axis)
+        x = ctx.ops.cat([_along(ctx, x, axis, cut, extent), _along(ctx, x, axis, 0, cut)], axis)
     return ctx.ops.set(x)
 
 
@@ -272,9 +307,7 @@ def _split_by(ctx: LoweringContext, x: Any, sizes: list[Any], dim: int) -> list[
     axis = _normalize(dim, x.ndim)
     pieces, offset = [], 0
     for size in sizes:
-        starts, ends, steps = _full_ranges(ctx, x)
-        starts[axis], ends[axis] = offset, offset + size
-        pieces.append(ctx.ops.slice(x, starts, ends, steps))
+        pieces.append(_along(ctx, x, axis, offset, offset + size))
         offset += size
     return pieces
 
@@ -365,12 +398,9 @@ def _write_range(ctx: LoweringContext, base: Any, part: Any, axis: int, lo: int,
     """``base`` with ``[lo, hi)`` along ``axis`` replaced by ``part``: a cat of the base's slice before, the part
     and the base's slice after (each kernel computing the result reads through it, as through a roll)."""
     extent = int(meta_of(ctx.node.args[0]).shape[axis])
-    pieces = []
-    for a, b in ((0, lo), (hi, extent)):
-        starts, ends, steps = _full_ranges(ctx, base)
-        starts[axis], ends[axis] = a, b
-        pieces.append(ctx.ops.slice(base, starts, ends, steps) if b > a else None)
-    kept = [p for p in (pieces[0], part, pieces[1]) if p is not None]
+    before = _along(ctx, base, axis, 0, lo) if lo > 0 else None
+    after = _along(ctx, base, axis, hi, extent) if hi < extent else None
+    kept = [p for p in (before, part, after) if p is not None]
     return ctx.ops.cat(kept, axis) if len(kept) > 1 else ctx.ops.set(kept[0])
 
 
@@ -439,6 +469,8 @@ SHAPE_LOWERINGS: dict[Any, Lowering] = {
     aten.constant_pad_nd.default: Lowering(_pad),
     aten.slice_backward.default: Lowering(_slice_backward, check=_check_slice_backward),
     aten.select_backward.default: Lowering(_select_backward, check=_check_select_backward),
+    aten.copy.default: Lowering(_copy, check=_check_copy),
+    aten.fill.Tensor: Lowering(_fill_tensor, check=_check_fill_tensor),
     aten.slice_scatter.default: Lowering(_slice_scatter, check=_check_slice_scatter),
     aten.select_scatter.default: Lowering(_select_scatter, check=_check_select_scatter),
 }

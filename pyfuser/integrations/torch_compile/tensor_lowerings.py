@@ -61,27 +61,6 @@ def _check_to_copy(node: Node) -> str | None:
     return None
 
 
-def _copy(ctx: LoweringContext, dst: Any, src: Any, non_blocking: bool = False) -> Any:
-    """The functional ``copy(dst, src)`` (what AOTAutograd makes of ``dst.copy_(src)`` and of a slice
-    assignment ``x[..., a:b] = y``): ``src`` broadcast to ``dst``'s shape in ``dst``'s dtype; ``dst``'s values
-    are not read."""
-    shape = [int(s) if isinstance(s, int) else ctx.ops.size(dst, d) for d, s in enumerate(ctx.meta.shape)]
-    new = len(shape) - src.ndim
-    if new > 0:
-        src = ctx.ops.broadcast(src, [True] * new + [False] * src.ndim)
-    value = ctx.ops.expand(src, shape)
-    return value if value.dtype.torch_dtype == ctx.meta.dtype else ctx.ops.cast(value, ctx.meta.dtype)
-
-
-def _check_copy(node: Node) -> str | None:
-    dst, src = meta_of(node.args[0]), meta_of(node.args[1])
-    if not isinstance(src, torch.Tensor):
-        return "copy of a number"
-    if src.device != dst.device:
-        return f"copy from {src.device} to {dst.device}"
-    return None
-
-
 def _triangle(lower: bool) -> Any:
     """``tril`` / ``triu``: the elements on the kept side of diagonal ``diagonal`` of the last two axes, the
     others zero (Falcon's causal mask)."""
@@ -99,19 +78,6 @@ def _triangle(lower: bool) -> Any:
 
 def _check_triangle(node: Node) -> str | None:
     return None if isinstance(arg(node, 1, "diagonal", 0), int) else "tril / triu of a symbolic diagonal"
-
-
-def _fill_tensor(ctx: LoweringContext, x: Any, value: Any) -> Any:
-    """``fill(x, value)``: ``x``'s shape, every element the 0-dim ``value`` in ``x``'s dtype."""
-    filled = ctx.ops.expand(ctx.ops.broadcast(value, [True] * x.ndim), ctx.ops.shape(x))
-    return filled if filled.dtype.torch_dtype == ctx.meta.dtype else ctx.ops.cast(filled, ctx.meta.dtype)
-
-
-def _check_fill_tensor(node: Node) -> str | None:
-    value, x = meta_of(node.args[1]), meta_of(node.args[0])
-    if not isinstance(value, torch.Tensor) or value.dim() != 0 or value.device != x.device:
-        return "fill with a value that is not a 0-dim tensor of the same device"
-    return None
 
 
 class _Windows(NamedTuple):
@@ -470,7 +436,6 @@ ATEN = OpClass.aten
 
 TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten._to_copy.default: Lowering(_to_copy, check=_check_to_copy),
-    aten.copy.default: Lowering(_copy, check=_check_copy),
     aten.full.default: Lowering(_full, check=_factory_check),
     aten.zeros.default: Lowering(_constant(0), check=_factory_check),
     aten.ones.default: Lowering(_constant(1), check=_factory_check),
@@ -522,7 +487,6 @@ TENSOR_LOWERINGS: dict[Any, Lowering] = {
     aten._unsafe_index_put.default: Lowering(_index_put, check=_check_index_put),
     aten.tril.default: Lowering(_triangle(lower=True), check=_check_triangle),
     aten.triu.default: Lowering(_triangle(lower=False), check=_check_triangle),
-    aten.fill.Tensor: Lowering(_fill_tensor, check=_check_fill_tensor),
     aten.avg_pool2d.default: Lowering(_avg_pool2d, check=lambda node: _check_pool(node, 1)),
     aten.avg_pool2d_backward.default: Lowering(_avg_pool2d_backward, check=lambda node: _check_pool(node, 2)),
     aten.scatter.src: Lowering(_scatter),
