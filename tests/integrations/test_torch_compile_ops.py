@@ -108,6 +108,24 @@ def test_generated_kernels_match_eager(case: Case) -> None:
     assert codes, "no region ran a generated kernel"
 
 
+def test_slice_writes_and_pools_that_stay_in_eager_say_why() -> None:
+    """A strided slice assignment, an average pool with padding or overlapping windows, and a copy across
+    devices are refused with their reasons (eager computes them)."""
+    def fn(x: torch.Tensor, y: torch.Tensor, img: torch.Tensor) -> Any:
+        aten = torch.ops.aten
+        return (aten.slice_scatter.default(x, y, 0, 0, 6, 2), aten.avg_pool2d.default(img, [2, 2], [2, 2], [1, 1]),
+                aten.avg_pool2d_backward.default(img[..., :2, :2], img, [3, 3], [1, 1], [0, 0], False, True, None),
+                aten.copy.default(y, y.to("meta")))
+
+    examples = (torch.randn(6, 3), torch.randn(3, 3), torch.randn(1, 2, 4, 4))
+    gm = make_fx(fn, tracing_mode="fake")(*examples)
+    reasons = {str(n.target): refusal(n) for n in gm.graph.nodes if n.op == "call_function"}
+    assert reasons["aten.slice_scatter.default"] == "slice_scatter with step 2"
+    assert reasons["aten.avg_pool2d.default"] == "avg_pool2d with padding"
+    assert reasons["aten.avg_pool2d_backward.default"] == "avg_pool2d of overlapping or ragged windows"
+    assert reasons["aten.copy.default"] == "mixes devices ['cpu', 'meta']"
+
+
 def test_op_names() -> None:
     node = torch.fx.Graph().call_function(torch.ops.aten.add.Tensor, ())
     assert op_name(node) == "aten.add.Tensor"

@@ -113,25 +113,9 @@ def _copy(ctx: LoweringContext, dst: Any, src: Any, non_blocking: bool = False) 
     return _in_dtype(ctx, _expand(ctx, src, ctx.ops.shape(dst)))
 
 
-def _check_copy(node: Node) -> str | None:
-    dst, src = meta_of(node.args[0]), meta_of(node.args[1])
-    if not isinstance(src, torch.Tensor):
-        return "copy of a number"
-    if src.device != dst.device:
-        return f"copy from {src.device} to {dst.device}"
-    return None
-
-
 def _fill_tensor(ctx: LoweringContext, x: Any, value: Any) -> Any:
     """``fill(x, value)``: ``x``'s shape, every element the 0-dim ``value`` in ``x``'s dtype."""
     return _in_dtype(ctx, _expand(ctx, value, ctx.ops.shape(x)))
-
-
-def _check_fill_tensor(node: Node) -> str | None:
-    value, x = meta_of(node.args[1]), meta_of(node.args[0])
-    if not isinstance(value, torch.Tensor) or value.dim() != 0 or value.device != x.device:
-        return "fill with a value that is not a 0-dim tensor of the same device"
-    return None
 
 
 def _in_dtype(ctx: LoweringContext, value: Any) -> Any:
@@ -469,8 +453,8 @@ SHAPE_LOWERINGS: dict[Any, Lowering] = {
     aten.constant_pad_nd.default: Lowering(_pad),
     aten.slice_backward.default: Lowering(_slice_backward, check=_check_slice_backward),
     aten.select_backward.default: Lowering(_select_backward, check=_check_select_backward),
-    aten.copy.default: Lowering(_copy, check=_check_copy),
-    aten.fill.Tensor: Lowering(_fill_tensor, check=_check_fill_tensor),
+    aten.copy.default: Lowering(_copy),  # (operands on several devices: refused by support.py)
+    aten.fill.Tensor: Lowering(_fill_tensor),
     aten.slice_scatter.default: Lowering(_slice_scatter, check=_check_slice_scatter),
     aten.select_scatter.default: Lowering(_select_scatter, check=_check_select_scatter),
 }
